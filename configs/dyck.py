@@ -1,0 +1,46 @@
+"""Paper scale Friedman et al. Dyck experiment: Dyck-(20, 10), 200k training sentences, 2 layers,
+1 head, 32 seeds; the same pipeline as configs/dyck_small.py. Meant for a GPU:
+
+    python -m launch.sweep --config=configs/dyck.py --workdir=runs/dyck
+
+Training only: `python -m launch.train --config=configs/dyck.py --workdir=runs/dyck_train`.
+Time: TIME_TBD.
+"""
+
+from ml_collections import ConfigDict
+
+from configs import dyck_small
+
+
+def get_config() -> ConfigDict:
+    config = dyck_small.get_config()
+
+    # Data: Dyck-(20, 10) as in the paper (Hewitt et al. sampler).
+    config.data.num_types = 20
+    config.data.max_depth = 10
+    config.data.max_len = 40
+    config.data.longer_max_len = 80
+    config.data.depth_extra = 5
+    config.data.num_train = 200_000
+    config.data.num_eval = 2000
+
+    # Model: 2 layers, 1 head (as in the paper), wider than the CPU demo.
+    config.model.d_model = 128
+    config.model.d_mlp = 512
+
+    # Optimizer.
+    config.train.num_seeds = 32
+    config.train.num_steps = 20_000
+    config.train.batch_size = 128
+    config.train.learning_rate = 1e-3
+    config.train.warmup_steps = 1000
+    config.train.log_every = 500
+    config.train.eval_every = 5000
+    config.train.checkpoint_every = 5000
+    config.train.eval_batch_size = 512
+
+    # Proxies and evaluation: same methods and targets; k-means fitted on 100k vectors per seed.
+    config.proxies.kmeans_samples = 100_000
+    config.proxies.collect_batch_size = 2048
+    config.proxies.eval_batch_size = 512
+    return config

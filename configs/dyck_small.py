@@ -1,0 +1,76 @@
+"""CPU demo of the Friedman et al. Dyck experiment: 4 seeds, small Dyck, every proxy and split.
+
+Main job (train + fit proxies + evaluate + tables/figures), from the repository root:
+
+    python -m launch.sweep --config=configs/dyck_small.py --workdir=runs/dyck_small
+
+Training only:
+
+    python -m launch.train --config=configs/dyck_small.py --workdir=runs/dyck_small_train
+
+Takes about TIME_TBD on the 2-core CPU machine (no GPU). Override any key on the command line,
+e.g. `--config.train.num_seeds=8 --config.data.num_train=20000`.
+"""
+
+from ml_collections import ConfigDict
+
+
+def get_config() -> ConfigDict:
+    config = ConfigDict()
+    config.seed = 0  # seed s of the sweep is config.seed + s
+
+    # Data: Dyck-(k, m) with generalization splits (shared/DESIGN.md section 2).
+    config.data = ConfigDict()
+    config.data.seed = 0
+    config.data.num_types = 8  # k
+    config.data.max_depth = 6  # m
+    config.data.min_len = 2
+    config.data.max_len = 24  # bracket tokens per training sentence
+    config.data.longer_max_len = 40  # `longer` split: lengths max_len+1 .. longer_max_len
+    config.data.depth_extra = 4  # `unseen_depth` split: depths m+1 .. m+depth_extra
+    config.data.num_train = 20_000
+    config.data.num_eval = 500  # sentences per evaluation split
+    config.data.cache_dir = ""  # '' -> $JAXILLUSIONS_CACHE or ~/.cache/jaxillusions
+
+    # Model: decoder-only transformer (shared/DESIGN.md section 3).
+    config.model = ConfigDict()
+    config.model.n_layers = 2
+    config.model.n_heads = 1
+    config.model.d_model = 32
+    config.model.d_head = 0  # 0 -> d_model // n_heads
+    config.model.d_mlp = 64
+    config.model.pos_encoding = "learned"  # none | learned | sinusoidal | linear
+    config.model.attn_only = False
+    config.model.uniform_attention_layers = ()
+    config.model.embed_lookup = "onehot"  # onehot | gather (gather is slower under vmap on CPU)
+
+    # Optimizer and training loop.
+    config.train = ConfigDict()
+    config.train.num_seeds = 4
+    config.train.num_steps = 3000
+    config.train.batch_size = 32
+    config.train.learning_rate = 3e-3
+    config.train.warmup_steps = 200
+    config.train.weight_decay = 0.01
+    config.train.grad_clip = 1.0
+    config.train.log_every = 100
+    config.train.eval_every = 1000
+    config.train.checkpoint_every = 1000
+    config.train.eval_batch_size = 256
+
+    # Proxies and faithfulness evaluation (shared/DESIGN.md sections 4-5). Sites may use
+    # negative layer indices: blocks.-1 is the last layer.
+    config.proxies = ConfigDict()
+    # Each target is a '+'-joined list of sites simplified together (each with its own proxy).
+    config.proxies.targets = ("blocks.-1.attn.q", "blocks.-1.attn.k",
+                              "blocks.-1.attn.q+blocks.-1.attn.k")
+    config.proxies.pattern_site = "blocks.-1.attn.pattern"  # where onehot/uniform attention apply
+    config.proxies.methods = ("svd", "kmeans", "onehot_attention", "uniform_attention")
+    config.proxies.svd_ranks = ()  # () -> 1, 2, 4, ... up to d_head
+    config.proxies.svd_center = False  # True -> PCA
+    config.proxies.kmeans_sizes = (2, 4, 8, 16, 32, 64)
+    config.proxies.kmeans_samples = 20_000  # vectors per seed used to fit k-means
+    config.proxies.kmeans_iters = 25
+    config.proxies.collect_batch_size = 512  # training sentences per activation-collection chunk
+    config.proxies.eval_batch_size = 256
+    return config

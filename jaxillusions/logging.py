@@ -1,0 +1,234 @@
+"""TensorBoard logging for a sweep of seeds, written with tensorboardX (no TensorFlow).
+
+One TensorBoard run per subdirectory of `logdir`:
+  seed_<s>/          per-seed scalars
+  mean/ min/ max/    aggregates over the seeds that are healthy and finite
+  all/               sweep-level scalars (a single value for the whole sweep)
+  images/            images (default run of `SweepWriter.image`)
+  hparams/           config + final metrics for the HPARAMS tab
+  <run>/             curves, e.g. faithfulness/iid (x axis = rank or number of clusters)
+
+Scalars are stored as `simple_value`, i.e. float32.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+AGGREGATES = {"mean": np.mean, "min": np.min, "max": np.max}
+
+
+class SweepWriter:
+    """Writes TensorBoard event files for a sweep of seeds (leading seed axis).
+
+    Each run gets one synchronous tensorboardX `EventsWriter`, opened on first use. We avoid
+    `tensorboardX.SummaryWriter` because each one holds 3 file descriptors and 2 threads (a
+    multiprocessing queue + logger thread); with hundreds of seeds that is ~600 fds and ~400
+    threads, while an `EventsWriter` is a single open file.
+    """
+
+    def __init__(self, logdir: str, seeds: Sequence[int], flush_secs: float = 60.0) -> None:
+        self.logdir = os.fspath(logdir)
+        self.seeds = [int(s) for s in seeds]
+        self.flush_secs = flush_secs
+        self._writers: dict[str, Any] = {}
+        self._last_flush = time.monotonic()
+
+    def _writer(self, run: str) -> Any:
+        if run not in self._writers:
+            from tensorboardX.event_file_writer import EventsWriter
+
+            path = os.path.join(self.logdir, run)
+            os.makedirs(path, exist_ok=True)
+            # File names only carry the second and the file is opened 'wb': without a sub-second
+            # suffix, reopening a run within the same second would truncate the earlier file.
+            suffix = f".{time.time_ns() % 10**9:09d}"
+            self._writers[run] = EventsWriter(os.path.join(path, "events"), suffix)
+        return self._writers[run]
+
+    def _write(self, run: str, values: list[Any], step: int) -> None:
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        event = Event(wall_time=time.time(), step=int(step), summary=Summary(value=values))
+        self._writer(run).write_event(event)
+
+    def _maybe_flush(self) -> None:
+        if time.monotonic() - self._last_flush >= self.flush_secs:
+            self.flush()
+
+    def scalars(
+        self, step: int, values: Mapping[str, ArrayLike], healthy: ArrayLike | None = None
+    ) -> None:
+        """Per-seed values (length-S arrays, in the order of `seeds`) to every `seed_<s>` run,
+        plus mean/min/max over healthy seeds with finite values; 0-d values go to run "all"."""
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        n = len(self.seeds)
+        ok = np.ones(n, bool) if healthy is None else np.asarray(healthy, bool).reshape(n)
+        per_run: dict[str, list[Any]] = {}
+
+        def add(run: str, tag: str, x: float) -> None:
+            per_run.setdefault(run, []).append(Summary.Value(tag=tag, simple_value=float(x)))
+
+        for tag, value in values.items():
+            v = np.asarray(value, np.float64)
+            if v.ndim == 0:
+                add("all", tag, v)
+                continue
+            if v.shape != (n,):
+                raise ValueError(f"{tag}: expected shape ({n},), got {v.shape}")
+            for s, x in zip(self.seeds, v.tolist(), strict=True):
+                add(f"seed_{s}", tag, x)
+            usable = ok & np.isfinite(v)
+            if usable.any():
+                for run, fn in AGGREGATES.items():
+                    add(run, tag, fn(v[usable]))
+        # One event per run per call keeps the files small with many tags.
+        for run, vals in per_run.items():
+            self._write(run, vals, step)
+        self._maybe_flush()
+
+    def curve(self, run: str, tag: str, xs: Sequence[int], ys: Sequence[float]) -> None:
+        """Writes `ys` as scalar `tag` with step = `xs` into `run`; non-finite ys are skipped.
+
+        Writing the same (run, tag) again with smaller steps: TensorBoard's data server treats a
+        step going back as a restart and may show only the newest curve; `read_scalars` returns
+        both. Put the training step in the run or tag to keep several curves.
+        """
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        for x, y in zip(xs, ys, strict=True):
+            if np.isfinite(y):
+                self._write(run, [Summary.Value(tag=tag, simple_value=float(y))], int(x))
+        self._maybe_flush()
+
+    def image(self, tag: str, image: Any, step: int = 0, run: str = "images") -> None:
+        """image: a matplotlib Figure, or an array [H, W], [H, W, 1|3|4] (uint8, or float in
+        [0, 1], clipped)."""
+        from PIL import Image
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        arr = _image_array(image)
+        buf = io.BytesIO()
+        Image.fromarray(arr).save(buf, format="PNG")
+        h, w = arr.shape[:2]
+        channels = 1 if arr.ndim == 2 else arr.shape[2]
+        img = Summary.Image(
+            height=h, width=w, colorspace=channels, encoded_image_string=buf.getvalue()
+        )
+        self._write(run, [Summary.Value(tag=tag, image=img)], step)
+        self._maybe_flush()
+
+    def hparams(
+        self,
+        hparams: Mapping[str, Any],
+        metrics: Mapping[str, float],
+        run: str = "hparams",
+        step: int = 0,
+    ) -> None:
+        """Config + final metrics for the HPARAMS tab: experiment, session start/end and the
+        metric scalars, all in `run` (the plugin reads a session's metrics from its own run).
+
+        Call once per run: TensorBoard keeps the first hparams metadata it sees in a run.
+        """
+        from tensorboardX.proto.summary_pb2 import Summary
+        from tensorboardX.summary import hparams as hparams_summaries
+
+        hp = {k: _hparam_value(v) for k, v in hparams.items()}
+        mt = {k: float(v) for k, v in metrics.items()}
+        # tensorboardX's add_hparams would put these in a timestamped sub-run; write them directly.
+        for summary in hparams_summaries(hp, mt):
+            self._write(run, list(summary.value), step)
+        if mt:
+            self._write(run, [Summary.Value(tag=k, simple_value=v) for k, v in mt.items()], step)
+        self._maybe_flush()
+
+    def flush(self) -> None:
+        for w in self._writers.values():
+            w.flush()
+        self._last_flush = time.monotonic()
+
+    def close(self) -> None:
+        for w in self._writers.values():
+            w.close()
+        self._writers.clear()
+
+    def __enter__(self) -> SweepWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _image_array(image: Any) -> np.ndarray:
+    if hasattr(image, "savefig"):  # matplotlib Figure; savefig works with any backend/canvas
+        from PIL import Image
+
+        buf = io.BytesIO()
+        image.savefig(buf, format="png")
+        buf.seek(0)
+        return np.asarray(Image.open(buf).convert("RGB"))
+    arr = np.asarray(image)
+    if arr.ndim == 3 and arr.shape[2] == 1:
+        arr = arr[..., 0]
+    if not (arr.ndim == 2 or (arr.ndim == 3 and arr.shape[2] in (3, 4))):
+        raise ValueError(f"expected an image [H, W] or [H, W, 1|3|4], got shape {arr.shape}")
+    if arr.dtype != np.uint8:
+        arr = np.round(np.clip(np.nan_to_num(arr.astype(np.float64)), 0, 1) * 255).astype(np.uint8)
+    return np.ascontiguousarray(arr)
+
+
+def _hparam_value(v: Any) -> bool | int | float | str:
+    """Leaf -> bool/int/float/str (what the hparams plugin accepts); anything else -> str."""
+    if getattr(v, "ndim", None) == 0 and hasattr(v, "item"):  # numpy / jax scalars
+        v = v.item()
+    if isinstance(v, bool | str):
+        return v
+    if isinstance(v, int):
+        return int(v)
+    if isinstance(v, float):
+        return float(v)
+    return str(v)
+
+
+def flatten_config(config: Any) -> dict[str, Any]:
+    """ConfigDict or nested mapping -> {"model.d_model": 64, ...} with bool/int/float/str leaves."""
+    out: dict[str, Any] = {}
+
+    def visit(node: Any, prefix: str) -> None:
+        if hasattr(node, "to_dict"):  # ConfigDict / FrozenConfigDict (resolves field references)
+            node = node.to_dict()
+        for k, v in node.items():
+            if isinstance(v, Mapping) or hasattr(v, "to_dict"):
+                visit(v, f"{prefix}{k}.")
+            else:
+                out[f"{prefix}{k}"] = _hparam_value(v)
+
+    visit(config, "")
+    return out
+
+
+def read_scalars(logdir: str) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """{run: {tag: [(step, value), ...]}} for every run under `logdir` that has scalars."""
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    logdir = os.fspath(logdir)
+    out: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for root, _, files in sorted(os.walk(logdir)):
+        if not any("tfevents" in f for f in files):
+            continue
+        acc = ea.EventAccumulator(root, size_guidance={ea.SCALARS: 0})  # 0 = keep everything
+        acc.Reload()
+        tags = acc.Tags()[ea.SCALARS]
+        if tags:
+            run = os.path.relpath(root, logdir).replace(os.sep, "/")
+            out[run] = {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in tags}
+    return out

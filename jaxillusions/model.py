@@ -1,0 +1,238 @@
+"""A decoder-only transformer as data plus pure functions.
+
+Parameters are a nested dict of arrays; `forward` is a pure function of (params, tokens), so it runs
+unchanged under `jax.vmap` over a leading seed axis of the parameters.
+
+Every intermediate value passes through a named *site* (TransformerLens-style names):
+
+    embed, pos_embed,
+    blocks.{i}.resid_pre, blocks.{i}.attn.{q,k,v}            [batch, pos, head, d_head]
+    blocks.{i}.attn.scores, blocks.{i}.attn.pattern           [batch, head, query, key]
+    blocks.{i}.attn.z [batch, pos, head, d_head], blocks.{i}.attn.out, blocks.{i}.resid_mid,
+    blocks.{i}.mlp.hidden, blocks.{i}.mlp.out, blocks.{i}.resid_post, ln_final, logits
+
+An *intervention* is a function `(site_name, value) -> value` called at every site; it is how
+proxies replace activations. Site names are static Python strings, so an intervention that ignores
+a site costs nothing after tracing. `cache` names the sites whose values `forward` returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable
+
+import jax
+import jax.numpy as jnp
+
+Params = dict
+Intervention = Callable[[str, jax.Array], jax.Array]
+
+POS_ENCODINGS = ("none", "learned", "sinusoidal", "linear")
+_BLOCK_SITES = (
+    "resid_pre", "attn.q", "attn.k", "attn.v", "attn.scores", "attn.pattern", "attn.z",
+    "attn.out", "resid_mid", "mlp.hidden", "mlp.out", "resid_post",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    max_len: int  # number of positions the model supports (sequence length incl. BOS/EOS)
+    n_layers: int = 2
+    n_heads: int = 1
+    d_model: int = 64
+    d_head: int = 0  # 0: d_model // n_heads
+    d_mlp: int = 256
+    pos_encoding: str = "learned"
+    attn_only: bool = False  # attention-only blocks (no MLP)
+    uniform_attention_layers: tuple[int, ...] = ()  # layers whose attention is frozen uniform
+    # "onehot": embed by a one-hot matmul. "gather": index the table; under vmap over seeds its
+    # gradient is a batched scatter-add, which XLA:CPU runs far slower (launch/benchmark.py).
+    embed_lookup: str = "onehot"
+
+    def __post_init__(self):
+        if self.pos_encoding not in POS_ENCODINGS:
+            raise ValueError(f"model.pos_encoding={self.pos_encoding!r}: expected one of "
+                             f"{POS_ENCODINGS}")
+        for name in ("vocab_size", "max_len", "n_layers", "n_heads", "d_model"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model.{name}={getattr(self, name)}: must be >= 1")
+        if self.embed_lookup not in ("onehot", "gather"):
+            raise ValueError(f"model.embed_lookup={self.embed_lookup!r}: expected 'onehot' or "
+                             "'gather'")
+        if self.d_head == 0 and self.d_model % self.n_heads:
+            raise ValueError(f"model.d_model={self.d_model} is not divisible by "
+                             f"model.n_heads={self.n_heads}; set model.d_head explicitly")
+        if not self.attn_only and self.d_mlp < 1:
+            raise ValueError(f"model.d_mlp={self.d_mlp}: must be >= 1 (or set model.attn_only)")
+        bad = [i for i in self.uniform_attention_layers if not 0 <= i < self.n_layers]
+        if bad:
+            raise ValueError(f"model.uniform_attention_layers={self.uniform_attention_layers}: "
+                             f"layers {bad} do not exist (n_layers={self.n_layers})")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_head or self.d_model // self.n_heads
+
+    @classmethod
+    def from_config(cls, model_cfg, vocab_size: int, max_len: int) -> ModelConfig:
+        """Builds the model config from `config.model` plus sizes that the data decides."""
+        return cls(
+            vocab_size=vocab_size,
+            max_len=max_len,
+            n_layers=model_cfg.n_layers,
+            n_heads=model_cfg.n_heads,
+            d_model=model_cfg.d_model,
+            d_head=model_cfg.d_head,
+            d_mlp=model_cfg.d_mlp,
+            pos_encoding=model_cfg.pos_encoding,
+            attn_only=model_cfg.attn_only,
+            uniform_attention_layers=tuple(model_cfg.uniform_attention_layers),
+            embed_lookup=model_cfg.embed_lookup,
+        )
+
+
+def site_names(cfg: ModelConfig) -> tuple[str, ...]:
+    """All activation sites of the model, in forward order."""
+    names = ["embed"] + (["pos_embed"] if cfg.pos_encoding != "none" else [])
+    for i in range(cfg.n_layers):
+        block = [s for s in _BLOCK_SITES if not (cfg.attn_only and s.startswith("mlp."))]
+        names += [f"blocks.{i}.{s}" for s in block]
+    return tuple(names + ["ln_final", "logits"])
+
+
+def check_site(cfg: ModelConfig, site: str) -> str:
+    if site not in site_names(cfg):
+        raise ValueError(f"unknown activation site {site!r}; this model has: "
+                         f"{', '.join(site_names(cfg))}")
+    return site
+
+
+def _dense(key: jax.Array, shape: tuple[int, ...], fan_in: int) -> jax.Array:
+    return jax.random.normal(key, shape, jnp.float32) / math.sqrt(fan_in)
+
+
+def _layer_norm_params(d: int) -> Params:
+    return {"scale": jnp.ones((d,)), "bias": jnp.zeros((d,))}
+
+
+def init_params(key: jax.Array, cfg: ModelConfig) -> Params:
+    """Random parameters for one model (vmap over keys for a seed axis)."""
+    d, h, e = cfg.d_model, cfg.n_heads, cfg.head_dim
+    keys = iter(jax.random.split(key, 3 + 6 * cfg.n_layers))
+    params: Params = {
+        "embed": jax.random.normal(next(keys), (cfg.vocab_size, d)) * 0.02,
+        "unembed": {"w": _dense(next(keys), (d, cfg.vocab_size), d),
+                    "b": jnp.zeros((cfg.vocab_size,))},
+        "ln_final": _layer_norm_params(d),
+    }
+    pos_key = next(keys)
+    if cfg.pos_encoding == "learned":
+        params["pos_embed"] = jax.random.normal(pos_key, (cfg.max_len, d)) * 0.02
+    elif cfg.pos_encoding == "linear":
+        params["pos_embed"] = jax.random.normal(pos_key, (d,)) * 0.02
+    # Residual-writing projections are scaled down with depth (GPT-2) to keep early training calm.
+    out_scale = 1.0 / math.sqrt(2 * cfg.n_layers)
+    blocks = []
+    for _ in range(cfg.n_layers):
+        attn = {
+            "w_q": _dense(next(keys), (d, h, e), d), "b_q": jnp.zeros((h, e)),
+            "w_k": _dense(next(keys), (d, h, e), d), "b_k": jnp.zeros((h, e)),
+            "w_v": _dense(next(keys), (d, h, e), d), "b_v": jnp.zeros((h, e)),
+            "w_o": _dense(next(keys), (h, e, d), h * e) * out_scale, "b_o": jnp.zeros((d,)),
+        }
+        block = {"ln1": _layer_norm_params(d), "attn": attn}
+        mlp_keys = next(keys), next(keys)
+        if not cfg.attn_only:
+            block["ln2"] = _layer_norm_params(d)
+            block["mlp"] = {
+                "w_in": _dense(mlp_keys[0], (d, cfg.d_mlp), d), "b_in": jnp.zeros((cfg.d_mlp,)),
+                "w_out": _dense(mlp_keys[1], (cfg.d_mlp, d), cfg.d_mlp) * out_scale,
+                "b_out": jnp.zeros((d,)),
+            }
+        blocks.append(block)
+    params["blocks"] = blocks
+    return params
+
+
+def _layer_norm(x: jax.Array, p: Params) -> jax.Array:
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + 1e-5) * p["scale"] + p["bias"]
+
+
+def _sinusoidal(num_pos: int, d: int) -> jax.Array:
+    pos = jnp.arange(num_pos)[:, None]
+    freq = jnp.exp(-math.log(10_000.0) * jnp.arange(0, d, 2) / d)
+    table = jnp.zeros((num_pos, d))
+    table = table.at[:, 0::2].set(jnp.sin(pos * freq))
+    return table.at[:, 1::2].set(jnp.cos(pos * freq[: d // 2]))
+
+
+def _position_embedding(params: Params, cfg: ModelConfig, seq_len: int) -> jax.Array:
+    if cfg.pos_encoding == "learned":
+        return params["pos_embed"][:seq_len]
+    if cfg.pos_encoding == "sinusoidal":
+        return _sinusoidal(seq_len, cfg.d_model)
+    # "linear" (Wen et al.): one learned direction scaled by the relative position t / max_len.
+    return (jnp.arange(seq_len) / cfg.max_len)[:, None] * params["pos_embed"]
+
+
+def forward(
+    params: Params,
+    tokens: jax.Array,
+    cfg: ModelConfig,
+    *,
+    intervention: Intervention | None = None,
+    cache: Iterable[str] = (),
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Logits [batch, pos, vocab] for tokens [batch, pos], and the cached sites."""
+    cache = frozenset(cache)
+    cached: dict[str, jax.Array] = {}
+
+    def site(name: str, value: jax.Array) -> jax.Array:
+        if intervention is not None:
+            value = intervention(name, value)
+        if name in cache:
+            cached[name] = value
+        return value
+
+    seq_len = tokens.shape[-1]
+    if seq_len > cfg.max_len:
+        raise ValueError(f"sequence length {seq_len} exceeds the model's max_len {cfg.max_len}")
+    if cfg.embed_lookup == "gather":
+        x = params["embed"][tokens]
+    else:
+        x = jax.nn.one_hot(tokens, cfg.vocab_size, dtype=params["embed"].dtype) @ params["embed"]
+    x = site("embed", x)
+    if cfg.pos_encoding != "none":
+        x = x + site("pos_embed", _position_embedding(params, cfg, seq_len))
+    causal = jnp.tril(jnp.ones((seq_len, seq_len), bool))
+    for i, block in enumerate(params["blocks"]):
+        name = f"blocks.{i}"
+        x = site(f"{name}.resid_pre", x)
+        a = block["attn"]
+        h = _layer_norm(x, block["ln1"])
+        q = site(f"{name}.attn.q", jnp.einsum("btd,dhe->bthe", h, a["w_q"]) + a["b_q"])
+        k = site(f"{name}.attn.k", jnp.einsum("btd,dhe->bthe", h, a["w_k"]) + a["b_k"])
+        v = site(f"{name}.attn.v", jnp.einsum("btd,dhe->bthe", h, a["w_v"]) + a["b_v"])
+        scores = jnp.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(cfg.head_dim)
+        scores = site(f"{name}.attn.scores", jnp.where(causal, scores, -jnp.inf))
+        if i in cfg.uniform_attention_layers:
+            pattern = jnp.broadcast_to(causal / causal.sum(-1, keepdims=True), scores.shape)
+        else:
+            pattern = jax.nn.softmax(scores, axis=-1)
+        pattern = site(f"{name}.attn.pattern", pattern)
+        z = site(f"{name}.attn.z", jnp.einsum("bhqk,bkhe->bqhe", pattern, v))
+        attn_out = site(f"{name}.attn.out", jnp.einsum("bqhe,hed->bqd", z, a["w_o"]) + a["b_o"])
+        x = site(f"{name}.resid_mid", x + attn_out)
+        if not cfg.attn_only:
+            m = block["mlp"]
+            h = _layer_norm(x, block["ln2"])
+            hidden = site(f"{name}.mlp.hidden", jax.nn.gelu(h @ m["w_in"] + m["b_in"]))
+            x = x + site(f"{name}.mlp.out", hidden @ m["w_out"] + m["b_out"])
+        x = site(f"{name}.resid_post", x)
+    x = site("ln_final", _layer_norm(x, params["ln_final"]))
+    logits = site("logits", x @ params["unembed"]["w"] + params["unembed"]["b"])
+    return logits, cached

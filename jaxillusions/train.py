@@ -1,0 +1,286 @@
+"""Sweep training: every seed's parameters, optimizer state and RNG carry a leading seed axis.
+
+One jitted call runs `steps` optimizer steps for all seeds at once (`lax.scan` over a vmapped
+step). The training tokens live on the device and each seed draws its own batch inside the step
+from its own RNG, so the host only dispatches one call per logging interval.
+
+A seed whose loss or gradients become non-finite is marked unhealthy: its parameters freeze at the
+last finite values, it is excluded from aggregates, and the other seeds train on untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Sequence
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxillusions import model as model_lib
+from jaxillusions.data import dyck
+
+
+@flax.struct.dataclass
+class SweepState:
+    """Training state; every leaf has a leading seed axis [S, ...]."""
+
+    params: dict
+    opt_state: optax.OptState
+    rng: jax.Array  # [S, 2] uint32 keys, one data/dropout stream per seed
+    step: jax.Array  # [S] int32
+    healthy: jax.Array  # [S] bool
+
+
+def make_optimizer(train_cfg) -> optax.GradientTransformation:
+    """AdamW with linear warmup and cosine decay to 10% of the peak rate."""
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=train_cfg.learning_rate,
+        warmup_steps=train_cfg.warmup_steps,
+        decay_steps=max(train_cfg.num_steps, train_cfg.warmup_steps + 1),
+        end_value=0.1 * train_cfg.learning_rate,
+    )
+    return optax.chain(
+        optax.clip_by_global_norm(train_cfg.grad_clip),
+        optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=train_cfg.weight_decay),
+    )
+
+
+def seed_list(config) -> np.ndarray:
+    """The sweep's seeds: config.seed, config.seed + 1, ..., num_seeds of them."""
+    return config.seed + np.arange(config.train.num_seeds)
+
+
+def init_state(seeds: Sequence[int], model_cfg: model_lib.ModelConfig,
+               tx: optax.GradientTransformation) -> SweepState:
+    """Initial state for each seed; seed s's state depends only on s (not on the other seeds)."""
+    keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray(seeds, jnp.uint32))
+    init_keys, data_keys = jax.vmap(jax.random.split, out_axes=1)(keys)
+    params = jax.vmap(model_lib.init_params, in_axes=(0, None))(init_keys, model_cfg)
+    return SweepState(
+        params=params,
+        opt_state=jax.vmap(tx.init)(params),
+        rng=data_keys,
+        step=jnp.zeros(len(seeds), jnp.int32),
+        healthy=jnp.ones(len(seeds), bool),
+    )
+
+
+def lm_loss(params: dict, tokens: jax.Array, model_cfg: model_lib.ModelConfig) -> jax.Array:
+    """Mean next-token cross-entropy over all non-PAD targets."""
+    logits, _ = model_lib.forward(params, tokens[:, :-1], model_cfg)
+    targets = tokens[:, 1:]
+    mask = (targets != dyck.PAD).astype(logits.dtype)
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    return (nll * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+
+
+def _all_finite(tree) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+def seed_step(state: SweepState, train_tokens: jax.Array, *, model_cfg, tx, batch_size: int):
+    """One optimizer step of ONE seed (the state has no seed axis here). Returns (state, loss)."""
+    rng, batch_key = jax.random.split(state.rng)
+    idx = jax.random.randint(batch_key, (batch_size,), 0, train_tokens.shape[0])
+    loss, grads = jax.value_and_grad(lm_loss)(state.params, train_tokens[idx], model_cfg)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    healthy = state.healthy & jnp.isfinite(loss) & _all_finite(grads)
+    # Freeze a diverged seed at its last finite parameters instead of propagating NaNs.
+    keep = functools.partial(jnp.where, healthy)
+    new = SweepState(
+        params=jax.tree.map(keep, params, state.params),
+        opt_state=jax.tree.map(keep, opt_state, state.opt_state),
+        rng=rng,
+        step=state.step + 1,
+        healthy=healthy,
+    )
+    return new, loss
+
+
+@functools.partial(jax.jit, static_argnames=("num_steps", "model_cfg", "tx", "batch_size"),
+                   donate_argnums=0)
+def train_steps(state: SweepState, train_tokens: jax.Array, *, num_steps: int, model_cfg, tx,
+                batch_size: int) -> tuple[SweepState, jax.Array]:
+    """`num_steps` steps for all seeds in one call. Returns (state, losses [num_steps, S])."""
+    step = jax.vmap(functools.partial(seed_step, model_cfg=model_cfg, tx=tx,
+                                      batch_size=batch_size), in_axes=(0, None))
+    return jax.lax.scan(lambda s, _: step(s, train_tokens), state, None, length=num_steps)
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation: closing-bracket accuracy per split and by depth, batched over seeds.
+
+
+@functools.partial(jax.jit, static_argnames=("model_cfg", "num_depths"))
+def _eval_batch(params, tokens, is_close, depth, *, model_cfg, num_depths: int):
+    def one_seed(p):
+        logits, _ = model_lib.forward(p, tokens, model_cfg)
+        targets = jnp.roll(tokens, -1, axis=1)
+        nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+        correct = (logits.argmax(-1) == targets) & is_close
+        depth_onehot = jax.nn.one_hot(depth, num_depths, dtype=jnp.float32) * is_close[..., None]
+        return {
+            "correct_by_depth": jnp.einsum("bt,btd->d", correct.astype(jnp.float32),
+                                           depth_onehot),
+            "nll_sum": (nll * is_close).sum(),
+        }
+
+    out = jax.vmap(one_seed)(params)
+    out["count_by_depth"] = (jax.nn.one_hot(depth, num_depths) * is_close[..., None]).sum((0, 1))
+    return out
+
+
+def evaluate(params: dict, split: dyck.Split, model_cfg: model_lib.ModelConfig, *,
+             batch_size: int, num_depths: int) -> dict[str, np.ndarray]:
+    """Closing-bracket accuracy [S], loss [S] and accuracy by depth [S, num_depths] on a split.
+
+    Depth bins with no closing bracket are NaN. Chunks over sentences are padded to a fixed batch
+    size so the evaluation compiles once per sequence length.
+    """
+    totals = None
+    for start in range(0, len(split.tokens), batch_size):
+        chunk = slice(start, start + batch_size)
+        arrays = [split.tokens[chunk], split.is_close[chunk], split.depth[chunk]]
+        pad = batch_size - len(arrays[0])
+        arrays = [np.pad(a, ((0, pad), (0, 0))) for a in arrays]  # padded rows: is_close False
+        out = _eval_batch(params, *arrays, model_cfg=model_cfg, num_depths=num_depths)
+        totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
+    totals = jax.tree.map(np.asarray, totals)
+    count = totals["count_by_depth"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {
+            "acc": totals["correct_by_depth"].sum(-1) / count.sum(),
+            "loss": totals["nll_sum"] / count.sum(),
+            "acc_by_depth": totals["correct_by_depth"] / count,
+            "count_by_depth": count,
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# The sweep driver: data, training of all seeds, periodic evaluation, checkpoints, TensorBoard.
+
+# Keys that may change between a run and its resumption without changing the results.
+RESUMABLE_KEYS = ("train.log_every", "train.eval_every", "train.checkpoint_every",
+                  "data.cache_dir")
+
+
+def build(config, splits: dict[str, dyck.Split] | None = None):
+    """Data, model config and optimizer for a config (shared by training and the proxy sweep)."""
+    if splits is None:
+        splits = dyck.load_or_make(config.data)
+    max_len = max(s.tokens.shape[1] for s in splits.values())
+    model_cfg = model_lib.ModelConfig.from_config(
+        config.model, vocab_size=dyck.vocab_size(config.data.num_types), max_len=max_len)
+    return splits, model_cfg, make_optimizer(config.train)
+
+
+def num_depth_bins(config) -> int:
+    return config.data.max_depth + config.data.depth_extra + 1
+
+
+def evaluate_splits(params, splits, model_cfg, config) -> dict[str, dict[str, np.ndarray]]:
+    return {name: evaluate(params, split, model_cfg, batch_size=config.train.eval_batch_size,
+                           num_depths=num_depth_bins(config))
+            for name, split in splits.items()}
+
+
+def _format_eta(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
+
+
+def _log_eval(writer, step: int, results: dict, healthy: np.ndarray) -> None:
+    scalars = {}
+    for split, res in results.items():
+        scalars[f"eval/{split}/acc"] = res["acc"]
+        scalars[f"eval/{split}/loss"] = res["loss"]
+        for depth, acc in enumerate(res["acc_by_depth"].T):
+            if np.isfinite(acc).any():
+                scalars[f"eval_by_depth/{split}/depth_{depth:02d}"] = acc
+    writer.scalars(step, scalars, healthy=healthy)
+
+
+def train_sweep(config, workdir: str | None = None, *, splits=None, seeds=None,
+                stop_at_step: int | None = None, verbose: bool = True):
+    """Trains every seed of the sweep together; resumes from `workdir` if it has checkpoints.
+
+    Returns (state, eval_results) where eval_results[split] holds per-seed arrays (see
+    `evaluate`). `stop_at_step` ends early (as an interrupted run would), for tests.
+    """
+    from jaxillusions import checkpoint as ckpt_lib  # noqa: PLC0415 - keeps orbax off pure use
+    from jaxillusions import logging as log_lib  # noqa: PLC0415
+
+    tc = config.train
+    splits, model_cfg, tx = build(config, splits)
+    seeds = np.asarray(seed_list(config) if seeds is None else seeds)
+    state = init_state(seeds, model_cfg, tx)
+    train_tokens = jnp.asarray(splits["train"].tokens)
+    say = print if verbose else (lambda *a, **k: None)
+
+    checkpointer = writer = None
+    if workdir is not None:
+        ckpt_lib.claim_workdir(workdir, config, ignore=RESUMABLE_KEYS)
+        checkpointer = ckpt_lib.Checkpointer(f"{workdir}/checkpoints")
+        restored_step, state = checkpointer.restore_latest(state)
+        if restored_step is not None:
+            say(f"resumed from checkpoint at step {restored_step} in {workdir}")
+        writer = log_lib.SweepWriter(f"{workdir}/tensorboard", [int(s) for s in seeds])
+
+    step = int(state.step[0])
+    end = tc.num_steps if stop_at_step is None else min(stop_at_step, tc.num_steps)
+    say(f"training {len(seeds)} seeds x {tc.num_steps} steps ({model_cfg.n_layers} layers, "
+        f"d_model {model_cfg.d_model}) on {jax.device_count()} {jax.default_backend()} device(s)")
+    reported_unhealthy: set[int] = set()
+    start_time, start_step = time.perf_counter(), step
+    results = None
+    while step < end:
+        boundaries = [end] + [step - step % every + every for every in
+                              (tc.log_every, tc.eval_every, tc.checkpoint_every) if every > 0]
+        num = min(boundaries) - step
+        state, losses = train_steps(state, train_tokens, num_steps=num, model_cfg=model_cfg,
+                                    tx=tx, batch_size=tc.batch_size)
+        step += num
+        losses = np.asarray(losses)
+        healthy = np.asarray(state.healthy)
+        for i in np.flatnonzero(~healthy):
+            if i not in reported_unhealthy:
+                reported_unhealthy.add(i)
+                say(f"WARNING: seed {seeds[i]} diverged (non-finite loss or gradients) by step "
+                    f"{step}; its parameters are frozen and it is excluded from aggregates")
+        last = np.where(healthy, losses[-1], np.nan)
+        if writer is not None:
+            writer.scalars(step, {"train/loss": losses[-1]}, healthy=healthy)
+        if step % tc.log_every == 0 or step == end:
+            rate = (step - start_step) / (time.perf_counter() - start_time)
+            say(f"step {step:>6}/{tc.num_steps} | loss {np.nanmean(last):.4f} "
+                f"(min {np.nanmin(last) if healthy.any() else np.nan:.4f}) | "
+                f"{len(seeds)} seeds | {rate:.1f} steps/s | ETA {_format_eta((end - step) / rate)}",
+                flush=True)
+        if (tc.eval_every > 0 and step % tc.eval_every == 0) or step == tc.num_steps:
+            results = evaluate_splits(state.params, splits, model_cfg, config)
+            say("  eval closing-bracket acc (mean over healthy seeds): " + ", ".join(
+                f"{k} {np.nanmean(np.where(healthy, v['acc'], np.nan)):.3f}"
+                for k, v in results.items()))
+            if writer is not None:
+                _log_eval(writer, step, results, healthy)
+        if checkpointer is not None and (
+                (tc.checkpoint_every > 0 and step % tc.checkpoint_every == 0) or step == end):
+            checkpointer.save(step, state)
+    if results is None and step == tc.num_steps:  # resumed a finished run
+        results = evaluate_splits(state.params, splits, model_cfg, config)
+    if writer is not None:
+        if results is not None:
+            healthy = np.asarray(state.healthy)
+            metrics = {f"final/{k}/acc": float(np.nanmean(np.where(healthy, v["acc"], np.nan)))
+                       for k, v in results.items()}
+            writer.hparams(log_lib.flatten_config(config), metrics)
+        writer.close()
+    if checkpointer is not None:
+        checkpointer.close()
+    return state, results
