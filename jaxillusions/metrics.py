@@ -12,14 +12,16 @@ _LN2 = float(np.log(2.0))
 
 
 def _jsd_from_log(logp: jax.Array, logq: jax.Array) -> jax.Array:
-    logm = jnp.logaddexp(logp, logq) - _LN2
-
-    def kl_to_m(logx: jax.Array) -> jax.Array:
-        # 0 log 0 = 0: mask the log-ratio before multiplying so -inf never meets a 0 (no NaN).
-        ratio = jnp.where(jnp.isneginf(logx), 0.0, logx - logm)
+    def kl_to_m(logx: jax.Array, logy: jax.Array) -> jax.Array:
+        # 0 log 0 = 0: mask rows of zero probability before the arithmetic (no inf - inf).
+        zero = jnp.isneginf(logx)
+        diff = jnp.where(zero, 0.0, logy - logx)
+        # log(x / m) = ln 2 - softplus(log y - log x): no cancellation of large logs, and
+        # exactly 0 for x == y.
+        ratio = jnp.where(zero, 0.0, _LN2 - jax.nn.softplus(diff))
         return jnp.sum(jnp.exp(logx) * ratio, axis=-1)
 
-    js = 0.5 * (kl_to_m(logp) + kl_to_m(logq)) / _LN2
+    js = 0.5 * (kl_to_m(logp, logq) + kl_to_m(logq, logp)) / _LN2
     # Rounding can give tiny negatives (or a hair above 1); the true value is in [0, 1].
     return jnp.clip(js, 0.0, 1.0)
 

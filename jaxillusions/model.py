@@ -109,51 +109,52 @@ def check_site(cfg: ModelConfig, site: str) -> str:
     return site
 
 
-def _dense(key: jax.Array, shape: tuple[int, ...], fan_in: int) -> jax.Array:
-    return jax.random.normal(key, shape, jnp.float32) / math.sqrt(fan_in)
-
-
-def _layer_norm_params(d: int) -> Params:
-    return {"scale": jnp.ones((d,)), "bias": jnp.zeros((d,))}
+def _param_shapes(cfg: ModelConfig) -> Params:
+    """Shape and init scale of every parameter (scale 0: zeros, None: ones)."""
+    d, h, e, f = cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_mlp
+    # Residual-writing projections are scaled down with depth (GPT-2) to keep early training calm.
+    out = 1.0 / math.sqrt(2 * cfg.n_layers)
+    layer_norm = {"scale": ((d,), None), "bias": ((d,), 0.0)}
+    block = {
+        "ln1": layer_norm,
+        # No key bias: it adds the same q.b_k to every score of a query row, which softmax
+        # ignores, so its gradient is pure rounding noise that Adam would amplify.
+        "attn": {"w_q": ((d, h, e), d**-0.5), "b_q": ((h, e), 0.0),
+                 "w_k": ((d, h, e), d**-0.5),
+                 "w_v": ((d, h, e), d**-0.5), "b_v": ((h, e), 0.0),
+                 "w_o": ((h, e, d), (h * e) ** -0.5 * out), "b_o": ((d,), 0.0)},
+    }
+    if not cfg.attn_only:
+        block["ln2"] = layer_norm
+        block["mlp"] = {"w_in": ((d, f), d**-0.5), "b_in": ((f,), 0.0),
+                        "w_out": ((f, d), f**-0.5 * out), "b_out": ((d,), 0.0)}
+    shapes: Params = {
+        "embed": ((cfg.vocab_size, d), 0.02),
+        "unembed": {"w": ((d, cfg.vocab_size), d**-0.5), "b": ((cfg.vocab_size,), 0.0)},
+        "ln_final": layer_norm,
+        "blocks": [block] * cfg.n_layers,
+    }
+    if cfg.pos_encoding == "learned":
+        shapes["pos_embed"] = ((cfg.max_len, d), 0.02)
+    elif cfg.pos_encoding == "linear":
+        shapes["pos_embed"] = ((d,), 0.02)
+    return shapes
 
 
 def init_params(key: jax.Array, cfg: ModelConfig) -> Params:
     """Random parameters for one model (vmap over keys for a seed axis)."""
-    d, h, e = cfg.d_model, cfg.n_heads, cfg.head_dim
-    keys = iter(jax.random.split(key, 3 + 6 * cfg.n_layers))
-    params: Params = {
-        "embed": jax.random.normal(next(keys), (cfg.vocab_size, d)) * 0.02,
-        "unembed": {"w": _dense(next(keys), (d, cfg.vocab_size), d),
-                    "b": jnp.zeros((cfg.vocab_size,))},
-        "ln_final": _layer_norm_params(d),
-    }
-    pos_key = next(keys)
-    if cfg.pos_encoding == "learned":
-        params["pos_embed"] = jax.random.normal(pos_key, (cfg.max_len, d)) * 0.02
-    elif cfg.pos_encoding == "linear":
-        params["pos_embed"] = jax.random.normal(pos_key, (d,)) * 0.02
-    # Residual-writing projections are scaled down with depth (GPT-2) to keep early training calm.
-    out_scale = 1.0 / math.sqrt(2 * cfg.n_layers)
-    blocks = []
-    for _ in range(cfg.n_layers):
-        attn = {
-            "w_q": _dense(next(keys), (d, h, e), d), "b_q": jnp.zeros((h, e)),
-            "w_k": _dense(next(keys), (d, h, e), d), "b_k": jnp.zeros((h, e)),
-            "w_v": _dense(next(keys), (d, h, e), d), "b_v": jnp.zeros((h, e)),
-            "w_o": _dense(next(keys), (h, e, d), h * e) * out_scale, "b_o": jnp.zeros((d,)),
-        }
-        block = {"ln1": _layer_norm_params(d), "attn": attn}
-        mlp_keys = next(keys), next(keys)
-        if not cfg.attn_only:
-            block["ln2"] = _layer_norm_params(d)
-            block["mlp"] = {
-                "w_in": _dense(mlp_keys[0], (d, cfg.d_mlp), d), "b_in": jnp.zeros((cfg.d_mlp,)),
-                "w_out": _dense(mlp_keys[1], (cfg.d_mlp, d), cfg.d_mlp) * out_scale,
-                "b_out": jnp.zeros((d,)),
-            }
-        blocks.append(block)
-    params["blocks"] = blocks
-    return params
+    specs, treedef = jax.tree.flatten(_param_shapes(cfg), is_leaf=lambda x: isinstance(x, tuple))
+    sizes = [math.prod(shape) for shape, _ in specs]
+    # One draw carved into pieces: one threefry call compiles far faster than one per tensor.
+    noise = jax.random.normal(key, (sum(sizes),), jnp.float32)
+    leaves, offset = [], 0
+    for (shape, scale), size in zip(specs, sizes, strict=True):
+        if scale is None:
+            leaves.append(jnp.ones(shape))
+        else:
+            leaves.append(noise[offset:offset + size].reshape(shape) * scale)
+        offset += size
+    return jax.tree.unflatten(treedef, leaves)
 
 
 def _layer_norm(x: jax.Array, p: Params) -> jax.Array:
@@ -215,7 +216,7 @@ def forward(
         a = block["attn"]
         h = _layer_norm(x, block["ln1"])
         q = site(f"{name}.attn.q", jnp.einsum("btd,dhe->bthe", h, a["w_q"]) + a["b_q"])
-        k = site(f"{name}.attn.k", jnp.einsum("btd,dhe->bthe", h, a["w_k"]) + a["b_k"])
+        k = site(f"{name}.attn.k", jnp.einsum("btd,dhe->bthe", h, a["w_k"]))
         v = site(f"{name}.attn.v", jnp.einsum("btd,dhe->bthe", h, a["w_v"]) + a["b_v"])
         scores = jnp.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(cfg.head_dim)
         scores = site(f"{name}.attn.scores", jnp.where(causal, scores, -jnp.inf))

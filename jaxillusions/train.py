@@ -37,16 +37,25 @@ class SweepState:
 
 def make_optimizer(train_cfg) -> optax.GradientTransformation:
     """AdamW with linear warmup and cosine decay to 10% of the peak rate."""
+    return _optimizer(train_cfg.learning_rate, train_cfg.warmup_steps, train_cfg.num_steps,
+                      train_cfg.weight_decay, train_cfg.grad_clip)
+
+
+@functools.lru_cache(maxsize=None)
+def _optimizer(learning_rate: float, warmup_steps: int, num_steps: int, weight_decay: float,
+               grad_clip: float) -> optax.GradientTransformation:
+    # Cached so equal hyper-parameters give the same object: `tx` is a static jit argument, and a
+    # fresh (unhashably different) optimizer would recompile the training step.
     schedule = optax.warmup_cosine_decay_schedule(
         init_value=0.0,
-        peak_value=train_cfg.learning_rate,
-        warmup_steps=train_cfg.warmup_steps,
-        decay_steps=max(train_cfg.num_steps, train_cfg.warmup_steps + 1),
-        end_value=0.1 * train_cfg.learning_rate,
+        peak_value=learning_rate,
+        warmup_steps=warmup_steps,
+        decay_steps=max(num_steps, warmup_steps + 1),
+        end_value=0.1 * learning_rate,
     )
     return optax.chain(
-        optax.clip_by_global_norm(train_cfg.grad_clip),
-        optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=train_cfg.weight_decay),
+        optax.clip_by_global_norm(grad_clip),
+        optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=weight_decay),
     )
 
 
@@ -58,7 +67,12 @@ def seed_list(config) -> np.ndarray:
 def init_state(seeds: Sequence[int], model_cfg: model_lib.ModelConfig,
                tx: optax.GradientTransformation) -> SweepState:
     """Initial state for each seed; seed s's state depends only on s (not on the other seeds)."""
-    keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray(seeds, jnp.uint32))
+    return _init_state(jnp.asarray(seeds, jnp.uint32), model_cfg, tx)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _init_state(seeds: jax.Array, model_cfg, tx) -> SweepState:
+    keys = jax.vmap(jax.random.PRNGKey)(seeds)
     init_keys, data_keys = jax.vmap(jax.random.split, out_axes=1)(keys)
     params = jax.vmap(model_lib.init_params, in_axes=(0, None))(init_keys, model_cfg)
     return SweepState(

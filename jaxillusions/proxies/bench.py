@@ -1,0 +1,142 @@
+"""Benchmarks of the batched proxy fits (wired into `python -m launch.benchmark`).
+
+Times are the best of `repeats` runs, compilation excluded (every jitted function is warmed up
+first) and results waited for with block_until_ready.
+"""
+
+import functools
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxillusions.proxies import kmeans, svd
+
+
+def _best_time(fn: Callable[[], object], repeats: int) -> tuple[float, list[float]]:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return min(times), times
+
+
+def _blobs(num_seeds: int, num_points: int, dim: int, num_blobs: int = 32) -> np.ndarray:
+    """Gaussian blobs [num_seeds, num_points, dim] float32, different blobs per seed."""
+    rng = np.random.default_rng(0)
+    centres = 3.0 * rng.normal(size=(num_seeds, num_blobs, dim))
+    labels = rng.integers(0, num_blobs, size=(num_seeds, num_points))
+    x = centres[np.arange(num_seeds)[:, None], labels] + rng.normal(size=labels.shape + (dim,))
+    return x.astype(np.float32)
+
+
+def bench_kmeans(
+    num_seeds: int = 4,
+    num_points: int = 20_000,
+    dim: int = 16,
+    sizes: tuple[int, ...] = (2, 4, 8, 16, 32, 64),
+    num_iters: int = 25,
+    repeats: int = 3,
+) -> dict:
+    """Batched JAX k-means (all seeds and sizes in one jitted call) vs a scikit-learn loop."""
+    try:
+        from sklearn.cluster import KMeans
+    except ImportError as e:
+        raise ImportError(
+            "bench_kmeans needs scikit-learn (optional extra): pip install -e '.[bench]'"
+        ) from e
+
+    sizes = tuple(sizes)
+    x = _blobs(num_seeds, num_points, dim)
+    xj, valid = jnp.asarray(x), jnp.ones(x.shape[:2], bool)
+    keys = jax.random.split(jax.random.key(0), num_seeds)
+
+    def fit_one(x: jax.Array, valid: jax.Array, key: jax.Array) -> dict:
+        return kmeans.fit({"x": x, "valid": valid}, sizes, key=key, num_iters=num_iters)
+
+    fit = jax.jit(jax.vmap(fit_one))
+    params = jax.block_until_ready(fit(xj, valid, keys))  # warm-up: compile
+    jax_s, jax_times = _best_time(lambda: fit(xj, valid, keys), repeats)
+    per_size = jax.vmap(kmeans.inertia, in_axes=(0, None, None))  # over sizes
+    jax_inertia = jax.jit(jax.vmap(per_size))(params, xj, valid)  # [seeds, sizes]
+
+    sk_inertia = np.zeros((num_seeds, len(sizes)))
+    sk_iters = np.zeros((num_seeds, len(sizes)), int)
+
+    def sklearn_loop(rep: int) -> None:
+        for s in range(num_seeds):
+            for i, k in enumerate(sizes):
+                km = KMeans(
+                    n_clusters=k, init="k-means++", n_init=1, max_iter=num_iters, tol=0.0,
+                    algorithm="lloyd", random_state=1000 * rep + s,
+                ).fit(x[s])
+                sk_inertia[s, i], sk_iters[s, i] = km.inertia_, km.n_iter_
+
+    sk_times = []
+    for rep in range(repeats):
+        t0 = time.perf_counter()
+        sklearn_loop(rep)
+        sk_times.append(time.perf_counter() - t0)
+    sk_s = min(sk_times)
+    return {
+        "num_seeds": num_seeds, "num_points": num_points, "dim": dim, "sizes": list(sizes),
+        "num_iters": num_iters, "repeats": repeats,
+        "jax_batched_s": jax_s, "jax_times_s": jax_times,
+        "sklearn_loop_s": sk_s, "sklearn_times_s": sk_times,
+        "speedup": sk_s / jax_s,
+        "jax_mean_inertia": np.asarray(jax_inertia).mean(0).tolist(),  # per size
+        "sklearn_mean_inertia": sk_inertia.mean(0).tolist(),
+        # sklearn stops early once labels stop changing, even with tol=0 (so it may do fewer
+        # than num_iters iterations, which only favours it); the JAX fit always does num_iters.
+        "sklearn_mean_n_iter": sk_iters.mean(0).tolist(),
+        "sklearn_min_n_iter": int(sk_iters.min()),
+    }
+
+
+def bench_rank_sweep(
+    num_seeds: int = 4, num_points: int = 20_000, dim: int = 32, repeats: int = 3
+) -> dict:
+    """All ranks 1..dim from one eigendecomposition (one jitted call) vs a per-rank refit loop.
+
+    Both return the mean squared projection error [seeds, ranks]; the batched path projects
+    every rank with jax.vmap(apply) over the size axis."""
+    rng = np.random.default_rng(0)
+    # A decaying spectrum, as in real activations: rank matters.
+    scales = 2.0 ** (-np.arange(dim) / 4)
+    x = jnp.asarray((rng.normal(size=(num_seeds, num_points, dim)) * scales).astype(np.float32))
+    valid = jnp.ones(x.shape[:2], bool)
+    ranks = tuple(range(1, dim + 1))
+
+    def errors(stats: dict, x: jax.Array, sizes: tuple[int, ...]) -> jax.Array:
+        params = svd.fit(stats, sizes)
+        out = jax.vmap(svd.apply, in_axes=(0, None))(params, x)  # [R, N, F]
+        return jnp.mean((out - x) ** 2, axis=(1, 2))
+
+    @jax.jit
+    def batched(x: jax.Array, valid: jax.Array) -> jax.Array:
+        return jax.vmap(lambda x, v: errors(svd.moments(x, v), x, ranks))(x, valid)
+
+    moments = jax.jit(jax.vmap(svd.moments))
+
+    @functools.partial(jax.jit, static_argnums=2)
+    def one_rank(stats: dict, x: jax.Array, r: int) -> jax.Array:
+        return jax.vmap(lambda s, x: errors(s, x, (r,))[0])(stats, x)
+
+    def loop() -> jax.Array:
+        stats = moments(x, valid)
+        return jnp.stack([one_rank(stats, x, r) for r in ranks], 1)
+
+    batched_err = jax.block_until_ready(batched(x, valid))  # warm-up: compile
+    loop_err = jax.block_until_ready(loop())  # compiles every rank
+    batched_s, batched_times = _best_time(lambda: batched(x, valid), repeats)
+    loop_s, loop_times = _best_time(loop, repeats)
+    return {
+        "num_seeds": num_seeds, "num_points": num_points, "dim": dim, "repeats": repeats,
+        "batched_s": batched_s, "batched_times_s": batched_times,
+        "loop_s": loop_s, "loop_times_s": loop_times,
+        "speedup": loop_s / batched_s,
+        "max_abs_diff": float(jnp.max(jnp.abs(batched_err - loop_err))),
+    }

@@ -1,0 +1,42 @@
+import pytest
+
+from configs import dyck_small
+
+
+def tiny_config(cache_dir: str = ""):
+    """A config small enough that a few hundred steps take seconds on a 2-core CPU."""
+    config = dyck_small.get_config()
+    config.data.num_types = 4
+    config.data.max_depth = 4
+    config.data.num_train = 2000
+    config.data.num_eval = 64
+    config.data.max_len = 16
+    config.data.longer_max_len = 24
+    config.data.depth_extra = 2
+    config.data.cache_dir = cache_dir
+    config.model.d_model = 16
+    config.model.d_mlp = 32
+    config.train.num_seeds = 2
+    config.train.num_steps = 20
+    config.train.batch_size = 16
+    config.train.warmup_steps = 5
+    config.train.log_every = 10
+    config.train.eval_every = 10
+    config.train.checkpoint_every = 10
+    config.train.eval_batch_size = 64
+    config.proxies.kmeans_sizes = (2, 4, 8)
+    config.proxies.kmeans_samples = 1000
+    config.proxies.kmeans_iters = 5
+    config.proxies.collect_batch_size = 256
+    config.proxies.eval_batch_size = 64
+    return config
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("dyck_cache"))
+
+
+@pytest.fixture
+def config(cache_dir):
+    return tiny_config(cache_dir)

@@ -1,0 +1,82 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxillusions import metrics
+
+
+def _jsd_numpy(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    p, q = p.astype(np.float64), q.astype(np.float64)
+    m = (p + q) / 2
+
+    def kl(a: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(a > 0, a * np.log2(a / m), 0.0).sum(-1)
+
+    return (kl(p) + kl(q)) / 2
+
+
+def _dirichlet(shape, seed, alpha=0.5):
+    return np.random.default_rng(seed).dirichlet(np.full(shape[-1], alpha), shape[:-1])
+
+
+def test_jsd_probs_matches_numpy_and_is_symmetric():
+    p, q = _dirichlet((4, 10, 7), 0), _dirichlet((4, 10, 7), 1)
+    p[0, 0, :3] = 0  # zero probabilities: 0 log 0 = 0
+    p[0, 0] /= p[0, 0].sum()
+    js = np.asarray(metrics.jsd_probs(jnp.asarray(p), jnp.asarray(q)))
+    assert js.shape == (4, 10)
+    np.testing.assert_allclose(js, _jsd_numpy(p, q), atol=1e-6)
+    np.testing.assert_allclose(js, metrics.jsd_probs(jnp.asarray(q), jnp.asarray(p)), atol=1e-7)
+
+
+def test_jsd_probs_extremes():
+    p = jnp.array([[0.2, 0.3, 0.5, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    np.testing.assert_array_equal(metrics.jsd_probs(p, p), [0.0, 0.0])
+    disjoint = jnp.array([[0.0, 0.0, 0.0, 1.0], [0.0, 0.5, 0.5, 0.0]])
+    np.testing.assert_allclose(metrics.jsd_probs(p, disjoint), [1.0, 1.0], atol=1e-6)
+
+
+def test_jsd_logits_equals_probs_and_is_bounded():
+    rng = np.random.default_rng(0)  # sharp distributions below, underflowing probabilities
+    a, b = (jnp.asarray(30 * rng.normal(size=(64, 50)), jnp.float32) for _ in range(2))
+    js = metrics.jsd(a, b)
+    assert bool(jnp.all((js >= 0) & (js <= 1)))
+    expected = _jsd_numpy(np.asarray(jax.nn.softmax(a)), np.asarray(jax.nn.softmax(b)))
+    np.testing.assert_allclose(js, expected, atol=1e-5)
+    np.testing.assert_allclose(
+        metrics.jsd(a[:4] / 30, b[:4] / 30),
+        metrics.jsd_probs(jax.nn.softmax(a[:4] / 30), jax.nn.softmax(b[:4] / 30)),
+        atol=1e-6,
+    )
+    np.testing.assert_array_equal(metrics.jsd(a, a), 0.0)
+    # Masked vocabulary (-inf logits) gives no NaN.
+    masked = a.at[:, :10].set(-jnp.inf)
+    assert bool(jnp.all(jnp.isfinite(metrics.jsd(masked, b))))
+
+
+def test_same_pred_and_correct_ties_first_index():
+    p = jnp.array([[1.0, 1.0, 0.0], [0.0, 2.0, 1.0], [3.0, 0.0, 3.0]])
+    q = jnp.array([[1.0, 0.0, 1.0], [0.0, 1.0, 2.0], [0.0, 0.0, 0.0]])
+    # argmaxes (first index on ties): p -> 0, 1, 0; q -> 0, 2, 0
+    np.testing.assert_array_equal(metrics.same_pred(p, q), [1.0, 0.0, 1.0])
+    np.testing.assert_array_equal(metrics.correct(p, jnp.array([0, 1, 2])), [1.0, 1.0, 0.0])
+    assert metrics.same_pred(p, q).dtype == jnp.float32
+
+
+def test_mean_ci95():
+    v = np.array([[1.0, 2.0, 7.0, np.nan], [3.0, np.nan, np.nan, np.nan], [5.0, 6.0, np.nan, 1]])
+    mean, half = metrics.mean_ci95(v)
+    np.testing.assert_allclose(mean, [3.0, 4.0, 7.0, 1.0])
+    # column 0: n=3, s=2, t(2)=4.302653; column 1: n=2, s=sqrt(8), t(1)=12.706205
+    np.testing.assert_allclose(half[0], 4.302652730 * 2 / np.sqrt(3), rtol=1e-6)
+    np.testing.assert_allclose(half[1], 12.706204736 * np.sqrt(8) / np.sqrt(2), rtol=1e-6)
+    assert np.isnan(half[2]) and np.isnan(half[3])  # a single seed: no interval
+    mean_t, half_t = metrics.mean_ci95(v.T, axis=1)
+    np.testing.assert_array_equal(half_t[:2], half[:2])
+    # Large n uses the expansion: t_{0.975, 99} = 1.9842170
+    x = np.random.default_rng(0).normal(size=100)
+    _, h = metrics.mean_ci95(x)
+    np.testing.assert_allclose(h, 1.9842170 * x.std(ddof=1) / 10, rtol=1e-6)
+    all_nan_mean, all_nan_half = metrics.mean_ci95(np.full((3, 2), np.nan))
+    assert np.isnan(all_nan_mean).all() and np.isnan(all_nan_half).all()

@@ -1,0 +1,91 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxillusions import model as model_lib
+
+
+def _setup(**overrides):
+    cfg = model_lib.ModelConfig(vocab_size=11, max_len=12, d_model=16, d_mlp=32, **overrides)
+    params = model_lib.init_params(jax.random.PRNGKey(0), cfg)
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 10), 0, 11)
+    return cfg, params, tokens
+
+
+@pytest.mark.parametrize("pos", model_lib.POS_ENCODINGS)
+def test_forward_shapes_and_every_site_cached(pos):
+    cfg, params, tokens = _setup(pos_encoding=pos, n_heads=2)
+    logits, cache = model_lib.forward(params, tokens, cfg, cache=model_lib.site_names(cfg))
+    assert logits.shape == (3, 10, 11)
+    assert set(cache) == set(model_lib.site_names(cfg))
+    assert cache["blocks.1.attn.k"].shape == (3, 10, 2, 8)
+    assert cache["blocks.0.attn.pattern"].shape == (3, 2, 10, 10)
+    np.testing.assert_allclose(cache["blocks.0.attn.pattern"].sum(-1), 1.0, rtol=1e-5)
+    np.testing.assert_array_equal(cache["logits"], logits)
+
+
+def test_causal_prefix_invariance():
+    cfg, params, tokens = _setup()
+    full, _ = model_lib.forward(params, tokens, cfg)
+    prefix, _ = model_lib.forward(params, tokens[:, :6], cfg)
+    np.testing.assert_allclose(full[:, :6], prefix, atol=1e-5)
+
+
+def test_intervention_identity_and_effect():
+    cfg, params, tokens = _setup()
+    base, _ = model_lib.forward(params, tokens, cfg)
+    same, _ = model_lib.forward(params, tokens, cfg, intervention=lambda name, x: x)
+    np.testing.assert_array_equal(base, same)
+    seen = []
+
+    def zero_keys(name, x):
+        seen.append(name)
+        return jnp.zeros_like(x) if name == "blocks.1.attn.k" else x
+
+    changed, cache = model_lib.forward(params, tokens, cfg, intervention=zero_keys,
+                                       cache=("blocks.1.attn.k", "blocks.1.attn.pattern"))
+    assert seen == list(model_lib.site_names(cfg))
+    assert not np.allclose(base, changed)
+    np.testing.assert_array_equal(cache["blocks.1.attn.k"], 0.0)
+    # Zero keys give equal scores, hence uniform causal attention in that layer.
+    causal = np.tril(np.ones((10, 10)))
+    np.testing.assert_allclose(cache["blocks.1.attn.pattern"][0, 0],
+                               causal / causal.sum(-1, keepdims=True), rtol=1e-5)
+
+
+def test_frozen_uniform_attention_and_attn_only():
+    cfg, params, tokens = _setup(uniform_attention_layers=(0,), attn_only=True)
+    _, cache = model_lib.forward(params, tokens, cfg, cache=("blocks.0.attn.pattern",))
+    causal = np.tril(np.ones((10, 10)))
+    np.testing.assert_allclose(cache["blocks.0.attn.pattern"][1, 0],
+                               causal / causal.sum(-1, keepdims=True), rtol=1e-6)
+    assert "mlp" not in params["blocks"][0]
+    assert "blocks.0.mlp.out" not in model_lib.site_names(cfg)
+
+
+def test_vmap_over_seed_axis_matches_single_models():
+    cfg, _, tokens = _setup()
+    keys = jax.random.split(jax.random.PRNGKey(5), 3)
+    stacked = jax.vmap(model_lib.init_params, in_axes=(0, None))(keys, cfg)
+    batched = jax.vmap(lambda p: model_lib.forward(p, tokens, cfg)[0])(stacked)
+    for i, key in enumerate(keys):
+        single, _ = model_lib.forward(model_lib.init_params(key, cfg), tokens, cfg)
+        np.testing.assert_allclose(batched[i], single, atol=1e-5)
+
+
+def test_gather_and_onehot_embeddings_agree():
+    cfg, params, tokens = _setup()
+    gather_cfg = model_lib.ModelConfig(**{**cfg.__dict__, "embed_lookup": "gather"})
+    np.testing.assert_allclose(model_lib.forward(params, tokens, cfg)[0],
+                               model_lib.forward(params, tokens, gather_cfg)[0], atol=1e-5)
+
+
+def test_bad_model_config_errors():
+    with pytest.raises(ValueError, match="pos_encoding"):
+        model_lib.ModelConfig(vocab_size=5, max_len=4, pos_encoding="rotary")
+    with pytest.raises(ValueError, match="uniform_attention_layers"):
+        model_lib.ModelConfig(vocab_size=5, max_len=4, uniform_attention_layers=(3,))
+    cfg = model_lib.ModelConfig(vocab_size=5, max_len=4)
+    with pytest.raises(ValueError, match="unknown activation site"):
+        model_lib.check_site(cfg, "blocks.7.attn.k")

@@ -1,0 +1,235 @@
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxillusions import proxies
+from jaxillusions.proxies import kmeans, onehot_attention, pca, svd, uniform_attention
+
+F = 8
+
+
+def _data(n: int = 300, f: int = F, seed: int = 0) -> np.ndarray:
+    """Anisotropic data with a nonzero mean: well separated spectrum, centering matters."""
+    rng = np.random.default_rng(seed)
+    return (rng.normal(size=(n, f)) * 2.0 ** -np.arange(f) * 3 + 1.5).astype(np.float32)
+
+
+def _blobs(n: int = 400, f: int = 4, k: int = 6, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    centres = 10 * rng.normal(size=(k, f))
+    return (centres[rng.integers(0, k, n)] + rng.normal(size=(n, f))).astype(np.float32)
+
+
+def _softmax_np(shape, seed=0):
+    # numpy, not jax.random: compiling threefry for each new shape costs seconds on CPU.
+    z = np.exp(np.random.default_rng(seed).normal(size=shape))
+    return jnp.asarray(z / z.sum(-1, keepdims=True), jnp.float32)
+
+
+def _apply_sizes(mod, params, x):
+    return jax.vmap(mod.apply, in_axes=(0, None))(params, x)
+
+
+def _samples(x: np.ndarray, num_pad: int = 0) -> dict:
+    """A "samples" statistic with `num_pad` garbage padding rows appended."""
+    pad = np.full((num_pad, x.shape[1]), 1e6, np.float32)
+    valid = np.r_[np.ones(len(x), bool), np.zeros(num_pad, bool)]
+    return {"x": jnp.asarray(np.r_[x, pad]), "valid": jnp.asarray(valid)}
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+def test_available_and_get():
+    assert set(proxies.available()) == {
+        "svd", "pca", "kmeans", "onehot_attention", "uniform_attention"
+    }
+    assert proxies.get("svd") is svd
+    with pytest.raises(ValueError, match="nope.*kmeans.*svd"):
+        proxies.get("nope")
+    with pytest.raises(ValueError):
+        proxies.get("bench")  # a module of the package, but not a proxy
+
+
+@pytest.mark.parametrize("name", proxies.available())
+def test_contract(name):
+    """Every proxy: leaves have a leading size axis, apply keeps shape and dtype under jit."""
+    mod = proxies.get(name)
+    assert mod.STATISTIC in ("moments", "samples", None) and mod.SITE in ("vector", "pattern")
+    x = _blobs(64, F)
+    stats = {
+        "moments": lambda: svd.moments(jnp.asarray(x), jnp.ones(len(x), bool)),
+        "samples": lambda: _samples(x),
+        None: lambda: None,
+    }[mod.STATISTIC]()
+    sizes = (1, 2, 4)
+    params = jax.jit(lambda s, k: mod.fit(s, sizes, key=k))(stats, jax.random.key(0))
+    assert all(leaf.shape[0] == len(sizes) for leaf in jax.tree.leaves(params))
+    if mod.SITE == "vector":
+        inp = jnp.asarray(x[:30].reshape(2, 15, F), jnp.bfloat16)
+    else:
+        inp = _softmax_np((2, 3, 5, 5))
+    apply = jax.jit(jax.vmap(mod.apply, in_axes=(0, None), axis_size=len(sizes)))
+    out = apply(params, inp)
+    assert out.shape == (len(sizes),) + inp.shape and out.dtype == inp.dtype
+
+
+# ----------------------------------------------------------------------------- svd / pca
+
+
+def test_svd_error_is_discarded_spectrum():
+    x = _data()
+    sizes = tuple(range(1, F + 1)) + (F + 5,)  # ranks beyond F are clipped
+    stats = svd.moments(jnp.asarray(x), jnp.ones(len(x), bool))
+    out = np.asarray(_apply_sizes(svd, svd.fit(stats, sizes), jnp.asarray(x)))
+    err = ((x - out) ** 2).sum((1, 2))
+    s2 = np.linalg.svd(x.astype(np.float64), compute_uv=False) ** 2
+    gram_eig = np.linalg.eigvalsh(np.asarray(stats["gram"], np.float64))[::-1]
+    np.testing.assert_allclose(gram_eig, s2, rtol=1e-5, atol=1e-7 * s2.sum())
+    expected = [s2[min(r, F) :].sum() for r in sizes]
+    np.testing.assert_allclose(err, expected, rtol=1e-3, atol=1e-5 * s2.sum())
+    np.testing.assert_allclose(out[F - 1], x, atol=1e-4)
+    np.testing.assert_allclose(out[-1], x, atol=1e-4)
+
+
+def test_pca_error_is_discarded_covariance_spectrum():
+    x = _data()
+    sizes = tuple(range(1, F + 1))
+    stats = pca.moments(jnp.asarray(x), jnp.ones(len(x), bool))
+    out = np.asarray(_apply_sizes(pca, pca.fit(stats, sizes), jnp.asarray(x)))
+    cov_eig = np.linalg.eigvalsh(np.cov(x.astype(np.float64).T, bias=True))[::-1]
+    expected = [len(x) * cov_eig[r:].sum() for r in sizes]
+    err = ((x - out) ** 2).sum((1, 2))
+    np.testing.assert_allclose(err, expected, rtol=1e-3, atol=1e-5 * len(x) * cov_eig.sum())
+    np.testing.assert_allclose(out[-1], x, atol=1e-4)
+    # Rank 1 PCA passes through the mean, uncentered SVD does not.
+    np.testing.assert_allclose(out[0].mean(0), x.mean(0), atol=1e-4)
+
+
+def test_moments_chunks_add_and_ignore_padding():
+    x = _data(100)
+    garbage = np.full((7, F), np.nan, np.float32)
+    xa = np.r_[x[:40], garbage[:3], x[40:], garbage[3:]]
+    valid = np.r_[np.ones(40, bool), np.zeros(3, bool), np.ones(60, bool), np.zeros(4, bool)]
+    whole = svd.moments(jnp.asarray(x), jnp.ones(len(x), bool))
+    a = svd.moments(jnp.asarray(xa[:50]), jnp.asarray(valid[:50]))
+    b = svd.moments(jnp.asarray(xa[50:]), jnp.asarray(valid[50:]))
+    summed = jax.tree.map(jnp.add, a, b)
+    assert float(summed["count"]) == 100.0
+    for name in whole:
+        np.testing.assert_allclose(summed[name], whole[name], rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(whole["gram"], x.T.astype(np.float64) @ x, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- k-means
+
+
+# The k-means tests share data shapes and configurations: compiling dominates their time.
+SIZES = (2, 3, 5, 8)
+
+
+@functools.cache
+def _fitter(sizes=SIZES, num_iters=10):
+    # 64-row chunks do not divide the 405 rows: exercises the row padding of Lloyd.
+    fit = functools.partial(kmeans.fit, sizes=sizes, num_iters=num_iters, chunk_size=64)
+    return jax.jit(lambda x, valid, key: fit({"x": x, "valid": valid}, key=key))
+
+
+def _fit(x, seed=0, **kw):
+    stats = _samples(x, num_pad=5)
+    return _fitter(**kw)(stats["x"], stats["valid"], jax.random.key(seed))
+
+
+def test_kmeans_reproduces_few_distinct_points():
+    rng = np.random.default_rng(0)
+    points = rng.integers(-5, 6, size=(5, 4)).astype(np.float32)
+    points[0] = points[1] + 1  # distinct for sure
+    x = rng.permutation(np.repeat(points, 80, axis=0))
+    out = np.asarray(_apply_sizes(kmeans, _fit(x), jnp.asarray(x)))
+    # k = 5 and k = 8 (duplicate centres). Exact up to one rounding: XLA turns the division of
+    # sums by counts into a multiplication by the reciprocal.
+    np.testing.assert_allclose(out[2:], np.broadcast_to(x, (2,) + x.shape), rtol=3e-7, atol=0)
+
+
+def test_kmeans_mask_limits_centroids():
+    x = _blobs()
+    params = _fit(x)
+    assert np.asarray(params["mask"]).sum(1).tolist() == list(SIZES)
+    k2 = jax.tree.map(lambda a: a[0], params)
+    assert int(jnp.max(kmeans.assign(k2, jnp.asarray(x)))) < 2
+    assert len(np.unique(np.asarray(kmeans.apply(k2, jnp.asarray(x))), axis=0)) == 2
+
+
+def _lloyd_numpy(x, c, num_iters):
+    c = c.astype(np.float64)
+    for _ in range(num_iters):
+        a = ((x[:, None] - c[None]) ** 2).sum(-1).argmin(1)
+        for j in range(len(c)):
+            if (a == j).any():
+                c[j] = x[a == j].mean(0)
+    return c
+
+
+def test_kmeans_batched_sizes_equal_single_and_reference():
+    x = _blobs()
+    batched, init = _fit(x), _fit(x, num_iters=0)
+    # Same key: the k-means++ sequence for k = 5 is a prefix of the one for K_max = 8, and
+    # the masked Lloyd of the batch equals a fit of k = 5 alone.
+    np.testing.assert_array_equal(init["centroids"][2, :5], _fit(x, sizes=(5,), num_iters=0)[
+        "centroids"][0])
+    single = _fit(x, sizes=(5,))["centroids"][0]
+    np.testing.assert_allclose(batched["centroids"][2, :5], single, atol=1e-4)
+    for i, k in enumerate(SIZES):
+        ref = _lloyd_numpy(x, np.asarray(init["centroids"][i, :k]), 10)
+        np.testing.assert_allclose(batched["centroids"][i, :k], ref, atol=1e-4)
+        # Masked entries keep the k-means++ centres.
+        np.testing.assert_array_equal(batched["centroids"][i, k:], init["centroids"][i, k:])
+
+
+def test_kmeans_lloyd_does_not_increase_inertia():
+    x = _blobs(k=12)
+    stats = _samples(x, num_pad=5)
+    inertia = jax.vmap(kmeans.inertia, in_axes=(0, None, None))
+    for seed in range(3):
+        before = inertia(_fit(x, seed, num_iters=0), stats["x"], stats["valid"])
+        after = inertia(_fit(x, seed), stats["x"], stats["valid"])
+        assert np.all(np.asarray(after) <= np.asarray(before) * (1 + 1e-6))
+        assert np.asarray(after)[-1] < np.asarray(after)[0]
+
+
+def test_kmeans_vmap_over_seeds_equals_loop():
+    stats = [_samples(_blobs(seed=s), num_pad=5) for s in range(3)]
+    xs, valid = jnp.stack([s["x"] for s in stats]), jnp.stack([s["valid"] for s in stats])
+    keys = jnp.stack([jax.random.key(s) for s in range(3)])
+    batched = jax.jit(jax.vmap(_fitter()))(xs, valid, keys)
+    for s in range(3):
+        one = _fitter()(xs[s], valid[s], keys[s])
+        np.testing.assert_allclose(batched["centroids"][s], one["centroids"], atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def test_onehot_attention():
+    t = 6
+    idx = jnp.array([0, 0, 1, 3, 2, 5])
+    onehot = jax.nn.one_hot(idx, t)
+    np.testing.assert_array_equal(onehot_attention.apply({}, onehot), onehot)
+    attn = _softmax_np((2, 3, t, t))
+    out = onehot_attention.apply({}, attn)
+    np.testing.assert_allclose(out.sum(-1), 1.0)
+    np.testing.assert_array_equal(jnp.argmax(out, -1), jnp.argmax(attn, -1))
+    # Ties go to the first index.
+    np.testing.assert_array_equal(onehot_attention.apply({}, jnp.array([0.5, 0.5])), [1.0, 0.0])
+
+
+def test_uniform_attention():
+    t = 5
+    attn = _softmax_np((2, t, t))
+    out = np.asarray(uniform_attention.apply({}, attn.astype(jnp.bfloat16)), np.float32)
+    expected = np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]
+    np.testing.assert_allclose(out, np.broadcast_to(expected, out.shape), rtol=1e-2)
+    np.testing.assert_allclose(uniform_attention.apply({}, attn)[1], expected, rtol=1e-6)

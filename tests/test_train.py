@@ -1,0 +1,132 @@
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxillusions import logging as log_lib
+from jaxillusions import train
+from jaxillusions.data import dyck
+
+
+def _leaves(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def test_seeds_trained_together_equal_seeds_trained_alone(config):
+    splits, _, _ = train.build(config)
+    together, _ = train.train_sweep(config, splits=splits, seeds=[3, 7], verbose=False)
+    for i, seed in enumerate([3, 7]):
+        alone, _ = train.train_sweep(config, splits=splits, seeds=[seed], verbose=False)
+        for a, b in zip(_leaves(together.params), _leaves(alone.params), strict=True):
+            np.testing.assert_allclose(a[i], b[0], rtol=1e-5, atol=1e-6)
+
+
+def test_interrupted_then_resumed_run_ends_with_same_parameters(config, tmp_path, capsys):
+    splits, _, _ = train.build(config)
+    straight, _ = train.train_sweep(config, str(tmp_path / "straight"), splits=splits,
+                                    verbose=False)
+    workdir = str(tmp_path / "interrupted")
+    train.train_sweep(config, workdir, splits=splits, stop_at_step=10, verbose=False)
+    resumed, _ = train.train_sweep(config, workdir, splits=splits)
+    assert "resumed from checkpoint at step 10" in capsys.readouterr().out
+    assert int(resumed.step[0]) == config.train.num_steps
+    for a, b in zip(_leaves(straight), _leaves(resumed), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_tiny_config_learns_closing_brackets(config):
+    config.train.num_steps = 400
+    config.train.learning_rate = 1e-2
+    config.train.eval_every = 400
+    _, results = train.train_sweep(config, verbose=False)
+    # Chance for the closing bracket's type is 1/num_types = 0.25.
+    assert np.all(results["iid"]["acc"] > 0.8), results["iid"]["acc"]
+    assert np.all(results["train"]["acc"] > 0.8)
+    by_depth = results["iid"]["acc_by_depth"]
+    assert np.isnan(by_depth[:, 0]).all()  # a closing bracket never leaves depth 0
+    assert np.isfinite(by_depth[:, 1]).all()
+
+
+def test_nan_seed_is_isolated_and_flagged(config):
+    splits, model_cfg, tx = train.build(config)
+    tokens = jnp.asarray(splits["train"].tokens)
+    run = dict(num_steps=5, model_cfg=model_cfg, tx=tx, batch_size=16)
+    clean, _ = train.train_steps(train.init_state([0, 1, 2], model_cfg, tx), tokens, **run)
+    state = train.init_state([0, 1, 2], model_cfg, tx)
+    poisoned = state.params["unembed"]["w"].at[1].set(jnp.nan)
+    state = state.replace(params={**state.params, "unembed": {**state.params["unembed"],
+                                                               "w": poisoned}})
+    state, losses = train.train_steps(state, tokens, **run)
+    np.testing.assert_array_equal(np.asarray(state.healthy), [True, False, True])
+    assert np.isnan(np.asarray(losses)[:, 1]).all()
+    for a, b in zip(_leaves(clean.params), _leaves(state.params), strict=True):
+        np.testing.assert_array_equal(a[[0, 2]], b[[0, 2]])
+
+
+def test_tensorboard_events_read_back(config, tmp_path):
+    workdir = str(tmp_path / "run")
+    _, results = train.train_sweep(config, workdir, verbose=False)
+    scalars = log_lib.read_scalars(os.path.join(workdir, "tensorboard"))
+    assert {"seed_0", "seed_1", "mean", "min", "max"} <= set(scalars)
+    steps = [s for s, _ in scalars["seed_0"]["train/loss"]]
+    assert steps == [10, 20]
+    iid_acc = results["iid"]["acc"]
+    (_, last0), = [p for p in scalars["seed_0"]["eval/iid/acc"] if p[0] == 20]
+    (_, mean), = [p for p in scalars["mean"]["eval/iid/acc"] if p[0] == 20]
+    assert last0 == pytest.approx(iid_acc[0], rel=1e-6)
+    assert mean == pytest.approx(iid_acc.mean(), rel=1e-6)
+    assert "eval_by_depth/iid/depth_01" in scalars["max"]
+
+
+def test_workdir_with_a_different_config_is_refused(config, tmp_path):
+    splits, _, _ = train.build(config)
+    train.train_sweep(config, str(tmp_path), splits=splits, stop_at_step=10, verbose=False)
+    config.model.d_model = 8
+    with pytest.raises(ValueError, match="model.d_model: 16 there vs 8 now"):
+        train.train_sweep(config, str(tmp_path), splits=splits, verbose=False)
+
+
+def test_corrupt_checkpoint_falls_back_to_older_and_is_kept(config, tmp_path, capsys):
+    splits, _, _ = train.build(config)
+    workdir = tmp_path / "run"
+    train.train_sweep(config, str(workdir), splits=splits, verbose=False)
+    steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps == [10, 20]
+    for f in (workdir / "checkpoints" / "20").rglob("*"):
+        if f.is_file():
+            f.write_bytes(b"garbage")
+    capsys.readouterr()
+    state, _ = train.train_sweep(config, str(workdir), splits=splits)
+    out = capsys.readouterr().out
+    assert "checkpoint 20" in out and "unreadable" in out
+    assert "resumed from checkpoint at step 10" in out
+    assert (workdir / "corrupt_checkpoints").exists()
+    straight, _ = train.train_sweep(config, str(tmp_path / "straight"), splits=splits,
+                                    verbose=False)
+    for a, b in zip(_leaves(straight), _leaves(state), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--config.train.no_such_key=1", "no_such_key"),
+    ("--config.data.max_depth=0", "max_depth"),
+])
+def test_launcher_bad_input_is_a_one_line_error(override, message, tmp_path, cache_dir):
+    cmd = [sys.executable, "-m", "launch.train", "--config=configs/dyck_small.py",
+           f"--workdir={tmp_path}", override, f"--config.data.cache_dir={cache_dir}"]
+    root = os.path.dirname(os.path.dirname(__file__))
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=120)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error:") and message in last, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_splits_share_the_model_max_len(config):
+    splits, model_cfg, _ = train.build(config)
+    assert model_cfg.max_len == splits["longer"].tokens.shape[1]
+    assert model_cfg.vocab_size == dyck.vocab_size(config.data.num_types)
