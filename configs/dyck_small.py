@@ -64,6 +64,8 @@ def get_config() -> ConfigDict:
     # Each target is a '+'-joined list of sites simplified together (each with its own proxy).
     config.proxies.targets = ("blocks.-1.attn.q", "blocks.-1.attn.k",
                               "blocks.-1.attn.q+blocks.-1.attn.k")
+    config.proxies.eval_splits = ("iid", "seen_structure", "unseen_structure", "unseen_depth",
+                                  "longer")
     config.proxies.pattern_site = "blocks.-1.attn.pattern"  # where onehot/uniform attention apply
     config.proxies.methods = ("svd", "kmeans", "onehot_attention", "uniform_attention")
     config.proxies.svd_ranks = ()  # () -> 1, 2, 4, ... up to d_head

@@ -41,7 +41,7 @@ def make_optimizer(train_cfg) -> optax.GradientTransformation:
                       train_cfg.weight_decay, train_cfg.grad_clip)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _optimizer(learning_rate: float, warmup_steps: int, num_steps: int, weight_decay: float,
                grad_clip: float) -> optax.GradientTransformation:
     # Cached so equal hyper-parameters give the same object: `tx` is a static jit argument, and a
@@ -204,6 +204,12 @@ def evaluate_splits(params, splits, model_cfg, config) -> dict[str, dict[str, np
             for name, split in splits.items()}
 
 
+def final_metrics(results: dict, healthy: np.ndarray) -> dict[str, float]:
+    """Mean closing-bracket accuracy per split over healthy seeds (for the hparams view)."""
+    return {f"final/{split}/acc": float(np.nanmean(np.where(healthy, r["acc"], np.nan)))
+            for split, r in results.items()}
+
+
 def _format_eta(seconds: float) -> str:
     minutes, secs = divmod(int(seconds), 60)
     return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
@@ -289,11 +295,6 @@ def train_sweep(config, workdir: str | None = None, *, splits=None, seeds=None,
     if results is None and step == tc.num_steps:  # resumed a finished run
         results = evaluate_splits(state.params, splits, model_cfg, config)
     if writer is not None:
-        if results is not None:
-            healthy = np.asarray(state.healthy)
-            metrics = {f"final/{k}/acc": float(np.nanmean(np.where(healthy, v["acc"], np.nan)))
-                       for k, v in results.items()}
-            writer.hparams(log_lib.flatten_config(config), metrics)
         writer.close()
     if checkpointer is not None:
         checkpointer.close()

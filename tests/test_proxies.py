@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxillusions import proxies
-from jaxillusions.proxies import kmeans, onehot_attention, pca, svd, uniform_attention
+from jaxillusions.proxies import kmeans, onehot_attention, svd, uniform_attention
 
 F = 8
 
@@ -80,12 +80,19 @@ def test_contract(name):
 # ----------------------------------------------------------------------------- svd / pca
 
 
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _project(name, x, sizes):
+    """Moments of x, fit of every size, projection of x at every size [R, N, F]."""
+    mod = proxies.get(name)
+    stats = mod.moments(x, jnp.ones(len(x), bool))
+    return stats, _apply_sizes(mod, mod.fit(stats, sizes), x)
+
+
 def test_svd_error_is_discarded_spectrum():
     x = _data()
     sizes = tuple(range(1, F + 1)) + (F + 5,)  # ranks beyond F are clipped
-    stats = svd.moments(jnp.asarray(x), jnp.ones(len(x), bool))
-    out = np.asarray(_apply_sizes(svd, svd.fit(stats, sizes), jnp.asarray(x)))
-    err = ((x - out) ** 2).sum((1, 2))
+    stats, out = _project("svd", x, sizes)
+    err = ((x - np.asarray(out)) ** 2).sum((1, 2))
     s2 = np.linalg.svd(x.astype(np.float64), compute_uv=False) ** 2
     gram_eig = np.linalg.eigvalsh(np.asarray(stats["gram"], np.float64))[::-1]
     np.testing.assert_allclose(gram_eig, s2, rtol=1e-5, atol=1e-7 * s2.sum())
@@ -98,30 +105,26 @@ def test_svd_error_is_discarded_spectrum():
 def test_pca_error_is_discarded_covariance_spectrum():
     x = _data()
     sizes = tuple(range(1, F + 1))
-    stats = pca.moments(jnp.asarray(x), jnp.ones(len(x), bool))
-    out = np.asarray(_apply_sizes(pca, pca.fit(stats, sizes), jnp.asarray(x)))
+    _, out = _project("pca", x, sizes)
     cov_eig = np.linalg.eigvalsh(np.cov(x.astype(np.float64).T, bias=True))[::-1]
     expected = [len(x) * cov_eig[r:].sum() for r in sizes]
-    err = ((x - out) ** 2).sum((1, 2))
+    err = ((x - np.asarray(out)) ** 2).sum((1, 2))
     np.testing.assert_allclose(err, expected, rtol=1e-3, atol=1e-5 * len(x) * cov_eig.sum())
     np.testing.assert_allclose(out[-1], x, atol=1e-4)
-    # Rank 1 PCA passes through the mean, uncentered SVD does not.
-    np.testing.assert_allclose(out[0].mean(0), x.mean(0), atol=1e-4)
+    np.testing.assert_allclose(out[0].mean(0), x.mean(0), atol=1e-4)  # through the mean
 
 
 def test_moments_chunks_add_and_ignore_padding():
-    x = _data(100)
-    garbage = np.full((7, F), np.nan, np.float32)
-    xa = np.r_[x[:40], garbage[:3], x[40:], garbage[3:]]
-    valid = np.r_[np.ones(40, bool), np.zeros(3, bool), np.ones(60, bool), np.zeros(4, bool)]
-    whole = svd.moments(jnp.asarray(x), jnp.ones(len(x), bool))
-    a = svd.moments(jnp.asarray(xa[:50]), jnp.asarray(valid[:50]))
-    b = svd.moments(jnp.asarray(xa[50:]), jnp.asarray(valid[50:]))
-    summed = jax.tree.map(jnp.add, a, b)
-    assert float(summed["count"]) == 100.0
-    for name in whole:
-        np.testing.assert_allclose(summed[name], whole[name], rtol=1e-5, atol=1e-4)
-    np.testing.assert_allclose(whole["gram"], x.T.astype(np.float64) @ x, rtol=1e-5)
+    x = _data(94)
+    garbage = np.full((3, F), np.nan, np.float32)  # padding rows may hold anything
+    chunks = [np.r_[x[:47], garbage], np.r_[garbage, x[47:]]]
+    valids = [np.arange(50) < 47, np.arange(50) >= 3]
+    moments = jax.jit(svd.moments)
+    summed = jax.tree.map(jnp.add, *[moments(c, v) for c, v in zip(chunks, valids, strict=True)])
+    assert float(summed["count"]) == 94.0
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(summed["total"], x64.sum(0), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(summed["gram"], x64.T @ x64, rtol=1e-5, atol=1e-4)
 
 
 # ----------------------------------------------------------------------------- k-means

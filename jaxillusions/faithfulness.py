@@ -1,0 +1,338 @@
+"""Fit simplified proxies of trained models and measure how faithfully they reproduce them.
+
+The three steps, each batched over the leading seed axis of `params`:
+
+    stats  = collect(params, splits["train"], model_cfg, specs)       # training split only
+    fitted = fit(specs, stats, key)                                   # one entry per spec
+    rows   = evaluate(params, model_cfg, splits, fitted)              # tidy dict rows
+
+A `ProxySpec` names a proxy module (jaxillusions/proxies/NAME.py), the sites it replaces (several
+sites are simplified together, each with its own proxy) and the sizes (ranks, cluster counts) that
+are fitted and evaluated together in one batched call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxillusions import metrics, proxies
+from jaxillusions import model as model_lib
+from jaxillusions.data import dyck
+
+METRICS = ("jsd", "same_pred", "acc_original", "acc_proxy")
+BREAKDOWNS = ("all", "depth", "distance")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProxySpec:
+    method: str  # a module of jaxillusions.proxies
+    sites: tuple[str, ...]  # replaced together, each with its own fitted proxy
+    sizes: tuple[int, ...] = (0,)  # ranks / cluster counts; (0,) for data-independent proxies
+    options: tuple[tuple[str, object], ...] = ()  # keyword options of the proxy's fit()
+
+    @property
+    def target(self) -> str:
+        return "+".join(self.sites)
+
+    @property
+    def module(self):
+        return proxies.get(self.method)
+
+
+def resolve_site(site: str, cfg: model_lib.ModelConfig) -> str:
+    """'blocks.-1.attn.k' -> 'blocks.{n_layers-1}.attn.k'; checks that the site exists."""
+    parts = site.split(".")
+    if len(parts) > 1 and parts[0] == "blocks" and parts[1].lstrip("-").isdigit():
+        layer = int(parts[1])
+        parts[1] = str(layer + cfg.n_layers if layer < 0 else layer)
+    return model_lib.check_site(cfg, ".".join(parts))
+
+
+def _powers_of_two_up_to(n: int) -> tuple[int, ...]:
+    sizes = [2**i for i in range(n.bit_length()) if 2**i <= n]
+    return tuple(sizes + ([n] if sizes[-1] != n else []))
+
+
+def site_dim(cfg: model_lib.ModelConfig, site: str) -> int:
+    """Feature size of a vector site (per head for q/k/v/z)."""
+    name = site.split(".")[-1]
+    if name in ("q", "k", "v", "z"):
+        return cfg.head_dim
+    return cfg.d_mlp if name == "hidden" else cfg.vocab_size if name == "logits" else cfg.d_model
+
+
+def specs_from_config(proxy_cfg, cfg: model_lib.ModelConfig) -> list[ProxySpec]:
+    """Every (method, target) pair the config asks for, with its sizes and options."""
+    specs = []
+    for method in proxy_cfg.methods:
+        module = proxies.get(method)
+        if module.SITE == "pattern":
+            specs.append(ProxySpec(method, (resolve_site(proxy_cfg.pattern_site, cfg),)))
+            continue
+        for target in proxy_cfg.targets:
+            sites = tuple(resolve_site(s, cfg) for s in target.split("+"))
+            dim = min(site_dim(cfg, s) for s in sites)
+            if method in ("svd", "pca"):
+                sizes = tuple(proxy_cfg.svd_ranks) or _powers_of_two_up_to(dim)
+                options = (("center", proxy_cfg.svd_center),) if method == "svd" else ()
+            elif method == "kmeans":
+                sizes, options = tuple(proxy_cfg.kmeans_sizes), (
+                    ("num_iters", proxy_cfg.kmeans_iters),)
+            else:
+                key = f"{method}_sizes"
+                if key not in proxy_cfg:
+                    raise ValueError(f"proxy {method!r} needs config.proxies.{key} (its sizes)")
+                sizes, options = tuple(proxy_cfg[key]), ()
+            specs.append(ProxySpec(method, sites, sizes, options))
+    return specs
+
+
+# ---------------------------------------------------------------------------------------------
+# Collection: streamed second moments and a sample of vectors, per seed and head, training only.
+
+
+def _grouped(x: jax.Array) -> jax.Array:
+    """Site value [B, T, F] or [B, T, H, F] -> [B*T, G, F] (G heads, or 1)."""
+    if x.ndim == 3:
+        x = x[:, :, None, :]
+    return x.reshape(-1, *x.shape[2:])
+
+
+@functools.partial(jax.jit, static_argnames=("model_cfg", "sites"))
+def _collect_chunk(params, tokens, *, model_cfg, sites: tuple[str, ...]):
+    valid = (tokens != dyck.PAD).reshape(-1)
+    svd = proxies.get("svd")
+
+    def one_seed(p):
+        _, cache = model_lib.forward(p, tokens, model_cfg, cache=sites)
+        vectors = {s: _grouped(cache[s]) for s in sites}
+        moments = {s: jax.vmap(svd.moments, in_axes=(1, None))(v, valid)
+                   for s, v in vectors.items()}
+        return moments, vectors
+
+    return jax.vmap(one_seed)(params)
+
+
+def collect(params, train: dyck.Split, model_cfg: model_lib.ModelConfig,
+            specs: Sequence[ProxySpec], *, num_samples: int, batch_size: int) -> dict:
+    """Statistics of every site that a data-dependent spec needs, from the training split.
+
+    Returns {site: {"moments": {...} [S, G, ...], "samples": {"x": [S, G, N, F], "valid": ...}}}.
+    Moments stream over all training sentences in fixed-size chunks (memory stays bounded);
+    samples are the first `num_samples` non-PAD positions of the training sentences, which are
+    i.i.d. draws, so this is a random sample of sentences (all positions of each).
+    """
+    needs = {}
+    for spec in specs:
+        if spec.module.STATISTIC is not None:
+            for site in spec.sites:
+                needs.setdefault(site, set()).add(spec.module.STATISTIC)
+    if not needs:
+        return {}
+    sites = tuple(sorted(needs))
+    totals, samples, kept = None, {s: [] for s in sites}, 0
+    for start in range(0, len(train.tokens), batch_size):
+        tokens = train.tokens[start:start + batch_size]
+        rows = len(tokens)
+        tokens = np.pad(tokens, ((0, batch_size - rows), (0, 0)))  # PAD rows count as invalid
+        moments, vectors = _collect_chunk(params, tokens, model_cfg=model_cfg, sites=sites)
+        totals = moments if totals is None else jax.tree.map(jnp.add, totals, moments)
+        if kept < num_samples:
+            valid = (tokens != dyck.PAD).reshape(-1)
+            take = np.flatnonzero(valid)[: num_samples - kept]
+            for s in sites:
+                if "samples" in needs[s]:
+                    samples[s].append(np.asarray(vectors[s])[:, take])  # [S, n, G, F]
+            kept += len(take)
+    stats = {}
+    for s in sites:
+        stats[s] = {"moments": totals[s]}
+        if "samples" in needs[s]:
+            x = np.concatenate(samples[s], axis=1).transpose(0, 2, 1, 3)  # [S, G, N, F]
+            stats[s]["samples"] = {"x": jnp.asarray(x),
+                                   "valid": jnp.ones(x.shape[:3], bool)}
+    return stats
+
+
+# ---------------------------------------------------------------------------------------------
+# Fitting: one vmapped call per (spec, site), over seeds and heads.
+
+
+@dataclasses.dataclass
+class FittedProxy:
+    """Fitted params per site: leaves [S, G, R, ...] (seed, head, size) for data-dependent
+    proxies; [R, ...] (no seed or head axis) for data-independent ones."""
+
+    spec: ProxySpec
+    params: dict
+
+
+@functools.partial(jax.jit, static_argnames=("method", "sizes", "options"))
+def _fit_seeds_and_heads(stats, keys, *, method: str, sizes: tuple[int, ...], options: tuple):
+    fit_one = functools.partial(proxies.get(method).fit, sizes=sizes, **dict(options))
+    return jax.vmap(jax.vmap(lambda st, k: fit_one(st, key=k)))(stats, keys)
+
+
+def fit(specs: Sequence[ProxySpec], stats: dict, key: jax.Array, num_seeds: int
+        ) -> list[FittedProxy]:
+    """Fits every spec for every seed and head (one batched call per spec and site)."""
+    fitted = []
+    for spec_index, spec in enumerate(specs):
+        module, per_site = spec.module, {}
+        for site_index, site in enumerate(spec.sites):
+            if module.STATISTIC is None:
+                per_site[site] = module.fit(None, spec.sizes, key=key)
+                continue
+            site_stats = stats[site][module.STATISTIC]
+            num_groups = jax.tree.leaves(site_stats)[0].shape[1]
+            keys = jax.random.split(jax.random.fold_in(key, 1000 * spec_index + site_index),
+                                    num_seeds * num_groups).reshape(num_seeds, num_groups, -1)
+            per_site[site] = _fit_seeds_and_heads(site_stats, keys, method=spec.method,
+                                                  sizes=spec.sizes, options=spec.options)
+        fitted.append(FittedProxy(spec, per_site))
+    return fitted
+
+
+def make_intervention(module, site_params: dict) -> model_lib.Intervention:
+    """Intervention replacing each site by the proxy with ONE seed's, ONE size's params.
+
+    Data-dependent proxies carry a head axis G first (one proxy per head); others have none.
+    """
+    def intervention(name: str, value: jax.Array) -> jax.Array:
+        if name not in site_params:
+            return value
+        if module.STATISTIC is None:
+            return module.apply(site_params[name], value)
+        grouped = value if value.ndim == 4 else value[:, :, None, :]
+        out = jax.vmap(module.apply, in_axes=(0, 2), out_axes=2)(site_params[name], grouped)
+        return out.reshape(value.shape)
+
+    return intervention
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation: per-position metrics at closing brackets, summed into (split, breakdown) bins.
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSet:
+    """All evaluation splits concatenated and padded to one length, with bin ids per position."""
+
+    split_names: tuple[str, ...]
+    tokens: np.ndarray  # [N, T]
+    is_close: np.ndarray  # [N, T]
+    bins: np.ndarray  # [N, T, 3] bin id for breakdowns all / depth / distance
+    num_bins: tuple[int, int, int]
+    num_depths: int
+    num_distances: int
+
+
+def make_eval_set(splits: dict[str, dyck.Split], names: Sequence[str]) -> EvalSet:
+    missing = [n for n in names if n not in splits]
+    if missing:
+        raise ValueError(f"evaluation splits {missing} do not exist; have {sorted(splits)}")
+    width = max(splits[n].tokens.shape[1] for n in names)
+    num_depths = 1 + max(int(splits[n].depth.max()) for n in names)
+    num_distances = width
+    cat = {f: [] for f in ("tokens", "is_close", "depth", "distance", "split")}
+    for index, name in enumerate(names):
+        s = splits[name]
+        pad = ((0, 0), (0, width - s.tokens.shape[1]))
+        for field in ("tokens", "is_close", "depth", "distance"):
+            cat[field].append(np.pad(getattr(s, field), pad))
+        cat["split"].append(np.full((len(s.tokens), width), index))
+    arr = {k: np.concatenate(v) for k, v in cat.items()}
+    bins = np.stack([arr["split"], arr["split"] * num_depths + arr["depth"],
+                     arr["split"] * num_distances + arr["distance"]], axis=-1)
+    n = len(names)
+    return EvalSet(tuple(names), arr["tokens"], arr["is_close"], bins.astype(np.int32),
+                   (n, n * num_depths, n * num_distances), num_depths, num_distances)
+
+
+@functools.partial(jax.jit, static_argnames=("model_cfg", "method", "num_sizes", "num_bins"))
+def _eval_chunk(params, proxy_params, tokens, is_close, bins, *, model_cfg, method: str,
+                num_sizes: int, num_bins: tuple[int, int, int]):
+    module = proxies.get(method)
+    targets = jnp.roll(tokens, -1, axis=1)
+    weight = is_close.astype(jnp.float32)
+
+    def binned(values: jax.Array) -> list[jax.Array]:
+        """values [B, T, M] -> per breakdown, sums [num_bins, M] over closing positions."""
+        return [jnp.einsum("btm,btk->km", values * weight[..., None],
+                           jax.nn.one_hot(bins[..., i], nb, dtype=jnp.float32))
+                for i, nb in enumerate(num_bins)]
+
+    def one_seed(p, site_params):
+        logits, _ = model_lib.forward(p, tokens, model_cfg)
+        acc_original = metrics.correct(logits, targets)
+
+        def one_size(size_params):
+            proxy_logits, _ = model_lib.forward(
+                p, tokens, model_cfg, intervention=make_intervention(module, size_params))
+            values = jnp.stack([jnp.ones_like(weight), metrics.jsd(logits, proxy_logits),
+                                metrics.same_pred(logits, proxy_logits), acc_original,
+                                metrics.correct(proxy_logits, targets)], axis=-1)
+            return binned(values)
+
+        size_axis = 0 if module.STATISTIC is None else 1  # see FittedProxy
+        return jax.vmap(one_size, in_axes=size_axis, axis_size=num_sizes)(site_params)
+
+    seed_axis = None if module.STATISTIC is None else 0
+    return jax.vmap(one_seed, in_axes=(0, seed_axis))(params, proxy_params)
+
+
+def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
+             fitted: Sequence[FittedProxy], *, batch_size: int, seeds: Sequence[int],
+             healthy: np.ndarray | None = None, progress=None) -> list[dict]:
+    """Tidy rows: one per (seed, target, method, size, split, breakdown, bin).
+
+    Columns: seed, site, method, size, split, breakdown, bin, n, jsd, same_pred, acc_original,
+    acc_proxy (means over the closing-bracket positions in that bin). Seeds marked unhealthy
+    (diverged in training) are left out.
+    """
+    rows = []
+    n = len(eval_set.tokens)
+    for proxy in fitted:
+        spec = proxy.spec
+        totals = None
+        for start in range(0, n, batch_size):
+            chunk = [np.pad(a[start:start + batch_size],
+                            [(0, max(0, start + batch_size - n))] + [(0, 0)] * (a.ndim - 1))
+                     for a in (eval_set.tokens, eval_set.is_close, eval_set.bins)]
+            out = _eval_chunk(params, proxy.params, *chunk, model_cfg=model_cfg,
+                              method=spec.method, num_sizes=len(spec.sizes),
+                              num_bins=eval_set.num_bins)
+            totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
+        if progress is not None:
+            progress(spec)
+        rows += _rows(spec, [np.asarray(t) for t in totals], eval_set, seeds, healthy)
+    return rows
+
+
+def _rows(spec: ProxySpec, totals: list[np.ndarray], eval_set: EvalSet, seeds, healthy):
+    """totals[breakdown]: [S, R, bins, 5] sums (count, jsd, same, acc_orig, acc_proxy)."""
+    rows = []
+    per_split = {"all": 1, "depth": eval_set.num_depths, "distance": eval_set.num_distances}
+    for b, breakdown in enumerate(BREAKDOWNS):
+        sums = totals[b]
+        for s, seed in enumerate(seeds):
+            if healthy is not None and not healthy[s]:
+                continue
+            for r, size in enumerate(spec.sizes):
+                for k in np.flatnonzero(sums[s, r, :, 0] > 0):
+                    split, value = divmod(int(k), per_split[breakdown])
+                    count = sums[s, r, k, 0]
+                    row = {"seed": int(seed), "site": spec.target, "method": spec.method,
+                           "size": int(size), "split": eval_set.split_names[split],
+                           "breakdown": breakdown, "bin": value if breakdown != "all" else "",
+                           "n": int(count)}
+                    row.update({m: float(sums[s, r, k, 1 + i] / count)
+                                for i, m in enumerate(METRICS)})
+                    rows.append(row)
+    return rows

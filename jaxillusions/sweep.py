@@ -1,0 +1,99 @@
+"""The main job: train a sweep of seeds, fit every proxy, evaluate faithfulness on every split.
+
+Writes into the workdir: results.csv (tidy rows), gap_table.txt, figures/*.png, TensorBoard
+curves and the hparams view, and the training checkpoints (a relaunch resumes training).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import jax
+import numpy as np
+
+from jaxillusions import faithfulness, train
+from jaxillusions import logging as log_lib
+from jaxillusions.analysis import figures, tables
+
+
+def run(config, workdir: str, *, verbose: bool = True) -> list[dict]:
+    say = print if verbose else (lambda *a, **k: None)
+    start = time.perf_counter()
+    pc = config.proxies
+    splits, model_cfg, _ = train.build(config)
+    specs = faithfulness.specs_from_config(pc, model_cfg)  # bad proxy config fails before training
+    eval_set = faithfulness.make_eval_set(splits, pc.eval_splits)
+
+    state, _ = train.train_sweep(config, workdir, splits=splits, verbose=verbose)
+    seeds = [int(s) for s in train.seed_list(config)]
+    healthy = np.asarray(state.healthy)
+    say(f"[{time.perf_counter() - start:.0f}s] training done; fitting {len(specs)} proxy "
+        f"families on the training split ({len(splits['train'].tokens)} sentences)")
+
+    stats = faithfulness.collect(state.params, splits["train"], model_cfg, specs,
+                                 num_samples=pc.kmeans_samples,
+                                 batch_size=pc.collect_batch_size)
+    fitted = faithfulness.fit(specs, stats, jax.random.PRNGKey(config.seed), len(seeds))
+    say(f"[{time.perf_counter() - start:.0f}s] evaluating on {', '.join(pc.eval_splits)} "
+        f"({len(eval_set.tokens)} sentences)")
+    done = iter(range(1, len(specs) + 1))
+    rows = faithfulness.evaluate(
+        state.params, model_cfg, eval_set, fitted, batch_size=pc.eval_batch_size, seeds=seeds,
+        healthy=healthy,
+        progress=lambda spec: say(f"  [{next(done)}/{len(specs)}] {spec.method} on "
+                                  f"{spec.target}: sizes {list(spec.sizes)}", flush=True))
+
+    tables.write_csv(rows, os.path.join(workdir, "results.csv"))
+    write_reports(rows, config, workdir, seeds, healthy, verbose=verbose)
+    say(f"[{time.perf_counter() - start:.0f}s] done: {workdir}/results.csv, "
+        f"{workdir}/figures/, TensorBoard: tensorboard --logdir {workdir}/tensorboard")
+    return rows
+
+
+def write_reports(rows, config, workdir: str, seeds, healthy, *, verbose: bool = True) -> None:
+    """Gap table, figures and TensorBoard views from the result rows."""
+    splits = list(config.proxies.eval_splits)
+    accuracy = tables.original_accuracy(rows)
+    text = ["Original model, closing-bracket accuracy (mean ± 95% CI over seeds):",
+            "  " + ", ".join(f"{s} {accuracy[s][0]:.3f}±{accuracy[s][1]:.3f}"
+                             for s in splits if s in accuracy), ""]
+    for metric in ("same_pred", "jsd"):
+        text += [f"Generalization gap in {metric} (iid minus each OOD split; positive = less "
+                 "faithful out of distribution; ± is the OOD split's 95% CI):",
+                 tables.gap_table(rows, splits, metric), ""]
+    text = "\n".join(text)
+    with open(os.path.join(workdir, "gap_table.txt"), "w") as f:
+        f.write(text + "\n")
+    if verbose:
+        print(text)
+
+    methods = sorted({r["method"] for r in rows})
+    targets = sorted({(r["site"], r["method"]) for r in rows})
+    fig_dir = os.path.join(workdir, "figures")
+    with log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
+        for method in methods:
+            if any(r["method"] == method and r["size"] > 0 for r in rows):
+                fig = figures.faithfulness_curves(rows, method, splits)
+                writer.image(f"faithfulness/{method}", fig)
+                figures.save(fig, os.path.join(fig_dir, f"faithfulness_{method}.png"))
+        for site, method in targets:
+            fig = figures.accuracy_by_depth(rows, site, method, splits)
+            name = f"accuracy_by_depth_{method}_{site.replace('+', '_and_')}"
+            writer.image(f"accuracy_by_depth/{method}/{site}", fig)
+            figures.save(fig, os.path.join(fig_dir, name + ".png"))
+        agg = tables.aggregate(rows)
+        curves = {}
+        for (site, method, size, split, _), values in agg.items():
+            for metric in ("same_pred", "jsd", "acc_proxy"):
+                key = (f"faithfulness/{split}", f"{method}/{site}/{metric}")
+                curves.setdefault(key, []).append((size, values[metric][0]))
+        for (run, tag), points in sorted(curves.items()):
+            points.sort()
+            writer.curve(run, tag, [p[0] for p in points], [p[1] for p in points])
+        hparam_metrics = {f"final/{s}/acc": a[0] for s, a in accuracy.items()}
+        for (site, method, size, split, _), values in agg.items():
+            if split in ("iid", "unseen_structure", "unseen_depth"):
+                hparam_metrics[f"same_pred/{split}/{method}/{site}/{size}"] = (
+                    values["same_pred"][0])
+        writer.hparams(log_lib.flatten_config(config), hparam_metrics)

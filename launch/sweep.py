@@ -1,0 +1,15 @@
+"""The main job: train all seeds, fit every proxy, evaluate faithfulness per split, report.
+
+    python -m launch.sweep --config=configs/dyck_small.py --workdir=runs/dyck_small
+"""
+
+from jaxillusions import sweep
+from launch import common
+
+
+def main(config, workdir: str) -> None:
+    sweep.run(config, workdir)
+
+
+if __name__ == "__main__":
+    common.run(main)

@@ -1,0 +1,177 @@
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxillusions import faithfulness as F
+from jaxillusions import logging as log_lib
+from jaxillusions import metrics, proxies, sweep, train
+from jaxillusions.analysis import tables
+from jaxillusions.model import forward
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from conftest import tiny_config
+
+    config = tiny_config(str(tmp_path_factory.mktemp("cache")))
+    config.train.num_steps = 100
+    config.train.eval_every = 100
+    config.train.learning_rate = 1e-2
+    splits, model_cfg, _ = train.build(config)
+    state, _ = train.train_sweep(config, splits=splits, verbose=False)
+    return config, splits, model_cfg, state.params
+
+
+def test_collect_streams_exact_moments_and_samples(trained):
+    config, splits, model_cfg, params = trained
+    spec = F.ProxySpec("kmeans", ("blocks.1.attn.k", "blocks.1.resid_mid"), (2,))
+    # An odd chunk size exercises the padded last chunk.
+    stats = F.collect(params, splits["train"], model_cfg, [spec], num_samples=300,
+                      batch_size=333)
+    tokens = splits["train"].tokens
+    valid = (tokens != 0).reshape(-1)
+    for s in range(2):
+        seed_params = jax.tree.map(lambda x, s=s: x[s], params)
+        _, cache = forward(seed_params, jnp.asarray(tokens), model_cfg,
+                           cache=("blocks.1.attn.k", "blocks.1.resid_mid"))
+        keys = np.asarray(cache["blocks.1.attn.k"]).reshape(-1, 16)[valid]
+        gram = np.asarray(stats["blocks.1.attn.k"]["moments"]["gram"][s, 0])
+        np.testing.assert_allclose(gram, keys.T @ keys, rtol=2e-4, atol=2e-3)
+        assert stats["blocks.1.attn.k"]["moments"]["count"][s, 0] == valid.sum()
+        resid = np.asarray(cache["blocks.1.resid_mid"]).reshape(-1, 16)[valid]
+        np.testing.assert_allclose(stats["blocks.1.resid_mid"]["samples"]["x"][s, 0],
+                                   resid[:300], rtol=1e-5, atol=1e-5)
+
+
+def test_specs_from_config_resolve_last_layer_and_sizes(trained):
+    config, _, model_cfg, _ = trained
+    specs = F.specs_from_config(config.proxies, model_cfg)
+    svd = [s for s in specs if s.method == "svd"]
+    assert [s.target for s in svd] == ["blocks.1.attn.q", "blocks.1.attn.k",
+                                      "blocks.1.attn.q+blocks.1.attn.k"]
+    assert svd[0].sizes == (1, 2, 4, 8, 16)  # d_head = 16
+    config.proxies.targets = ("blocks.5.attn.k",)
+    with pytest.raises(ValueError, match="unknown activation site"):
+        F.specs_from_config(config.proxies, model_cfg)
+    config.proxies.methods = ("nope",)
+    with pytest.raises(ValueError, match="nope"):
+        F.specs_from_config(config.proxies, model_cfg)
+
+
+def test_batched_evaluation_equals_item_by_item(trained):
+    config, splits, model_cfg, params = trained
+    specs = [F.ProxySpec("svd", ("blocks.1.attn.k",), (1, 4, 16), (("center", False),)),
+             F.ProxySpec("kmeans", ("blocks.1.attn.q", "blocks.1.attn.k"), (2, 8),
+                         (("num_iters", 5),)),
+             F.ProxySpec("onehot_attention", ("blocks.1.attn.pattern",))]
+    stats = F.collect(params, splits["train"], model_cfg, specs, num_samples=500,
+                      batch_size=256)
+    fitted = F.fit(specs, stats, jax.random.PRNGKey(0), num_seeds=2)
+    eval_set = F.make_eval_set(splits, ["iid", "longer"])
+    rows = F.evaluate(params, model_cfg, eval_set, fitted, batch_size=50, seeds=[0, 1])
+
+    def lookup(**where):
+        (row,) = [r for r in rows if all(r[k] == v for k, v in where.items())]
+        return row
+
+    for proxy in fitted:
+        module = proxy.spec.module
+        for s in range(2):
+            p = jax.tree.map(lambda x, s=s: x[s], params)
+            for r, size in enumerate(proxy.spec.sizes):
+                if module.STATISTIC is None:
+                    site_params = jax.tree.map(lambda x, r=r: x[r], proxy.params)
+                else:
+                    site_params = jax.tree.map(lambda x, s=s, r=r: x[s, :, r], proxy.params)
+                intervention = F.make_intervention(module, site_params)
+                for split in ("iid", "longer"):
+                    sp = splits[split]
+                    tokens = jnp.asarray(sp.tokens)
+                    logits, _ = forward(p, tokens, model_cfg)
+                    proxy_logits, _ = forward(p, tokens, model_cfg, intervention=intervention)
+                    mask = sp.is_close
+                    targets = np.roll(sp.tokens, -1, axis=1)
+                    row = lookup(seed=s, site=proxy.spec.target, method=proxy.spec.method,
+                                 size=size, split=split, breakdown="all")
+                    assert row["n"] == mask.sum()
+                    expect = {
+                        "jsd": np.asarray(metrics.jsd(logits, proxy_logits))[mask].mean(),
+                        "same_pred": np.asarray(metrics.same_pred(logits, proxy_logits))[
+                            mask].mean(),
+                        "acc_original": np.asarray(metrics.correct(logits, targets))[
+                            mask].mean(),
+                        "acc_proxy": np.asarray(metrics.correct(proxy_logits, targets))[
+                            mask].mean(),
+                    }
+                    for m, v in expect.items():
+                        assert row[m] == pytest.approx(v, abs=2e-5), (proxy.spec, s, size, m)
+                    # Depth breakdown: counts add up to the split's total.
+                    depth_rows = [x for x in rows if x["breakdown"] == "depth" and
+                                  x["split"] == split and x["seed"] == s and
+                                  x["size"] == size and x["site"] == proxy.spec.target and
+                                  x["method"] == proxy.spec.method]
+                    assert sum(x["n"] for x in depth_rows) == mask.sum()
+                    d = 3
+                    depth_mask = mask & (sp.depth == d)
+                    (row_d,) = [x for x in depth_rows if x["bin"] == d]
+                    same = np.asarray(metrics.same_pred(logits, proxy_logits))
+                    assert row_d["same_pred"] == pytest.approx(same[depth_mask].mean(), abs=2e-5)
+
+
+def test_full_rank_svd_is_faithful_and_rank_one_is_not(trained):
+    config, splits, model_cfg, params = trained
+    spec = F.ProxySpec("svd", ("blocks.1.attn.q", "blocks.1.attn.k"), (1, 16))
+    stats = F.collect(params, splits["train"], model_cfg, [spec], num_samples=0, batch_size=512)
+    fitted = F.fit([spec], stats, jax.random.PRNGKey(0), num_seeds=2)
+    rows = F.evaluate(params, model_cfg, F.make_eval_set(splits, ["iid", "unseen_depth"]),
+                      fitted, batch_size=64, seeds=[0, 1])
+    full = [r for r in rows if r["size"] == 16 and r["breakdown"] == "all"]
+    assert all(r["same_pred"] == 1.0 and r["jsd"] < 1e-6 for r in full)
+    assert all(r["acc_proxy"] == r["acc_original"] for r in full)
+    rank1 = [r for r in rows if r["size"] == 1 and r["breakdown"] == "all"]
+    assert max(r["jsd"] for r in rank1) > 1e-4
+
+
+def test_unhealthy_seed_rows_are_left_out(trained):
+    _, splits, model_cfg, params = trained
+    fitted = F.fit([F.ProxySpec("uniform_attention", ("blocks.1.attn.pattern",))], {},
+                   jax.random.PRNGKey(0), num_seeds=2)
+    rows = F.evaluate(params, model_cfg, F.make_eval_set(splits, ["iid"]), fitted,
+                      batch_size=64, seeds=[10, 11], healthy=np.array([True, False]))
+    assert {r["seed"] for r in rows} == {10}
+    with pytest.raises(ValueError, match="do not exist"):
+        F.make_eval_set(splits, ["iid", "nonsense"])
+
+
+def test_sweep_end_to_end_writes_table_figures_and_tensorboard(trained, tmp_path):
+    config = trained[0]
+    config.proxies.methods = ("svd", "kmeans", "uniform_attention")
+    config.proxies.targets = ("blocks.-1.attn.k",)
+    config.proxies.eval_splits = ("iid", "unseen_depth")
+    workdir = str(tmp_path / "run")
+    rows = sweep.run(config, workdir, verbose=False)
+    back = tables.read_csv(os.path.join(workdir, "results.csv"))
+    assert len(back) == len(rows) > 0
+    assert set(tables.COLUMNS) <= set(back[0])
+    assert {r["method"] for r in back} == {"svd", "kmeans", "uniform_attention"}
+    assert {r["split"] for r in back} == {"iid", "unseen_depth"}
+    assert {r["breakdown"] for r in back} == {"all", "depth", "distance"}
+    gap = open(os.path.join(workdir, "gap_table.txt")).read()
+    assert "gap unseen_depth" in gap and "kmeans" in gap
+    for name in ("faithfulness_svd.png", "faithfulness_kmeans.png",
+                 "accuracy_by_depth_uniform_attention_blocks.1.attn.pattern.png"):
+        assert os.path.getsize(os.path.join(workdir, "figures", name)) > 1000
+    scalars = log_lib.read_scalars(os.path.join(workdir, "tensorboard"))
+    curve = scalars["faithfulness/iid"]["svd/blocks.1.attn.k/same_pred"]
+    assert [step for step, _ in curve] == [1, 2, 4, 8, 16]
+    agg = tables.aggregate(back)
+    assert curve[-1][1] == pytest.approx(agg[("blocks.1.attn.k", "svd", 16, "iid", "")][
+        "same_pred"][0], rel=1e-6)
+
+
+def test_available_proxies_include_the_four_methods():
+    assert {"svd", "pca", "kmeans", "onehot_attention", "uniform_attention"} <= set(
+        proxies.available())
