@@ -85,3 +85,17 @@ def test_mean_ci95():
     np.testing.assert_allclose(h, 1.9842170 * x.std(ddof=1) / 10, rtol=1e-6)
     all_nan_mean, all_nan_half = metrics.mean_ci95(np.full((3, 2), np.nan))
     assert np.isnan(all_nan_mean).all() and np.isnan(all_nan_half).all()
+
+
+def test_jsd_with_broadcast_operands_matches_materialized():
+    # Under vmap over proxy sizes the original logits are broadcast along a middle axis. An
+    # earlier two-reduction JSD was miscompiled by XLA:CPU for exactly these shapes.
+    rng = np.random.default_rng(1)
+    original = (rng.normal(size=(4, 1, 256, 42, 19)) * 4).astype(np.float32)
+    noise = rng.normal(size=(4, 6, 256, 42, 19)) * np.arange(6)[None, :, None, None, None] * 0.1
+    proxy = (original + noise).astype(np.float32)
+    materialized = np.broadcast_to(original, proxy.shape).copy()
+    broadcast = np.asarray(jax.jit(metrics.jsd)(original, proxy))
+    reference = np.asarray(jax.jit(metrics.jsd)(materialized, proxy))
+    np.testing.assert_allclose(broadcast, reference, atol=1e-6)
+    assert np.abs(broadcast[:, 0]).max() < 1e-6  # size 0 has no noise: identical distributions

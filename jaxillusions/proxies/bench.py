@@ -1,7 +1,7 @@
 """Benchmarks of the batched proxy fits (wired into `python -m launch.benchmark`).
 
-Times are the best of `repeats` runs, compilation excluded (every jitted function is warmed up
-first) and results waited for with block_until_ready.
+Times are the best of `repeats` interleaved runs (the machine may be shared), compilation
+excluded (every jitted function is warmed up first), results waited for with block_until_ready.
 """
 
 import functools
@@ -15,13 +15,15 @@ import numpy as np
 from jaxillusions.proxies import kmeans, svd
 
 
-def _best_time(fn: Callable[[], object], repeats: int) -> tuple[float, list[float]]:
-    times = []
+def _times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """Seconds per call of each fn, repeats interleaved so all see the same background load."""
+    times = {name: [] for name in fns}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return min(times), times
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn())
+            times[name].append(time.perf_counter() - t0)
+    return times
 
 
 def _blobs(num_seeds: int, num_points: int, dim: int, num_blobs: int = 32) -> np.ndarray:
@@ -58,41 +60,43 @@ def bench_kmeans(
         return kmeans.fit({"x": x, "valid": valid}, sizes, key=key, num_iters=num_iters)
 
     fit = jax.jit(jax.vmap(fit_one))
-    # The same fits with seeds in sequence (lax.map): XLA's CPU scatter is slower batched.
-    fit_seq = jax.jit(lambda x, v, k: jax.lax.map(lambda a: fit_one(*a), (x, v, k)))
     params = jax.block_until_ready(fit(xj, valid, keys))  # warm-up: compile
-    jax.block_until_ready(fit_seq(xj, valid, keys))
     per_size = jax.vmap(kmeans.inertia, in_axes=(0, None, None))  # over sizes
     jax_inertia = jax.jit(jax.vmap(per_size))(params, xj, valid)  # [seeds, sizes]
 
     sk_inertia = np.zeros((num_seeds, len(sizes)))
     sk_iters = np.zeros((num_seeds, len(sizes)), int)
+    reps = iter(range(repeats))
 
-    def sklearn_loop(rep: int) -> None:
+    def sklearn_loop() -> None:
+        rep = next(reps)
         for s in range(num_seeds):
             for i, k in enumerate(sizes):
                 km = KMeans(
-                    n_clusters=k, init="k-means++", n_init=1, max_iter=num_iters, tol=0.0,
-                    algorithm="lloyd", random_state=1000 * rep + s,
+                    n_clusters=k,
+                    init="k-means++",
+                    n_init=1,
+                    max_iter=num_iters,
+                    tol=0.0,
+                    algorithm="lloyd",
+                    random_state=1000 * rep + s,
                 ).fit(x[s])
                 sk_inertia[s, i], sk_iters[s, i] = km.inertia_, km.n_iter_
 
     KMeans(n_clusters=2, n_init=1, max_iter=2).fit(x[0, :1000])  # warm-up: thread pools
-    # Interleaved repeats, so that both sides see the same background load.
-    jax_times, seq_times, sk_times = [], [], []
-    for rep in range(repeats):
-        jax_times.append(_best_time(lambda: fit(xj, valid, keys), 1)[0])
-        seq_times.append(_best_time(lambda: fit_seq(xj, valid, keys), 1)[0])
-        t0 = time.perf_counter()
-        sklearn_loop(rep)
-        sk_times.append(time.perf_counter() - t0)
-    jax_s, sk_s = min(jax_times), min(sk_times)
+    times = _times({"jax": lambda: fit(xj, valid, keys), "sklearn": sklearn_loop}, repeats)
+    jax_s, sk_s = min(times["jax"]), min(times["sklearn"])
     return {
-        "num_seeds": num_seeds, "num_points": num_points, "dim": dim, "sizes": list(sizes),
-        "num_iters": num_iters, "repeats": repeats,
-        "jax_batched_s": jax_s, "jax_times_s": jax_times,
-        "jax_seeds_in_sequence_s": min(seq_times),
-        "sklearn_loop_s": sk_s, "sklearn_times_s": sk_times,
+        "num_seeds": num_seeds,
+        "num_points": num_points,
+        "dim": dim,
+        "sizes": list(sizes),
+        "num_iters": num_iters,
+        "repeats": repeats,
+        "jax_batched_s": jax_s,
+        "jax_times_s": times["jax"],
+        "sklearn_loop_s": sk_s,
+        "sklearn_times_s": times["sklearn"],
         "speedup": sk_s / jax_s,
         "jax_mean_inertia": np.asarray(jax_inertia).mean(0).tolist(),  # per size
         "sklearn_mean_inertia": sk_inertia.mean(0).tolist(),
@@ -126,6 +130,16 @@ def bench_rank_sweep(
     def batched(x: jax.Array, valid: jax.Array) -> jax.Array:
         return jax.vmap(lambda x, v: errors(svd.moments(x, v), x, ranks))(x, valid)
 
+    @jax.jit
+    def ranks_in_sequence(x: jax.Array, valid: jax.Array) -> jax.Array:
+        # Also fitted once, but the ranks are projected one at a time (lax.map): no
+        # [ranks, N, F] intermediate.
+        def per_seed(x: jax.Array, v: jax.Array) -> jax.Array:
+            params = svd.fit(svd.moments(x, v), ranks)
+            return jax.lax.map(lambda p: jnp.mean((svd.apply(p, x) - x) ** 2), params)
+
+        return jax.vmap(per_seed)(x, valid)
+
     moments = jax.jit(jax.vmap(svd.moments))
 
     @functools.partial(jax.jit, static_argnums=2)
@@ -138,12 +152,26 @@ def bench_rank_sweep(
 
     batched_err = jax.block_until_ready(batched(x, valid))  # warm-up: compile
     loop_err = jax.block_until_ready(loop())  # compiles every rank
-    batched_s, batched_times = _best_time(lambda: batched(x, valid), repeats)
-    loop_s, loop_times = _best_time(loop, repeats)
+    seq_err = jax.block_until_ready(ranks_in_sequence(x, valid))
+    fns = {
+        "batched": lambda: batched(x, valid),
+        "loop": loop,
+        "sequence": lambda: ranks_in_sequence(x, valid),
+    }
+    times = _times(fns, repeats)
+    batched_s, loop_s = min(times["batched"]), min(times["loop"])
     return {
-        "num_seeds": num_seeds, "num_points": num_points, "dim": dim, "repeats": repeats,
-        "batched_s": batched_s, "batched_times_s": batched_times,
-        "loop_s": loop_s, "loop_times_s": loop_times,
+        "num_seeds": num_seeds,
+        "num_points": num_points,
+        "dim": dim,
+        "repeats": repeats,
+        "batched_s": batched_s,
+        "batched_times_s": times["batched"],
+        "loop_s": loop_s,
+        "loop_times_s": times["loop"],
         "speedup": loop_s / batched_s,
-        "max_abs_diff": float(jnp.max(jnp.abs(batched_err - loop_err))),
+        "fit_once_ranks_in_sequence_s": min(times["sequence"]),
+        "max_abs_diff": float(
+            jnp.maximum(jnp.abs(batched_err - loop_err).max(), jnp.abs(seq_err - loop_err).max())
+        ),
     }
