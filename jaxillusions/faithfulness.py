@@ -172,6 +172,14 @@ class FittedProxy:
     spec: ProxySpec
     params: dict
 
+    def intervention(self, seed_index: int, size_index: int) -> model_lib.Intervention:
+        """This proxy for one seed at one size, as an intervention for `model.forward`."""
+        if self.spec.module.STATISTIC is None:
+            params = jax.tree.map(lambda x: x[size_index], self.params)
+        else:
+            params = jax.tree.map(lambda x: x[seed_index, :, size_index], self.params)
+        return make_intervention(self.spec.module, params)
+
 
 @functools.partial(jax.jit, static_argnames=("method", "sizes", "options"))
 def _fit_seeds_and_heads(stats, keys, *, method: str, sizes: tuple[int, ...], options: tuple):

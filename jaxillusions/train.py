@@ -122,8 +122,14 @@ def seed_step(state: SweepState, train_tokens: jax.Array, *, model_cfg, tx, batc
 def train_steps(state: SweepState, train_tokens: jax.Array, *, num_steps: int, model_cfg, tx,
                 batch_size: int) -> tuple[SweepState, jax.Array]:
     """`num_steps` steps for all seeds in one call. Returns (state, losses [num_steps, S])."""
-    step = jax.vmap(functools.partial(seed_step, model_cfg=model_cfg, tx=tx,
-                                      batch_size=batch_size), in_axes=(0, None))
+    one_seed = functools.partial(seed_step, model_cfg=model_cfg, tx=tx, batch_size=batch_size)
+    if state.healthy.shape[0] == 1:
+        # vmap over a size-1 axis still emits batched ops, which XLA:CPU runs ~25% slower than
+        # the plain step (launch/benchmark.py); one seed needs no vmap.
+        state, losses = jax.lax.scan(lambda s, _: one_seed(s, train_tokens),
+                                     jax.tree.map(lambda x: x[0], state), None, length=num_steps)
+        return jax.tree.map(lambda x: x[None], state), losses[:, None]
+    step = jax.vmap(one_seed, in_axes=(0, None))
     return jax.lax.scan(lambda s, _: step(s, train_tokens), state, None, length=num_steps)
 
 

@@ -78,15 +78,10 @@ def test_batched_evaluation_equals_item_by_item(trained):
         return row
 
     for proxy in fitted:
-        module = proxy.spec.module
         for s in range(2):
             p = jax.tree.map(lambda x, s=s: x[s], params)
             for r, size in enumerate(proxy.spec.sizes):
-                if module.STATISTIC is None:
-                    site_params = jax.tree.map(lambda x, r=r: x[r], proxy.params)
-                else:
-                    site_params = jax.tree.map(lambda x, s=s, r=r: x[s, :, r], proxy.params)
-                intervention = F.make_intervention(module, site_params)
+                intervention = proxy.intervention(s, r)
                 for split in ("iid", "longer"):
                     sp = splits[split]
                     tokens = jnp.asarray(sp.tokens)
