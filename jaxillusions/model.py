@@ -47,9 +47,6 @@ class ModelConfig:
     pos_encoding: str = "learned"
     attn_only: bool = False  # attention-only blocks (no MLP)
     uniform_attention_layers: tuple[int, ...] = ()  # layers whose attention is frozen uniform
-    # "onehot": embed by a one-hot matmul. "gather": index the table; under vmap over seeds its
-    # gradient is a batched scatter-add, which XLA:CPU runs far slower (launch/benchmark.py).
-    embed_lookup: str = "onehot"
 
     def __post_init__(self):
         if self.pos_encoding not in POS_ENCODINGS:
@@ -58,9 +55,6 @@ class ModelConfig:
         for name in ("vocab_size", "max_len", "n_layers", "n_heads", "d_model"):
             if getattr(self, name) < 1:
                 raise ValueError(f"model.{name}={getattr(self, name)}: must be >= 1")
-        if self.embed_lookup not in ("onehot", "gather"):
-            raise ValueError(f"model.embed_lookup={self.embed_lookup!r}: expected 'onehot' or "
-                             "'gather'")
         if self.d_head == 0 and self.d_model % self.n_heads:
             raise ValueError(f"model.d_model={self.d_model} is not divisible by "
                              f"model.n_heads={self.n_heads}; set model.d_head explicitly")
@@ -89,7 +83,6 @@ class ModelConfig:
             pos_encoding=model_cfg.pos_encoding,
             attn_only=model_cfg.attn_only,
             uniform_attention_layers=tuple(model_cfg.uniform_attention_layers),
-            embed_lookup=model_cfg.embed_lookup,
         )
 
 
@@ -202,11 +195,7 @@ def forward(
     seq_len = tokens.shape[-1]
     if seq_len > cfg.max_len:
         raise ValueError(f"sequence length {seq_len} exceeds the model's max_len {cfg.max_len}")
-    if cfg.embed_lookup == "gather":
-        x = params["embed"][tokens]
-    else:
-        x = jax.nn.one_hot(tokens, cfg.vocab_size, dtype=params["embed"].dtype) @ params["embed"]
-    x = site("embed", x)
+    x = site("embed", params["embed"][tokens])
     if cfg.pos_encoding != "none":
         x = x + site("pos_embed", _position_embedding(params, cfg, seq_len))
     causal = jnp.tril(jnp.ones((seq_len, seq_len), bool))

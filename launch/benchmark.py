@@ -3,11 +3,11 @@
     python -m launch.benchmark --out=runs/benchmark.json            # ~5 min on the 2-core CPU
     python -m launch.benchmark --quick                             # smaller, ~1 min
 
-1. Training throughput (seed-steps/s) for 1, 8 and 32 seeds: the vmapped sweep step vs a Python
-   loop over the seeds, each running the same jitted single-seed step. Both run `steps` steps per
-   call as a lax.scan, compilation excluded. The naive variant (embedding by gather) is included:
-   under vmap its gradient is a batched scatter-add, which XLA:CPU executes far slower than the
-   one-hot matmul that the model uses by default.
+1. Training throughput (seed-steps/s) for 1, 8 and 32 seeds: the sweep step (train.train_steps)
+   vs a Python loop over the seeds, each running the same jitted single-seed step, and vs the
+   naive sweep that vmaps even a single seed (XLA:CPU runs the batched ops of a size-1 vmap ~25%
+   slower than the plain step, which is why train_steps skips vmap for one seed). All run
+   `steps` steps per call as a lax.scan; compilation excluded.
 2. Dyck data generation time for the paper-size set (configs/dyck.py) and the CPU demo set.
 3. Proxies: batched k-means over seeds and k vs scikit-learn KMeans (same k, n_init=1, same
    iteration count), and the batched rank sweep vs a loop over ranks.
@@ -48,6 +48,13 @@ def _single_seed_steps(state, tokens, *, num_steps, model_cfg, tx, batch_size):
     return jax.lax.scan(lambda s, _: step(s, tokens), state, None, length=num_steps)
 
 
+@functools.partial(jax.jit, static_argnames=("num_steps", "model_cfg", "tx", "batch_size"))
+def _naive_vmapped_steps(state, tokens, *, num_steps, model_cfg, tx, batch_size):
+    step = jax.vmap(functools.partial(train.seed_step, model_cfg=model_cfg, tx=tx,
+                                      batch_size=batch_size), in_axes=(0, None))
+    return jax.lax.scan(lambda s, _: step(s, tokens), state, None, length=num_steps)
+
+
 def bench_training(config, seed_counts, steps: int, repeats: int) -> list[dict]:
     splits, model_cfg, tx = train.build(config)
     tokens = jax.numpy.asarray(splits["train"].tokens)
@@ -55,39 +62,40 @@ def bench_training(config, seed_counts, steps: int, repeats: int) -> list[dict]:
     for num_seeds in seed_counts:
         row = _training_row(num_seeds, tokens, model_cfg, tx, config.train.batch_size, steps,
                             repeats)
-        print(f"  {num_seeds:>3} seeds: vmap {row['vmap_seed_steps_per_s']:8.0f} | "
-              f"vmap+gather {row['vmap_gather_seed_steps_per_s']:8.0f} | "
-              f"loop {row['loop_seed_steps_per_s']:8.0f} seed-steps/s | "
-              f"vmap/loop {row['vmap_over_loop']:.2f} (gather {row['vmap_gather_over_loop']:.2f})",
-              flush=True)
+        print(f"  {num_seeds:>3} seeds: sweep {row['sweep_seed_steps_per_s']:6.0f} | "
+              f"naive vmap {row['naive_vmap_seed_steps_per_s']:6.0f} | "
+              f"loop {row['loop_seed_steps_per_s']:6.0f} seed-steps/s | "
+              f"sweep/loop {row['sweep_over_loop']:.2f}, naive/loop "
+              f"{row['naive_vmap_over_loop']:.2f}", flush=True)
         results.append(row)
     return results
 
 
 def _training_row(num_seeds, tokens, model_cfg, tx, batch_size, steps, repeats) -> dict:
-    run = dict(num_steps=steps, tx=tx, batch_size=batch_size)
+    run = dict(num_steps=steps, model_cfg=model_cfg, tx=tx, batch_size=batch_size)
     state = train.init_state(np.arange(num_seeds), model_cfg, tx)
     singles = [jax.tree.map(lambda x, i=i: x[i], state) for i in range(num_seeds)]
-    gather_cfg = dataclasses.replace(model_cfg, embed_lookup="gather")
 
-    def vmapped(cfg):
+    def sweep():
         # train_steps donates its input: hand it a fresh copy each call.
-        fresh = jax.tree.map(lambda x: x.copy(), state)
-        return train.train_steps(fresh, tokens, model_cfg=cfg, **run)[1]
+        return train.train_steps(jax.tree.map(lambda x: x.copy(), state), tokens, **run)[1]
+
+    def naive():
+        return _naive_vmapped_steps(state, tokens, **run)[1]
 
     def loop():
-        return [_single_seed_steps(s, tokens, model_cfg=model_cfg, **run)[1] for s in singles]
+        return [_single_seed_steps(s, tokens, **run)[1] for s in singles]
 
-    for fn in (lambda: vmapped(model_cfg), lambda: vmapped(gather_cfg), loop):
+    for fn in (sweep, naive, loop):
         jax.block_until_ready(fn())  # compile
     work = num_seeds * steps
     row = {"num_seeds": num_seeds, "steps": steps,
-           "vmap_seed_steps_per_s": work / _best(lambda: vmapped(model_cfg), repeats),
-           "vmap_gather_seed_steps_per_s": work / _best(lambda: vmapped(gather_cfg), repeats),
+           "sweep_seed_steps_per_s": work / _best(sweep, repeats),
+           "naive_vmap_seed_steps_per_s": work / _best(naive, repeats),
            "loop_seed_steps_per_s": work / _best(loop, repeats)}
-    row["vmap_over_loop"] = row["vmap_seed_steps_per_s"] / row["loop_seed_steps_per_s"]
-    row["vmap_gather_over_loop"] = (row["vmap_gather_seed_steps_per_s"]
-                                    / row["loop_seed_steps_per_s"])
+    row["sweep_over_loop"] = row["sweep_seed_steps_per_s"] / row["loop_seed_steps_per_s"]
+    row["naive_vmap_over_loop"] = (row["naive_vmap_seed_steps_per_s"]
+                                   / row["loop_seed_steps_per_s"])
     return row
 
 

@@ -74,13 +74,6 @@ def test_vmap_over_seed_axis_matches_single_models():
         np.testing.assert_allclose(batched[i], single, atol=1e-5)
 
 
-def test_gather_and_onehot_embeddings_agree():
-    cfg, params, tokens = _setup()
-    gather_cfg = model_lib.ModelConfig(**{**cfg.__dict__, "embed_lookup": "gather"})
-    np.testing.assert_allclose(model_lib.forward(params, tokens, cfg)[0],
-                               model_lib.forward(params, tokens, gather_cfg)[0], atol=1e-5)
-
-
 def test_bad_model_config_errors():
     with pytest.raises(ValueError, match="pos_encoding"):
         model_lib.ModelConfig(vocab_size=5, max_len=4, pos_encoding="rotary")

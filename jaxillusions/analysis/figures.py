@@ -39,7 +39,9 @@ def faithfulness_curves(rows: Sequence[dict], method: str, splits: Sequence[str]
                 ci = np.nan_to_num(np.array([agg[k][metric][1] for k in keys]))
                 ax = axes[row, col]
                 ax.plot(sizes, mean, marker="o", ms=3, label=split)
-                ax.fill_between(sizes, mean - ci, mean + ci, alpha=0.2)
+                # Both metrics live in [0, 1]; a t-interval over few seeds can overshoot.
+                ax.fill_between(sizes, np.clip(mean - ci, 0, 1), np.clip(mean + ci, 0, 1),
+                                alpha=0.2)
         axes[0, col].set_title(site, fontsize=9)
         axes[1, col].set_xlabel("rank" if method in ("svd", "pca") else "clusters k")
         axes[1, col].set_xscale("log", base=2)
@@ -68,8 +70,9 @@ def accuracy_by_depth(rows: Sequence[dict], site: str, method: str, splits: Sequ
                 continue
             depth = [int(k[4]) for k in keys]
             if i == 0:
-                ax.plot(depth, [agg[k]["acc_original"][0] for k in keys], color="black", lw=2,
-                        label="original")
+                # On top and dashed: a faithful proxy would otherwise hide it.
+                ax.plot(depth, [agg[k]["acc_original"][0] for k in keys], color="black", lw=1.5,
+                        ls="--", zorder=5, label="original")
             label = method if method.endswith("attention") else f"{method} {size}"
             ax.plot(depth, [agg[k]["acc_proxy"][0] for k in keys], color=colors[i], marker=".",
                     label=label)

@@ -30,3 +30,9 @@ def get(name: str) -> types.ModuleType:
     if name not in names:
         raise ValueError(f"unknown proxy {name!r}; available proxies: {', '.join(names)}")
     return importlib.import_module(f"{__name__}.{name}")
+
+
+def fit_without_data(stats: None, sizes: tuple[int, ...], *, key=None) -> dict:
+    """fit() of a data-independent proxy (STATISTIC None): it has no parameters."""
+    del stats, sizes, key
+    return {}
