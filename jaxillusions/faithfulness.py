@@ -23,7 +23,7 @@ import numpy as np
 
 from jaxillusions import metrics, proxies
 from jaxillusions import model as model_lib
-from jaxillusions.data import dyck
+from jaxillusions.data import dyck, padded_chunks
 
 METRICS = ("jsd", "same_pred", "acc_original", "acc_proxy")
 BREAKDOWNS = ("all", "depth", "distance")
@@ -104,8 +104,8 @@ def _grouped(x: jax.Array) -> jax.Array:
     return x.reshape(-1, *x.shape[2:])
 
 
-@functools.partial(jax.jit, static_argnames=("model_cfg", "sites"))
-def _collect_chunk(params, tokens, *, model_cfg, sites: tuple[str, ...]):
+@functools.partial(jax.jit, static_argnames=("model_cfg", "sites", "with_vectors"))
+def _collect_chunk(params, tokens, *, model_cfg, sites: tuple[str, ...], with_vectors: bool):
     valid = (tokens != dyck.PAD).reshape(-1)
     svd = proxies.get("svd")
 
@@ -114,7 +114,8 @@ def _collect_chunk(params, tokens, *, model_cfg, sites: tuple[str, ...]):
         vectors = {s: _grouped(cache[s]) for s in sites}
         moments = {s: jax.vmap(svd.moments, in_axes=(1, None))(v, valid)
                    for s, v in vectors.items()}
-        return moments, vectors
+        # Vectors leave the device only while k-means samples are still being gathered.
+        return moments, vectors if with_vectors else {}
 
     return jax.vmap(one_seed)(params)
 
@@ -137,13 +138,12 @@ def collect(params, train: dyck.Split, model_cfg: model_lib.ModelConfig,
         return {}
     sites = tuple(sorted(needs))
     totals, samples, kept = None, {s: [] for s in sites}, 0
-    for start in range(0, len(train.tokens), batch_size):
-        tokens = train.tokens[start:start + batch_size]
-        rows = len(tokens)
-        tokens = np.pad(tokens, ((0, batch_size - rows), (0, 0)))  # PAD rows count as invalid
-        moments, vectors = _collect_chunk(params, tokens, model_cfg=model_cfg, sites=sites)
+    sampling = any("samples" in n for n in needs.values())
+    for (tokens,) in padded_chunks([train.tokens], batch_size):
+        moments, vectors = _collect_chunk(params, tokens, model_cfg=model_cfg, sites=sites,
+                                          with_vectors=sampling and kept < num_samples)
         totals = moments if totals is None else jax.tree.map(jnp.add, totals, moments)
-        if kept < num_samples:
+        if vectors:
             valid = (tokens != dyck.PAD).reshape(-1)
             take = np.flatnonzero(valid)[: num_samples - kept]
             for s in sites:
@@ -305,14 +305,11 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     (diverged in training) are left out.
     """
     rows = []
-    n = len(eval_set.tokens)
     for proxy in fitted:
         spec = proxy.spec
         totals = None
-        for start in range(0, n, batch_size):
-            chunk = [np.pad(a[start:start + batch_size],
-                            [(0, max(0, start + batch_size - n))] + [(0, 0)] * (a.ndim - 1))
-                     for a in (eval_set.tokens, eval_set.is_close, eval_set.bins)]
+        for chunk in padded_chunks([eval_set.tokens, eval_set.is_close, eval_set.bins],
+                                   batch_size):
             out = _eval_chunk(params, proxy.params, *chunk, model_cfg=model_cfg,
                               method=spec.method, num_sizes=len(spec.sizes),
                               num_bins=eval_set.num_bins)

@@ -21,7 +21,7 @@ import numpy as np
 import optax
 
 from jaxillusions import model as model_lib
-from jaxillusions.data import dyck
+from jaxillusions.data import dyck, padded_chunks
 
 
 @flax.struct.dataclass
@@ -164,12 +164,8 @@ def evaluate(params: dict, split: dyck.Split, model_cfg: model_lib.ModelConfig, 
     size so the evaluation compiles once per sequence length.
     """
     totals = None
-    for start in range(0, len(split.tokens), batch_size):
-        chunk = slice(start, start + batch_size)
-        arrays = [split.tokens[chunk], split.is_close[chunk], split.depth[chunk]]
-        pad = batch_size - len(arrays[0])
-        arrays = [np.pad(a, ((0, pad), (0, 0))) for a in arrays]  # padded rows: is_close False
-        out = _eval_batch(params, *arrays, model_cfg=model_cfg, num_depths=num_depths)
+    for chunk in padded_chunks([split.tokens, split.is_close, split.depth], batch_size):
+        out = _eval_batch(params, *chunk, model_cfg=model_cfg, num_depths=num_depths)
         totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
     totals = jax.tree.map(np.asarray, totals)
     count = totals["count_by_depth"]
