@@ -84,6 +84,25 @@ def _init_state(seeds: jax.Array, model_cfg, tx) -> SweepState:
     )
 
 
+def place_on_devices(state: SweepState, train_tokens: np.ndarray):
+    """Shards the seed axis of the state over the local devices and replicates the tokens.
+
+    jit then runs each device's seeds where they live: the same config runs on 1 CPU or 8 GPUs.
+    On one device (or a seed count that does not divide evenly) everything stays on one device.
+    """
+    devices, num_seeds = jax.local_devices(), state.healthy.shape[0]
+    if len(devices) == 1:
+        return state, jnp.asarray(train_tokens)
+    if num_seeds % len(devices):
+        print(f"WARNING: {num_seeds} seeds do not divide over {len(devices)} devices; "
+              "running on one device (use a multiple of the device count)")
+        return state, jnp.asarray(train_tokens)
+    mesh = jax.sharding.Mesh(np.array(devices), ("seed",))
+    by_seed = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("seed"))
+    everywhere = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return jax.device_put(state, by_seed), jax.device_put(train_tokens, everywhere)
+
+
 def lm_loss(params: dict, tokens: jax.Array, model_cfg: model_lib.ModelConfig) -> jax.Array:
     """Mean next-token cross-entropy over all non-PAD targets."""
     logits, _ = model_lib.forward(params, tokens[:, :-1], model_cfg)
@@ -241,8 +260,8 @@ def train_sweep(config, workdir: str | None = None, *, splits=None, seeds=None,
     tc = config.train
     splits, model_cfg, tx = build(config, splits)
     seeds = np.asarray(seed_list(config) if seeds is None else seeds)
-    state = init_state(seeds, model_cfg, tx)
-    train_tokens = jnp.asarray(splits["train"].tokens)
+    state, train_tokens = place_on_devices(init_state(seeds, model_cfg, tx),
+                                           splits["train"].tokens)
     say = print if verbose else (lambda *a, **k: None)
 
     checkpointer = writer = None

@@ -130,3 +130,39 @@ def test_splits_share_the_model_max_len(config):
     splits, model_cfg, _ = train.build(config)
     assert model_cfg.max_len == splits["longer"].tokens.shape[1]
     assert model_cfg.vocab_size == dyck.vocab_size(config.data.num_types)
+
+
+_SHARDED_SCRIPT = """
+import os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+sys.path[:0] = [{root!r}, {tests!r}]
+import jax, numpy as np
+from conftest import tiny_config
+from jaxillusions import train
+assert jax.local_device_count() == 2
+config = tiny_config({cache!r})
+splits, model_cfg, tx = train.build(config)
+workdir = {workdir!r}
+train.train_sweep(config, workdir, splits=splits, stop_at_step=10, verbose=False)
+sharded, _ = train.train_sweep(config, workdir, splits=splits, verbose=False)  # resumes
+assert len(sharded.params["embed"].sharding.device_set) == 2, sharded.params["embed"].sharding
+single = train.init_state(train.seed_list(config), model_cfg, tx)
+single, _ = train.train_steps(single, jax.numpy.asarray(splits["train"].tokens), num_steps=10,
+                              model_cfg=model_cfg, tx=tx, batch_size=config.train.batch_size)
+single, _ = train.train_steps(single, jax.numpy.asarray(splits["train"].tokens), num_steps=10,
+                              model_cfg=model_cfg, tx=tx, batch_size=config.train.batch_size)
+for a, b in zip(jax.tree.leaves(sharded.params), jax.tree.leaves(single.params)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+print("OK")
+"""
+
+
+def test_seed_axis_shards_over_local_devices(cache_dir, tmp_path):
+    # Two CPU devices stand in for several GPUs: the sweep shards its seeds over them, resumes
+    # from a checkpoint of the sharded state, and ends with the same parameters as on one device.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = _SHARDED_SCRIPT.format(root=root, tests=os.path.join(root, "tests"),
+                                    cache=cache_dir, workdir=str(tmp_path / "run"))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
