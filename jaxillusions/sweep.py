@@ -12,7 +12,7 @@ import time
 import jax
 import numpy as np
 
-from jaxillusions import faithfulness, train
+from jaxillusions import faithfulness, model, train
 from jaxillusions import logging as log_lib
 from jaxillusions.analysis import figures, tables
 
@@ -46,6 +46,7 @@ def run(config, workdir: str, *, verbose: bool = True) -> list[dict]:
 
     tables.write_csv(rows, os.path.join(workdir, "results.csv"))
     write_reports(rows, config, workdir, seeds, healthy, verbose=verbose)
+    write_activation_figures(state.params, splits, model_cfg, config, workdir, seeds)
     say(f"[{time.perf_counter() - start:.0f}s] done: {workdir}/results.csv, "
         f"{workdir}/figures/, TensorBoard: tensorboard --logdir {workdir}/tensorboard")
     return rows
@@ -97,3 +98,40 @@ def write_reports(rows, config, workdir: str, seeds, healthy, *, verbose: bool =
                 hparam_metrics[f"same_pred/{split}/{method}/{site}/{size}"] = (
                     values["same_pred"][0])
         writer.hparams(log_lib.flatten_config(config), hparam_metrics)
+
+
+def write_activation_figures(params, splits, model_cfg, config, workdir: str, seeds,
+                             max_seeds: int = 4, num_sentences: int = 200) -> None:
+    """Last-layer attention patterns on one iid sentence, and the 2-D SVD projection of the
+    last layer's keys at training positions coloured by depth and bracket type (first seeds)."""
+    k = config.data.num_types
+    shown = min(max_seeds, len(seeds))
+    pattern_site = faithfulness.resolve_site("blocks.-1.attn.pattern", model_cfg)
+    key_site = faithfulness.resolve_site("blocks.-1.attn.k", model_cfg)
+    iid = splits["iid"]
+    sentence = iid.tokens[int(np.argmax(iid.lengths[:100]))][None]  # a long one, for structure
+    train_tokens = splits["train"].tokens[:num_sentences]
+
+    def run(tokens, site):
+        def one(p):
+            return model.forward(p, tokens, model_cfg, cache=(site,))[1][site]
+        return np.asarray(jax.jit(jax.vmap(one))(jax.tree.map(lambda x: x[:shown], params)))
+
+    length = int((sentence[0] != 0).sum())
+    patterns = run(sentence, pattern_site)[:, 0, 0, :length, :length]  # head 0
+    names = {0: "PAD", 1: "BOS", 2: "EOS"}
+    labels = [names.get(int(t), ("(" if t < 3 + k else ")") + str((int(t) - 3) % k))
+              for t in sentence[0, :length]]
+    keys = run(train_tokens, key_site)[0, :, :, 0]  # seed 0, head 0: [B, T, F]
+    valid = train_tokens != 0
+    kind = np.where(train_tokens < 3, train_tokens, 3 + (train_tokens - 3) % k)
+    figs = {
+        "attention_patterns": figures.attention_patterns(patterns, labels, seeds[:shown],
+                                                         pattern_site),
+        "key_projection_seed0": figures.key_projection(
+            keys[valid], splits["train"].depth[:num_sentences][valid], kind[valid], key_site),
+    }
+    with log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
+        for name, fig in figs.items():
+            writer.image(f"activations/{name}", fig)
+            figures.save(fig, os.path.join(workdir, "figures", f"{name}.png"))

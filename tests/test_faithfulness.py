@@ -157,7 +157,8 @@ def test_sweep_end_to_end_writes_table_figures_and_tensorboard(trained, tmp_path
     gap = open(os.path.join(workdir, "gap_table.txt")).read()
     assert "gap unseen_depth" in gap and "kmeans" in gap
     for name in ("faithfulness_svd.png", "faithfulness_kmeans.png",
-                 "accuracy_by_depth_uniform_attention_blocks.1.attn.pattern.png"):
+                 "accuracy_by_depth_uniform_attention_blocks.1.attn.pattern.png",
+                 "attention_patterns.png", "key_projection_seed0.png"):
         assert os.path.getsize(os.path.join(workdir, "figures", name)) > 1000
     scalars = log_lib.read_scalars(os.path.join(workdir, "tensorboard"))
     curve = scalars["faithfulness/iid"]["svd/blocks.1.attn.k/same_pred"]

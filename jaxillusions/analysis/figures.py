@@ -89,3 +89,38 @@ def save(fig, path: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fig.savefig(path, dpi=110)
     _pyplot().close(fig)
+
+
+def attention_patterns(patterns: np.ndarray, labels: Sequence[str], seeds: Sequence[int],
+                       site: str):
+    """One heatmap per seed: patterns [S, T, T] (query rows, key columns) on one sentence."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(seeds), figsize=(3.2 * len(seeds), 3.4), squeeze=False)
+    for ax, pattern, seed in zip(axes[0], patterns, seeds, strict=True):
+        ax.imshow(pattern, cmap="viridis", vmin=0, vmax=1)
+        ax.set_title(f"seed {seed}", fontsize=9)
+        ax.set_xticks(range(len(labels)), labels, fontsize=6, rotation=90)
+        ax.set_yticks(range(len(labels)), labels, fontsize=6)
+    fig.suptitle(f"{site} (rows: queries, columns: keys)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def key_projection(vectors: np.ndarray, depth: np.ndarray, kind: np.ndarray, site: str):
+    """Vectors [N, F] projected on their top-2 right singular vectors, coloured by depth (left)
+    and by token kind (right: bracket type, open vs close marker)."""
+    plt = _pyplot()
+    _, _, vt = np.linalg.svd(vectors, full_matrices=False)
+    xy = vectors @ vt[:2].T
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4))
+    sc = axes[0].scatter(xy[:, 0], xy[:, 1], c=depth, s=4, cmap="viridis")
+    fig.colorbar(sc, ax=axes[0], label="depth")
+    axes[1].scatter(xy[:, 0], xy[:, 1], c=kind, s=4, cmap="tab20")
+    axes[0].set_title("coloured by depth", fontsize=9)
+    axes[1].set_title("coloured by token (bracket type; BOS/EOS separate)", fontsize=9)
+    for ax in axes:
+        ax.set_xlabel("SV 1")
+        ax.set_ylabel("SV 2")
+    fig.suptitle(f"{site}: 2-D SVD projection (training positions)", fontsize=10)
+    fig.tight_layout()
+    return fig
