@@ -205,8 +205,21 @@ RESUMABLE_KEYS = ("train.log_every", "train.eval_every", "train.checkpoint_every
                   "data.cache_dir")
 
 
+def check_train_config(tc) -> None:
+    """One-line errors for training settings that cannot work (before any data or compile)."""
+    for key in ("num_seeds", "num_steps", "batch_size", "log_every", "eval_batch_size"):
+        if tc[key] < 1:
+            raise ValueError(f"train.{key}={tc[key]}: must be >= 1")
+    for key in ("eval_every", "checkpoint_every", "warmup_steps"):
+        if tc[key] < 0:
+            raise ValueError(f"train.{key}={tc[key]}: must be >= 0 (0 disables it)")
+    if not tc.learning_rate > 0:
+        raise ValueError(f"train.learning_rate={tc.learning_rate}: must be > 0")
+
+
 def build(config, splits: dict[str, dyck.Split] | None = None):
     """Data, model config and optimizer for a config (shared by training and the proxy sweep)."""
+    check_train_config(config.train)
     if splits is None:
         splits = dyck.load_or_make(config.data)
     max_len = max(s.tokens.shape[1] for s in splits.values())

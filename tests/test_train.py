@@ -114,6 +114,7 @@ def test_corrupt_checkpoint_falls_back_to_older_and_is_kept(config, tmp_path, ca
 @pytest.mark.parametrize("override, message", [
     ("--config.train.no_such_key=1", "no_such_key"),
     ("--config.data.max_depth=0", "max_depth"),
+    ("--config.train.log_every=0", "train.log_every=0"),
 ])
 def test_launcher_bad_input_is_a_one_line_error(override, message, tmp_path, cache_dir):
     cmd = [sys.executable, "-m", "launch.train", "--config=configs/dyck_small.py",
