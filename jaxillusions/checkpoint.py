@@ -10,17 +10,9 @@ import time
 import jax
 import orbax.checkpoint as ocp
 
+from jaxillusions.logging import flatten_config
+
 CONFIG_FILE = "config.json"
-
-
-def _flat(tree, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def claim_workdir(workdir: str, config, ignore: tuple[str, ...] = ()) -> None:
@@ -39,7 +31,7 @@ def claim_workdir(workdir: str, config, ignore: tuple[str, ...] = ()) -> None:
         return
     with open(path) as f:
         old = json.load(f)
-    old_flat, new_flat = _flat(old), _flat(new)
+    old_flat, new_flat = flatten_config(old), flatten_config(new)
     diffs = [k for k in sorted(set(old_flat) | set(new_flat))
              if k not in ignore and old_flat.get(k, "<missing>") != new_flat.get(k, "<missing>")]
     if diffs:
