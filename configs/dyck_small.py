@@ -44,6 +44,10 @@ def get_config() -> ConfigDict:
     config.model.pos_encoding = "learned"  # none | learned | sinusoidal | linear
     config.model.attn_only = False
     config.model.uniform_attention_layers = ()
+    config.model.embedding = "learned"  # learned | onehot (frozen one-hot token embeddings)
+    config.model.first_layer = "standard"  # standard | minimal (Wen et al.: (type, depth) only)
+    config.model.minimal_embedding = "onehot"  # onehot | type_depth | yao (Wen et al. eq. 19-21)
+    config.model.max_len = 0  # positions the model supports; 0 -> the longest data split
 
     # Optimizer and training loop.
     config.train = ConfigDict()
@@ -54,6 +58,10 @@ def get_config() -> ConfigDict:
     config.train.warmup_steps = 200
     config.train.weight_decay = 0.01
     config.train.grad_clip = 1.0
+    config.train.loss_on = "all"  # all | closing (next-token loss on closing brackets only)
+    # Contrastive regularization weights (Wen et al. eq. 22); several -> members = weights x
+    # seeds, trained together. () -> off.
+    config.train.contrastive_weights = ()
     config.train.log_every = 100
     config.train.eval_every = 1000
     config.train.checkpoint_every = 1000

@@ -34,9 +34,10 @@ class SweepWriter:
     threads, while an `EventsWriter` is a single open file.
     """
 
-    def __init__(self, logdir: str, seeds: Sequence[int], flush_secs: float = 60.0) -> None:
+    def __init__(self, logdir: str, seeds: Sequence[int | str], flush_secs: float = 60.0) -> None:
         self.logdir = os.fspath(logdir)
-        self.seeds = [int(s) for s in seeds]
+        # Run labels: seeds, or strings for members of a hyper-parameter sweep ("3_cw0.3").
+        self.seeds = [s if isinstance(s, str) else int(s) for s in seeds]
         self.flush_secs = flush_secs
         self._writers: dict[str, Any] = {}
         self._last_flush = time.monotonic()

@@ -11,6 +11,11 @@ Every intermediate value passes through a named *site* (TransformerLens-style na
     blocks.{i}.attn.z [batch, pos, head, d_head], blocks.{i}.attn.out, blocks.{i}.resid_mid,
     blocks.{i}.mlp.hidden, blocks.{i}.mlp.out, blocks.{i}.resid_post, ln_final, logits
 
+With `first_layer="minimal"` (Wen et al., Assumption 1) block 0 has no attention: its output at
+every position is a fixed feature vector of (token, depth) only, with the sites
+`blocks.0.minimal.out` and `blocks.0.resid_post` (no `embed`). Depth is the bracket depth after the
+token, computed inside `forward` from `open_ids` / `close_ids` (a cumulative sum).
+
 An *intervention* is a function `(site_name, value) -> value` called at every site; it is how
 proxies replace activations. Site names are static Python strings, so an intervention that ignores
 a site costs nothing after tracing. `cache` names the sites whose values `forward` returns.
@@ -29,6 +34,11 @@ Params = dict
 Intervention = Callable[[str, jax.Array], jax.Array]
 
 POS_ENCODINGS = ("none", "learned", "sinusoidal", "linear")
+FIRST_LAYERS = ("standard", "minimal")
+# Wen et al. eqs. 19-21: one-hot of (token, depth); one-hot token ++ one-hot depth; Yao et al.'s
+# one-hot token ++ (cos theta_d, sin theta_d), theta_d = arctan(d / (D + 2 - d)).
+MINIMAL_EMBEDDINGS = ("onehot", "type_depth", "yao")
+EMBEDDINGS = ("learned", "onehot")  # onehot: frozen one-hot token embeddings
 _BLOCK_SITES = (
     "resid_pre", "attn.q", "attn.k", "attn.v", "attn.scores", "attn.pattern", "attn.z",
     "attn.out", "resid_mid", "mlp.hidden", "mlp.out", "resid_post",
@@ -47,11 +57,23 @@ class ModelConfig:
     pos_encoding: str = "learned"
     attn_only: bool = False  # attention-only blocks (no MLP)
     uniform_attention_layers: tuple[int, ...] = ()  # layers whose attention is frozen uniform
+    embedding: str = "learned"  # "onehot": frozen one-hot token embeddings (d_model >= vocab)
+    first_layer: str = "standard"  # "minimal": block 0 outputs fixed features of (token, depth)
+    minimal_embedding: str = "onehot"  # features of the minimal first layer (MINIMAL_EMBEDDINGS)
+    # Set from the data (train.build): bracket token ids by type, the language's depth bound D
+    # and the number of depth values with their own minimal-layer features (deeper ones clip).
+    open_ids: tuple[int, ...] = ()
+    close_ids: tuple[int, ...] = ()
+    max_depth: int = 0
+    depth_bins: int = 0
 
     def __post_init__(self):
-        if self.pos_encoding not in POS_ENCODINGS:
-            raise ValueError(f"model.pos_encoding={self.pos_encoding!r}: expected one of "
-                             f"{POS_ENCODINGS}")
+        for name, allowed in (("pos_encoding", POS_ENCODINGS), ("embedding", EMBEDDINGS),
+                              ("first_layer", FIRST_LAYERS),
+                              ("minimal_embedding", MINIMAL_EMBEDDINGS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"model.{name}={getattr(self, name)!r}: expected one of "
+                                 f"{allowed}")
         for name in ("vocab_size", "max_len", "n_layers", "n_heads", "d_model"):
             if getattr(self, name) < 1:
                 raise ValueError(f"model.{name}={getattr(self, name)}: must be >= 1")
@@ -64,15 +86,54 @@ class ModelConfig:
         if bad:
             raise ValueError(f"model.uniform_attention_layers={self.uniform_attention_layers}: "
                              f"layers {bad} do not exist (n_layers={self.n_layers})")
+        if self.embedding == "onehot" and self.d_model < self.vocab_size:
+            raise ValueError(f"model.embedding='onehot' needs d_model >= vocab_size "
+                             f"({self.vocab_size}), got d_model={self.d_model}")
+        if len(self.open_ids) != len(self.close_ids):
+            raise ValueError(f"open_ids {self.open_ids} and close_ids {self.close_ids} differ "
+                             "in length")
+        if self.first_layer == "minimal":
+            self._check_minimal()
+
+    def _check_minimal(self) -> None:
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ValueError(f"model.first_layer='minimal': {msg}")
+
+        need(bool(self.open_ids), "needs the bracket token ids (open_ids/close_ids)")
+        need(self.max_depth >= 1 and self.depth_bins > self.max_depth,
+             f"needs max_depth >= 1 and depth_bins > max_depth, got {self.max_depth}, "
+             f"{self.depth_bins}")
+        need(self.n_layers >= 2, f"needs n_layers >= 2 (the minimal layer is layer 0), got "
+             f"{self.n_layers}")
+        need(self.pos_encoding == "none", "its output may depend on (token, depth) only, so "
+             f"model.pos_encoding must be 'none', got {self.pos_encoding!r}")
+        need(0 not in self.uniform_attention_layers, "layer 0 has no attention to make uniform")
+        need(self.minimal_dim <= self.d_model, f"the {self.minimal_embedding!r} features have "
+             f"{self.minimal_dim} dimensions, more than d_model={self.d_model}")
+
+    @property
+    def minimal_dim(self) -> int:
+        """Size of the minimal first layer's feature vector (zero-padded to d_model)."""
+        if self.minimal_embedding == "onehot":
+            return 2 * len(self.open_ids) * self.depth_bins + self.vocab_size - 2 * len(
+                self.open_ids)
+        return self.vocab_size + (self.depth_bins if self.minimal_embedding == "type_depth"
+                                  else 2)
 
     @property
     def head_dim(self) -> int:
         return self.d_head or self.d_model // self.n_heads
 
     @classmethod
-    def from_config(cls, model_cfg, vocab_size: int, max_len: int) -> ModelConfig:
-        """Builds the model config from `config.model` plus sizes that the data decides."""
+    def from_config(cls, model_cfg, vocab_size: int, max_len: int, **data) -> ModelConfig:
+        """Builds the model config from `config.model` plus what the data decides (sizes, and
+        `data`: open_ids, close_ids, max_depth, depth_bins)."""
         return cls(
+            embedding=model_cfg.get("embedding", "learned"),
+            first_layer=model_cfg.get("first_layer", "standard"),
+            minimal_embedding=model_cfg.get("minimal_embedding", "onehot"),
+            **data,
             vocab_size=vocab_size,
             max_len=max_len,
             n_layers=model_cfg.n_layers,
@@ -89,7 +150,9 @@ class ModelConfig:
 def site_names(cfg: ModelConfig) -> tuple[str, ...]:
     """All activation sites of the model, in forward order."""
     names = ["embed"] + (["pos_embed"] if cfg.pos_encoding != "none" else [])
-    for i in range(cfg.n_layers):
+    if cfg.first_layer == "minimal":
+        names = ["blocks.0.minimal.out", "blocks.0.resid_post"]
+    for i in range(_first_attention_layer(cfg), cfg.n_layers):
         block = [s for s in _BLOCK_SITES if not (cfg.attn_only and s.startswith("mlp."))]
         names += [f"blocks.{i}.{s}" for s in block]
     return tuple(names + ["ln_final", "logits"])
@@ -102,8 +165,13 @@ def check_site(cfg: ModelConfig, site: str) -> str:
     return site
 
 
+def _first_attention_layer(cfg: ModelConfig) -> int:
+    return 1 if cfg.first_layer == "minimal" else 0
+
+
 def _param_shapes(cfg: ModelConfig) -> Params:
-    """Shape and init scale of every parameter (scale 0: zeros, None: ones)."""
+    """Shape and init scale of every parameter (scale 0: zeros, None: ones, a string: a fixed
+    table built by `_fixed_table`, never trained: see `frozen_paths`)."""
     d, h, e, f = cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_mlp
     # Residual-writing projections are scaled down with depth (GPT-2) to keep early training calm.
     out = 1.0 / math.sqrt(2 * cfg.n_layers)
@@ -122,11 +190,15 @@ def _param_shapes(cfg: ModelConfig) -> Params:
         block["mlp"] = {"w_in": ((d, f), d**-0.5), "b_in": ((f,), 0.0),
                         "w_out": ((f, d), f**-0.5 * out), "b_out": ((d,), 0.0)}
     shapes: Params = {
-        "embed": ((cfg.vocab_size, d), 0.02),
+        "embed": ((cfg.vocab_size, d), "onehot" if cfg.embedding == "onehot" else 0.02),
         "unembed": {"w": ((d, cfg.vocab_size), d**-0.5), "b": ((cfg.vocab_size,), 0.0)},
         "ln_final": layer_norm,
         "blocks": [block] * cfg.n_layers,
     }
+    if cfg.first_layer == "minimal":
+        del shapes["embed"]
+        shapes["blocks"] = [{"minimal": {"table": ((cfg.vocab_size * cfg.depth_bins, d),
+                                                   "minimal")}}] + [block] * (cfg.n_layers - 1)
     if cfg.pos_encoding == "learned":
         shapes["pos_embed"] = ((cfg.max_len, d), 0.02)
     elif cfg.pos_encoding == "linear":
@@ -137,17 +209,72 @@ def _param_shapes(cfg: ModelConfig) -> Params:
 def init_params(key: jax.Array, cfg: ModelConfig) -> Params:
     """Random parameters for one model (vmap over keys for a seed axis)."""
     specs, treedef = jax.tree.flatten(_param_shapes(cfg), is_leaf=lambda x: isinstance(x, tuple))
-    sizes = [math.prod(shape) for shape, _ in specs]
+    sizes = [0 if isinstance(scale, str) else math.prod(shape) for shape, scale in specs]
     # One draw carved into pieces: one threefry call compiles far faster than one per tensor.
     noise = jax.random.normal(key, (sum(sizes),), jnp.float32)
     leaves, offset = [], 0
     for (shape, scale), size in zip(specs, sizes, strict=True):
         if scale is None:
             leaves.append(jnp.ones(shape))
+        elif isinstance(scale, str):
+            leaves.append(_fixed_table(scale, cfg))
         else:
             leaves.append(noise[offset:offset + size].reshape(shape) * scale)
         offset += size
     return jax.tree.unflatten(treedef, leaves)
+
+
+def path_str(path) -> str:
+    """A jax key path as 'blocks/0/minimal/table'."""
+    return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+
+
+def frozen_paths(cfg: ModelConfig) -> tuple[str, ...]:
+    """Paths (path_str) of the parameters the optimizer must not move (fixed tables)."""
+    specs = jax.tree_util.tree_flatten_with_path(_param_shapes(cfg),
+                                                 is_leaf=lambda x: isinstance(x, tuple))[0]
+    return tuple(path_str(path) for path, (_, scale) in specs if isinstance(scale, str))
+
+
+def _fixed_table(kind: str, cfg: ModelConfig) -> jax.Array:
+    d = cfg.d_model
+    if kind == "onehot":  # token embeddings: row v is the one-hot vector of v
+        return jnp.eye(cfg.vocab_size, d)
+    # The minimal first layer: row token * depth_bins + depth holds that pair's features.
+    token = jnp.repeat(jnp.arange(cfg.vocab_size), cfg.depth_bins)
+    depth = jnp.tile(jnp.arange(cfg.depth_bins), cfg.vocab_size)
+    onehot_token = jax.nn.one_hot(token, cfg.vocab_size)
+    if cfg.minimal_embedding == "onehot":
+        # Eq. 19: one direction per (bracket, depth) pair; other tokens (BOS, EOS, PAD) occur at
+        # depth 0 only and get one direction each.
+        k2 = 2 * len(cfg.open_ids)
+        bracket = jnp.asarray(cfg.open_ids + cfg.close_ids)
+        is_bracket = (token[:, None] == bracket).any(-1)
+        b_index = (token[:, None] == bracket).argmax(-1)
+        others = [v for v in range(cfg.vocab_size) if v not in cfg.open_ids + cfg.close_ids]
+        o_index = (token[:, None] == jnp.asarray(others or [-1])).argmax(-1)
+        slot = jnp.where(is_bracket, b_index * cfg.depth_bins + depth, k2 * cfg.depth_bins
+                         + o_index)
+        features = jax.nn.one_hot(slot, cfg.minimal_dim)
+    elif cfg.minimal_embedding == "type_depth":  # eq. 20
+        features = jnp.concatenate([onehot_token, jax.nn.one_hot(depth, cfg.depth_bins)], -1)
+    else:  # eq. 21 (Yao et al. 2021)
+        theta = jnp.arctan2(depth, cfg.max_depth + 2 - depth)
+        features = jnp.concatenate([onehot_token, jnp.stack([jnp.cos(theta), jnp.sin(theta)],
+                                                            -1)], -1)
+    return jnp.pad(features, ((0, 0), (0, d - features.shape[1])))
+
+
+def bracket_depth(tokens: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """Stack depth after each token [..., T] (open +1, close -1), from the model's token ids."""
+    step = (jnp.isin(tokens, jnp.asarray(cfg.open_ids)).astype(jnp.int32)
+            - jnp.isin(tokens, jnp.asarray(cfg.close_ids)))
+    return jnp.cumsum(step, axis=-1)
+
+
+def _minimal_layer(params: Params, tokens: jax.Array, cfg: ModelConfig) -> jax.Array:
+    depth = jnp.clip(bracket_depth(tokens, cfg), 0, cfg.depth_bins - 1)
+    return params["blocks"][0]["minimal"]["table"][tokens * cfg.depth_bins + depth]
 
 
 def _layer_norm(x: jax.Array, p: Params) -> jax.Array:
@@ -195,12 +322,16 @@ def forward(
     seq_len = tokens.shape[-1]
     if seq_len > cfg.max_len:
         raise ValueError(f"sequence length {seq_len} exceeds the model's max_len {cfg.max_len}")
-    x = site("embed", params["embed"][tokens])
+    if cfg.first_layer == "minimal":
+        x = site("blocks.0.minimal.out", _minimal_layer(params, tokens, cfg))
+        x = site("blocks.0.resid_post", x)
+    else:
+        x = site("embed", params["embed"][tokens])
     if cfg.pos_encoding != "none":
         x = x + site("pos_embed", _position_embedding(params, cfg, seq_len))
     causal = jnp.tril(jnp.ones((seq_len, seq_len), bool))
-    for i, block in enumerate(params["blocks"]):
-        name = f"blocks.{i}"
+    for i in range(_first_attention_layer(cfg), cfg.n_layers):
+        block, name = params["blocks"][i], f"blocks.{i}"
         x = site(f"{name}.resid_pre", x)
         a = block["attn"]
         h = _layer_norm(x, block["ln1"])

@@ -10,6 +10,7 @@ last finite values, it is excluded from aggregates, and the other seeds train on
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Sequence
@@ -35,15 +36,16 @@ class SweepState:
     healthy: jax.Array  # [S] bool
 
 
-def make_optimizer(train_cfg) -> optax.GradientTransformation:
-    """AdamW with linear warmup and cosine decay to 10% of the peak rate."""
+def make_optimizer(train_cfg, frozen: tuple[str, ...] = ()) -> optax.GradientTransformation:
+    """AdamW with linear warmup and cosine decay to 10% of the peak rate. The parameters at the
+    '/'-joined paths `frozen` (model.frozen_paths) get zero updates (no decay either)."""
     return _optimizer(train_cfg.learning_rate, train_cfg.warmup_steps, train_cfg.num_steps,
-                      train_cfg.weight_decay, train_cfg.grad_clip)
+                      train_cfg.weight_decay, train_cfg.grad_clip, tuple(frozen))
 
 
 @functools.cache
 def _optimizer(learning_rate: float, warmup_steps: int, num_steps: int, weight_decay: float,
-               grad_clip: float) -> optax.GradientTransformation:
+               grad_clip: float, frozen: tuple[str, ...] = ()) -> optax.GradientTransformation:
     # Cached so equal hyper-parameters give the same object: `tx` is a static jit argument, and a
     # fresh (unhashably different) optimizer would recompile the training step.
     schedule = optax.warmup_cosine_decay_schedule(
@@ -53,15 +55,85 @@ def _optimizer(learning_rate: float, warmup_steps: int, num_steps: int, weight_d
         decay_steps=max(num_steps, warmup_steps + 1),
         end_value=0.1 * learning_rate,
     )
-    return optax.chain(
+    tx = optax.chain(
         optax.clip_by_global_norm(grad_clip),
         optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=weight_decay),
     )
+    if not frozen:
+        return tx
+
+    def labels(params):
+        return jax.tree_util.tree_map_with_path(
+            lambda path, _: "frozen" if model_lib.path_str(path) in frozen else "train", params)
+
+    return optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
 
 
 def seed_list(config) -> np.ndarray:
     """The sweep's seeds: config.seed, config.seed + 1, ..., num_seeds of them."""
     return config.seed + np.arange(config.train.num_seeds)
+
+
+def contrastive_weights(config) -> tuple[float, ...]:
+    """The swept contrastive-regularization weights (train.contrastive_weights; () -> (0,))."""
+    return tuple(float(w) for w in config.train.get("contrastive_weights", ())) or (0.0,)
+
+
+@dataclasses.dataclass(frozen=True)
+class Members:
+    """The sweep's members: every (hyper-parameter, seed) pair, hyper-parameters major.
+
+    The same seeds run under every weight (same init, same batches), so comparisons across
+    weights are paired. With one weight the members are just the seeds.
+    """
+
+    seeds: np.ndarray  # [M] the seed of each member
+    hparams: dict[str, np.ndarray]  # {"contrastive_weight": [M] float32}
+    labels: list  # [M] TensorBoard run labels: the seed, or "<seed>_cw<weight>"
+
+
+def members(config, seeds=None) -> Members:
+    seeds = np.asarray(seed_list(config) if seeds is None else seeds)
+    weights = contrastive_weights(config)
+    labels = ([int(s) for s in seeds] if len(weights) == 1 else
+              [f"{int(s)}_cw{w:g}" for w in weights for s in seeds])
+    return Members(seeds=np.tile(seeds, len(weights)),
+                   hparams={"contrastive_weight": np.repeat(np.asarray(weights, np.float32),
+                                                            len(seeds))},
+                   labels=labels)
+
+
+LOSS_ON = ("all", "closing")
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """Static options of the training objective (a static jit argument).
+
+    loss_on: next-token loss on every non-PAD target, or on closing brackets only (Wen et al.).
+    contrastive: add weight * the contrastive regularizer of Wen et al. eq. 22 (the weight is a
+    per-member hyper-parameter); prefix_depth: the depth bound of its balanced prefixes.
+    """
+
+    loss_on: str = "all"
+    contrastive: bool = False
+    prefix_depth: int = 0
+
+
+def objective_from_config(config) -> Objective:
+    tc = config.train
+    loss_on = tc.get("loss_on", "all")
+    if loss_on not in LOSS_ON:
+        raise ValueError(f"train.loss_on={loss_on!r}: expected one of {LOSS_ON}")
+    weights = contrastive_weights(config)
+    if not all(np.isfinite(w) and w >= 0 for w in weights):
+        raise ValueError(f"train.contrastive_weights={weights}: must be finite and >= 0")
+    if len(set(weights)) != len(weights):
+        raise ValueError(f"train.contrastive_weights={weights}: has repeated values")
+    # Computed whenever weights are given (also for weight 0), so that a member of a weight sweep
+    # and the single run with its weight share one code path and equal results.
+    return Objective(loss_on=loss_on, contrastive=bool(config.train.get("contrastive_weights")),
+                     prefix_depth=int(config.data.max_depth))
 
 
 def init_state(seeds: Sequence[int], model_cfg: model_lib.ModelConfig,
@@ -103,24 +175,93 @@ def place_on_devices(state: SweepState, train_tokens: np.ndarray):
     return jax.device_put(state, by_seed), jax.device_put(train_tokens, everywhere)
 
 
-def lm_loss(params: dict, tokens: jax.Array, model_cfg: model_lib.ModelConfig) -> jax.Array:
-    """Mean next-token cross-entropy over all non-PAD targets."""
+def lm_loss(params: dict, tokens: jax.Array, model_cfg: model_lib.ModelConfig, *,
+            loss_on: str = "all") -> jax.Array:
+    """Mean next-token cross-entropy over all non-PAD targets (loss_on="closing": over the
+    targets that are closing brackets)."""
+    return _lm_loss_and_logits(params, tokens, model_cfg, loss_on)[0]
+
+
+def _lm_loss_and_logits(params, tokens, model_cfg, loss_on):
     logits, _ = model_lib.forward(params, tokens[:, :-1], model_cfg)
     targets = tokens[:, 1:]
-    mask = (targets != dyck.PAD).astype(logits.dtype)
+    if loss_on == "closing":
+        mask = jnp.isin(targets, jnp.asarray(model_cfg.close_ids)).astype(logits.dtype)
+    else:
+        mask = (targets != dyck.PAD).astype(logits.dtype)
     nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-    return (nll * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+    return (nll * mask).sum() / jnp.maximum(mask.sum(), 1.0), logits
+
+
+def contrastive_prefixes(key: jax.Array, batch: int, model_cfg: model_lib.ModelConfig,
+                         max_depth: int) -> tuple[jax.Array, jax.Array]:
+    """Balanced prefixes for the contrastive regularizer: n ~ U{0..D} nested pairs of random
+    types, with one extra matched pair of random type inserted at depth j ~ U{0..min(n, D-1)}
+    (so no prefix is deeper than D). Returns PAD-padded tokens [batch, 2D+2] and lengths 2n+2."""
+    depth = max_depth
+    kn, kj, kt, ke = jax.random.split(key, 4)
+    n = jax.random.randint(kn, (batch, 1), 0, depth + 1)
+    j = jax.random.randint(kj, (batch, 1), 0, jnp.minimum(n, depth - 1) + 1)
+    types = jax.random.randint(kt, (batch, depth), 0, len(model_cfg.open_ids))
+    extra = jax.random.randint(ke, (batch, 1), 0, len(model_cfg.open_ids))
+    p = jnp.arange(2 * depth + 2)[None]
+    # Layout: open types[0..j-1] | open extra | close extra | open types[j..n-1] | closes of
+    # types[n-1..0].
+    before, after = p < j, (p >= j + 2) & (p <= n + 1)
+    closing = (p >= n + 2) & (p <= 2 * n + 1)
+    index = jnp.clip(jnp.where(before, p, jnp.where(after, p - 2, 2 * n + 1 - p)), 0, depth - 1)
+    t = jnp.where((p == j) | (p == j + 1), extra, jnp.take_along_axis(types, index, 1))
+    is_open = before | after | (p == j)
+    is_close = closing | (p == j + 1)
+    tokens = jnp.where(is_open, jnp.asarray(model_cfg.open_ids)[t],
+                       jnp.where(is_close, jnp.asarray(model_cfg.close_ids)[t], dyck.PAD))
+    return tokens, 2 * n[:, 0] + 2
+
+
+def contrastive_loss(params: dict, x: jax.Array, logits_x: jax.Array, key: jax.Array,
+                     model_cfg: model_lib.ModelConfig, max_depth: int) -> jax.Array:
+    """Wen et al. eq. 22: mean squared error between the logits of x ([B, T], starting with BOS)
+    and those of BOS + prefix + x[1:] at the positions of x's tokens (non-PAD, after BOS), per
+    logit entry; every row draws its own prefix (contrastive_prefixes)."""
+    batch, length = x.shape
+    prefix, plen = contrastive_prefixes(key, batch, model_cfg, max_depth)
+    pos = jnp.arange(length + prefix.shape[1])[None]
+    plen = plen[:, None]
+    from_prefix = jnp.take_along_axis(prefix, jnp.clip(pos - 1, 0, prefix.shape[1] - 1), 1)
+    from_x = jnp.take_along_axis(x, jnp.clip(pos - plen, 0, length - 1), 1)
+    joined = jnp.where(pos == 0, x[:, :1], jnp.where(
+        pos <= plen, from_prefix, jnp.where(pos - plen < length, from_x, dyck.PAD)))
+    logits_joined, _ = model_lib.forward(params, joined, model_cfg)
+    aligned = jnp.take_along_axis(logits_joined, (jnp.arange(length)[None] + plen)[..., None], 1)
+    mask = ((x != dyck.PAD) & (jnp.arange(length) > 0)).astype(logits_x.dtype)[..., None]
+    sq = ((aligned - logits_x) ** 2 * mask).sum()
+    return sq / jnp.maximum(mask.sum() * logits_x.shape[-1], 1.0)
+
+
+def objective_loss(params: dict, tokens: jax.Array, key: jax.Array, hparams: dict,
+                   model_cfg: model_lib.ModelConfig, objective: Objective) -> jax.Array:
+    """The training loss of one member: the LM loss, plus weight * the contrastive term."""
+    loss, logits = _lm_loss_and_logits(params, tokens, model_cfg, objective.loss_on)
+    if objective.contrastive:
+        loss = loss + hparams["contrastive_weight"] * contrastive_loss(
+            params, tokens[:, :-1], logits, key, model_cfg, objective.prefix_depth)
+    return loss
 
 
 def _all_finite(tree) -> jax.Array:
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
-def seed_step(state: SweepState, train_tokens: jax.Array, *, model_cfg, tx, batch_size: int):
-    """One optimizer step of ONE seed (the state has no seed axis here). Returns (state, loss)."""
+def seed_step(state: SweepState, train_tokens: jax.Array, hparams: dict | None = None, *,
+              model_cfg, tx, batch_size: int, objective: Objective = Objective()):
+    """One optimizer step of ONE member (the state has no seed axis here; hparams holds its
+    scalar hyper-parameters). Returns (state, loss)."""
     rng, batch_key = jax.random.split(state.rng)
     idx = jax.random.randint(batch_key, (batch_size,), 0, train_tokens.shape[0])
-    loss, grads = jax.value_and_grad(lm_loss)(state.params, train_tokens[idx], model_cfg)
+    # The regularizer's prefixes come from their own stream: batches do not depend on it.
+    loss, grads = jax.value_and_grad(objective_loss)(
+        state.params, train_tokens[idx], jax.random.fold_in(batch_key, 1), hparams or {},
+        model_cfg, objective)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     healthy = state.healthy & jnp.isfinite(loss) & _all_finite(grads)
@@ -136,20 +277,26 @@ def seed_step(state: SweepState, train_tokens: jax.Array, *, model_cfg, tx, batc
     return new, loss
 
 
-@functools.partial(jax.jit, static_argnames=("num_steps", "model_cfg", "tx", "batch_size"),
-                   donate_argnums=0)
-def train_steps(state: SweepState, train_tokens: jax.Array, *, num_steps: int, model_cfg, tx,
-                batch_size: int) -> tuple[SweepState, jax.Array]:
-    """`num_steps` steps for all seeds in one call. Returns (state, losses [num_steps, S])."""
-    one_seed = functools.partial(seed_step, model_cfg=model_cfg, tx=tx, batch_size=batch_size)
+@functools.partial(jax.jit, static_argnames=("num_steps", "model_cfg", "tx", "batch_size",
+                                             "objective"), donate_argnums=0)
+def train_steps(state: SweepState, train_tokens: jax.Array, hparams: dict | None = None, *,
+                num_steps: int, model_cfg, tx, batch_size: int,
+                objective: Objective = Objective()) -> tuple[SweepState, jax.Array]:
+    """`num_steps` steps for all members in one call. `hparams` maps names to per-member
+    arrays [S] (Members.hparams). Returns (state, losses [num_steps, S])."""
+    one_seed = functools.partial(seed_step, model_cfg=model_cfg, tx=tx, batch_size=batch_size,
+                                 objective=objective)
+    hparams = hparams or {}
     if state.healthy.shape[0] == 1:
         # vmap over a size-1 axis still emits batched ops, which XLA:CPU runs ~25% slower than
         # the plain step (launch/benchmark.py); one seed needs no vmap.
-        state, losses = jax.lax.scan(lambda s, _: one_seed(s, train_tokens),
+        hp = jax.tree.map(lambda x: x[0], hparams)
+        state, losses = jax.lax.scan(lambda s, _: one_seed(s, train_tokens, hp),
                                      jax.tree.map(lambda x: x[0], state), None, length=num_steps)
         return jax.tree.map(lambda x: x[None], state), losses[:, None]
-    step = jax.vmap(one_seed, in_axes=(0, None))
-    return jax.lax.scan(lambda s, _: step(s, train_tokens), state, None, length=num_steps)
+    step = jax.vmap(one_seed, in_axes=(0, None, 0))
+    return jax.lax.scan(lambda s, _: step(s, train_tokens, hparams), state, None,
+                        length=num_steps)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,10 +369,18 @@ def build(config, splits: dict[str, dyck.Split] | None = None):
     check_train_config(config.train)
     if splits is None:
         splits = dyck.load_or_make(config.data)
-    max_len = max(s.tokens.shape[1] for s in splits.values())
+    objective = objective_from_config(config)
+    dc, k = config.data, config.data.num_types
+    max_len = max([s.tokens.shape[1] for s in splits.values()]
+                  # BOS + a contrastive prefix (<= 2D+2 tokens) + a training sentence + EOS
+                  + [dc.max_len + 2 * dc.max_depth + 4] * objective.contrastive
+                  + [config.model.get("max_len", 0)])
     model_cfg = model_lib.ModelConfig.from_config(
-        config.model, vocab_size=dyck.vocab_size(config.data.num_types), max_len=max_len)
-    return splits, model_cfg, make_optimizer(config.train)
+        config.model, vocab_size=dyck.vocab_size(k), max_len=max_len,
+        open_ids=tuple(int(dyck.open_id(t, k)) for t in range(k)),
+        close_ids=tuple(int(dyck.close_id(t, k)) for t in range(k)),
+        max_depth=int(dc.max_depth), depth_bins=num_depth_bins(config))
+    return splits, model_cfg, make_optimizer(config.train, model_lib.frozen_paths(model_cfg))
 
 
 def num_depth_bins(config) -> int:
@@ -272,7 +427,9 @@ def train_sweep(config, workdir: str | None = None, *, splits=None, seeds=None,
 
     tc = config.train
     splits, model_cfg, tx = build(config, splits)
-    seeds = np.asarray(seed_list(config) if seeds is None else seeds)
+    objective = objective_from_config(config)
+    sweep = members(config, seeds)
+    seeds, hparams = sweep.seeds, jax.tree.map(jnp.asarray, sweep.hparams)
     state, train_tokens = place_on_devices(init_state(seeds, model_cfg, tx),
                                            splits["train"].tokens)
     say = print if verbose else (lambda *a, **k: None)
@@ -284,11 +441,11 @@ def train_sweep(config, workdir: str | None = None, *, splits=None, seeds=None,
         restored_step, state = checkpointer.restore_latest(state)
         if restored_step is not None:
             say(f"resumed from checkpoint at step {restored_step} in {workdir}")
-        writer = log_lib.SweepWriter(f"{workdir}/tensorboard", [int(s) for s in seeds])
+        writer = log_lib.SweepWriter(f"{workdir}/tensorboard", sweep.labels)
 
     step = int(state.step[0])
     end = tc.num_steps if stop_at_step is None else min(stop_at_step, tc.num_steps)
-    say(f"training {len(seeds)} seeds x {tc.num_steps} steps ({model_cfg.n_layers} layers, "
+    say(f"training {len(seeds)} members x {tc.num_steps} steps ({model_cfg.n_layers} layers, "
         f"d_model {model_cfg.d_model}) on {jax.device_count()} {jax.default_backend()} device(s)")
     reported_unhealthy: set[int] = set()
     start_time, start_step = time.perf_counter(), step
@@ -297,16 +454,17 @@ def train_sweep(config, workdir: str | None = None, *, splits=None, seeds=None,
         boundaries = [end] + [step - step % every + every for every in
                               (tc.log_every, tc.eval_every, tc.checkpoint_every) if every > 0]
         num = min(boundaries) - step
-        state, losses = train_steps(state, train_tokens, num_steps=num, model_cfg=model_cfg,
-                                    tx=tx, batch_size=tc.batch_size)
+        state, losses = train_steps(state, train_tokens, hparams, num_steps=num,
+                                    model_cfg=model_cfg, tx=tx, batch_size=tc.batch_size,
+                                    objective=objective)
         step += num
         losses = np.asarray(losses)
         healthy = np.asarray(state.healthy)
         for i in np.flatnonzero(~healthy):
             if i not in reported_unhealthy:
                 reported_unhealthy.add(i)
-                say(f"WARNING: seed {seeds[i]} diverged (non-finite loss or gradients) by step "
-                    f"{step}; its parameters are frozen and it is excluded from aggregates")
+                say(f"WARNING: seed {sweep.labels[i]} diverged (non-finite loss or gradients) by "
+                    f"step {step}; its parameters are frozen and it is excluded from aggregates")
         last = np.where(healthy, losses[-1], np.nan)
         if writer is not None:
             writer.scalars(step, {"train/loss": losses[-1]}, healthy=healthy)
