@@ -1,12 +1,14 @@
 """Wen et al. on the same engine: model and objective options, measurements."""
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxillusions import model as model_lib
-from jaxillusions import train
+from jaxillusions import train, wen
 from jaxillusions.data import dyck
 
 K, D = 2, 4  # Dyck-(2, 4)
@@ -205,3 +207,141 @@ def test_bad_objective_options_are_one_line_errors(config):
     config.train.contrastive_weights = (0.3, -1.0)
     with pytest.raises(ValueError, match="contrastive_weights"):
         train.build(config)
+
+
+# ----------------------------------------------------------------------------- measurements
+
+
+def test_attention_variation_matches_numpy_on_hand_built_patterns():
+    causal = np.tril(np.ones((4, 4)))
+    uniform = causal / causal.sum(1, keepdims=True)
+    first = np.eye(4)[[0, 0, 0, 0]]  # every query attends to BOS
+    diagonal = np.eye(4)  # every query attends to itself
+    for a, b in [(uniform, first), (first, diagonal), (uniform, diagonal)]:
+        want = np.mean([np.sum((a[i] - b[i]) ** 2) for i in range(4)])
+        np.testing.assert_allclose(wen.attention_variation(a, b), want, rtol=1e-6)
+    # uniform vs first: row i differs by (1 - 1/(i+1))^2 + i/(i+1)^2.
+    np.testing.assert_allclose(wen.attention_variation(uniform, first),
+                               np.mean([1 - 1 / (i + 1) for i in range(4)]), rtol=1e-6)
+    patterns = np.stack([uniform, first, diagonal, uniform])
+    matrix = wen.pairwise_variation(patterns)
+    assert matrix.shape == (4, 4) and np.all(np.diag(matrix) == 0) and matrix[0, 3] == 0
+    mean, low, high = wen.mean_over_pairs(matrix)
+    pairs = [matrix[i, j] for i in range(4) for j in range(i + 1, 4)]
+    np.testing.assert_allclose(mean, np.mean(pairs), rtol=1e-6)
+    # Jackknife by brute force: drop each seed, average the remaining pairs.
+    loo = [np.mean([matrix[i, j] for i in range(4) for j in range(i + 1, 4) if s not in (i, j)])
+           for s in range(4)]
+    se = np.sqrt(3 / 4 * np.sum((np.array(loo) - np.mean(loo)) ** 2))
+    np.testing.assert_allclose(high - mean, 3.182446305 * se, rtol=1e-6)
+    np.testing.assert_allclose(mean - low, high - mean, rtol=1e-6)
+
+
+def test_random_baseline_closed_form_matches_monte_carlo():
+    # T = 2, causal: row 0 has one key (distance 0), row 1 two keys: E = 2 * 1 / (2 * 3).
+    assert wen.random_baseline(2) == pytest.approx(1 / 6)
+    for length, causal in [(17, True), (6, False)]:
+        exact = wen.random_baseline(length, causal)
+        mc = wen.random_baseline_mc(jax.random.PRNGKey(0), length, 4000, causal)
+        assert mc == pytest.approx(exact, rel=0.03), (length, causal)
+
+
+def _balanced_minimal_model(seed: int = 0):
+    """A minimal-first-layer model whose last layer satisfies the balance condition exactly:
+    the keys of an open bracket at depth d and of its close at depth d-1 are equal (so are their
+    scores under any query) and their values are opposite."""
+    cfg = _cfg(first_layer="minimal", d_model=32)
+    params = model_lib.init_params(jax.random.PRNGKey(seed), cfg)
+    table = np.asarray(params["blocks"][0]["minimal"]["table"])
+    slot = {(tok, d): int(np.argmax(table[tok * cfg.depth_bins + d]))
+            for tok in range(cfg.vocab_size) for d in range(cfg.depth_bins)}
+    rng = np.random.default_rng(seed)
+    w_k = np.zeros((32, 1, 32), np.float32)
+    w_v = np.zeros((32, 1, 32), np.float32)
+    for t in range(K):
+        for d in range(1, D + 1):
+            o, c = slot[(OPEN[t], d)], slot[(CLOSE[t], d - 1)]
+            w_k[o] = w_k[c] = 0.2 * rng.normal(size=(1, 32))
+            w_v[o] = rng.normal(size=(1, 32))
+            w_v[c] = -w_v[o]
+    attn = {**params["blocks"][1]["attn"], "w_k": jnp.asarray(w_k), "w_v": jnp.asarray(w_v),
+            "b_v": jnp.zeros((1, 32))}
+    params["blocks"][1] = {**params["blocks"][1], "attn": attn}
+    return cfg, params, slot
+
+
+def test_balance_violation_zero_for_a_balanced_model_positive_otherwise():
+    cfg, params, slot = _balanced_minimal_model()
+    stacked = jax.tree.map(lambda x: x[None], params)
+    out = wen.balance_violation(stacked, cfg)
+    # Zero up to float32 rounding of terms exp(score) * value of size ~10.
+    assert out["Delta"][0] > 0.1 and out["balance_violation"][0] < 1e-4
+    # Break one pair (open type 1 at depth 2): the violation is that pair's norm.
+    w_v = params["blocks"][1]["attn"]["w_v"].at[slot[(OPEN[1], 2)]].multiply(2.0)
+    broken = {**params, "blocks": [params["blocks"][0], {
+        **params["blocks"][1], "attn": {**params["blocks"][1]["attn"], "w_v": w_v}}]}
+    out = wen.balance_violation(jax.tree.map(lambda x: x[None], broken), cfg)
+    assert out["balance_violation"][0] > 1e-2
+    # Random models are far from balanced.
+    random_cfg = _cfg(first_layer="minimal")
+    keys = jax.random.split(jax.random.PRNGKey(1), 2)
+    random = jax.vmap(model_lib.init_params, in_axes=(0, None))(keys, random_cfg)
+    assert np.all(wen.balance_violation(random, random_cfg)["balance_violation"] > 1e-2)
+    with pytest.raises(ValueError, match="minimal first layer"):
+        wen.balance_violation(random, _cfg())
+
+
+def test_balance_delta_matches_the_model_forward_pass():
+    # Delta from the closed-form tables equals the distance between the unnormalized attention
+    # outputs computed from the model's own scores and values on the two prefixes.
+    cfg = _cfg(first_layer="minimal")
+    params = model_lib.init_params(jax.random.PRNGKey(4), cfg)
+    sites = ("blocks.1.attn.scores", "blocks.1.attn.v")
+
+    def unnormalized(text):
+        _, c = model_lib.forward(params, _tokens(text)[None], cfg, cache=sites)
+        w = np.exp(np.asarray(c[sites[0]])[0, 0, -1])  # last query row
+        out = np.einsum("khe,hed->kd", np.asarray(c[sites[1]])[0],
+                        np.asarray(params["blocks"][1]["attn"]["w_o"]))
+        out -= out.mean(-1, keepdims=True)
+        return (w[:, None] * out).sum(0)
+
+    prefixes = ["".join(p) for p in itertools.product("([", repeat=D)]
+    brute = min(np.linalg.norm(unnormalized(a) - unnormalized(b))
+                for a in prefixes for b in prefixes if a[:-1] == b[:-1] and a != b)
+    got = wen.balance_terms(params, cfg)["Delta"]
+    np.testing.assert_allclose(got, brute, rtol=1e-4)
+
+
+def test_length_prefixes_are_valid_and_scoring_matches_numpy():
+    tokens = wen.length_prefixes(np.random.default_rng(0), 64, K, D, 60)
+    assert tokens.shape == (64, 61) and np.all(tokens[:, 0] == dyck.BOS)
+    depth = np.asarray(model_lib.bracket_depth(tokens, _cfg()))
+    assert depth.min() >= 0 and depth.max() == D
+    for row in tokens[:8]:  # closes match the innermost open
+        stack = []
+        for tok in row[1:]:
+            if tok in OPEN:
+                stack.append(OPEN.index(tok))
+            else:
+                assert stack.pop() == CLOSE.index(tok)
+    cfg = _cfg(max_len=61)
+    keys = jax.random.split(jax.random.PRNGKey(5), 3)
+    params = jax.vmap(model_lib.init_params, in_axes=(0, None))(keys, cfg)
+    out = wen.length_generalization(params, cfg, tokens, 20, threshold=0.4, batch_size=24,
+                                    members_per_call=2)
+    logits = np.asarray(jax.vmap(lambda p: model_lib.forward(p, tokens[:, :-1], cfg)[0])(params))
+    probs = np.asarray(jax.nn.softmax(logits, -1))
+    targets = tokens[:, 1:]
+    ok = np.isin(targets, CLOSE) & (np.arange(1, 61) >= 20)
+    p_target = np.take_along_axis(probs, np.broadcast_to(targets[None, ..., None],
+                                                         probs.shape[:-1] + (1,)), -1)[..., 0]
+    share = p_target / probs[..., list(CLOSE)].sum(-1)
+    np.testing.assert_allclose(out["acc"], [(s > 0.4)[ok].mean() for s in share], rtol=1e-6)
+    np.testing.assert_allclose(out["argmax_acc"],
+                               [(lg.argmax(-1) == targets)[ok].mean() for lg in logits],
+                               rtol=1e-6)
+    with pytest.raises(ValueError, match="pos_encoding 'none' or 'linear'"):
+        wen.length_generalization(params, _cfg(pos_encoding="learned", max_len=61), tokens, 20)
+    with pytest.raises(ValueError, match="set model.max_len >= 61"):
+        wen.length_generalization(params, _cfg(max_len=40), tokens, 20)
