@@ -5,8 +5,11 @@ One TensorBoard run per subdirectory of `logdir`:
   mean/ min/ max/    aggregates over the seeds that are healthy and finite
   all/               sweep-level scalars (a single value for the whole sweep)
   images/            images (default run of `SweepWriter.image`)
-  hparams/           config + final metrics for the HPARAMS tab
-  <run>/             curves, e.g. faithfulness/iid (x axis = rank or number of clusters)
+  hparams/           config + final metrics for the HPARAMS tab (`hparams(run=...)` can put a
+                     session in any run, e.g. one per seed_<s>)
+  <run>/             curves, e.g. faithfulness/iid (analysis/board.py: x axis = log2 of the
+                     rank or number of clusters)
+  .                  (the logdir itself) the custom-scalars layout, if any
 
 Scalars are stored as `simple_value`, i.e. float32.
 """
@@ -134,10 +137,13 @@ class SweepWriter:
         metrics: Mapping[str, float],
         run: str = "hparams",
         step: int = 0,
+        metric_tags: Sequence[str] = (),
     ) -> None:
         """Config + final metrics for the HPARAMS tab: experiment, session start/end and the
         metric scalars, all in `run` (the plugin reads a session's metrics from its own run).
 
+        `metric_tags` names further metrics whose scalars the run already has (e.g. the last
+        `eval/iid/acc` of a seed run): listed in the experiment, not written again.
         Call once per run: TensorBoard keeps the first hparams metadata it sees in a run.
         """
         from tensorboardX.proto.summary_pb2 import Summary
@@ -145,11 +151,27 @@ class SweepWriter:
 
         hp = {k: _hparam_value(v) for k, v in hparams.items()}
         mt = {k: float(v) for k, v in metrics.items()}
+        listed = {**{k: 0.0 for k in metric_tags}, **mt}
         # tensorboardX's add_hparams would put these in a timestamped sub-run; write them directly.
-        for summary in hparams_summaries(hp, mt):
+        for summary in hparams_summaries(hp, listed):
             self._write(run, list(summary.value), step)
         if mt:
             self._write(run, [Summary.Value(tag=k, simple_value=v) for k, v in mt.items()], step)
+        self._maybe_flush()
+
+    def custom_scalars(self, layout: Any) -> None:
+        """A custom-scalars layout (tensorboardX `layout_pb2.Layout`) for the CUSTOM SCALARS
+        tab, in the root run (the plugin merges the layouts of all runs)."""
+        from tensorboardX.proto.summary_pb2 import Summary, SummaryMetadata
+        from tensorboardX.proto.tensor_pb2 import TensorProto
+        from tensorboardX.proto.tensor_shape_pb2 import TensorShapeProto
+
+        metadata = SummaryMetadata(
+            plugin_data=SummaryMetadata.PluginData(plugin_name="custom_scalars"))
+        tensor = TensorProto(dtype="DT_STRING", string_val=[layout.SerializeToString()],
+                             tensor_shape=TensorShapeProto())
+        self._write(".", [Summary.Value(tag="custom_scalars__config__", tensor=tensor,
+                                        metadata=metadata)], 0)
         self._maybe_flush()
 
     def flush(self) -> None:

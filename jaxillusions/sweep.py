@@ -14,7 +14,7 @@ import numpy as np
 
 from jaxillusions import faithfulness, model, train
 from jaxillusions import logging as log_lib
-from jaxillusions.analysis import figures, tables
+from jaxillusions.analysis import board, figures, results, tables
 
 
 def run(config, workdir: str, *, verbose: bool = True) -> list[dict]:
@@ -44,15 +44,16 @@ def run(config, workdir: str, *, verbose: bool = True) -> list[dict]:
         progress=lambda spec: say(f"  [{next(done)}/{len(specs)}] {spec.method} on "
                                   f"{spec.target}: sizes {list(spec.sizes)}", flush=True))
 
-    tables.write_csv(rows, os.path.join(workdir, "results.csv"))
-    write_reports(rows, config, workdir, seeds, healthy, verbose=verbose)
+    results.write_csv(rows, os.path.join(workdir, "results.csv"))
+    write_reports(rows, config, workdir, seeds, healthy, verbose=verbose, model_cfg=model_cfg)
     write_activation_figures(state.params, splits, model_cfg, config, workdir, seeds)
     say(f"[{time.perf_counter() - start:.0f}s] done: {workdir}/results.csv, "
         f"{workdir}/figures/, TensorBoard: tensorboard --logdir {workdir}/tensorboard")
     return rows
 
 
-def write_reports(rows, config, workdir: str, seeds, healthy, *, verbose: bool = True) -> None:
+def write_reports(rows, config, workdir: str, seeds, healthy, *, verbose: bool = True,
+                  model_cfg=None) -> None:
     """Gap table, figures and TensorBoard views from the result rows."""
     splits = list(config.proxies.eval_splits)
     accuracy = tables.original_accuracy(rows)
@@ -83,21 +84,7 @@ def write_reports(rows, config, workdir: str, seeds, healthy, *, verbose: bool =
             name = f"accuracy_by_depth_{method}_{site.replace('+', '_and_')}"
             writer.image(f"accuracy_by_depth/{method}/{site}", fig)
             figures.save(fig, os.path.join(fig_dir, name + ".png"))
-        agg = tables.aggregate(rows)
-        curves = {}
-        for (site, method, size, split, _), values in agg.items():
-            for metric in ("same_pred", "jsd", "acc_proxy"):
-                key = (f"faithfulness/{split}", f"{method}/{site}/{metric}")
-                curves.setdefault(key, []).append((size, values[metric][0]))
-        for (run, tag), points in sorted(curves.items()):
-            points.sort()
-            writer.curve(run, tag, [p[0] for p in points], [p[1] for p in points])
-        hparam_metrics = {f"final/{s}/acc": a[0] for s, a in accuracy.items()}
-        for (site, method, size, split, _), values in agg.items():
-            if split in ("iid", "unseen_structure", "unseen_depth"):
-                hparam_metrics[f"same_pred/{split}/{method}/{site}/{size}"] = (
-                    values["same_pred"][0])
-        writer.hparams(log_lib.flatten_config(config), hparam_metrics)
+        board.write_all(writer, rows, config, model_cfg, seeds, healthy, workdir)
 
 
 def write_activation_figures(params, splits, model_cfg, config, workdir: str, seeds,

@@ -7,15 +7,17 @@ import numpy as np
 
 from jaxillusions import logging as log_lib
 from jaxillusions import train
+from jaxillusions.analysis import board
 from launch import common
 
 
 def main(config, workdir: str) -> None:
-    state, results = train.train_sweep(config, workdir)
+    state, _ = train.train_sweep(config, workdir)
     seeds = [int(s) for s in train.seed_list(config)]
+    _, model_cfg, _ = train.build(config)
     with log_lib.SweepWriter(f"{workdir}/tensorboard", seeds) as writer:
-        writer.hparams(log_lib.flatten_config(config),
-                       train.final_metrics(results, np.asarray(state.healthy)))
+        board.write_hparams(writer, config, model_cfg, seeds, np.asarray(state.healthy),
+                            workdir=workdir)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import pytest
 from jaxillusions import faithfulness as F
 from jaxillusions import logging as log_lib
 from jaxillusions import metrics, proxies, sweep, train
-from jaxillusions.analysis import tables
+from jaxillusions.analysis import results, tables
 from jaxillusions.model import forward
 
 
@@ -148,9 +148,15 @@ def test_sweep_end_to_end_writes_table_figures_and_tensorboard(trained, tmp_path
     config.proxies.eval_splits = ("iid", "unseen_depth")
     workdir = str(tmp_path / "run")
     rows = sweep.run(config, workdir, verbose=False)
-    back = tables.read_csv(os.path.join(workdir, "results.csv"))
+    back = results.read_csv(os.path.join(workdir, "results.csv"))
     assert len(back) == len(rows) > 0
-    assert set(tables.COLUMNS) <= set(back[0])
+    assert set(rows[0]) == set(back[0])
+    # The original model's accuracy is the same in every proxy's evaluation (results.csv keeps
+    # one copy of it, in the `original` rows).
+    by_position = {}
+    for r in rows:
+        key = (r["seed"], r["split"], r["breakdown"], r["bin"])
+        assert by_position.setdefault(key, r["acc_original"]) == r["acc_original"]
     assert {r["method"] for r in back} == {"svd", "kmeans", "uniform_attention"}
     assert {r["split"] for r in back} == {"iid", "unseen_depth"}
     assert {r["breakdown"] for r in back} == {"all", "depth", "distance"}
@@ -162,7 +168,7 @@ def test_sweep_end_to_end_writes_table_figures_and_tensorboard(trained, tmp_path
         assert os.path.getsize(os.path.join(workdir, "figures", name)) > 1000
     scalars = log_lib.read_scalars(os.path.join(workdir, "tensorboard"))
     curve = scalars["faithfulness/iid"]["svd/blocks.1.attn.k/same_pred"]
-    assert [step for step, _ in curve] == [1, 2, 4, 8, 16]
+    assert [step for step, _ in curve] == [0, 1, 2, 3, 4]  # log2 of the ranks 1 .. 16
     agg = tables.aggregate(back)
     assert curve[-1][1] == pytest.approx(agg[("blocks.1.attn.k", "svd", 16, "iid", "")][
         "same_pred"][0], rel=1e-6)

@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import sys
@@ -180,3 +181,153 @@ assert L.read_scalars({str(tmp_path)!r})["mean"] == {{"x": [(0, 1.5)]}}
 assert "tensorflow" not in sys.modules
 """
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The main job's TensorBoard reports (analysis/board.py), on synthetic result rows.
+
+
+def _rows(seeds=(0, 1, 2), splits=("iid", "unseen_depth", "longer")):
+    """Rows shaped like faithfulness.evaluate's: svd ranks 1..16, kmeans k 2..8, one-hot
+    attention (size 0); values that differ per seed, size and split."""
+    rows = []
+    sized = [("svd", "blocks.1.attn.k", (1, 2, 4, 8, 16)), ("kmeans", "blocks.1.attn.k", (2, 4, 8)),
+             ("onehot_attention", "blocks.1.attn.pattern", (0,))]
+    for seed in seeds:
+        for method, site, sizes in sized:
+            for size in sizes:
+                for j, split in enumerate(splits):
+                    same = 1.0 - 0.1 / (size + 1) - 0.02 * j - 0.001 * seed
+                    for breakdown, bin_ in (("all", ""), ("depth", "1"), ("depth", "2")):
+                        rows.append({"seed": seed, "site": site, "method": method, "size": size,
+                                     "split": split, "breakdown": breakdown, "bin": bin_,
+                                     "n": 50 + j, "jsd": 1.0 - same, "same_pred": same,
+                                     "acc_original": 0.9 - 0.05 * j + 0.01 * seed,
+                                     "acc_proxy": same - 0.1})
+    return rows
+
+
+def _gaps(rows):
+    """Gap rows with the columns of analysis/stats.py (values: per-seed mean differences)."""
+    out = []
+    keys = {(r["site"], r["method"], r["size"], r["split"]) for r in rows if r["split"] != "iid"}
+    for site, method, size, split in sorted(keys):
+        def mean(s, site=site, method=method, size=size):
+            return np.mean([r["same_pred"] for r in rows if r["breakdown"] == "all" and
+                            (r["site"], r["method"], r["size"], r["split"]) ==
+                            (site, method, size, s)])
+        gap = mean("iid") - mean(split)
+        out.append({"site": site, "method": method, "size": size, "split": split,
+                    "metric": "same_pred", "gap": gap, "ci_low": gap - 0.01,
+                    "ci_high": gap + 0.01, "n_seeds": 3, "seeds_positive": 3,
+                    "baseline": "iid", "boot_low": gap - 0.01, "boot_high": gap + 0.01})
+    return out
+
+
+def test_board_curves_use_log2_steps_and_reference_lines(tmp_path):
+    from jaxillusions.analysis import board
+
+    rows = _rows()
+    with SweepWriter(str(tmp_path), seeds=[0, 1, 2]) as w:
+        board.write_faithfulness(w, rows)
+        board.write_gaps(w, _gaps(rows))
+    runs = read_scalars(str(tmp_path))
+    svd = runs["faithfulness/iid"]["svd/blocks.1.attn.k/same_pred"]
+    assert [s for s, _ in svd] == [board.size_step(r) for r in (1, 2, 4, 8, 16)] == [0, 1, 2, 3, 4]
+    mean_rank4 = np.mean([1.0 - 0.1 / 5 - 0.001 * s for s in range(3)])
+    assert svd[2][1] == pytest.approx(mean_rank4, rel=1e-6)
+    kmeans = runs["faithfulness/longer"]["kmeans/blocks.1.attn.k/acc"]
+    assert [s for s, _ in kmeans] == [1, 2, 3]
+    # The attention proxy and the original model: flat lines over the whole step range 0..4.
+    onehot = runs["faithfulness/iid"]["onehot_attention/blocks.1.attn.pattern/same_pred"]
+    assert [s for s, _ in onehot] == [0, 1, 2, 3, 4] and len({v for _, v in onehot}) == 1
+    original = runs["faithfulness/unseen_depth"]["original/acc"]
+    assert [s for s, _ in original] == [0, 1, 2, 3, 4]
+    assert original[0][1] == pytest.approx(np.mean([0.85, 0.86, 0.87]), rel=1e-6)
+    # Gap cards: the gap and its interval bounds, per OOD split; none for the baseline.
+    assert "gaps/iid" not in runs
+    gap = runs["gaps/longer"]
+    tag = "same_pred/svd/blocks.1.attn.k"
+    assert set(gap) >= {tag, tag + "/ci_low", tag + "/ci_high"}
+    assert [s for s, _ in gap[tag]] == [0, 1, 2, 3, 4]
+    assert gap[tag][0][1] == pytest.approx(0.04, abs=1e-6)
+    assert gap[tag + "/ci_high"][0][1] == pytest.approx(0.05, abs=1e-6)
+
+
+def test_board_steps_of_sizes_that_are_not_powers_of_two():
+    from jaxillusions.analysis import board
+
+    assert [board.size_step(s) for s in (1, 2, 3, 24, 64)] == [0, 1, 2, 5, 6]
+    with pytest.warns(UserWarning, match="size 3 rounds to step 2"):
+        steps = board._steps([1, 2, 3, 4], "test")
+    assert steps == {1: 0, 2: 1, 4: 2}
+    with pytest.raises(ValueError, match="no step"):
+        board.size_step(0)
+
+
+def test_board_hparams_one_session_per_seed_and_few_tags(tmp_path):
+    from tensorboard import context
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from tensorboard.plugins.custom_scalar import custom_scalars_plugin
+    from tensorboard.plugins.hparams import api_pb2, backend_context, list_session_groups
+
+    from configs import dyck_small
+    from jaxillusions import model
+    from jaxillusions.analysis import board
+
+    config = dyck_small.get_config()
+    config.proxies.eval_splits = ("iid", "unseen_depth", "longer")
+    model_cfg = model.ModelConfig.from_config(config.model, vocab_size=19, max_len=26)
+    rows, seeds = _rows(), [0, 1, 2]
+    with SweepWriter(str(tmp_path), seeds) as w:
+        # What training logs (the final accuracy per split), then the reports.
+        w.scalars(3000, {f"eval/{s}/acc": [0.9, 0.8, 0.7] for s in config.proxies.eval_splits})
+        board.write_all(w, rows, config, model_cfg, seeds, [True, True, False], "runs/demo",
+                        gaps=_gaps(rows))
+
+    mux = plugin_event_multiplexer.EventMultiplexer()
+    mux.AddRunsFromDirectory(str(tmp_path))
+    mux.Reload()
+    provider = data_provider.MultiplexerDataProvider(mux, str(tmp_path))
+    ctx = backend_context.Context(base_plugin.TBContext(data_provider=provider))
+    request = api_pb2.ListSessionGroupsRequest(
+        allowed_statuses=[api_pb2.STATUS_SUCCESS], slice_size=100)
+    groups = list_session_groups.Handler(context.RequestContext(), ctx, "", request).run()
+    groups = {g.name: g for g in groups.session_groups}
+    assert set(groups) == {"seed_0", "seed_1", "seed_2"}
+    g0, g2 = groups["seed_0"], groups["seed_2"]
+    assert g0.hparams["model.d_head"].number_value == 32  # resolved from d_head = 0
+    assert g0.hparams["proxies.svd_ranks"].string_value == "1,2,4,8,16,32"  # resolved from ()
+    assert g0.hparams["workdir"].string_value == "demo"
+    assert g0.hparams["healthy"].bool_value and not g2.hparams["healthy"].bool_value
+    assert g2.hparams["seed"].number_value == 2
+    assert len(g0.hparams) <= 25
+    metrics = {m.name.tag: m.value for m in g0.metric_values}
+    # Final accuracy per split + the seed's same_pred gap per method (middle size) and OOD split.
+    assert set(metrics) == {"eval/iid/acc", "eval/unseen_depth/acc", "eval/longer/acc"} | {
+        f"hparams/gap_same_pred/{m}/{s}" for m in ("svd_4", "kmeans_4", "onehot_attention")
+        for s in ("unseen_depth", "longer")}
+    assert metrics["eval/iid/acc"] == pytest.approx(0.9)
+    # seed 0, svd rank 4: iid minus longer = 0.02 * 2
+    assert metrics["hparams/gap_same_pred/svd_4/longer"] == pytest.approx(0.04, abs=1e-6)
+
+    # A small number of scalar tags: nothing per size or per bin.
+    tags = {t for run in read_scalars(str(tmp_path)).values() for t in run}
+    report = {t for t in tags if not t.startswith("eval/")}
+    # 3 methods x 3 curves + original, 2 sized methods + one-hot x (gap, low, high), and
+    # 3 methods x 2 OOD splits of HPARAMS gaps.
+    assert len(report) == 3 * 3 + 1 + 3 * 3 + 3 * 2
+    assert not any(t.split("/")[-1].isdigit() for t in tags)
+
+    # The custom-scalars layout: gap cards first, as margin charts with the interval bounds.
+    plugin = custom_scalars_plugin.CustomScalarsPlugin(
+        base_plugin.TBContext(data_provider=provider, multiplexer=mux, logdir=str(tmp_path)))
+    layout = json.loads(plugin.layout_impl(context.RequestContext(), ""))
+    first = layout["category"][0]
+    assert first["title"].startswith("generalization gaps")
+    series = first["chart"][0]["margin"]["series"][0]
+    assert series == {"value": "same_pred/svd/blocks.1.attn.k",
+                      "lower": "same_pred/svd/blocks.1.attn.k/ci_low",
+                      "upper": "same_pred/svd/blocks.1.attn.k/ci_high"}
+    assert layout["category"][1]["title"].startswith("faithfulness")

@@ -1,0 +1,222 @@
+"""A finished workdir as data: `load_results` (results.csv as a typed pandas DataFrame) and
+`load_run` (trained parameters with their configs and data, from the checkpoint).
+
+pandas is an optional extra (`pip install -e '.[analysis]'`), imported only when called.
+
+DataFrame columns (one row per seed, site, method, size, split, breakdown, bin):
+
+    seed       int64
+    site       string, e.g. "blocks.1.attn.k" or "blocks.1.attn.q+blocks.1.attn.k"; "" for the
+               original model
+    method     category: "original" (the trained model itself), "svd", "kmeans", ...
+    size       int64 rank / number of clusters; NO_SIZE (0) for the original model and the
+               data-independent proxies (onehot_attention, uniform_attention)
+    split      ordered category, in evaluation order (config.proxies.eval_splits)
+    breakdown  category: "all", "depth", "distance" (and any other breakdown the rows have)
+    bin        int64 depth / distance; ALL_BINS (-1) on breakdown == "all" rows
+    n          int64 closing-bracket positions in the bin (per seed)
+    acc        float64 closing-bracket accuracy of this row's model (the proxy, or the original)
+    jsd, same_pred, ...   float64 faithfulness to the original (NaN on the original's rows)
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+NO_SIZE = 0  # `size` of the original model and of data-independent proxies
+ALL_BINS = -1  # `bin` of breakdown == "all" rows ("" in the CSV)
+ORIGINAL = "original"  # `method` of the original model's rows
+KEYS = ("seed", "site", "method", "size", "split", "breakdown", "bin", "n")
+COLUMNS = KEYS + ("acc", "jsd", "same_pred")  # then any further metric columns of the rows
+
+
+# ---------------------------------------------------------------------------------------------
+# results.csv <-> the in-memory rows of faithfulness.evaluate. In memory every proxy row carries
+# acc_original and acc_proxy; in the CSV each row has `acc` (its own model's accuracy) and the
+# original model has rows of its own, one per (seed, split, breakdown, bin).
+
+
+def csv_rows(rows: Iterable[dict]) -> list[dict]:
+    """In-memory rows -> CSV rows: the original model's rows first, then the proxies' rows."""
+    out, originals = [], {}
+    for row in rows:
+        row = dict(row)
+        acc_original = row.pop("acc_original")
+        row["acc"] = row.pop("acc_proxy")
+        out.append(row)
+        key = (row["seed"], row["split"], row["breakdown"], row["bin"])
+        if key not in originals:  # every proxy sees the same positions and parameters
+            originals[key] = {"seed": row["seed"], "site": "", "method": ORIGINAL,
+                              "size": NO_SIZE, "split": row["split"],
+                              "breakdown": row["breakdown"], "bin": row["bin"], "n": row["n"],
+                              "acc": acc_original}
+    return list(originals.values()) + out
+
+
+def from_csv_rows(table: Iterable[dict]) -> list[dict]:
+    """CSV rows -> in-memory rows (acc_original and acc_proxy on every proxy row)."""
+    table = list(table)
+    originals = {(r["seed"], r["split"], r["breakdown"], r["bin"]): r["acc"]
+                 for r in table if r["method"] == ORIGINAL}
+    rows = []
+    for row in table:
+        if row["method"] != ORIGINAL:
+            row = dict(row)
+            row["acc_original"] = originals[(row["seed"], row["split"], row["breakdown"],
+                                             row["bin"])]
+            row["acc_proxy"] = row.pop("acc")
+            rows.append(row)
+    return rows
+
+
+def write_csv(rows: Iterable[dict], path: str) -> None:
+    """Writes in-memory rows as results.csv, atomically (a temp file, then rename). NaN is an
+    empty cell."""
+    table = csv_rows(rows)
+    extra = list(dict.fromkeys(k for r in table for k in r if k not in COLUMNS))
+    tmp = path + ".tmp"
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS + tuple(extra), restval="")
+        writer.writeheader()
+        writer.writerows({k: "" if isinstance(v, float) and math.isnan(v) else v
+                          for k, v in r.items()} for r in table)
+    os.replace(tmp, path)
+
+
+def read_csv(path: str) -> list[dict]:
+    """results.csv -> in-memory rows (numbers as numbers, empty cells NaN; `bin` stays text as
+    in memory). For analysis, prefer `load_results`, a typed DataFrame."""
+    with open(path, newline="") as f:
+        table = list(csv.DictReader(f))
+    if table and "acc" not in table[0]:
+        raise ValueError(f"{path}: no `acc` column; written by an older version? "
+                         "load_results reads both layouts")
+    for row in table:
+        for key in row:
+            if key in ("seed", "size", "n"):
+                row[key] = int(row[key])
+            elif key not in KEYS:
+                row[key] = float(row[key]) if row[key] != "" else math.nan
+    return from_csv_rows(table)
+
+
+def _config(workdir: str):
+    from ml_collections import ConfigDict
+
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} not found: is {workdir} a jaxillusions workdir?")
+    with open(path) as f:
+        return ConfigDict(json.load(f))
+
+
+def load_results(workdir: str, splits: Sequence[str] | None = None) -> pd.DataFrame:
+    """results.csv of a workdir as a typed DataFrame (see the module docstring for columns).
+
+    `splits` fixes the order of the `split` category; by default the workdir's
+    config.proxies.eval_splits, else the order in which splits first appear in the file.
+    """
+    import pandas as pd
+
+    path = os.path.join(workdir, "results.csv") if os.path.isdir(workdir) else workdir
+    df = pd.read_csv(path, dtype={"site": str, "method": str, "split": str, "breakdown": str,
+                                  "bin": str}, keep_default_na=False, na_values={})
+    if "acc_proxy" in df:  # a table written before the original model had rows of its own
+        df = _with_original_rows(df)
+    if splits is None:
+        try:
+            splits = list(_config(os.path.dirname(path) or ".").proxies.eval_splits)
+        except (FileNotFoundError, AttributeError, KeyError):
+            splits = list(dict.fromkeys(df["split"]))
+    unknown = sorted(set(df["split"]) - set(splits))
+    if unknown:
+        raise ValueError(f"{path}: splits {unknown} are not in the given order {list(splits)}")
+    keys = set(KEYS)
+    out = pd.DataFrame({
+        "seed": df["seed"].astype("int64"),
+        "site": df["site"].astype("string"),
+        "method": pd.Categorical(df["method"], categories=_method_order(df["method"])),
+        "size": df["size"].astype("int64"),
+        "split": pd.Categorical(df["split"], categories=list(splits), ordered=True),
+        "breakdown": pd.Categorical(df["breakdown"],
+                                    categories=list(dict.fromkeys(df["breakdown"]))),
+        "bin": df["bin"].replace("", str(ALL_BINS)).astype("int64"),
+        "n": df["n"].astype("int64"),
+    })
+    for col in [c for c in df.columns if c not in keys]:
+        out[col] = pd.to_numeric(df[col].replace("", np.nan), errors="raise").astype("float64")
+    return out
+
+
+def _method_order(methods) -> list[str]:
+    names = list(dict.fromkeys(methods))
+    return ([ORIGINAL] if ORIGINAL in names else []) + [m for m in names if m != ORIGINAL]
+
+
+def _with_original_rows(df: pd.DataFrame) -> pd.DataFrame:
+    import pandas as pd
+
+    keys = ["seed", "split", "breakdown", "bin"]
+    original = df.drop_duplicates(keys)[keys + ["n", "acc_original"]].rename(
+        columns={"acc_original": "acc"})
+    original = original.assign(site="", method=ORIGINAL, size=NO_SIZE)
+    proxies = df.drop(columns=["acc_original"]).rename(columns={"acc_proxy": "acc"})
+    return pd.concat([original, proxies], ignore_index=True)[
+        list(COLUMNS) + [c for c in proxies.columns if c not in COLUMNS]]
+
+
+@dataclasses.dataclass
+class Run:
+    """A trained sweep: every leaf of `params` has a leading seed axis, in the order of `seeds`."""
+
+    params: dict
+    config: Any  # the ml_collections ConfigDict the workdir was trained with
+    model_config: Any  # jaxillusions.model.ModelConfig
+    splits: dict  # name -> jaxillusions.data.dyck.Split (regenerated or cached, deterministic)
+    seeds: list[int]
+    healthy: np.ndarray  # [S] bool: False for seeds that diverged in training
+    step: int  # the training step of the checkpoint
+
+    def seed_params(self, seed: int) -> dict:
+        """One seed's parameters (no seed axis), by seed number."""
+        if seed not in self.seeds:
+            raise ValueError(f"seed {seed} is not in this run; it has seeds {self.seeds}")
+        i = self.seeds.index(seed)
+        import jax
+
+        return jax.tree.map(lambda x: x[i], self.params)
+
+
+def load_run(workdir: str, *, verbose: bool = False) -> Run:
+    """The newest checkpoint of a workdir with its config, model config, data splits and seeds."""
+    import jax
+
+    from jaxillusions import checkpoint as ckpt_lib
+    from jaxillusions import train
+
+    config = _config(workdir)
+    splits, model_cfg, tx = train.build(config)
+    seeds = [int(s) for s in train.seed_list(config)]
+    target = jax.eval_shape(lambda: train.init_state(seeds, model_cfg, tx))
+    checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"))
+    try:
+        step, state = checkpointer.restore_latest(target)
+    finally:
+        checkpointer.close()
+    if step is None:
+        raise FileNotFoundError(f"{workdir}/checkpoints has no readable checkpoint")
+    if verbose:
+        print(f"loaded {workdir} at step {step}: {len(seeds)} seeds")
+    return Run(params=state.params, config=config, model_config=model_cfg, splits=splits,
+               seeds=seeds, healthy=np.asarray(state.healthy), step=int(step))

@@ -1,0 +1,106 @@
+import math
+import os
+
+import numpy as np
+import pytest
+
+from jaxillusions.analysis import results
+
+pd = pytest.importorskip("pandas")
+
+SPLITS = ("iid", "seen_structure", "unseen_depth", "longer")
+
+
+def _rows():
+    """In-memory rows as faithfulness.evaluate makes them, splits in evaluation order (not
+    alphabetical), with an extra metric column that is NaN on the breakdown rows."""
+    rows = []
+    for seed in (3, 4):
+        for method, site, sizes in (("svd", "blocks.1.attn.k", (1, 2)),
+                                    ("uniform_attention", "blocks.1.attn.pattern", (0,))):
+            for size in sizes:
+                for j, split in enumerate(SPLITS):
+                    for breakdown, bin_ in (("all", ""), ("depth", "0"), ("depth", "11")):
+                        rows.append({"seed": seed, "site": site, "method": method, "size": size,
+                                     "split": split, "breakdown": breakdown, "bin": bin_,
+                                     "n": 10 + j + len(bin_), "jsd": 0.1 * size + 0.01 * j,
+                                     "same_pred": 0.9 + 0.01 * j,
+                                     "acc_original": 0.5 + 0.1 * j + 0.01 * seed + len(bin_) / 8,
+                                     "acc_proxy": 0.4 + 0.01 * size,
+                                     "jsd_p95": 0.3 if breakdown == "all" else math.nan})
+    return rows
+
+
+def _same(a, b):
+    return a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b))
+
+
+def test_csv_has_original_rows_and_round_trips(tmp_path):
+    rows = _rows()
+    path = str(tmp_path / "results.csv")
+    results.write_csv(rows, path)
+    with open(path) as f:
+        header = f.readline().strip().split(",")
+    assert header == list(results.COLUMNS) + ["jsd_p95"]
+    back = results.read_csv(path)
+    assert len(back) == len(rows)
+    for a, b in zip(rows, back, strict=True):
+        assert a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+
+
+def test_load_results_types_and_original_rows(tmp_path):
+    rows = _rows()
+    results.write_csv(rows, str(tmp_path / "results.csv"))
+    df = results.load_results(str(tmp_path), splits=SPLITS)
+    assert df.dtypes.to_dict() == {
+        "seed": np.dtype("int64"), "site": pd.StringDtype(), "method": df["method"].dtype,
+        "size": np.dtype("int64"), "split": df["split"].dtype, "breakdown": df["breakdown"].dtype,
+        "bin": np.dtype("int64"), "n": np.dtype("int64"), "acc": np.dtype("float64"),
+        "jsd": np.dtype("float64"), "same_pred": np.dtype("float64"),
+        "jsd_p95": np.dtype("float64")}
+    assert isinstance(df["method"].dtype, pd.CategoricalDtype)
+    assert df["split"].cat.ordered and list(df["split"].cat.categories) == list(SPLITS)
+    assert list(df["method"].cat.categories) == ["original", "svd", "uniform_attention"]
+    assert list(df["split"].sort_values().unique()) == list(SPLITS)  # evaluation order
+    assert set(df.loc[df["breakdown"] == "all", "bin"]) == {results.ALL_BINS}
+    assert set(df.loc[df["breakdown"] == "depth", "bin"]) == {0, 11}
+    assert set(df.loc[df["method"] == "uniform_attention", "size"]) == {results.NO_SIZE}
+
+    # One original row per (seed, split, breakdown, bin), with the original's accuracy.
+    original = df[df["method"] == "original"]
+    assert len(original) == 2 * len(SPLITS) * 3
+    assert (original["site"] == "").all() and (original["size"] == results.NO_SIZE).all()
+    assert original[["jsd", "same_pred"]].isna().all().all()
+    row = original[(original.seed == 4) & (original.split == "unseen_depth")
+                   & (original.breakdown == "depth") & (original.bin == 11)]
+    assert row["acc"].item() == pytest.approx(0.5 + 0.2 + 0.04 + 2 / 8)
+    assert row["n"].item() == 10 + 2 + 2
+    proxies = df[df["method"] != "original"]
+    assert len(proxies) == len(rows)
+    assert proxies.loc[proxies.method == "svd", "acc"].round(6).isin([0.41, 0.42]).all()
+    # A typical pivot works without hand conversion: proxy accuracy minus the original's.
+    acc = df[df.breakdown == "all"].pivot_table(index=["seed", "split"], columns="method",
+                                                values="acc", observed=True)
+    assert list(acc.index.get_level_values("split")[:4]) == list(SPLITS)
+    assert (acc["original"] - acc["uniform_attention"]).notna().all()
+
+
+def test_load_results_reads_the_old_layout_and_config_order(tmp_path):
+    rows = _rows()
+    keys = ("seed", "site", "method", "size", "split", "breakdown", "bin", "n", "jsd",
+            "same_pred", "acc_original", "acc_proxy", "jsd_p95")
+    pd.DataFrame(rows, columns=list(keys)).to_csv(tmp_path / "results.csv", index=False)
+    with open(tmp_path / "config.json", "w") as f:
+        f.write('{"proxies": {"eval_splits": ["iid", "seen_structure", "unseen_depth", '
+                '"longer"]}}')
+    old = results.load_results(str(tmp_path))
+    results.write_csv(rows, str(tmp_path / "new.csv"))
+    new = results.load_results(str(tmp_path / "new.csv"), splits=SPLITS)
+    order = list(results.KEYS)
+    pd.testing.assert_frame_equal(old.sort_values(order).reset_index(drop=True),
+                                  new.sort_values(order).reset_index(drop=True))
+    assert list(old["split"].cat.categories) == list(SPLITS)
+    with pytest.raises(ValueError, match=r"splits \['longer'\] are not in"):
+        results.load_results(str(tmp_path), splits=("iid", "seen_structure", "unseen_depth"))
+    with pytest.raises(FileNotFoundError, match="not a jaxillusions workdir|not found"):
+        results.load_run(os.path.join(str(tmp_path), "missing"))
