@@ -204,9 +204,10 @@ def load_run(workdir: str, *, verbose: bool = False) -> Run:
 
     from jaxillusions import checkpoint as ckpt_lib
     from jaxillusions import train
+    from jaxillusions.data import dyck
 
     config = _config(workdir)
-    splits, model_cfg, tx = train.build(config)
+    splits, model_cfg, tx = train.build(config, dyck.load_or_make(config.data, verbose=verbose))
     seeds = [int(s) for s in train.seed_list(config)]
     target = jax.eval_shape(lambda: train.init_state(seeds, model_cfg, tx))
     checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"))

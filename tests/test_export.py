@@ -1,0 +1,110 @@
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from jaxillusions import model, train
+from jaxillusions.analysis import load_run
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, cache_dir):
+    from conftest import tiny_config
+
+    config = tiny_config(cache_dir)
+    config.seed = 5  # seeds 5, 6: seed numbers are not indices
+    workdir = str(tmp_path_factory.mktemp("export") / "run")
+    state, _ = train.train_sweep(config, workdir, verbose=False)
+    return workdir, state
+
+
+def test_load_run_gives_the_trained_state(workdir):
+    path, state = workdir
+    run = load_run(path)
+    assert run.seeds == [5, 6] and run.step == 20 and run.healthy.tolist() == [True, True]
+    assert run.model_config.d_model == 16 and set(run.splits) >= {"train", "iid", "longer"}
+    same = jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), run.params, state.params)
+    assert all(jax.tree.leaves(same))
+    one = run.seed_params(6)
+    assert np.array_equal(one["embed"], state.params["embed"][1])
+    with pytest.raises(ValueError, match="seed 0 is not in this run"):
+        run.seed_params(0)
+
+
+def _compare(tl_model, params, cfg, tokens, atol=1e-4):
+    """Logits and every mapped site of our forward vs the exported model's run_with_cache."""
+    import torch
+
+    from jaxillusions import export
+
+    ours, cache = model.forward(params, tokens, cfg, cache=model.site_names(cfg))
+    logits, tl_cache = tl_model.run_with_cache(torch.tensor(np.asarray(tokens), dtype=torch.long))
+    np.testing.assert_allclose(logits.detach().numpy(), np.asarray(ours), rtol=0, atol=atol)
+    sites = export.site_map(cfg)
+    # All but ln_final and logits (and resid_mid of attention-only blocks).
+    assert len(sites) == len(model.site_names(cfg)) - 2 - cfg.attn_only * cfg.n_layers
+    for site, hook in sites.items():
+        ref = np.asarray(cache[site])
+        got = tl_cache[hook].detach().numpy()
+        if site == "pos_embed":  # ours [pos, d_model], broadcast over the batch in TL
+            ref = np.broadcast_to(ref, got.shape)
+        finite = np.isfinite(ref)  # masked attention scores are -inf in both
+        assert got.shape == ref.shape and np.array_equal(np.isfinite(got), finite), site
+        np.testing.assert_allclose(np.where(finite, got, 0), np.where(finite, ref, 0), rtol=0,
+                                   atol=atol, err_msg=site)
+
+
+def test_export_matches_the_jax_forward(workdir):
+    pytest.importorskip("transformer_lens")
+    from jaxillusions import export
+
+    path, _ = workdir
+    run = load_run(path)
+    tl_model = export.from_workdir(path, seed=6)
+    longer = run.splits["longer"].tokens[:8]  # positions beyond the training lengths too
+    iid = run.splits["iid"].tokens[:8]
+    tokens = np.concatenate([np.pad(iid, ((0, 0), (0, longer.shape[1] - iid.shape[1]))), longer])
+    _compare(tl_model, run.seed_params(6), run.model_config, tokens)
+
+
+@pytest.mark.parametrize("options", [dict(pos_encoding="none"),
+                                     dict(pos_encoding="sinusoidal", n_heads=2),
+                                     dict(pos_encoding="linear", attn_only=True, n_layers=1)])
+def test_export_every_position_encoding(options):
+    pytest.importorskip("transformer_lens")
+    from jaxillusions import export
+
+    cfg = dataclasses.replace(model.ModelConfig(vocab_size=11, max_len=12, d_model=16, d_mlp=32),
+                              **options)
+    params = model.init_params(jax.random.PRNGKey(3), cfg)
+    # Random non-zero biases and LayerNorm params, so that a dropped one would show.
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.PRNGKey(4), len(leaves))
+    params = jax.tree.unflatten(treedef, [x + 0.1 * jax.random.normal(k, x.shape)
+                                          for x, k in zip(leaves, keys, strict=True)])
+    tokens = np.asarray(jax.random.randint(jax.random.PRNGKey(5), (4, 12), 0, 11))
+    _compare(export.to_transformer_lens(params, cfg), params, cfg, tokens)
+
+
+def test_site_names_both_ways_and_refusals():
+    from jaxillusions import export
+
+    assert export.tl_name("blocks.1.attn.out") == "blocks.1.hook_attn_out"
+    assert export.tl_name("blocks.0.mlp.hidden") == "blocks.0.mlp.hook_post"
+    assert export.tl_name("blocks.3.attn.scores") == "blocks.3.attn.hook_attn_scores"
+    assert export.site_name("blocks.1.hook_attn_out") == "blocks.1.attn.out"
+    cfg = model.ModelConfig(vocab_size=11, max_len=12, n_layers=3)
+    for site, hook in export.site_map(cfg).items():
+        assert export.site_name(hook) == site
+    with pytest.raises(ValueError, match="no TransformerLens hook"):
+        export.tl_name("logits")
+    with pytest.raises(ValueError, match="no jaxillusions site"):
+        export.site_name("blocks.0.ln1.hook_scale")
+    pytest.importorskip("transformer_lens")
+    uniform = dataclasses.replace(cfg, uniform_attention_layers=(0,))
+    with pytest.raises(ValueError, match="uniform_attention_layers"):
+        export.tl_config(uniform)
+    params = model.init_params(jax.random.PRNGKey(0), cfg)
+    with pytest.raises(ValueError, match="seed axis"):
+        export.state_dict(jax.tree.map(lambda x: x[None], params), cfg)
