@@ -46,7 +46,7 @@ def run(config, workdir: str, *, verbose: bool = True) -> list[dict]:
 
     results.write_csv(rows, os.path.join(workdir, "results.csv"))
     write_reports(rows, config, workdir, seeds, healthy, verbose=verbose, model_cfg=model_cfg)
-    write_activation_figures(state.params, splits, model_cfg, config, workdir, seeds)
+    write_activation_figures(state.params, splits, model_cfg, config, workdir, seeds, healthy)
     say(f"[{time.perf_counter() - start:.0f}s] done: {workdir}/results.csv, "
         f"{workdir}/figures/, TensorBoard: tensorboard --logdir {workdir}/tensorboard")
     return rows
@@ -70,29 +70,54 @@ def write_reports(rows, config, workdir: str, seeds, healthy, *, verbose: bool =
     if verbose:
         print(text)
 
-    methods = sorted({r["method"] for r in rows})
-    targets = sorted({(r["site"], r["method"]) for r in rows})
+    write_views(rows, config, workdir, seeds, healthy, model_cfg=model_cfg)
+
+
+def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,
+                gaps=()) -> None:
+    """Figures (figures/*.png, also under TensorBoard's IMAGES) and the TensorBoard reports
+    (analysis/board.py) from the result rows and, when given, the paired gaps (analysis/stats)."""
+    splits = list(config.proxies.eval_splits)
     fig_dir = os.path.join(workdir, "figures")
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    sized = [m for m in methods if any(r["method"] == m and r["size"] > 0 for r in rows)]
+    unsized = [m for m in methods if m not in sized]
+    # The largest bin seen in training: depth, and the position predicting the last bracket.
+    bounds = {"depth": config.data.max_depth, "position": config.data.max_len - 1}
+    breakdowns = [b for b in bounds if any(r["breakdown"] == b for r in rows)]
     with log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
-        for method in methods:
-            if any(r["method"] == method and r["size"] > 0 for r in rows):
-                fig = figures.faithfulness_curves(rows, method, splits)
-                writer.image(f"faithfulness/{method}", fig)
-                figures.save(fig, os.path.join(fig_dir, f"faithfulness_{method}.png"))
-        for site, method in targets:
-            fig = figures.accuracy_by_depth(rows, site, method, splits)
-            name = f"accuracy_by_depth_{method}_{site.replace('+', '_and_')}"
-            writer.image(f"accuracy_by_depth/{method}/{site}", fig)
+        def emit(fig, tag: str, name: str) -> None:
+            writer.image(tag, fig)
             figures.save(fig, os.path.join(fig_dir, name + ".png"))
-        board.write_all(writer, rows, config, model_cfg, seeds, healthy, workdir)
+
+        for method in sized:
+            if gaps:
+                emit(figures.gap_vs_size(gaps, method, splits), f"gaps/{method}",
+                     f"gap_vs_size_{method}")
+            emit(figures.faithfulness_curves(rows, method, splits), f"faithfulness/{method}",
+                 f"faithfulness_{method}")
+        if gaps and unsized:
+            emit(figures.gaps_by_split(gaps, unsized, splits), "gaps/attention_proxies",
+                 "gaps_attention_proxies")
+        for site, method in dict.fromkeys((r["site"], r["method"]) for r in rows):
+            for breakdown in breakdowns:
+                emit(figures.accuracy_by_bin(rows, site, method, splits, breakdown,
+                                             bounds[breakdown]),
+                     f"accuracy_by_{breakdown}/{method}/{site}",
+                     f"accuracy_by_{breakdown}_{method}_{site.replace('+', '_and_')}")
+        board.write_all(writer, rows, config, model_cfg, seeds, healthy, workdir, gaps)
 
 
 def write_activation_figures(params, splits, model_cfg, config, workdir: str, seeds,
-                             max_seeds: int = 4, num_sentences: int = 200) -> None:
-    """Last-layer attention patterns on one iid sentence, and the 2-D SVD projection of the
-    last layer's keys at training positions coloured by depth and bracket type (first seeds)."""
-    k = config.data.num_types
-    shown = min(max_seeds, len(seeds))
+                             healthy=None, max_seeds: int = 4, num_sentences: int = 200) -> None:
+    """Last-layer attention patterns on one iid sentence (first healthy seeds), and the 2-D SVD
+    projection of the last layer's keys at training positions of the first healthy seed,
+    coloured by depth, open vs close and bracket type."""
+    healthy = np.ones(len(seeds), bool) if healthy is None else np.asarray(healthy, bool)
+    if not healthy.any():
+        return
+    index = np.flatnonzero(healthy)[:max_seeds]  # diverged seeds are not drawn
+    shown = [seeds[i] for i in index]
     pattern_site = faithfulness.resolve_site("blocks.-1.attn.pattern", model_cfg)
     key_site = faithfulness.resolve_site("blocks.-1.attn.k", model_cfg)
     iid = splits["iid"]
@@ -102,21 +127,21 @@ def write_activation_figures(params, splits, model_cfg, config, workdir: str, se
     def run(tokens, site):
         def one(p):
             return model.forward(p, tokens, model_cfg, cache=(site,))[1][site]
-        return np.asarray(jax.jit(jax.vmap(one))(jax.tree.map(lambda x: x[:shown], params)))
+        return np.asarray(jax.jit(jax.vmap(one))(jax.tree.map(lambda x: x[index], params)))
 
+    k = config.data.num_types
     length = int((sentence[0] != 0).sum())
     patterns = run(sentence, pattern_site)[:, 0, 0, :length, :length]  # head 0
     names = {0: "PAD", 1: "BOS", 2: "EOS"}
     labels = [names.get(int(t), ("(" if t < 3 + k else ")") + str((int(t) - 3) % k))
               for t in sentence[0, :length]]
-    keys = run(train_tokens, key_site)[0, :, :, 0]  # seed 0, head 0: [B, T, F]
+    keys = run(train_tokens, key_site)[0, :, :, 0]  # first healthy seed, head 0: [B, T, F]
     valid = train_tokens != 0
-    kind = np.where(train_tokens < 3, train_tokens, 3 + (train_tokens - 3) % k)
     figs = {
-        "attention_patterns": figures.attention_patterns(patterns, labels, seeds[:shown],
-                                                         pattern_site),
-        "key_projection_seed0": figures.key_projection(
-            keys[valid], splits["train"].depth[:num_sentences][valid], kind[valid], key_site),
+        "attention_patterns": figures.attention_patterns(patterns, labels, shown, pattern_site),
+        f"key_projection_seed{shown[0]}": figures.key_projection(
+            keys[valid], splits["train"].depth[:num_sentences][valid], train_tokens[valid], k,
+            f"{key_site} (seed {shown[0]}, head 0)"),
     }
     with log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
         for name, fig in figs.items():

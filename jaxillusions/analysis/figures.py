@@ -1,13 +1,28 @@
-"""Figures from the tidy result rows (matplotlib, written as PNG; no display needed)."""
+"""Figures from the tidy result rows (matplotlib, written as PNG; no display needed).
+
+Conventions: colour-blind-safe colours (Okabe & Ito) with a distinct marker per line, 95%
+intervals over seeds as error bars (t interval, `metrics.mean_ci95`), the number of seeds in the
+title, legends outside the axes, text >= 8 pt at the saved size, and no more than 3 panels per
+row. Rows come from faithfulness.evaluate (or results.read_csv); seeds that diverged in training
+have no rows, so they are never drawn.
+"""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 
 import numpy as np
 
 from jaxillusions.analysis import tables
+
+# Okabe & Ito (2008), black first; yellow last (weak on white).
+OKABE_ITO = ("#000000", "#E69F00", "#56B4E9", "#009E73", "#D55E00", "#0072B2", "#CC79A7",
+             "#F0E442")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+FONT = 9  # pt, at the saved size
+DPI = 110
 
 
 def _pyplot():
@@ -16,111 +31,308 @@ def _pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
+    plt.rcParams.update({"font.size": FONT, "axes.titlesize": FONT, "axes.labelsize": FONT,
+                         "xtick.labelsize": 8, "ytick.labelsize": 8, "legend.fontsize": 8,
+                         "figure.titlesize": 10})
     return plt
 
 
+def style(i: int) -> dict:
+    """Colour and marker of the i-th line (splits, sizes, methods)."""
+    return {"color": OKABE_ITO[i % len(OKABE_ITO)], "marker": MARKERS[i % len(MARKERS)]}
+
+
+def _grid(n: int, panel: tuple[float, float], cols: int = 3, extra_height: float = 0.9):
+    """Up to `cols` panels per row; unused axes are hidden. Returns (fig, flat axes)."""
+    plt = _pyplot()
+    cols = min(cols, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(panel[0] * cols, panel[1] * rows + extra_height),
+                             squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
+def _legend_below(fig, handles, labels, ncol: int | None = None) -> bool:
+    """The legend in an empty grid cell if the figure has one (returns True), else below."""
+    spare = [ax for ax in fig.axes if not ax.get_visible()]
+    if spare:
+        spare[-1].set_visible(True)
+        spare[-1].axis("off")
+        spare[-1].legend(handles, labels, loc="center", frameon=False)
+        return True
+    fig.legend(handles, labels, loc="lower center", ncol=ncol or min(len(labels), 6),
+               frameon=False, bbox_to_anchor=(0.5, 0.0))
+    return False
+
+
+def _num_seeds(rows: Sequence[dict]) -> int:
+    return len({r["seed"] for r in rows})
+
+
+def _log2_axis(ax, sizes: Sequence[int], label: str) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(s) for s in sizes])
+    ax.minorticks_off()
+    ax.set_xlabel(label)
+
+
+def _dodge(x: np.ndarray, i: int, n: int, width: float = 0.35) -> np.ndarray:
+    """Multiplicative offset in log space so error bars of n lines don't overlap."""
+    return x * 2 ** ((i - (n - 1) / 2) * width / max(n - 1, 1))
+
+
+def size_label(method: str) -> str:
+    return "rank" if method in ("svd", "pca") else "clusters k"
+
+
 def faithfulness_curves(rows: Sequence[dict], method: str, splits: Sequence[str]):
-    """same_pred (top) and JSD (bottom) against size, one column per target, one line per split,
-    with 95% intervals over seeds. Returns the matplotlib Figure."""
+    """same_pred (top row) and JSD (bottom row) against size, one column per target, one line
+    per split, 95% intervals over seeds as error bars. Returns the matplotlib Figure."""
     plt = _pyplot()
     agg = tables.aggregate(rows)
-    sites = sorted({k[0] for k in agg if k[1] == method})
-    fig, axes = plt.subplots(2, len(sites), figsize=(4.2 * len(sites), 6.5), squeeze=False,
-                             sharex=True)
+    sites = list(dict.fromkeys(r["site"] for r in rows if r["method"] == method))
+    fig, axes = plt.subplots(2, len(sites), figsize=(3.6 * len(sites) + 0.4, 6.2),
+                             squeeze=False, sharex=True)
     for col, site in enumerate(sites):
-        for split in splits:
-            keys = sorted((k for k in agg if k[:2] == (site, method) and k[3] == split),
-                          key=lambda k: k[2])
-            if not keys:
+        sizes = sorted({k[2] for k in agg if k[:2] == (site, method)})
+        for i, split in enumerate(splits):
+            keys = [(site, method, s, split, "") for s in sizes]
+            if not all(k in agg for k in keys):
                 continue
-            sizes = np.array([k[2] for k in keys])
+            x = _dodge(np.array(sizes, float), i, len(splits))
             for row, metric in enumerate(("same_pred", "jsd")):
                 mean = np.array([agg[k][metric][0] for k in keys])
                 ci = np.nan_to_num(np.array([agg[k][metric][1] for k in keys]))
-                ax = axes[row, col]
-                ax.plot(sizes, mean, marker="o", ms=3, label=split)
-                # Both metrics live in [0, 1]; a t-interval over few seeds can overshoot.
-                ax.fill_between(sizes, np.clip(mean - ci, 0, 1), np.clip(mean + ci, 0, 1),
-                                alpha=0.2)
-        axes[0, col].set_title(site, fontsize=9)
-        axes[1, col].set_xlabel("rank" if method in ("svd", "pca") else "clusters k")
-        axes[1, col].set_xscale("log", base=2)
-    axes[0, 0].set_ylabel("same prediction")
-    axes[1, 0].set_ylabel("JSD (bits)")
-    axes[0, -1].legend(fontsize=8)
-    fig.suptitle(f"{method}: faithfulness to the original model (mean ± 95% CI over seeds)")
-    fig.tight_layout()
+                axes[row, col].errorbar(x, mean, yerr=ci, label=split, ms=4, lw=1.2, capsize=2,
+                                        elinewidth=0.9, **style(i))
+        axes[0, col].set_title(site)
+        _log2_axis(axes[1, col], sizes, size_label(method))
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_ylabel("same prediction (higher = more faithful)")
+    axes[1, 0].set_ylabel("JSD, bits (lower = more faithful)")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    _legend_below(fig, handles, labels)
+    fig.suptitle(f"{method}: faithfulness to the original model "
+                 f"(mean and 95% CI over {_num_seeds(rows)} seeds)")
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
 
 
-def accuracy_by_depth(rows: Sequence[dict], site: str, method: str, splits: Sequence[str]):
-    """Closing-bracket accuracy against depth, one panel per split: the original model (black)
-    and the proxy at each size. Returns the matplotlib Figure."""
-    plt = _pyplot()
-    agg = tables.aggregate(rows, breakdown="depth")
+def accuracy_by_bin(rows: Sequence[dict], site: str, method: str, splits: Sequence[str],
+                    breakdown: str = "depth", train_bound: int | None = None,
+                    max_sizes: int = 3):
+    """Closing-bracket accuracy per depth (or distance, position) bin, one panel per split
+    (3 per row): the original model and the proxy at up to `max_sizes` sizes (smallest, middle,
+    largest), each with 95% intervals over seeds; grey bars: closing brackets per bin (n, per
+    seed, right axis). `train_bound`: the largest bin value seen in training (e.g.
+    data.max_depth); bins beyond it are shaded. Returns the matplotlib Figure."""
+    agg = tables.aggregate(rows, breakdown=breakdown)
     sizes = sorted({k[2] for k in agg if k[:2] == (site, method)})
-    fig, axes = plt.subplots(1, len(splits), figsize=(3.4 * len(splits), 3.2), squeeze=False,
-                             sharey=True)
-    colors = plt.cm.viridis(np.linspace(0.1, 0.9, max(len(sizes), 1)))
-    for ax, split in zip(axes[0], splits, strict=True):
-        for i, size in enumerate(sizes):
-            keys = sorted((k for k in agg if k[:4] == (site, method, size, split)),
-                          key=lambda k: int(k[4]))
-            if not keys:
-                continue
-            depth = [int(k[4]) for k in keys]
-            if i == 0:
-                # On top and dashed: a faithful proxy would otherwise hide it.
-                ax.plot(depth, [agg[k]["acc_original"][0] for k in keys], color="black", lw=1.5,
-                        ls="--", zorder=5, label="original")
-            label = method if method.endswith("attention") else f"{method} {size}"
-            ax.plot(depth, [agg[k]["acc_proxy"][0] for k in keys], color=colors[i], marker=".",
-                    label=label)
-        ax.set_title(split, fontsize=9)
-        ax.set_xlabel("depth")
-    axes[0, 0].set_ylabel("closing-bracket accuracy")
-    axes[0, -1].legend(fontsize=7)
-    fig.suptitle(f"{method} on {site}: accuracy by depth (mean over seeds)", fontsize=10)
-    fig.tight_layout()
+    if len(sizes) > max_sizes:
+        sizes = sorted({sizes[0], sizes[len(sizes) // 2], sizes[-1]})
+    shown = [s for s in splits if any(k[:2] == (site, method) and k[3] == s for k in agg)]
+    fig, axes = _grid(len(shown), (3.6, 2.9), extra_height=0.4 if len(shown) % 3 else 1.0)
+    counts = {(r["split"], int(r["bin"])): r["n"] for r in rows
+              if r["breakdown"] == breakdown and r["site"] == site and r["method"] == method}
+    lines = ["original"] + [method if size == 0 else f"{method} {size}" for size in sizes]
+    for ax, split in zip(axes, shown, strict=True):
+        bins = sorted({int(k[4]) for k in agg if k[:2] == (site, method) and k[3] == split})
+        x = np.array(bins, float)
+        twin = ax.twinx()
+        n = np.array([counts.get((split, b), 0) for b in bins])
+        twin.bar(x, n, width=0.8, color="0.85", zorder=0)
+        twin.set_ylim(0, 3.5 * max(n.max(), 1))  # bars fill the bottom ~30%
+        twin.tick_params(axis="y", labelsize=8, colors="0.45")
+        ax.set_zorder(twin.get_zorder() + 1)
+        ax.patch.set_visible(False)
+        first = sizes[0]
+        series = [("acc_original", first)] + [("acc_proxy", s) for s in sizes]
+        for i, (metric, size) in enumerate(series):
+            keys = [(site, method, size, split, str(b)) for b in bins]
+            mean = np.array([agg[k][metric][0] if k in agg else np.nan for k in keys])
+            ci = np.nan_to_num(np.array([agg[k][metric][1] if k in agg else np.nan
+                                         for k in keys]))
+            offset = (i - (len(series) - 1) / 2) * 0.12
+            ax.errorbar(x + offset, mean, yerr=ci, ms=3.5, lw=1.3 if i == 0 else 1.0,
+                        ls="--" if i == 0 else "-", capsize=1.5, elinewidth=0.8,
+                        zorder=5 if i == 0 else 3, label=lines[i], **style(i))
+        if train_bound is not None and bins and bins[-1] > train_bound:
+            ax.axvspan(train_bound + 0.5, bins[-1] + 0.6, color="#56B4E9", alpha=0.12, lw=0)
+        if train_bound is not None:
+            ax.axvline(train_bound + 0.5, color="0.3", ls=":", lw=1)
+        ax.set_title(split)
+        ax.set_xlabel(breakdown)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("closing-bracket accuracy")
+    handles, labels = axes[0].get_legend_handles_labels()
+    if train_bound is not None:
+        from matplotlib.patches import Patch
+
+        handles.append(Patch(color="#56B4E9", alpha=0.25))
+        labels.append(f"beyond training ({breakdown} > {train_bound})")
+    handles.append(_patch("0.85"))
+    labels.append("closing brackets per bin, per seed (right axis)")
+    inside = _legend_below(fig, handles, labels, ncol=3)
+    fig.suptitle(f"{method} on {site}: accuracy by {breakdown} "
+                 f"(mean and 95% CI over {_num_seeds(rows)} seeds)")
+    fig.tight_layout(rect=(0, 0 if inside else 0.1, 1, 1))
+    return fig
+
+
+def _patch(color):
+    from matplotlib.patches import Patch
+
+    return Patch(color=color)
+
+
+def accuracy_by_depth(rows: Sequence[dict], site: str, method: str, splits: Sequence[str],
+                      max_depth: int | None = None):
+    """`accuracy_by_bin` over depth, with the training depth bound `max_depth` marked."""
+    return accuracy_by_bin(rows, site, method, splits, "depth", max_depth)
+
+
+def gap_vs_size(gaps: Sequence[dict], method: str, splits: Sequence[str],
+                metrics_: Sequence[str] = ("same_pred", "jsd")):
+    """The paired generalization gap (analysis/stats.py rows: baseline minus split, positive =
+    less faithful on the split) against size, one column per target, one row per metric, one
+    line per OOD split with its 95% interval; zero marked. Returns the matplotlib Figure."""
+    plt = _pyplot()
+    gaps = [g for g in gaps if g["method"] == method and g["metric"] in metrics_]
+    sites = list(dict.fromkeys(g["site"] for g in gaps))
+    metrics_ = [m for m in metrics_ if any(g["metric"] == m for g in gaps)]
+    fig, axes = plt.subplots(len(metrics_), len(sites),
+                             figsize=(3.6 * len(sites) + 0.4, 2.9 * len(metrics_) + 0.9),
+                             squeeze=False, sharex=True)
+    ood = [s for s in splits if any(g["split"] == s for g in gaps)]
+    for col, site in enumerate(sites):
+        sizes = sorted({g["size"] for g in gaps if g["site"] == site})
+        for row, metric in enumerate(metrics_):
+            ax = axes[row, col]
+            ax.axhline(0, color="0.4", lw=0.8)
+            for i, split in enumerate(ood):
+                by_size = {g["size"]: g for g in gaps
+                           if (g["site"], g["metric"], g["split"]) == (site, metric, split)}
+                xs = [s for s in sizes if s in by_size]
+                mean = np.array([by_size[s]["gap"] for s in xs], float)
+                low = np.array([by_size[s]["ci_low"] for s in xs], float)
+                high = np.array([by_size[s]["ci_high"] for s in xs], float)
+                yerr = np.nan_to_num(np.stack([mean - low, high - mean]))
+                ax.errorbar(_dodge(np.array(xs, float), i, len(ood)), mean, yerr=yerr, ms=4,
+                            lw=1.2, capsize=2, elinewidth=0.9, label=split, **style(i + 1))
+            ax.grid(alpha=0.3)
+            if col == 0:
+                ax.set_ylabel(f"gap in {metric}")
+        axes[0, col].set_title(site)
+        _log2_axis(axes[-1, col], sizes, size_label(method))
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    _legend_below(fig, handles, labels)
+    n = max((g.get("n_seeds", 0) for g in gaps), default=0)
+    baseline = gaps[0].get("baseline", "iid") if gaps else "iid"
+    fig.suptitle(f"{method}: generalization gap ({baseline} vs split; > 0 = less faithful on the "
+                 f"split), mean and 95% CI of paired differences over {n} seeds")
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    return fig
+
+
+def gaps_by_split(gaps: Sequence[dict], methods: Sequence[str], splits: Sequence[str],
+                  metrics_: Sequence[str] = ("same_pred", "jsd")):
+    """Gaps of data-independent proxies (one size each): x = OOD split, one marker per method,
+    one panel per metric, 95% intervals. Returns the matplotlib Figure."""
+    gaps = [g for g in gaps if g["method"] in methods and g["metric"] in metrics_]
+    metrics_ = [m for m in metrics_ if any(g["metric"] == m for g in gaps)]
+    ood = [s for s in splits if any(g["split"] == s for g in gaps)]
+    fig, axes = _grid(len(metrics_), (max(3.6, 1.1 * len(ood) + 1), 3.0), cols=2)
+    for ax, metric in zip(axes, metrics_, strict=True):
+        ax.axhline(0, color="0.4", lw=0.8)
+        for i, method in enumerate(methods):
+            rows = {g["split"]: g for g in gaps if (g["method"], g["metric"]) == (method, metric)}
+            x = np.array([j for j, s in enumerate(ood) if s in rows], float)
+            mean = np.array([rows[s]["gap"] for s in ood if s in rows], float)
+            low = np.array([rows[s]["ci_low"] for s in ood if s in rows], float)
+            high = np.array([rows[s]["ci_high"] for s in ood if s in rows], float)
+            ax.errorbar(x + (i - (len(methods) - 1) / 2) * 0.15, mean,
+                        yerr=np.nan_to_num(np.stack([mean - low, high - mean])), ls="none",
+                        ms=5, capsize=3, label=method, **style(i + 1))
+        ax.set_xticks(range(len(ood)), ood, rotation=20, ha="right")
+        ax.set_ylabel(f"gap in {metric}")
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    _legend_below(fig, handles, labels)
+    n = max((g.get("n_seeds", 0) for g in gaps), default=0)
+    fig.suptitle(f"Attention proxies: generalization gap (> 0 = less faithful on the split), "
+                 f"95% CI over {n} seeds")
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
 
 
 def save(fig, path: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=DPI)
     _pyplot().close(fig)
 
 
 def attention_patterns(patterns: np.ndarray, labels: Sequence[str], seeds: Sequence[int],
                        site: str):
-    """One heatmap per seed: patterns [S, T, T] (query rows, key columns) on one sentence."""
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, len(seeds), figsize=(3.2 * len(seeds), 3.4), squeeze=False)
-    for ax, pattern, seed in zip(axes[0], patterns, seeds, strict=True):
-        ax.imshow(pattern, cmap="viridis", vmin=0, vmax=1)
-        ax.set_title(f"seed {seed}", fontsize=9)
-        ax.set_xticks(range(len(labels)), labels, fontsize=6, rotation=90)
-        ax.set_yticks(range(len(labels)), labels, fontsize=6)
-    fig.suptitle(f"{site} (rows: queries, columns: keys)", fontsize=10)
-    fig.tight_layout()
+    """One heatmap per seed (2 per row): patterns [S, T, T] (query rows, key columns) on one
+    sentence, with a shared colour bar."""
+    n, t = len(seeds), len(labels)
+    side = max(3.6, 0.16 * t + 1.2)  # >= ~11 pt per token row, so 8 pt labels fit
+    fig, axes = _grid(n, (side, side), cols=2, extra_height=0.6)
+    image = None
+    for ax, pattern, seed in zip(axes, patterns, seeds, strict=True):
+        image = ax.imshow(pattern, cmap="viridis", vmin=0, vmax=1)
+        ax.set_title(f"seed {seed}")
+        ax.set_xticks(range(t), labels, fontsize=8, rotation=90)
+        ax.set_yticks(range(t), labels, fontsize=8)
+        ax.set_xlabel("key")
+        ax.set_ylabel("query")
+    fig.suptitle(f"{site}: attention weights on one iid sentence")
+    fig.tight_layout(rect=(0, 0, 0.9, 1))
+    cax = fig.add_axes((0.92, 0.15, 0.02, 0.7))
+    fig.colorbar(image, cax=cax, label="attention weight")
     return fig
 
 
-def key_projection(vectors: np.ndarray, depth: np.ndarray, kind: np.ndarray, site: str):
-    """Vectors [N, F] projected on their top-2 right singular vectors, coloured by depth (left)
-    and by token kind (right: bracket type, open vs close marker)."""
-    plt = _pyplot()
+def key_projection(vectors: np.ndarray, depth: np.ndarray, tokens: np.ndarray, num_types: int,
+                   site: str, max_types: int = 4):
+    """Vectors [N, F] (one per position) projected on their top-2 right singular vectors, three
+    panels: coloured by depth (colour bar), by open vs close bracket, and by bracket type for the
+    first `max_types` types (open and close of a type in distinct colours: a dark/light pair)."""
     _, _, vt = np.linalg.svd(vectors, full_matrices=False)
     xy = vectors @ vt[:2].T
-    fig, axes = plt.subplots(1, 2, figsize=(9, 4))
-    sc = axes[0].scatter(xy[:, 0], xy[:, 1], c=depth, s=4, cmap="viridis")
-    fig.colorbar(sc, ax=axes[0], label="depth")
-    axes[1].scatter(xy[:, 0], xy[:, 1], c=kind, s=4, cmap="tab20")
-    axes[0].set_title("coloured by depth", fontsize=9)
-    axes[1].set_title("coloured by token (bracket type; BOS/EOS separate)", fontsize=9)
+    fig, axes = _grid(3, (3.6, 3.4), extra_height=1.2)
+    dot = {"s": 5, "linewidths": 0}
+    sc = axes[0].scatter(xy[:, 0], xy[:, 1], c=depth, cmap="viridis", **dot)
+    fig.colorbar(sc, ax=axes[0], label="depth (after the token)")
+    is_open = (tokens >= 3) & (tokens < 3 + num_types)
+    is_close = tokens >= 3 + num_types
+    kinds = [("BOS / EOS", tokens < 3, "#000000"), ("open bracket", is_open, "#E69F00"),
+             ("close bracket", is_close, "#0072B2")]
+    for label, mask, color in kinds:
+        axes[1].scatter(xy[mask, 0], xy[mask, 1], color=color, label=label, **dot)
+    # Paired shades per type: open = dark, close = light (Paul Tol's "paired"-style pairs).
+    pairs = [("#994F00", "#FFB45C"), ("#005A8C", "#7FC7F5"), ("#006B4F", "#6FD9B5"),
+             ("#7A2D6B", "#E3A6D6")]
+    axes[2].scatter(xy[:, 0], xy[:, 1], color="0.85", label="other tokens", **dot)
+    for t in range(min(num_types, max_types, len(pairs))):
+        for (label, ids), color in zip(((f"( type {t}", tokens == 3 + t),
+                                        (f") type {t}", tokens == 3 + num_types + t)),
+                                       pairs[t], strict=True):
+            axes[2].scatter(xy[ids, 0], xy[ids, 1], color=color, label=label, **dot)
+    axes[0].set_title("by depth")
+    axes[1].set_title("open vs close")
+    axes[2].set_title(f"by bracket type (first {min(num_types, max_types)} of {num_types})")
     for ax in axes:
-        ax.set_xlabel("SV 1")
-        ax.set_ylabel("SV 2")
-    fig.suptitle(f"{site}: 2-D SVD projection (training positions)", fontsize=10)
+        ax.set_xlabel("singular direction 1")
+        ax.set_ylabel("singular direction 2")
+    for ax, ncol in ((axes[1], 3), (axes[2], 3)):
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol, frameon=False,
+                  markerscale=3, handletextpad=0.2, columnspacing=0.8)
+    fig.suptitle(f"{site}: 2-D SVD projection at training positions")
     fig.tight_layout()
     return fig
+

@@ -1,0 +1,76 @@
+import numpy as np
+import pytest
+from test_logging import _gaps, _rows
+
+from jaxillusions.analysis import figures
+
+SPLITS = ("iid", "unseen_depth", "longer")
+
+
+def _check_readable(fig, min_pt: float = 8.0):
+    """Every visible text >= min_pt at the saved size; legends outside every data panel."""
+    fig.canvas.draw()
+    texts = [t for t in fig.findobj(lambda a: hasattr(a, "get_fontsize") and
+                                    hasattr(a, "get_text"))
+             if t.get_visible() and t.get_text().strip()]
+    assert texts and min(t.get_fontsize() for t in texts) >= min_pt
+    renderer = fig.canvas.get_renderer()
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.axison and ax.has_data()]
+    legends = fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+    assert legends
+    for legend in legends:
+        box = legend.get_window_extent(renderer)
+        for ax in panels:
+            assert not box.overlaps(ax.get_window_extent(renderer)), ax.get_title()
+
+
+def test_result_figures_are_readable():
+    rows, gaps = _rows(), _gaps(_rows())
+    figs = [figures.faithfulness_curves(rows, "svd", SPLITS),
+            figures.accuracy_by_depth(rows, "blocks.1.attn.k", "svd", SPLITS, max_depth=1),
+            figures.gap_vs_size(gaps, "kmeans", SPLITS),
+            figures.gaps_by_split(gaps, ["onehot_attention"], SPLITS)]
+    for fig in figs:
+        _check_readable(fig)
+        # At most 3 panels per row, with text inside the image.
+        width, height = fig.get_size_inches()
+        assert width <= 12 and height <= 9
+    # Accuracy by depth: the 3 sizes (smallest, middle, largest of 5) and the original, each
+    # with intervals; the training bound is drawn.
+    acc = figs[1]
+    labels = acc.axes[0].get_legend_handles_labels()[1]
+    assert labels == ["original", "svd 1", "svd 4", "svd 16"]
+    assert any(line.get_linestyle() == ":" for line in acc.axes[0].lines)
+    assert "3 seeds" in acc._suptitle.get_text()
+
+
+def test_activation_figures_have_colour_bars_and_keys():
+    rng = np.random.default_rng(0)
+    pattern = np.tril(rng.random((2, 12, 12)))
+    fig = figures.attention_patterns(pattern / pattern.sum(-1, keepdims=True),
+                                     [f"t{i}" for i in range(12)], [0, 3], "blocks.1.attn.pattern")
+    assert any(ax.get_ylabel() == "attention weight" for ax in fig.axes)  # the colour bar
+    _check_readable_text_only(fig)
+    tokens = rng.integers(1, 3 + 2 * 4, 300)
+    fig = figures.key_projection(rng.normal(size=(300, 8)), rng.integers(0, 5, 300), tokens, 4,
+                                 "blocks.1.attn.k")
+    assert any(ax.get_ylabel().startswith("depth") for ax in fig.axes)  # the colour bar
+    _, labels = fig.axes[2].get_legend_handles_labels()
+    assert "( type 0" in labels and ") type 0" in labels
+    colours = {lab: coll.get_facecolor()[0][:3].tolist()
+               for coll, lab in zip(fig.axes[2].collections, ["other"] + labels[1:], strict=True)}
+    assert colours["( type 0"] != colours[") type 0"]  # open and close: distinct colours
+    _check_readable_text_only(fig)
+
+
+def _check_readable_text_only(fig):
+    fig.canvas.draw()
+    sizes = [t.get_fontsize() for t in fig.findobj(lambda a: hasattr(a, "get_fontsize"))
+             if t.get_visible() and getattr(t, "get_text", lambda: "")().strip()]
+    assert sizes and min(sizes) >= 8
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    figures._pyplot().close("all")
