@@ -11,7 +11,8 @@ TransformerLens config: pre-LayerNorm blocks (eps 1e-5), tanh GELU (TL's `gelu_n
 scaled by 1/sqrt(d_head), no key bias (TL's b_K is set to zero), and `w_q/k/v` stored as
 [d_model, head, d_head] (TL: [head, d_model, d_head]). Every position encoding becomes TL's
 "standard" W_pos table: learned as is, sinusoidal and linear as the table they compute, none as
-zeros. Layers with frozen uniform attention have no TL counterpart and are refused.
+zeros. Frozen one-hot token embeddings export as the table they are. Layers with frozen uniform
+attention and the minimal first layer (Wen et al.) have no TL counterpart and are refused.
 """
 
 from __future__ import annotations
@@ -86,6 +87,9 @@ def tl_config(cfg: model_lib.ModelConfig, device: str = "cpu") -> Any:
     if cfg.uniform_attention_layers:
         raise ValueError(f"model.uniform_attention_layers={cfg.uniform_attention_layers}: "
                          "TransformerLens has no frozen uniform attention; cannot export")
+    if getattr(cfg, "first_layer", "standard") != "standard":
+        raise ValueError(f"model.first_layer={cfg.first_layer!r}: TransformerLens has no "
+                         "(token, depth) feature layer; cannot export")
     return HookedTransformerConfig(
         n_layers=cfg.n_layers, d_model=cfg.d_model, n_ctx=cfg.max_len, d_head=cfg.head_dim,
         n_heads=cfg.n_heads, d_mlp=None if cfg.attn_only else cfg.d_mlp,
@@ -149,8 +153,9 @@ def to_transformer_lens(params: dict, cfg: model_lib.ModelConfig, device: str = 
     return model.eval()
 
 
-def from_workdir(workdir: str, seed: int, device: str = "cpu") -> Any:
-    """Seed `seed` (its number: config.seed + i) of a trained workdir as a HookedTransformer."""
+def from_workdir(workdir: str, seed: int | str, device: str = "cpu") -> Any:
+    """Seed `seed` (its number: config.seed + i, or a member label such as "3_cw0.1") of a
+    trained workdir as a HookedTransformer."""
     from jaxillusions.analysis import load_run
 
     run = load_run(workdir)

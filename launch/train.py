@@ -13,11 +13,12 @@ from launch import common
 
 def main(config, workdir: str) -> None:
     state, _ = train.train_sweep(config, workdir)
-    seeds = [int(s) for s in train.seed_list(config)]
+    sweep = train.members(config)
     _, model_cfg, _ = train.build(config)
-    with log_lib.SweepWriter(f"{workdir}/tensorboard", seeds) as writer:
-        board.write_hparams(writer, config, model_cfg, seeds, np.asarray(state.healthy),
-                            workdir=workdir)
+    member_hparams = sweep.hparams if len(train.contrastive_weights(config)) > 1 else None
+    with log_lib.SweepWriter(f"{workdir}/tensorboard", sweep.labels) as writer:
+        board.write_hparams(writer, config, model_cfg, sweep.labels, np.asarray(state.healthy),
+                            workdir=workdir, member_hparams=member_hparams)
 
 
 if __name__ == "__main__":

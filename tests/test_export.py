@@ -30,6 +30,11 @@ def test_load_run_gives_the_trained_state(workdir):
     assert np.array_equal(one["embed"], state.params["embed"][1])
     with pytest.raises(ValueError, match="seed 0 is not in this run"):
         run.seed_params(0)
+    # Members of a hyper-parameter sweep: a seed number is ambiguous, a label is not.
+    swept = dataclasses.replace(run, seeds=[5, 5], labels=["5_cw0", "5_cw0.5"])
+    assert swept.index("5_cw0.5") == 1
+    with pytest.raises(ValueError, match="seed 5 has 2 members"):
+        swept.index(5)
 
 
 def _compare(tl_model, params, cfg, tokens, atol=1e-4):
@@ -70,7 +75,8 @@ def test_export_matches_the_jax_forward(workdir):
 
 @pytest.mark.parametrize("options", [dict(pos_encoding="none"),
                                      dict(pos_encoding="sinusoidal", n_heads=2),
-                                     dict(pos_encoding="linear", attn_only=True, n_layers=1)])
+                                     dict(pos_encoding="linear", attn_only=True, n_layers=1),
+                                     dict(embedding="onehot")])
 def test_export_every_position_encoding(options):
     pytest.importorskip("transformer_lens")
     from jaxillusions import export
@@ -105,6 +111,11 @@ def test_site_names_both_ways_and_refusals():
     uniform = dataclasses.replace(cfg, uniform_attention_layers=(0,))
     with pytest.raises(ValueError, match="uniform_attention_layers"):
         export.tl_config(uniform)
+    minimal = model.ModelConfig(vocab_size=11, max_len=12, d_model=32, first_layer="minimal",
+                                pos_encoding="none", open_ids=(3, 4, 5, 6),
+                                close_ids=(7, 8, 9, 10), max_depth=2, depth_bins=3)
+    with pytest.raises(ValueError, match="first_layer='minimal'"):
+        export.tl_config(minimal)
     params = model.init_params(jax.random.PRNGKey(0), cfg)
     with pytest.raises(ValueError, match="seed axis"):
         export.state_dict(jax.tree.map(lambda x: x[None], params), cfg)

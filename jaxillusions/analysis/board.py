@@ -41,9 +41,10 @@ GAP_METRICS = ("same_pred",)  # gap cards in TensorBoard (gaps.csv has every met
 HPARAM_KEYS = (
     "data.num_types", "data.max_depth", "data.max_len", "data.num_train",
     "model.n_layers", "model.n_heads", "model.d_model", "model.d_head", "model.d_mlp",
-    "model.pos_encoding", "model.attn_only",
+    "model.pos_encoding", "model.attn_only", "model.embedding", "model.first_layer",
+    "model.minimal_embedding",
     "train.num_steps", "train.batch_size", "train.learning_rate", "train.weight_decay",
-    "proxies.svd_ranks", "proxies.kmeans_sizes",
+    "train.loss_on", "proxies.svd_ranks", "proxies.kmeans_sizes",
 )
 
 
@@ -226,13 +227,18 @@ def headline_gaps(rows: Sequence[dict], target: str | None = None,
     return dict(out)
 
 
-def write_hparams(writer, config, model_cfg, seeds: Sequence[int], healthy: Sequence[bool],
-                  rows: Sequence[dict] = (), workdir: str = "",
-                  splits: Sequence[str] | None = None) -> None:
+def write_hparams(writer, config, model_cfg, seeds: Sequence[int | str],
+                  healthy: Sequence[bool], rows: Sequence[dict] = (), workdir: str = "",
+                  splits: Sequence[str] | None = None,
+                  member_hparams: dict[str, Sequence] | None = None) -> None:
     """One HPARAMS session per seed, in its run seed_<s>: `hparams(config, model_cfg)` plus
     `seed`, `healthy` and `workdir` (so sessions of several sweeps under one logdir compare),
     with metrics eval/<split>/acc (the final accuracy, already logged by training) and, when
-    `rows` are given, the seed's headline gaps (`headline_gaps`)."""
+    `rows` are given, the seed's headline gaps (`headline_gaps`).
+
+    `seeds` are the run labels (train.members(config).labels): seed numbers, or "<seed>_cw<w>"
+    for members of a hyper-parameter sweep, whose per-member values `member_hparams` adds
+    (e.g. {"contrastive_weight": [...]})."""
     base = hparams(config, model_cfg)
     if workdir:
         base["workdir"] = os.path.basename(os.path.normpath(workdir))
@@ -240,10 +246,14 @@ def write_hparams(writer, config, model_cfg, seeds: Sequence[int], healthy: Sequ
         splits = list(config.proxies.eval_splits) if "proxies" in config else ["iid"]
     final = [f"eval/{s}/acc" for s in splits]
     gaps = headline_gaps(rows) if rows else {}
-    for seed, ok in zip(seeds, np.asarray(healthy, bool).tolist(), strict=True):
+    member_hparams = member_hparams or {}
+    for i, (label, ok) in enumerate(zip(seeds, np.asarray(healthy, bool).tolist(),
+                                        strict=True)):
+        seed = int(str(label).split("_")[0])
         values = {tag: per_seed[seed] for tag, per_seed in gaps.items() if seed in per_seed}
-        writer.hparams({"seed": int(seed), **base, "healthy": bool(ok)}, values,
-                       run=f"seed_{seed}", metric_tags=final + sorted(gaps))
+        extra = {k: v[i] for k, v in member_hparams.items()}
+        writer.hparams({"seed": seed, **extra, **base, "healthy": bool(ok)}, values,
+                       run=f"seed_{label}", metric_tags=final + sorted(gaps))
 
 
 def write_all(writer, rows: Sequence[dict], config, model_cfg, seeds, healthy, workdir: str,

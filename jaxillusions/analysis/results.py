@@ -178,23 +178,38 @@ def _with_original_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 @dataclasses.dataclass
 class Run:
-    """A trained sweep: every leaf of `params` has a leading seed axis, in the order of `seeds`."""
+    """A trained sweep: every leaf of `params` has a leading member axis, in the order of
+    `labels`. Members are the seeds, or (hyper-parameter, seed) pairs when the config sweeps a
+    training hyper-parameter (train.contrastive_weights), labelled "<seed>_cw<weight>"."""
 
     params: dict
     config: Any  # the ml_collections ConfigDict the workdir was trained with
     model_config: Any  # jaxillusions.model.ModelConfig
     splits: dict  # name -> jaxillusions.data.dyck.Split (regenerated or cached, deterministic)
-    seeds: list[int]
-    healthy: np.ndarray  # [S] bool: False for seeds that diverged in training
+    seeds: list[int]  # [M] the seed of each member
+    labels: list  # [M] run labels: the seed, or "<seed>_cw<weight>"
+    healthy: np.ndarray  # [M] bool: False for members that diverged in training
     step: int  # the training step of the checkpoint
+    member_hparams: dict = dataclasses.field(default_factory=dict)  # name -> [M] values
 
-    def seed_params(self, seed: int) -> dict:
-        """One seed's parameters (no seed axis), by seed number."""
-        if seed not in self.seeds:
-            raise ValueError(f"seed {seed} is not in this run; it has seeds {self.seeds}")
-        i = self.seeds.index(seed)
+    def index(self, member: int | str) -> int:
+        """Position of a member on the leading axis, by label, or by seed number if unique."""
+        if member in self.labels:
+            return self.labels.index(member)
+        hits = [i for i, s in enumerate(self.seeds) if s == member]
+        if len(hits) == 1:
+            return hits[0]
+        if hits:
+            raise ValueError(f"seed {member} has {len(hits)} members; pick one of the labels "
+                             f"{[self.labels[i] for i in hits]}")
+        raise ValueError(f"seed {member} is not in this run; it has seeds "
+                         f"{sorted(set(self.seeds))} (labels {self.labels})")
+
+    def seed_params(self, member: int | str) -> dict:
+        """One member's parameters (no leading axis), by seed number or label."""
         import jax
 
+        i = self.index(member)
         return jax.tree.map(lambda x: x[i], self.params)
 
 
@@ -208,8 +223,9 @@ def load_run(workdir: str, *, verbose: bool = False) -> Run:
 
     config = _config(workdir)
     splits, model_cfg, tx = train.build(config, dyck.load_or_make(config.data, verbose=verbose))
-    seeds = [int(s) for s in train.seed_list(config)]
-    target = jax.eval_shape(lambda: train.init_state(seeds, model_cfg, tx))
+    members = train.members(config)
+    # The checkpoint's tree has the shapes of a fresh state (no compute: eval_shape).
+    target = jax.eval_shape(lambda: train.init_state(members.seeds, model_cfg, tx))
     checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"))
     try:
         step, state = checkpointer.restore_latest(target)
@@ -218,6 +234,8 @@ def load_run(workdir: str, *, verbose: bool = False) -> Run:
     if step is None:
         raise FileNotFoundError(f"{workdir}/checkpoints has no readable checkpoint")
     if verbose:
-        print(f"loaded {workdir} at step {step}: {len(seeds)} seeds")
+        print(f"loaded {workdir} at step {step}: {len(members.labels)} members")
     return Run(params=state.params, config=config, model_config=model_cfg, splits=splits,
-               seeds=seeds, healthy=np.asarray(state.healthy), step=int(step))
+               seeds=[int(s) for s in members.seeds], labels=list(members.labels),
+               healthy=np.asarray(state.healthy), step=int(step),
+               member_hparams={k: np.asarray(v) for k, v in members.hparams.items()})
