@@ -245,9 +245,9 @@ def test_board_curves_use_log2_steps_and_reference_lines(tmp_path):
     assert [s for s, _ in original] == [0, 1, 2, 3, 4]
     assert original[0][1] == pytest.approx(np.mean([0.85, 0.86, 0.87]), rel=1e-6)
     # Gap cards: the gap and its interval bounds, per OOD split; none for the baseline.
-    assert "gaps/iid" not in runs
-    gap = runs["gaps/longer"]
-    tag = "same_pred/svd/blocks.1.attn.k"
+    assert not any(t.startswith("gap/") for t in runs["faithfulness/iid"])
+    gap = runs["faithfulness/longer"]
+    tag = "gap/same_pred/svd/blocks.1.attn.k"
     assert set(gap) >= {tag, tag + "/ci_low", tag + "/ci_high"}
     assert [s for s, _ in gap[tag]] == [0, 1, 2, 3, 4]
     assert gap[tag][0][1] == pytest.approx(0.04, abs=1e-6)
@@ -327,7 +327,7 @@ def test_board_hparams_one_session_per_seed_and_few_tags(tmp_path):
     first = layout["category"][0]
     assert first["title"].startswith("generalization gaps")
     series = first["chart"][0]["margin"]["series"][0]
-    assert series == {"value": "same_pred/svd/blocks.1.attn.k",
-                      "lower": "same_pred/svd/blocks.1.attn.k/ci_low",
-                      "upper": "same_pred/svd/blocks.1.attn.k/ci_high"}
+    assert series == {"value": "gap/same_pred/svd/blocks.1.attn.k",
+                      "lower": "gap/same_pred/svd/blocks.1.attn.k/ci_low",
+                      "upper": "gap/same_pred/svd/blocks.1.attn.k/ci_high"}
     assert layout["category"][1]["title"].startswith("faithfulness")

@@ -15,8 +15,9 @@ Open it with smoothing off: `http://localhost:6006/?smoothing=0` (time series) o
 
 Runs and tags (a handful of tags; the runs are the lines of a card):
 
-    faithfulness/<split>   <method>/<site>/{same_pred,jsd,acc}; original/acc (reference line)
-    gaps/<split>           <metric>/<method>/<site> and .../ci_low, .../ci_high (95% interval)
+    faithfulness/<split>   <method>/<site>/{same_pred,jsd,acc}; original/acc (reference line);
+                           on OOD splits gap/<metric>/<method>/<site> and .../ci_low,
+                           .../ci_high (the paired gap and its 95% interval)
     seed_<s>               HPARAMS session of seed s: headline hparams; metrics
                            eval/<split>/acc (final accuracy, logged by training) and
                            hparams/gap_same_pred/<method>/<split> (this seed's gap)
@@ -102,10 +103,10 @@ def write_faithfulness(writer, rows: Sequence[dict]) -> None:
 
 
 def write_gaps(writer, gaps: Sequence[dict], metrics: Sequence[str] = GAP_METRICS) -> None:
-    """Runs gaps/<split>: the paired gap (baseline minus split, signed so that positive = less
-    faithful on the split) per (metric, method, site) against log2(size), with its 95% interval
-    bounds as the tags .../ci_low and .../ci_high. `gaps` are rows with columns site, method,
-    size, split, metric, gap, ci_low, ci_high (analysis/stats.py)."""
+    """Tags gap/<metric>/<method>/<site> in runs faithfulness/<split>: the paired gap (baseline
+    minus split, signed so that positive = less faithful on the split) against log2(size), with
+    its 95% interval bounds as the tags .../ci_low and .../ci_high. `gaps` are rows with columns
+    site, method, size, split, metric, gap, ci_low, ci_high (analysis/stats.py)."""
     gaps = [g for g in gaps if g["metric"] in metrics]
     sized = {g["size"] for g in gaps if g["size"] > 0}
     all_steps = sorted(set(_steps(sized, "step range").values())) or [0]
@@ -113,7 +114,7 @@ def write_gaps(writer, gaps: Sequence[dict], metrics: Sequence[str] = GAP_METRIC
     for g in gaps:
         series[(g["split"], g["metric"], g["method"], g["site"])][g["size"]] = g
     for (split, metric, method, site), by_size in sorted(series.items()):
-        run, name = f"gaps/{split}", f"{metric}/{method}/{site}"
+        run, name = f"faithfulness/{split}", f"gap/{metric}/{method}/{site}"
         if set(by_size) == {0}:
             xs, points = all_steps, [by_size[0]] * len(all_steps)
         else:
@@ -143,14 +144,15 @@ def layout(rows: Sequence[dict], gaps: Sequence[dict] = (),
     have = {(g["method"], g["site"]) for g in gaps if g["metric"] in metrics}
     gap_keys = [k for k in keys if k in have] + sized_first(have - set(keys))
     if gap_keys:
+        baseline = gaps[0].get("baseline", "iid")
         charts = []
         for metric in metrics:
             for method, site in gap_keys:
-                tag = f"{metric}/{method}/{site}"
+                tag = f"gap/{metric}/{method}/{site}"
                 series = layout_pb2.MarginChartContent.Series(
                     value=tag, lower=tag + "/ci_low", upper=tag + "/ci_high")
                 charts.append(layout_pb2.Chart(
-                    title=f"gap in {metric} (iid minus split; > 0: less faithful there): "
+                    title=f"gap in {metric} ({baseline} vs split; > 0: less faithful there): "
                           f"{method} on {site}; x = log2(size)",
                     margin=layout_pb2.MarginChartContent(series=[series])))
         categories.append(layout_pb2.Category(title="generalization gaps (95% CI over seeds)",
