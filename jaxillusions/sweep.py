@@ -12,7 +12,7 @@ import time
 import jax
 import numpy as np
 
-from jaxillusions import faithfulness, model, train
+from jaxillusions import faithfulness, model, train, wen
 from jaxillusions import logging as log_lib
 from jaxillusions.analysis import board, figures, results, tables
 
@@ -22,10 +22,19 @@ def run(config, workdir: str, *, verbose: bool = True) -> list[dict]:
     start = time.perf_counter()
     pc = config.proxies
     splits, model_cfg, _ = train.build(config)
+    if pc.methods and len(train.contrastive_weights(config)) > 1:
+        raise ValueError("proxies.methods with several train.contrastive_weights is not "
+                         "supported yet: sweep one weight, or set proxies.methods=()")
+    if wen.enabled(config):
+        wen.check_config(config, model_cfg)
     specs = faithfulness.specs_from_config(pc, model_cfg)  # bad proxy config fails before training
     eval_set = faithfulness.make_eval_set(splits, pc.eval_splits)
 
-    state, _ = train.train_sweep(config, workdir, splits=splits, verbose=verbose)
+    state, results = train.train_sweep(config, workdir, splits=splits, verbose=verbose)
+    if wen.enabled(config):  # Wen et al. measurements (config.wen)
+        wen.run_stage(state, results, model_cfg, config, workdir, verbose=verbose)
+    if not pc.methods:
+        return []
     seeds = [int(s) for s in train.seed_list(config)]
     healthy = np.asarray(state.healthy)
     say(f"[{time.perf_counter() - start:.0f}s] training done; fitting {len(specs)} proxy "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -64,7 +65,7 @@ def pairwise_variation(patterns: np.ndarray) -> np.ndarray:
 def mean_over_pairs(matrix: np.ndarray) -> tuple[float, float, float]:
     """Mean of a symmetric [S, S] matrix over the S(S-1)/2 pairs i < j, with a 95% interval from
     the jackknife over seeds (pairs sharing a seed are not independent, so the interval reflects
-    the number of seeds, not of pairs). Returns (mean, low, high)."""
+    the number of seeds, not of pairs). Returns (mean, low, high); low is clipped at 0."""
     s = matrix.shape[0]
     if s < 2:
         return float("nan"), float("nan"), float("nan")
@@ -77,7 +78,7 @@ def mean_over_pairs(matrix: np.ndarray) -> tuple[float, float, float]:
     loo = (total - 2 * row) / ((s - 1) * (s - 2))
     se = math.sqrt((s - 1) / s * np.sum((loo - loo.mean()) ** 2))
     t = stats.t.ppf(0.975, s - 1)
-    return float(mean), float(mean - t * se), float(mean + t * se)
+    return float(mean), float(max(mean - t * se, 0.0)), float(mean + t * se)
 
 
 def random_baseline(length: int, causal: bool = True) -> float:
@@ -272,3 +273,265 @@ def mean_ci(values: np.ndarray) -> tuple[float, float]:
     values = np.asarray(values, np.float64)
     mean, ci = metrics.mean_ci95(values[np.isfinite(values)])
     return float(mean), float(ci)
+
+
+# ------------------------------------------------------------------- the Wen stage of the main job
+
+
+def enabled(config) -> bool:
+    return "wen" in config and bool(config.wen.enabled)
+
+
+def check_config(config, model_cfg: model_lib.ModelConfig) -> None:
+    """One-line errors for config.wen settings that cannot work (before training)."""
+    wc = config.wen
+    if wc.length_max_len > 0:
+        if not 1 <= wc.length_min_len <= wc.length_max_len:
+            raise ValueError(f"wen.length_min_len={wc.length_min_len}: must be in [1, "
+                             f"wen.length_max_len={wc.length_max_len}]")
+        for key in ("length_num_prefixes", "length_batch_size", "members_per_call"):
+            if wc[key] < 1:
+                raise ValueError(f"wen.{key}={wc[key]}: must be >= 1")
+        if not 0 < wc.length_threshold < 1:
+            raise ValueError(f"wen.length_threshold={wc.length_threshold}: must be in (0, 1)")
+        if model_cfg.pos_encoding not in ("none", "linear"):
+            raise ValueError(f"wen.length_max_len > 0 needs model.pos_encoding 'none' or "
+                             f"'linear', got {model_cfg.pos_encoding!r} (its positions cannot "
+                             "extrapolate); or set wen.length_max_len=0")
+        if wc.length_max_len + 1 > model_cfg.max_len:
+            raise ValueError(f"wen.length_max_len={wc.length_max_len} needs model.max_len >= "
+                             f"{wc.length_max_len + 1}, got {model_cfg.max_len}")
+
+
+def _member_rows(state, results, config) -> list[dict]:
+    from jaxillusions import train  # noqa: PLC0415
+
+    members = train.members(config)
+    healthy = np.asarray(state.healthy)
+    rows = []
+    for i, (seed, weight) in enumerate(zip(members.seeds, members.hparams["contrastive_weight"],
+                                           strict=True)):
+        row = {"label": config.wen.label, "seed": int(seed),
+               "contrastive_weight": float(weight), "healthy": bool(healthy[i])}
+        for split, res in (results or {}).items():
+            row[f"acc_{split}"] = float(res["acc"][i])
+        rows.append(row)
+    return rows
+
+
+def run_stage(state, results, model_cfg: model_lib.ModelConfig, config, workdir: str, *,
+              verbose: bool = True) -> tuple[list[dict], list[dict]]:
+    """The Wen et al. measurements of a trained sweep (config.wen), written to the workdir:
+    wen_results.csv (one row per member: seed, contrastive_weight, accuracies, length
+    generalization, balance violation), wen_attention.csv (attention variation per weight
+    group, layer and head, with the random baseline), wen_summary.txt, figures/wen_*.png and
+    TensorBoard. Returns (member rows, attention rows)."""
+    import pandas as pd  # noqa: PLC0415
+
+    from jaxillusions import logging as log_lib  # noqa: PLC0415
+    from jaxillusions import train  # noqa: PLC0415
+
+    say = print if verbose else (lambda *a, **k: None)
+    wc, k, depth = config.wen, config.data.num_types, config.data.max_depth
+    params, healthy = state.params, np.asarray(state.healthy)
+    rows = _member_rows(state, results, config)
+    if wc.length_max_len > 0:
+        tokens = length_prefixes(np.random.default_rng(wc.length_seed), wc.length_num_prefixes,
+                                 k, depth, wc.length_max_len)
+        lg = length_generalization(params, model_cfg, tokens, wc.length_min_len,
+                                   threshold=wc.length_threshold,
+                                   batch_size=wc.length_batch_size,
+                                   members_per_call=wc.members_per_call)
+        for row, acc, arg in zip(rows, lg["acc"], lg["argmax_acc"], strict=True):
+            row.update(length_gen_acc=float(acc), length_gen_argmax_acc=float(arg))
+        say(f"  length generalization: {int(lg['count'][0])} closing brackets at prefix lengths "
+            f"{wc.length_min_len}..{wc.length_max_len}")
+    if model_cfg.first_layer == "minimal" and model_cfg.n_layers == 2:
+        bv = balance_violation(params, model_cfg)
+        for i, row in enumerate(rows):
+            row.update({name: float(v[i]) for name, v in bv.items()})
+
+    prefix = attention_prefix(k, depth)
+    patterns = attention_patterns(params, prefix, model_cfg)
+    weights = np.array([r["contrastive_weight"] for r in rows])
+    attention = []
+    for weight in dict.fromkeys(weights.tolist()):
+        idx = np.flatnonzero((weights == weight) & healthy)
+        for layer, pat in patterns.items():
+            for head in range(pat.shape[1]):
+                mean, low, high = mean_over_pairs(pairwise_variation(pat[idx, head]))
+                attention.append({
+                    "label": wc.label, "contrastive_weight": weight, "layer": layer,
+                    "head": head, "variation": mean, "low": low, "high": high,
+                    "num_seeds": len(idx), "num_pairs": len(idx) * (len(idx) - 1) // 2,
+                    "prefix_len": len(prefix), "random_baseline": random_baseline(len(prefix)),
+                    "random_baseline_square": random_baseline(len(prefix), causal=False)})
+
+    os.makedirs(os.path.join(workdir, "figures"), exist_ok=True)
+    for name, table in (("wen_results.csv", rows), ("wen_attention.csv", attention)):
+        path = os.path.join(workdir, name)
+        pd.DataFrame(table).to_csv(path + ".tmp", index=False)
+        os.replace(path + ".tmp", path)
+    text = summary(rows, attention, config)
+    with open(os.path.join(workdir, "wen_summary.txt"), "w") as f:
+        f.write(text + "\n")
+    say(text)
+
+    members = train.members(config)
+    figs = {"wen_attention_variation": attention_figure(attention),
+            "wen_attention_patterns": _patterns_figure(patterns, prefix, k, members.labels)}
+    if "length_gen_acc" in rows[0]:
+        figs["wen_length_generalization"] = length_figure(rows)
+    if "balance_violation" in rows[0] and "length_gen_acc" in rows[0]:
+        figs["wen_balance_vs_length"] = balance_figure(rows)
+    from jaxillusions.analysis import figures  # noqa: PLC0415
+
+    with log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), members.labels) as writer:
+        for name, fig in figs.items():
+            writer.image(f"wen/{name}", fig)
+            figures.save(fig, os.path.join(workdir, "figures", name + ".png"))
+        per_member = {f"wen/{key}": np.array([r[key] for r in rows]) for key in
+                      ("length_gen_acc", "length_gen_argmax_acc", "balance_violation")
+                      if key in rows[0]}
+        writer.scalars(config.train.num_steps, per_member, healthy=healthy)
+    return rows, attention
+
+
+def _fmt(mean: float, ci: float) -> str:
+    return f"{mean:.3f} ± {ci:.3f}"
+
+
+def summary(rows: list[dict], attention: list[dict], config) -> str:
+    """Text tables: attention variation, per-weight means with 95% intervals over seeds, paired
+    differences against the first weight, Spearman correlations across seeds."""
+    out = [f"Wen et al. measurements ({config.wen.label}); ± is a 95% interval over seeds "
+           "(jackknife over seeds for attention variation)", ""]
+    out.append("Attention variation between seeds (mean over seed pairs) on a prefix of "
+               f"{attention[0]['prefix_len']} tokens; random causal baseline "
+               f"{attention[0]['random_baseline']:.3f} (square rows: "
+               f"{attention[0]['random_baseline_square']:.3f})")
+    out.append(f"  {'weight':>6} {'layer':>5} {'head':>4} {'seeds':>5}  variation [95% interval]")
+    for a in attention:
+        out.append(f"  {a['contrastive_weight']:>6g} {a['layer']:>5} {a['head']:>4} "
+                   f"{a['num_seeds']:>5}  {a['variation']:.3f} [{a['low']:.3f}, {a['high']:.3f}]")
+    keys = [key for key in ("acc_iid", "length_gen_acc", "length_gen_argmax_acc",
+                            "balance_violation") if key in rows[0]]
+    weights = list(dict.fromkeys(r["contrastive_weight"] for r in rows))
+    by = {(r["contrastive_weight"], r["seed"]): r for r in rows if r["healthy"]}
+    seeds = sorted({r["seed"] for r in rows})
+    out += ["", "Per contrastive weight (mean ± 95% CI over healthy seeds; balance violation "
+            "also as median):"]
+    for w in weights:
+        group = [by[(w, s)] for s in seeds if (w, s) in by]
+        cells = []
+        for key in keys:
+            vals = np.array([r[key] for r in group])
+            cell = f"{key} {_fmt(*mean_ci(vals))}"
+            if key == "balance_violation":
+                cell += f" (median {np.median(vals):.3f})"
+            cells.append(cell)
+        out.append(f"  weight {w:g} ({len(group)} seeds): " + ", ".join(cells))
+    if len(weights) > 1:
+        base = weights[0]
+        out += ["", f"Paired differences vs weight {base:g} (same seeds; mean ± 95% CI):"]
+        for w in weights[1:]:
+            pairs = [s for s in seeds if (w, s) in by and (base, s) in by]
+            cells = [f"{key} {_fmt(*mean_ci(np.array([by[(w, s)][key] - by[(base, s)][key] for s in pairs])))}"  # noqa: E501
+                     for key in keys]
+            out.append(f"  weight {w:g} - {base:g} ({len(pairs)} seeds): " + ", ".join(cells))
+    if "balance_violation" in keys and "length_gen_acc" in keys:
+        out += ["", "Spearman correlation, balance violation vs length generalization, across "
+                "seeds:"]
+        groups = [(f"weight {w:g}", [r for r in by.values() if r["contrastive_weight"] == w])
+                  for w in weights] + ([("all weights", list(by.values()))] * (len(weights) > 1))
+        for name, group in groups:
+            if len(group) < 3:
+                continue
+            rho, p = stats.spearmanr([r["balance_violation"] for r in group],
+                                     [r["length_gen_acc"] for r in group])
+            out.append(f"  {name} ({len(group)} models): rho = {rho:+.3f} (p = {p:.2g})")
+    return "\n".join(out)
+
+
+def attention_figure(attention: list[dict]):
+    from jaxillusions.analysis import figures  # noqa: PLC0415
+
+    plt = figures._pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    names = [f"{a['label']}\nL{a['layer']}" + (f" cw{a['contrastive_weight']:g}"
+                                                 if a["contrastive_weight"] else "")
+             for a in attention]
+    mean = np.array([a["variation"] for a in attention])
+    err = np.nan_to_num(np.array([[a["variation"] - a["low"], a["high"] - a["variation"]]
+                                  for a in attention]).T)
+    ax.bar(range(len(mean)), mean, yerr=err, capsize=4, color="tab:blue", alpha=0.8)
+    ax.axhline(attention[0]["random_baseline"], color="k", ls="--", label="random (causal)")
+    ax.set_xticks(range(len(mean)), names, fontsize=7)
+    ax.set_ylabel("attention variation")
+    ax.set_title("Attention variation between seeds (mean over pairs, 95% CI)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def length_figure(rows: list[dict]):
+    from jaxillusions.analysis import figures  # noqa: PLC0415
+
+    plt = figures._pyplot()
+    weights = sorted({r["contrastive_weight"] for r in rows})
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    rng = np.random.default_rng(0)
+    for ax, key, title in ((axes[0], "length_gen_acc", "closing share > threshold"),
+                           (axes[1], "length_gen_argmax_acc", "argmax accuracy")):
+        for x, w in enumerate(weights):
+            vals = np.array([r[key] for r in rows if r["contrastive_weight"] == w
+                             and r["healthy"]])
+            ax.scatter(x + rng.uniform(-0.15, 0.15, len(vals)), vals, s=8, alpha=0.5,
+                       color="tab:gray")
+            mean, ci = mean_ci(vals)
+            ax.errorbar(x, mean, yerr=ci, fmt="o", color="tab:red", capsize=5)
+        ax.set_xticks(range(len(weights)), [f"{w:g}" for w in weights])
+        ax.set_xlabel("contrastive weight λ")
+        ax.set_ylabel("length generalization")
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def balance_figure(rows: list[dict]):
+    from jaxillusions.analysis import figures  # noqa: PLC0415
+
+    plt = figures._pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for w in sorted({r["contrastive_weight"] for r in rows}):
+        group = [r for r in rows if r["contrastive_weight"] == w and r["healthy"]]
+        ax.scatter([r["balance_violation"] for r in group], [r["length_gen_acc"] for r in group],
+                   s=10, label=f"λ={w:g}")
+    ax.set_xscale("log")
+    ax.set_xlabel("balance violation δ/Δ")
+    ax.set_ylabel("length generalization")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _patterns_figure(patterns: dict, prefix: np.ndarray, k: int, labels, shown: int = 4):
+    from jaxillusions.analysis import figures  # noqa: PLC0415
+
+    plt = figures._pyplot()
+    names = {dyck.BOS: "BOS"}
+    ticks = [names.get(int(t), ("(" if t < 3 + k else ")") + str((int(t) - 3) % k))
+             for t in prefix]
+    layers = sorted(patterns)
+    shown = min(shown, len(labels))
+    fig, axes = plt.subplots(len(layers), shown, figsize=(2.6 * shown, 2.6 * len(layers)),
+                             squeeze=False)
+    for r, layer in enumerate(layers):
+        for c in range(shown):
+            ax = axes[r, c]
+            ax.imshow(patterns[layer][c, 0], cmap="viridis", vmin=0, vmax=1)
+            ax.set_title(f"layer {layer}, seed {labels[c]}", fontsize=8)
+            ax.set_xticks(range(len(ticks)), ticks, fontsize=5, rotation=90)
+            ax.set_yticks(range(len(ticks)), ticks, fontsize=5)
+    fig.tight_layout()
+    return fig

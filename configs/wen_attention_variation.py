@@ -1,0 +1,77 @@
+"""Wen et al. section 4.1 on the same engine: how different are the attention patterns that
+different seeds learn for Dyck-(2, 4)? Three architectures, 32 seeds each, trained with the
+closing-bracket loss; attention variation per layer (mean over the 496 seed pairs, jackknife
+interval over seeds) against the random baseline, plus length generalization:
+
+    python -m launch.wen_attention --workdir=runs/wen_attention      # all three, joined table
+
+or one architecture (the argument after ':' picks it: minimal | standard_nope | standard_linear):
+
+    python -m launch.sweep --config=configs/wen_attention_variation.py:minimal \\
+        --workdir=runs/wen_attention/minimal
+
+TIME and RESULTS: see the README section "Reproducing Wen et al." (measured on the shared
+2-core CPU machine). Set `--config.proxies.methods='("svd","kmeans")'` to also fit the proxies
+of Friedman et al. and evaluate their faithfulness on these models (the bridge).
+"""
+
+from ml_collections import ConfigDict
+
+from configs import dyck_small
+
+VARIANTS = ("minimal", "standard_nope", "standard_linear")
+
+
+def get_config(arg: str = "minimal") -> ConfigDict:
+    if arg not in VARIANTS:
+        raise ValueError(f"configs/wen_attention_variation.py:{arg}: expected one of {VARIANTS}")
+    config = dyck_small.get_config()
+
+    # Data: Dyck-(2, 4) (Wen et al.), training sentences of up to 24 brackets.
+    config.data.num_types = 2
+    config.data.max_depth = 4
+    config.data.max_len = 24
+    config.data.longer_max_len = 48
+    config.data.depth_extra = 1
+    config.data.num_train = 20_000
+    config.data.num_eval = 500
+
+    # Model: 2 layers, 1 head, width 50. "minimal": layer 0 is the minimal first layer (eq. 19,
+    # a one-hot of (bracket, depth)); the others are standard layers without / with the linear
+    # position encoding. model.max_len fixes the linear position scale t / max_len and admits
+    # the length-generalization prefixes (16x the training length).
+    config.model.n_layers = 2
+    config.model.n_heads = 1
+    config.model.d_model = 50
+    config.model.d_mlp = 100
+    config.model.first_layer = "minimal" if arg == "minimal" else "standard"
+    config.model.minimal_embedding = "onehot"
+    config.model.pos_encoding = "linear" if arg == "standard_linear" else "none"
+    config.model.max_len = 385
+
+    # Optimizer: next-token loss on closing brackets only (Wen et al.).
+    config.train.num_seeds = 32
+    config.train.num_steps = 1000
+    config.train.batch_size = 32
+    config.train.learning_rate = 3e-3
+    config.train.warmup_steps = 200
+    config.train.loss_on = "closing"
+    config.train.log_every = 100
+    config.train.eval_every = 1000
+    config.train.checkpoint_every = 500
+
+    # Wen et al. measurements (jaxillusions/wen.py), written as wen_*.csv / wen_summary.txt.
+    config.wen = ConfigDict()
+    config.wen.enabled = True
+    config.wen.label = arg
+    config.wen.length_min_len = 25  # length generalization: prefixes of 25..384 brackets (16x)
+    config.wen.length_max_len = 384
+    config.wen.length_num_prefixes = 16
+    config.wen.length_threshold = 0.8  # correct close's share of the closing-bracket probability
+    config.wen.length_seed = 0
+    config.wen.length_batch_size = 8
+    config.wen.members_per_call = 8
+
+    # Proxies (Friedman et al.): off; one line turns the bridge on (see the docstring).
+    config.proxies.methods = ()
+    return config
