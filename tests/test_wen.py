@@ -94,9 +94,7 @@ def test_bad_minimal_configs_are_one_line_errors():
 
 
 def test_frozen_tables_do_not_move_and_the_rest_trains(config):
-    config.model.first_layer = "minimal"
-    config.model.pos_encoding = "none"
-    config.model.d_model = 64
+    config.model.update(first_layer="minimal", pos_encoding="none", d_model=64, attn_only=True)
     splits, model_cfg, tx = train.build(config)
     assert model_lib.frozen_paths(model_cfg) == ("blocks/0/minimal/table",)
     before = train.init_state([0, 1], model_cfg, tx)
@@ -180,13 +178,14 @@ def test_contrastive_regularizer_is_zero_iff_logits_ignore_balanced_prefixes():
 def test_vmapped_lambda_sweep_equals_single_runs(config):
     config.train.contrastive_weights = (0.0, 0.5)
     config.train.loss_on = "closing"
+    config.model.update(n_layers=1, attn_only=True)  # small graphs: two compilations
     splits, model_cfg, tx = train.build(config)
     objective = train.objective_from_config(config)
     members = train.members(config)
     assert list(members.seeds) == [0, 1, 0, 1]
     np.testing.assert_array_equal(members.hparams["contrastive_weight"], [0, 0, 0.5, 0.5])
     tokens = jnp.asarray(splits["train"].tokens)
-    run = dict(num_steps=8, model_cfg=model_cfg, tx=tx, batch_size=8, objective=objective)
+    run = dict(num_steps=4, model_cfg=model_cfg, tx=tx, batch_size=8, objective=objective)
     together, _ = train.train_steps(train.init_state(members.seeds, model_cfg, tx), tokens,
                                     members.hparams, **run)
     for i, (weight, seed) in enumerate([(0.0, 0), (0.0, 1), (0.5, 0), (0.5, 1)]):
@@ -360,7 +359,8 @@ def test_sweep_runs_the_wen_stage_with_a_lambda_axis(config, tmp_path):
     config.wen.length_min_len, config.wen.length_max_len = 17, 40
     config.wen.length_num_prefixes = 4
     config.model.update(first_layer="minimal", pos_encoding="none", d_model=64, max_len=41)
-    config.train.update(num_seeds=3, contrastive_weights=(0.0, 0.5), loss_on="closing")
+    config.train.update(num_seeds=3, contrastive_weights=(0.0, 0.5), loss_on="closing",
+                        num_steps=10)
     config.proxies.methods = ()
     assert sweep.run(config, str(tmp_path), verbose=False) == []
     rows = pd.read_csv(tmp_path / "wen_results.csv")
