@@ -30,9 +30,9 @@ def run(config, workdir: str, *, verbose: bool = True) -> list[dict]:
     specs = faithfulness.specs_from_config(pc, model_cfg)  # bad proxy config fails before training
     eval_set = faithfulness.make_eval_set(splits, pc.eval_splits)
 
-    state, results = train.train_sweep(config, workdir, splits=splits, verbose=verbose)
+    state, final_eval = train.train_sweep(config, workdir, splits=splits, verbose=verbose)
     if wen.enabled(config):  # Wen et al. measurements (config.wen)
-        wen.run_stage(state, results, model_cfg, config, workdir, verbose=verbose)
+        wen.run_stage(state, final_eval, model_cfg, config, workdir, verbose=verbose)
     if not pc.methods:
         return []
     seeds = [int(s) for s in train.seed_list(config)]
