@@ -26,7 +26,8 @@ from jaxillusions import model as model_lib
 from jaxillusions.data import dyck, padded_chunks
 
 METRICS = ("jsd", "same_pred", "acc_original", "acc_proxy")
-BREAKDOWNS = ("all", "depth", "distance")
+BREAKDOWNS = ("all", "depth", "distance", "position")
+JSD_QUANTILES = {"jsd_p95": 0.95, "jsd_p99": 0.99}  # of per-position JSD, on `all` rows only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,10 +236,10 @@ class EvalSet:
     split_names: tuple[str, ...]
     tokens: np.ndarray  # [N, T]
     is_close: np.ndarray  # [N, T]
-    bins: np.ndarray  # [N, T, 3] bin id for breakdowns all / depth / distance
-    num_bins: tuple[int, int, int]
+    bins: np.ndarray  # [N, T, 4] bin id for breakdowns all / depth / distance / position
+    num_bins: tuple[int, ...]
     num_depths: int
-    num_distances: int
+    num_distances: int  # also the number of positions (the padded width)
 
 
 def make_eval_set(splits: dict[str, dyck.Split], names: Sequence[str]) -> EvalSet:
@@ -256,16 +257,19 @@ def make_eval_set(splits: dict[str, dyck.Split], names: Sequence[str]) -> EvalSe
             cat[field].append(np.pad(getattr(s, field), pad))
         cat["split"].append(np.full((len(s.tokens), width), index))
     arr = {k: np.concatenate(v) for k, v in cat.items()}
+    # Position t is where the model predicts the closing bracket at t + 1.
+    position = np.broadcast_to(np.arange(width), arr["split"].shape)
     bins = np.stack([arr["split"], arr["split"] * num_depths + arr["depth"],
-                     arr["split"] * num_distances + arr["distance"]], axis=-1)
+                     arr["split"] * num_distances + arr["distance"],
+                     arr["split"] * width + position], axis=-1)
     n = len(names)
     return EvalSet(tuple(names), arr["tokens"], arr["is_close"], bins.astype(np.int32),
-                   (n, n * num_depths, n * num_distances), num_depths, num_distances)
+                   (n, n * num_depths, n * num_distances, n * width), num_depths, num_distances)
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "method", "num_sizes", "num_bins"))
 def _eval_chunk(params, proxy_params, tokens, is_close, bins, *, model_cfg, method: str,
-                num_sizes: int, num_bins: tuple[int, int, int]):
+                num_sizes: int, num_bins: tuple[int, ...]):
     module = proxies.get(method)
     targets = jnp.roll(tokens, -1, axis=1)
     weight = is_close.astype(jnp.float32)
@@ -286,7 +290,7 @@ def _eval_chunk(params, proxy_params, tokens, is_close, bins, *, model_cfg, meth
             values = jnp.stack([jnp.ones_like(weight), metrics.jsd(logits, proxy_logits),
                                 metrics.same_pred(logits, proxy_logits), acc_original,
                                 metrics.correct(proxy_logits, targets)], axis=-1)
-            return binned(values)
+            return binned(values), values[..., 1]  # and the per-position JSD [B, T]
 
         size_axis = 0 if module.STATISTIC is None else 1  # see FittedProxy
         return jax.vmap(one_size, in_axes=size_axis, axis_size=num_sizes)(site_params)
@@ -301,29 +305,49 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     """Tidy rows: one per (seed, target, method, size, split, breakdown, bin).
 
     Columns: seed, site, method, size, split, breakdown, bin, n, jsd, same_pred, acc_original,
-    acc_proxy (means over the closing-bracket positions in that bin). Seeds marked unhealthy
-    (diverged in training) are left out.
+    acc_proxy (means over the closing-bracket positions in that bin), and on `all` rows jsd_p95,
+    jsd_p99: exact quantiles (linear interpolation) of the per-position JSD (NaN on other rows).
+    Seeds marked unhealthy (diverged in training) are left out.
     """
     rows = []
     for proxy in fitted:
         spec = proxy.spec
-        totals = None
+        totals, jsd, split_ids = None, [], []
         for chunk in padded_chunks([eval_set.tokens, eval_set.is_close, eval_set.bins],
                                    batch_size):
-            out = _eval_chunk(params, proxy.params, *chunk, model_cfg=model_cfg,
-                              method=spec.method, num_sizes=len(spec.sizes),
-                              num_bins=eval_set.num_bins)
+            out, jsd_chunk = _eval_chunk(params, proxy.params, *chunk, model_cfg=model_cfg,
+                                         method=spec.method, num_sizes=len(spec.sizes),
+                                         num_bins=eval_set.num_bins)
             totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
+            # Per-position JSD at the evaluated positions only, kept for one family at a time.
+            jsd.append(np.asarray(jsd_chunk, np.float32)[..., chunk[1]])  # [S, R, n]
+            split_ids.append(chunk[2][..., 0][chunk[1]])
         if progress is not None:
             progress(spec)
-        rows += _rows(spec, [np.asarray(t) for t in totals], eval_set, seeds, healthy)
+        quantiles = _jsd_quantiles(np.concatenate(jsd, axis=-1), np.concatenate(split_ids),
+                                   len(eval_set.split_names))
+        rows += _rows(spec, [np.asarray(t) for t in totals], quantiles, eval_set, seeds,
+                      healthy)
     return rows
 
 
-def _rows(spec: ProxySpec, totals: list[np.ndarray], eval_set: EvalSet, seeds, healthy):
+def _jsd_quantiles(jsd: np.ndarray, split_ids: np.ndarray, num_splits: int) -> np.ndarray:
+    """jsd [S, R, n] at the evaluated positions -> quantiles [S, R, num_splits, Q] per split."""
+    out = np.full(jsd.shape[:2] + (num_splits, len(JSD_QUANTILES)), np.nan)
+    for k in range(num_splits):
+        values = jsd[..., split_ids == k]
+        if values.shape[-1]:
+            out[:, :, k] = np.moveaxis(
+                np.quantile(values, list(JSD_QUANTILES.values()), axis=-1), 0, -1)
+    return out
+
+
+def _rows(spec: ProxySpec, totals: list[np.ndarray], quantiles: np.ndarray, eval_set: EvalSet,
+          seeds, healthy):
     """totals[breakdown]: [S, R, bins, 5] sums (count, jsd, same, acc_orig, acc_proxy)."""
     rows = []
-    per_split = {"all": 1, "depth": eval_set.num_depths, "distance": eval_set.num_distances}
+    per_split = {"all": 1, "depth": eval_set.num_depths, "distance": eval_set.num_distances,
+                 "position": eval_set.num_distances}
     for b, breakdown in enumerate(BREAKDOWNS):
         sums = totals[b]
         for s, seed in enumerate(seeds):
@@ -339,5 +363,7 @@ def _rows(spec: ProxySpec, totals: list[np.ndarray], eval_set: EvalSet, seeds, h
                            "n": int(count)}
                     row.update({m: float(sums[s, r, k, 1 + i] / count)
                                 for i, m in enumerate(METRICS)})
+                    row.update({q: float(quantiles[s, r, split, i]) if breakdown == "all"
+                                else float("nan") for i, q in enumerate(JSD_QUANTILES)})
                     rows.append(row)
     return rows

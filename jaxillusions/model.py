@@ -291,13 +291,14 @@ def _sinusoidal(num_pos: int, d: int) -> jax.Array:
     return table.at[:, 1::2].set(jnp.cos(pos * freq[: d // 2]))
 
 
-def _position_embedding(params: Params, cfg: ModelConfig, seq_len: int) -> jax.Array:
+def _position_embedding(params: Params, cfg: ModelConfig, positions: jax.Array) -> jax.Array:
+    """Position embeddings for integer positions [..., T] -> [..., T, d_model]."""
     if cfg.pos_encoding == "learned":
-        return params["pos_embed"][:seq_len]
+        return params["pos_embed"][positions]
     if cfg.pos_encoding == "sinusoidal":
-        return _sinusoidal(seq_len, cfg.d_model)
+        return _sinusoidal(cfg.max_len, cfg.d_model)[positions]
     # "linear" (Wen et al.): one learned direction scaled by the relative position t / max_len.
-    return (jnp.arange(seq_len) / cfg.max_len)[:, None] * params["pos_embed"]
+    return (positions / cfg.max_len)[..., None] * params["pos_embed"]
 
 
 def forward(
@@ -307,8 +308,13 @@ def forward(
     *,
     intervention: Intervention | None = None,
     cache: Iterable[str] = (),
+    position_offset: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Logits [batch, pos, vocab] for tokens [batch, pos], and the cached sites."""
+    """Logits [batch, pos, vocab] for tokens [batch, pos], and the cached sites.
+
+    `position_offset` (int [batch], default 0) shifts each sentence's positions: token t sits at
+    position offset + t. Training with random offsets trains positions past the sentence length.
+    """
     cache = frozenset(cache)
     cached: dict[str, jax.Array] = {}
 
@@ -328,7 +334,10 @@ def forward(
     else:
         x = site("embed", params["embed"][tokens])
     if cfg.pos_encoding != "none":
-        x = x + site("pos_embed", _position_embedding(params, cfg, seq_len))
+        positions = jnp.arange(seq_len)
+        if position_offset is not None:  # caller keeps offset + seq_len <= max_len
+            positions = position_offset[:, None] + positions
+        x = x + site("pos_embed", _position_embedding(params, cfg, positions))
     causal = jnp.tril(jnp.ones((seq_len, seq_len), bool))
     for i in range(_first_attention_layer(cfg), cfg.n_layers):
         block, name = params["blocks"][i], f"blocks.{i}"

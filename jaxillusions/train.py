@@ -118,6 +118,9 @@ class Objective:
     loss_on: str = "all"
     contrastive: bool = False
     prefix_depth: int = 0
+    # > 0: each training sentence starts at a uniform random position in [0, this], so
+    # positions past the training length are trained too (train.max_position_offset).
+    max_position_offset: int = 0
 
 
 def objective_from_config(config) -> Objective:
@@ -132,8 +135,14 @@ def objective_from_config(config) -> Objective:
         raise ValueError(f"train.contrastive_weights={weights}: has repeated values")
     # Computed whenever weights are given (also for weight 0), so that a member of a weight sweep
     # and the single run with its weight share one code path and equal results.
+    offset = config.train.get("max_position_offset", 0)
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < -1:
+        raise ValueError(f"train.max_position_offset={offset!r}: must be -1 (every position "
+                         "the `longer` split uses), 0 (off) or a positive integer")
+    if offset == -1:  # a training input (max_len + 1 tokens) then reaches the last longer one
+        offset = config.data.longer_max_len - config.data.max_len + 1
     return Objective(loss_on=loss_on, contrastive=bool(config.train.get("contrastive_weights")),
-                     prefix_depth=int(config.data.max_depth))
+                     prefix_depth=int(config.data.max_depth), max_position_offset=offset)
 
 
 def init_state(seeds: Sequence[int], model_cfg: model_lib.ModelConfig,
@@ -176,14 +185,15 @@ def place_on_devices(state: SweepState, train_tokens: np.ndarray):
 
 
 def lm_loss(params: dict, tokens: jax.Array, model_cfg: model_lib.ModelConfig, *,
-            loss_on: str = "all") -> jax.Array:
+            loss_on: str = "all", position_offset: jax.Array | None = None) -> jax.Array:
     """Mean next-token cross-entropy over all non-PAD targets (loss_on="closing": over the
-    targets that are closing brackets)."""
-    return _lm_loss_and_logits(params, tokens, model_cfg, loss_on)[0]
+    targets that are closing brackets); position_offset [B]: see `model.forward`."""
+    return _lm_loss_and_logits(params, tokens, model_cfg, loss_on, position_offset)[0]
 
 
-def _lm_loss_and_logits(params, tokens, model_cfg, loss_on):
-    logits, _ = model_lib.forward(params, tokens[:, :-1], model_cfg)
+def _lm_loss_and_logits(params, tokens, model_cfg, loss_on, position_offset=None):
+    logits, _ = model_lib.forward(params, tokens[:, :-1], model_cfg,
+                                  position_offset=position_offset)
     targets = tokens[:, 1:]
     if loss_on == "closing":
         mask = jnp.isin(targets, jnp.asarray(model_cfg.close_ids)).astype(logits.dtype)
@@ -241,7 +251,11 @@ def contrastive_loss(params: dict, x: jax.Array, logits_x: jax.Array, key: jax.A
 def objective_loss(params: dict, tokens: jax.Array, key: jax.Array, hparams: dict,
                    model_cfg: model_lib.ModelConfig, objective: Objective) -> jax.Array:
     """The training loss of one member: the LM loss, plus weight * the contrastive term."""
-    loss, logits = _lm_loss_and_logits(params, tokens, model_cfg, objective.loss_on)
+    offset = None
+    if objective.max_position_offset > 0:  # static: without offsets no extra random draws
+        offset = jax.random.randint(jax.random.fold_in(key, 1), (tokens.shape[0],), 0,
+                                    objective.max_position_offset + 1)
+    loss, logits = _lm_loss_and_logits(params, tokens, model_cfg, objective.loss_on, offset)
     if objective.contrastive:
         loss = loss + hparams["contrastive_weight"] * contrastive_loss(
             params, tokens[:, :-1], logits, key, model_cfg, objective.prefix_depth)
@@ -380,6 +394,11 @@ def build(config, splits: dict[str, dyck.Split] | None = None):
         open_ids=tuple(int(dyck.open_id(t, k)) for t in range(k)),
         close_ids=tuple(int(dyck.close_id(t, k)) for t in range(k)),
         max_depth=int(dc.max_depth), depth_bins=num_depth_bins(config))
+    used = splits["train"].tokens.shape[1] - 1 + objective.max_position_offset
+    if used > max_len:
+        raise ValueError(f"train.max_position_offset={objective.max_position_offset}: training "
+                         f"inputs would reach position {used - 1}, but the model has {max_len} "
+                         f"positions (at most {max_len - used + objective.max_position_offset})")
     return splits, model_cfg, make_optimizer(config.train, model_lib.frozen_paths(model_cfg))
 
 

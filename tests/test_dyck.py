@@ -4,6 +4,7 @@ import random
 
 import numpy as np
 import pytest
+import scipy.stats
 from ml_collections import ConfigDict
 
 from jaxillusions.data import dyck
@@ -87,12 +88,64 @@ def test_eval_splits_disjoint_and_structures(splits):
     train = {body(r) for r in splits["train"].tokens}
     train_struct = {skeleton(b) for b in train}
     for name in dyck.SPLITS[1:]:
-        assert not train & {body(r) for r in splits[name].tokens}, name
+        if name != "iid_with_train":  # the one split that may repeat training sentences
+            assert not train & {body(r) for r in splits[name].tokens}, name
     assert {skeleton(body(r)) for r in splits["seen_structure"].tokens} <= train_struct
     assert not {skeleton(body(r)) for r in splits["unseen_structure"].tokens} & train_struct
     # The hashed keys agree with the Python sets.
     keys = dyck.structures(splits["unseen_structure"].tokens, k)
     assert not np.isin(keys, dyck.structures(splits["train"].tokens, k)).any()
+
+
+def sentence_probability(b: tuple[int, ...], k: int, m: int) -> float:
+    """Probability of one typed sentence under the Hewitt walk (no length bound)."""
+    prob, depth = 0.5, 0  # the final stop at depth 0
+    for x in b:
+        prob *= 1.0 if depth == m else 0.5  # at max depth the close is forced
+        if x < 3 + k:
+            prob, depth = prob / k, depth + 1  # each matched pair's type is uniform
+        else:
+            depth -= 1
+    return prob
+
+
+def length_probability(lo: int, hi: int, m: int) -> float:
+    """P(lo <= length <= hi) of a Hewitt walk: dynamic programming over the depth."""
+    ways, total = [1.0] + [0.0] * m, 0.0  # P(at depth d after `length` steps, not stopped)
+    for length in range(1, hi + 1):
+        ways = [(0.5 * ways[d - 1] if d > 0 else 0.0)
+                + (ways[d + 1] * (1.0 if d + 1 == m else 0.5) if d < m else 0.0)
+                for d in range(m + 1)]
+        if length >= lo:
+            total += 0.5 * ways[0]  # then stop
+    return total
+
+
+def test_sentence_law_sums_to_the_length_probability():
+    m, hi = 2, 10
+    total = 0.0
+    for n in range(2, hi + 1, 2):
+        for steps in itertools.product((3, 4), repeat=n):  # k = 1: open 3, close 4
+            heights = np.cumsum([1 if x == 3 else -1 for x in steps])
+            if heights.min() >= 0 and heights[-1] == 0 and heights.max() <= m:
+                total += sentence_probability(steps, 1, m)
+    assert total == pytest.approx(length_probability(2, hi, m), rel=1e-12)
+
+
+def test_iid_with_train_repeats_training_sentences_at_the_sampler_rate():
+    cfg = make_cfg(num_eval=3000)
+    out = dyck.make_splits(cfg)
+    k, m = cfg.num_types, cfg.max_depth
+    train = {body(r) for r in out["train"].tokens}
+    # P(a fresh draw is a training sentence) = sum of P(s) over train, given the length bounds.
+    rate = (sum(sentence_probability(b, k, m) for b in train)
+            / length_probability(cfg.min_len, cfg.max_len, m))
+    assert 0.2 < rate < 0.9  # the short sentences, all in train, make the rate large
+    hits = sum(body(r) in train for r in out["iid_with_train"].tokens)
+    lo, hi = scipy.stats.binom.interval(0.999, cfg.num_eval, rate)
+    assert lo <= hits <= hi, (hits, rate * cfg.num_eval)
+    for name in dyck.SPLITS[1:-1]:  # every other evaluation split holds none
+        assert not any(body(r) in train for r in out[name].tokens), name
 
 
 def test_annotations_match_reference(splits):

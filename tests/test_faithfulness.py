@@ -103,12 +103,31 @@ def test_batched_evaluation_equals_item_by_item(trained):
                     }
                     for m, v in expect.items():
                         assert row[m] == pytest.approx(v, abs=2e-5), (proxy.spec, s, size, m)
-                    # Depth breakdown: counts add up to the split's total.
+                    # Worst case: quantiles of the per-position JSD at the evaluated positions.
+                    jsd = np.asarray(metrics.jsd(logits, proxy_logits))[mask]
+                    for q, col in ((0.95, "jsd_p95"), (0.99, "jsd_p99")):
+                        assert row[col] == pytest.approx(np.quantile(jsd, q), abs=2e-5)
+                    # Breakdowns: counts add up to the split's total, and metrics average back.
+                    for breakdown in ("depth", "distance", "position"):
+                        parts = [x for x in rows if x["breakdown"] == breakdown and
+                                 x["split"] == split and x["seed"] == s and
+                                 x["size"] == size and x["site"] == proxy.spec.target and
+                                 x["method"] == proxy.spec.method]
+                        assert sum(x["n"] for x in parts) == row["n"] == mask.sum()
+                        assert sum(x["n"] * x["same_pred"] for x in parts) / row["n"] == (
+                            pytest.approx(row["same_pred"], abs=1e-5))
+                        assert all(np.isnan(x["jsd_p95"]) for x in parts)
                     depth_rows = [x for x in rows if x["breakdown"] == "depth" and
                                   x["split"] == split and x["seed"] == s and
                                   x["size"] == size and x["site"] == proxy.spec.target and
                                   x["method"] == proxy.spec.method]
-                    assert sum(x["n"] for x in depth_rows) == mask.sum()
+                    # Position t predicts the closing bracket at t + 1.
+                    t = int(np.argmax(mask.sum(0)))
+                    (row_t,) = [x for x in rows if x["breakdown"] == "position" and x["bin"] == t
+                                and x["split"] == split and x["seed"] == s and
+                                x["size"] == size and x["site"] == proxy.spec.target and
+                                x["method"] == proxy.spec.method]
+                    assert row_t["n"] == mask[:, t].sum()
                     d = 3
                     depth_mask = mask & (sp.depth == d)
                     (row_d,) = [x for x in depth_rows if x["bin"] == d]
@@ -159,7 +178,7 @@ def test_sweep_end_to_end_writes_table_figures_and_tensorboard(trained, tmp_path
         assert by_position.setdefault(key, r["acc_original"]) == r["acc_original"]
     assert {r["method"] for r in back} == {"svd", "kmeans", "uniform_attention"}
     assert {r["split"] for r in back} == {"iid", "unseen_depth"}
-    assert {r["breakdown"] for r in back} == {"all", "depth", "distance"}
+    assert {r["breakdown"] for r in back} == {"all", "depth", "distance", "position"}
     gap = open(os.path.join(workdir, "gap_table.txt")).read()
     assert "gap unseen_depth" in gap and "kmeans" in gap
     for name in ("faithfulness_svd.png", "faithfulness_kmeans.png",

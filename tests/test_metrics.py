@@ -79,7 +79,7 @@ def test_mean_ci95():
     assert np.isnan(half[2]) and np.isnan(half[3])  # a single seed: no interval
     mean_t, half_t = metrics.mean_ci95(v.T, axis=1)
     np.testing.assert_array_equal(half_t[:2], half[:2])
-    # Large n uses the expansion: t_{0.975, 99} = 1.9842170
+    # Large n: t_{0.975, 99} = 1.9842170 (scipy.stats.t)
     x = np.random.default_rng(0).normal(size=100)
     _, h = metrics.mean_ci95(x)
     np.testing.assert_allclose(h, 1.9842170 * x.std(ddof=1) / 10, rtol=1e-6)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 import os
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -12,28 +13,37 @@ import numpy as np
 from jaxillusions import metrics
 
 COLUMNS = ("seed", "site", "method", "size", "split", "breakdown", "bin", "n", "jsd",
-           "same_pred", "acc_original", "acc_proxy")
+           "same_pred", "acc_original", "acc_proxy", "jsd_p95", "jsd_p99")
+_INT_COLUMNS = ("seed", "size", "n", "n_seeds", "seeds_positive")
 
 
-def write_csv(rows: Iterable[dict], path: str) -> None:
+def _cell(value):
+    """NaN is written as an empty cell (e.g. jsd_p95 on breakdown rows other than `all`)."""
+    return "" if isinstance(value, float) and math.isnan(value) else value
+
+
+def write_csv(rows: Iterable[dict], path: str, columns: Sequence[str] = COLUMNS) -> None:
     """Writes rows atomically (a temp file, then rename), so a crash never leaves half a table."""
     tmp = path + ".tmp"
     with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({k: _cell(v) for k, v in row.items()} for row in rows)
     os.replace(tmp, path)
 
 
 def read_csv(path: str) -> list[dict]:
-    """Reads a results CSV back with numeric columns as numbers."""
+    """Reads a CSV written by write_csv back: integer and float columns as numbers (empty
+    cells as NaN), text columns (site, method, split, breakdown, metric, ...) as strings."""
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     for row in rows:
-        for key in ("seed", "size", "n"):
-            row[key] = int(row[key])
-        for key in ("jsd", "same_pred", "acc_original", "acc_proxy"):
-            row[key] = float(row[key])
+        for key, value in row.items():
+            if key in _INT_COLUMNS:
+                row[key] = int(value)
+            elif key not in ("site", "method", "split", "breakdown", "bin", "metric",
+                             "baseline", "predictor"):
+                row[key] = float(value) if value != "" else math.nan
     return rows
 
 

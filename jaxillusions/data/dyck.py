@@ -22,11 +22,13 @@ from typing import Any
 import numpy as np
 
 PAD, BOS, EOS = 0, 1, 2
-SPLITS = ("train", "iid", "seen_structure", "unseen_structure", "unseen_depth", "longer")
+# New splits go at the end: each split's random stream is derived from its index here.
+SPLITS = ("train", "iid", "seen_structure", "unseen_structure", "unseen_depth", "longer",
+          "iid_with_train")
 DATA_KEYS = ("num_types", "max_depth", "num_train", "num_eval", "min_len", "max_len",
              "longer_max_len", "depth_extra", "seed")
 MAX_ROUNDS = 200  # rejection rounds per split before giving up
-_CACHE_VERSION = 1  # bump when the generated data changes for the same config
+_CACHE_VERSION = 2  # bump when the generated data changes for the same config
 _MAX_CELLS = 1 << 23  # tokens per rejection batch: bounds memory (~32 MB of int32)
 
 
@@ -321,6 +323,11 @@ def make_splits(cfg: Any) -> dict[str, Split]:
     out["longer"] = _fill(rngs["longer"], n_eval, longest + 2,
                           lambda g, b: _hewitt(g, b, k, m, hi + 1, longest), "longer",
                           "raise longer_max_len or max_depth, or lower data.num_eval")
+    # Fresh draws from the training law with training sentences allowed: the baseline that
+    # keeps the short sentences `iid` must drop (train holds every one of them).
+    out["iid_with_train"] = _fill(rngs["iid_with_train"], n_eval, hi + 2,
+                                  lambda g, b: _hewitt(g, b, k, m, lo, hi), "iid_with_train",
+                                  "widen [min_len, max_len] or raise max_depth")
     return {name: out[name] if name == "train" else annotate(out[name], k) for name in SPLITS}
 
 

@@ -1,0 +1,226 @@
+"""Population statistics over seeds: paired gaps with intervals, and what the papers did not ask.
+
+The unit of evidence is the seed (shared/DESIGN.md section 9). Two conditions measured on the
+same seeds (a baseline split and an OOD split, a proxy and its original model) are compared
+through per-seed differences, summarised by their mean, a Student-t 95% interval, a percentile
+bootstrap 95% interval (fixed random seed: reruns give the same numbers) and the number of seeds
+whose difference is positive.
+
+Sign convention for gaps: positive always means "less faithful out of distribution":
+baseline - split for same_pred and accuracies, split - baseline for JSD and its quantiles.
+
+Input rows are the tidy rows of `faithfulness.evaluate` / results.csv; only `breakdown == "all"`
+rows are used.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import scipy.stats
+
+CONFIDENCE = 0.95
+NUM_BOOTSTRAP = 4000
+BOOTSTRAP_SEED = 0
+GAP_METRICS = ("same_pred", "jsd", "jsd_p95", "jsd_p99")
+LOWER_IS_FAITHFUL = ("jsd", "jsd_p95", "jsd_p99")  # gap = split - baseline for these
+BASELINES = ("iid", "iid_with_train")
+SUMMARY_COLUMNS = ("ci_low", "ci_high", "n_seeds", "seeds_positive", "boot_low", "boot_high")
+GAP_COLUMNS = ("site", "method", "size", "split", "metric", "gap") + SUMMARY_COLUMNS[:4] + (
+    "baseline", "baseline_mean") + SUMMARY_COLUMNS[4:]
+PROXY_COLUMNS = ("site", "method", "size", "split", "diff") + SUMMARY_COLUMNS
+CORRELATION_COLUMNS = ("site", "method", "size", "split", "metric", "predictor", "baseline",
+                       "n_seeds", "rho", "rho_low", "rho_high", "p_value", "rho_ood",
+                       "rho_ood_low", "rho_ood_high")
+MIN_SIZE_COLUMNS = ("seed", "site", "method", "split", "threshold", "min_size", "max_size")
+
+
+def t_interval(values: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """(mean, low, high): Student-t interval of the mean of finite `values` (NaN if n < 2)."""
+    v = np.asarray(values, np.float64)
+    v = v[np.isfinite(v)]
+    if len(v) == 0:
+        return math.nan, math.nan, math.nan
+    mean = float(v.mean())
+    if len(v) < 2:
+        return mean, math.nan, math.nan
+    half = scipy.stats.t.ppf(0.5 + confidence / 2, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v))
+    return mean, float(mean - half), float(mean + half)
+
+
+def _bootstrap_indices(n: int, num: int = NUM_BOOTSTRAP, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
+    """[num, n] resampled seed indices; the same for every call with the same n (reproducible
+    and independent of the order in which groups are summarised)."""
+    return np.random.default_rng([seed, n]).integers(n, size=(num, n))
+
+
+def paired_summary(diffs: np.ndarray, confidence: float = CONFIDENCE) -> dict:
+    """Summary of per-seed paired differences (NaN entries dropped).
+
+    Returns mean, ci_low/ci_high (Student-t), boot_low/boot_high (percentile bootstrap over
+    seeds), n_seeds and seeds_positive (seeds whose difference is > 0).
+    """
+    d = np.asarray(diffs, np.float64)
+    d = d[np.isfinite(d)]
+    mean, low, high = t_interval(d, confidence)
+    boot_low = boot_high = math.nan
+    if len(d) >= 2:
+        means = d[_bootstrap_indices(len(d))].mean(axis=1)
+        tail = (1 - confidence) / 2
+        boot_low, boot_high = (float(x) for x in np.quantile(means, [tail, 1 - tail]))
+    return {"mean": mean, "ci_low": low, "ci_high": high, "boot_low": boot_low,
+            "boot_high": boot_high, "n_seeds": len(d), "seeds_positive": int((d > 0).sum())}
+
+
+def _by_seed(rows: Iterable[dict]) -> dict[tuple, dict[int, dict]]:
+    """{(site, method, size, split): {seed: row}} for the `all` breakdown."""
+    out: dict[tuple, dict[int, dict]] = defaultdict(dict)
+    for r in rows:
+        if r["breakdown"] == "all":
+            out[(r["site"], r["method"], r["size"], r["split"])][r["seed"]] = r
+    return out
+
+
+def _paired(base: dict[int, dict], other: dict[int, dict], metric: str
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """Values of `metric` on the seeds present in both, in seed order."""
+    seeds = sorted(set(base) & set(other))
+    return (np.array([base[s][metric] for s in seeds], np.float64),
+            np.array([other[s][metric] for s in seeds], np.float64))
+
+
+def signed_gap(baseline: np.ndarray, split: np.ndarray, metric: str) -> np.ndarray:
+    """Per-seed gap, positive = less faithful on `split` than on the baseline."""
+    return split - baseline if metric in LOWER_IS_FAITHFUL else baseline - split
+
+
+def gaps(rows: Iterable[dict], baseline: str = "iid",
+         metrics: Sequence[str] = GAP_METRICS) -> list[dict]:
+    """One row per (site, method, size, split, metric) with split != baseline: the paired gap
+    over seeds (columns GAP_COLUMNS; `gap` is the mean per-seed gap)."""
+    table = _by_seed(rows)
+    out = []
+    for (site, method, size, split), per_seed in sorted(table.items()):
+        base = table.get((site, method, size, baseline))
+        if split == baseline or base is None:
+            continue
+        for metric in metrics:
+            b, s = _paired(base, per_seed, metric)
+            summary = paired_summary(signed_gap(b, s, metric))
+            out.append({"site": site, "method": method, "size": size, "split": split,
+                        "metric": metric, "gap": summary["mean"], "baseline": baseline,
+                        "baseline_mean": float(np.nanmean(b)) if len(b) else math.nan,
+                        **{k: summary[k] for k in SUMMARY_COLUMNS}})
+    return out
+
+
+def proxy_vs_original(rows: Iterable[dict]) -> list[dict]:
+    """acc_proxy - acc_original per (site, method, size, split), paired within each seed.
+    Positive: the simplified model predicts the true next token more often than the model it
+    simplifies (Friedman et al.'s observation for one-hot attention)."""
+    out = []
+    for (site, method, size, split), per_seed in sorted(_by_seed(rows).items()):
+        diff = np.array([r["acc_proxy"] - r["acc_original"] for _, r in sorted(per_seed.items())])
+        summary = paired_summary(diff)
+        out.append({"site": site, "method": method, "size": size, "split": split,
+                    "diff": summary["mean"], **{k: summary[k] for k in SUMMARY_COLUMNS}})
+    return out
+
+
+def _spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Spearman correlation of each row pair of x, y [B, n] (NaN where a row is constant)."""
+    rx = scipy.stats.rankdata(x, axis=-1)
+    ry = scipy.stats.rankdata(y, axis=-1)
+    rx = rx - rx.mean(-1, keepdims=True)
+    ry = ry - ry.mean(-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (rx * ry).sum(-1) / np.sqrt((rx**2).sum(-1) * (ry**2).sum(-1))
+
+
+def spearman_interval(x: np.ndarray, y: np.ndarray, confidence: float = CONFIDENCE
+                      ) -> tuple[float, float, float, float]:
+    """(rho, low, high, p): Spearman rho across seeds, a percentile-bootstrap interval (seeds
+    resampled; resamples where either variable is constant are dropped) and scipy's p-value."""
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return math.nan, math.nan, math.nan, math.nan
+    result = scipy.stats.spearmanr(x, y)
+    idx = _bootstrap_indices(len(x))
+    boot = _spearman_rows(x[idx], y[idx])
+    boot = boot[np.isfinite(boot)]
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(boot, [tail, 1 - tail]) if len(boot) else (math.nan, math.nan)
+    return float(result.statistic), float(low), float(high), float(result.pvalue)
+
+
+def id_predicts_gap(rows: Iterable[dict], baseline: str = "iid", predictor: str | None = None,
+                    metrics: Sequence[str] = ("same_pred", "jsd")) -> list[dict]:
+    """Across seeds: does a proxy's in-distribution faithfulness predict its OOD gap?
+
+    Per (site, method, size, OOD split, metric): Spearman rho between each seed's faithfulness
+    on `predictor` and its gap (baseline vs split), with a bootstrap interval; and rho_ood, the
+    same against the OOD faithfulness itself. By default the predictor is `iid_with_train` when
+    it was evaluated: an independent sample of in-distribution sentences, so the predictor and
+    the gap share no sampling noise (correlating the baseline with baseline - split would be
+    positive by construction).
+    """
+    table = _by_seed(rows)
+    splits = {k[3] for k in table}
+    if predictor is None:
+        predictor = "iid_with_train" if "iid_with_train" in splits else baseline
+    out = []
+    for (site, method, size, split), per_seed in sorted(table.items()):
+        base = table.get((site, method, size, baseline))
+        pred = table.get((site, method, size, predictor))
+        if split in (baseline, predictor) or split in BASELINES or base is None or pred is None:
+            continue
+        seeds = sorted(set(base) & set(per_seed) & set(pred))
+        for metric in metrics:
+            def values(t, metric=metric):
+                return np.array([t[s][metric] for s in seeds], np.float64)
+
+            x, b, s = values(pred), values(base), values(per_seed)
+            rho, low, high, p = spearman_interval(x, signed_gap(b, s, metric))
+            rho_ood, ood_low, ood_high, _ = spearman_interval(x, s)
+            out.append({"site": site, "method": method, "size": size, "split": split,
+                        "metric": metric, "predictor": predictor, "baseline": baseline,
+                        "n_seeds": len(seeds), "rho": rho, "rho_low": low, "rho_high": high,
+                        "p_value": p, "rho_ood": rho_ood, "rho_ood_low": ood_low,
+                        "rho_ood_high": ood_high})
+    return out
+
+
+def min_sizes(rows: Iterable[dict], threshold: float = 0.99, metric: str = "same_pred"
+              ) -> list[dict]:
+    """Per seed, sized proxy (rank or k) and split: the smallest size whose `metric` reaches
+    `threshold` (NaN when no evaluated size does; max_size is the largest one evaluated)."""
+    groups: dict[tuple, dict[int, float]] = defaultdict(dict)
+    for r in rows:
+        if r["breakdown"] == "all" and r["size"] > 0:
+            groups[(r["seed"], r["site"], r["method"], r["split"])][r["size"]] = r[metric]
+    out = []
+    for (seed, site, method, split), by_size in sorted(groups.items()):
+        reached = [size for size, v in by_size.items() if v >= threshold]
+        out.append({"seed": seed, "site": site, "method": method, "split": split,
+                    "threshold": threshold, "min_size": min(reached) if reached else math.nan,
+                    "max_size": max(by_size)})
+    return out
+
+
+def min_size_distribution(per_seed: Iterable[dict]) -> dict[tuple, dict]:
+    """{(site, method, split): {"n_seeds", "counts": {size or 'never': seeds}, "median"}} where
+    the median counts 'never' as larger than every size (inf when most seeds never reach)."""
+    groups: dict[tuple, list[float]] = defaultdict(list)
+    for r in per_seed:
+        groups[(r["site"], r["method"], r["split"])].append(r["min_size"])
+    out = {}
+    for key, values in groups.items():
+        v = np.array([math.inf if math.isnan(x) else x for x in values])
+        sizes, counts = np.unique(v, return_counts=True)
+        out[key] = {"n_seeds": len(v), "median": float(np.median(v)),
+                    "counts": {("never" if math.isinf(s) else int(s)): int(c)
+                               for s, c in zip(sizes, counts, strict=True)}}
+    return out
