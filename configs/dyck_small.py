@@ -66,6 +66,10 @@ def get_config() -> ConfigDict:
     config.train.eval_every = 1000
     config.train.checkpoint_every = 1000
     config.train.eval_batch_size = 256
+    # Each training sentence starts at a random position in [0, max_position_offset], so the
+    # positions the `longer` split uses are trained too. -1: as far as the model's positions
+    # allow (longer_max_len - max_len + 1 = 17 here); 0: off (positions past max_len untrained).
+    config.train.max_position_offset = -1
 
     # Proxies and faithfulness evaluation (shared/DESIGN.md sections 4-5). Sites may use
     # negative layer indices: blocks.-1 is the last layer.
@@ -74,7 +78,10 @@ def get_config() -> ConfigDict:
     config.proxies.targets = ("blocks.-1.attn.q", "blocks.-1.attn.k",
                               "blocks.-1.attn.q+blocks.-1.attn.k")
     config.proxies.eval_splits = ("iid", "seen_structure", "unseen_structure", "unseen_depth",
-                                  "longer")
+                                  "longer", "iid_with_train")
+    # Gaps are baseline minus split; gaps against the other baseline (iid_with_train: training
+    # sentences allowed) are reported too where they lead to a different conclusion.
+    config.proxies.gap_baseline = "iid"
     config.proxies.pattern_site = "blocks.-1.attn.pattern"  # where onehot/uniform attention apply
     config.proxies.methods = ("svd", "kmeans", "onehot_attention", "uniform_attention")
     config.proxies.svd_ranks = ()  # () -> 1, 2, 4, ... up to d_head

@@ -240,6 +240,7 @@ class EvalSet:
     num_bins: tuple[int, ...]
     num_depths: int
     num_distances: int  # also the number of positions (the padded width)
+    widths: tuple[int, ...]  # the splits' own widths (chunks are cut to the smallest that fits)
 
 
 def make_eval_set(splits: dict[str, dyck.Split], names: Sequence[str]) -> EvalSet:
@@ -264,7 +265,8 @@ def make_eval_set(splits: dict[str, dyck.Split], names: Sequence[str]) -> EvalSe
                      arr["split"] * width + position], axis=-1)
     n = len(names)
     return EvalSet(tuple(names), arr["tokens"], arr["is_close"], bins.astype(np.int32),
-                   (n, n * num_depths, n * num_distances, n * width), num_depths, num_distances)
+                   (n, n * num_depths, n * num_distances, n * width), num_depths, num_distances,
+                   tuple(sorted({splits[name].tokens.shape[1] for name in names})))
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "method", "num_sizes", "num_bins"))
@@ -315,6 +317,11 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
         totals, jsd, split_ids = None, [], []
         for chunk in padded_chunks([eval_set.tokens, eval_set.is_close, eval_set.bins],
                                    batch_size):
+            # Causal model: trailing all-PAD columns change nothing, so a chunk runs at the
+            # smallest split width that holds it (one compilation per split width).
+            used = int((chunk[0] != dyck.PAD).any(0).nonzero()[0].max()) + 1
+            width = min(w for w in eval_set.widths if w >= used)
+            chunk = [a[:, :width] for a in chunk]
             out, jsd_chunk = _eval_chunk(params, proxy.params, *chunk, model_cfg=model_cfg,
                                          method=spec.method, num_sizes=len(spec.sizes),
                                          num_bins=eval_set.num_bins)

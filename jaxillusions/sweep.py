@@ -1,7 +1,9 @@
 """The main job: train a sweep of seeds, fit every proxy, evaluate faithfulness on every split.
 
-Writes into the workdir: results.csv (tidy rows), gap_table.txt, figures/*.png, TensorBoard
-curves and the hparams view, and the training checkpoints (a relaunch resumes training).
+Writes into the workdir: results.csv (tidy rows), gap_table.txt with gaps.csv,
+proxy_vs_original.csv, id_predicts_gap.csv and min_size.csv (analysis/stats.py), figures/*.png,
+TensorBoard curves and the hparams view, and the training checkpoints (a relaunch resumes
+training).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 from jaxillusions import faithfulness, model, train, wen
 from jaxillusions import logging as log_lib
 from jaxillusions.analysis import board, figures, results, tables
+from jaxillusions.analysis import stats as stats_lib
 
 
 def run(config, workdir: str, *, verbose: bool = True) -> list[dict]:
@@ -29,6 +32,9 @@ def run(config, workdir: str, *, verbose: bool = True) -> list[dict]:
         wen.check_config(config, model_cfg)
     specs = faithfulness.specs_from_config(pc, model_cfg)  # bad proxy config fails before training
     eval_set = faithfulness.make_eval_set(splits, pc.eval_splits)
+    if pc.get("gap_baseline", "iid") not in pc.eval_splits:
+        raise ValueError(f"proxies.gap_baseline={pc.gap_baseline!r} must be one of "
+                         f"proxies.eval_splits {tuple(pc.eval_splits)}")
 
     state, final_eval = train.train_sweep(config, workdir, splits=splits, verbose=verbose)
     if wen.enabled(config):  # Wen et al. measurements (config.wen)
@@ -63,23 +69,22 @@ def run(config, workdir: str, *, verbose: bool = True) -> list[dict]:
 
 def write_reports(rows, config, workdir: str, seeds, healthy, *, verbose: bool = True,
                   model_cfg=None) -> None:
-    """Gap table, figures and TensorBoard views from the result rows."""
+    """Statistics (gap_table.txt and its CSV tables, analysis/stats.py), figures and
+    TensorBoard views from the result rows."""
     splits = list(config.proxies.eval_splits)
-    accuracy = tables.original_accuracy(rows)
-    text = ["Original model, closing-bracket accuracy (mean ± 95% CI over seeds):",
-            "  " + ", ".join(f"{s} {accuracy[s][0]:.3f}±{accuracy[s][1]:.3f}"
-                             for s in splits if s in accuracy), ""]
-    for metric in ("same_pred", "jsd"):
-        text += [f"Generalization gap in {metric} (iid minus each OOD split; positive = less "
-                 "faithful out of distribution; ± is the OOD split's 95% CI):",
-                 tables.gap_table(rows, splits, metric), ""]
-    text = "\n".join(text)
+    baseline = config.proxies.get("gap_baseline", "iid")
+    text, stat_tables = tables.statistics_report(rows, splits, baseline=baseline)
+    for name, table in stat_tables.items():
+        tables.write_csv(table, os.path.join(workdir, f"{name}.csv"), tables.STAT_COLUMNS[name])
     with open(os.path.join(workdir, "gap_table.txt"), "w") as f:
         f.write(text + "\n")
     if verbose:
         print(text)
 
-    write_views(rows, config, workdir, seeds, healthy, model_cfg=model_cfg)
+    # Figures and TensorBoard show the same paired gaps as gaps.csv (the chosen baseline).
+    gaps = [g for g in stat_tables["gaps"] if g["baseline"] == baseline
+            and g["split"] not in stats_lib.BASELINES]
+    write_views(rows, config, workdir, seeds, healthy, model_cfg=model_cfg, gaps=gaps)
 
 
 def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,

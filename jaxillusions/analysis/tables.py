@@ -11,9 +11,12 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from jaxillusions import metrics
+from jaxillusions.analysis import stats
 
 COLUMNS = ("seed", "site", "method", "size", "split", "breakdown", "bin", "n", "jsd",
            "same_pred", "acc_original", "acc_proxy", "jsd_p95", "jsd_p99")
+STAT_COLUMNS = {"gaps": stats.GAP_COLUMNS, "proxy_vs_original": stats.PROXY_COLUMNS,
+                "id_predicts_gap": stats.CORRELATION_COLUMNS, "min_size": stats.MIN_SIZE_COLUMNS}
 _INT_COLUMNS = ("seed", "size", "n", "n_seeds", "seeds_positive")
 
 
@@ -59,43 +62,152 @@ def aggregate(rows: Iterable[dict], breakdown: str = "all") -> dict[tuple, dict]
     out = {}
     for key, group in groups.items():
         out[key] = {}
-        for m in ("jsd", "same_pred", "acc_original", "acc_proxy"):
-            values = np.array([r[m] for r in group], dtype=np.float64)
+        for m in ("jsd", "same_pred", "acc_original", "acc_proxy", "jsd_p95", "jsd_p99"):
+            values = np.array([r.get(m, np.nan) for r in group], dtype=np.float64)
             mean, ci = metrics.mean_ci95(values)
             out[key][m] = (float(mean), float(ci), len(values))
     return out
 
 
-def gap_table(rows: Sequence[dict], splits: Sequence[str], metric: str = "same_pred",
-              reference: str = "iid") -> str:
-    """Text table: the reference split's faithfulness and, per OOD split, reference minus it.
+def _verdict(row: dict) -> int:
+    """+1 / -1 when the 95% interval lies above / below zero, 0 when it covers zero."""
+    return 1 if row["ci_low"] > 0 else -1 if row["ci_high"] < 0 else 0
 
-    A positive gap means the proxy is less faithful out of distribution (for JSD, where lower is
-    more faithful, the sign is flipped so that positive still means less faithful).
-    """
-    agg = aggregate(rows)
-    sign = -1.0 if metric == "jsd" else 1.0
-    keys = sorted({(k[0], k[1], k[2]) for k in agg}, key=lambda k: (k[1], k[0], k[2]))
-    ood = [s for s in splits if s != reference]
-    header = (f"{'method':<18} {'site':<34} {'size':>4}  {reference + ' ' + metric:>14}"
-              + "".join(f"  {'gap ' + s:>22}" for s in ood))
+
+def _interval_cell(row: dict, value: str, digits: int) -> str:
+    mark = "*" if _verdict(row) else " "
+    return (f"{row[value]:+.{digits}f} [{row['ci_low']:+.{digits}f},{row['ci_high']:+.{digits}f}]"
+            f"{mark}{row['seeds_positive']:>3}/{row['n_seeds']:<3}")
+
+
+def _label(method: str, size: int) -> str:
+    return "-" if method.endswith("attention") else str(size)
+
+
+def gap_table(gap_rows: Sequence[dict], splits: Sequence[str], metric: str = "same_pred",
+              baseline: str = "iid") -> str:
+    """Text table from `stats.gaps` rows: the baseline's mean and, per split, the mean paired gap
+    with its Student-t 95% interval, '*' when the interval excludes 0, and the number of seeds
+    with a positive gap (positive = less faithful on that split)."""
+    digits = 3 if metric in ("same_pred", "acc_proxy") else 4
+    by_key = {(r["site"], r["method"], r["size"], r["split"]): r for r in gap_rows
+              if r["metric"] == metric and r["baseline"] == baseline}
+    keys = sorted({k[:3] for k in by_key}, key=lambda k: (k[1], k[0], k[2]))
+    width = 2 * (digits + 2) + 4 + (digits + 3) + 8
+    header = (f"{'method':<18} {'site':<34} {'size':>4}  {baseline + ' ' + metric:>18}"
+              + "".join(f"  {'gap ' + s:<{width}}" for s in splits))
     lines = [header, "-" * len(header)]
     for site, method, size in keys:
-        ref = agg.get((site, method, size, reference, ""))
-        if ref is None:
-            continue
-        ref_mean = ref[metric][0]
-        cells = []
-        for split in ood:
-            other = agg.get((site, method, size, split, ""))
-            if other is None:
-                cells.append(f"  {'-':>22}")
+        cells, base_mean = [], None
+        for split in splits:
+            row = by_key.get((site, method, size, split))
+            if row is None:
+                cells.append(f"  {'-':<{width}}")
                 continue
-            gap = sign * (ref_mean - other[metric][0])
-            cells.append(f"  {gap:>+13.3f} ±{other[metric][1]:.3f}  ")
-        label = "-" if method.endswith("attention") else str(size)
-        lines.append(f"{method:<18} {site:<34} {label:>4}  {ref_mean:>14.3f}" + "".join(cells))
+            base_mean = row["baseline_mean"]
+            cells.append(f"  {_interval_cell(row, 'gap', digits):<{width}}")
+        if base_mean is not None:
+            lines.append(f"{method:<18} {site:<34} {_label(method, size):>4}  "
+                         f"{base_mean:>18.{digits}f}" + "".join(cells))
     return "\n".join(lines)
+
+
+def _listing(rows: Sequence[dict], value: str, digits: int, limit: int = 40) -> list[str]:
+    out = [f"  {r['method']:<18} {r['site']:<34} {_label(r['method'], r['size']):>4}  "
+           f"{r['split']:<17} {_interval_cell(r, value, digits)}" for r in rows[:limit]]
+    if len(rows) > limit:
+        out.append(f"  ... {len(rows) - limit} more")
+    return out
+
+
+def statistics_report(rows: Sequence[dict], splits: Sequence[str], baseline: str = "iid"
+                      ) -> tuple[str, dict[str, list[dict]]]:
+    """The population report: gap_table.txt's text and the tables behind it.
+
+    Returns (text, {"gaps": ..., "proxy_vs_original": ..., "id_predicts_gap": ...,
+    "min_size": ...}); the main job writes each table as <name>.csv.
+    """
+    if baseline not in splits:
+        raise ValueError(f"proxies.gap_baseline={baseline!r} is not an evaluated split "
+                         f"(proxies.eval_splits={tuple(splits)})")
+    baselines = [baseline] + [b for b in stats.BASELINES if b != baseline and b in splits]
+    gap_rows = [g for b in baselines for g in stats.gaps(rows, baseline=b)]
+    versus = stats.proxy_vs_original(rows)
+    correlation = stats.id_predicts_gap(rows, baseline=baseline)
+    min_size = stats.min_sizes(rows)
+    ood = [s for s in splits if s not in stats.BASELINES]
+    seeds = sorted({r["seed"] for r in rows})
+    accuracy = original_accuracy(rows)
+
+    text = [f"Population: {len(seeds)} seeds. Every comparison is paired over the seeds present "
+            "in both conditions: [lo,hi] is the Student-t 95% interval of the mean per-seed "
+            "difference,", "* marks an interval that excludes 0, k/n counts the seeds with a "
+            "positive difference. Bootstrap intervals are in the CSV files.", "",
+            "Original model, closing-bracket accuracy (mean ± 95% CI over seeds):",
+            "  " + ", ".join(f"{s} {accuracy[s][0]:.3f}±{accuracy[s][1]:.3f}"
+                             for s in splits if s in accuracy), ""]
+    for metric, sign in (("same_pred", f"{baseline} minus split"),
+                         ("jsd", f"split minus {baseline}"),
+                         ("jsd_p99", f"split minus {baseline}")):
+        text += [f"Generalization gap in {metric} ({sign}; positive = less faithful out of "
+                 f"distribution; baseline `{baseline}`):",
+                 gap_table(gap_rows, ood, metric, baseline), ""]
+    if len(baselines) > 1:
+        other = baselines[1]
+        by_key = {(g["site"], g["method"], g["size"], g["split"], g["metric"], g["baseline"]): g
+                  for g in gap_rows}
+        differ = []
+        for g in gap_rows:
+            if g["baseline"] != baseline or g["split"] not in ood or g["metric"] not in (
+                    "same_pred", "jsd"):
+                continue
+            h = by_key.get((g["site"], g["method"], g["size"], g["split"], g["metric"], other))
+            if h is not None and _verdict(g) != _verdict(h):
+                differ.append((g, h))
+        text += [f"Baselines: gaps against `{other}` (training sentences allowed) where the "
+                 f"verdict differs from `{baseline}` ({len(differ)} of "
+                 f"{sum(g['baseline'] == baseline and g['split'] in ood and g['metric'] in ('same_pred', 'jsd') for g in gap_rows)}"
+                 " same_pred/jsd gaps; all in gaps.csv):"]
+        for g, h in differ[:40]:
+            digits = 3 if g["metric"] == "same_pred" else 4
+            text.append(f"  {g['metric']:<9} {g['method']:<18} {g['site']:<34} "
+                        f"{_label(g['method'], g['size']):>4}  {g['split']:<17} "
+                        f"vs {baseline}: {_interval_cell(g, 'gap', digits)}  "
+                        f"vs {other}: {_interval_cell(h, 'gap', digits)}")
+        if len(differ) > 40:
+            text.append(f"  ... {len(differ) - 40} more")
+        text.append("")
+    better = sorted((v for v in versus if _verdict(v) > 0), key=lambda v: -v["diff"])
+    worse = [v for v in versus if _verdict(v) < 0]
+    text += [f"Where the proxy beats the original: acc_proxy - acc_original > 0 with the 95% "
+             f"interval above 0 ({len(better)} of {len(versus)} (proxy, size, split); "
+             f"{len(worse)} are below 0; all in proxy_vs_original.csv):"]
+    text += _listing(better, "diff", 4) or ["  none"]
+    text.append("")
+    detected = [c for c in correlation if c["metric"] == "same_pred"
+                and np.isfinite(c["rho_low"]) and (c["rho_low"] > 0 or c["rho_high"] < 0)]
+    tested = [c for c in correlation if c["metric"] == "same_pred" and np.isfinite(c["rho"])]
+    predictor = correlation[0]["predictor"] if correlation else baseline
+    text += [f"Does in-distribution faithfulness predict the OOD gap? Spearman rho across seeds "
+             f"between same_pred on `{predictor}` and the same_pred gap (bootstrap 95% interval):"
+             f" {len(detected)} of {len(tested)} (proxy, size, split) have an interval excluding"
+             " 0 (all in id_predicts_gap.csv):"]
+    for c in sorted(detected, key=lambda c: -abs(c["rho"]))[:40]:
+        text.append(f"  {c['method']:<18} {c['site']:<34} {_label(c['method'], c['size']):>4}  "
+                    f"{c['split']:<17} rho {c['rho']:+.2f} [{c['rho_low']:+.2f},"
+                    f"{c['rho_high']:+.2f}]  rho(id, ood) {c['rho_ood']:+.2f} "
+                    f"[{c['rho_ood_low']:+.2f},{c['rho_ood_high']:+.2f}]  n={c['n_seeds']}")
+    text.append("")
+    dist = stats.min_size_distribution(min_size)
+    text += ["Smallest size (rank or k) whose same_pred reaches 0.99, distribution over seeds "
+             "(size: seeds; never = no evaluated size does; all in min_size.csv):"]
+    for (site, method, split), d in sorted(dist.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        counts = " ".join(f"{k}:{v}" for k, v in d["counts"].items())
+        median = "never" if np.isinf(d["median"]) else f"{d['median']:g}"
+        text.append(f"  {method:<8} {site:<34} {split:<17} median {median:>5}  {counts}")
+    tables = {"gaps": gap_rows, "proxy_vs_original": versus, "id_predicts_gap": correlation,
+              "min_size": min_size}
+    return "\n".join(text), tables
 
 
 def original_accuracy(rows: Sequence[dict]) -> dict[str, tuple[float, float]]:
