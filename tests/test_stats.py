@@ -1,0 +1,131 @@
+import math
+
+import numpy as np
+import pytest
+import scipy.stats
+
+from jaxillusions.analysis import stats, tables
+
+
+def row(seed, split, *, site="blocks.1.attn.k", method="svd", size=2, breakdown="all", **values):
+    base = {"seed": seed, "site": site, "method": method, "size": size, "split": split,
+            "breakdown": breakdown, "bin": "", "n": 100, "jsd": 0.01, "same_pred": 0.99,
+            "acc_original": 0.95, "acc_proxy": 0.95, "jsd_p95": 0.05, "jsd_p99": 0.1}
+    return {**base, **values}
+
+
+# A hand-built population: same_pred on iid and on unseen_depth for 8 seeds, seed 7 has no
+# unseen_depth row (so it is not paired), and a depth-breakdown row that must be ignored.
+IID = [0.99, 0.98, 0.995, 0.97, 0.985, 0.99, 0.975, 0.96]
+OOD = [0.95, 0.97, 0.990, 0.90, 0.985, 0.93, 0.980]
+JSD_IID = [0.010, 0.020, 0.005, 0.030, 0.010, 0.012, 0.020, 0.5]
+JSD_OOD = [0.050, 0.030, 0.004, 0.090, 0.011, 0.060, 0.015]
+
+
+def population():
+    rows = [row(s, "iid", same_pred=v, jsd=j, jsd_p99=3 * j) for s, (v, j) in
+            enumerate(zip(IID, JSD_IID, strict=True))]
+    rows += [row(s, "unseen_depth", same_pred=v, jsd=j, jsd_p99=3 * j) for s, (v, j) in
+             enumerate(zip(OOD, JSD_OOD, strict=True))]
+    rows.append(row(0, "unseen_depth", breakdown="depth", same_pred=0.0, jsd=1.0))
+    return rows
+
+
+def test_paired_gap_interval_and_seed_count_match_scipy():
+    (gap,) = [g for g in stats.gaps(population()) if g["metric"] == "same_pred"]
+    diffs = np.array(IID[:7]) - np.array(OOD)  # seed 7 is not paired
+    low, high = scipy.stats.t.interval(0.95, len(diffs) - 1, loc=diffs.mean(),
+                                       scale=scipy.stats.sem(diffs))
+    assert gap["n_seeds"] == 7 and gap["baseline"] == "iid" and gap["split"] == "unseen_depth"
+    assert gap["gap"] == pytest.approx(diffs.mean(), abs=1e-12)
+    assert (gap["ci_low"], gap["ci_high"]) == pytest.approx((low, high), abs=1e-12)
+    assert gap["seeds_positive"] == int((diffs > 0).sum()) == 5  # one tie, one negative
+    assert gap["baseline_mean"] == pytest.approx(np.mean(IID[:7]))
+    # The bootstrap interval: reproducible, around the mean, near the t interval.
+    again = stats.paired_summary(diffs)
+    assert (again["boot_low"], again["boot_high"]) == (gap["boot_low"], gap["boot_high"])
+    assert gap["boot_low"] < diffs.mean() < gap["boot_high"]
+    assert gap["boot_high"] - gap["boot_low"] == pytest.approx(high - low, rel=0.5)
+
+
+def test_sign_convention_positive_means_less_faithful_out_of_distribution():
+    by_metric = {g["metric"]: g for g in stats.gaps(population())}
+    jsd = np.array(JSD_OOD) - np.array(JSD_IID[:7])  # JSD: split minus baseline
+    assert by_metric["jsd"]["gap"] == pytest.approx(jsd.mean())
+    assert by_metric["jsd"]["seeds_positive"] == int((jsd > 0).sum()) == 5
+    assert by_metric["jsd_p99"]["gap"] == pytest.approx(3 * jsd.mean())
+    assert by_metric["same_pred"]["gap"] > 0 and by_metric["jsd"]["gap"] > 0
+    # A proxy that is MORE faithful out of distribution gets a negative gap in both metrics.
+    flipped = [row(s, "iid", same_pred=0.9, jsd=0.2) for s in range(4)]
+    flipped += [row(s, "longer", same_pred=0.95 + 0.01 * s, jsd=0.1 - 0.01 * s)
+                for s in range(4)]
+    signs = {g["metric"]: g["gap"] for g in stats.gaps(flipped)}
+    assert signs["same_pred"] < 0 and signs["jsd"] < 0
+    # The other baseline is named in every row.
+    other = stats.gaps(flipped + [row(s, "iid_with_train") for s in range(4)],
+                       baseline="iid_with_train")
+    assert {g["baseline"] for g in other} == {"iid_with_train"}
+    assert {g["split"] for g in other} == {"iid", "longer"}
+
+
+def test_proxy_vs_original_is_paired_within_seeds():
+    rows = [row(s, "unseen_depth", method="onehot_attention", size=0, acc_original=0.8 + 0.02 * s,
+                acc_proxy=0.82 + 0.02 * s + 0.001 * s) for s in range(6)]
+    (v,) = stats.proxy_vs_original(rows)
+    diffs = 0.02 + 0.001 * np.arange(6)
+    assert v["diff"] == pytest.approx(diffs.mean())
+    assert v["ci_low"] > 0 and v["seeds_positive"] == 6 and v["n_seeds"] == 6
+    text, _ = tables.statistics_report(rows + [row(s, "iid", method="onehot_attention", size=0)
+                                               for s in range(6)], ["iid", "unseen_depth"])
+    beats = text.split("Where the proxy beats the original")[1].split("\n\n")[0]
+    assert "onehot_attention" in beats and "unseen_depth" in beats
+
+
+def test_spearman_and_bootstrap_interval():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=40)
+    y = x + rng.normal(size=40)
+    rho, low, high, p = stats.spearman_interval(x, y)
+    want = scipy.stats.spearmanr(x, y)
+    assert rho == pytest.approx(want.statistic) and p == pytest.approx(want.pvalue)
+    assert 0 < low < rho < high <= 1
+    assert stats.spearman_interval(x, y) == (rho, low, high, p)  # fixed bootstrap seed
+    assert all(math.isnan(v) for v in stats.spearman_interval(x, np.ones(40)))
+    # id_predicts_gap uses iid_with_train as the predictor when it was evaluated.
+    rows = [row(s, "iid_with_train", same_pred=0.9 + 0.002 * s) for s in range(20)]
+    rows += [row(s, "iid", same_pred=0.9 + 0.002 * s) for s in range(20)]
+    rows += [row(s, "longer", same_pred=0.9 - 0.001 * s) for s in range(20)]
+    corr = {c["metric"]: c for c in stats.id_predicts_gap(rows)}
+    assert corr["same_pred"]["predictor"] == "iid_with_train"
+    assert corr["same_pred"]["rho"] == pytest.approx(1.0)  # higher id, larger gap
+    assert corr["same_pred"]["rho_ood"] == pytest.approx(-1.0)
+    assert corr["same_pred"]["n_seeds"] == 20
+
+
+def test_min_size_per_seed_and_distribution():
+    rows = []
+    for seed, curve in enumerate([(0.9, 0.995, 1.0), (0.99, 1.0, 1.0), (0.9, 0.95, 0.98)]):
+        rows += [row(seed, "iid", size=size, same_pred=v)
+                 for size, v in zip((1, 2, 4), curve, strict=True)]
+    rows.append(row(0, "iid", method="onehot_attention", size=0))  # not a sized proxy
+    per_seed = stats.min_sizes(rows)
+    assert [r["min_size"] for r in per_seed[:2]] == [2, 1] and math.isnan(per_seed[2]["min_size"])
+    (dist,) = stats.min_size_distribution(per_seed).values()
+    assert dist["counts"] == {1: 1, 2: 1, "never": 1} and dist["median"] == 2
+
+
+def test_stat_tables_round_trip_through_csv(tmp_path):
+    _, stat_tables = tables.statistics_report(population(), ["iid", "unseen_depth"])
+    for name, table in stat_tables.items():
+        path = str(tmp_path / f"{name}.csv")
+        tables.write_csv(table, path, tables.STAT_COLUMNS[name])
+        back = tables.read_csv(path)
+        assert len(back) == len(table)
+        for a, b in zip(table, back, strict=True):
+            for k, v in a.items():
+                if isinstance(v, float) and math.isnan(v):
+                    assert math.isnan(b[k])
+                elif isinstance(v, str):
+                    assert b[k] == v
+                else:
+                    assert b[k] == pytest.approx(v, rel=1e-12), (name, k)
