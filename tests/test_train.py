@@ -149,9 +149,11 @@ sharded, _ = train.train_sweep(config, workdir, splits=splits, verbose=False)  #
 assert len(sharded.params["embed"].sharding.device_set) == 2, sharded.params["embed"].sharding
 single = train.init_state(train.seed_list(config), model_cfg, tx)
 single, _ = train.train_steps(single, jax.numpy.asarray(splits["train"].tokens), num_steps=10,
-                              model_cfg=model_cfg, tx=tx, batch_size=config.train.batch_size)
+                              model_cfg=model_cfg, tx=tx, batch_size=config.train.batch_size,
+                              objective=train.objective_from_config(config))
 single, _ = train.train_steps(single, jax.numpy.asarray(splits["train"].tokens), num_steps=10,
-                              model_cfg=model_cfg, tx=tx, batch_size=config.train.batch_size)
+                              model_cfg=model_cfg, tx=tx, batch_size=config.train.batch_size,
+                              objective=train.objective_from_config(config))
 for a, b in zip(jax.tree.leaves(sharded.params), jax.tree.leaves(single.params)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 print("OK")

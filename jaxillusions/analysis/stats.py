@@ -179,10 +179,8 @@ def id_predicts_gap(rows: Iterable[dict], baseline: str = "iid", predictor: str 
             continue
         seeds = sorted(set(base) & set(per_seed) & set(pred))
         for metric in metrics:
-            def values(t, metric=metric):
-                return np.array([t[s][metric] for s in seeds], np.float64)
-
-            x, b, s = values(pred), values(base), values(per_seed)
+            x, b, s = (np.array([t[seed][metric] for seed in seeds], np.float64)
+                       for t in (pred, base, per_seed))
             rho, low, high, p = spearman_interval(x, signed_gap(b, s, metric))
             rho_ood, ood_low, ood_high, _ = spearman_interval(x, s)
             out.append({"site": site, "method": method, "size": size, "split": split,

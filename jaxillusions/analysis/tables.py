@@ -156,18 +156,16 @@ def statistics_report(rows: Sequence[dict], splits: Sequence[str], baseline: str
         other = baselines[1]
         by_key = {(g["site"], g["method"], g["size"], g["split"], g["metric"], g["baseline"]): g
                   for g in gap_rows}
+        compared = [g for g in gap_rows if g["baseline"] == baseline and g["split"] in ood
+                    and g["metric"] in ("same_pred", "jsd")]
         differ = []
-        for g in gap_rows:
-            if g["baseline"] != baseline or g["split"] not in ood or g["metric"] not in (
-                    "same_pred", "jsd"):
-                continue
+        for g in compared:
             h = by_key.get((g["site"], g["method"], g["size"], g["split"], g["metric"], other))
             if h is not None and _verdict(g) != _verdict(h):
                 differ.append((g, h))
         text += [f"Baselines: gaps against `{other}` (training sentences allowed) where the "
-                 f"verdict differs from `{baseline}` ({len(differ)} of "
-                 f"{sum(g['baseline'] == baseline and g['split'] in ood and g['metric'] in ('same_pred', 'jsd') for g in gap_rows)}"
-                 " same_pred/jsd gaps; all in gaps.csv):"]
+                 f"verdict differs from `{baseline}` ({len(differ)} of {len(compared)} "
+                 "same_pred/jsd gaps; all in gaps.csv):"]
         for g, h in differ[:40]:
             digits = 3 if g["metric"] == "same_pred" else 4
             text.append(f"  {g['metric']:<9} {g['method']:<18} {g['site']:<34} "
