@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.stats
 
 from jaxillusions import faithfulness as F
 from jaxillusions import logging as log_lib
@@ -181,6 +182,26 @@ def test_sweep_end_to_end_writes_table_figures_and_tensorboard(trained, tmp_path
     assert {r["breakdown"] for r in back} == {"all", "depth", "distance", "position"}
     gap = open(os.path.join(workdir, "gap_table.txt")).read()
     assert "gap unseen_depth" in gap and "kmeans" in gap
+    # gaps.csv agrees with a recomputation from results.csv: per seed iid - split, t interval.
+    gaps = tables.read_csv(os.path.join(workdir, "gaps.csv"))
+    assert len(gaps) == len({(r["site"], r["method"], r["size"]) for r in back}) * 4
+    for g in gaps:
+        def per_seed(split, g=g):
+            return {r["seed"]: r[g["metric"]] for r in back if r["breakdown"] == "all" and
+                    (r["site"], r["method"], r["size"], r["split"]) ==
+                    (g["site"], g["method"], g["size"], split)}
+        iid, ood = per_seed("iid"), per_seed(g["split"])
+        sign = -1.0 if g["metric"].startswith("jsd") else 1.0
+        diffs = np.array([sign * (iid[s] - ood[s]) for s in sorted(iid)])
+        assert g["baseline"] == "iid" and g["n_seeds"] == len(diffs) == 2
+        assert g["gap"] == pytest.approx(diffs.mean(), abs=1e-9)
+        assert g["seeds_positive"] == (diffs > 0).sum()
+        if diffs.std() > 0:
+            low, high = scipy.stats.t.interval(0.95, 1, loc=diffs.mean(),
+                                               scale=scipy.stats.sem(diffs))
+            assert (g["ci_low"], g["ci_high"]) == pytest.approx((low, high), abs=1e-9)
+    for name in ("proxy_vs_original", "id_predicts_gap", "min_size"):
+        assert os.path.exists(os.path.join(workdir, f"{name}.csv"))
     for name in ("faithfulness_svd.png", "faithfulness_kmeans.png",
                  "accuracy_by_depth_uniform_attention_blocks.1.attn.pattern.png",
                  "attention_patterns.png", "key_projection_seed0.png"):

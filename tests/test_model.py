@@ -82,3 +82,21 @@ def test_bad_model_config_errors():
     cfg = model_lib.ModelConfig(vocab_size=5, max_len=4)
     with pytest.raises(ValueError, match="unknown activation site"):
         model_lib.check_site(cfg, "blocks.7.attn.k")
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal", "linear"])
+def test_position_offset_shifts_positions(pos):
+    cfg, params, tokens = _setup(pos_encoding=pos)
+    tokens = tokens[:, :8]
+    offset = jnp.array([0, 2, 4])
+    shifted, cache = model_lib.forward(params, tokens, cfg, position_offset=offset,
+                                       cache=("pos_embed",))
+    for i, o in enumerate([0, 2, 4]):
+        # Row i equals the model run on o filler tokens + the row, from position o on.
+        padded = jnp.concatenate([jnp.zeros((1, o), tokens.dtype), tokens[i:i + 1]], axis=1)
+        full, full_cache = model_lib.forward(params, padded, cfg, cache=("pos_embed",))
+        np.testing.assert_allclose(cache["pos_embed"][i], full_cache["pos_embed"][o:], atol=1e-6)
+        if o == 0:
+            np.testing.assert_allclose(shifted[i], full[0], atol=1e-5)
+    plain, _ = model_lib.forward(params, tokens, cfg)
+    np.testing.assert_array_equal(plain[0], shifted[0])

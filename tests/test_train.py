@@ -51,6 +51,28 @@ def test_tiny_config_learns_closing_brackets(config):
     assert np.isfinite(by_depth[:, 1]).all()
 
 
+def test_position_offset_trains_positions_past_the_training_length(config):
+    splits, model_cfg, tx = train.build(config)
+    width = splits["train"].tokens.shape[1] - 1  # training inputs: positions 0 .. width - 1
+    assert train.objective_from_config(config).max_position_offset == model_cfg.max_len - width
+    tokens = jnp.asarray(splits["train"].tokens)  # all: long sentences at large offsets
+    params = jax.tree.map(lambda x: x[0], train.init_state([0], model_cfg, tx).params)
+    objective = train.objective_from_config(config)
+
+    def pos_grad(objective):
+        grads = jax.grad(train.objective_loss)(params, tokens, jax.random.PRNGKey(0), {},
+                                               model_cfg, objective)
+        return np.abs(np.asarray(grads["pos_embed"])).sum(-1)
+
+    with_offset = pos_grad(objective)
+    without = pos_grad(train.Objective())
+    assert (with_offset > 0).all()  # every position, up to the last one of `longer`
+    assert (without[:width] > 0).all() and (without[width:] == 0).all()
+    config.train.max_position_offset = model_cfg.max_len - width + 1
+    with pytest.raises(ValueError, match="max_position_offset"):
+        train.build(config, splits)
+
+
 def test_nan_seed_is_isolated_and_flagged(config):
     splits, model_cfg, tx = train.build(config)
     tokens = jnp.asarray(splits["train"].tokens)
