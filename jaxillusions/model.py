@@ -291,8 +291,12 @@ def _sinusoidal(num_pos: int, d: int) -> jax.Array:
     return table.at[:, 1::2].set(jnp.cos(pos * freq[: d // 2]))
 
 
-def _position_embedding(params: Params, cfg: ModelConfig, positions: jax.Array) -> jax.Array:
-    """Position embeddings for integer positions [..., T] -> [..., T, d_model]."""
+def _position_embedding(params: Params, cfg: ModelConfig, positions: jax.Array | int
+                        ) -> jax.Array:
+    """Position embeddings for integer positions [..., T] -> [..., T, d_model] (an int n:
+    positions 0 .. n-1)."""
+    if isinstance(positions, int):
+        positions = jnp.arange(positions)
     if cfg.pos_encoding == "learned":
         return params["pos_embed"][positions]
     if cfg.pos_encoding == "sinusoidal":
