@@ -69,7 +69,8 @@ def site_dim(cfg: model_lib.ModelConfig, site: str) -> int:
 
 
 def specs_from_config(proxy_cfg, cfg: model_lib.ModelConfig) -> list[ProxySpec]:
-    """Every (method, target) pair the config asks for, with its sizes and options."""
+    """Every (method, target) pair the config asks for, with its sizes (sorted, each once) and
+    options. validate.validate checks the settings with one-line errors first."""
     specs = []
     for method in proxy_cfg.methods:
         module = proxies.get(method)
@@ -90,7 +91,9 @@ def specs_from_config(proxy_cfg, cfg: model_lib.ModelConfig) -> list[ProxySpec]:
                 if key not in proxy_cfg:
                     raise ValueError(f"proxy {method!r} needs config.proxies.{key} (its sizes)")
                 sizes, options = tuple(proxy_cfg[key]), ()
-            specs.append(ProxySpec(method, sites, sizes, options))
+            # Sorted and deduplicated: a repeated size would give duplicate rows that aggregates
+            # count twice (ml_collections joins repeated tuple overrides, so this happens).
+            specs.append(ProxySpec(method, sites, tuple(sorted(set(sizes))), options))
     return specs
 
 
@@ -191,21 +194,24 @@ def _fit_seeds_and_heads(stats, keys, *, method: str, sizes: tuple[int, ...], op
 def fit(specs: Sequence[ProxySpec], stats: dict, key: jax.Array, num_seeds: int
         ) -> list[FittedProxy]:
     """Fits every spec for every seed and head (one batched call per spec and site)."""
-    fitted = []
-    for spec_index, spec in enumerate(specs):
-        module, per_site = spec.module, {}
-        for site_index, site in enumerate(spec.sites):
-            if module.STATISTIC is None:
-                per_site[site] = module.fit(None, spec.sizes, key=key)
-                continue
-            site_stats = stats[site][module.STATISTIC]
-            num_groups = jax.tree.leaves(site_stats)[0].shape[1]
-            keys = jax.random.split(jax.random.fold_in(key, 1000 * spec_index + site_index),
-                                    num_seeds * num_groups).reshape(num_seeds, num_groups, -1)
-            per_site[site] = _fit_seeds_and_heads(site_stats, keys, method=spec.method,
-                                                  sizes=spec.sizes, options=spec.options)
-        fitted.append(FittedProxy(spec, per_site))
-    return fitted
+    return [fit_one(spec, index, stats, key, num_seeds) for index, spec in enumerate(specs)]
+
+
+def fit_one(spec: ProxySpec, spec_index: int, stats: dict, key: jax.Array, num_seeds: int
+            ) -> FittedProxy:
+    """fit() of the spec at position `spec_index` of its list alone (same random keys)."""
+    module, per_site = spec.module, {}
+    for site_index, site in enumerate(spec.sites):
+        if module.STATISTIC is None:
+            per_site[site] = module.fit(None, spec.sizes, key=key)
+            continue
+        site_stats = stats[site][module.STATISTIC]
+        num_groups = jax.tree.leaves(site_stats)[0].shape[1]
+        keys = jax.random.split(jax.random.fold_in(key, 1000 * spec_index + site_index),
+                                num_seeds * num_groups).reshape(num_seeds, num_groups, -1)
+        per_site[site] = _fit_seeds_and_heads(site_stats, keys, method=spec.method,
+                                              sizes=spec.sizes, options=spec.options)
+    return FittedProxy(spec, per_site)
 
 
 def make_intervention(module, site_params: dict) -> model_lib.Intervention:

@@ -174,6 +174,26 @@ class SweepWriter:
                                         metadata=metadata)], 0)
         self._maybe_flush()
 
+    @staticmethod
+    def seed_runs(seeds: Sequence[int]) -> list[str]:
+        """The runs `scalars` writes: one per seed, the aggregates and "all"."""
+        return [f"seed_{s}" for s in seeds] + list(AGGREGATES) + ["all"]
+
+    def restart(self, step: int, runs: Sequence[str]) -> None:
+        """Marks a resumption from `step` in each run that already has events: a SessionLog
+        START event at step + 1, TensorBoard's restart marker. Its readers (and `read_scalars`)
+        then drop the events at steps > `step` written before it, i.e. those of the stopped
+        run after its last checkpoint, so no step is shown twice."""
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
+
+        for run in runs:
+            path = os.path.join(self.logdir, run)
+            if os.path.isdir(path) and any("tfevents" in f for f in os.listdir(path)):
+                self._writer(run).write_event(Event(wall_time=time.time(), step=int(step) + 1,
+                                                    session_log=SessionLog(
+                                                        status=SessionLog.START)))
+        self.flush()
+
     def flush(self) -> None:
         for w in self._writers.values():
             w.flush()

@@ -2,28 +2,111 @@
 
 Writes into the workdir: results.csv (tidy rows), gap_table.txt with gaps.csv,
 proxy_vs_original.csv, id_predicts_gap.csv and min_size.csv (analysis/stats.py), figures/*.png,
-TensorBoard curves and the hparams view, and the training checkpoints (a relaunch resumes
-training).
+TensorBoard curves and the hparams view, and the training checkpoints.
+
+Each stage is saved as it finishes, so a relaunch of the same command resumes where the last
+one stopped: training from its newest checkpoint, then each proxy family's fitted parameters
+(proxies/<i>_<method>_<target>.msgpack) and its evaluation rows (..._rows.json), then the
+reports; a finished sweep (sweep_done.json) is left as it is. A stage file records the settings
+it was computed with; if an analysis setting changed since, the stale file is moved to
+superseded/<time>/ (with the results it produced) and recomputed.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import time
 
 import jax
 import numpy as np
+from flax import serialization
 
-from jaxillusions import faithfulness, model, train, wen
+from jaxillusions import checkpoint, faithfulness, interrupt, model, train, validate, wen
 from jaxillusions import logging as log_lib
 from jaxillusions.analysis import board, figures, results, tables
 from jaxillusions.analysis import stats as stats_lib
 
+DONE_FILE = "sweep_done.json"
+STAGE_DIR = "proxies"
+REPORTS = ("results.csv", "gap_table.txt", "figures")
 
-def run(config, workdir: str, *, verbose: bool = True) -> list[dict]:
+
+def _analysis_settings(config) -> dict:
+    return {k: v for k, v in log_lib.flatten_config(config).items() if k.startswith("proxies.")}
+
+
+def _mark_done(config, workdir: str) -> None:
+    checkpoint.write_atomic(os.path.join(workdir, DONE_FILE), json.dumps(
+        {"time": checkpoint._now(), "analysis": _analysis_settings(config)},  # noqa: SLF001
+        indent=2, sort_keys=True))
+
+
+def _read_json(path: str):
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+class _Stages:
+    """Per-family stage files under <workdir>/proxies, each stamped with the settings it used."""
+
+    def __init__(self, workdir: str, say):
+        self.workdir, self.say = workdir, say
+        self.dir = os.path.join(workdir, STAGE_DIR)
+        self.aside = os.path.join(workdir, "superseded", time.strftime("%Y%m%dT%H%M%S"))
+        os.makedirs(self.dir, exist_ok=True)
+
+    def path(self, index: int, spec, suffix: str) -> str:
+        name = f"{index:02d}_{spec.method}_{spec.target}".replace("+", "_and_")
+        return os.path.join(self.dir, name + suffix)
+
+    def move_aside(self, path: str) -> None:
+        os.makedirs(self.aside, exist_ok=True)
+        dest = os.path.join(self.aside, os.path.relpath(path, self.workdir))
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        shutil.move(path, dest)
+        self.say(f"note: {os.path.relpath(path, self.workdir)} was computed with other analysis "
+                 f"settings; moved to {os.path.relpath(dest, self.workdir)}")
+
+    def load(self, path: str, stamp: str, read):
+        """The stage's content if it exists and carries `stamp`; a stale one is moved aside."""
+        if not os.path.exists(path):
+            return None
+        content = read(path)
+        if content["stamp"] == stamp:
+            return content["value"]
+        self.move_aside(path)
+        return None
+
+
+def _read_msgpack(path: str) -> dict:
+    with open(path, "rb") as f:
+        return serialization.msgpack_restore(f.read())
+
+
+def _stamp(**settings) -> str:
+    return json.dumps(settings, sort_keys=True, default=str)
+
+
+def run(config, workdir: str, *, verbose: bool = True, start_over: bool = False) -> list[dict]:
+    """The whole job, resumable stage by stage (see the module docstring). Returns the rows."""
     say = print if verbose else (lambda *a, **k: None)
     start = time.perf_counter()
     pc = config.proxies
+    for note in checkpoint.claim_workdir(workdir, config, validate.is_analysis_key):
+        say(note)
+    done = _read_json(os.path.join(workdir, DONE_FILE))
+    if done is not None and done["analysis"] == _analysis_settings(config):
+        say(f"the sweep in {workdir} is finished (finished {done['time']}); nothing to do. "
+            f"Results: {workdir}/results.csv. Change a proxies.* setting to redo the analysis.")
+        return results.read_csv(os.path.join(workdir, "results.csv"))
+    if done is not None:
+        say("analysis settings changed since the sweep finished: training is kept; proxy "
+            "families are refitted and re-evaluated where their settings changed")
+
     splits, model_cfg, _ = train.build(config)
     if pc.methods and len(train.contrastive_weights(config)) > 1:
         raise ValueError("proxies.methods with several train.contrastive_weights is not "
@@ -36,32 +119,73 @@ def run(config, workdir: str, *, verbose: bool = True) -> list[dict]:
         raise ValueError(f"proxies.gap_baseline={pc.gap_baseline!r} must be one of "
                          f"proxies.eval_splits {tuple(pc.eval_splits)}")
 
-    state, final_eval = train.train_sweep(config, workdir, splits=splits, verbose=verbose)
+    state, final_eval = train.train_sweep(config, workdir, splits=splits, verbose=verbose,
+                                          start_over=start_over)
     if wen.enabled(config):  # Wen et al. measurements (config.wen)
         wen.run_stage(state, final_eval, model_cfg, config, workdir, verbose=verbose)
     if not pc.methods:
+        _mark_done(config, workdir)
         return []
     seeds = [int(s) for s in train.seed_list(config)]
     healthy = np.asarray(state.healthy)
-    say(f"[{time.perf_counter() - start:.0f}s] training done; fitting {len(specs)} proxy "
-        f"families on the training split ({len(splits['train'].tokens)} sentences)")
+    stages = _Stages(workdir, say)
 
-    stats = faithfulness.collect(state.params, splits["train"], model_cfg, specs,
-                                 num_samples=pc.kmeans_samples,
-                                 batch_size=pc.collect_batch_size)
-    fitted = faithfulness.fit(specs, stats, jax.random.PRNGKey(config.seed), len(seeds))
+    # Fitting: one stage file per proxy family. Statistics are collected for all families
+    # together (as in an uninterrupted run) whenever one still needs fitting.
+    collected_sites = sorted({s for spec in specs if spec.module.STATISTIC for s in spec.sites})
+    fit_stamps = [_stamp(spec=spec, index=i, seed=config.seed, sites=collected_sites,
+                         samples=pc.kmeans_samples, batch=pc.collect_batch_size)
+                  for i, spec in enumerate(specs)]
+    fitted = [stages.load(stages.path(i, spec, ".msgpack"), fit_stamps[i], _read_msgpack)
+              for i, spec in enumerate(specs)]
+    todo = [i for i, f in enumerate(fitted) if f is None]
+    if todo:
+        say(f"[{time.perf_counter() - start:.0f}s] training done; fitting {len(todo)} proxy "
+            f"families on the training split ({len(splits['train'].tokens)} sentences)")
+        stats = faithfulness.collect(state.params, splits["train"], model_cfg, specs,
+                                     num_samples=pc.kmeans_samples,
+                                     batch_size=pc.collect_batch_size)
+        for n, i in enumerate(todo, 1):
+            proxy = faithfulness.fit_one(specs[i], i, stats, jax.random.PRNGKey(config.seed),
+                                         len(seeds))
+            fitted[i] = jax.tree.map(np.asarray, proxy.params)
+            checkpoint.write_atomic(stages.path(i, specs[i], ".msgpack"),
+                                    serialization.msgpack_serialize(
+                                        {"stamp": fit_stamps[i], "value": fitted[i]}))
+            interrupt.raise_if_requested(
+                f"while fitting proxies; {n} of {len(todo)} families fitted and saved in "
+                f"{stages.dir}; relaunch the same command to resume")
+        del stats
+
+    # Evaluation: one stage file of rows per proxy family.
     say(f"[{time.perf_counter() - start:.0f}s] evaluating on {', '.join(pc.eval_splits)} "
         f"({len(eval_set.tokens)} sentences)")
-    done = iter(range(1, len(specs) + 1))
-    rows = faithfulness.evaluate(
-        state.params, model_cfg, eval_set, fitted, batch_size=pc.eval_batch_size, seeds=seeds,
-        healthy=healthy,
-        progress=lambda spec: say(f"  [{next(done)}/{len(specs)}] {spec.method} on "
-                                  f"{spec.target}: sizes {list(spec.sizes)}", flush=True))
+    rows = []
+    for i, spec in enumerate(specs):
+        stamp = _stamp(fit=fit_stamps[i], splits=list(pc.eval_splits),
+                       batch=pc.eval_batch_size)
+        path = stages.path(i, spec, "_rows.json")
+        family = stages.load(path, stamp, _read_json)
+        if family is None:
+            family = faithfulness.evaluate(
+                state.params, model_cfg, eval_set, [faithfulness.FittedProxy(spec, fitted[i])],
+                batch_size=pc.eval_batch_size, seeds=seeds, healthy=healthy)
+            checkpoint.write_atomic(path, json.dumps({"stamp": stamp, "value": family}))
+        say(f"  [{i + 1}/{len(specs)}] {spec.method} on {spec.target}: sizes "
+            f"{list(spec.sizes)}", flush=True)
+        rows += family
+        interrupt.raise_if_requested(
+            f"while evaluating proxies; {i + 1} of {len(specs)} families evaluated and saved "
+            f"in {stages.dir}; relaunch the same command to resume")
 
+    if done is not None:  # results of other analysis settings: keep them
+        for name in REPORTS:
+            if os.path.exists(os.path.join(workdir, name)):
+                stages.move_aside(os.path.join(workdir, name))
     results.write_csv(rows, os.path.join(workdir, "results.csv"))
     write_reports(rows, config, workdir, seeds, healthy, verbose=verbose, model_cfg=model_cfg)
     write_activation_figures(state.params, splits, model_cfg, config, workdir, seeds, healthy)
+    _mark_done(config, workdir)
     say(f"[{time.perf_counter() - start:.0f}s] done: {workdir}/results.csv, "
         f"{workdir}/figures/, TensorBoard: tensorboard --logdir {workdir}/tensorboard")
     return rows

@@ -361,11 +361,6 @@ def evaluate(params: dict, split: dyck.Split, model_cfg: model_lib.ModelConfig, 
 # ---------------------------------------------------------------------------------------------
 # The sweep driver: data, training of all seeds, periodic evaluation, checkpoints, TensorBoard.
 
-# Keys that may change between a run and its resumption without changing the results.
-RESUMABLE_KEYS = ("train.log_every", "train.eval_every", "train.checkpoint_every",
-                  "data.cache_dir")
-
-
 def check_train_config(tc) -> None:
     """One-line errors for training settings that cannot work (before any data or compile)."""
     for key in ("num_seeds", "num_steps", "batch_size", "log_every", "eval_batch_size"):
@@ -383,9 +378,18 @@ def build(config, splits: dict[str, dyck.Split] | None = None):
     check_train_config(config.train)
     if splits is None:
         splits = dyck.load_or_make(config.data)
+    model_cfg = model_config(config, max(s.tokens.shape[1] for s in splits.values()))
+    return splits, model_cfg, make_optimizer(config.train, model_lib.frozen_paths(model_cfg))
+
+
+def model_config(config, widest_split: int | None = None) -> model_lib.ModelConfig:
+    """The model config; `widest_split`: the longest split's token width (None: computed from
+    the data config, as validate does before any data exists)."""
     objective = objective_from_config(config)
     dc, k = config.data, config.data.num_types
-    max_len = max([s.tokens.shape[1] for s in splits.values()]
+    if widest_split is None:
+        widest_split = max(dc.max_len, dc.longer_max_len) + 2  # BOS ... EOS of `longer`
+    max_len = max([widest_split]
                   # BOS + a contrastive prefix (<= 2D+2 tokens) + a training sentence + EOS
                   + [dc.max_len + 2 * dc.max_depth + 4] * objective.contrastive
                   + [config.model.get("max_len", 0)])
@@ -394,12 +398,12 @@ def build(config, splits: dict[str, dyck.Split] | None = None):
         open_ids=tuple(int(dyck.open_id(t, k)) for t in range(k)),
         close_ids=tuple(int(dyck.close_id(t, k)) for t in range(k)),
         max_depth=int(dc.max_depth), depth_bins=num_depth_bins(config))
-    used = splits["train"].tokens.shape[1] - 1 + objective.max_position_offset
+    used = dc.max_len + 2 - 1 + objective.max_position_offset  # training inputs: BOS ... EOS-1
     if used > max_len:
         raise ValueError(f"train.max_position_offset={objective.max_position_offset}: training "
                          f"inputs would reach position {used - 1}, but the model has {max_len} "
                          f"positions (at most {max_len - used + objective.max_position_offset})")
-    return splits, model_cfg, make_optimizer(config.train, model_lib.frozen_paths(model_cfg))
+    return model_cfg
 
 
 def num_depth_bins(config) -> int:
@@ -434,14 +438,30 @@ def _log_eval(writer, step: int, results: dict, healthy: np.ndarray) -> None:
     writer.scalars(step, scalars, healthy=healthy)
 
 
+def _stop_if_all_diverged(healthy: np.ndarray, step: int) -> None:
+    from jaxillusions import interrupt  # noqa: PLC0415
+
+    if not healthy.any():
+        raise interrupt.Stopped(
+            f"all {len(healthy)} seeds diverged (non-finite loss or gradients) by step {step}; "
+            "stopped there (lower train.learning_rate or raise train.warmup_steps)")
+
+
 def train_sweep(config, workdir: str | None = None, *, splits=None, seeds=None,
-                stop_at_step: int | None = None, verbose: bool = True):
+                stop_at_step: int | None = None, verbose: bool = True,
+                start_over: bool = False):
     """Trains every seed of the sweep together; resumes from `workdir` if it has checkpoints.
 
     Returns (state, eval_results) where eval_results[split] holds per-seed arrays (see
     `evaluate`). `stop_at_step` ends early (as an interrupted run would), for tests.
+    `start_over`: if the workdir has checkpoints and none of them can be restored, move them
+    aside and train from step 0 (otherwise that is an error).
+
+    Raises interrupt.Stopped when every seed has diverged, or after a SIGTERM/SIGINT (under
+    interrupt.catch_signals), having saved a checkpoint at the step reached.
     """
     from jaxillusions import checkpoint as ckpt_lib  # noqa: PLC0415 - keeps orbax off pure use
+    from jaxillusions import interrupt, validate  # noqa: PLC0415
     from jaxillusions import logging as log_lib  # noqa: PLC0415
 
     tc = config.train
@@ -454,13 +474,17 @@ def train_sweep(config, workdir: str | None = None, *, splits=None, seeds=None,
     say = print if verbose else (lambda *a, **k: None)
 
     checkpointer = writer = None
+    saved_step = None
     if workdir is not None:
-        ckpt_lib.claim_workdir(workdir, config, ignore=RESUMABLE_KEYS)
+        for note in ckpt_lib.claim_workdir(workdir, config, validate.is_analysis_key):
+            say(note)
         checkpointer = ckpt_lib.Checkpointer(f"{workdir}/checkpoints")
-        restored_step, state = checkpointer.restore_latest(state)
-        if restored_step is not None:
-            say(f"resumed from checkpoint at step {restored_step} in {workdir}")
+        saved_step, state = checkpointer.restore_latest(state, start_over=start_over)
+        if saved_step is not None:
+            say(f"resumed from checkpoint at step {saved_step} in {workdir}")
         writer = log_lib.SweepWriter(f"{workdir}/tensorboard", sweep.labels)
+        # Events logged after the restored step by the run that was stopped are superseded.
+        writer.restart(saved_step or 0, log_lib.SweepWriter.seed_runs(sweep.labels))
 
     step = int(state.step[0])
     end = tc.num_steps if stop_at_step is None else min(stop_at_step, tc.num_steps)
@@ -469,42 +493,62 @@ def train_sweep(config, workdir: str | None = None, *, splits=None, seeds=None,
     reported_unhealthy: set[int] = set()
     start_time, start_step = time.perf_counter(), step
     results = None
-    while step < end:
-        boundaries = [end] + [step - step % every + every for every in
-                              (tc.log_every, tc.eval_every, tc.checkpoint_every) if every > 0]
-        num = min(boundaries) - step
-        state, losses = train_steps(state, train_tokens, hparams, num_steps=num,
-                                    model_cfg=model_cfg, tx=tx, batch_size=tc.batch_size,
-                                    objective=objective)
-        step += num
-        losses = np.asarray(losses)
-        healthy = np.asarray(state.healthy)
-        for i in np.flatnonzero(~healthy):
-            if i not in reported_unhealthy:
-                reported_unhealthy.add(i)
-                say(f"WARNING: seed {sweep.labels[i]} diverged (non-finite loss or gradients) by "
-                    f"step {step}; its parameters are frozen and it is excluded from aggregates")
-        last = np.where(healthy, losses[-1], np.nan)
-        if writer is not None:
-            writer.scalars(step, {"train/loss": losses[-1]}, healthy=healthy)
-        if step % tc.log_every == 0 or step == end:
-            rate = (step - start_step) / (time.perf_counter() - start_time)
-            say(f"step {step:>6}/{tc.num_steps} | loss {np.nanmean(last):.4f} "
-                f"(min {np.nanmin(last) if healthy.any() else np.nan:.4f}) | "
-                f"{len(seeds)} seeds | {rate:.1f} steps/s | ETA {_format_eta((end - step) / rate)}",
-                flush=True)
-        if (tc.eval_every > 0 and step % tc.eval_every == 0) or step == tc.num_steps:
-            results = evaluate_splits(state.params, splits, model_cfg, config)
-            say("  eval closing-bracket acc (mean over healthy seeds): " + ", ".join(
-                f"{k} {np.nanmean(np.where(healthy, v['acc'], np.nan)):.3f}"
-                for k, v in results.items()))
+    try:
+        _stop_if_all_diverged(np.asarray(state.healthy), step)
+        while step < end:
+            boundaries = [end] + [step - step % every + every for every in
+                                  (tc.log_every, tc.eval_every, tc.checkpoint_every) if every > 0]
+            num = min(boundaries) - step
+            state, losses = train_steps(state, train_tokens, hparams, num_steps=num,
+                                        model_cfg=model_cfg, tx=tx, batch_size=tc.batch_size,
+                                        objective=objective)
+            step += num
+            losses = np.asarray(losses)
+            healthy = np.asarray(state.healthy)
+            for i in np.flatnonzero(~healthy):
+                if i not in reported_unhealthy:
+                    reported_unhealthy.add(i)
+                    say(f"WARNING: seed {sweep.labels[i]} diverged (non-finite loss or "
+                        f"gradients) by step {step}; its parameters are frozen and it is "
+                        "excluded from aggregates")
+            _stop_if_all_diverged(healthy, step)
+            last = np.where(healthy, losses[-1], np.nan)
             if writer is not None:
-                _log_eval(writer, step, results, healthy)
-        if checkpointer is not None and (
-                (tc.checkpoint_every > 0 and step % tc.checkpoint_every == 0) or step == end):
-            checkpointer.save(step, state)
-    if results is None and step == tc.num_steps:  # resumed a finished run
-        results = evaluate_splits(state.params, splits, model_cfg, config)
+                writer.scalars(step, {"train/loss": losses[-1]}, healthy=healthy)
+            if step % tc.log_every == 0 or step == end:
+                rate = (step - start_step) / (time.perf_counter() - start_time)
+                say(f"step {step:>6}/{tc.num_steps} | loss {np.nanmean(last):.4f} "
+                    f"(min {np.nanmin(last):.4f}) | {len(seeds)} seeds | {rate:.1f} steps/s | "
+                    f"ETA {_format_eta((end - step) / rate)}", flush=True)
+            if (tc.eval_every > 0 and step % tc.eval_every == 0) or step == tc.num_steps:
+                results = evaluate_splits(state.params, splits, model_cfg, config)
+                say("  eval closing-bracket acc (mean over healthy seeds): " + ", ".join(
+                    f"{k} {np.nanmean(np.where(healthy, v['acc'], np.nan)):.3f}"
+                    for k, v in results.items()))
+                if writer is not None:
+                    _log_eval(writer, step, results, healthy)
+            stopping = interrupt.requested() is not None
+            if checkpointer is not None and saved_step != step and (
+                    (tc.checkpoint_every > 0 and step % tc.checkpoint_every == 0)
+                    or step == end or stopping):
+                writer.flush()  # TensorBoard on disk is never behind the newest checkpoint
+                checkpointer.save(step, state)
+                saved_step = step
+            if stopping:
+                interrupt.raise_if_requested(
+                    f"at step {step}; " + (f"checkpoint saved in {workdir}/checkpoints, relaunch "
+                                           "the same command to resume" if workdir else
+                                           "nothing saved (no workdir)"))
+        if results is None and step == tc.num_steps:  # resumed a finished run
+            results = evaluate_splits(state.params, splits, model_cfg, config)
+    except BaseException:
+        for closable in (writer, checkpointer):  # the error in flight is the one to report
+            try:
+                if closable is not None:
+                    closable.close()
+            except Exception:  # noqa: BLE001, S110
+                pass
+        raise
     if writer is not None:
         writer.close()
     if checkpointer is not None:

@@ -1,7 +1,16 @@
-"""Flags shared by the launchers: --config (an ml-collections file with overrides) and --workdir."""
+"""Flags and error handling shared by the launchers.
+
+Flags: --config (an ml-collections file with overrides), --workdir, --start_over (train from step
+0 when the workdir's checkpoints exist but none can be restored) and --debug (show tracebacks).
+
+`run(main)` validates the whole config before any work, takes the workdir lock, catches
+SIGTERM/SIGINT (the job saves and exits 143/130) and turns every error into one line on stderr.
+"""
 
 from __future__ import annotations
 
+import os
+import runpy
 import sys
 
 from absl import flags
@@ -10,24 +19,131 @@ from ml_collections import config_flags
 CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file.",
                                          lock_config=True)
 WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and results.")
+START_OVER = flags.DEFINE_bool(
+    "start_over", False, "If the workdir has checkpoints but none can be restored, move them to "
+    "corrupt_checkpoints/ and train from step 0 (without it, that is an error).")
+DEBUG = flags.DEFINE_bool("debug", False, "Show the traceback of an error.")
+
+
+def _flag_value(argv: list[str], name: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg.startswith(f"--{name}="):
+            return arg.split("=", 1)[1]
+        if arg == f"--{name}" and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def _unknown_key(argv: list[str], path: str) -> str | None:
+    """'unknown config key train.foo; train has: ...' for the first override that names no key."""
+    file, _, arg = path.partition(":")
+    try:
+        get_config = runpy.run_path(file)["get_config"]
+        config = get_config(arg) if arg else get_config()
+    except Exception:  # noqa: BLE001 - fall back to the flag library's own message
+        return None
+    for a in argv:
+        if not a.startswith("--config."):
+            continue
+        key = a[len("--config."):].split("=", 1)[0]
+        node, parts = config, key.split(".")
+        for depth, part in enumerate(parts):
+            if not hasattr(node, "keys") or part not in node:
+                section = ".".join(parts[:depth]) or "the config"
+                known = ", ".join(sorted(node.keys())) if hasattr(node, "keys") else "no keys"
+                return f"unknown config key {key}; {section} has: {known}"
+            node = node[part]
+    return None
 
 
 def parse(argv: list[str]):
     """Parses the flags; a bad flag or config override is a one-line error, not a traceback."""
+    path = _flag_value(argv, "config")
+    if path is not None and not os.path.isfile(path.partition(":")[0]):
+        sys.exit(f"error: config file {path.partition(':')[0]} not found (run from the "
+                 "repository root, e.g. --config=configs/dyck_small.py)")
     try:
         flags.FLAGS(argv)
     except (flags.Error, KeyError, AttributeError, ValueError, TypeError) as err:
-        sys.exit(f"error: {str(err).splitlines()[0]}")
+        message = _unknown_key(argv, path) if path else None
+        sys.exit(f"error: {message or str(err).splitlines()[0]}")
     if CONFIG.value is None or WORKDIR.value is None:
         sys.exit("error: --config and --workdir are required, e.g. "
                  "--config=configs/dyck_small.py --workdir=runs/dyck_small")
-    return CONFIG.value, WORKDIR.value
+    try:
+        config = CONFIG.value
+        config.keys()
+    except Exception as err:  # noqa: BLE001 - a config file that does not load
+        sys.exit(f"error: cannot load config file {path}: {str(err).splitlines()[0]}")
+    return config, WORKDIR.value
 
 
 def run(main) -> None:
-    """Runs main(config, workdir), turning configuration errors into one-line messages."""
+    """Runs main(config, workdir, start_over=...) after validating the config and taking the
+    workdir lock; every error becomes one line on stderr (--debug shows the traceback)."""
     config, workdir = parse(sys.argv)
+    from jaxillusions import checkpoint, interrupt, validate  # noqa: PLC0415
+
+    if not DEBUG.value:
+        _quiet_background_errors(workdir)
+    lock = checkpoint.WorkdirLock(workdir)
     try:
-        main(config, workdir)
-    except ValueError as err:
-        sys.exit(f"error: {err}")
+        for note in validate.validate(config):
+            print(note)
+        note = lock.acquire()
+        if note:
+            print(note)
+        with interrupt.catch_signals():
+            main(config, workdir, start_over=START_OVER.value)
+    except interrupt.Stopped as err:
+        if DEBUG.value:
+            raise
+        prefix = "" if err.exit_code in interrupt.EXIT_CODES.values() else "error: "
+        print(f"{prefix}{err}", file=sys.stderr)
+        sys.exit(err.exit_code)
+    except KeyboardInterrupt:
+        if DEBUG.value:
+            raise
+        sys.exit("error: stopped at once by a second signal (work since the last checkpoint "
+                 "is lost); relaunch the same command to resume")
+    except (ValueError, OSError) as err:  # our one-line errors, and errors of the system
+        if DEBUG.value:
+            raise
+        own = type(err).__module__.startswith("jaxillusions") or type(err) in (ValueError,
+                                                                                 OSError)
+        message = str(err).splitlines()[0] if own and str(err) else checkpoint.root_cause(err)
+        sys.exit(f"error: {message}")
+    except Exception as err:  # noqa: BLE001 - one line per error; --debug shows the traceback
+        if DEBUG.value:
+            raise
+        sys.exit(f"error: {checkpoint.root_cause(err)} (--debug shows the traceback)")
+    finally:
+        lock.release()
+
+
+def _quiet_background_errors(workdir: str) -> None:
+    """Library threads (orbax, asyncio) report their failures as logged tracebacks, dozens of
+    them for one full disk or one corrupt checkpoint; the main thread raises the error that
+    matters. Without --debug, send those reports to <workdir>/errors.log instead of stderr."""
+    import logging  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+    import traceback  # noqa: PLC0415
+
+    def to_file(text: str) -> None:
+        try:
+            with open(os.path.join(workdir, "errors.log"), "a") as f:
+                f.write(text + "\n")
+        except Exception:  # noqa: BLE001 - e.g. the disk is full, or Python is shutting down
+            pass
+
+    class ToFile(logging.Handler):
+        def emit(self, record):
+            to_file(self.format(record))
+
+    absl_logger = logging.getLogger("absl")
+    absl_logger.handlers[:] = [ToFile()]
+    absl_logger.propagate = False
+    sys.unraisablehook = lambda u: to_file("".join(traceback.format_exception(
+        u.exc_type, u.exc_value, u.exc_traceback)) if u.exc_value else str(u.err_msg))
+    threading.excepthook = lambda a: to_file("".join(traceback.format_exception(
+        a.exc_type, a.exc_value, a.exc_traceback)))

@@ -7,8 +7,8 @@ from jaxillusions import sweep
 from launch import common
 
 
-def main(config, workdir: str) -> None:
-    sweep.run(config, workdir)
+def main(config, workdir: str, start_over: bool = False) -> None:
+    sweep.run(config, workdir, start_over=start_over)
 
 
 if __name__ == "__main__":

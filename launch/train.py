@@ -11,8 +11,8 @@ from jaxillusions.analysis import board
 from launch import common
 
 
-def main(config, workdir: str) -> None:
-    state, _ = train.train_sweep(config, workdir)
+def main(config, workdir: str, start_over: bool = False) -> None:
+    state, _ = train.train_sweep(config, workdir, start_over=start_over)
     sweep = train.members(config)
     _, model_cfg, _ = train.build(config)
     member_hparams = sweep.hparams if len(train.contrastive_weights(config)) > 1 else None

@@ -1,0 +1,241 @@
+"""Checks of a whole config before any work, and which keys may change when a run resumes.
+
+    notes = validate(config)   # ValueError "key=value: must be ..." (one line), or notes to print
+
+`RULES` is a flat table: one entry per config key, with the type it must have, a test of its
+value (which may look at the rest of the config) and what is allowed, for the error message.
+Every key of a config must have a rule, so a new key comes with its check (keys that a config
+may leave out, read with config.get, are checked when present). The checks that need
+the resolved model (proxy sites, ranks against d_head, k against the number of k-means samples)
+follow in `_proxy_checks`; the data and training checks of `dyck` and `train` are reused.
+
+`ANALYSIS_KEYS` lists the keys that only change what is measured or logged, not the trained
+parameters: they may change between a run and its resumption (the change is recorded in the
+workdir's config_history.jsonl). Every other key defines the training run and may not change.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import numbers
+from collections.abc import Callable
+from typing import Any
+
+from jaxillusions import model, train
+
+# Keys (fnmatch patterns) that may change on resume: analysis, evaluation and logging settings.
+ANALYSIS_KEYS = (
+    "proxies.*",
+    "train.eval_batch_size",
+    "train.log_every",
+    "train.eval_every",
+    "train.checkpoint_every",
+    "data.cache_dir",
+)
+
+
+def is_analysis_key(key: str) -> bool:
+    """True for keys that may change between a run and its resumption (see ANALYSIS_KEYS)."""
+    return any(fnmatch.fnmatchcase(key, pattern) for pattern in ANALYSIS_KEYS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Value kinds. Each is (name, test of the Python type).
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+INT = ("an integer", _is_int)
+NUMBER = ("a finite number", _is_number)
+BOOL = ("true or false", lambda v: isinstance(v, bool))
+STR = ("a string", lambda v: isinstance(v, str))
+INTS = ("a tuple of integers", lambda v: isinstance(v, tuple | list) and all(map(_is_int, v)))
+NUMBERS = ("a tuple of finite numbers",
+           lambda v: isinstance(v, tuple | list) and all(map(_is_number, v)))
+STRS = ("a tuple of strings",
+        lambda v: isinstance(v, tuple | list) and all(isinstance(x, str) for x in v))
+
+
+def _pos(v, c) -> bool:
+    return v >= 1
+
+
+def _nonneg(v, c) -> bool:
+    return v >= 0
+
+
+def _any(v, c) -> bool:
+    return True
+
+
+# key: (kind, test(value, config) -> bool, what is allowed). Add a row for every new key.
+RULES: dict[str, tuple[tuple[str, Callable], Callable[[Any, Any], bool], str]] = {
+    "seed": (INT, _nonneg, ">= 0"),
+    # data (dyck.make_splits checks the combinations; see _data_checks)
+    "data.seed": (INT, _nonneg, ">= 0"),
+    "data.num_types": (INT, lambda v, c: 1 <= v <= 30000, "in [1, 30000]"),
+    "data.max_depth": (INT, _pos, ">= 1"),
+    "data.min_len": (INT, lambda v, c: 2 <= v <= c.data.max_len, "in [2, data.max_len]"),
+    "data.max_len": (INT, lambda v, c: v >= 2, ">= 2"),
+    "data.longer_max_len": (INT, lambda v, c: v > c.data.max_len, "> data.max_len"),
+    "data.depth_extra": (INT, _pos, ">= 1"),
+    "data.num_train": (INT, _pos, ">= 1"),
+    "data.num_eval": (INT, _pos, ">= 1"),
+    "data.cache_dir": (STR, _any, "a directory, or '' for the default"),
+    # model (model.ModelConfig checks the combinations)
+    "model.n_layers": (INT, _pos, ">= 1"),
+    "model.n_heads": (INT, _pos, ">= 1"),
+    "model.d_model": (INT, _pos, ">= 1"),
+    "model.d_head": (INT, _nonneg, ">= 0 (0: d_model // n_heads)"),
+    "model.d_mlp": (INT, _nonneg, ">= 0"),
+    "model.pos_encoding": (STR, lambda v, c: v in model.POS_ENCODINGS,
+                           f"one of {', '.join(model.POS_ENCODINGS)}"),
+    "model.embedding": (STR, lambda v, c: v in model.EMBEDDINGS,
+                        f"one of {', '.join(model.EMBEDDINGS)}"),
+    "model.first_layer": (STR, lambda v, c: v in model.FIRST_LAYERS,
+                          f"one of {', '.join(model.FIRST_LAYERS)}"),
+    "model.minimal_embedding": (STR, lambda v, c: v in model.MINIMAL_EMBEDDINGS,
+                                f"one of {', '.join(model.MINIMAL_EMBEDDINGS)}"),
+    "model.max_len": (INT, _nonneg, ">= 0 (0: the longest data split)"),
+    "model.attn_only": (BOOL, _any, "true or false"),
+    "model.uniform_attention_layers": (
+        INTS, lambda v, c: all(0 <= i < c.model.n_layers for i in v),
+        "layer indices in [0, model.n_layers)"),
+    # train (train.check_train_config checks the same ranges; kept here for the table)
+    "train.num_seeds": (INT, _pos, ">= 1"),
+    "train.num_steps": (INT, _pos, ">= 1"),
+    "train.batch_size": (INT, _pos, ">= 1"),
+    "train.learning_rate": (NUMBER, lambda v, c: v > 0, "> 0"),
+    "train.warmup_steps": (INT, _nonneg, ">= 0"),
+    "train.weight_decay": (NUMBER, _nonneg, ">= 0"),
+    "train.grad_clip": (NUMBER, lambda v, c: v > 0, "> 0"),
+    "train.loss_on": (STR, lambda v, c: v in train.LOSS_ON, f"one of {', '.join(train.LOSS_ON)}"),
+    "train.contrastive_weights": (NUMBERS, lambda v, c: all(w >= 0 for w in v)
+                                  and len(set(v)) == len(v),
+                                  "distinct weights >= 0, or () for none"),
+    "train.log_every": (INT, _pos, ">= 1"),
+    "train.eval_every": (INT, _nonneg, ">= 0 (0: only at the end)"),
+    "train.checkpoint_every": (INT, _nonneg, ">= 0 (0: only at the end)"),
+    "train.eval_batch_size": (INT, _pos, ">= 1"),
+    # proxies (checked against the model in _proxy_checks)
+    "proxies.targets": (STRS, lambda v, c: len(v) >= 1, "at least one '+'-joined list of sites"),
+    "proxies.eval_splits": (STRS, lambda v, c: len(v) >= 1, "at least one split"),
+    "proxies.pattern_site": (STR, _any, "an attention pattern site, e.g. blocks.-1.attn.pattern"),
+    "proxies.methods": (STRS, lambda v, c: len(v) >= 1, "at least one proxy method"),
+    "proxies.svd_ranks": (INTS, lambda v, c: all(r >= 1 for r in v),
+                          "ranks >= 1, or () for 1, 2, 4, ... up to d_head"),
+    "proxies.svd_center": (BOOL, _any, "true or false"),
+    "proxies.kmeans_sizes": (INTS, lambda v, c: len(v) >= 1 and all(k >= 1 for k in v),
+                             "cluster counts >= 1"),
+    "proxies.kmeans_samples": (INT, _pos, ">= 1"),
+    "proxies.kmeans_iters": (INT, _pos, ">= 1"),
+    "proxies.collect_batch_size": (INT, _pos, ">= 1"),
+    "proxies.eval_batch_size": (INT, _pos, ">= 1"),
+}
+
+
+def _flat(config) -> dict[str, Any]:
+    out = {}
+
+    def visit(node, prefix):
+        for k, v in node.items():
+            if hasattr(v, "items"):
+                visit(v, f"{prefix}{k}.")
+            else:
+                out[prefix + k] = v
+
+    visit(config, "")
+    return out
+
+
+def validate(config) -> list[str]:
+    """Raises ValueError (one line: key, value, what is allowed) for the first bad setting.
+
+    Returns notes to show the user (e.g. duplicate sizes that will be evaluated once).
+    """
+    flat = _flat(config)
+    for key, value in flat.items():
+        if key not in RULES:
+            section = key.rsplit(".", 1)[0] if "." in key else ""
+            known = sorted(k.rsplit(".", 1)[-1] for k in RULES
+                           if (k.rsplit(".", 1)[0] if "." in k else "") == section)
+            raise ValueError(f"unknown config key {key}; allowed in "
+                             f"{section or 'the top level'}: {', '.join(known)} "
+                             "(a new key needs a rule in jaxillusions/validate.py)")
+        (kind, is_kind), test, allowed = RULES[key]
+        if not is_kind(value):
+            raise ValueError(f"{key}={value!r}: must be {kind}" +
+                             (f", {allowed}" if test is not _any else ""))
+    for key, ((_, _), test, allowed) in RULES.items():
+        if key in flat and not test(flat[key], config):
+            raise ValueError(f"{key}={flat[key]!r}: must be {allowed}")
+    model_cfg = _data_train_model_checks(config)
+    return _proxy_checks(config, model_cfg)
+
+
+def _data_train_model_checks(config):
+    from jaxillusions.data import dyck  # noqa: PLC0415
+
+    dyck._params(config.data)  # noqa: SLF001 - the data module's own combined checks
+    train.check_train_config(config.train)
+    return train.model_config(config)  # model.ModelConfig checks the combinations
+
+
+def _proxy_checks(config, model_cfg) -> list[str]:
+    from jaxillusions import faithfulness, proxies  # noqa: PLC0415
+    from jaxillusions.data import dyck  # noqa: PLC0415
+
+    pc, notes = config.proxies, []
+    for method in pc.methods:
+        if method not in proxies.available():
+            raise ValueError(f"proxies.methods: unknown method {method!r}; "
+                             f"available: {', '.join(proxies.available())}")
+    for split in pc.eval_splits:
+        if split not in dyck.SPLITS:
+            raise ValueError(f"proxies.eval_splits: unknown split {split!r}; "
+                             f"available: {', '.join(dyck.SPLITS)}")
+    if "iid" not in pc.eval_splits:
+        raise ValueError(f"proxies.eval_splits={tuple(pc.eval_splits)}: must include 'iid', "
+                         "the in-distribution baseline of every generalization gap")
+    for target in pc.targets:
+        for site in target.split("+"):
+            try:
+                resolved = faithfulness.resolve_site(site, model_cfg)
+            except ValueError as err:
+                raise ValueError(f"proxies.targets: {err}") from None
+            if resolved.endswith(".pattern"):
+                raise ValueError(f"proxies.targets: {site!r} is an attention pattern; targets "
+                                 "are vector sites (patterns go in proxies.pattern_site)")
+    try:
+        pattern = faithfulness.resolve_site(pc.pattern_site, model_cfg)
+    except ValueError as err:
+        raise ValueError(f"proxies.pattern_site: {err}") from None
+    if not pattern.endswith(".attn.pattern"):
+        raise ValueError(f"proxies.pattern_site={pc.pattern_site!r}: must be an attention "
+                         "pattern site, blocks.<layer>.attn.pattern")
+    for spec in faithfulness.specs_from_config(pc, model_cfg):
+        if spec.method in ("svd", "pca"):
+            dim = min(faithfulness.site_dim(model_cfg, s) for s in spec.sites)
+            too_big = [r for r in spec.sizes if r > dim]
+            if too_big:
+                raise ValueError(f"proxies.svd_ranks={tuple(pc.svd_ranks)}: ranks {too_big} "
+                                 f"exceed the dimension {dim} of {spec.target} (d_head "
+                                 f"{model_cfg.head_dim}); allowed 1..{dim}")
+        if spec.method == "kmeans":
+            too_big = [k for k in spec.sizes if k > pc.kmeans_samples]
+            if too_big:
+                raise ValueError(f"proxies.kmeans_sizes={tuple(pc.kmeans_sizes)}: k {too_big} "
+                                 f"exceed proxies.kmeans_samples={pc.kmeans_samples} (the "
+                                 "vectors they are fitted on); allowed 1..kmeans_samples")
+    for key in ("svd_ranks", "kmeans_sizes"):
+        sizes = tuple(pc[key])
+        if len(set(sizes)) != len(sizes):
+            notes.append(f"note: proxies.{key}={sizes} has duplicates; each size is fitted and "
+                         f"evaluated once: {tuple(sorted(set(sizes)))}")
+    return notes

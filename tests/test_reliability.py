@@ -1,0 +1,474 @@
+"""Runs that survive preemption and bad input (issue 7): checkpoint recovery, analysis keys that
+may change on resume, validation before any work, signals, TensorBoard after a resume, the workdir
+lock, all seeds diverged, stage-by-stage resume of the main job, one-line launcher errors.
+
+Trained tiny runs are shared through module-scoped fixtures; each test works on a copy.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from conftest import tiny_config
+
+from jaxillusions import checkpoint, faithfulness, interrupt, sweep, train, validate
+from jaxillusions import logging as log_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(cache_dir):
+    config = tiny_config(cache_dir)
+    config.train.log_every = 5
+    return config
+
+
+def _leaves(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def _assert_same(a, b):
+    for x, y in zip(_leaves(a), _leaves(b), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def _logged_steps(workdir, run="seed_0", tag="train/loss"):
+    return [s for s, _ in log_lib.read_scalars(os.path.join(workdir, "tensorboard"))[run][tag]]
+
+
+def _listing(path):
+    return sorted((os.path.relpath(os.path.join(d, f), path), os.path.getsize(os.path.join(d, f)),
+                   os.path.getmtime(os.path.join(d, f)))
+                  for d, _, files in os.walk(path) for f in files)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, cache_dir):
+    """A finished 20-step run (checkpoints 10 and 20), the TensorBoard steps on disk at each
+    checkpoint save, and the final state."""
+    config = _config(cache_dir)
+    splits, _, _ = train.build(config)
+    workdir = str(tmp_path_factory.mktemp("trained") / "run")
+    on_disk_at_save = {}
+    save = checkpoint.Checkpointer.save
+
+    def save_and_look(self, step, state):
+        save(self, step, state)
+        on_disk_at_save[step] = max(_logged_steps(workdir))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(checkpoint.Checkpointer, "save", save_and_look)
+        state, _ = train.train_sweep(config, workdir, splits=splits, verbose=False)
+    return {"config": config, "splits": splits, "workdir": workdir, "state": state,
+            "on_disk_at_save": on_disk_at_save}
+
+
+def _copy(trained, tmp_path):
+    workdir = str(tmp_path / "run")
+    shutil.copytree(trained["workdir"], workdir)
+    return workdir
+
+
+def _resume(trained, workdir, **kwargs):
+    return train.train_sweep(trained["config"], workdir, splits=trained["splits"], **kwargs)[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# 1, 2: checkpoint recovery.
+
+
+def test_broken_newest_checkpoint_falls_back_to_the_older_one(trained, tmp_path, capsys):
+    # Was: checkpoints 20 and 10 both moved aside ("Must provide `args` of type `Composite`"),
+    # the next relaunch trained from 0. Now a fresh manager restores 10.
+    workdir = _copy(trained, tmp_path)
+    assert _logged_steps(workdir) == [5, 10, 15, 20]
+    shutil.rmtree(os.path.join(workdir, "checkpoints", "20", "default"))
+    state = _resume(trained, workdir)
+    out = capsys.readouterr().out
+    assert "checkpoint 20" in out and "unreadable" in out
+    assert "resumed from checkpoint at step 10" in out
+    assert [n.split("-")[0] for n in os.listdir(os.path.join(workdir, "corrupt_checkpoints"))] \
+        == ["20"]
+    _assert_same(state, trained["state"])
+    # Steps 15 and 20 of the stopped run are superseded by the resumed run's: none twice.
+    assert _logged_steps(workdir) == [5, 10, 15, 20]
+
+
+@pytest.mark.parametrize("damage", ["swap_contents", "flip_byte"])
+def test_corrupt_bytes_are_detected(trained, tmp_path, capsys, damage):
+    workdir = _copy(trained, tmp_path)
+    newest = os.path.join(workdir, "checkpoints", "20", "default")
+    if damage == "swap_contents":
+        # Well-formed arrays with other values (those of step 10): only the checksums tell.
+        shutil.rmtree(newest)
+        shutil.copytree(os.path.join(workdir, "checkpoints", "10", "default"), newest)
+    else:
+        data = [os.path.join(d, f) for d, _, fs in os.walk(newest) for f in fs
+                if os.sep + "d" + os.sep in os.path.join(d, f)]
+        biggest = max(data, key=os.path.getsize)
+        raw = bytearray(open(biggest, "rb").read())
+        raw[len(raw) // 2] ^= 0xFF
+        open(biggest, "wb").write(bytes(raw))
+    state = _resume(trained, workdir)
+    out = capsys.readouterr().out
+    assert "resumed from checkpoint at step 10" in out
+    if damage == "swap_contents":
+        assert "checksum" in out
+    _assert_same(state, trained["state"])
+
+
+def test_checkpoint_of_another_model_is_refused_and_nothing_is_moved(trained, tmp_path):
+    # Was: every checkpoint moved to corrupt_checkpoints/ and training restarted from 0.
+    workdir = _copy(trained, tmp_path)
+    os.remove(os.path.join(workdir, checkpoint.CONFIG_FILE))  # as if config.json were lost
+    before = _listing(os.path.join(workdir, "checkpoints"))
+    trained["config"].model.d_model = 24
+    try:
+        with pytest.raises(checkpoint.CheckpointMismatch,
+                           match=r"params\.blocks\.0\.attn\.b_o: checkpoint \(2, 16\) float32 "
+                                 r"vs config \(2, 24\) float32"):
+            train.train_sweep(trained["config"], workdir, verbose=False)
+    finally:
+        trained["config"].model.d_model = 16
+    assert _listing(os.path.join(workdir, "checkpoints")) == before
+    assert not os.path.exists(os.path.join(workdir, "corrupt_checkpoints"))
+
+
+def test_no_restorable_checkpoint_is_refused_unless_start_over(trained, tmp_path):
+    # Was: silently trained from step 0 and exited 0.
+    workdir = _copy(trained, tmp_path)
+    for step in ("10", "20"):
+        for d, _, files in os.walk(os.path.join(workdir, "checkpoints", step, "default")):
+            for f in files:
+                open(os.path.join(d, f), "wb").write(b"garbage")
+    before = _listing(os.path.join(workdir, "checkpoints"))
+    with pytest.raises(ValueError,
+                       match=r"none of the checkpoints .* \(steps 20, 10\) .*--start_over"):
+        _resume(trained, workdir, verbose=False)
+    assert _listing(os.path.join(workdir, "checkpoints")) == before
+    state = _resume(trained, workdir, verbose=False, start_over=True)
+    assert sorted(n.split("-")[0] for n in
+                  os.listdir(os.path.join(workdir, "corrupt_checkpoints"))) == ["10", "20"]
+    _assert_same(state, trained["state"])
+
+
+# ---------------------------------------------------------------------------------------------
+# 3: analysis keys may change on resume, training keys may not.
+
+
+def test_analysis_keys_may_change_on_resume_and_are_recorded(trained, tmp_path, capsys):
+    workdir = _copy(trained, tmp_path)
+    config = _config(trained["config"].data.cache_dir)
+    config.proxies.eval_batch_size = 32
+    config.train.eval_batch_size = 32
+    state = train.train_sweep(config, workdir, splits=trained["splits"])[0]
+    assert "proxies.eval_batch_size changed from 64 to 32" in capsys.readouterr().out
+    _assert_same(state, trained["state"])
+    with open(os.path.join(workdir, checkpoint.HISTORY_FILE)) as f:
+        history = [json.loads(line) for line in f]
+    assert history[-1]["changes"] == {"proxies.eval_batch_size": [64, 32],
+                                      "train.eval_batch_size": [64, 32]}
+    with open(os.path.join(workdir, checkpoint.CONFIG_FILE)) as f:
+        assert json.load(f)["proxies"]["eval_batch_size"] == 32
+    config.train.learning_rate = 1e-3
+    with pytest.raises(ValueError, match="train.learning_rate: 0.003 there vs 0.001 now"):
+        train.train_sweep(config, workdir, splits=trained["splits"], verbose=False)
+    assert validate.is_analysis_key("proxies.kmeans_sizes")
+    assert not validate.is_analysis_key("model.d_model")
+
+
+# ---------------------------------------------------------------------------------------------
+# 4: validation of the whole config, before any work.
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("proxies.svd_ranks", ("abc",), "proxies.svd_ranks=('abc',): must be a tuple of integers"),
+    ("proxies.svd_ranks", (0, 2), "proxies.svd_ranks=(0, 2): must be ranks >= 1"),
+    ("proxies.svd_ranks", (-1,), "must be ranks >= 1"),
+    ("proxies.svd_ranks", (4, 64), "ranks [64] exceed the dimension 16 of blocks.1.attn.q"),
+    ("proxies.kmeans_sizes", (0, 2), "proxies.kmeans_sizes=(0, 2): must be cluster counts >= 1"),
+    ("proxies.kmeans_sizes", (2, 5000), "k [5000] exceed proxies.kmeans_samples=1000"),
+    ("proxies.kmeans_samples", 0, "proxies.kmeans_samples=0: must be >= 1"),
+    ("proxies.pattern_site", "blocks.1.attn.k", "must be an attention pattern site"),
+    ("proxies.pattern_site", "blocks.7.attn.pattern", "unknown activation site"),
+    ("proxies.targets", ("blocks.-1.attn.q+blocks.0.mlp.nope",), "proxies.targets: unknown"),
+    ("proxies.methods", ("svd", "lasso"), "unknown method 'lasso'; available: kmeans"),
+    ("proxies.eval_splits", ("longer",), "must include 'iid'"),
+    ("proxies.eval_splits", ("iid", "ood"), "unknown split 'ood'"),
+    ("train.learning_rate", float("nan"), "train.learning_rate=nan: must be a finite number"),
+    ("train.num_seeds", 0, "train.num_seeds=0: must be >= 1"),
+    ("model.pos_encoding", "rope", "model.pos_encoding='rope': must be one of"),
+    ("data.max_len", 9, "data.max_len must be >= 2*(max_depth+1)"),
+])
+def test_bad_settings_are_one_line_errors(config, key, value, message):
+    section, name = key.split(".")
+    config[section][name] = value
+    with pytest.raises(ValueError) as err:
+        validate.validate(config)
+    assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_unknown_key_and_duplicate_sizes(config):
+    with config.unlocked():
+        config.train.foo = 1
+    with pytest.raises(ValueError, match="unknown config key train.foo; allowed in train: "
+                                         "batch_size, checkpoint_every"):
+        validate.validate(config)
+    config = tiny_config(config.data.cache_dir)
+    config.proxies.kmeans_sizes = (8, 2, 4, 2)  # e.g. two overrides joined by ml_collections
+    (note,) = validate.validate(config)
+    assert "proxies.kmeans_sizes=(8, 2, 4, 2) has duplicates" in note
+    _, model_cfg, _ = train.build(config)
+    specs = faithfulness.specs_from_config(config.proxies, model_cfg)
+    assert {s.sizes for s in specs if s.method == "kmeans"} == {(2, 4, 8)}
+
+
+def test_shipped_configs_validate():
+    from configs import dyck, dyck_small
+
+    for module in (dyck, dyck_small):
+        assert validate.validate(module.get_config()) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# 5, 6: signals and TensorBoard.
+
+
+def test_tensorboard_is_on_disk_at_every_checkpoint(trained):
+    # Was: buffered up to 60 s, so a kill lost up to a minute of curves for good.
+    assert trained["on_disk_at_save"] == {10: 10, 20: 20}
+
+
+_TINY_CONFIG = """
+import sys
+sys.path.insert(0, {tests!r})
+from conftest import tiny_config
+
+
+def get_config():
+    config = tiny_config({cache!r})
+    config.train.num_steps = {steps}
+    config.train.log_every = 1
+    config.train.eval_every = 0
+    config.train.checkpoint_every = 0
+    return config
+"""
+
+
+def _config_file(tmp_path, cache_dir, steps=20):
+    path = tmp_path / "tiny_config.py"
+    path.write_text(_TINY_CONFIG.format(tests=os.path.join(ROOT, "tests"), cache=cache_dir,
+                                        steps=steps))
+    return str(path)
+
+
+def _launch(module, config_file, workdir, *args, **kwargs):
+    cmd = [sys.executable, "-m", module, f"--config={config_file}", f"--workdir={workdir}",
+           *args]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **kwargs)
+
+
+def _signal_after(proc, marker, signum):
+    """Sends `signum` once a stdout line contains `marker`; returns (rc, stdout, stderr)."""
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if marker in line:
+            proc.send_signal(signum)
+            break
+    out, err = proc.communicate(timeout=300)
+    return proc.returncode, "".join(lines) + out, err
+
+
+def test_sigterm_saves_and_the_resumed_run_is_bit_identical(tmp_path, cache_dir):
+    # Was: exit 143 with nothing saved (up to checkpoint_every steps lost).
+    steps = 60
+    config_file, workdir = _config_file(tmp_path, cache_dir, steps), str(tmp_path / "run")
+    rc, out, err = _signal_after(_launch("launch.train", config_file, workdir),
+                                 f"step      3/{steps}", signal.SIGTERM)
+    assert rc == 143, err[-2000:]
+    (line,) = err.strip().splitlines()
+    assert line.startswith("stopped by SIGTERM at step ") and "relaunch" in line, err
+    stopped = int(line.split("at step ")[1].split(";")[0])
+    assert 3 <= stopped < steps
+    assert os.listdir(os.path.join(workdir, "checkpoints")) == [str(stopped)]
+    assert max(_logged_steps(workdir)) == stopped  # flushed before exiting
+    proc = _launch("launch.train", config_file, workdir)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    assert f"resumed from checkpoint at step {stopped}" in out
+    config = tiny_config(cache_dir)  # the same chunks of jitted steps as the launched runs
+    config.train.num_steps, config.train.log_every = steps, 1
+    config.train.eval_every = config.train.checkpoint_every = 0
+    straight, _ = train.train_sweep(config, verbose=False)
+    ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
+    step, resumed = ckpt.restore_latest(straight)
+    ckpt.close()
+    assert step == steps
+    _assert_same(resumed, straight)
+    assert _logged_steps(workdir) == list(range(1, steps + 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# 7: the workdir lock.
+
+
+def test_second_launch_is_refused_and_a_dead_holder_is_taken_over(tmp_path, cache_dir):
+    # Was: an 810-line orbax traceback, or two runs writing the same workdir.
+    workdir = str(tmp_path / "run")
+    lock = checkpoint.WorkdirLock(workdir)
+    assert lock.acquire() is None
+    try:
+        proc = _launch("launch.train", _config_file(tmp_path, cache_dir), workdir)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        lock.release()
+    assert proc.returncode != 0
+    (line,) = err.strip().splitlines()
+    assert f"is in use by pid {os.getpid()} on " in line, err
+    # A holder killed with SIGKILL cannot release the lock: the kernel does, and the next run
+    # takes over, naming the dead holder.
+    killed = subprocess.run(
+        [sys.executable, "-c", "import os, signal\nfrom jaxillusions import checkpoint\n"
+         f"checkpoint.WorkdirLock({workdir!r}).acquire()\nprint(os.getpid(), flush=True)\n"
+         "os.kill(os.getpid(), signal.SIGKILL)"], cwd=ROOT, capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    note = checkpoint.WorkdirLock(workdir).acquire()
+    assert note and f"pid {killed.stdout.strip()} on " in note
+
+
+# ---------------------------------------------------------------------------------------------
+# 8: every seed diverged.
+
+
+def test_all_seeds_diverged_stops_with_an_error(config):
+    # Was: trained to the end, fitted proxies on nothing, wrote an empty table, exited 0.
+    config.train.learning_rate = 1e30
+    config.train.warmup_steps = 0
+    with pytest.raises(interrupt.Stopped, match=r"all 2 seeds diverged .* by step 10; stopped") \
+            as err:
+        train.train_sweep(config, verbose=False)
+    assert err.value.exit_code != 0
+
+
+# ---------------------------------------------------------------------------------------------
+# 9: the main job resumes stage by stage.
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory, cache_dir):
+    config = _config(cache_dir)
+    config.proxies.targets = ("blocks.-1.attn.q", "blocks.-1.attn.k")
+    config.proxies.eval_splits = ("iid", "unseen_depth", "longer")
+    workdir = str(tmp_path_factory.mktemp("swept") / "run")
+    sweep.run(config, workdir, verbose=False)
+    with open(os.path.join(workdir, "results.csv"), "rb") as f:
+        return {"config": config, "workdir": workdir, "csv": f.read()}
+
+
+def test_finished_sweep_is_left_as_it_is(swept, tmp_path, capsys):
+    # Was: all proxy work redone, results rewritten, hparams and images duplicated.
+    workdir = str(tmp_path / "run")
+    shutil.copytree(swept["workdir"], workdir)
+    before = _listing(workdir)
+    sweep.run(swept["config"], workdir)
+    assert "is finished" in capsys.readouterr().out
+    assert _listing(workdir) == before
+    # A changed analysis setting redoes only the analysis: fitted proxies are reused, and the
+    # earlier results are kept under superseded/.
+    config = _config(swept["config"].data.cache_dir)
+    config.proxies.targets, config.proxies.eval_splits = (swept["config"].proxies.targets,
+                                                          ("iid", "longer"))
+    fitted_before = [f for f in before if f[0].endswith(".msgpack")]
+    rows = sweep.run(config, workdir, verbose=False)
+    assert {r["split"] for r in rows} == {"iid", "longer"}
+    after = _listing(workdir)
+    assert [f for f in after if f[0].endswith(".msgpack")] == fitted_before
+    assert any(f[0].startswith("superseded") and f[0].endswith("results.csv") for f in after)
+
+
+def test_sweep_stopped_during_proxy_work_resumes_with_identical_results(swept, tmp_path,
+                                                                        cache_dir):
+    workdir = str(tmp_path / "run")
+    shutil.copytree(swept["workdir"], workdir)
+    for name in ("results.csv", sweep.DONE_FILE, sweep.STAGE_DIR):
+        path = os.path.join(workdir, name)
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    config_file = tmp_path / "swept_config.py"
+    config_file.write_text(_TINY_CONFIG.format(tests=os.path.join(ROOT, "tests"), cache=cache_dir,
+                                               steps=20).replace(
+        "    config.train.log_every = 1\n    config.train.eval_every = 0\n"
+        "    config.train.checkpoint_every = 0\n",
+        "    config.train.log_every = 5\n"
+        f"    config.proxies.targets = {swept['config'].proxies.targets!r}\n"
+        f"    config.proxies.eval_splits = {swept['config'].proxies.eval_splits!r}\n"))
+    rc, out, err = _signal_after(_launch("launch.sweep", str(config_file), workdir),
+                                 "fitting", signal.SIGINT)
+    assert rc == 130, err[-2000:]
+    (line,) = err.strip().splitlines()
+    assert line.startswith("stopped by SIGINT while") and "saved in" in line, err
+    assert not os.path.exists(os.path.join(workdir, "results.csv"))
+    sweep.run(swept["config"], workdir, verbose=False)
+    with open(os.path.join(workdir, "results.csv"), "rb") as f:
+        assert f.read() == swept["csv"]
+
+
+# ---------------------------------------------------------------------------------------------
+# 10: every bad input to a launcher is one line on stderr, and no work is done.
+
+
+def _one_line_error(cmd, cwd=ROOT):
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=300)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize("case", ["missing_config", "unknown_key", "workdir_is_a_file",
+                                  "bad_rank"])
+def test_launcher_bad_input_is_exactly_one_line(case, tmp_path):
+    cache = tmp_path / "cache"  # stays empty: errors come before any data generation
+    args = {"missing_config": ["--config=configs/nope.py"],
+            "unknown_key": ["--config=configs/dyck_small.py", "--config.train.foo=1"],
+            "workdir_is_a_file": ["--config=configs/dyck_small.py"],
+            "bad_rank": ["--config=configs/dyck_small.py", "--config.proxies.svd_ranks=abc"]}
+    workdir = tmp_path / "run"
+    if case == "workdir_is_a_file":
+        workdir.write_text("")
+    line = _one_line_error([sys.executable, "-m", "launch.sweep", *args[case],
+                            f"--workdir={workdir}", f"--config.data.cache_dir={cache}"])
+    expected = {"missing_config": "config file configs/nope.py not found",
+                "unknown_key": "unknown config key train.foo; train has: batch_size,",
+                "workdir_is_a_file": "exists and is not a directory",
+                "bad_rank": "proxies.svd_ranks=('abc',): must be a tuple of integers"}
+    assert expected[case] in line
+    assert not cache.exists() or not os.listdir(cache)
+
+
+def _can_mount_tmpfs():
+    return shutil.which("unshare") is not None and subprocess.run(
+        ["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=1k tmpfs /mnt"],
+        capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs unprivileged mounts (unshare -rm)")
+@pytest.mark.parametrize("mount, expected", [
+    ("ro,size=1m", "cannot be written: Read-only file system"),
+    ("size=200k", "could not save checkpoint 10 in"),  # a full disk, at the first checkpoint
+])
+def test_read_only_or_full_disk_is_one_line(mount, expected, tmp_path, cache_dir):
+    config_file = _config_file(tmp_path, cache_dir)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    launch = (f"mount -t tmpfs -o {mount} tmpfs {disk} && exec {sys.executable} -m launch.train "
+              f"--config={config_file} --config.train.checkpoint_every=10 --workdir={disk}/run")
+    line = _one_line_error(["unshare", "-rm", "sh", "-c", launch])
+    assert expected in line, line
