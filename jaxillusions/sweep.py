@@ -34,7 +34,8 @@ REPORTS = ("results.csv", "gap_table.txt", "figures")
 
 
 def _analysis_settings(config) -> dict:
-    return {k: v for k, v in log_lib.flatten_config(config).items() if k.startswith("proxies.")}
+    return {k: v for k, v in log_lib.flatten_config(config).items()
+            if k.startswith(("proxies.", "wen."))}
 
 
 def _mark_done(config, workdir: str) -> None:

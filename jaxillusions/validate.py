@@ -27,6 +27,7 @@ from jaxillusions import model, train
 # Keys (fnmatch patterns) that may change on resume: analysis, evaluation and logging settings.
 ANALYSIS_KEYS = (
     "proxies.*",
+    "wen.*",
     "train.eval_batch_size",
     "train.log_every",
     "train.eval_every",
@@ -123,11 +124,13 @@ RULES: dict[str, tuple[tuple[str, Callable], Callable[[Any, Any], bool], str]] =
     "train.eval_every": (INT, _nonneg, ">= 0 (0: only at the end)"),
     "train.checkpoint_every": (INT, _nonneg, ">= 0 (0: only at the end)"),
     "train.eval_batch_size": (INT, _pos, ">= 1"),
+    "train.max_position_offset": (INT, lambda v, c: v >= -1,
+                                  ">= 0, or -1 for as far as the model's positions allow"),
     # proxies (checked against the model in _proxy_checks)
     "proxies.targets": (STRS, lambda v, c: len(v) >= 1, "at least one '+'-joined list of sites"),
     "proxies.eval_splits": (STRS, lambda v, c: len(v) >= 1, "at least one split"),
     "proxies.pattern_site": (STR, _any, "an attention pattern site, e.g. blocks.-1.attn.pattern"),
-    "proxies.methods": (STRS, lambda v, c: len(v) >= 1, "at least one proxy method"),
+    "proxies.methods": (STRS, _any, "proxy methods, or () for none"),
     "proxies.svd_ranks": (INTS, lambda v, c: all(r >= 1 for r in v),
                           "ranks >= 1, or () for 1, 2, 4, ... up to d_head"),
     "proxies.svd_center": (BOOL, _any, "true or false"),
@@ -137,6 +140,17 @@ RULES: dict[str, tuple[tuple[str, Callable], Callable[[Any, Any], bool], str]] =
     "proxies.kmeans_iters": (INT, _pos, ">= 1"),
     "proxies.collect_batch_size": (INT, _pos, ">= 1"),
     "proxies.eval_batch_size": (INT, _pos, ">= 1"),
+    "proxies.gap_baseline": (STR, _any, "a split of proxies.eval_splits (checked below)"),
+    # Wen et al. measurements (wen.check_config checks them against the model)
+    "wen.enabled": (BOOL, _any, "true or false"),
+    "wen.label": (STR, _any, "a name for the measurements"),
+    "wen.length_min_len": (INT, _nonneg, ">= 0"),
+    "wen.length_max_len": (INT, _nonneg, ">= 0 (0: no length generalization)"),
+    "wen.length_num_prefixes": (INT, _pos, ">= 1"),
+    "wen.length_threshold": (NUMBER, lambda v, c: 0 < v < 1, "in (0, 1)"),
+    "wen.length_seed": (INT, _nonneg, ">= 0"),
+    "wen.length_batch_size": (INT, _pos, ">= 1"),
+    "wen.members_per_call": (INT, _pos, ">= 1"),
 }
 
 
@@ -176,6 +190,13 @@ def validate(config) -> list[str]:
         if key in flat and not test(flat[key], config):
             raise ValueError(f"{key}={flat[key]!r}: must be {allowed}")
     model_cfg = _data_train_model_checks(config)
+    if "wen" in config and config.wen.enabled:
+        from jaxillusions import wen  # noqa: PLC0415
+
+        wen.check_config(config, model_cfg)
+    if config.proxies.methods and len(train.contrastive_weights(config)) > 1:
+        raise ValueError("proxies.methods with several train.contrastive_weights is not "
+                         "supported yet: sweep one weight, or set proxies.methods=()")
     return _proxy_checks(config, model_cfg)
 
 
@@ -200,9 +221,11 @@ def _proxy_checks(config, model_cfg) -> list[str]:
         if split not in dyck.SPLITS:
             raise ValueError(f"proxies.eval_splits: unknown split {split!r}; "
                              f"available: {', '.join(dyck.SPLITS)}")
-    if "iid" not in pc.eval_splits:
-        raise ValueError(f"proxies.eval_splits={tuple(pc.eval_splits)}: must include 'iid', "
-                         "the in-distribution baseline of every generalization gap")
+    baseline = pc.get("gap_baseline", "iid")
+    if baseline not in pc.eval_splits:
+        raise ValueError(f"proxies.eval_splits={tuple(pc.eval_splits)}: must include "
+                         f"{baseline!r} (proxies.gap_baseline), the in-distribution baseline of "
+                         "every generalization gap")
     for target in pc.targets:
         for site in target.split("+"):
             try:

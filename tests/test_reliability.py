@@ -230,10 +230,14 @@ def test_unknown_key_and_duplicate_sizes(config):
 
 
 def test_shipped_configs_validate():
-    from configs import dyck, dyck_small
+    import importlib
+    import pkgutil
 
-    for module in (dyck, dyck_small):
-        assert validate.validate(module.get_config()) == []
+    import configs
+
+    for info in pkgutil.iter_modules(configs.__path__):
+        config = importlib.import_module(f"configs.{info.name}").get_config()
+        assert validate.validate(config) == [], info.name
 
 
 # ---------------------------------------------------------------------------------------------
