@@ -40,6 +40,8 @@ def test_result_figures_are_readable():
     acc = figs[1]
     labels = acc.axes[0].get_legend_handles_labels()[1]
     assert labels == ["original", "svd 1", "svd 4", "svd 16"]
+    drawn = [c.lines[0] for c in acc.axes[0].containers if c.get_label() in labels]
+    assert len(drawn) == 4 and all(np.isfinite(line.get_ydata()).all() for line in drawn)
     assert any(line.get_linestyle() == ":" for line in acc.axes[0].lines)
     assert "3 seeds" in acc._suptitle.get_text()
 

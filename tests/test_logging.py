@@ -198,7 +198,7 @@ def _rows(seeds=(0, 1, 2), splits=("iid", "unseen_depth", "longer")):
             for size in sizes:
                 for j, split in enumerate(splits):
                     same = 1.0 - 0.1 / (size + 1) - 0.02 * j - 0.001 * seed
-                    for breakdown, bin_ in (("all", ""), ("depth", "1"), ("depth", "2")):
+                    for breakdown, bin_ in (("all", ""), ("depth", 1), ("depth", 2)):
                         rows.append({"seed": seed, "site": site, "method": method, "size": size,
                                      "split": split, "breakdown": breakdown, "bin": bin_,
                                      "n": 50 + j, "jsd": 1.0 - same, "same_pred": same,

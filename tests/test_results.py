@@ -12,20 +12,22 @@ SPLITS = ("iid", "seen_structure", "unseen_depth", "longer")
 
 
 def _rows():
-    """In-memory rows as faithfulness.evaluate makes them, splits in evaluation order (not
-    alphabetical), with an extra metric column that is NaN on the breakdown rows."""
+    """In-memory rows as faithfulness.evaluate makes them (int bins, "" on `all` rows), splits in
+    evaluation order (not alphabetical), with an extra metric column that is NaN on the
+    breakdown rows."""
     rows = []
     for seed in (3, 4):
         for method, site, sizes in (("svd", "blocks.1.attn.k", (1, 2)),
                                     ("uniform_attention", "blocks.1.attn.pattern", (0,))):
             for size in sizes:
                 for j, split in enumerate(SPLITS):
-                    for breakdown, bin_ in (("all", ""), ("depth", "0"), ("depth", "11")):
+                    for breakdown, bin_ in (("all", ""), ("depth", 0), ("depth", 11)):
+                        width = len(str(bin_))
                         rows.append({"seed": seed, "site": site, "method": method, "size": size,
                                      "split": split, "breakdown": breakdown, "bin": bin_,
-                                     "n": 10 + j + len(bin_), "jsd": 0.1 * size + 0.01 * j,
+                                     "n": 10 + j + width, "jsd": 0.1 * size + 0.01 * j,
                                      "same_pred": 0.9 + 0.01 * j,
-                                     "acc_original": 0.5 + 0.1 * j + 0.01 * seed + len(bin_) / 8,
+                                     "acc_original": 0.5 + 0.1 * j + 0.01 * seed + width / 8,
                                      "acc_proxy": 0.4 + 0.01 * size,
                                      "jsd_p95": 0.3 if breakdown == "all" else math.nan})
     return rows

@@ -68,6 +68,13 @@ def _legend_below(fig, handles, labels, ncol: int | None = None) -> bool:
     return False
 
 
+def _title(fig, text: str) -> None:
+    """A suptitle wrapped to the figure's width (about 12 characters per inch at 10 pt)."""
+    import textwrap
+
+    fig.suptitle(textwrap.fill(text, int(fig.get_size_inches()[0] * 12)))
+
+
 def _num_seeds(rows: Sequence[dict]) -> int:
     return len({r["seed"] for r in rows})
 
@@ -94,7 +101,7 @@ def faithfulness_curves(rows: Sequence[dict], method: str, splits: Sequence[str]
     plt = _pyplot()
     agg = tables.aggregate(rows)
     sites = list(dict.fromkeys(r["site"] for r in rows if r["method"] == method))
-    fig, axes = plt.subplots(2, len(sites), figsize=(3.6 * len(sites) + 0.4, 6.2),
+    fig, axes = plt.subplots(2, len(sites), figsize=(max(7.0, 3.6 * len(sites) + 0.4), 6.2),
                              squeeze=False, sharex=True)
     for col, site in enumerate(sites):
         sizes = sorted({k[2] for k in agg if k[:2] == (site, method)})
@@ -116,7 +123,7 @@ def faithfulness_curves(rows: Sequence[dict], method: str, splits: Sequence[str]
     axes[1, 0].set_ylabel("JSD, bits (lower = more faithful)")
     handles, labels = axes[0, 0].get_legend_handles_labels()
     _legend_below(fig, handles, labels)
-    fig.suptitle(f"{method}: faithfulness to the original model "
+    _title(fig, f"{method}: faithfulness to the original model "
                  f"(mean and 95% CI over {_num_seeds(rows)} seeds)")
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
@@ -139,6 +146,8 @@ def accuracy_by_bin(rows: Sequence[dict], site: str, method: str, splits: Sequen
     counts = {(r["split"], int(r["bin"])): r["n"] for r in rows
               if r["breakdown"] == breakdown and r["site"] == site and r["method"] == method}
     lines = ["original"] + [method if size == 0 else f"{method} {size}" for size in sizes]
+    # Bins are ints in memory and strings when read back from a CSV.
+    key_of = {(k[2], k[3], int(k[4])): k for k in agg if k[:2] == (site, method)}
     for ax, split in zip(axes, shown, strict=True):
         bins = sorted({int(k[4]) for k in agg if k[:2] == (site, method) and k[3] == split})
         x = np.array(bins, float)
@@ -152,7 +161,7 @@ def accuracy_by_bin(rows: Sequence[dict], site: str, method: str, splits: Sequen
         first = sizes[0]
         series = [("acc_original", first)] + [("acc_proxy", s) for s in sizes]
         for i, (metric, size) in enumerate(series):
-            keys = [(site, method, size, split, str(b)) for b in bins]
+            keys = [key_of.get((size, split, b)) for b in bins]
             mean = np.array([agg[k][metric][0] if k in agg else np.nan for k in keys])
             ci = np.nan_to_num(np.array([agg[k][metric][1] if k in agg else np.nan
                                          for k in keys]))
@@ -177,7 +186,7 @@ def accuracy_by_bin(rows: Sequence[dict], site: str, method: str, splits: Sequen
     handles.append(_patch("0.85"))
     labels.append("closing brackets per bin, per seed (right axis)")
     inside = _legend_below(fig, handles, labels, ncol=3)
-    fig.suptitle(f"{method} on {site}: accuracy by {breakdown} "
+    _title(fig, f"{method} on {site}: accuracy by {breakdown} "
                  f"(mean and 95% CI over {_num_seeds(rows)} seeds)")
     fig.tight_layout(rect=(0, 0 if inside else 0.1, 1, 1))
     return fig
@@ -205,7 +214,7 @@ def gap_vs_size(gaps: Sequence[dict], method: str, splits: Sequence[str],
     sites = list(dict.fromkeys(g["site"] for g in gaps))
     metrics_ = [m for m in metrics_ if any(g["metric"] == m for g in gaps)]
     fig, axes = plt.subplots(len(metrics_), len(sites),
-                             figsize=(3.6 * len(sites) + 0.4, 2.9 * len(metrics_) + 0.9),
+                             figsize=(max(7.0, 3.6 * len(sites) + 0.4), 2.9 * len(metrics_) + 1.1),
                              squeeze=False, sharex=True)
     ood = [s for s in splits if any(g["split"] == s for g in gaps)]
     for col, site in enumerate(sites):
@@ -232,7 +241,7 @@ def gap_vs_size(gaps: Sequence[dict], method: str, splits: Sequence[str],
     _legend_below(fig, handles, labels)
     n = max((g.get("n_seeds", 0) for g in gaps), default=0)
     baseline = gaps[0].get("baseline", "iid") if gaps else "iid"
-    fig.suptitle(f"{method}: generalization gap ({baseline} vs split; > 0 = less faithful on the "
+    _title(fig, f"{method}: generalization gap ({baseline} vs split; > 0 = less faithful on the "
                  f"split), mean and 95% CI of paired differences over {n} seeds")
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig
@@ -263,7 +272,7 @@ def gaps_by_split(gaps: Sequence[dict], methods: Sequence[str], splits: Sequence
     handles, labels = axes[0].get_legend_handles_labels()
     _legend_below(fig, handles, labels)
     n = max((g.get("n_seeds", 0) for g in gaps), default=0)
-    fig.suptitle(f"Attention proxies: generalization gap (> 0 = less faithful on the split), "
+    _title(fig, f"Attention proxies: generalization gap (> 0 = less faithful on the split), "
                  f"95% CI over {n} seeds")
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
@@ -290,7 +299,7 @@ def attention_patterns(patterns: np.ndarray, labels: Sequence[str], seeds: Seque
         ax.set_yticks(range(t), labels, fontsize=8)
         ax.set_xlabel("key")
         ax.set_ylabel("query")
-    fig.suptitle(f"{site}: attention weights on one iid sentence")
+    _title(fig, f"{site}: attention weights on one iid sentence")
     fig.tight_layout(rect=(0, 0, 0.9, 1))
     cax = fig.add_axes((0.92, 0.15, 0.02, 0.7))
     fig.colorbar(image, cax=cax, label="attention weight")
@@ -332,7 +341,7 @@ def key_projection(vectors: np.ndarray, depth: np.ndarray, tokens: np.ndarray, n
     for ax, ncol in ((axes[1], 3), (axes[2], 3)):
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol, frameon=False,
                   markerscale=3, handletextpad=0.2, columnspacing=0.8)
-    fig.suptitle(f"{site}: 2-D SVD projection at training positions")
+    _title(fig, f"{site}: 2-D SVD projection at training positions")
     fig.tight_layout()
     return fig
 

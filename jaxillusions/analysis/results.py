@@ -95,8 +95,8 @@ def write_csv(rows: Iterable[dict], path: str) -> None:
 
 
 def read_csv(path: str) -> list[dict]:
-    """results.csv -> in-memory rows (numbers as numbers, empty cells NaN; `bin` stays text as
-    in memory). For analysis, prefer `load_results`, a typed DataFrame."""
+    """results.csv -> in-memory rows (numbers as numbers, empty cells NaN, `bin` an int or "" on
+    `all` rows, as in memory). For analysis, prefer `load_results`, a typed DataFrame."""
     with open(path, newline="") as f:
         table = list(csv.DictReader(f))
     if table and "acc" not in table[0]:
@@ -104,7 +104,7 @@ def read_csv(path: str) -> list[dict]:
                          "load_results reads both layouts")
     for row in table:
         for key in row:
-            if key in ("seed", "size", "n"):
+            if key in ("seed", "size", "n") or (key == "bin" and row[key] != ""):
                 row[key] = int(row[key])
             elif key not in KEYS:
                 row[key] = float(row[key]) if row[key] != "" else math.nan
