@@ -331,3 +331,37 @@ def test_board_hparams_one_session_per_seed_and_few_tags(tmp_path):
                       "lower": "gap/same_pred/svd/blocks.1.attn.k/ci_low",
                       "upper": "gap/same_pred/svd/blocks.1.attn.k/ci_high"}
     assert layout["category"][1]["title"].startswith("faithfulness")
+
+
+def test_board_hparams_sessions_for_sweep_members(tmp_path):
+    """Members of a contrastive-weight sweep: one session each, told apart by the weight."""
+    from tensorboard import context
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from tensorboard.plugins.hparams import api_pb2, backend_context, list_session_groups
+
+    from configs import dyck_small
+    from jaxillusions.analysis import board
+
+    config = dyck_small.get_config()
+    labels = ["0_cw0", "1_cw0", "0_cw0.5", "1_cw0.5"]
+    with SweepWriter(str(tmp_path), labels) as w:
+        w.scalars(10, {"eval/iid/acc": [0.9, 0.8, 0.7, 0.6]})
+        board.write_hparams(w, config, None, labels, [True] * 4, splits=["iid"],
+                            member_hparams={"contrastive_weight": np.array([0, 0, 0.5, 0.5],
+                                                                           np.float32)})
+    mux = plugin_event_multiplexer.EventMultiplexer()
+    mux.AddRunsFromDirectory(str(tmp_path))
+    mux.Reload()
+    ctx = backend_context.Context(base_plugin.TBContext(
+        data_provider=data_provider.MultiplexerDataProvider(mux, str(tmp_path))))
+    request = api_pb2.ListSessionGroupsRequest(
+        allowed_statuses=[api_pb2.STATUS_SUCCESS], slice_size=100)
+    groups = list_session_groups.Handler(context.RequestContext(), ctx, "", request).run()
+    found = {g.name: (g.hparams["seed"].number_value,
+                      g.hparams["contrastive_weight"].number_value,
+                      g.metric_values[0].value) for g in groups.session_groups}
+    assert found == {"seed_0_cw0": (0, 0, pytest.approx(0.9)),
+                     "seed_1_cw0": (1, 0, pytest.approx(0.8)),
+                     "seed_0_cw0.5": (0, 0.5, pytest.approx(0.7)),
+                     "seed_1_cw0.5": (1, 0.5, pytest.approx(0.6))}
