@@ -103,15 +103,13 @@ def run(config, workdir: str, *, verbose: bool = True, start_over: bool = False)
     if done is not None and done["analysis"] == _analysis_settings(config):
         say(f"the sweep in {workdir} is finished (finished {done['time']}); nothing to do. "
             f"Results: {workdir}/results.csv. Change a proxies.* setting to redo the analysis.")
-        return results.read_csv(os.path.join(workdir, "results.csv"))
+        return [row for _, group_dir in _weight_groups(config, workdir) if pc.methods
+                for row in results.read_csv(os.path.join(group_dir, "results.csv"))]
     if done is not None:
         say("analysis settings changed since the sweep finished: training is kept; proxy "
             "families are refitted and re-evaluated where their settings changed")
 
     splits, model_cfg, _ = train.build(config)
-    if pc.methods and len(train.contrastive_weights(config)) > 1:
-        raise ValueError("proxies.methods with several train.contrastive_weights is not "
-                         "supported yet: sweep one weight, or set proxies.methods=()")
     if wen.enabled(config):
         wen.check_config(config, model_cfg)
     specs = faithfulness.specs_from_config(pc, model_cfg)  # bad proxy config fails before training
@@ -127,8 +125,37 @@ def run(config, workdir: str, *, verbose: bool = True, start_over: bool = False)
     if not pc.methods:
         _mark_done(config, workdir)
         return []
-    seeds = [int(s) for s in train.seed_list(config)]
-    healthy = np.asarray(state.healthy)
+    # Proxies per training hyper-parameter group (one group unless train.contrastive_weights
+    # sweeps several weights: then each weight's members go to <workdir>/contrastive_weight_<w>,
+    # so that aggregates over seeds never mix weights).
+    members, rows = train.members(config), []
+    for idx, group_dir in _weight_groups(config, workdir):
+        os.makedirs(group_dir, exist_ok=True)
+        params = jax.tree.map(lambda x, idx=idx: x[idx], state.params)
+        rows += _proxy_stage(params, np.asarray(state.healthy)[idx],
+                             [int(s) for s in members.seeds[idx]], splits, model_cfg, specs,
+                             eval_set, config, group_dir, done, say, start, verbose)
+    _mark_done(config, workdir)
+    say(f"[{time.perf_counter() - start:.0f}s] done: {workdir}, TensorBoard: "
+        f"tensorboard --logdir {workdir}")
+    return rows
+
+
+def _weight_groups(config, workdir: str) -> list[tuple[np.ndarray, str]]:
+    """(member indices, directory) per contrastive weight: the workdir itself for one weight."""
+    weights = train.members(config).hparams["contrastive_weight"]
+    unique = list(dict.fromkeys(weights.tolist()))
+    if len(unique) == 1:
+        return [(np.arange(len(weights)), workdir)]
+    return [(np.flatnonzero(weights == w), os.path.join(workdir, f"contrastive_weight_{w:g}"))
+            for w in unique]
+
+
+def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, config, workdir,
+                 done, say, start, verbose) -> list[dict]:
+    """Fits every proxy on the training split (resumable per family), evaluates faithfulness,
+    writes results.csv and the reports into `workdir`. Returns the rows."""
+    pc = config.proxies
     stages = _Stages(workdir, say)
 
     # Fitting: one stage file per proxy family. Statistics are collected for all families
@@ -143,7 +170,7 @@ def run(config, workdir: str, *, verbose: bool = True, start_over: bool = False)
     if todo:
         say(f"[{time.perf_counter() - start:.0f}s] training done; fitting {len(todo)} proxy "
             f"families on the training split ({len(splits['train'].tokens)} sentences)")
-        stats = faithfulness.collect(state.params, splits["train"], model_cfg, specs,
+        stats = faithfulness.collect(params, splits["train"], model_cfg, specs,
                                      num_samples=pc.kmeans_samples,
                                      batch_size=pc.collect_batch_size)
         for n, i in enumerate(todo, 1):
@@ -169,7 +196,7 @@ def run(config, workdir: str, *, verbose: bool = True, start_over: bool = False)
         family = stages.load(path, stamp, _read_json)
         if family is None:
             family = faithfulness.evaluate(
-                state.params, model_cfg, eval_set, [faithfulness.FittedProxy(spec, fitted[i])],
+                params, model_cfg, eval_set, [faithfulness.FittedProxy(spec, fitted[i])],
                 batch_size=pc.eval_batch_size, seeds=seeds, healthy=healthy)
             checkpoint.write_atomic(path, json.dumps({"stamp": stamp, "value": family}))
         say(f"  [{i + 1}/{len(specs)}] {spec.method} on {spec.target}: sizes "
@@ -185,10 +212,9 @@ def run(config, workdir: str, *, verbose: bool = True, start_over: bool = False)
                 stages.move_aside(os.path.join(workdir, name))
     results.write_csv(rows, os.path.join(workdir, "results.csv"))
     write_reports(rows, config, workdir, seeds, healthy, verbose=verbose, model_cfg=model_cfg)
-    write_activation_figures(state.params, splits, model_cfg, config, workdir, seeds, healthy)
-    _mark_done(config, workdir)
-    say(f"[{time.perf_counter() - start:.0f}s] done: {workdir}/results.csv, "
-        f"{workdir}/figures/, TensorBoard: tensorboard --logdir {workdir}/tensorboard")
+    write_activation_figures(params, splits, model_cfg, config, workdir, seeds, healthy)
+    say(f"[{time.perf_counter() - start:.0f}s] proxies done: {workdir}/results.csv, "
+        f"{workdir}/figures/")
     return rows
 
 

@@ -349,7 +349,7 @@ def test_length_prefixes_are_valid_and_scoring_matches_numpy():
 # ----------------------------------------------------------------------------- the main job
 
 
-def test_sweep_runs_the_wen_stage_with_a_lambda_axis(config, tmp_path):
+def test_sweep_runs_the_wen_stage_and_proxies_with_a_lambda_axis(config, tmp_path):
     import pandas as pd
 
     from configs import wen_attention_variation
@@ -361,8 +361,14 @@ def test_sweep_runs_the_wen_stage_with_a_lambda_axis(config, tmp_path):
     config.model.update(first_layer="minimal", pos_encoding="none", d_model=64, max_len=41)
     config.train.update(num_seeds=3, contrastive_weights=(0.0, 0.5), loss_on="closing",
                         num_steps=10)
-    config.proxies.methods = ()
-    assert sweep.run(config, str(tmp_path), verbose=False) == []
+    # The bridge: proxies on the same models, one directory per weight.
+    config.proxies.update(methods=("svd",), targets=("blocks.-1.attn.k",),
+                          eval_splits=("iid", "unseen_depth"))
+    proxy_rows = sweep.run(config, str(tmp_path), verbose=False)
+    assert {r["seed"] for r in proxy_rows} == {0, 1, 2}
+    for weight in ("0", "0.5"):
+        table = pd.read_csv(tmp_path / f"contrastive_weight_{weight}" / "results.csv")
+        assert set(table.seed) == {0, 1, 2} and set(table.split) == {"iid", "unseen_depth"}
     rows = pd.read_csv(tmp_path / "wen_results.csv")
     assert list(rows.seed) == [0, 1, 2, 0, 1, 2]
     assert list(rows.contrastive_weight) == [0, 0, 0, 0.5, 0.5, 0.5]
