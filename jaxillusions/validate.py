@@ -194,9 +194,6 @@ def validate(config) -> list[str]:
         from jaxillusions import wen  # noqa: PLC0415
 
         wen.check_config(config, model_cfg)
-    if config.proxies.methods and len(train.contrastive_weights(config)) > 1:
-        raise ValueError("proxies.methods with several train.contrastive_weights is not "
-                         "supported yet: sweep one weight, or set proxies.methods=()")
     return _proxy_checks(config, model_cfg)
 
 

@@ -369,6 +369,8 @@ def test_sweep_runs_the_wen_stage_and_proxies_with_a_lambda_axis(config, tmp_pat
     for weight in ("0", "0.5"):
         table = pd.read_csv(tmp_path / f"contrastive_weight_{weight}" / "results.csv")
         assert set(table.seed) == {0, 1, 2} and set(table.split) == {"iid", "unseen_depth"}
+    # A finished sweep is not redone; its rows are read back from every weight's directory.
+    assert len(sweep.run(config, str(tmp_path), verbose=False)) == len(proxy_rows)
     rows = pd.read_csv(tmp_path / "wen_results.csv")
     assert list(rows.seed) == [0, 1, 2, 0, 1, 2]
     assert list(rows.contrastive_weight) == [0, 0, 0, 0.5, 0.5, 0.5]
