@@ -12,8 +12,8 @@ DataFrame columns (one row per seed, site, method, size, split, breakdown, bin):
     size       int64 rank / number of clusters; NO_SIZE (0) for the original model and the
                data-independent proxies (onehot_attention, uniform_attention)
     split      ordered category, in evaluation order (config.proxies.eval_splits)
-    breakdown  category: "all", "depth", "distance" (and any other breakdown the rows have)
-    bin        int64 depth / distance; ALL_BINS (-1) on breakdown == "all" rows
+    breakdown  category: "all", "depth", "distance", "position" (those the rows have)
+    bin        int64 depth / distance / position; ALL_BINS (-1) on breakdown == "all" rows
     n          int64 closing-bracket positions in the bin (per seed)
     acc        float64 closing-bracket accuracy of this row's model (the proxy, or the original)
     jsd, same_pred, ...   float64 faithfulness to the original (NaN on the original's rows)
