@@ -88,7 +88,7 @@ def write_faithfulness(writer, rows: Sequence[dict]) -> None:
     accuracy as flat reference lines across the step range."""
     agg = tables.aggregate(rows)
     sized = {k[2] for k in agg if k[2] > 0}
-    all_steps = sorted(set(_steps(sized, "step range").values())) or [0]
+    all_steps = sorted({size_step(s) for s in sized}) or [0]
     for metric, tag in CURVE_METRICS.items():
         for (split, method, site), by_size in sorted(_mean_by_size(agg, metric).items()):
             run, name = f"faithfulness/{split}", f"{method}/{site}/{tag}"
@@ -109,7 +109,7 @@ def write_gaps(writer, gaps: Sequence[dict], metrics: Sequence[str] = GAP_METRIC
     site, method, size, split, metric, gap, ci_low, ci_high (analysis/stats.py)."""
     gaps = [g for g in gaps if g["metric"] in metrics]
     sized = {g["size"] for g in gaps if g["size"] > 0}
-    all_steps = sorted(set(_steps(sized, "step range").values())) or [0]
+    all_steps = sorted({size_step(s) for s in sized}) or [0]
     series: dict[tuple, dict[int, dict]] = defaultdict(dict)
     for g in gaps:
         series[(g["split"], g["metric"], g["method"], g["site"])][g["size"]] = g
