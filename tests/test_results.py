@@ -102,6 +102,11 @@ def test_load_results_reads_the_old_layout_and_config_order(tmp_path):
     pd.testing.assert_frame_equal(old.sort_values(order).reset_index(drop=True),
                                   new.sort_values(order).reset_index(drop=True))
     assert list(old["split"].cat.categories) == list(SPLITS)
+    # A group directory of a contrastive-weight sweep takes the parent's config.
+    os.makedirs(tmp_path / "contrastive_weight_0.5")
+    results.write_csv(rows[::-1], str(tmp_path / "contrastive_weight_0.5" / "results.csv"))
+    group = results.load_results(str(tmp_path / "contrastive_weight_0.5"))
+    assert list(group["split"].cat.categories) == list(SPLITS)
     with pytest.raises(ValueError, match=r"splits \['longer'\] are not in"):
         results.load_results(str(tmp_path), splits=("iid", "seen_structure", "unseen_depth"))
     with pytest.raises(FileNotFoundError, match="not a jaxillusions workdir|not found"):

@@ -124,8 +124,10 @@ def _config(workdir: str):
 def load_results(workdir: str, splits: Sequence[str] | None = None) -> pd.DataFrame:
     """results.csv of a workdir as a typed DataFrame (see the module docstring for columns).
 
-    `splits` fixes the order of the `split` category; by default the workdir's
-    config.proxies.eval_splits, else the order in which splits first appear in the file.
+    `workdir` may also be a results.csv path, e.g. `<workdir>/contrastive_weight_<w>/results.csv`
+    of a sweep over contrastive weights. `splits` fixes the order of the `split` category; by
+    default config.proxies.eval_splits of the workdir (or its parent), else the order in which
+    splits first appear in the file.
     """
     import pandas as pd
 
@@ -134,10 +136,15 @@ def load_results(workdir: str, splits: Sequence[str] | None = None) -> pd.DataFr
                                   "bin": str}, keep_default_na=False, na_values={})
     if "acc_proxy" in df:  # a table written before the original model had rows of its own
         df = _with_original_rows(df)
-    if splits is None:
-        try:
-            splits = list(_config(os.path.dirname(path) or ".").proxies.eval_splits)
-        except (FileNotFoundError, AttributeError, KeyError):
+    if splits is None:  # the config of the workdir, or of its parent (contrastive_weight_<w>/)
+        here = os.path.dirname(os.path.abspath(path))
+        for directory in (here, os.path.dirname(here)):
+            try:
+                splits = list(_config(directory).proxies.eval_splits)
+                break
+            except (FileNotFoundError, AttributeError, KeyError):
+                continue
+        else:
             splits = list(dict.fromkeys(df["split"]))
     unknown = sorted(set(df["split"]) - set(splits))
     if unknown:
