@@ -10,9 +10,14 @@ or one architecture (the argument after ':' picks it: minimal | standard_nope | 
     python -m launch.sweep --config=configs/wen_attention_variation.py:minimal \\
         --workdir=runs/wen_attention/minimal
 
-TIME and RESULTS: see the README section "Reproducing Wen et al." (measured on the shared
-2-core CPU machine). Set `--config.proxies.methods='("svd","kmeans")'` to also fit the proxies
-of Friedman et al. and evaluate their faithfulness on these models (the bridge).
+Time on the 2-core CPU machine, shared with other jobs (32 seeds, 1000 steps): training took
+5.5 min for `minimal` and 12 min for `standard_nope` (`standard_linear`: see the README); the Wen
+measurements take under a minute. Result (README section "Reproducing Wen et al."): on a 17-token
+prefix, the second layer's attention varies between seeds by 0.396 [0.333, 0.459] (standard, no
+positions) and 0.175 [0.158, 0.192] (minimal first layer), against 0.182 for random patterns.
+
+Set `--config.proxies.methods='("svd","kmeans")'` to also fit the proxies of Friedman et al.
+and evaluate their faithfulness on these models (the bridge).
 """
 
 from ml_collections import ConfigDict
