@@ -367,9 +367,20 @@ def test_all_seeds_diverged_stops_with_an_error(config):
 
 
 @pytest.fixture(scope="module")
-def swept(tmp_path_factory, cache_dir):
+def no_reports():
+    """The stage tests leave out the tables and figures (~20 s a sweep on the 2-core CPU);
+    test_faithfulness covers them end to end."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sweep, "write_reports", lambda *args, **kwargs: None)
+        mp.setattr(sweep, "write_activation_figures", lambda *args, **kwargs: None)
+        yield
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory, cache_dir, no_reports):
     config = _config(cache_dir)
-    config.proxies.targets = ("blocks.-1.attn.q", "blocks.-1.attn.k")
+    config.proxies.targets = ("blocks.-1.attn.k",)
+    config.proxies.methods = ("svd", "kmeans", "uniform_attention")  # 3 proxy families
     config.proxies.eval_splits = ("iid", "unseen_depth", "longer")
     workdir = str(tmp_path_factory.mktemp("swept") / "run")
     sweep.run(config, workdir, verbose=False)
@@ -388,8 +399,9 @@ def test_finished_sweep_is_left_as_it_is(swept, tmp_path, capsys):
     # A changed analysis setting redoes only the analysis: fitted proxies are reused, and the
     # earlier results are kept under superseded/.
     config = _config(swept["config"].data.cache_dir)
-    config.proxies.targets, config.proxies.eval_splits = (swept["config"].proxies.targets,
-                                                          ("iid", "longer"))
+    config.proxies.targets = swept["config"].proxies.targets
+    config.proxies.methods = swept["config"].proxies.methods
+    config.proxies.eval_splits = ("iid", "longer")
     fitted_before = [f for f in before if f[0].endswith(".msgpack")]
     rows = sweep.run(config, workdir, verbose=False)
     assert {r["split"] for r in rows} == {"iid", "longer"}
@@ -412,6 +424,7 @@ def test_sweep_stopped_during_proxy_work_resumes_with_identical_results(swept, t
         "    config.train.checkpoint_every = 0\n",
         "    config.train.log_every = 5\n"
         f"    config.proxies.targets = {swept['config'].proxies.targets!r}\n"
+        f"    config.proxies.methods = {swept['config'].proxies.methods!r}\n"
         f"    config.proxies.eval_splits = {swept['config'].proxies.eval_splits!r}\n"))
     rc, out, err = _signal_after(_launch("launch.sweep", str(config_file), workdir),
                                  "fitting", signal.SIGINT)
