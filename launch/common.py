@@ -95,30 +95,36 @@ def run(main) -> None:
             print(note)
         with interrupt.catch_signals():
             main(config, workdir, start_over=START_OVER.value)
+        return
     except interrupt.Stopped as err:
         if DEBUG.value:
             raise
         prefix = "" if err.exit_code in interrupt.EXIT_CODES.values() else "error: "
-        print(f"{prefix}{err}", file=sys.stderr)
-        sys.exit(err.exit_code)
+        code, message = err.exit_code, f"{prefix}{err}"
     except KeyboardInterrupt:
         if DEBUG.value:
             raise
-        sys.exit("error: stopped at once by a second signal (work since the last checkpoint "
-                 "is lost); relaunch the same command to resume")
+        code, message = 130, ("error: stopped at once by a second signal (work since the last "
+                              "checkpoint is lost); relaunch the same command to resume")
     except (ValueError, OSError) as err:  # our one-line errors, and errors of the system
         if DEBUG.value:
             raise
         own = type(err).__module__.startswith("jaxillusions") or type(err) in (ValueError,
                                                                                  OSError)
-        message = str(err).splitlines()[0] if own and str(err) else checkpoint.root_cause(err)
-        sys.exit(f"error: {message}")
+        text = str(err).splitlines()[0] if own and str(err) else checkpoint.root_cause(err)
+        code, message = 1, f"error: {text}"
     except Exception as err:  # noqa: BLE001 - one line per error; --debug shows the traceback
         if DEBUG.value:
             raise
-        sys.exit(f"error: {checkpoint.root_cause(err)} (--debug shows the traceback)")
+        code, message = 1, f"error: {checkpoint.root_cause(err)} (--debug shows the traceback)"
     finally:
         lock.release()
+    print(message, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Everything is saved and closed by now. Skipping interpreter shutdown keeps library threads
+    # that failed with the error (orbax writers on a full disk) from printing tracebacks after it.
+    os._exit(code)
 
 
 def _quiet_background_errors(workdir: str) -> None:
