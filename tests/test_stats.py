@@ -112,6 +112,9 @@ def test_min_size_per_seed_and_distribution():
     assert [r["min_size"] for r in per_seed[:2]] == [2, 1] and math.isnan(per_seed[2]["min_size"])
     (dist,) = stats.min_size_distribution(per_seed).values()
     assert dist["counts"] == {1: 1, 2: 1, "never": 1} and dist["median"] == 2
+    # An even number of seeds: the lower median, an evaluated size (not 1.5).
+    (even,) = stats.min_size_distribution(per_seed[:2]).values()
+    assert even["median"] == 1
 
 
 def test_stat_tables_round_trip_through_csv(tmp_path):

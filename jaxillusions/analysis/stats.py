@@ -209,8 +209,9 @@ def min_sizes(rows: Iterable[dict], threshold: float = 0.99, metric: str = "same
 
 
 def min_size_distribution(per_seed: Iterable[dict]) -> dict[tuple, dict]:
-    """{(site, method, split): {"n_seeds", "counts": {size or 'never': seeds}, "median"}} where
-    the median counts 'never' as larger than every size (inf when most seeds never reach)."""
+    """{(site, method, split): {"n_seeds", "counts": {size or 'never': seeds}, "median"}}: the
+    median is the lower median (an evaluated size), counting 'never' as larger than every size
+    (inf when at least half of the seeds never reach the threshold)."""
     groups: dict[tuple, list[float]] = defaultdict(list)
     for r in per_seed:
         groups[(r["site"], r["method"], r["split"])].append(r["min_size"])
@@ -218,7 +219,7 @@ def min_size_distribution(per_seed: Iterable[dict]) -> dict[tuple, dict]:
     for key, values in groups.items():
         v = np.array([math.inf if math.isnan(x) else x for x in values])
         sizes, counts = np.unique(v, return_counts=True)
-        out[key] = {"n_seeds": len(v), "median": float(np.median(v)),
+        out[key] = {"n_seeds": len(v), "median": float(np.sort(v)[(len(v) - 1) // 2]),
                     "counts": {("never" if math.isinf(s) else int(s)): int(c)
                                for s, c in zip(sizes, counts, strict=True)}}
     return out
