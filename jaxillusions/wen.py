@@ -13,6 +13,7 @@ over the leading seed (member) axis of the parameters.
 
 from __future__ import annotations
 
+import csv
 import functools
 import itertools
 import math
@@ -326,8 +327,6 @@ def run_stage(state, results, model_cfg: model_lib.ModelConfig, config, workdir:
     generalization, balance violation), wen_attention.csv (attention variation per weight
     group, layer and head, with the random baseline), wen_summary.txt, figures/wen_*.png and
     TensorBoard. Returns (member rows, attention rows)."""
-    import pandas as pd  # noqa: PLC0415
-
     from jaxillusions import logging as log_lib  # noqa: PLC0415
     from jaxillusions import train  # noqa: PLC0415
 
@@ -369,9 +368,7 @@ def run_stage(state, results, model_cfg: model_lib.ModelConfig, config, workdir:
 
     os.makedirs(os.path.join(workdir, "figures"), exist_ok=True)
     for name, table in (("wen_results.csv", rows), ("wen_attention.csv", attention)):
-        path = os.path.join(workdir, name)
-        pd.DataFrame(table).to_csv(path + ".tmp", index=False)
-        os.replace(path + ".tmp", path)
+        write_csv(table, os.path.join(workdir, name))
     text = summary(rows, attention, config)
     with open(os.path.join(workdir, "wen_summary.txt"), "w") as f:
         f.write(text + "\n")
@@ -395,6 +392,31 @@ def run_stage(state, results, model_cfg: model_lib.ModelConfig, config, workdir:
                       if key in rows[0]}
         writer.scalars(config.train.num_steps, per_member, healthy=healthy)
     return rows, attention
+
+
+def write_csv(rows: list[dict], path: str) -> None:
+    """Rows with equal keys to a CSV file, atomically (a temp file, then rename)."""
+    with open(path + ".tmp", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(path + ".tmp", path)
+
+
+def read_csv(path: str) -> list[dict]:
+    """A CSV written by write_csv, numbers as floats/ints, True/False as bools."""
+    def value(v: str):
+        if v in ("True", "False"):
+            return v == "True"
+        for kind in (int, float):
+            try:
+                return kind(v)
+            except ValueError:
+                pass
+        return v
+
+    with open(path, newline="") as f:
+        return [{k: value(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
 def _fmt(mean: float, ci: float) -> str:

@@ -8,7 +8,6 @@ first layer; standard without / with linear positions), one sweep each into <wor
 import os
 import sys
 
-import pandas as pd
 from absl import app, flags
 
 from configs import wen_attention_variation
@@ -28,20 +27,20 @@ def main(_) -> None:
         for variant in VARIANTS.value:
             config = wen_attention_variation.get_config(variant)
             sweep.run(config, os.path.join(WORKDIR.value, variant))
-            tables.append(pd.read_csv(os.path.join(WORKDIR.value, variant, "wen_attention.csv")))
+            tables += wen.read_csv(os.path.join(WORKDIR.value, variant, "wen_attention.csv"))
     except ValueError as err:
         sys.exit(f"error: {err}")
-    joined = pd.concat(tables, ignore_index=True)
-    joined.to_csv(os.path.join(WORKDIR.value, "wen_attention.csv"), index=False)
+    wen.write_csv(tables, os.path.join(WORKDIR.value, "wen_attention.csv"))
     lines = [f"{'architecture':<16} {'layer':>5} {'seeds':>5}  variation [95% jackknife interval]"
              f"  random baseline (causal)"]
-    for r in joined.itertuples():
-        lines.append(f"{r.label:<16} {r.layer:>5} {r.num_seeds:>5}  {r.variation:.3f} "
-                     f"[{r.low:.3f}, {r.high:.3f}]  {r.random_baseline:.3f}")
+    for r in tables:
+        lines.append(f"{r['label']:<16} {r['layer']:>5} {r['num_seeds']:>5}  "
+                     f"{r['variation']:.3f} [{r['low']:.3f}, {r['high']:.3f}]  "
+                     f"{r['random_baseline']:.3f}")
     text = "\n".join(lines)
     with open(os.path.join(WORKDIR.value, "wen_attention_table.txt"), "w") as f:
         f.write(text + "\n")
-    figures.save(wen.attention_figure(joined.to_dict("records")),
+    figures.save(wen.attention_figure(tables),
                  os.path.join(WORKDIR.value, "wen_attention_variation.png"))
     print(text)
 
