@@ -46,28 +46,30 @@ _BLOCK_SITES = {v: k for k, v in _BLOCK_HOOKS.items()}
 _TOP_SITES = {v: k for k, v in _TOP_HOOKS.items()}
 
 
+def _translate(name: str, top: dict[str, str], block: dict[str, str], what: str,
+               missing: str) -> str:
+    """Looks `name` up in the top-level map, or as blocks.<i>.<part> in the block map."""
+    if name in top:
+        return top[name]
+    parts = name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit() and parts[2] in block:
+        return f"blocks.{parts[1]}.{block[parts[2]]}"
+    raise ValueError(f"{what} {name!r} has no {missing}; {what}s: {', '.join(top)}, "
+                     f"blocks.<i>.{{{', '.join(block)}}}")
+
+
 def tl_name(site: str) -> str:
     """Our site name -> the TransformerLens hook with the same value, e.g.
     'blocks.1.attn.out' -> 'blocks.1.hook_attn_out', 'blocks.0.mlp.hidden' ->
     'blocks.0.mlp.hook_post'. `logits` (the output) and `ln_final` have no equal hook."""
-    if site in _TOP_HOOKS:
-        return _TOP_HOOKS[site]
-    parts = site.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit() and parts[2] in _BLOCK_HOOKS:
-        return f"blocks.{parts[1]}.{_BLOCK_HOOKS[parts[2]]}"
-    raise ValueError(f"site {site!r} has no TransformerLens hook with the same value; "
-                     f"sites: {', '.join(_TOP_HOOKS)}, blocks.<i>.{{{', '.join(_BLOCK_HOOKS)}}}")
+    return _translate(site, _TOP_HOOKS, _BLOCK_HOOKS, "site",
+                      "TransformerLens hook with the same value")
 
 
 def site_name(hook: str) -> str:
     """TransformerLens hook name -> our site name (the inverse of `tl_name`)."""
-    if hook in _TOP_SITES:
-        return _TOP_SITES[hook]
-    parts = hook.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit() and parts[2] in _BLOCK_SITES:
-        return f"blocks.{parts[1]}.{_BLOCK_SITES[parts[2]]}"
-    raise ValueError(f"TransformerLens hook {hook!r} has no jaxillusions site; hooks: "
-                     f"{', '.join(_TOP_SITES)}, blocks.<i>.{{{', '.join(_BLOCK_SITES)}}}")
+    return _translate(hook, _TOP_SITES, _BLOCK_SITES, "TransformerLens hook",
+                      "jaxillusions site")
 
 
 def site_map(cfg: model_lib.ModelConfig) -> dict[str, str]:

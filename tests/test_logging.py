@@ -19,6 +19,25 @@ def _accumulator(path) -> ea.EventAccumulator:
     return acc
 
 
+def _hparams_backend(logdir):
+    """What the HPARAMS tab asks TensorBoard's backend for: (multiplexer, data provider, session
+    groups with their hparams and metrics)."""
+    from tensorboard import context
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from tensorboard.plugins.hparams import api_pb2, backend_context, list_session_groups
+
+    mux = plugin_event_multiplexer.EventMultiplexer()
+    mux.AddRunsFromDirectory(str(logdir))
+    mux.Reload()
+    provider = data_provider.MultiplexerDataProvider(mux, str(logdir))
+    ctx = backend_context.Context(base_plugin.TBContext(data_provider=provider))
+    request = api_pb2.ListSessionGroupsRequest(
+        allowed_statuses=[api_pb2.STATUS_SUCCESS], slice_size=100)
+    response = list_session_groups.Handler(context.RequestContext(), ctx, "", request).run()
+    return mux, provider, list(response.session_groups)
+
+
 def test_scalars_per_seed_and_aggregates(tmp_path):
     # Non-contiguous seed ids: run names follow `seeds`, values follow its order.
     with SweepWriter(str(tmp_path), seeds=[0, 5, 7]) as w:
@@ -86,11 +105,6 @@ def test_images(tmp_path):
 
 
 def test_hparams_plugin(tmp_path):
-    from tensorboard import context
-    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
-    from tensorboard.plugins import base_plugin
-    from tensorboard.plugins.hparams import api_pb2, backend_context, list_session_groups
-
     config = ml_collections.ConfigDict({"model": {"d_model": 64, "dims": (1, 2)}, "tag": None})
     with SweepWriter(str(tmp_path), seeds=[0, 1]) as w:
         w.scalars(0, {"train/loss": [1.0, 2.0]})
@@ -104,17 +118,8 @@ def test_hparams_plugin(tmp_path):
         "_hparams_/session_end_info",
     }
 
-    # What the HPARAMS tab asks the backend for: session groups with their hparams and metrics.
-    mux = plugin_event_multiplexer.EventMultiplexer()
-    mux.AddRunsFromDirectory(str(tmp_path))
-    mux.Reload()
-    provider = data_provider.MultiplexerDataProvider(mux, str(tmp_path))
-    ctx = backend_context.Context(base_plugin.TBContext(data_provider=provider))
-    request = api_pb2.ListSessionGroupsRequest(
-        allowed_statuses=[api_pb2.STATUS_SUCCESS], slice_size=10
-    )
-    response = list_session_groups.Handler(context.RequestContext(), ctx, "", request).run()
-    (group,) = response.session_groups
+    _, _, groups = _hparams_backend(tmp_path)
+    (group,) = groups
     assert group.name == "hparams"
     assert group.hparams["model.d_model"].number_value == 64
     assert group.hparams["model.dims"].string_value == "(1, 2)"
@@ -267,10 +272,8 @@ def test_board_steps_of_sizes_that_are_not_powers_of_two():
 
 def test_board_hparams_one_session_per_seed_and_few_tags(tmp_path):
     from tensorboard import context
-    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
     from tensorboard.plugins import base_plugin
     from tensorboard.plugins.custom_scalar import custom_scalars_plugin
-    from tensorboard.plugins.hparams import api_pb2, backend_context, list_session_groups
 
     from configs import dyck_small
     from jaxillusions import model
@@ -286,15 +289,8 @@ def test_board_hparams_one_session_per_seed_and_few_tags(tmp_path):
         board.write_all(w, rows, config, model_cfg, seeds, [True, True, False], "runs/demo",
                         gaps=_gaps(rows))
 
-    mux = plugin_event_multiplexer.EventMultiplexer()
-    mux.AddRunsFromDirectory(str(tmp_path))
-    mux.Reload()
-    provider = data_provider.MultiplexerDataProvider(mux, str(tmp_path))
-    ctx = backend_context.Context(base_plugin.TBContext(data_provider=provider))
-    request = api_pb2.ListSessionGroupsRequest(
-        allowed_statuses=[api_pb2.STATUS_SUCCESS], slice_size=100)
-    groups = list_session_groups.Handler(context.RequestContext(), ctx, "", request).run()
-    groups = {g.name: g for g in groups.session_groups}
+    mux, provider, groups = _hparams_backend(tmp_path)
+    groups = {g.name: g for g in groups}
     assert set(groups) == {"seed_0", "seed_1", "seed_2"}
     g0, g2 = groups["seed_0"], groups["seed_2"]
     assert g0.hparams["model.d_head"].number_value == 32  # resolved from d_head = 0
@@ -335,11 +331,6 @@ def test_board_hparams_one_session_per_seed_and_few_tags(tmp_path):
 
 def test_board_hparams_sessions_for_sweep_members(tmp_path):
     """Members of a contrastive-weight sweep: one session each, told apart by the weight."""
-    from tensorboard import context
-    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
-    from tensorboard.plugins import base_plugin
-    from tensorboard.plugins.hparams import api_pb2, backend_context, list_session_groups
-
     from configs import dyck_small
     from jaxillusions.analysis import board
 
@@ -350,17 +341,10 @@ def test_board_hparams_sessions_for_sweep_members(tmp_path):
         board.write_hparams(w, config, None, labels, [True] * 4, splits=["iid"],
                             member_hparams={"contrastive_weight": np.array([0, 0, 0.5, 0.5],
                                                                            np.float32)})
-    mux = plugin_event_multiplexer.EventMultiplexer()
-    mux.AddRunsFromDirectory(str(tmp_path))
-    mux.Reload()
-    ctx = backend_context.Context(base_plugin.TBContext(
-        data_provider=data_provider.MultiplexerDataProvider(mux, str(tmp_path))))
-    request = api_pb2.ListSessionGroupsRequest(
-        allowed_statuses=[api_pb2.STATUS_SUCCESS], slice_size=100)
-    groups = list_session_groups.Handler(context.RequestContext(), ctx, "", request).run()
+    _, _, groups = _hparams_backend(tmp_path)
     found = {g.name: (g.hparams["seed"].number_value,
                       g.hparams["contrastive_weight"].number_value,
-                      g.metric_values[0].value) for g in groups.session_groups}
+                      g.metric_values[0].value) for g in groups}
     assert found == {"seed_0_cw0": (0, 0, pytest.approx(0.9)),
                      "seed_1_cw0": (1, 0, pytest.approx(0.8)),
                      "seed_0_cw0.5": (0, 0.5, pytest.approx(0.7)),
