@@ -182,7 +182,7 @@ def accuracy_by_bin(rows: Sequence[dict], site: str, method: str, splits: Sequen
         from matplotlib.patches import Patch
 
         handles.append(Patch(color="#56B4E9", alpha=0.25))
-        labels.append(f"beyond training ({breakdown} > {train_bound})")
+        labels.append(f"beyond every training sentence ({breakdown} > {train_bound})")
     handles.append(_patch("0.85"))
     labels.append("closing brackets per bin, per seed (right axis)")
     inside = _legend_below(fig, handles, labels, ncol=3)
