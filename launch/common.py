@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+from collections.abc import Callable, Sequence
 
 from absl import flags
 from ml_collections import config_flags
@@ -82,19 +83,26 @@ def run(main) -> None:
     """Runs main(config, workdir, start_over=...) after validating the config and taking the
     workdir lock; every error becomes one line on stderr (--debug shows the traceback)."""
     config, workdir = parse(sys.argv)
+    guard(lambda: main(config, workdir, start_over=START_OVER.value), workdir, [config])
+
+
+def guard(job: Callable[[], None], workdir: str, configs: Sequence) -> None:
+    """Runs job() after validating every config and taking the workdir lock, with SIGTERM/SIGINT
+    caught (the job saves and exits 143/130); every error becomes one line on stderr."""
     from jaxillusions import checkpoint, interrupt, validate  # noqa: PLC0415
 
     if not DEBUG.value:
         _quiet_background_errors(workdir)
     lock = checkpoint.WorkdirLock(workdir)
     try:
-        for note in validate.validate(config):
-            print(note)
+        for config in configs:
+            for note in validate.validate(config):
+                print(note)
         note = lock.acquire()
         if note:
             print(note)
         with interrupt.catch_signals():
-            main(config, workdir, start_over=START_OVER.value)
+            job()
         return
     except interrupt.Stopped as err:
         if DEBUG.value:

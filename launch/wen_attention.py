@@ -3,34 +3,31 @@ first layer; standard without / with linear positions), one sweep each into <wor
 (each resumes like launch.sweep), then one joined table and figure in <workdir>:
 
     python -m launch.wen_attention --workdir=runs/wen_attention [--variants=minimal,standard_nope]
+
+It validates every variant's config before any work, locks the workdir, saves and exits on
+SIGTERM/SIGINT, and turns errors into one line (--debug, --start_over as in launch.sweep).
 """
 
 import os
 import sys
 
-from absl import app, flags
+from absl import flags
 
 from configs import wen_attention_variation
 from jaxillusions import sweep, wen
 from jaxillusions.analysis import figures
+from launch import common
 
-WORKDIR = flags.DEFINE_string("workdir", None, "Directory of the joined results.")
 VARIANTS = flags.DEFINE_list("variants", list(wen_attention_variation.VARIANTS),
                              "Which architectures to run.")
 
 
-def main(_) -> None:
-    if WORKDIR.value is None:
-        sys.exit("error: --workdir is required, e.g. --workdir=runs/wen_attention")
-    try:
-        tables = []
-        for variant in VARIANTS.value:
-            config = wen_attention_variation.get_config(variant)
-            sweep.run(config, os.path.join(WORKDIR.value, variant))
-            tables += wen.read_csv(os.path.join(WORKDIR.value, variant, "wen_attention.csv"))
-    except ValueError as err:
-        sys.exit(f"error: {err}")
-    wen.write_csv(tables, os.path.join(WORKDIR.value, "wen_attention.csv"))
+def run_variants(configs: dict, workdir: str, start_over: bool) -> None:
+    tables = []
+    for variant, config in configs.items():
+        sweep.run(config, os.path.join(workdir, variant), start_over=start_over)
+        tables += wen.read_csv(os.path.join(workdir, variant, "wen_attention.csv"))
+    wen.write_csv(tables, os.path.join(workdir, "wen_attention.csv"))
     lines = [f"{'architecture':<16} {'layer':>5} {'seeds':>5}  variation [95% jackknife interval]"
              f"  random baseline (causal)"]
     for r in tables:
@@ -38,12 +35,30 @@ def main(_) -> None:
                      f"{r['variation']:.3f} [{r['low']:.3f}, {r['high']:.3f}]  "
                      f"{r['random_baseline']:.3f}")
     text = "\n".join(lines)
-    with open(os.path.join(WORKDIR.value, "wen_attention_table.txt"), "w") as f:
+    with open(os.path.join(workdir, "wen_attention_table.txt"), "w") as f:
         f.write(text + "\n")
-    figures.save(wen.attention_figure(tables),
-                 os.path.join(WORKDIR.value, "wen_attention_variation.png"))
+    figures.save(wen.attention_figure(tables), os.path.join(workdir, "wen_attention_variation.png"))
     print(text)
 
 
+def main() -> None:
+    try:
+        flags.FLAGS(sys.argv)
+    except flags.Error as err:
+        sys.exit(f"error: {str(err).splitlines()[0]}")
+    if common.WORKDIR.value is None:
+        sys.exit("error: --workdir is required, e.g. --workdir=runs/wen_attention")
+    if common.CONFIG.value is not None:
+        sys.exit("error: launch.wen_attention takes no --config: it runs the variants of "
+                 "configs/wen_attention_variation.py (choose them with --variants)")
+    try:
+        configs = {v: wen_attention_variation.get_config(v) for v in VARIANTS.value}
+    except ValueError as err:
+        sys.exit(f"error: {err}")
+    workdir = common.WORKDIR.value
+    common.guard(lambda: run_variants(configs, workdir, common.START_OVER.value), workdir,
+                 list(configs.values()))
+
+
 if __name__ == "__main__":
-    app.run(main)
+    main()

@@ -470,6 +470,18 @@ def test_launcher_bad_input_is_exactly_one_line(case, tmp_path):
     assert not cache.exists() or not os.listdir(cache)
 
 
+@pytest.mark.parametrize("case", ["bad_variant", "workdir_is_a_file"])
+def test_wen_attention_launcher_bad_input_is_exactly_one_line(case, tmp_path):
+    workdir = tmp_path / "run"
+    args = ["--variants=minimal,bogus"] if case == "bad_variant" else ["--variants=minimal"]
+    if case == "workdir_is_a_file":
+        workdir.write_text("")
+    line = _one_line_error([sys.executable, "-m", "launch.wen_attention", *args,
+                            f"--workdir={workdir}"])
+    assert {"bad_variant": "expected one of ('minimal',",
+            "workdir_is_a_file": "exists and is not a directory"}[case] in line
+
+
 def _can_mount_tmpfs():
     return shutil.which("unshare") is not None and subprocess.run(
         ["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=1k tmpfs /mnt"],
