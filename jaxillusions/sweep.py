@@ -102,7 +102,8 @@ def run(config, workdir: str, *, verbose: bool = True, start_over: bool = False)
     done = _read_json(os.path.join(workdir, DONE_FILE))
     if done is not None and done["analysis"] == _analysis_settings(config):
         say(f"the sweep in {workdir} is finished (finished {done['time']}); nothing to do. "
-            f"Results: {workdir}/results.csv. Change a proxies.* or wen.* setting to redo the analysis.")
+            f"Results: {workdir}/results.csv. Change a proxies.* or wen.* setting to redo the "
+            "analysis.")
         return [row for _, group_dir in _weight_groups(config, workdir) if pc.methods
                 for row in results.read_csv(os.path.join(group_dir, "results.csv"))]
     if done is not None:
