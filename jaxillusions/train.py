@@ -416,12 +416,6 @@ def evaluate_splits(params, splits, model_cfg, config) -> dict[str, dict[str, np
             for name, split in splits.items()}
 
 
-def final_metrics(results: dict, healthy: np.ndarray) -> dict[str, float]:
-    """Mean closing-bracket accuracy per split over healthy seeds (for the hparams view)."""
-    return {f"final/{split}/acc": float(np.nanmean(np.where(healthy, r["acc"], np.nan)))
-            for split, r in results.items()}
-
-
 def _format_eta(seconds: float) -> str:
     minutes, secs = divmod(int(seconds), 60)
     return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
