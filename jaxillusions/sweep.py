@@ -97,6 +97,7 @@ def run(config, workdir: str, *, verbose: bool = True, start_over: bool = False)
     say = print if verbose else (lambda *a, **k: None)
     start = time.perf_counter()
     pc = config.proxies
+    validate.validate(config)  # the whole config, before any work (the launchers show its notes)
     for note in checkpoint.claim_workdir(workdir, config, validate.is_analysis_key):
         say(note)
     done = _read_json(os.path.join(workdir, DONE_FILE))
@@ -111,13 +112,8 @@ def run(config, workdir: str, *, verbose: bool = True, start_over: bool = False)
             "families are refitted and re-evaluated where their settings changed")
 
     splits, model_cfg, _ = train.build(config)
-    if wen.enabled(config):
-        wen.check_config(config, model_cfg)
-    specs = faithfulness.specs_from_config(pc, model_cfg)  # bad proxy config fails before training
+    specs = faithfulness.specs_from_config(pc, model_cfg)
     eval_set = faithfulness.make_eval_set(splits, pc.eval_splits)
-    if pc.get("gap_baseline", "iid") not in pc.eval_splits:
-        raise ValueError(f"proxies.gap_baseline={pc.gap_baseline!r} must be one of "
-                         f"proxies.eval_splits {tuple(pc.eval_splits)}")
 
     state, final_eval = train.train_sweep(config, workdir, splits=splits, verbose=verbose,
                                           start_over=start_over)
