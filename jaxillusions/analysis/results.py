@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from jaxillusions.analysis import tables
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -84,14 +86,8 @@ def write_csv(rows: Iterable[dict], path: str) -> None:
     """Writes in-memory rows as results.csv, atomically (a temp file, then rename). NaN is an
     empty cell."""
     table = csv_rows(rows)
-    extra = list(dict.fromkeys(k for r in table for k in r if k not in COLUMNS))
-    tmp = path + ".tmp"
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS + tuple(extra), restval="")
-        writer.writeheader()
-        writer.writerows({k: "" if isinstance(v, float) and math.isnan(v) else v
-                          for k, v in r.items()} for r in table)
-    os.replace(tmp, path)
+    extra = tuple(dict.fromkeys(k for r in table for k in r if k not in COLUMNS))
+    tables.write_csv(table, path, COLUMNS + extra)
 
 
 def read_csv(path: str) -> list[dict]:
