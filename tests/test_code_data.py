@@ -354,6 +354,9 @@ def test_split_contents_and_thresholds(small):
         assert (s.bracket_depth[closes] >= 1).all()
         assert (s.bracket_depth.max(1) == s.max_depth).all()
         assert report["sizes"][name]["functions"] == n
+        counts = report["categories"][name]
+        assert sum(counts[c] for c in CATEGORIES) == s.lengths.sum()
+        assert sum(counts["close_bracket_by_depth"].values()) == counts["close_bracket"]
 
 
 def test_train_and_eval_splits_are_file_disjoint(small):
@@ -364,6 +367,19 @@ def test_train_and_eval_splits_are_file_disjoint(small):
     files = report["files"]
     assert all(files[i].startswith("py/") for i in train_files)
     assert all(files[i].startswith("js/") for i in data["other_language"].file_id)
+
+
+def test_ood_from_train_files_grows_longer_and_deeper(small):
+    cfg, (data, _, report) = small
+    more = splits.make_splits({**cfg, "ood_from_train_files": True}, verbose=False)
+    assert more.report["thresholds"] == report["thresholds"]
+    train_rows = {r.tobytes() for r in data["train"].tokens}
+    for name in ("longer", "deeper"):
+        assert len(more.splits[name].lengths) >= len(data[name].lengths)
+        assert not any(r.tobytes() in train_rows for r in more.splits[name].tokens[:, :128])
+    np.testing.assert_array_equal(more.splits["iid"].tokens, data["iid"].tokens)
+    grown = sum(len(more.splits[n].lengths) - len(data[n].lengths) for n in ("longer", "deeper"))
+    assert grown > 0
 
 
 def test_unk_and_rates(small):

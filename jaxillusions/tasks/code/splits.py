@@ -12,7 +12,9 @@ How the splits are made (all deterministic from data.seed):
    data.min_chars dropped.
 2. Files (repo, path) are shuffled; a fraction data.iid_fraction of them is held out. `train`
    comes from the other files; every evaluation split from the held-out files only, so no file
-   contributes to both `train` and any evaluation split.
+   contributes to both `train` and any evaluation split. With data.ood_from_train_files, `longer`
+   and `deeper` also take the functions of the training files that exceed a threshold (which
+   `train` never holds): larger OOD splits, but only `iid` is then file-disjoint from `train`.
 3. Thresholds are set on the training files: L = the data.length_quantile quantile of function
    lengths, capped at context - 2 (a training function must fit the context); D = the
    data.depth_quantile quantile (rounded down) of the maximum bracket depth of the functions of
@@ -53,7 +55,7 @@ __all__ = ["CATEGORIES", "SPLITS", "DATA_DEFAULTS", "DATA_DOCS", "CodeSplit", "V
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 NUM_SPECIAL = 4
 SPLITS = ("train", "iid", "longer", "deeper", "other_language")
-_CACHE_VERSION = 1  # bump when the data made for the same config and files changes
+_CACHE_VERSION = 2  # bump when the data made for the same config and files changes
 
 DATA_DEFAULTS: dict[str, Any] = {
     "source": "stdlib",
@@ -66,6 +68,7 @@ DATA_DEFAULTS: dict[str, Any] = {
     "num_train": -1,
     "num_eval": 500,
     "iid_fraction": 0.2,
+    "ood_from_train_files": False,
     "length_quantile": 0.9,
     "depth_quantile": 0.9,
     "min_chars": 16,
@@ -88,6 +91,8 @@ DATA_DOCS: dict[str, str] = {
     "num_train": "at most this many train functions (-1: all)",
     "num_eval": "at most this many functions per evaluation split (-1: all)",
     "iid_fraction": "fraction of files held out for the evaluation splits, in (0, 1)",
+    "ood_from_train_files": "longer/deeper also take the training files' functions over a "
+                            "threshold (never in train); only iid is then file-disjoint",
     "length_quantile": "L = this quantile of train function lengths (capped at context - 2)",
     "depth_quantile": "D = this quantile (floored) of train max bracket depths (length <= L)",
     "min_chars": "functions shorter than this many characters are dropped",
@@ -246,8 +251,9 @@ def _params(data_cfg: Any) -> dict[str, Any]:
             fail(key, f"one of {', '.join(LANGUAGES)}")
     if p["other_language"] == p["language"]:
         fail("other_language", f"different from data.language={p['language']!r}")
-    if not isinstance(p["skip_tests"], bool):
-        fail("skip_tests", "True or False")
+    for key in ("skip_tests", "ood_from_train_files"):
+        if not isinstance(p[key], bool):
+            fail(key, "True or False")
     integer("min_chars", 1)
     integer("context", p["min_chars"] + 2)
     integer("longer_context", p["context"] + 1)
@@ -325,12 +331,17 @@ class _Labelled:
     stats: dict[str, int]
 
 
-def _label(records: list[corpus.Record], language: str, min_chars: int) -> _Labelled:
+def _label(records: list[corpus.Record], language: str, min_chars: int,
+           verbose: bool = False) -> _Labelled:
     records = sorted(records, key=lambda r: (r.repo, r.path))  # stable: file order kept
     seen: set[str] = set()
     out = _Labelled([], [], [], [], np.zeros(0), np.zeros(0), {})
     n_dup = n_short = n_lex = 0
-    for r in records:
+    t0 = time.perf_counter()
+    for k, r in enumerate(records):
+        if verbose and k and k % 50_000 == 0:
+            _log(True, f"labelled {k}/{len(records)} {language} functions "
+                       f"({time.perf_counter() - t0:.0f}s)")
         if r.code in seen:
             n_dup += 1
             continue
@@ -346,7 +357,7 @@ def _label(records: list[corpus.Record], language: str, min_chars: int) -> _Labe
         out.codes.append(r.code)
         out.file_keys.append(f"{r.repo}/{r.path}")
         out.cat.append(cat)
-        out.depth.append(depth)
+        out.depth.append(np.minimum(depth, np.iinfo(np.int16).max).astype(np.int16))
     out.lengths = np.array([len(c) for c in out.codes], np.int64)
     out.max_depth = np.array([int(d.max()) if len(d) else 0 for d in out.depth], np.int64)
     out.stats = {"duplicates": n_dup, "too_short": n_short, "lex_errors": n_lex,
@@ -389,6 +400,15 @@ def _arrays(lab: _Labelled, idx: np.ndarray, width: int, vocab: Vocab, file_ids:
     return split, unk, int(lengths.sum())
 
 
+def _category_counts(s: CodeSplit) -> dict[str, Any]:
+    """Predicted characters per category, and closing brackets per depth."""
+    n = np.bincount(s.category[s.category >= 0], minlength=len(CATEGORIES))
+    closes = s.bracket_depth[s.category == lexer.CLOSE]
+    by_depth = np.bincount(closes) if len(closes) else np.zeros(0, np.int64)
+    return {**{c: int(k) for c, k in zip(CATEGORIES, n, strict=True)},
+            "close_bracket_by_depth": {str(d): int(k) for d, k in enumerate(by_depth) if k}}
+
+
 def _vocab(lab: _Labelled, idx: np.ndarray, min_count: int) -> Vocab:
     cps = _codepoints("".join(lab.codes[i] for i in idx))
     uniq, counts = np.unique(cps, return_counts=True)
@@ -424,7 +444,7 @@ def _make(p: dict[str, Any], src: tuple[str, Any], other: tuple[str, Any],
         records, stats = _read(kind, what, language, p["skip_tests"])
         timings[f"{role}_read_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        lab = _label(records, language, p["min_chars"])
+        lab = _label(records, language, p["min_chars"], verbose)
         timings[f"{role}_label_s"] = time.perf_counter() - t
         stats = {**stats, **lab.stats}
         report["corpus"][language] = stats
@@ -465,14 +485,14 @@ def _make(p: dict[str, Any], src: tuple[str, Any], other: tuple[str, Any],
                             "length_capped_by_context": q_len > p["context"] - 2, "depth": D}
     ok_len, ok_depth = main.lengths <= L, main.max_depth <= D
     longest = p["longer_context"] - 2
+    ood = np.ones_like(in_train) if p["ood_from_train_files"] else ~in_train
     pools = {
         "train": np.flatnonzero(in_train & ok_len & ok_depth),
         "iid": np.flatnonzero(~in_train & ok_len & ok_depth),
-        "longer": np.flatnonzero(~in_train & (main.lengths > L) & (main.lengths <= longest)
-                                 & ok_depth),
-        "deeper": np.flatnonzero(~in_train & ok_len & ~ok_depth),
+        "longer": np.flatnonzero(ood & (main.lengths > L) & (main.lengths <= longest) & ok_depth),
+        "deeper": np.flatnonzero(ood & ok_len & ~ok_depth),
     }
-    report["too_long_for_longer"] = int((~in_train & (main.lengths > longest) & ok_depth).sum())
+    report["too_long_for_longer"] = int((ood & (main.lengths > longest) & ok_depth).sum())
     if "other" in labelled:
         o = labelled["other"]
         pools["other_language"] = np.flatnonzero((o.lengths <= L) & (o.max_depth <= D))
@@ -490,7 +510,7 @@ def _make(p: dict[str, Any], src: tuple[str, Any], other: tuple[str, Any],
     vocab = _vocab(main, chosen["train"], p["min_char_count"])
 
     t = time.perf_counter()
-    splits, unk_rates, sizes = {}, {}, {}
+    splits, unk_rates, sizes, counts = {}, {}, {}, {}
     for name, idx in chosen.items():
         lab = labelled["other" if name == "other_language" else "main"]
         fids = (np.array([fid[f] for f in lab.file_keys], np.int64) if name == "other_language"
@@ -499,13 +519,14 @@ def _make(p: dict[str, Any], src: tuple[str, Any], other: tuple[str, Any],
         language = p["other_language" if name == "other_language" else "language"]
         splits[name], unk, chars = _arrays(lab, idx, width, vocab, fids, language)
         unk_rates[name] = unk / max(chars, 1)
+        counts[name] = _category_counts(splits[name])
         sizes[name] = {"functions": len(idx), "available": len(pools[name]), "chars": chars,
                        "files": len(np.unique(splits[name].file_id))}
     timings["arrays_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - t0
     if "other" not in labelled:
         report["other_language_skipped"] = other[1]
-    report.update(sizes=sizes, unk_rates=unk_rates, vocab_size=vocab.size,
+    report.update(sizes=sizes, unk_rates=unk_rates, categories=counts, vocab_size=vocab.size,
                   held_out_files=n_held, files=all_files, timings=timings)
     for name, s in sizes.items():
         _log(verbose, f"{name}: {s['functions']} functions ({s['available']} available, "
