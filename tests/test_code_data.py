@@ -422,6 +422,30 @@ def test_deterministic_and_cached(small):
     assert set(other_seed.splits["iid"].file_id.tolist()) != set(data["iid"].file_id.tolist())
 
 
+def test_cache_key_follows_files_and_bad_cache_regenerates(tmp_path):
+    py, js = _write_corpus(tmp_path, n_files=12)
+    cfg = _cfg(py, js, cache_dir=str(tmp_path / "cache"))
+    first = splits.load_or_make(cfg, verbose=False)
+    path = splits.cache_path(cfg)
+    assert os.path.exists(path)
+    with open(path, "wb") as f:
+        f.write(b"not an npz")
+    with pytest.warns(UserWarning, match="unreadable cache"):
+        again = splits.load_or_make(cfg, verbose=False)
+    np.testing.assert_array_equal(again.splits["train"].tokens, first.splits["train"].tokens)
+    with open(py / "m0.py", "a") as f:
+        f.write("\ndef extra(a):\n    return a\n")
+    assert splits.cache_path(cfg) != path  # an edited source file is a different corpus
+    assert splits.cache_path({**cfg, "cache_dir": "elsewhere"}).endswith(
+        os.path.basename(splits.cache_path(cfg)))  # where it is cached is not in the key
+
+
+def test_default_config_checks_without_reading():
+    notes = splits.check_data_config({})
+    assert "standard library" in notes[0] and "other_language" in notes[1]
+    assert set(splits.DATA_DOCS) == set(splits.DATA_DEFAULTS)
+
+
 def test_caps_sample_without_replacement(small):
     cfg, (data, _, _) = small
     capped = splits.make_splits({**cfg, "num_train": 20, "num_eval": 3}, verbose=False)
