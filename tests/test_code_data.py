@@ -407,6 +407,20 @@ def test_min_char_count_maps_rare_train_chars_to_unk(small):
     np.testing.assert_array_equal(rare.splits["train"].category, data["train"].category)
 
 
+def test_max_vocab_keeps_the_most_frequent(small):
+    cfg, (data, vocab, _) = small
+    capped = splits.make_splits({**cfg, "max_vocab": 10, "cache_dir": ""}, verbose=False)
+    assert capped.vocab.size == 10 and set(capped.vocab.chars) < set(vocab.chars)
+    train = data["train"]
+    chars = train.tokens[train.tokens >= splits.NUM_SPECIAL]
+    counts = np.bincount(chars, minlength=vocab.size)[splits.NUM_SPECIAL:]
+    kept = sorted(vocab.chars.index(c) for c in capped.vocab.chars)
+    assert counts[kept].min() >= np.delete(counts, kept).max()
+    assert capped.unk_rates["train"] == pytest.approx(1 - counts[kept].sum() / counts.sum())
+    assert splits.width(cfg) == cfg["context"]
+    assert splits.width(cfg, "longer") == cfg["longer_context"]
+
+
 def test_deterministic_and_cached(small):
     cfg, (data, vocab, report) = small
     again = splits.make_splits(cfg, verbose=False)

@@ -50,12 +50,13 @@ from jaxillusions.tasks.code import corpus, lexer
 from jaxillusions.tasks.code.lexer import CATEGORIES, LANGUAGES
 
 __all__ = ["CATEGORIES", "SPLITS", "DATA_DEFAULTS", "DATA_DOCS", "CodeSplit", "Vocab",
-           "CodeData", "check_data_config", "load_or_make", "make_splits", "cache_path"]
+           "CodeData", "check_data_config", "load_or_make", "make_splits", "cache_path",
+           "width"]
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 NUM_SPECIAL = 4
 SPLITS = ("train", "iid", "longer", "deeper", "other_language")
-_CACHE_VERSION = 2  # bump when the data made for the same config and files changes
+_CACHE_VERSION = 3  # bump when the data made for the same config and files changes
 
 DATA_DEFAULTS: dict[str, Any] = {
     "source": "stdlib",
@@ -73,6 +74,7 @@ DATA_DEFAULTS: dict[str, Any] = {
     "depth_quantile": 0.9,
     "min_chars": 16,
     "min_char_count": 1,
+    "max_vocab": 256,
     "seed": 0,
     "cache_dir": "",
 }
@@ -97,6 +99,7 @@ DATA_DOCS: dict[str, str] = {
     "depth_quantile": "D = this quantile (floored) of train max bracket depths (length <= L)",
     "min_chars": "functions shorter than this many characters are dropped",
     "min_char_count": "characters seen fewer times than this in train map to UNK",
+    "max_vocab": "at most this many token ids (4 special + the most frequent train characters)",
     "seed": "file split and sampling seed",
     "cache_dir": "cache directory ('' = $JAXILLUSIONS_CACHE or ~/.cache/jaxillusions)",
 }
@@ -112,8 +115,9 @@ class CodeSplit:
     bracket_depth: np.ndarray  # int32 [N, T]: bracket depth at tokens[:, t+1] (0 off target)
     file_id: np.ndarray  # int32 [N]: index into report["files"]
     lengths: np.ndarray  # int32 [N]: characters (tokens between BOS and EOS)
-    max_depth: np.ndarray  # int32 [N]: deepest bracket nesting of the function
     language: str
+    # int32 [N]: deepest bracket nesting of each function (defaults to empty for empty splits)
+    max_depth: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +157,11 @@ class CodeData(NamedTuple):
     splits: dict[str, CodeSplit]  # SPLITS order; other_language absent when skipped
     vocab: Vocab
     report: dict[str, Any]  # sizes, thresholds, unk_rates, corpus counts, files, timings
+
+    @property
+    def unk_rates(self) -> dict[str, float]:
+        """Fraction of the characters of each split that are UNK."""
+        return self.report["unk_rates"]
 
 
 def _codepoints(text: str) -> np.ndarray:
@@ -265,6 +274,7 @@ def _params(data_cfg: Any) -> dict[str, Any]:
     fraction("length_quantile", True, False)
     fraction("depth_quantile", False, False)
     integer("min_char_count", 1)
+    integer("max_vocab", NUM_SPECIAL + 1)
     integer("seed", 0)
     return p
 
@@ -284,6 +294,14 @@ def check_data_config(data_cfg: Any) -> list[str]:
         notes.append(f"code data: other_language ({p['other_language']}) from "
                      f"{_describe(kind, what)}")
     return notes
+
+
+def width(data_cfg: Any, split: str = "train") -> int:
+    """Row width (tokens) of a split: data.longer_context for `longer`, else data.context."""
+    p = _params(data_cfg)
+    if split not in SPLITS:
+        raise ValueError(f"unknown code split {split!r}; available: {', '.join(SPLITS)}")
+    return p["longer_context"] if split == "longer" else p["context"]
 
 
 def _describe(kind: str, what: Any) -> str:
@@ -409,11 +427,17 @@ def _category_counts(s: CodeSplit) -> dict[str, Any]:
             "close_bracket_by_depth": {str(d): int(k) for d, k in enumerate(by_depth) if k}}
 
 
-def _vocab(lab: _Labelled, idx: np.ndarray, min_count: int) -> Vocab:
+def _vocab(lab: _Labelled, idx: np.ndarray, min_count: int, max_vocab: int) -> Vocab:
     cps = _codepoints("".join(lab.codes[i] for i in idx))
     uniq, counts = np.unique(cps, return_counts=True)
-    keep = uniq[counts >= min_count]
-    return Vocab("".join(map(chr, keep.tolist())))
+    keep = counts >= min_count
+    room = max_vocab - NUM_SPECIAL
+    if keep.sum() > room:  # the most frequent characters; ties to the lower code point
+        order = np.lexsort((uniq, -counts))
+        keep = np.zeros_like(keep)
+        keep[order[:room]] = True
+        keep &= counts >= min_count
+    return Vocab("".join(map(chr, np.sort(uniq[keep]).tolist())))
 
 
 def make_splits(data_cfg: Any, verbose: bool = True) -> CodeData:
@@ -507,7 +531,7 @@ def _make(p: dict[str, Any], src: tuple[str, Any], other: tuple[str, Any],
         if name in pools:
             cap = p["num_train"] if name == "train" else p["num_eval"]
             chosen[name] = _sample(np.random.default_rng([p["seed"], 1 + i]), pools[name], cap)
-    vocab = _vocab(main, chosen["train"], p["min_char_count"])
+    vocab = _vocab(main, chosen["train"], p["min_char_count"], p["max_vocab"])
 
     t = time.perf_counter()
     splits, unk_rates, sizes, counts = {}, {}, {}, {}
