@@ -369,6 +369,18 @@ def test_train_and_eval_splits_are_file_disjoint(small):
     assert all(files[i].startswith("js/") for i in data["other_language"].file_id)
 
 
+def test_jsonl_of_the_same_functions_gives_the_same_splits(small, tmp_path):
+    cfg, (data, vocab, _) = small
+    recs, _ = corpus.read_files(cfg["source"], "python", True, "py")
+    with gzip.open(tmp_path / "same.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(r._asdict()) + "\n" for r in recs)
+    same = splits.make_splits({**cfg, "source": str(tmp_path / "same.jsonl.gz")}, verbose=False)
+    assert same.vocab == vocab
+    for name in splits.SPLITS:
+        np.testing.assert_array_equal(same.splits[name].tokens, data[name].tokens)
+        np.testing.assert_array_equal(same.splits[name].category, data[name].category)
+
+
 def test_ood_from_train_files_grows_longer_and_deeper(small):
     cfg, (data, _, report) = small
     more = splits.make_splits({**cfg, "ood_from_train_files": True}, verbose=False)
