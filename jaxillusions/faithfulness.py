@@ -21,12 +21,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxillusions import metrics, proxies
+from jaxillusions import metrics, proxies, tasks
 from jaxillusions import model as model_lib
-from jaxillusions.data import dyck, padded_chunks
+from jaxillusions.data import padded_chunks
 
 METRICS = ("jsd", "same_pred", "acc_original", "acc_proxy")
-BREAKDOWNS = ("all", "depth", "distance", "position")
 JSD_QUANTILES = {"jsd_p95": 0.95, "jsd_p99": 0.99}  # of per-position JSD, on `all` rows only
 
 
@@ -110,7 +109,7 @@ def _grouped(x: jax.Array) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "sites", "with_vectors"))
 def _collect_chunk(params, tokens, *, model_cfg, sites: tuple[str, ...], with_vectors: bool):
-    valid = (tokens != dyck.PAD).reshape(-1)
+    valid = (tokens != tasks.PAD).reshape(-1)
     svd = proxies.get("svd")
 
     def one_seed(p):
@@ -124,7 +123,7 @@ def _collect_chunk(params, tokens, *, model_cfg, sites: tuple[str, ...], with_ve
     return jax.vmap(one_seed)(params)
 
 
-def collect(params, train: dyck.Split, model_cfg: model_lib.ModelConfig,
+def collect(params, train, model_cfg: model_lib.ModelConfig,
             specs: Sequence[ProxySpec], *, num_samples: int, batch_size: int) -> dict:
     """Statistics of every site that a data-dependent spec needs, from the training split.
 
@@ -148,7 +147,7 @@ def collect(params, train: dyck.Split, model_cfg: model_lib.ModelConfig,
                                           with_vectors=sampling and kept < num_samples)
         totals = moments if totals is None else jax.tree.map(jnp.add, totals, moments)
         if vectors:
-            valid = (tokens != dyck.PAD).reshape(-1)
+            valid = (tokens != tasks.PAD).reshape(-1)
             take = np.flatnonzero(valid)[: num_samples - kept]
             for s in sites:
                 if "samples" in needs[s]:
@@ -232,58 +231,59 @@ def make_intervention(module, site_params: dict) -> model_lib.Intervention:
 
 
 # ---------------------------------------------------------------------------------------------
-# Evaluation: per-position metrics at closing brackets, summed into (split, breakdown) bins.
+# Evaluation: per-position metrics at the task's evaluated positions (Dyck: closing brackets),
+# summed into (split, breakdown) bins.
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalSet:
-    """All evaluation splits concatenated and padded to one length, with bin ids per position."""
+    """All evaluation splits concatenated and padded to one length, with bin ids per position:
+    for breakdown i of `breakdowns`, bins[..., i] = split index * per_split[i] + the bin."""
 
     split_names: tuple[str, ...]
     tokens: np.ndarray  # [N, T]
-    is_close: np.ndarray  # [N, T]
-    bins: np.ndarray  # [N, T, 4] bin id for breakdowns all / depth / distance / position
+    evaluated: np.ndarray  # [N, T] bool: the prediction at t is scored (Dyck: closing brackets)
+    bins: np.ndarray  # [N, T, B] bin id for breakdowns "all", then the task's BREAKDOWNS
     num_bins: tuple[int, ...]
-    num_depths: int
-    num_distances: int  # also the number of positions (the padded width)
+    breakdowns: tuple[str, ...]  # ("all", *task.BREAKDOWNS)
+    per_split: tuple[int, ...]  # bins allotted to each split, per breakdown
     widths: tuple[int, ...]  # the splits' own widths (chunks are cut to the smallest that fits)
 
 
-def make_eval_set(splits: dict[str, dyck.Split], names: Sequence[str]) -> EvalSet:
+def make_eval_set(splits: dict, names: Sequence[str], task=None) -> EvalSet:
+    """The splits `names` of a task's `splits` (task: a tasks module; default Dyck)."""
+    task = task or tasks.get("dyck")
     missing = [n for n in names if n not in splits]
     if missing:
         raise ValueError(f"evaluation splits {missing} do not exist; have {sorted(splits)}")
-    width = max(splits[n].tokens.shape[1] for n in names)
-    num_depths = 1 + max(int(splits[n].depth.max()) for n in names)
-    num_distances = width
-    cat = {f: [] for f in ("tokens", "is_close", "depth", "distance", "split")}
-    for index, name in enumerate(names):
-        s = splits[name]
-        pad = ((0, 0), (0, width - s.tokens.shape[1]))
-        for field in ("tokens", "is_close", "depth", "distance"):
-            cat[field].append(np.pad(getattr(s, field), pad))
-        cat["split"].append(np.full((len(s.tokens), width), index))
-    arr = {k: np.concatenate(v) for k, v in cat.items()}
-    # Position t is where the model predicts the closing bracket at t + 1.
-    position = np.broadcast_to(np.arange(width), arr["split"].shape)
-    bins = np.stack([arr["split"], arr["split"] * num_depths + arr["depth"],
-                     arr["split"] * num_distances + arr["distance"],
-                     arr["split"] * width + position], axis=-1)
+    views = [task.view(splits[n]) for n in names]
+    width = max(v.tokens.shape[1] for v in views)
+    breakdowns = ("all", *task.BREAKDOWNS)
+    per_split = (1, *(max(v.num_bins[b] for v in views) for b in task.BREAKDOWNS))
+    tokens, evaluated, bins = [], [], []
+    for index, v in enumerate(views):
+        pad = ((0, 0), (0, width - v.tokens.shape[1]))
+        split = np.full((len(v.tokens), width), index)
+        tokens.append(np.pad(v.tokens, pad))
+        evaluated.append(np.pad(v.evaluated, pad))
+        per = [split] + [split * n + np.pad(np.clip(v.bins[b], 0, n - 1), pad)
+                         for b, n in zip(task.BREAKDOWNS, per_split[1:], strict=True)]
+        bins.append(np.stack(per, axis=-1))
     n = len(names)
-    return EvalSet(tuple(names), arr["tokens"], arr["is_close"], bins.astype(np.int32),
-                   (n, n * num_depths, n * num_distances, n * width), num_depths, num_distances,
-                   tuple(sorted({splits[name].tokens.shape[1] for name in names})))
+    return EvalSet(tuple(names), np.concatenate(tokens), np.concatenate(evaluated),
+                   np.concatenate(bins).astype(np.int32), tuple(n * p for p in per_split),
+                   breakdowns, per_split, tuple(sorted({v.tokens.shape[1] for v in views})))
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "method", "num_sizes", "num_bins"))
-def _eval_chunk(params, proxy_params, tokens, is_close, bins, *, model_cfg, method: str,
+def _eval_chunk(params, proxy_params, tokens, evaluated, bins, *, model_cfg, method: str,
                 num_sizes: int, num_bins: tuple[int, ...]):
     module = proxies.get(method)
     targets = jnp.roll(tokens, -1, axis=1)
-    weight = is_close.astype(jnp.float32)
+    weight = evaluated.astype(jnp.float32)
 
     def binned(values: jax.Array) -> list[jax.Array]:
-        """values [B, T, M] -> per breakdown, sums [num_bins, M] over closing positions."""
+        """values [B, T, M] -> per breakdown, sums [num_bins, M] over evaluated positions."""
         return [jnp.einsum("btm,btk->km", values * weight[..., None],
                            jax.nn.one_hot(bins[..., i], nb, dtype=jnp.float32))
                 for i, nb in enumerate(num_bins)]
@@ -313,7 +313,7 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     """Tidy rows: one per (seed, target, method, size, split, breakdown, bin).
 
     Columns: seed, site, method, size, split, breakdown, bin, n, jsd, same_pred, acc_original,
-    acc_proxy (means over the closing-bracket positions in that bin), and on `all` rows jsd_p95,
+    acc_proxy (means over the evaluated positions in that bin), and on `all` rows jsd_p95,
     jsd_p99: exact quantiles (linear interpolation) of the per-position JSD (NaN on other rows).
     Seeds marked unhealthy (diverged in training) are left out.
     """
@@ -321,11 +321,11 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     for proxy in fitted:
         spec = proxy.spec
         totals, jsd, split_ids = None, [], []
-        for chunk in padded_chunks([eval_set.tokens, eval_set.is_close, eval_set.bins],
+        for chunk in padded_chunks([eval_set.tokens, eval_set.evaluated, eval_set.bins],
                                    batch_size):
             # Causal model: trailing all-PAD columns change nothing, so a chunk runs at the
             # smallest split width that holds it (one compilation per split width).
-            used = int((chunk[0] != dyck.PAD).any(0).nonzero()[0].max()) + 1
+            used = int((chunk[0] != tasks.PAD).any(0).nonzero()[0].max()) + 1
             width = min(w for w in eval_set.widths if w >= used)
             chunk = [a[:, :width] for a in chunk]
             out, jsd_chunk = _eval_chunk(params, proxy.params, *chunk, model_cfg=model_cfg,
@@ -359,9 +359,8 @@ def _rows(spec: ProxySpec, totals: list[np.ndarray], quantiles: np.ndarray, eval
           seeds, healthy):
     """totals[breakdown]: [S, R, bins, 5] sums (count, jsd, same, acc_orig, acc_proxy)."""
     rows = []
-    per_split = {"all": 1, "depth": eval_set.num_depths, "distance": eval_set.num_distances,
-                 "position": eval_set.num_distances}
-    for b, breakdown in enumerate(BREAKDOWNS):
+    per_split = dict(zip(eval_set.breakdowns, eval_set.per_split, strict=True))
+    for b, breakdown in enumerate(eval_set.breakdowns):
         sums = totals[b]
         for s, seed in enumerate(seeds):
             if healthy is not None and not healthy[s]:

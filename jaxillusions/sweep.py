@@ -23,7 +23,7 @@ import jax
 import numpy as np
 from flax import serialization
 
-from jaxillusions import checkpoint, faithfulness, interrupt, model, train, validate, wen
+from jaxillusions import checkpoint, faithfulness, interrupt, model, tasks, train, validate, wen
 from jaxillusions import logging as log_lib
 from jaxillusions.analysis import board, figures, results, tables
 from jaxillusions.analysis import stats as stats_lib
@@ -113,7 +113,7 @@ def run(config, workdir: str, *, verbose: bool = True, start_over: bool = False)
 
     splits, model_cfg, _ = train.build(config)
     specs = faithfulness.specs_from_config(pc, model_cfg)
-    eval_set = faithfulness.make_eval_set(splits, pc.eval_splits)
+    eval_set = faithfulness.make_eval_set(splits, pc.eval_splits, tasks.get(config))
 
     state, final_eval = train.train_sweep(config, workdir, splits=splits, verbose=verbose,
                                           start_over=start_over)
@@ -208,7 +208,9 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
             if os.path.exists(os.path.join(workdir, name)):
                 stages.move_aside(os.path.join(workdir, name))
     results.write_csv(rows, os.path.join(workdir, "results.csv"))
-    write_reports(rows, config, workdir, seeds, healthy, verbose=verbose, model_cfg=model_cfg)
+    data_baselines = tasks.get(config).baselines(splits, list(pc.eval_splits))
+    write_reports(rows, config, workdir, seeds, healthy, verbose=verbose, model_cfg=model_cfg,
+                  data_baselines=data_baselines)
     write_activation_figures(params, splits, model_cfg, config, workdir, seeds, healthy)
     say(f"[{time.perf_counter() - start:.0f}s] proxies done: {workdir}/results.csv, "
         f"{workdir}/figures/")
@@ -216,14 +218,25 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
 
 
 def write_reports(rows, config, workdir: str, seeds, healthy, *, verbose: bool = True,
-                  model_cfg=None) -> None:
+                  model_cfg=None, data_baselines: dict | None = None) -> None:
     """Statistics (gap_table.txt and its CSV tables, analysis/stats.py), figures and
-    TensorBoard views from the result rows."""
+    TensorBoard views from the result rows. `data_baselines`: the task's data-only predictors
+    per split ({split: {metric: value}}, e.g. a unigram model), written to baselines.csv."""
     splits = list(config.proxies.eval_splits)
     baseline = config.proxies.get("gap_baseline", "iid")
-    text, stat_tables = tables.statistics_report(rows, splits, baseline=baseline)
+    task = tasks.get(config)
+    labelled = {b: task.bin_labels(b) for b in task.BREAKDOWNS if task.bin_labels(b)}
+    text, stat_tables = tables.statistics_report(rows, splits, baseline=baseline,
+                                                 evaluated=task.EVALUATED,
+                                                 by_bin=labelled,
+                                                 data_baselines=data_baselines)
+    if data_baselines:
+        names = list(dict.fromkeys(m for b in data_baselines.values() for m in b))
+        tables.write_csv([{"split": s, **b} for s, b in data_baselines.items()],
+                         os.path.join(workdir, "baselines.csv"), ("split", *names))
     for name, table in stat_tables.items():
-        tables.write_csv(table, os.path.join(workdir, f"{name}.csv"), tables.STAT_COLUMNS[name])
+        columns = tables.STAT_COLUMNS.get(name, tables.BIN_GAP_COLUMNS)
+        tables.write_csv(table, os.path.join(workdir, f"{name}.csv"), columns)
     with open(os.path.join(workdir, "gap_table.txt"), "w") as f:
         f.write(text + "\n")
     if verbose:
@@ -244,9 +257,11 @@ def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,
     methods = list(dict.fromkeys(r["method"] for r in rows))
     sized = [m for m in methods if any(r["method"] == m and r["size"] > 0 for r in rows)]
     unsized = [m for m in methods if m not in sized]
-    # The largest bin seen in training: depth, and the position predicting the last bracket.
-    bounds = {"depth": config.data.max_depth, "position": config.data.max_len - 1}
+    task = tasks.get(config)
+    bounds = task.bounds(config)  # the largest bin seen in training, per breakdown
     breakdowns = [b for b in bounds if any(r["breakdown"] == b for r in rows)]
+    labelled = {b: task.bin_labels(b) for b in task.BREAKDOWNS
+                if task.bin_labels(b) and any(r["breakdown"] == b for r in rows)}
     with log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
         def emit(fig, tag: str, name: str) -> None:
             writer.image(tag, fig)
@@ -261,6 +276,10 @@ def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,
         if gaps and unsized:
             emit(figures.gaps_by_split(gaps, unsized, splits), "gaps/attention_proxies",
                  "gaps_attention_proxies")
+        for breakdown, labels in labelled.items():  # categorical breakdowns (code: category)
+            for method in methods:
+                emit(figures.faithfulness_by_label(rows, method, splits, breakdown, labels),
+                     f"same_pred_by_{breakdown}/{method}", f"same_pred_by_{breakdown}_{method}")
         for site, method in dict.fromkeys((r["site"], r["method"]) for r in rows):
             for breakdown in breakdowns:
                 emit(figures.accuracy_by_bin(rows, site, method, splits, breakdown,
@@ -271,10 +290,10 @@ def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,
 
 
 def write_activation_figures(params, splits, model_cfg, config, workdir: str, seeds,
-                             healthy=None, max_seeds: int = 4, num_sentences: int = 200) -> None:
-    """Last-layer attention patterns on one iid sentence (first healthy seeds), and the 2-D SVD
-    projection of the last layer's keys at training positions of the first healthy seed,
-    coloured by depth, open vs close and bracket type."""
+                             healthy=None, max_seeds: int = 4) -> None:
+    """The task's figures of activations (Dyck: last-layer attention patterns on one iid
+    sentence for the first healthy seeds, and the 2-D SVD projection of the last layer's keys at
+    training positions of the first healthy seed), under figures/ and TensorBoard IMAGES."""
     healthy = np.ones(len(seeds), bool) if healthy is None else np.asarray(healthy, bool)
     if not healthy.any():
         return
@@ -282,29 +301,16 @@ def write_activation_figures(params, splits, model_cfg, config, workdir: str, se
     shown = [seeds[i] for i in index]
     pattern_site = faithfulness.resolve_site("blocks.-1.attn.pattern", model_cfg)
     key_site = faithfulness.resolve_site("blocks.-1.attn.k", model_cfg)
-    iid = splits["iid"]
-    sentence = iid.tokens[int(np.argmax(iid.lengths[:100]))][None]  # a long one, for structure
-    train_tokens = splits["train"].tokens[:num_sentences]
 
     def run(tokens, site):
         def one(p):
             return model.forward(p, tokens, model_cfg, cache=(site,))[1][site]
         return np.asarray(jax.jit(jax.vmap(one))(jax.tree.map(lambda x: x[index], params)))
 
-    k = config.data.num_types
-    length = int((sentence[0] != 0).sum())
-    patterns = run(sentence, pattern_site)[:, 0, 0, :length, :length]  # head 0
-    names = {0: "PAD", 1: "BOS", 2: "EOS"}
-    labels = [names.get(int(t), ("(" if t < 3 + k else ")") + str((int(t) - 3) % k))
-              for t in sentence[0, :length]]
-    keys = run(train_tokens, key_site)[0, :, :, 0]  # first healthy seed, head 0: [B, T, F]
-    valid = train_tokens != 0
-    figs = {
-        "attention_patterns": figures.attention_patterns(patterns, labels, shown, pattern_site),
-        f"key_projection_seed{shown[0]}": figures.key_projection(
-            keys[valid], splits["train"].depth[:num_sentences][valid], train_tokens[valid], k,
-            f"{key_site} (seed {shown[0]}, head 0)"),
-    }
+    figs = tasks.get(config).activation_figures(run, splits, config, shown, pattern_site,
+                                                key_site)
+    if not figs:
+        return
     with log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
         for name, fig in figs.items():
             writer.image(f"activations/{name}", fig)

@@ -22,6 +22,7 @@ import numpy as np
 import optax
 
 from jaxillusions import model as model_lib
+from jaxillusions import tasks
 from jaxillusions.data import dyck, padded_chunks
 
 
@@ -139,10 +140,12 @@ def objective_from_config(config) -> Objective:
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < -1:
         raise ValueError(f"train.max_position_offset={offset!r}: must be -1 (every position "
                          "the `longer` split uses), 0 (off) or a positive integer")
-    if offset == -1:  # a training input (max_len + 1 tokens) then reaches the last longer one
-        offset = config.data.longer_max_len - config.data.max_len + 1
+    if offset == -1:  # a training input (width - 1 tokens) then reaches the widest split's last
+        task = tasks.get(config)
+        offset = task.widest_width(config) - task.train_width(config) + 1
     return Objective(loss_on=loss_on, contrastive=bool(config.train.get("contrastive_weights")),
-                     prefix_depth=int(config.data.max_depth), max_position_offset=offset)
+                     prefix_depth=int(config.data.get("max_depth", 0)),
+                     max_position_offset=offset)
 
 
 def init_state(seeds: Sequence[int], model_cfg: model_lib.ModelConfig,
@@ -198,7 +201,7 @@ def _lm_loss_and_logits(params, tokens, model_cfg, loss_on, position_offset=None
     if loss_on == "closing":
         mask = jnp.isin(targets, jnp.asarray(model_cfg.close_ids)).astype(logits.dtype)
     else:
-        mask = (targets != dyck.PAD).astype(logits.dtype)
+        mask = (targets != tasks.PAD).astype(logits.dtype)
     nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
     return (nll * mask).sum() / jnp.maximum(mask.sum(), 1.0), logits
 
@@ -314,11 +317,13 @@ def train_steps(state: SweepState, train_tokens: jax.Array, hparams: dict | None
 
 
 # ---------------------------------------------------------------------------------------------
-# Evaluation: closing-bracket accuracy per split and by depth, batched over seeds.
+# Evaluation: accuracy at the task's evaluated positions per split and by one breakdown (Dyck:
+# closing brackets by depth), batched over seeds.
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "num_depths"))
 def _eval_batch(params, tokens, is_close, depth, *, model_cfg, num_depths: int):
+    # (is_close, depth, num_depths: the evaluated positions, their bins and the bin count)
     def one_seed(p):
         logits, _ = model_lib.forward(p, tokens, model_cfg)
         targets = jnp.roll(tokens, -1, axis=1)
@@ -336,15 +341,21 @@ def _eval_batch(params, tokens, is_close, depth, *, model_cfg, num_depths: int):
     return out
 
 
-def evaluate(params: dict, split: dyck.Split, model_cfg: model_lib.ModelConfig, *,
-             batch_size: int, num_depths: int) -> dict[str, np.ndarray]:
-    """Closing-bracket accuracy [S], loss [S] and accuracy by depth [S, num_depths] on a split.
+def evaluate(params: dict, split, model_cfg: model_lib.ModelConfig, *, batch_size: int,
+             num_depths: int, task=None, breakdown: str | None = None) -> dict[str, np.ndarray]:
+    """Accuracy [S] and loss [S] at the evaluated positions of a split (a task split; Dyck:
+    closing brackets), and accuracy by `breakdown` (default the task's TRAIN_BREAKDOWN, Dyck:
+    depth) [S, num_depths] as `acc_by_<breakdown>`, with the counts as `count_by_<breakdown>`.
 
-    Depth bins with no closing bracket are NaN. Chunks over sentences are padded to a fixed batch
-    size so the evaluation compiles once per sequence length.
+    Bins with no evaluated position are NaN. Chunks over sentences are padded to a fixed batch
+    size so the evaluation compiles once per sequence length. `task`: a tasks module (Dyck).
     """
+    task = task or tasks.get("dyck")
+    breakdown = breakdown or task.TRAIN_BREAKDOWN
+    view = task.view(split)
+    bins = np.clip(view.bins[breakdown], 0, None)
     totals = None
-    for chunk in padded_chunks([split.tokens, split.is_close, split.depth], batch_size):
+    for chunk in padded_chunks([view.tokens, view.evaluated, bins], batch_size):
         out = _eval_batch(params, *chunk, model_cfg=model_cfg, num_depths=num_depths)
         totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
     totals = jax.tree.map(np.asarray, totals)
@@ -353,8 +364,8 @@ def evaluate(params: dict, split: dyck.Split, model_cfg: model_lib.ModelConfig, 
         return {
             "acc": totals["correct_by_depth"].sum(-1) / count.sum(),
             "loss": totals["nll_sum"] / count.sum(),
-            "acc_by_depth": totals["correct_by_depth"] / count,
-            "count_by_depth": count,
+            f"acc_by_{breakdown}": totals["correct_by_depth"] / count,
+            f"count_by_{breakdown}": count,
         }
 
 
@@ -373,32 +384,32 @@ def check_train_config(tc) -> None:
         raise ValueError(f"train.learning_rate={tc.learning_rate}: must be > 0")
 
 
-def build(config, splits: dict[str, dyck.Split] | None = None):
-    """Data, model config and optimizer for a config (shared by training and the proxy sweep)."""
+def build(config, splits: dict | None = None):
+    """Data (the task's splits), model config and optimizer for a config (shared by training
+    and the proxy sweep)."""
     check_train_config(config.train)
     if splits is None:
-        splits = dyck.load_or_make(config.data)
-    model_cfg = model_config(config, max(s.tokens.shape[1] for s in splits.values()))
+        splits = tasks.get(config).load(config)
+    model_cfg = model_config(config, max(s.tokens.shape[1] for s in splits.values()), splits)
     return splits, model_cfg, make_optimizer(config.train, model_lib.frozen_paths(model_cfg))
 
 
-def model_config(config, widest_split: int | None = None) -> model_lib.ModelConfig:
-    """The model config; `widest_split`: the longest split's token width (None: computed from
-    the data config, as validate does before any data exists)."""
+def model_config(config, widest_split: int | None = None,
+                 splits: dict | None = None) -> model_lib.ModelConfig:
+    """The model config; `widest_split`: the longest split's token width and `splits` the data
+    (None: from the data config, as validate does before any data exists)."""
+    task = tasks.get(config)
     objective = objective_from_config(config)
-    dc, k = config.data, config.data.num_types
     if widest_split is None:
-        widest_split = max(dc.max_len, dc.longer_max_len) + 2  # BOS ... EOS of `longer`
+        widest_split = task.widest_width(config)
+    fields = task.model_fields(config, splits)
     max_len = max([widest_split]
                   # BOS + a contrastive prefix (<= 2D+2 tokens) + a training sentence + EOS
-                  + [dc.max_len + 2 * dc.max_depth + 4] * objective.contrastive
+                  + [task.train_width(config) + 2 * fields.get("max_depth", 0) + 2]
+                  * objective.contrastive
                   + [config.model.get("max_len", 0)])
-    model_cfg = model_lib.ModelConfig.from_config(
-        config.model, vocab_size=dyck.vocab_size(k), max_len=max_len,
-        open_ids=tuple(int(dyck.open_id(t, k)) for t in range(k)),
-        close_ids=tuple(int(dyck.close_id(t, k)) for t in range(k)),
-        max_depth=int(dc.max_depth), depth_bins=num_depth_bins(config))
-    used = dc.max_len + 2 - 1 + objective.max_position_offset  # training inputs: BOS ... EOS-1
+    model_cfg = model_lib.ModelConfig.from_config(config.model, max_len=max_len, **fields)
+    used = task.train_width(config) - 1 + objective.max_position_offset  # BOS ... EOS-1
     if used > max_len:
         raise ValueError(f"train.max_position_offset={objective.max_position_offset}: training "
                          f"inputs would reach position {used - 1}, but the model has {max_len} "
@@ -406,13 +417,10 @@ def model_config(config, widest_split: int | None = None) -> model_lib.ModelConf
     return model_cfg
 
 
-def num_depth_bins(config) -> int:
-    return config.data.max_depth + config.data.depth_extra + 1
-
-
 def evaluate_splits(params, splits, model_cfg, config) -> dict[str, dict[str, np.ndarray]]:
+    task = tasks.get(config)
     return {name: evaluate(params, split, model_cfg, batch_size=config.train.eval_batch_size,
-                           num_depths=num_depth_bins(config))
+                           num_depths=task.train_num_bins(config), task=task)
             for name, split in splits.items()}
 
 
@@ -421,14 +429,18 @@ def _format_eta(seconds: float) -> str:
     return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
 
 
-def _log_eval(writer, step: int, results: dict, healthy: np.ndarray) -> None:
+def _log_eval(writer, step: int, results: dict, healthy: np.ndarray, task) -> None:
+    """eval/<split>/{acc,loss} and eval_by_<b>/<split>/<bin label> (Dyck: .../depth_03)."""
+    b = task.TRAIN_BREAKDOWN
+    labels = task.bin_labels(b)
     scalars = {}
     for split, res in results.items():
         scalars[f"eval/{split}/acc"] = res["acc"]
         scalars[f"eval/{split}/loss"] = res["loss"]
-        for depth, acc in enumerate(res["acc_by_depth"].T):
+        for i, acc in enumerate(res[f"acc_by_{b}"].T):
             if np.isfinite(acc).any():
-                scalars[f"eval_by_depth/{split}/depth_{depth:02d}"] = acc
+                name = labels[i] if labels else f"{b}_{i:02d}"
+                scalars[f"eval_by_{b}/{split}/{name}"] = acc
     writer.scalars(step, scalars, healthy=healthy)
 
 
@@ -458,7 +470,7 @@ def train_sweep(config, workdir: str | None = None, *, splits=None, seeds=None,
     from jaxillusions import interrupt, validate  # noqa: PLC0415
     from jaxillusions import logging as log_lib  # noqa: PLC0415
 
-    tc = config.train
+    tc, task = config.train, tasks.get(config)
     splits, model_cfg, tx = build(config, splits)
     objective = objective_from_config(config)
     sweep = members(config, seeds)
@@ -516,11 +528,11 @@ def train_sweep(config, workdir: str | None = None, *, splits=None, seeds=None,
                     f"ETA {_format_eta((end - step) / rate)}", flush=True)
             if (tc.eval_every > 0 and step % tc.eval_every == 0) or step == tc.num_steps:
                 results = evaluate_splits(state.params, splits, model_cfg, config)
-                say("  eval closing-bracket acc (mean over healthy seeds): " + ", ".join(
+                say(f"  eval {task.EVALUATED} acc (mean over healthy seeds): " + ", ".join(
                     f"{k} {np.nanmean(np.where(healthy, v['acc'], np.nan)):.3f}"
                     for k, v in results.items()))
                 if writer is not None:
-                    _log_eval(writer, step, results, healthy)
+                    _log_eval(writer, step, results, healthy, task)
             stopping = interrupt.requested() is not None
             if checkpointer is not None and saved_step != step and (
                     (tc.checkpoint_every > 0 and step % tc.checkpoint_every == 0)

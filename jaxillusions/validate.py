@@ -7,7 +7,8 @@ value (which may look at the rest of the config) and what is allowed, for the er
 Every key of a config must have a rule, so a new key comes with its check (keys that a config
 may leave out, read with config.get, are checked when present). The checks that need
 the resolved model (proxy sites, ranks against d_head, k against the number of k-means samples)
-follow in `_proxy_checks`; the data and training checks of `dyck` and `train` are reused.
+follow in `_proxy_checks`; the task's own checks (tasks.<name>.check_config, with the rows of its
+data.* keys from tasks.<name>.data_rules()) and those of `train` are reused.
 
 `ANALYSIS_KEYS` lists the keys that only change what is measured or logged, not the trained
 parameters: they may change between a run and its resumption (the change is recorded in the
@@ -22,7 +23,7 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
-from jaxillusions import model, train
+from jaxillusions import model, tasks, train
 
 # Keys (fnmatch patterns) that may change on resume: analysis, evaluation and logging settings.
 ANALYSIS_KEYS = (
@@ -78,17 +79,8 @@ def _any(v, c) -> bool:
 # key: (kind, test(value, config) -> bool, what is allowed). Add a row for every new key.
 RULES: dict[str, tuple[tuple[str, Callable], Callable[[Any, Any], bool], str]] = {
     "seed": (INT, _nonneg, ">= 0"),
-    # data (dyck.make_splits checks the combinations; see _data_checks)
-    "data.seed": (INT, _nonneg, ">= 0"),
-    "data.num_types": (INT, lambda v, c: 1 <= v <= 30000, "in [1, 30000]"),
-    "data.max_depth": (INT, _pos, ">= 1"),
-    "data.min_len": (INT, lambda v, c: 2 <= v <= c.data.max_len, "in [2, data.max_len]"),
-    "data.max_len": (INT, lambda v, c: v >= 2, ">= 2"),
-    "data.longer_max_len": (INT, lambda v, c: v > c.data.max_len, "> data.max_len"),
-    "data.depth_extra": (INT, _pos, ">= 1"),
-    "data.num_train": (INT, _pos, ">= 1"),
-    "data.num_eval": (INT, _pos, ">= 1"),
-    "data.cache_dir": (STR, _any, "a directory, or '' for the default"),
+    "task": (STR, lambda v, c: v in tasks.TASKS, f"one of {', '.join(tasks.TASKS)}"),
+    # data.* keys: the task's own rows (tasks.<name>.data_rules(); see rules())
     # model (model.ModelConfig checks the combinations)
     "model.n_layers": (INT, _pos, ">= 1"),
     "model.n_heads": (INT, _pos, ">= 1"),
@@ -168,46 +160,53 @@ def _flat(config) -> dict[str, Any]:
     return out
 
 
+def rules(config) -> dict:
+    """RULES plus the data.* rows of the config's task (ValueError for an unknown task)."""
+    task = config.get("task", "dyck")
+    if not isinstance(task, str) or task not in tasks.TASKS:
+        raise ValueError(f"task={task!r}: must be one of {', '.join(tasks.TASKS)}")
+    return {**RULES, **tasks.get(task).data_rules()}
+
+
 def validate(config) -> list[str]:
     """Raises ValueError (one line: key, value, what is allowed) for the first bad setting.
 
     Returns notes to show the user (e.g. duplicate sizes that will be evaluated once).
     """
     flat = _flat(config)
+    table = rules(config)
     for key, value in flat.items():
-        if key not in RULES:
+        if key not in table:
             section = key.rsplit(".", 1)[0] if "." in key else ""
-            known = sorted(k.rsplit(".", 1)[-1] for k in RULES
+            known = sorted(k.rsplit(".", 1)[-1] for k in table
                            if (k.rsplit(".", 1)[0] if "." in k else "") == section)
             raise ValueError(f"unknown config key {key}; allowed in "
                              f"{section or 'the top level'}: {', '.join(known)} "
-                             "(a new key needs a rule in jaxillusions/validate.py)")
-        (kind, is_kind), test, allowed = RULES[key]
+                             "(a new key needs a rule in jaxillusions/validate.py, or in its "
+                             "task's data_rules for data.*)")
+        (kind, is_kind), test, allowed = table[key]
         if not is_kind(value):
             raise ValueError(f"{key}={value!r}: must be {kind}" +
                              (f", {allowed}" if test is not _any else ""))
-    for key, ((_, _), test, allowed) in RULES.items():
+    for key, ((_, _), test, allowed) in table.items():
         if key in flat and not test(flat[key], config):
             raise ValueError(f"{key}={flat[key]!r}: must be {allowed}")
+    notes = tasks.get(config).check_config(config)
     model_cfg = _data_train_model_checks(config)
     if "wen" in config and config.wen.enabled:
         from jaxillusions import wen  # noqa: PLC0415
 
         wen.check_config(config, model_cfg)
-    return _proxy_checks(config, model_cfg)
+    return notes + _proxy_checks(config, model_cfg)
 
 
 def _data_train_model_checks(config):
-    from jaxillusions.data import dyck  # noqa: PLC0415
-
-    dyck._params(config.data)  # noqa: SLF001 - the data module's own combined checks
     train.check_train_config(config.train)
     return train.model_config(config)  # model.ModelConfig checks the combinations
 
 
 def _proxy_checks(config, model_cfg) -> list[str]:
     from jaxillusions import faithfulness, proxies  # noqa: PLC0415
-    from jaxillusions.data import dyck  # noqa: PLC0415
 
     pc, notes = config.proxies, []
     for method in pc.methods:
@@ -215,9 +214,9 @@ def _proxy_checks(config, model_cfg) -> list[str]:
             raise ValueError(f"proxies.methods: unknown method {method!r}; "
                              f"available: {', '.join(proxies.available())}")
     for split in pc.eval_splits:
-        if split not in dyck.SPLITS:
+        if split not in tasks.get(config).SPLITS:
             raise ValueError(f"proxies.eval_splits: unknown split {split!r}; "
-                             f"available: {', '.join(dyck.SPLITS)}")
+                             f"available: {', '.join(tasks.get(config).SPLITS)}")
     baseline = pc.get("gap_baseline", "iid")
     if baseline not in pc.eval_splits:
         raise ValueError(f"proxies.eval_splits={tuple(pc.eval_splits)}: must include "

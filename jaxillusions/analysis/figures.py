@@ -345,3 +345,51 @@ def key_projection(vectors: np.ndarray, depth: np.ndarray, tokens: np.ndarray, n
     fig.tight_layout()
     return fig
 
+
+
+def faithfulness_by_label(rows: Sequence[dict], method: str, splits: Sequence[str],
+                          breakdown: str, labels: Sequence[str], metric: str = "same_pred"):
+    """`metric` per bin of a labelled breakdown (code: prediction category), one panel per
+    target of `method` at its middle size, one marker per split (the baseline first), with 95%
+    intervals over seeds; grey text: evaluated positions per bin and seed on the first split.
+    Returns the matplotlib Figure."""
+    agg = tables.aggregate(rows, breakdown=breakdown)
+    sites = list(dict.fromkeys(r["site"] for r in rows if r["method"] == method))
+    fig, axes = _grid(len(sites), (max(4.2, 0.42 * len(labels) + 1.2), 3.3), cols=2,
+                      extra_height=1.3)
+    counts = {(r["site"], r["split"], int(r["bin"])): r["n"] for r in rows
+              if r["breakdown"] == breakdown and r["method"] == method}
+    size = 0
+    for ax, site in zip(axes, sites, strict=True):
+        sizes = sorted({k[2] for k in agg if k[:2] == (site, method)})
+        size = sizes[len(sizes) // 2]
+        shown = [s for s in splits if any(k[:4] == (site, method, size, s) for k in agg)]
+        bins = sorted({int(k[4]) for k in agg if k[:3] == (site, method, size)})
+        for i, split in enumerate(shown):
+            keys = [(site, method, size, split, b) for b in bins]
+            keys = [next((k for k in agg if k[:4] == key[:4] and int(k[4]) == key[4]), None)
+                    for key in keys]
+            mean = np.array([agg[k][metric][0] if k else np.nan for k in keys])
+            ci = np.nan_to_num(np.array([agg[k][metric][1] if k else np.nan for k in keys]))
+            x = np.arange(len(bins)) + (i - (len(shown) - 1) / 2) * 0.8 / max(len(shown), 1)
+            ax.errorbar(x, mean, yerr=ci, ls="none", ms=4, capsize=2, elinewidth=0.9,
+                        label=split, **style(i))
+        ax.set_xticks(range(len(bins)), [labels[b] for b in bins], rotation=35, ha="right")
+        if shown:
+            for j, b in enumerate(bins):
+                n = counts.get((site, shown[0], b))
+                if n is not None:
+                    ax.annotate(str(n), (j, 0), xycoords=("data", "axes fraction"),
+                                xytext=(0, 2), textcoords="offset points", ha="center",
+                                fontsize=7, color="0.45")
+        ax.set_title(site if size == 0 else f"{site}, {size_label(method)} {size}")
+        ax.set_ylabel(f"{metric.replace('_', ' ')} (higher = more faithful)"
+                      if metric == "same_pred" else metric)
+        ax.grid(alpha=0.3)
+    handles, labels_ = axes[0].get_legend_handles_labels()
+    inside = _legend_below(fig, handles, labels_)
+    _title(fig, f"{method}: {metric} by {breakdown}, each split (mean and 95% CI over "
+                 f"{_num_seeds(rows)} seeds; grey: positions per bin and seed on "
+                 f"{splits[0]})")
+    fig.tight_layout(rect=(0, 0 if inside else 0.08, 1, 1))
+    return fig

@@ -188,7 +188,7 @@ class Run:
     params: dict
     config: Any  # the ml_collections ConfigDict the workdir was trained with
     model_config: Any  # jaxillusions.model.ModelConfig
-    splits: dict  # name -> jaxillusions.data.dyck.Split (regenerated or cached, deterministic)
+    splits: dict  # name -> the task's split (regenerated or cached, deterministic)
     seeds: list[int]  # [M] the seed of each member
     labels: list  # [M] run labels: the seed, or "<seed>_cw<weight>"
     healthy: np.ndarray  # [M] bool: False for members that diverged in training
@@ -221,11 +221,10 @@ def load_run(workdir: str, *, verbose: bool = False) -> Run:
     import jax
 
     from jaxillusions import checkpoint as ckpt_lib
-    from jaxillusions import train
-    from jaxillusions.data import dyck
+    from jaxillusions import tasks, train
 
     config = _config(workdir)
-    splits, model_cfg, tx = train.build(config, dyck.load_or_make(config.data, verbose=verbose))
+    splits, model_cfg, tx = train.build(config, tasks.get(config).load(config, verbose=verbose))
     members = train.members(config)
     # The checkpoint's tree has the shapes of a fresh state (no compute: eval_shape).
     target = jax.eval_shape(lambda: train.init_state(members.seeds, model_cfg, tx))

@@ -17,6 +17,8 @@ COLUMNS = ("seed", "site", "method", "size", "split", "breakdown", "bin", "n", "
            "same_pred", "acc_original", "acc_proxy", "jsd_p95", "jsd_p99")
 STAT_COLUMNS = {"gaps": stats.GAP_COLUMNS, "proxy_vs_original": stats.PROXY_COLUMNS,
                 "id_predicts_gap": stats.CORRELATION_COLUMNS, "min_size": stats.MIN_SIZE_COLUMNS}
+# gaps_by_<breakdown>.csv: the paired gaps of one bin of a labelled breakdown (code: category)
+BIN_GAP_COLUMNS = ("breakdown", "bin", "label") + stats.GAP_COLUMNS
 _INT_COLUMNS = ("seed", "size", "n", "n_seeds", "seeds_positive")
 
 
@@ -120,12 +122,70 @@ def _listing(rows: Sequence[dict], value: str, digits: int, limit: int = 40) -> 
     return out
 
 
-def statistics_report(rows: Sequence[dict], splits: Sequence[str], baseline: str = "iid"
+def bin_gaps(rows: Sequence[dict], breakdown: str, labels: Sequence[str], baseline: str = "iid",
+             metrics: Sequence[str] = ("same_pred", "jsd")) -> list[dict]:
+    """stats.gaps of each bin of `breakdown` (its rows taken as if they were `all` rows), with
+    columns BIN_GAP_COLUMNS: the paired gap per (bin, site, method, size, split, metric)."""
+    by_bin: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r["breakdown"] == breakdown:
+            by_bin[str(r["bin"])].append({**r, "breakdown": "all"})
+    out = []
+    for b in sorted(by_bin, key=int):
+        out += [{"breakdown": breakdown, "bin": int(b), "label": labels[int(b)], **g}
+                for g in stats.gaps(by_bin[b], baseline=baseline, metrics=metrics)]
+    return out
+
+
+def _middle_size(gap_rows: Sequence[dict], method: str, site: str) -> int:
+    sizes = sorted({g["size"] for g in gap_rows if (g["method"], g["site"]) == (method, site)})
+    return sizes[len(sizes) // 2]
+
+
+def bin_gap_table(gap_rows: Sequence[dict], splits: Sequence[str], metric: str = "same_pred"
+                  ) -> str:
+    """Text table of `bin_gaps` rows: per proxy family (at its middle size) one line per bin,
+    the baseline's mean and per OOD split the paired gap with its interval (as gap_table)."""
+    digits = 3 if metric == "same_pred" else 4
+    width = 2 * (digits + 2) + 4 + (digits + 3) + 8
+    rows = [g for g in gap_rows if g["metric"] == metric]
+    by_key = {(g["site"], g["method"], g["size"], g["label"], g["split"]): g for g in rows}
+    labels = list(dict.fromkeys(g["label"] for g in sorted(rows, key=lambda g: g["bin"])))
+    families = sorted({(g["method"], g["site"]) for g in rows})
+    baseline = rows[0]["baseline"] if rows else "iid"
+    header = (f"{'method':<18} {'site':<34} {'size':>4} {'bin':<18} "
+              f"{baseline + ' ' + metric:>16}" + "".join(f"  {'gap ' + s:<{width}}"
+                                                         for s in splits))
+    lines = [header, "-" * len(header)]
+    for method, site in families:
+        size = _middle_size(rows, method, site)
+        for label in labels:
+            cells, base = [], None
+            for split in splits:
+                g = by_key.get((site, method, size, label, split))
+                if g is None:
+                    cells.append(f"  {'-':<{width}}")
+                    continue
+                base = g["baseline_mean"]
+                cells.append(f"  {_interval_cell(g, 'gap', digits):<{width}}")
+            if base is not None:
+                lines.append(f"{method:<18} {site:<34} {_label(method, size):>4} {label:<18} "
+                             f"{base:>16.{digits}f}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def statistics_report(rows: Sequence[dict], splits: Sequence[str], baseline: str = "iid",
+                      evaluated: str = "closing-bracket",
+                      by_bin: dict[str, Sequence[str]] | None = None,
+                      data_baselines: dict[str, dict[str, float]] | None = None
                       ) -> tuple[str, dict[str, list[dict]]]:
     """The population report: gap_table.txt's text and the tables behind it.
 
     Returns (text, {"gaps": ..., "proxy_vs_original": ..., "id_predicts_gap": ...,
-    "min_size": ...}); the main job writes each table as <name>.csv.
+    "min_size": ..., and "gaps_by_<breakdown>" for each breakdown of `by_bin` (its bin
+    labels)}); the main job writes each table as <name>.csv. `evaluated` names the evaluated
+    positions; `data_baselines` ({split: {metric: value}}, data-only predictors such as a unigram
+    model) are printed beside the original model's accuracy.
     """
     if baseline not in splits:
         raise ValueError(f"proxies.gap_baseline={baseline!r} is not an evaluated split "
@@ -143,9 +203,14 @@ def statistics_report(rows: Sequence[dict], splits: Sequence[str], baseline: str
             "in both conditions: [lo,hi] is the Student-t 95% interval of the mean per-seed "
             "difference,", "* marks an interval that excludes 0, k/n counts the seeds with a "
             "positive difference. Bootstrap intervals are in the CSV files.", "",
-            "Original model, closing-bracket accuracy (mean ± 95% CI over seeds):",
+            f"Original model, {evaluated} accuracy (mean ± 95% CI over seeds):",
             "  " + ", ".join(f"{s} {accuracy[s][0]:.3f}±{accuracy[s][1]:.3f}"
                              for s in splits if s in accuracy), ""]
+    if data_baselines:
+        names = list(dict.fromkeys(m for b in data_baselines.values() for m in b))
+        text[-1:-1] = ["Data-only baselines (from training-split counts): " + ", ".join(
+            f"{s} " + " ".join(f"{m} {data_baselines[s][m]:.3f}" for m in names)
+            for s in splits if s in data_baselines)]
     for metric, sign in (("same_pred", f"{baseline} minus split"),
                          ("jsd", f"split minus {baseline}"),
                          ("jsd_p99", f"split minus {baseline}")):
@@ -205,6 +270,12 @@ def statistics_report(rows: Sequence[dict], splits: Sequence[str], baseline: str
         text.append(f"  {method:<8} {site:<34} {split:<17} median {median:>5}  {counts}")
     tables = {"gaps": gap_rows, "proxy_vs_original": versus, "id_predicts_gap": correlation,
               "min_size": min_size}
+    for breakdown, labels in (by_bin or {}).items():
+        table = bin_gaps(rows, breakdown, labels, baseline)
+        tables[f"gaps_by_{breakdown}"] = table
+        text += ["", f"Generalization gap in same_pred by {breakdown} ({baseline} minus split; "
+                 f"each proxy at its middle size; all sizes and jsd in gaps_by_{breakdown}.csv):",
+                 bin_gap_table(table, ood)]
     return "\n".join(text), tables
 
 

@@ -1,0 +1,62 @@
+"""Tasks: the testbeds (one module or package each; adding one = adding one module).
+
+`config.task` picks one ("dyck" when the key is absent). Training, proxies, evaluation, statistics
+and reporting are shared and call only what a task module defines:
+
+  NAME, SPLITS                 its name and every split it can make ("train" first)
+  DEFAULT_EVAL_SPLITS          the splits evaluated unless config.proxies.eval_splits says
+  BREAKDOWNS                   names of the per-position breakdowns besides "all", in row order
+  TRAIN_BREAKDOWN              the breakdown logged while training (eval_by_<name>/<split>/...)
+  EVALUATED                    what an evaluated position predicts, for messages and axis labels
+  DATA_RULES                   validate.RULES rows for its config.data keys
+  check_config(config)         the task's combined checks (one-line ValueError) -> notes
+  load(config, verbose)        -> {split name: split}, built or read from the cache
+  view(split)                  -> View: the generic per-position arrays of one split
+  model_fields(config, splits) -> keyword arguments of model.ModelConfig the data decides
+                                  (vocab_size, ...); splits None: from the config alone
+  train_width(config), widest_width(config)  tokens per training row and per row of the widest
+                                  split, BOS and EOS included (from the config alone)
+  bounds(config)               {breakdown: largest bin value seen in training} (figures)
+  bin_labels(breakdown)        names of a breakdown's bins, or None for numbers
+  activation_figures(params, splits, model_cfg, config, index, seeds, run)
+                               -> {name: figure} of activations (may be empty)
+  baselines(splits, names)     -> {split: {metric: value}} of data-only predictors, or {}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import types
+
+import numpy as np
+
+TASKS = ("dyck", "code")
+PAD = 0  # every task pads with token 0
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class View:
+    """One split as the shared code sees it. Position t predicts tokens[:, t+1]."""
+
+    tokens: np.ndarray  # int32 [N, T], PAD 0, every row starts with BOS
+    evaluated: np.ndarray  # bool [N, T]: the prediction at t is scored
+    bins: dict[str, np.ndarray]  # breakdown -> int32 [N, T] bin (>= 0; any value elsewhere)
+    num_bins: dict[str, int]  # breakdown -> bins to allot per split (> every bin used)
+
+
+def name(config) -> str:
+    return config.get("task", "dyck")
+
+
+def get(config_or_name) -> types.ModuleType:
+    """The task module of a config (or a name); ValueError listing the tasks if unknown."""
+    task = config_or_name if isinstance(config_or_name, str) else name(config_or_name)
+    if task not in TASKS:
+        raise ValueError(f"task={task!r}: unknown task; available: {', '.join(TASKS)}")
+    return importlib.import_module(f"{__name__}.{task}")
+
+
+def positions(tokens: np.ndarray) -> np.ndarray:
+    """The position breakdown: bin t at position t."""
+    return np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32), tokens.shape)

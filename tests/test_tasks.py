@@ -1,0 +1,49 @@
+"""The task interface (jaxillusions/tasks): Dyck results unchanged by it, and its contract."""
+
+import csv
+import math
+import os
+
+from jaxillusions import sweep
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "data", "dyck_regression_results.csv")
+
+
+def regression_config(cache_dir: str):
+    """The tiny Dyck sweep whose results.csv the code of commit dfaa7c8 (before the task
+    interface) wrote to tests/data/dyck_regression_results.csv."""
+    from conftest import tiny_config
+
+    config = tiny_config(cache_dir)
+    config.proxies.methods = ("svd", "kmeans", "uniform_attention")
+    config.proxies.targets = ("blocks.-1.attn.k",)
+    config.proxies.svd_ranks = (2, 16)
+    config.proxies.kmeans_sizes = (4,)
+    config.proxies.eval_splits = ("iid", "unseen_depth", "longer")
+    return config
+
+
+def _read(path: str) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_dyck_results_unchanged_by_the_task_interface(tmp_path):
+    """Same rows (keys and position counts exactly) and metrics as before the refactor.
+
+    On the machine that wrote the fixture the file is byte-identical. Elsewhere XLA:CPU may
+    pick other vector instructions (AVX2 vs AVX-512 reductions round differently), and 20
+    training steps carry that rounding into the parameters, so floats are compared to 1e-6.
+    """
+    sweep.run(regression_config(str(tmp_path / "cache")), str(tmp_path / "run"), verbose=False)
+    want, got = _read(FIXTURE), _read(str(tmp_path / "run" / "results.csv"))
+    keys = ("seed", "site", "method", "size", "split", "breakdown", "bin", "n")
+    assert [tuple(r[k] for k in keys) for r in got] == [tuple(r[k] for k in keys) for r in want]
+    assert list(got[0]) == list(want[0])  # the same columns, in the same order
+    for g, w in zip(got, want, strict=True):
+        for column in w:
+            if column in keys:
+                continue
+            a = float(g[column]) if g[column] else math.nan
+            b = float(w[column]) if w[column] else math.nan
+            assert (math.isnan(a) and math.isnan(b)) or abs(a - b) <= 1e-6, (column, g, w)
