@@ -259,15 +259,18 @@ def make_eval_set(splits: dict, names: Sequence[str], task=None) -> EvalSet:
     views = [task.view(splits[n]) for n in names]
     width = max(v.tokens.shape[1] for v in views)
     breakdowns = ("all", *task.BREAKDOWNS)
-    per_split = (1, *(max(v.num_bins[b] for v in views) for b in task.BREAKDOWNS))
+    per_split = (1, *(max(max(v.num_bins[b] for v in views), 1) for b in task.BREAKDOWNS))
     tokens, evaluated, bins = [], [], []
     for index, v in enumerate(views):
         pad = ((0, 0), (0, width - v.tokens.shape[1]))
         split = np.full((len(v.tokens), width), index)
         tokens.append(np.pad(v.tokens, pad))
         evaluated.append(np.pad(v.evaluated, pad))
-        per = [split] + [split * n + np.pad(np.clip(v.bins[b], 0, n - 1), pad)
-                         for b, n in zip(task.BREAKDOWNS, per_split[1:], strict=True)]
+        per = [split]
+        for b, n in zip(task.BREAKDOWNS, per_split[1:], strict=True):
+            value = np.pad(v.bins[b], pad)
+            # A negative bin (position not in this breakdown) stays -1: one_hot ignores it.
+            per.append(np.where(value >= 0, split * n + value, -1))
         bins.append(np.stack(per, axis=-1))
     n = len(names)
     return EvalSet(tuple(names), np.concatenate(tokens), np.concatenate(evaluated),

@@ -421,7 +421,7 @@ def evaluate_splits(params, splits, model_cfg, config) -> dict[str, dict[str, np
     task = tasks.get(config)
     return {name: evaluate(params, split, model_cfg, batch_size=config.train.eval_batch_size,
                            num_depths=task.train_num_bins(config), task=task)
-            for name, split in splits.items()}
+            for name, split in splits.items() if len(split.tokens)}  # (empty: none to score)
 
 
 def _format_eta(seconds: float) -> str:

@@ -41,7 +41,9 @@ class View:
 
     tokens: np.ndarray  # int32 [N, T], PAD 0, every row starts with BOS
     evaluated: np.ndarray  # bool [N, T]: the prediction at t is scored
-    bins: dict[str, np.ndarray]  # breakdown -> int32 [N, T] bin (>= 0; any value elsewhere)
+    # breakdown -> int32 [N, T] bin of each evaluated position; < 0: not in this breakdown (code:
+    # bracket depth exists at closing brackets only). TRAIN_BREAKDOWN must cover every one.
+    bins: dict[str, np.ndarray]
     num_bins: dict[str, int]  # breakdown -> bins to allot per split (> every bin used)
 
 

@@ -1,0 +1,203 @@
+"""The code-completion task (Friedman et al. section 5): a character-level language model on
+source code, with faithfulness broken down by what the next character is.
+
+Data (corpus.py, lexer.py, splits.py): functions from CodeSearchNet jsonl files or from the
+source files every machine has; splits train / iid (held-out files) / longer / deeper /
+other_language; a category for every next character. Here: what the shared code needs (see
+jaxillusions/tasks/__init__.py). Every character target is evaluated (not PAD, not the EOS
+target); breakdowns `category` (bin = index into CATEGORIES) and `bracket_depth` (the nesting
+depth of a closing bracket, at closing-bracket targets only). The model is the standard
+transformer with learned embeddings; Dyck-only options (minimal first layer, contrastive
+regularizer, closing-bracket loss, Wen et al. measurements) are refused.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from jaxillusions.tasks import View
+
+NAME = "code"
+SPLITS = ("train", "iid", "longer", "deeper", "other_language")
+DEFAULT_EVAL_SPLITS = ("iid", "longer", "deeper", "other_language")
+BREAKDOWNS = ("category", "bracket_depth")
+TRAIN_BREAKDOWN = "category"
+EVALUATED = "next-character"
+
+
+def _data():
+    from jaxillusions.tasks.code import splits  # noqa: PLC0415 - corpus code loads lazily
+
+    return splits
+
+
+def categories() -> tuple[str, ...]:
+    return tuple(_data().CATEGORIES)
+
+
+class Splits(dict):
+    """{split name: splits.CodeSplit}, with the character vocabulary (`vocab`) and the UNK rate
+    per split (`unk_rates`)."""
+
+    vocab = None
+    unk_rates: dict[str, float] = {}  # noqa: RUF012 - replaced per instance in load()
+
+
+def data_rules() -> dict:
+    """validate.RULES rows of the data.* keys: the type of each default in splits.DATA_DEFAULTS
+    (splits.check_data_config checks the values and their combinations)."""
+    from jaxillusions import validate as v  # noqa: PLC0415 - validate imports the tasks
+
+    def kind(value):
+        if isinstance(value, bool):
+            return v.BOOL
+        if isinstance(value, numbers.Integral):
+            return v.INT
+        if isinstance(value, numbers.Real):
+            return v.NUMBER
+        if isinstance(value, str):
+            return v.STR
+        return v.STRS
+
+    return {f"data.{k}": (kind(d), v._any, "see splits.check_data_config")  # noqa: SLF001
+            for k, d in _data().DATA_DEFAULTS.items()}
+
+
+def check_config(config) -> list[str]:
+    """The data checks of splits.check_data_config, and the Dyck-only options refused."""
+    refused = {"model.first_layer": (config.model.get("first_layer", "standard"), "standard"),
+               "train.loss_on": (config.train.get("loss_on", "all"), "all"),
+               "train.contrastive_weights": (tuple(config.train.get("contrastive_weights", ())),
+                                             ())}
+    for key, (value, allowed) in refused.items():
+        if value != allowed:
+            raise ValueError(f"{key}={value!r}: the code task needs {allowed!r} (a Dyck-only "
+                             "option)")
+    if "wen" in config and config.wen.get("enabled", False):
+        raise ValueError("wen.enabled=True: the Wen et al. measurements need the Dyck task")
+    return list(_data().check_data_config(config.data))
+
+
+def load(config, verbose: bool = True) -> Splits:
+    """Every split of SPLITS (one that the corpus cannot give, e.g. other_language without
+    JavaScript files, is an empty split: it has no rows in the results)."""
+    data = _data()
+    made, vocab = data.load_or_make(config.data)
+    out = Splits()
+    width = max(s.tokens.shape[1] for s in made.values())
+    for name in SPLITS:
+        out[name] = made[name] if name in made else _empty(width, name)
+    out.vocab = vocab
+    out.unk_rates = dict(getattr(made, "unk_rates", None) or getattr(vocab, "unk_rates", {})
+                         or {})
+    if verbose and out.unk_rates:
+        print("code data: UNK rate per split: " + ", ".join(
+            f"{k} {v:.2e}" for k, v in out.unk_rates.items()))
+    return out
+
+
+def _empty(width: int, language: str):
+    data = _data()
+    return data.CodeSplit(tokens=np.zeros((0, width), np.int32),
+                          category=np.zeros((0, width), np.int8),
+                          bracket_depth=np.zeros((0, width), np.int32),
+                          file_id=np.zeros(0, np.int32), lengths=np.zeros(0, np.int32),
+                          language="")
+
+
+def view(split) -> View:
+    evaluated = split.category >= 0
+    close = categories().index("close_bracket")
+    depth = np.where(evaluated & (split.category == close), split.bracket_depth, -1)
+    return View(tokens=split.tokens, evaluated=evaluated,
+                bins={"category": np.maximum(split.category, 0).astype(np.int32),
+                      "bracket_depth": depth.astype(np.int32)},
+                num_bins={"category": len(categories()),
+                          "bracket_depth": 1 + int(depth.max(initial=0))})
+
+
+def vocab_size(config, splits=None) -> int:
+    """The vocabulary of the data; from the config alone (validation, before any data), the
+    bound splits.DATA_DEFAULTS allows (its data.max_vocab if it has one, else 4 + 256)."""
+    if splits is not None:
+        vocab = getattr(splits, "vocab", None)
+        if vocab is not None:
+            return int(vocab.size)
+        return 1 + max(int(s.tokens.max(initial=0)) for s in splits.values())
+    return int(config.data.get("max_vocab", 4 + 256))
+
+
+def model_fields(config, splits=None) -> dict:
+    return {"vocab_size": vocab_size(config, splits)}
+
+
+def train_width(config) -> int:
+    return _data().width(config.data)
+
+
+def widest_width(config) -> int:
+    return _data().width(config.data)
+
+
+def train_num_bins(config) -> int:
+    return len(categories())
+
+
+def bounds(config) -> dict:
+    return {"bracket_depth": None}  # accuracy by bracket depth, no training bound drawn
+
+
+def bin_labels(breakdown: str) -> tuple[str, ...] | None:
+    return categories() if breakdown == "category" else None
+
+
+def unigram(train, split) -> dict[str, float]:
+    """The best data-only predictor without context, from the training split's character
+    counts (add-one smoothed over the vocabulary seen): accuracy of always predicting the most
+    frequent character, and the cross-entropy (nats) of the unigram distribution, at the
+    evaluated positions of `split`."""
+    def targets(s):
+        return s.tokens[:, 1:][s.category[:, :-1] >= 0]
+
+    size = 1 + max(int(train.tokens.max(initial=0)), int(split.tokens.max(initial=0)))
+    counts = np.bincount(targets(train), minlength=size).astype(np.float64) + 1.0
+    logp = np.log(counts / counts.sum())
+    y = targets(split)
+    if not len(y):
+        return {}
+    return {"unigram_acc": float((y == counts.argmax()).mean()),
+            "unigram_xent": float(-logp[y].mean())}
+
+
+def baselines(splits, names) -> dict[str, dict[str, float]]:
+    out = {name: unigram(splits["train"], splits[name]) for name in names if name in splits}
+    return {k: v for k, v in out.items() if v}
+
+
+def activation_figures(run, splits, config, shown, pattern_site: str, key_site: str,
+                       max_chars: int = 48) -> dict:
+    """Last-layer attention patterns (seeds `shown`) on the first `max_chars` characters of
+    the first iid function, characters as labels."""
+    from jaxillusions.analysis import figures  # noqa: PLC0415
+
+    vocab = getattr(splits, "vocab", None)
+    iid = splits["iid"]
+    if vocab is None or not len(iid.tokens):
+        return {}
+    row = iid.tokens[:1, : max_chars + 1]
+    length = int((row[0] != 0).sum())
+    patterns = run(row, pattern_site)[:, 0, 0, :length, :length]  # head 0
+    chars = list(vocab.chars)
+    special = {0: "PAD", 1: "BOS", 2: "EOS", 3: "UNK"}
+
+    def label(t: int) -> str:
+        if t in special:
+            return special[t]
+        c = chars[t - 4] if 0 <= t - 4 < len(chars) else "?"
+        return {" ": "␣", "\n": "⏎", "\t": "⇥"}.get(c, c)
+
+    labels = [label(int(t)) for t in row[0, :length]]
+    return {"attention_patterns": figures.attention_patterns(patterns, labels, shown,
+                                                             pattern_site)}
