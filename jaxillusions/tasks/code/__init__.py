@@ -84,21 +84,17 @@ def load(config, verbose: bool = True) -> Splits:
     """Every split of SPLITS (one that the corpus cannot give, e.g. other_language without
     JavaScript files, is an empty split: it has no rows in the results)."""
     data = _data()
-    made, vocab = data.load_or_make(config.data)
+    made = data.load_or_make(config.data, verbose=verbose)
     out = Splits()
-    width = max(s.tokens.shape[1] for s in made.values())
     for name in SPLITS:
-        out[name] = made[name] if name in made else _empty(width, name)
-    out.vocab = vocab
-    out.unk_rates = dict(getattr(made, "unk_rates", None) or getattr(vocab, "unk_rates", {})
-                         or {})
-    if verbose and out.unk_rates:
-        print("code data: UNK rate per split: " + ", ".join(
-            f"{k} {v:.2e}" for k, v in out.unk_rates.items()))
+        out[name] = made.splits[name] if name in made.splits else _empty(
+            data.width(config.data, name))
+    out.vocab = made.vocab
+    out.unk_rates = dict(made.unk_rates)
     return out
 
 
-def _empty(width: int, language: str):
+def _empty(width: int):
     data = _data()
     return data.CodeSplit(tokens=np.zeros((0, width), np.int32),
                           category=np.zeros((0, width), np.int8),
@@ -120,13 +116,13 @@ def view(split) -> View:
 
 def vocab_size(config, splits=None) -> int:
     """The vocabulary of the data; from the config alone (validation, before any data), the
-    bound splits.DATA_DEFAULTS allows (its data.max_vocab if it has one, else 4 + 256)."""
+    bound data.max_vocab."""
     if splits is not None:
         vocab = getattr(splits, "vocab", None)
         if vocab is not None:
             return int(vocab.size)
         return 1 + max(int(s.tokens.max(initial=0)) for s in splits.values())
-    return int(config.data.get("max_vocab", 4 + 256))
+    return int(config.data.max_vocab)
 
 
 def model_fields(config, splits=None) -> dict:
@@ -134,11 +130,11 @@ def model_fields(config, splits=None) -> dict:
 
 
 def train_width(config) -> int:
-    return _data().width(config.data)
+    return _data().width(config.data, "train")
 
 
 def widest_width(config) -> int:
-    return _data().width(config.data)
+    return max(_data().width(config.data, s) for s in SPLITS)
 
 
 def train_num_bins(config) -> int:
