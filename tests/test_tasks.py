@@ -4,7 +4,10 @@ import csv
 import math
 import os
 
-from jaxillusions import sweep
+import numpy as np
+import pytest
+
+from jaxillusions import sweep, tasks
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "data", "dyck_regression_results.csv")
 
@@ -47,3 +50,31 @@ def test_dyck_results_unchanged_by_the_task_interface(tmp_path):
             a = float(g[column]) if g[column] else math.nan
             b = float(w[column]) if w[column] else math.nan
             assert (math.isnan(a) and math.isnan(b)) or abs(a - b) <= 1e-6, (column, g, w)
+
+
+@pytest.mark.parametrize("name", tasks.TASKS)
+def test_every_task_provides_the_interface(name):
+    """What the shared code calls (tasks/__init__.py docstring), with consistent values."""
+    task = tasks.get(name)
+    for attr in ("data_rules", "check_config", "load", "view", "model_fields", "train_width",
+                 "widest_width", "train_num_bins", "bounds", "bin_labels", "baselines",
+                 "activation_figures"):
+        assert callable(getattr(task, attr)), attr
+    assert task.NAME == name and task.SPLITS[0] == "train"
+    assert set(task.DEFAULT_EVAL_SPLITS) <= set(task.SPLITS) and "iid" in task.DEFAULT_EVAL_SPLITS
+    assert task.TRAIN_BREAKDOWN in task.BREAKDOWNS and "all" not in task.BREAKDOWNS
+    assert all(key.startswith("data.") for key in task.data_rules())
+
+
+def test_unknown_task_is_a_one_line_error():
+    with pytest.raises(ValueError, match="task='nope': unknown task; available: dyck, code"):
+        tasks.get("nope")
+
+
+def test_dyck_view_is_the_closing_bracket_positions(config):
+    splits = tasks.get(config).load(config, verbose=False)
+    view = tasks.get("dyck").view(splits["iid"])
+    np.testing.assert_array_equal(view.evaluated, splits["iid"].is_close)
+    np.testing.assert_array_equal(view.bins["depth"], splits["iid"].depth)
+    assert view.num_bins["position"] == splits["iid"].tokens.shape[1]
+    assert tasks.get(config) is tasks.get("dyck")  # no config.task: Dyck

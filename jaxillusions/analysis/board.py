@@ -40,7 +40,8 @@ CURVE_METRICS = {"same_pred": "same_pred", "jsd": "jsd", "acc_proxy": "acc"}  # 
 GAP_METRICS = ("same_pred",)  # gap cards in TensorBoard (gaps.csv has every metric)
 # Config keys shown in HPARAMS (when present), besides `seed`, `workdir` and `healthy`.
 HPARAM_KEYS = (
-    "data.num_types", "data.max_depth", "data.max_len", "data.num_train",
+    "task", "data.num_types", "data.max_depth", "data.max_len", "data.num_train",
+    "data.source", "data.context",
     "model.n_layers", "model.n_heads", "model.d_model", "model.d_head", "model.d_mlp",
     "model.pos_encoding", "model.attn_only", "model.embedding", "model.first_layer",
     "model.minimal_embedding",
