@@ -7,7 +7,14 @@ Main job, from the repository root:
 
     python -m launch.sweep --config=configs/code_small.py --workdir=runs/code_small
 
-TIME_AND_RESULT_PLACEHOLDER
+On the 2-core CPU machine (no GPU; under `flock /tmp/jaxillusions-cpu.lock`, data not yet cached)
+the sweep took 8 min 54 s: 9 s to build the data from the standard library and npm, 5.8 min of
+training (4 seeds x 1500 steps, ~4.4 steps/s), then fitting, evaluation on 4 splits (620
+functions, 8 proxy families) and the reports. Next-character accuracy on `iid` 0.626 ± 0.019
+(mean ± 95% CI over the 4 seeds; loss 1.44 nats) against 0.151 for the most frequent training
+character (unigram cross-entropy 3.29 nats); longer 0.533, deeper 0.547, other_language 0.312.
+The README's "Code completion" section reads the per-category gaps. Override any key on the
+command line, e.g. `--config.train.num_seeds=8 --config.data.source=/path/to/*.jsonl.gz`.
 """
 
 from ml_collections import ConfigDict
@@ -23,9 +30,9 @@ def get_config() -> ConfigDict:
     # Data (jaxillusions/tasks/code/splits.py; every key: splits.DATA_DOCS). Functions of at most
     # context - 2 characters, one per row; `longer` up to longer_context - 2.
     config.data = ConfigDict(dict(code_data.DATA_DEFAULTS))
-    config.data.context = 256
-    config.data.longer_context = 512
-    config.data.num_eval = 300
+    config.data.context = 128
+    config.data.longer_context = 256
+    config.data.num_eval = 200
 
     # Model: a standard decoder-only transformer with learned embeddings and positions.
     config.model = ConfigDict()
@@ -33,7 +40,7 @@ def get_config() -> ConfigDict:
     config.model.n_heads = 2
     config.model.d_model = 64
     config.model.d_head = 0  # 0 -> d_model // n_heads
-    config.model.d_mlp = 256
+    config.model.d_mlp = 128
     config.model.pos_encoding = "learned"
     config.model.attn_only = False
     config.model.uniform_attention_layers = ()
@@ -43,14 +50,14 @@ def get_config() -> ConfigDict:
     # Optimizer and training loop (next-character loss on every character).
     config.train = ConfigDict()
     config.train.num_seeds = 4
-    config.train.num_steps = 2000
+    config.train.num_steps = 1500
     config.train.batch_size = 32
     config.train.learning_rate = 3e-3
-    config.train.warmup_steps = 200
+    config.train.warmup_steps = 100
     config.train.weight_decay = 0.01
     config.train.grad_clip = 1.0
     config.train.log_every = 100
-    config.train.eval_every = 1000
+    config.train.eval_every = 500
     config.train.checkpoint_every = 500
     config.train.eval_batch_size = 64
     # Rows of `longer` reach positions past any training row: offsets train them (-1: as far as
@@ -67,9 +74,9 @@ def get_config() -> ConfigDict:
     config.proxies.methods = ("svd", "kmeans", "onehot_attention", "uniform_attention")
     config.proxies.svd_ranks = ()  # () -> 1, 2, 4, ... up to d_head
     config.proxies.svd_center = False  # True -> PCA
-    config.proxies.kmeans_sizes = (2, 4, 8, 16, 32, 64)
-    config.proxies.kmeans_samples = 20_000
-    config.proxies.kmeans_iters = 25
+    config.proxies.kmeans_sizes = (4, 16, 64)
+    config.proxies.kmeans_samples = 10_000
+    config.proxies.kmeans_iters = 20
     config.proxies.collect_batch_size = 128
     config.proxies.eval_batch_size = 64
     return config

@@ -192,7 +192,7 @@ def activation_figures(run, splits, config, shown, pattern_site: str, key_site: 
         if t in special:
             return special[t]
         c = chars[t - 4] if 0 <= t - 4 < len(chars) else "?"
-        return {" ": "␣", "\n": "⏎", "\t": "⇥"}.get(c, c)
+        return {" ": "␣", "\n": "\\n", "\t": "\\t"}.get(c, c)
 
     labels = [label(int(t)) for t in row[0, :length]]
     return {"attention_patterns": figures.attention_patterns(patterns, labels, shown,
