@@ -16,6 +16,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jaxillusions import distributed
 from jaxillusions.logging import flatten_config
 
 CONFIG_FILE = "config.json"
@@ -222,8 +223,9 @@ class Checkpointer:
         try:
             self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
             self._manager.wait_until_finished()
-            sums = json.dumps(checksums(state), indent=0, sort_keys=True)
-            write_atomic(os.path.join(self.directory, str(step), CHECKSUM_FILE), sums)
+            if distributed.is_main():  # with several processes, all save and one writes
+                sums = json.dumps(checksums(state), indent=0, sort_keys=True)
+                write_atomic(os.path.join(self.directory, str(step), CHECKSUM_FILE), sums)
         except Exception as err:
             raise OSError(f"could not save checkpoint {step} in {self.directory} "
                           f"({root_cause(err)}); the older checkpoints are intact") from err
@@ -292,7 +294,7 @@ class Checkpointer:
         return None, target
 
     def _quarantine(self, failed: list[tuple[int, str]]) -> None:
-        for step, reason in failed:
+        for step, reason in failed if distributed.is_main() else ():
             aside = os.path.join(os.path.dirname(self.directory), "corrupt_checkpoints",
                                  f"{step}-{int(time.time())}")
             os.makedirs(os.path.dirname(aside), exist_ok=True)
@@ -300,6 +302,7 @@ class Checkpointer:
             print(f"WARNING: checkpoint {step} in {self.directory} is unreadable ({reason}); "
                   f"moved to {aside}")
         if failed:
+            distributed.barrier("checkpoints moved aside")
             self._renew()
 
     def close(self) -> None:

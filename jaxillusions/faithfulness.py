@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxillusions import metrics, proxies, tasks
+from jaxillusions import distributed, metrics, proxies, tasks
 from jaxillusions import model as model_lib
 from jaxillusions.data import padded_chunks
 
@@ -140,6 +140,8 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
     if not needs:
         return {}
     sites = tuple(sorted(needs))
+    num_seeds = jax.tree.leaves(params)[0].shape[0]
+    params = distributed.shard_seeds(params)  # seeds sharded over the devices (padded)
     totals, samples, kept = None, {s: [] for s in sites}, 0
     sampling = any("samples" in n for n in needs.values())
     for (tokens,) in padded_chunks([train.tokens], batch_size):
@@ -151,15 +153,14 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
             take = np.flatnonzero(valid)[: num_samples - kept]
             for s in sites:
                 if "samples" in needs[s]:
-                    samples[s].append(np.asarray(vectors[s])[:, take])  # [S, n, G, F]
+                    samples[s].append(distributed.to_host(vectors[s], num_seeds)[:, take])
             kept += len(take)
     stats = {}
     for s in sites:
-        stats[s] = {"moments": totals[s]}
+        stats[s] = {"moments": distributed.to_host(totals[s], num_seeds)}  # [S, G, ...]
         if "samples" in needs[s]:
             x = np.concatenate(samples[s], axis=1).transpose(0, 2, 1, 3)  # [S, G, N, F]
-            stats[s]["samples"] = {"x": jnp.asarray(x),
-                                   "valid": jnp.ones(x.shape[:3], bool)}
+            stats[s]["samples"] = {"x": x, "valid": np.ones(x.shape[:3], bool)}
     return stats
 
 
@@ -208,8 +209,10 @@ def fit_one(spec: ProxySpec, spec_index: int, stats: dict, key: jax.Array, num_s
         num_groups = jax.tree.leaves(site_stats)[0].shape[1]
         keys = jax.random.split(jax.random.fold_in(key, 1000 * spec_index + site_index),
                                 num_seeds * num_groups).reshape(num_seeds, num_groups, -1)
-        per_site[site] = _fit_seeds_and_heads(site_stats, keys, method=spec.method,
-                                              sizes=spec.sizes, options=spec.options)
+        fitted = _fit_seeds_and_heads(distributed.shard_seeds(site_stats),
+                                      distributed.shard_seeds(keys), method=spec.method,
+                                      sizes=spec.sizes, options=spec.options)
+        per_site[site] = distributed.to_host(fitted, num_seeds)
     return FittedProxy(spec, per_site)
 
 
@@ -320,9 +323,12 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     jsd_p99: exact quantiles (linear interpolation) of the per-position JSD (NaN on other rows).
     Seeds marked unhealthy (diverged in training) are left out.
     """
-    rows = []
+    rows, num_seeds = [], jax.tree.leaves(params)[0].shape[0]
+    params = distributed.shard_seeds(params)  # seeds sharded over the devices (padded)
     for proxy in fitted:
         spec = proxy.spec
+        proxy_params = (proxy.params if spec.module.STATISTIC is None
+                        else distributed.shard_seeds(proxy.params))
         totals, jsd, split_ids = None, [], []
         for chunk in padded_chunks([eval_set.tokens, eval_set.evaluated, eval_set.bins],
                                    batch_size):
@@ -331,18 +337,19 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
             used = int((chunk[0] != tasks.PAD).any(0).nonzero()[0].max()) + 1
             width = min(w for w in eval_set.widths if w >= used)
             chunk = [a[:, :width] for a in chunk]
-            out, jsd_chunk = _eval_chunk(params, proxy.params, *chunk, model_cfg=model_cfg,
+            out, jsd_chunk = _eval_chunk(params, proxy_params, *chunk, model_cfg=model_cfg,
                                          method=spec.method, num_sizes=len(spec.sizes),
                                          num_bins=eval_set.num_bins)
             totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
             # Per-position JSD at the evaluated positions only, kept for one family at a time.
-            jsd.append(np.asarray(jsd_chunk, np.float32)[..., chunk[1]])  # [S, R, n]
+            jsd.append(np.asarray(distributed.to_host(jsd_chunk, num_seeds), np.float32)
+                       [..., chunk[1]])  # [S, R, n]
             split_ids.append(chunk[2][..., 0][chunk[1]])
         if progress is not None:
             progress(spec)
         quantiles = _jsd_quantiles(np.concatenate(jsd, axis=-1), np.concatenate(split_ids),
                                    len(eval_set.split_names))
-        rows += _rows(spec, [np.asarray(t) for t in totals], quantiles, eval_set, seeds,
+        rows += _rows(spec, distributed.to_host(totals, num_seeds), quantiles, eval_set, seeds,
                       healthy)
     return rows
 

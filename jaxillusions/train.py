@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxillusions import distributed, tasks
 from jaxillusions import model as model_lib
-from jaxillusions import tasks
 from jaxillusions.data import dyck, padded_chunks
 
 
@@ -168,23 +168,16 @@ def _init_state(seeds: jax.Array, model_cfg, tx) -> SweepState:
     )
 
 
-def place_on_devices(state: SweepState, train_tokens: np.ndarray):
-    """Shards the seed axis of the state over the local devices and replicates the tokens.
-
-    jit then runs each device's seeds where they live: the same config runs on 1 CPU or 8 GPUs.
-    On one device (or a seed count that does not divide evenly) everything stays on one device.
-    """
-    devices, num_seeds = jax.local_devices(), state.healthy.shape[0]
-    if len(devices) == 1:
-        return state, jnp.asarray(train_tokens)
-    if num_seeds % len(devices):
-        print(f"WARNING: {num_seeds} seeds do not divide over {len(devices)} devices; "
-              "running on one device (use a multiple of the device count)")
-        return state, jnp.asarray(train_tokens)
-    mesh = jax.sharding.Mesh(np.array(devices), ("seed",))
-    by_seed = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("seed"))
-    everywhere = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    return jax.device_put(state, by_seed), jax.device_put(train_tokens, everywhere)
+def place_on_devices(state: SweepState, hparams: dict, train_tokens: np.ndarray,
+                     chunks: Sequence[np.ndarray]) -> tuple[list, jax.Array]:
+    """Each chunk's members (distributed.seed_chunks: indices into the host state's seed axis)
+    as (state, hparams) with the seed axis sharded over the mesh of all devices, and the tokens
+    on every device. jit then runs each device's seeds where they live: the same config runs
+    on 1 CPU, 8 GPUs or several hosts. Padding members are copies of the last member."""
+    placed = [distributed.shard_seeds(jax.tree.map(lambda x, i=index: np.asarray(x)[i],
+                                                   (state, hparams)))
+              for index in chunks]
+    return placed, distributed.replicate(train_tokens)
 
 
 def lm_loss(params: dict, tokens: jax.Array, model_cfg: model_lib.ModelConfig, *,
@@ -354,17 +347,19 @@ def evaluate(params: dict, split, model_cfg: model_lib.ModelConfig, *, batch_siz
     breakdown = breakdown or task.TRAIN_BREAKDOWN
     view = task.view(split)
     bins = np.clip(view.bins[breakdown], 0, None)
+    num_seeds = jax.tree.leaves(params)[0].shape[0]
+    params = distributed.shard_seeds(params)  # seeds sharded over the devices (padded)
     totals = None
     for chunk in padded_chunks([view.tokens, view.evaluated, bins], batch_size):
         out = _eval_batch(params, *chunk, model_cfg=model_cfg, num_depths=num_depths)
         totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
-    totals = jax.tree.map(np.asarray, totals)
-    count = totals["count_by_depth"]
+    totals = distributed.to_host(totals)
+    count, correct = totals["count_by_depth"], totals["correct_by_depth"][:num_seeds]
     with np.errstate(invalid="ignore", divide="ignore"):
         return {
-            "acc": totals["correct_by_depth"].sum(-1) / count.sum(),
-            "loss": totals["nll_sum"] / count.sum(),
-            f"acc_by_{breakdown}": totals["correct_by_depth"] / count,
+            "acc": correct.sum(-1) / count.sum(),
+            "loss": totals["nll_sum"][:num_seeds] / count.sum(),
+            f"acc_by_{breakdown}": correct / count,
             f"count_by_{breakdown}": count,
         }
 
@@ -458,10 +453,17 @@ def train_sweep(config, workdir: str | None = None, *, splits=None, seeds=None,
                 start_over: bool = False):
     """Trains every seed of the sweep together; resumes from `workdir` if it has checkpoints.
 
-    Returns (state, eval_results) where eval_results[split] holds per-seed arrays (see
-    `evaluate`). `stop_at_step` ends early (as an interrupted run would), for tests.
+    Returns (state, eval_results): the final state as numpy arrays with a leading member axis
+    (no padding), and eval_results[split] with per-member arrays (see `evaluate`).
+    `stop_at_step` ends early (as an interrupted run would), for tests.
     `start_over`: if the workdir has checkpoints and none of them can be restored, move them
     aside and train from step 0 (otherwise that is an error).
+
+    The members are sharded over all devices (of all processes, see distributed.py), padded to
+    a multiple of the device count, and trained in sequential chunks of
+    `train.seed_chunk_size` members (0: all at once) to bound device memory. Padding never
+    reaches results, logs, health reports or checkpoints; with several processes, process 0
+    writes the files.
 
     Raises interrupt.Stopped when every seed has diverged, or after a SIGTERM/SIGINT (under
     interrupt.catch_signals), having saved a checkpoint at the step reached.
@@ -474,43 +476,62 @@ def train_sweep(config, workdir: str | None = None, *, splits=None, seeds=None,
     splits, model_cfg, tx = build(config, splits)
     objective = objective_from_config(config)
     sweep = members(config, seeds)
-    seeds, hparams = sweep.seeds, jax.tree.map(jnp.asarray, sweep.hparams)
-    state, train_tokens = place_on_devices(init_state(seeds, model_cfg, tx),
-                                           splits["train"].tokens)
-    say = print if verbose else (lambda *a, **k: None)
+    seeds, num = sweep.seeds, len(sweep.seeds)
+    chunks = distributed.seed_chunks(num, tc.get("seed_chunk_size", 0))
+    state = distributed.to_host(init_state(seeds, model_cfg, tx))
+    say = print if verbose and distributed.is_main() else (lambda *a, **k: None)
 
     checkpointer = writer = None
     saved_step = None
     if workdir is not None:
-        for note in ckpt_lib.claim_workdir(workdir, config, validate.is_analysis_key):
+        for note in distributed.on_main(lambda: ckpt_lib.claim_workdir(
+                workdir, config, validate.is_analysis_key), "checking the workdir"):
             say(note)
         checkpointer = ckpt_lib.Checkpointer(f"{workdir}/checkpoints")
         saved_step, state = checkpointer.restore_latest(state, start_over=start_over)
         if saved_step is not None:
             say(f"resumed from checkpoint at step {saved_step} in {workdir}")
-        writer = log_lib.SweepWriter(f"{workdir}/tensorboard", sweep.labels)
-        # Events logged after the restored step by the run that was stopped are superseded.
-        writer.restart(saved_step or 0, log_lib.SweepWriter.seed_runs(sweep.labels))
+        if distributed.is_main():
+            writer = log_lib.SweepWriter(f"{workdir}/tensorboard", sweep.labels)
+            # Events logged after the restored step by the run that was stopped are superseded.
+            writer.restart(saved_step or 0, log_lib.SweepWriter.seed_runs(sweep.labels))
+    placed, train_tokens = place_on_devices(state, sweep.hparams, splits["train"].tokens, chunks)
+
+    def host_state() -> SweepState:  # every member, no padding, as numpy
+        return distributed.concat_host([s for s, _ in placed], num)
+
+    def final_params():  # for evaluation: no host round trip unless padded or chunked
+        if len(placed) == 1 and len(chunks[0]) == num:
+            return placed[0][0].params
+        return distributed.concat_host([s.params for s, _ in placed], num)
 
     step = int(state.step[0])
     end = tc.num_steps if stop_at_step is None else min(stop_at_step, tc.num_steps)
-    say(f"training {len(seeds)} members x {tc.num_steps} steps ({model_cfg.n_layers} layers, "
-        f"d_model {model_cfg.d_model}) on {jax.device_count()} {jax.default_backend()} device(s)")
+    layout = (f"{len(chunks)} chunks of {len(chunks[0])} members" if len(chunks) > 1
+              else f"{len(chunks[0]) - num} padding members" if len(chunks[0]) > num else "")
+    say(f"training {num} members x {tc.num_steps} steps ({model_cfg.n_layers} layers, "
+        f"d_model {model_cfg.d_model}) on {jax.device_count()} {jax.default_backend()} device(s)"
+        + (f" in {jax.process_count()} processes" if jax.process_count() > 1 else "")
+        + (f" ({layout})" if layout else ""))
     reported_unhealthy: set[int] = set()
     start_time, start_step = time.perf_counter(), step
     results = None
     try:
-        _stop_if_all_diverged(np.asarray(state.healthy), step)
+        _stop_if_all_diverged(state.healthy, step)
         while step < end:
             boundaries = [end] + [step - step % every + every for every in
                                   (tc.log_every, tc.eval_every, tc.checkpoint_every) if every > 0]
-            num = min(boundaries) - step
-            state, losses = train_steps(state, train_tokens, hparams, num_steps=num,
-                                        model_cfg=model_cfg, tx=tx, batch_size=tc.batch_size,
-                                        objective=objective)
-            step += num
-            losses = np.asarray(losses)
-            healthy = np.asarray(state.healthy)
+            steps = min(boundaries) - step
+            losses = []
+            for k, (chunk_state, chunk_hparams) in enumerate(placed):  # sequential chunks
+                chunk_state, chunk_losses = train_steps(
+                    chunk_state, train_tokens, chunk_hparams, num_steps=steps,
+                    model_cfg=model_cfg, tx=tx, batch_size=tc.batch_size, objective=objective)
+                placed[k] = (chunk_state, chunk_hparams)
+                losses.append(chunk_losses)
+            step += steps
+            losses = np.concatenate([distributed.to_host(x) for x in losses], axis=1)[:, :num]
+            healthy = distributed.concat_host([s.healthy for s, _ in placed], num)
             for i in np.flatnonzero(~healthy):
                 if i not in reported_unhealthy:
                     reported_unhealthy.add(i)
@@ -524,10 +545,10 @@ def train_sweep(config, workdir: str | None = None, *, splits=None, seeds=None,
             if step % tc.log_every == 0 or step == end:
                 rate = (step - start_step) / (time.perf_counter() - start_time)
                 say(f"step {step:>6}/{tc.num_steps} | loss {np.nanmean(last):.4f} "
-                    f"(min {np.nanmin(last):.4f}) | {len(seeds)} seeds | {rate:.1f} steps/s | "
+                    f"(min {np.nanmin(last):.4f}) | {num} seeds | {rate:.1f} steps/s | "
                     f"ETA {_format_eta((end - step) / rate)}", flush=True)
             if (tc.eval_every > 0 and step % tc.eval_every == 0) or step == tc.num_steps:
-                results = evaluate_splits(state.params, splits, model_cfg, config)
+                results = evaluate_splits(final_params(), splits, model_cfg, config)
                 say(f"  eval {task.EVALUATED} acc (mean over healthy seeds): " + ", ".join(
                     f"{k} {np.nanmean(np.where(healthy, v['acc'], np.nan)):.3f}"
                     for k, v in results.items()))
@@ -537,8 +558,9 @@ def train_sweep(config, workdir: str | None = None, *, splits=None, seeds=None,
             if checkpointer is not None and saved_step != step and (
                     (tc.checkpoint_every > 0 and step % tc.checkpoint_every == 0)
                     or step == end or stopping):
-                writer.flush()  # TensorBoard on disk is never behind the newest checkpoint
-                checkpointer.save(step, state)
+                if writer is not None:
+                    writer.flush()  # TensorBoard on disk is never behind the newest checkpoint
+                checkpointer.save(step, host_state())
                 saved_step = step
             if stopping:
                 interrupt.raise_if_requested(
@@ -546,7 +568,8 @@ def train_sweep(config, workdir: str | None = None, *, splits=None, seeds=None,
                                            "the same command to resume" if workdir else
                                            "nothing saved (no workdir)"))
         if results is None and step == tc.num_steps:  # resumed a finished run
-            results = evaluate_splits(state.params, splits, model_cfg, config)
+            results = evaluate_splits(final_params(), splits, model_cfg, config)
+        state = host_state()
     except BaseException:
         for closable in (writer, checkpointer):  # the error in flight is the one to report
             try:

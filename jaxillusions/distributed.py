@@ -1,0 +1,249 @@
+"""Devices and processes: one mesh with a `seed` axis over every device of every process.
+
+    initialize(...)            # joins a multi-host run (jax.distributed); no-op for one process
+    tree = shard_seeds(tree)   # leading seed axis padded to a multiple of the device count, sharded
+    host = to_host(tree, num)  # numpy, gathered from all processes, the first `num` seeds
+
+The same code runs on 1 CPU, 8 GPUs or several hosts: computations take their inputs sharded
+over the mesh (jit follows the input shardings), so each device computes its own seeds. A seed
+count that does not divide the device count is padded with copies of the last seed; callers
+drop them again (`to_host(..., num)`) before anything is reported or saved.
+
+With several processes every process runs the same program on the same data and computes its
+devices' share; `to_host` gathers the results into every process, and files are written by
+process 0 alone (`is_main`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+AXIS = "seed"
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes.
+
+
+class JoinError(RuntimeError):
+    """A process of a multi-host run did not join in time (the message names it)."""
+
+
+def settings(coordinator_address: str | None = None, num_processes: int | None = None,
+             process_id: int | None = None) -> tuple[str | None, int, int]:
+    """(address, count, id) from the arguments, else from the environment variables
+    JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID; (None, 1, 0) when unset."""
+    env = os.environ
+    address = coordinator_address or env.get("JAX_COORDINATOR_ADDRESS") or None
+    count = num_processes if num_processes is not None else int(env.get("JAX_NUM_PROCESSES", 1))
+    index = process_id if process_id is not None else int(env.get("JAX_PROCESS_ID", 0))
+    if count < 1 or not 0 <= index < count:
+        raise ValueError(f"process id {index} with {count} processes: need 0 <= id < count")
+    if count > 1 and (not address or ":" not in address):
+        raise ValueError(f"{count} processes need a coordinator address HOST:PORT (process 0's "
+                         f"host; --coordinator_address or JAX_COORDINATOR_ADDRESS), got "
+                         f"{address!r}")
+    return address, count, index
+
+
+def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
+               process_id: int | None = None, timeout_s: float = 300.0) -> None:
+    """Joins the `num_processes` processes of a run through process 0 at `coordinator_address`
+    (HOST:PORT), then starts jax.distributed. Nothing happens for one process.
+
+    Before jax.distributed starts, process 0 takes a roll call on the same port, so that a
+    process that does not join within `timeout_s` is named in a one-line JoinError on every
+    process that is there (jax.distributed itself would abort without naming it).
+    """
+    address, count, index = settings(coordinator_address, num_processes, process_id)
+    if count == 1:
+        return
+    _roll_call(address, count, index, timeout_s)
+    jax.distributed.initialize(address, count, index,
+                               initialization_timeout=max(int(timeout_s), 1))
+
+
+def _roll_call(address: str, count: int, index: int, timeout_s: float) -> None:
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout_s
+    if index == 0:
+        _roll_call_coordinator(int(port), count, deadline, address, timeout_s)
+        return
+    conn = None
+    while conn is None:
+        try:
+            conn = socket.create_connection((host, int(port)), timeout=1.0)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise JoinError(f"process {index} of {count} could not reach the coordinator "
+                                f"(process 0) at {address} within {timeout_s:g} s") from None
+            time.sleep(0.2)
+    with conn:
+        conn.settimeout(max(deadline - time.monotonic(), 0.1) + 5.0)
+        conn.sendall(f"{index}\n".encode())
+        try:
+            answer = conn.makefile().readline().strip()
+        except OSError:
+            answer = ""
+    if answer != "ok":
+        raise JoinError(answer or f"process {index}: the coordinator at {address} did not "
+                        f"answer within {timeout_s:g} s")
+
+
+def _roll_call_coordinator(port: int, count: int, deadline: float, address: str,
+                           timeout_s: float) -> None:
+    joined: dict[int, socket.socket] = {}
+    with socket.create_server(("", port)) as server:
+        server.settimeout(0.2)
+        while len(joined) < count - 1 and time.monotonic() < deadline:
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(5.0)
+            try:
+                joined[int(conn.makefile().readline())] = conn
+            except (OSError, ValueError):
+                conn.close()
+        missing = sorted(set(range(1, count)) - set(joined))
+        message = "ok"
+        if missing:
+            names = ", ".join(map(str, missing))
+            message = (f"process{'es' if len(missing) > 1 else ''} {names} of {count} did not "
+                       f"join the coordinator at {address} within {timeout_s:g} s")
+        for conn in joined.values():
+            with conn:
+                try:
+                    conn.sendall(f"{message}\n".encode())
+                    conn.recv(1)  # the peer closes first, so the port is free for jax at once
+                except OSError:
+                    pass
+    if missing:
+        raise JoinError(message)
+
+
+def is_main() -> bool:
+    """True in the process that writes files (process 0)."""
+    return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+    """Waits until every process gets here (no-op for one process)."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
+
+
+def on_main(job: Callable[[], Any], what: str) -> Any:
+    """Runs `job` in process 0 only; if it raises there, every other process raises too (one
+    line naming `what`) instead of waiting for it in the next collective."""
+    if jax.process_count() == 1:
+        return job()
+    error, result = None, None
+    if is_main():
+        try:
+            result = job()
+        except Exception as err:  # noqa: BLE001 - re-raised below, after telling the others
+            error = err
+    failed = multihost_utils.broadcast_one_to_all(np.int32(error is not None))
+    if error is not None:
+        raise error
+    if int(failed):
+        raise RuntimeError(f"process 0 failed while {what} (its output says why)")
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# The mesh and the seed axis.
+
+
+def mesh() -> jax.sharding.Mesh:
+    """All devices of all processes along one axis, `seed`."""
+    return jax.sharding.Mesh(np.array(jax.devices()), (AXIS,))
+
+
+def seed_sharding() -> jax.sharding.NamedSharding:
+    return jax.sharding.NamedSharding(mesh(), jax.sharding.PartitionSpec(AXIS))
+
+
+def replicated_sharding() -> jax.sharding.NamedSharding:
+    return jax.sharding.NamedSharding(mesh(), jax.sharding.PartitionSpec())
+
+
+def padded_size(num: int) -> int:
+    """The smallest multiple of the device count that holds `num` seeds."""
+    return math.ceil(num / jax.device_count()) * jax.device_count()
+
+
+def seed_chunks(num: int, chunk_size: int = 0) -> list[np.ndarray]:
+    """Member indices of each sequential chunk: `chunk_size` members (0: all), rounded up to a
+    multiple of the device count. Every chunk has the same width; the last one is padded with
+    copies of member num - 1. Concatenated, the first `num` entries are 0..num-1."""
+    width = padded_size(num if chunk_size <= 0 else min(chunk_size, num))
+    count = math.ceil(num / width)
+    index = np.minimum(np.arange(count * width), num - 1)
+    return list(index.reshape(count, width))
+
+
+def _pad(x, size: int):
+    if x.shape[0] == size:
+        return x
+    xp = np if isinstance(x, np.ndarray) else jax.numpy
+    return xp.concatenate([x, xp.repeat(x[-1:], size - x.shape[0], axis=0)])
+
+
+def shard_seeds(tree, size: int | None = None):
+    """The tree with its leading (seed) axis padded to `size` (default: the next multiple of the
+    device count) with copies of the last seed, sharded over the mesh. Leaves already placed so
+    are returned as they are."""
+    size = padded_size(jax.tree.leaves(tree)[0].shape[0]) if size is None else size
+    target = seed_sharding()
+
+    def one(x):
+        if isinstance(x, jax.Array):
+            if x.shape[0] == size and x.sharding == target:
+                return x
+            if not x.is_fully_addressable:  # a global array of another layout
+                return jax.jit(lambda y: _pad(y, size), out_shardings=target)(x)
+            if jax.process_count() == 1:
+                return jax.device_put(_pad(x, size), target)
+        return _place(_pad(np.asarray(x), size), target)
+
+    return jax.tree.map(one, tree)
+
+
+def replicate(tree):
+    """Every leaf whole on every device (e.g. the training tokens)."""
+    target = replicated_sharding()
+    return jax.tree.map(lambda x: _place(np.asarray(x), target), tree)
+
+
+def _place(x: np.ndarray, sharding) -> jax.Array:
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+
+def to_host(tree, num: int | None = None):
+    """numpy copies of every leaf (gathered from all processes), trimmed to the first `num`
+    entries of the leading axis when given. Every process must call it (a collective)."""
+    def one(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            x = multihost_utils.process_allgather(x, tiled=True)
+        x = np.asarray(x)
+        return x if num is None else x[:num]
+    return jax.tree.map(one, tree)
+
+
+def concat_host(trees: Sequence, num: int | None = None):
+    """to_host of several chunks, joined along the leading axis (then trimmed to `num`)."""
+    hosts = [to_host(t) for t in trees]
+    joined = hosts[0] if len(hosts) == 1 else jax.tree.map(
+        lambda *xs: np.concatenate(xs), *hosts)
+    return joined if num is None else jax.tree.map(lambda x: x[:num], joined)
