@@ -72,6 +72,9 @@ def get_config() -> ConfigDict:
     # positions the `longer` split uses are trained too. -1: as far as the model's positions
     # allow (longer_max_len - max_len + 1 = 17 here); 0: off (positions past max_len untrained).
     config.train.max_position_offset = -1
+    # Seeds trained at once over all devices; the others wait in sequential chunks of this many
+    # (bounds device memory, same results; README "Scaling out"). 0: all at once.
+    config.train.seed_chunk_size = 0
 
     # Proxies and faithfulness evaluation (shared/DESIGN.md sections 4-5). Sites may use
     # negative layer indices: blocks.-1 is the last layer.

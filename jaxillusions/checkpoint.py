@@ -110,13 +110,15 @@ class WorkdirLock:
 # The config a workdir belongs to.
 
 
-def claim_workdir(workdir: str, config, may_change=lambda key: False) -> list[str]:
+def claim_workdir(workdir: str, config, may_change=lambda key: False,
+                  defaults: dict | None = None) -> list[str]:
     """Records the config in a new workdir, or checks it against the one the workdir holds.
 
     Keys for which `may_change(key)` is true (analysis and logging settings, see
     validate.is_analysis_key) may differ: the change is appended to config_history.jsonl,
     config.json is updated, and the changes are returned as notes. Any other difference is a
-    ValueError: resuming with a different training config would mix two experiments.
+    ValueError: resuming with a different training config would mix two experiments. Keys in
+    `defaults` that one side lacks count as their default value there.
     """
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, CONFIG_FILE)
@@ -128,7 +130,9 @@ def claim_workdir(workdir: str, config, may_change=lambda key: False) -> list[st
         return []
     with open(path) as f:
         old = json.load(f)
-    old_flat, new_flat = flatten_config(old), flatten_config(new)
+    # A key missing on one side counts as its default (`defaults`, validate.DEFAULTS).
+    old_flat = {**(defaults or {}), **flatten_config(old)}
+    new_flat = {**(defaults or {}), **flatten_config(new)}
     diffs = [k for k in sorted(set(old_flat) | set(new_flat))
              if old_flat.get(k, "<missing>") != new_flat.get(k, "<missing>")]
     fixed = [k for k in diffs if not may_change(k)]

@@ -34,7 +34,7 @@ AXIS = "seed"
 # Processes.
 
 
-class JoinError(RuntimeError):
+class JoinError(ConnectionError):
     """A process of a multi-host run did not join in time (the message names it)."""
 
 
@@ -143,8 +143,9 @@ def barrier(name: str) -> None:
 
 
 def on_main(job: Callable[[], Any], what: str) -> Any:
-    """Runs `job` in process 0 only; if it raises there, every other process raises too (one
-    line naming `what`) instead of waiting for it in the next collective."""
+    """Runs `job` in process 0 only and returns its result there (None elsewhere); if it raises
+    there, every other process raises too (one line naming `what`) instead of waiting for it in
+    the next collective."""
     if jax.process_count() == 1:
         return job()
     error, result = None, None

@@ -23,7 +23,17 @@ import jax
 import numpy as np
 from flax import serialization
 
-from jaxillusions import checkpoint, faithfulness, interrupt, model, tasks, train, validate, wen
+from jaxillusions import (
+    checkpoint,
+    distributed,
+    faithfulness,
+    interrupt,
+    model,
+    tasks,
+    train,
+    validate,
+    wen,
+)
 from jaxillusions import logging as log_lib
 from jaxillusions.analysis import board, figures, results, tables
 from jaxillusions.analysis import stats as stats_lib
@@ -39,9 +49,10 @@ def _analysis_settings(config) -> dict:
 
 
 def _mark_done(config, workdir: str) -> None:
-    checkpoint.write_atomic(os.path.join(workdir, DONE_FILE), json.dumps(
-        {"time": checkpoint._now(), "analysis": _analysis_settings(config)},  # noqa: SLF001
-        indent=2, sort_keys=True))
+    if distributed.is_main():
+        checkpoint.write_atomic(os.path.join(workdir, DONE_FILE), json.dumps(
+            {"time": checkpoint._now(), "analysis": _analysis_settings(config)},  # noqa: SLF001
+            indent=2, sort_keys=True))
 
 
 def _read_json(path: str):
@@ -65,6 +76,8 @@ class _Stages:
         return os.path.join(self.dir, name + suffix)
 
     def move_aside(self, path: str) -> None:
+        if not distributed.is_main():  # process 0 moves it; the others only skip it
+            return
         os.makedirs(self.aside, exist_ok=True)
         dest = os.path.join(self.aside, os.path.relpath(path, self.workdir))
         os.makedirs(os.path.dirname(dest), exist_ok=True)
@@ -93,12 +106,17 @@ def _stamp(**settings) -> str:
 
 
 def run(config, workdir: str, *, verbose: bool = True, start_over: bool = False) -> list[dict]:
-    """The whole job, resumable stage by stage (see the module docstring). Returns the rows."""
-    say = print if verbose else (lambda *a, **k: None)
+    """The whole job, resumable stage by stage (see the module docstring). Returns the rows.
+
+    With several processes (distributed.initialize) all of them compute, each on its devices'
+    seeds, and process 0 alone writes the files; every process returns all rows."""
+    say = print if verbose and distributed.is_main() else (lambda *a, **k: None)
     start = time.perf_counter()
     pc = config.proxies
     validate.validate(config)  # the whole config, before any work (the launchers show its notes)
-    for note in checkpoint.claim_workdir(workdir, config, validate.is_analysis_key):
+    for note in distributed.on_main(lambda: checkpoint.claim_workdir(
+            workdir, config, validate.is_analysis_key, validate.DEFAULTS),
+            "checking the workdir") or ():
         say(note)
     done = _read_json(os.path.join(workdir, DONE_FILE))
     if done is not None and done["analysis"] == _analysis_settings(config):
@@ -117,7 +135,7 @@ def run(config, workdir: str, *, verbose: bool = True, start_over: bool = False)
 
     state, final_eval = train.train_sweep(config, workdir, splits=splits, verbose=verbose,
                                           start_over=start_over)
-    if wen.enabled(config):  # Wen et al. measurements (config.wen)
+    if wen.enabled(config) and distributed.is_main():  # Wen et al. measurements (config.wen)
         wen.run_stage(state, final_eval, model_cfg, config, workdir, verbose=verbose)
     if not pc.methods:
         _mark_done(config, workdir)
@@ -174,9 +192,10 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
             proxy = faithfulness.fit_one(specs[i], i, stats, jax.random.PRNGKey(config.seed),
                                          len(seeds))
             fitted[i] = jax.tree.map(np.asarray, proxy.params)
-            checkpoint.write_atomic(stages.path(i, specs[i], ".msgpack"),
-                                    serialization.msgpack_serialize(
-                                        {"stamp": fit_stamps[i], "value": fitted[i]}))
+            if distributed.is_main():
+                checkpoint.write_atomic(stages.path(i, specs[i], ".msgpack"),
+                                        serialization.msgpack_serialize(
+                                            {"stamp": fit_stamps[i], "value": fitted[i]}))
             interrupt.raise_if_requested(
                 f"while fitting proxies; {n} of {len(todo)} families fitted and saved in "
                 f"{stages.dir}; relaunch the same command to resume")
@@ -195,7 +214,8 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
             family = faithfulness.evaluate(
                 params, model_cfg, eval_set, [faithfulness.FittedProxy(spec, fitted[i])],
                 batch_size=pc.eval_batch_size, seeds=seeds, healthy=healthy)
-            checkpoint.write_atomic(path, json.dumps({"stamp": stamp, "value": family}))
+            if distributed.is_main():
+                checkpoint.write_atomic(path, json.dumps({"stamp": stamp, "value": family}))
         say(f"  [{i + 1}/{len(specs)}] {spec.method} on {spec.target}: sizes "
             f"{list(spec.sizes)}", flush=True)
         rows += family
@@ -203,6 +223,8 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
             f"while evaluating proxies; {i + 1} of {len(specs)} families evaluated and saved "
             f"in {stages.dir}; relaunch the same command to resume")
 
+    if not distributed.is_main():  # process 0 writes the reports
+        return rows
     if done is not None:  # results of other analysis settings: keep them
         for name in REPORTS:
             if os.path.exists(os.path.join(workdir, name)):

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxillusions import distributed, tasks
+from jaxillusions import distributed, memory, tasks
 from jaxillusions import model as model_lib
 from jaxillusions.data import dyck, padded_chunks
 
@@ -485,7 +485,8 @@ def train_sweep(config, workdir: str | None = None, *, splits=None, seeds=None,
     saved_step = None
     if workdir is not None:
         for note in distributed.on_main(lambda: ckpt_lib.claim_workdir(
-                workdir, config, validate.is_analysis_key), "checking the workdir"):
+                workdir, config, validate.is_analysis_key, validate.DEFAULTS),
+                "checking the workdir") or ():
             say(note)
         checkpointer = ckpt_lib.Checkpointer(f"{workdir}/checkpoints")
         saved_step, state = checkpointer.restore_latest(state, start_over=start_over)
@@ -513,6 +514,13 @@ def train_sweep(config, workdir: str | None = None, *, splits=None, seeds=None,
         f"d_model {model_cfg.d_model}) on {jax.device_count()} {jax.default_backend()} device(s)"
         + (f" in {jax.process_count()} processes" if jax.process_count() > 1 else "")
         + (f" ({layout})" if layout else ""))
+    if step < end:  # compiles the first call's step (jit keeps it) and reads its memory use
+        first = min([end] + [step - step % every + every for every in
+                             (tc.log_every, tc.eval_every, tc.checkpoint_every) if every > 0])
+        say(memory.describe(memory.estimate(
+            train_steps, placed[0][0], train_tokens, placed[0][1], num_chunks=len(chunks),
+            num_steps=first - step, model_cfg=model_cfg, tx=tx, batch_size=tc.batch_size,
+            objective=objective)))
     reported_unhealthy: set[int] = set()
     start_time, start_step = time.perf_counter(), step
     results = None

@@ -37,6 +37,11 @@ ANALYSIS_KEYS = (
 )
 
 
+# Values of keys that a config may leave out (read with config.get): a workdir whose config.json
+# predates such a key matches a config that sets it to this value.
+DEFAULTS = {"train.seed_chunk_size": 0}
+
+
 def is_analysis_key(key: str) -> bool:
     """True for keys that may change between a run and its resumption (see ANALYSIS_KEYS)."""
     return any(fnmatch.fnmatchcase(key, pattern) for pattern in ANALYSIS_KEYS)
@@ -116,6 +121,10 @@ RULES: dict[str, tuple[tuple[str, Callable], Callable[[Any, Any], bool], str]] =
     "train.eval_every": (INT, _nonneg, ">= 0 (0: only at the end)"),
     "train.checkpoint_every": (INT, _nonneg, ">= 0 (0: only at the end)"),
     "train.eval_batch_size": (INT, _pos, ">= 1"),
+    # Seeds trained at once (over all devices), the rest in sequential chunks; 0: all at once.
+    # A training key: the seeds a device batches together can change XLA's rounding (README,
+    # "Scaling out"). 1 is refused: a one-seed chunk would run the unbatched step.
+    "train.seed_chunk_size": (INT, lambda v, c: v == 0 or v >= 2, "0 (all at once) or >= 2"),
     "train.max_position_offset": (INT, lambda v, c: v >= -1,
                                   ">= 0, or -1 for as far as the model's positions allow"),
     # proxies (checked against the model in _proxy_checks)

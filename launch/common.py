@@ -1,7 +1,9 @@
 """Flags and error handling shared by the launchers.
 
 Flags: --config (an ml-collections file with overrides), --workdir, --start_over (train from step
-0 when the workdir's checkpoints exist but none can be restored) and --debug (show tracebacks).
+0 when the workdir's checkpoints exist but none can be restored), --debug (show tracebacks), and
+for several hosts --coordinator_address, --num_processes, --process_id and --join_timeout
+(distributed.initialize).
 
 `run(main)` validates the whole config before any work, takes the workdir lock, catches
 SIGTERM/SIGINT (the job saves and exits 143/130) and turns every error into one line on stderr.
@@ -24,6 +26,16 @@ START_OVER = flags.DEFINE_bool(
     "start_over", False, "If the workdir has checkpoints but none can be restored, move them to "
     "corrupt_checkpoints/ and train from step 0 (without it, that is an error).")
 DEBUG = flags.DEFINE_bool("debug", False, "Show the traceback of an error.")
+# Several hosts (jax.distributed): one process per host, each with the same command and its own
+# --process_id; unset flags are read from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
+# JAX_PROCESS_ID. One process (the default) needs none of them.
+COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "HOST:PORT of process 0, which every process connects to.")
+NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the run (hosts).")
+PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's id, 0..num_processes-1.")
+JOIN_TIMEOUT = flags.DEFINE_float(
+    "join_timeout", 300.0, "Seconds to wait for every process to join; then an error names "
+    "the ones missing.")
 
 
 def _flag_value(argv: list[str], name: str) -> str | None:
@@ -89,16 +101,19 @@ def run(main) -> None:
 def guard(job: Callable[[], None], workdir: str, configs: Sequence) -> None:
     """Runs job() after validating every config and taking the workdir lock, with SIGTERM/SIGINT
     caught (the job saves and exits 143/130); every error becomes one line on stderr."""
-    from jaxillusions import checkpoint, interrupt, validate  # noqa: PLC0415
+    from jaxillusions import checkpoint, distributed, interrupt, validate  # noqa: PLC0415
 
     if not DEBUG.value:
         _quiet_background_errors(workdir)
     lock = checkpoint.WorkdirLock(workdir)
     try:
+        distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value,
+                               JOIN_TIMEOUT.value)
         for config in configs:
             for note in validate.validate(config):
-                print(note)
-        note = lock.acquire()
+                if distributed.is_main():
+                    print(note)
+        note = lock.acquire() if distributed.is_main() else None  # process 0 writes the files
         if note:
             print(note)
         with interrupt.catch_signals():

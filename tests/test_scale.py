@@ -1,0 +1,243 @@
+"""Scale: seeds sharded over devices (4 simulated CPU devices), sequential seed chunks, two
+processes joined with jax.distributed, and the one-line error of a process that does not join.
+
+Each case trains the same 6 seeds and fits and evaluates proxies on them; the reference is the
+same job in this (one-device) process. XLA flags and jax.distributed must be set up before jax
+starts, so the sharded and multi-process cases run in child processes (`_child`).
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from conftest import tiny_config
+
+from jaxillusions import checkpoint, distributed, faithfulness, train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NUM_SEEDS = 6  # not a multiple of 4 devices: 2 padding seeds
+
+
+def _config(cache_dir: str, chunk: int = 0):
+    config = tiny_config(cache_dir)
+    config.train.num_seeds = NUM_SEEDS
+    config.train.seed_chunk_size = chunk
+    config.train.eval_every = 0
+    config.proxies.targets = ("blocks.-1.attn.k",)
+    config.proxies.methods = ("svd", "kmeans")
+    config.proxies.eval_splits = ("iid", "longer")
+    return config
+
+
+def job(cache_dir: str, workdir: str | None = None, chunk: int = 0, proxies: bool = True,
+        resume: bool = False) -> dict:
+    """Trains the sweep (stopping once at step 10 and resuming when `resume`), then collects,
+    fits and evaluates the proxies. Returns numpy arrays and the rows (as JSON text)."""
+    config = _config(cache_dir, chunk)
+    splits, model_cfg, _ = train.build(config)
+    if resume:
+        train.train_sweep(config, workdir, splits=splits, stop_at_step=10, verbose=False)
+    state, evals = train.train_sweep(config, workdir, splits=splits, verbose=False)
+    out = {f"params/{jax.tree_util.keystr(p)}": x
+           for p, x in jax.tree_util.tree_flatten_with_path(state.params)[0]}
+    out["healthy"] = state.healthy
+    out.update({f"eval/{split}/{k}": v for split, res in evals.items() for k, v in res.items()})
+    if proxies:
+        pc = config.proxies
+        specs = faithfulness.specs_from_config(pc, model_cfg)
+        stats = faithfulness.collect(state.params, splits["train"], model_cfg, specs,
+                                     num_samples=pc.kmeans_samples,
+                                     batch_size=pc.collect_batch_size)
+        fitted = faithfulness.fit(specs, stats, jax.random.PRNGKey(config.seed), NUM_SEEDS)
+        for i, proxy in enumerate(fitted):
+            for p, x in jax.tree_util.tree_flatten_with_path(proxy.params)[0]:
+                out[f"fitted/{i}/{jax.tree_util.keystr(p)}"] = np.asarray(x)
+        rows = faithfulness.evaluate(
+            state.params, model_cfg, faithfulness.make_eval_set(splits, pc.eval_splits),
+            fitted, batch_size=pc.eval_batch_size, seeds=list(train.seed_list(config)),
+            healthy=state.healthy)
+        out["rows"] = np.asarray(json.dumps(rows))
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+def _spy_on_shardings(seen: dict) -> None:
+    """Records the output sharding of every jitted computation over seeds."""
+    def wrap(name, f):
+        def spy(*args, **kwargs):
+            out = f(*args, **kwargs)
+            for path, x in jax.tree_util.tree_flatten_with_path(out)[0]:
+                seen.setdefault(name, {})[jax.tree_util.keystr(path)] = (
+                    len(x.sharding.device_set), tuple(x.sharding.spec))
+            return out
+        spy.lower = f.lower
+        return spy
+
+    for module, name in [(train, "train_steps"), (train, "_eval_batch"),
+                         (faithfulness, "_collect_chunk"),
+                         (faithfulness, "_fit_seeds_and_heads"), (faithfulness, "_eval_chunk")]:
+        setattr(module, name, wrap(name, getattr(module, name)))
+
+
+def _child(mode: str, cache_dir: str, workdir: str, out: str, *args) -> None:
+    """Runs in a child process: `sharded` (4 devices) or `process` (one of 2 processes)."""
+    if mode == "process":
+        port, index = args
+        distributed.initialize(f"127.0.0.1:{port}", 2, int(index), timeout_s=60)
+        result = job(cache_dir, workdir)
+        if distributed.is_main():
+            np.savez(out, **result)
+        return
+    assert jax.device_count() == 4, jax.devices()
+    seen: dict = {}
+    _spy_on_shardings(seen)
+    result = job(cache_dir, workdir, resume=True)
+    chunked = job(cache_dir, chunk=4, proxies=False)  # 2 chunks of 4 (1 seed per device)
+    np.savez(out, **result, **{f"chunked/{k}": v for k, v in chunked.items()},
+             seen=np.asarray(json.dumps(seen)))
+
+
+def _run_children(cmds: list[list[str]], env: dict, timeout: int = 240) -> list:
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env, cwd=ROOT) for c in cmds]
+    outputs = [p.communicate(timeout=timeout) for p in procs]
+    return [(p.returncode, *o) for p, o in zip(procs, outputs, strict=True)]
+
+
+def _child_cmd(*args) -> list[str]:
+    code = (f"import sys; sys.path[:0] = [{ROOT!r}, {os.path.join(ROOT, 'tests')!r}]; "
+            f"import test_scale; test_scale._child(*{[str(a) for a in args]!r})")
+    return [sys.executable, "-c", code]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def one_device(cache_dir):
+    assert jax.device_count() == 1
+    return job(cache_dir)
+
+
+def _rows_arrays(rows_json) -> dict:
+    rows = json.loads(str(rows_json))
+    keys = [k for k in rows[0] if isinstance(rows[0][k], float)]
+    return {"rows_keys": np.asarray(json.dumps([[r[k] for k in rows[0] if k not in keys]
+                                                for r in rows])),
+            **{f"rows/{k}": np.asarray([r[k] for r in rows], np.float64) for k in keys}}
+
+
+def _diffs(result: dict, reference: dict, prefix: str = "") -> dict:
+    """Largest absolute difference per array (rows: per metric column; 0 = identical)."""
+    out = {}
+    for key, value in reference.items():
+        got = result[prefix + key]
+        if key == "rows":
+            out.update(_diffs(_rows_arrays(got), _rows_arrays(value)))
+        elif value.dtype.kind in "fc":
+            assert got.shape == value.shape, key
+            same_nan = np.array_equal(np.isnan(got), np.isnan(value))
+            out[key] = float(np.nanmax(np.abs(got - value), initial=0)) if same_nan else np.inf
+        else:
+            out[key] = 0.0 if np.array_equal(got, value) else np.inf
+    return out
+
+
+def _assert_same(result: dict, reference: dict, prefix: str = "") -> None:
+    diffs = _diffs(result, reference, prefix)
+    assert not any(diffs.values()), {k: v for k, v in diffs.items() if v}
+
+
+def _assert_close(result: dict, reference: dict, prefix: str = "") -> None:
+    """Equal up to float32 rounding: integers, counts, row keys and accuracies exactly, floats
+    within rtol 1e-5, atol 1e-6 (measured: 2e-7 on parameters, 7e-7 on losses, 2e-6 on k-means
+    centroids of size ~10, 7e-8 on JSD; 0 on accuracies and same_pred). The SVD basis is
+    compared through the rows only: its eigenvectors' signs and order within a degenerate
+    eigenvalue are arbitrary, so rounding may flip them without changing the projection."""
+    for key, value in reference.items():
+        got = result[prefix + key]
+        if key == "rows":
+            _assert_close(_rows_arrays(got), _rows_arrays(value))
+        elif key.endswith("['basis']"):
+            continue
+        elif value.dtype.kind == "f" and not key.endswith(("acc", "same_pred")):
+            np.testing.assert_allclose(got, value, rtol=1e-5, atol=1e-6, err_msg=key)
+        else:
+            assert np.array_equal(got, value, equal_nan=value.dtype.kind == "f"), key
+
+
+def test_sharded_sweep_equals_one_device(one_device, cache_dir, tmp_path):
+    # 6 seeds on 4 devices (2 padding seeds), stopped at step 10 and resumed from the sharded
+    # checkpoint; then the same seeds in 2 chunks of 4. The one-device numbers up to float32
+    # rounding: XLA:CPU rounds the partitioned step differently in the last bit (so does a
+    # shard_map of it), while unsharded runs of 2 and of 6 seeds agree bit for bit.
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    out = tmp_path / "sharded.npz"
+    [(code, stdout, stderr)] = _run_children(
+        [_child_cmd("sharded", cache_dir, tmp_path / "run", out)], env)
+    assert code == 0, stderr[-3000:]
+    result = dict(np.load(out))
+    _assert_close(result, one_device)
+    _assert_close(result, {k: v for k, v in one_device.items()
+                           if k.startswith(("params/", "eval/", "healthy"))}, "chunked/")
+    seen = json.loads(str(result["seen"]))
+    assert set(seen) == {"train_steps", "_eval_batch", "_collect_chunk",
+                         "_fit_seeds_and_heads", "_eval_chunk"}
+    for name, leaves in seen.items():  # every computation over seeds ran on all 4 devices,
+        for leaf, (devices, spec) in leaves.items():  # each device on its own seeds
+            assert devices == 4, (name, leaf)
+            # Replicated: only outputs that do not depend on the seed (token counts; the SVD's
+            # mask and mean, which are constants without centering).
+            assert spec in (["seed"], [None, "seed"]) or (
+                spec == [] and leaf.endswith(("['count']", "['count_by_depth']", "['mask']",
+                                              "['mean']"))), (name, leaf, spec)
+    # The checkpoints hold the 6 seeds, without the padding.
+    saved = checkpoint.Checkpointer(str(tmp_path / "run" / "checkpoints"))
+    assert saved._manager.all_steps() == [10, 20]  # noqa: SLF001
+    assert saved._manager.item_metadata(20)["healthy"].shape == (NUM_SEEDS,)  # noqa: SLF001
+
+
+def test_seed_chunks_equal_one_chunk(one_device, cache_dir):
+    # 3 sequential chunks of 2 seeds on one device: the same parameters and evaluation, bit
+    # for bit. (A 1-seed chunk is refused by validate: it would run the unbatched step.)
+    chunked = job(cache_dir, chunk=2, proxies=False)
+    _assert_same(chunked, {k: v for k, v in one_device.items()
+                           if k.startswith(("params/", "eval/", "healthy"))})
+    assert distributed.seed_chunks(6, 4)[1].tolist() == [4, 5, 5, 5]
+
+
+def test_two_processes_equal_one(one_device, cache_dir, tmp_path):
+    # Two processes with one CPU device each, joined with jax.distributed over 127.0.0.1
+    # (gloo collectives): each trains and evaluates its 3 seeds; process 0 gathers them and
+    # writes the files once. The merged arrays and rows equal the one-process run (up to the
+    # rounding of a partitioned program, as above).
+    port, out, workdir = _free_port(), tmp_path / "merged.npz", tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    results = _run_children([_child_cmd("process", cache_dir, workdir, out, port, i)
+                             for i in range(2)], env)
+    for code, _, stderr in results:
+        assert code == 0, stderr[-3000:]
+    _assert_close(dict(np.load(out)), one_device)
+    runs = sorted(os.listdir(workdir / "tensorboard"))
+    assert [r for r in runs if r.startswith("seed_")] == [f"seed_{s}" for s in range(6)]
+    assert os.path.exists(workdir / "checkpoints" / "20" / "checksums.json")
+
+
+def test_missing_process_is_named(tmp_path, cache_dir):
+    # Process 0 of 2 is started alone: after the join timeout it names process 1, in one line.
+    port = _free_port()
+    cmd = [sys.executable, "-m", "launch.train", "--config=configs/dyck_small.py",
+           f"--workdir={tmp_path}", f"--config.data.cache_dir={cache_dir}",
+           f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", "--process_id=0",
+           "--join_timeout=3"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: process 1 of 2 did not join the coordinator at 127.0.0.1:{port} within 3 s")
