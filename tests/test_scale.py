@@ -241,3 +241,21 @@ def test_missing_process_is_named(tmp_path, cache_dir):
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == (
         f"error: process 1 of 2 did not join the coordinator at 127.0.0.1:{port} within 3 s")
+
+
+def test_seed_chunk_size_is_a_checked_training_key(config, tmp_path):
+    from jaxillusions import validate  # noqa: PLC0415
+
+    config.train.seed_chunk_size = 1
+    with pytest.raises(ValueError, match=r"train.seed_chunk_size=1: must be 0 \(all at once\)"):
+        validate.validate(config)
+    # A workdir whose config.json predates the key matches the default (0), not another value.
+    del config.train["seed_chunk_size"]
+    checkpoint.claim_workdir(str(tmp_path), config, validate.is_analysis_key, validate.DEFAULTS)
+    config.train.seed_chunk_size = 0
+    assert checkpoint.claim_workdir(str(tmp_path), config, validate.is_analysis_key,
+                                    validate.DEFAULTS) == []
+    config.train.seed_chunk_size = 4
+    with pytest.raises(ValueError, match="train.seed_chunk_size: 0 there vs 4 now"):
+        checkpoint.claim_workdir(str(tmp_path), config, validate.is_analysis_key,
+                                 validate.DEFAULTS)
