@@ -5,14 +5,16 @@
 
 import numpy as np
 
+from jaxillusions import distributed, train
 from jaxillusions import logging as log_lib
-from jaxillusions import train
 from jaxillusions.analysis import board
 from launch import common
 
 
 def main(config, workdir: str, start_over: bool = False) -> None:
     state, _ = train.train_sweep(config, workdir, start_over=start_over)
+    if not distributed.is_main():  # process 0 writes the files
+        return
     sweep = train.members(config)
     _, model_cfg, _ = train.build(config)
     member_hparams = sweep.hparams if len(train.contrastive_weights(config)) > 1 else None

@@ -14,7 +14,7 @@ import sys
 from absl import flags
 
 from configs import wen_attention_variation
-from jaxillusions import sweep, wen
+from jaxillusions import distributed, sweep, wen
 from jaxillusions.analysis import figures
 from launch import common
 
@@ -26,7 +26,10 @@ def run_variants(configs: dict, workdir: str, start_over: bool) -> None:
     tables = []
     for variant, config in configs.items():
         sweep.run(config, os.path.join(workdir, variant), start_over=start_over)
-        tables += wen.read_csv(os.path.join(workdir, variant, "wen_attention.csv"))
+        if distributed.is_main():  # process 0 wrote the variant's files
+            tables += wen.read_csv(os.path.join(workdir, variant, "wen_attention.csv"))
+    if not distributed.is_main():
+        return
     wen.write_csv(tables, os.path.join(workdir, "wen_attention.csv"))
     lines = [f"{'architecture':<16} {'layer':>5} {'seeds':>5}  variation [95% jackknife interval]"
              f"  random baseline (causal)"]
