@@ -39,7 +39,8 @@ def job(cache_dir: str, workdir: str | None = None, chunk: int = 0, proxies: boo
     """Trains the sweep (stopping once at step 10 and resuming when `resume`), then collects,
     fits and evaluates the proxies. Returns numpy arrays and the rows (as JSON text)."""
     config = _config(cache_dir, chunk)
-    splits, model_cfg, _ = train.build(config)
+    splits = train.build(config)[0]
+    splits, model_cfg, _ = train.build(config, {k: splits[k] for k in ("train", "iid", "longer")})
     if resume:
         train.train_sweep(config, workdir, splits=splits, stop_at_step=10, verbose=False)
     state, evals = train.train_sweep(config, workdir, splits=splits, verbose=False)
