@@ -260,3 +260,20 @@ def test_seed_chunk_size_is_a_checked_training_key(config, tmp_path):
     with pytest.raises(ValueError, match="train.seed_chunk_size: 0 there vs 4 now"):
         checkpoint.claim_workdir(str(tmp_path), config, validate.is_analysis_key,
                                  validate.DEFAULTS)
+
+
+def test_memory_estimate_suggests_a_chunk_size_that_fits():
+    from jaxillusions import memory  # noqa: PLC0415
+
+    mib = 2**20
+    est = memory.Estimate(step_bytes=10 * 1024 * mib, fixed_bytes=32 * mib, seeds_per_device=64,
+                          num_devices=8, num_chunks=1, capacity=8 * 1024 * mib)
+    per_seed = (10 * 1024 - 32) / 64 * mib
+    assert est.per_seed_bytes == per_seed and est.fits is False
+    chunk = est.max_chunk_size()  # seeds over all 8 devices, within 90% of the capacity
+    assert chunk % 8 == 0 and 32 * mib + chunk / 8 * per_seed <= 0.9 * 8 * 1024 * mib
+    assert 32 * mib + (chunk / 8 + 1) * per_seed > 0.9 * 8 * 1024 * mib
+    text = memory.describe(est)
+    assert f"set --config.train.seed_chunk_size={chunk}" in text and "WARNING" in text
+    fits = memory.Estimate(1024 * mib, 32 * mib, 4, 1, 1, 8 * 1024 * mib)
+    assert fits.fits and "WARNING" not in memory.describe(fits)
