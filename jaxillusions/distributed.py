@@ -142,6 +142,13 @@ def barrier(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
+def max_over_processes(value: int) -> int:
+    """The largest `value` any process passes (a collective; no-op for one process)."""
+    if jax.process_count() == 1:
+        return value
+    return int(multihost_utils.process_allgather(np.int32(value)).max())
+
+
 def on_main(job: Callable[[], Any], what: str) -> Any:
     """Runs `job` in process 0 only and returns its result there (None elsewhere); if it raises
     there, every other process raises too (one line naming `what`) instead of waiting for it in

@@ -44,11 +44,13 @@ def requested() -> int | None:
     return _received[0] if _received else None
 
 
-def raise_if_requested(what: str) -> None:
-    """Raises Stopped('stopped by SIGTERM <what>') if a signal has been received."""
-    if _received:
-        name = signal.Signals(_received[0]).name
-        raise Stopped(f"stopped by {name} {what}", EXIT_CODES[_received[0]])
+def raise_if_requested(what: str, signum: int | None = None) -> None:
+    """Raises Stopped('stopped by SIGTERM <what>') if a signal has been received (or `signum`
+    is given: one that another process of a multi-host run received)."""
+    signum = signum or requested()
+    if signum:
+        name = signal.Signals(signum).name
+        raise Stopped(f"stopped by {name} {what}", EXIT_CODES[signum])
 
 
 @contextlib.contextmanager

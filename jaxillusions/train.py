@@ -562,7 +562,9 @@ def train_sweep(config, workdir: str | None = None, *, splits=None, seeds=None,
                     for k, v in results.items()))
                 if writer is not None:
                     _log_eval(writer, step, results, healthy, task)
-            stopping = interrupt.requested() is not None
+            # Every process stops at the same step, if any of them received a signal.
+            signum = distributed.max_over_processes(interrupt.requested() or 0)
+            stopping = signum > 0
             if checkpointer is not None and saved_step != step and (
                     (tc.checkpoint_every > 0 and step % tc.checkpoint_every == 0)
                     or step == end or stopping):
@@ -574,7 +576,7 @@ def train_sweep(config, workdir: str | None = None, *, splits=None, seeds=None,
                 interrupt.raise_if_requested(
                     f"at step {step}; " + (f"checkpoint saved in {workdir}/checkpoints, relaunch "
                                            "the same command to resume" if workdir else
-                                           "nothing saved (no workdir)"))
+                                           "nothing saved (no workdir)"), signum)
         if results is None and step == tc.num_steps:  # resumed a finished run
             results = evaluate_splits(final_params(), splits, model_cfg, config)
         state = host_state()
