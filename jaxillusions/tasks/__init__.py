@@ -4,11 +4,14 @@
 and reporting are shared and call only what a task module defines:
 
   NAME, SPLITS                 its name and every split it can make ("train" first)
-  DEFAULT_EVAL_SPLITS          the splits evaluated unless config.proxies.eval_splits says
+  DEFAULT_EVAL_SPLITS          its generalization suite (what its configs' proxies.eval_splits
+                               list)
   BREAKDOWNS                   names of the per-position breakdowns besides "all", in row order
-  TRAIN_BREAKDOWN              the breakdown logged while training (eval_by_<name>/<split>/...)
+  TRAIN_BREAKDOWN              the breakdown logged while training (eval_by_<name>/<split>/...);
+                               it must cover every evaluated position
+  train_num_bins(config)       its number of bins (Dyck: depths up to the deepest split)
   EVALUATED                    what an evaluated position predicts, for messages and axis labels
-  DATA_RULES                   validate.RULES rows for its config.data keys
+  data_rules()                 validate.RULES rows for its config.data keys
   check_config(config)         the task's combined checks (one-line ValueError) -> notes
   load(config, verbose)        -> {split name: split}, built or read from the cache
   view(split)                  -> View: the generic per-position arrays of one split
@@ -16,10 +19,12 @@ and reporting are shared and call only what a task module defines:
                                   (vocab_size, ...); splits None: from the config alone
   train_width(config), widest_width(config)  tokens per training row and per row of the widest
                                   split, BOS and EOS included (from the config alone)
-  bounds(config)               {breakdown: largest bin value seen in training} (figures)
+  bounds(config)               {breakdown: largest bin value seen in training, or None}: these
+                               breakdowns get accuracy-by-bin figures (the bound marked)
   bin_labels(breakdown)        names of a breakdown's bins, or None for numbers
-  activation_figures(params, splits, model_cfg, config, index, seeds, run)
-                               -> {name: figure} of activations (may be empty)
+  activation_figures(run, splits, config, shown, pattern_site, key_site)
+                               -> {name: figure} of activations (may be empty); run(tokens,
+                                  site) gives the site's values for the seeds `shown`
   baselines(splits, names)     -> {split: {metric: value}} of data-only predictors, or {}
 """
 
