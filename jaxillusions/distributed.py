@@ -165,7 +165,7 @@ def on_main(job: Callable[[], Any], what: str) -> Any:
     if error is not None:
         raise error
     if int(failed):
-        raise RuntimeError(f"process 0 failed while {what} (its output says why)")
+        raise ValueError(f"process 0 failed while {what} (its output says why)")
     return result
 
 
