@@ -50,6 +50,9 @@ def get_config() -> ConfigDict:
     config.model.first_layer = "standard"  # standard | minimal (Wen et al.: (type, depth) only)
     config.model.minimal_embedding = "onehot"  # onehot | type_depth | yao (Wen et al. eq. 19-21)
     config.model.max_len = 0  # positions the model supports; 0 -> the longest data split
+    # bfloat16: bf16 matmuls and activations, f32 parameters, optimizer state, layer norms,
+    # softmax and loss (README "Speed" has its effect on the faithfulness numbers).
+    config.model.compute_dtype = "float32"
 
     # Optimizer and training loop.
     config.train = ConfigDict()

@@ -39,6 +39,10 @@ FIRST_LAYERS = ("standard", "minimal")
 # one-hot token ++ (cos theta_d, sin theta_d), theta_d = arctan(d / (D + 2 - d)).
 MINIMAL_EMBEDDINGS = ("onehot", "type_depth", "yao")
 EMBEDDINGS = ("learned", "onehot")  # onehot: frozen one-hot token embeddings
+# bfloat16: matmul operands and the activations between them in bf16 (f32 accumulation); the
+# residual stream, layer norms, attention scores and softmax, logits and loss stay in f32, and
+# parameters and optimizer state are f32 (mixed precision).
+COMPUTE_DTYPES = ("float32", "bfloat16")
 _BLOCK_SITES = (
     "resid_pre", "attn.q", "attn.k", "attn.v", "attn.scores", "attn.pattern", "attn.z",
     "attn.out", "resid_mid", "mlp.hidden", "mlp.out", "resid_post",
@@ -60,6 +64,7 @@ class ModelConfig:
     embedding: str = "learned"  # "onehot": frozen one-hot token embeddings (d_model >= vocab)
     first_layer: str = "standard"  # "minimal": block 0 outputs fixed features of (token, depth)
     minimal_embedding: str = "onehot"  # features of the minimal first layer (MINIMAL_EMBEDDINGS)
+    compute_dtype: str = "float32"  # COMPUTE_DTYPES
     # Set from the data (train.build): bracket token ids by type, the language's depth bound D
     # and the number of depth values with their own minimal-layer features (deeper ones clip).
     open_ids: tuple[int, ...] = ()
@@ -70,7 +75,8 @@ class ModelConfig:
     def __post_init__(self):
         for name, allowed in (("pos_encoding", POS_ENCODINGS), ("embedding", EMBEDDINGS),
                               ("first_layer", FIRST_LAYERS),
-                              ("minimal_embedding", MINIMAL_EMBEDDINGS)):
+                              ("minimal_embedding", MINIMAL_EMBEDDINGS),
+                              ("compute_dtype", COMPUTE_DTYPES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"model.{name}={getattr(self, name)!r}: expected one of "
                                  f"{allowed}")
@@ -133,6 +139,7 @@ class ModelConfig:
             embedding=model_cfg.get("embedding", "learned"),
             first_layer=model_cfg.get("first_layer", "standard"),
             minimal_embedding=model_cfg.get("minimal_embedding", "onehot"),
+            compute_dtype=model_cfg.get("compute_dtype", "float32"),
             **data,
             vocab_size=vocab_size,
             max_len=max_len,
@@ -323,11 +330,20 @@ def forward(
     cached: dict[str, jax.Array] = {}
 
     def site(name: str, value: jax.Array) -> jax.Array:
+        # Interventions and the cache see f32 values whatever the compute dtype (a no-op in f32).
+        dtype = value.dtype
         if intervention is not None:
-            value = intervention(name, value)
+            value = intervention(name, value.astype(jnp.float32)).astype(dtype)
         if name in cache:
-            cached[name] = value
+            cached[name] = value.astype(jnp.float32)
         return value
+
+    cdt = jnp.dtype(cfg.compute_dtype)
+
+    def mm(spec: str, x: jax.Array, w: jax.Array, out=cdt) -> jax.Array:
+        """einsum with operands in the compute dtype, f32 accumulation, result in `out`."""
+        return jnp.einsum(spec, x.astype(cdt), w.astype(cdt),
+                          preferred_element_type=jnp.float32).astype(out)
 
     seq_len = tokens.shape[-1]
     if seq_len > cfg.max_len:
@@ -348,25 +364,29 @@ def forward(
         x = site(f"{name}.resid_pre", x)
         a = block["attn"]
         h = _layer_norm(x, block["ln1"])
-        q = site(f"{name}.attn.q", jnp.einsum("btd,dhe->bthe", h, a["w_q"]) + a["b_q"])
-        k = site(f"{name}.attn.k", jnp.einsum("btd,dhe->bthe", h, a["w_k"]))
-        v = site(f"{name}.attn.v", jnp.einsum("btd,dhe->bthe", h, a["w_v"]) + a["b_v"])
-        scores = jnp.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(cfg.head_dim)
+        q = site(f"{name}.attn.q", mm("btd,dhe->bthe", h, a["w_q"]) + a["b_q"].astype(cdt))
+        k = site(f"{name}.attn.k", mm("btd,dhe->bthe", h, a["w_k"]))
+        v = site(f"{name}.attn.v", mm("btd,dhe->bthe", h, a["w_v"]) + a["b_v"].astype(cdt))
+        scores = mm("bqhe,bkhe->bhqk", q, k, jnp.float32) / math.sqrt(cfg.head_dim)
         scores = site(f"{name}.attn.scores", jnp.where(causal, scores, -jnp.inf))
         if i in cfg.uniform_attention_layers:
             pattern = jnp.broadcast_to(causal / causal.sum(-1, keepdims=True), scores.shape)
         else:
             pattern = jax.nn.softmax(scores, axis=-1)
         pattern = site(f"{name}.attn.pattern", pattern)
-        z = site(f"{name}.attn.z", jnp.einsum("bhqk,bkhe->bqhe", pattern, v))
-        attn_out = site(f"{name}.attn.out", jnp.einsum("bqhe,hed->bqd", z, a["w_o"]) + a["b_o"])
+        z = site(f"{name}.attn.z", mm("bhqk,bkhe->bqhe", pattern, v))
+        attn_out = site(f"{name}.attn.out", mm("bqhe,hed->bqd", z, a["w_o"])
+                        + a["b_o"].astype(cdt))
         x = site(f"{name}.resid_mid", x + attn_out)
         if not cfg.attn_only:
             m = block["mlp"]
             h = _layer_norm(x, block["ln2"])
-            hidden = site(f"{name}.mlp.hidden", jax.nn.gelu(h @ m["w_in"] + m["b_in"]))
-            x = x + site(f"{name}.mlp.out", hidden @ m["w_out"] + m["b_out"])
+            hidden = site(f"{name}.mlp.hidden",
+                          jax.nn.gelu(mm("...d,df->...f", h, m["w_in"]) + m["b_in"].astype(cdt)))
+            x = x + site(f"{name}.mlp.out", mm("...f,fd->...d", hidden, m["w_out"])
+                         + m["b_out"].astype(cdt))
         x = site(f"{name}.resid_post", x)
     x = site("ln_final", _layer_norm(x, params["ln_final"]))
-    logits = site("logits", x @ params["unembed"]["w"] + params["unembed"]["b"])
+    logits = site("logits", mm("...d,dv->...v", x, params["unembed"]["w"], jnp.float32)
+                  + params["unembed"]["b"])
     return logits, cached

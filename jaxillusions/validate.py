@@ -102,6 +102,8 @@ RULES: dict[str, tuple[tuple[str, Callable], Callable[[Any, Any], bool], str]] =
                                 f"one of {', '.join(model.MINIMAL_EMBEDDINGS)}"),
     "model.max_len": (INT, _nonneg, ">= 0 (0: the longest data split)"),
     "model.attn_only": (BOOL, _any, "true or false"),
+    "model.compute_dtype": (STR, lambda v, c: v in model.COMPUTE_DTYPES,
+                            f"one of {', '.join(model.COMPUTE_DTYPES)}"),
     "model.uniform_attention_layers": (
         INTS, lambda v, c: all(0 <= i < c.model.n_layers for i in v),
         "layer indices in [0, model.n_layers)"),

@@ -100,3 +100,33 @@ def test_position_offset_shifts_positions(pos):
             np.testing.assert_allclose(shifted[i], full[0], atol=1e-5)
     plain, _ = model_lib.forward(params, tokens, cfg)
     np.testing.assert_array_equal(plain[0], shifted[0])
+
+
+def test_bfloat16_compute_dtype_is_mixed_precision():
+    cfg32, params, tokens = _setup(n_heads=2)
+    cfg16 = model_lib.ModelConfig(**{**cfg32.__dict__, "compute_dtype": "bfloat16"})
+    seen = {}
+
+    def record(name, x):
+        seen[name] = x.dtype
+        return x
+
+    logits32, _ = model_lib.forward(params, tokens, cfg32)
+    logits16, cache = model_lib.forward(params, tokens, cfg16, intervention=record,
+                                        cache=("blocks.0.mlp.hidden",))
+    # Logits and loss-side values stay f32; interventions and the cache see f32 at every site.
+    assert logits16.dtype == jnp.float32
+    assert set(seen) == set(model_lib.site_names(cfg16))
+    assert set(seen.values()) == {jnp.dtype(jnp.float32)}
+    assert cache["blocks.0.mlp.hidden"].dtype == jnp.float32
+    # bf16 rounding (8 mantissa bits) changes the logits a little, not a lot; f32 is untouched.
+    diff = np.abs(np.asarray(logits16) - np.asarray(logits32))
+    assert 0 < diff.max() < 0.05 * np.abs(np.asarray(logits32)).max()
+
+    def loss(p, cfg):
+        return model_lib.forward(p, tokens, cfg)[0].sum()
+
+    grads = jax.grad(loss)(params, cfg16)  # parameters (and so optimizer state) stay f32
+    assert {g.dtype for g in jax.tree.leaves(grads)} == {jnp.dtype(jnp.float32)}
+    with pytest.raises(ValueError, match="compute_dtype='float16'"):
+        model_lib.ModelConfig(vocab_size=11, max_len=12, compute_dtype="float16")

@@ -14,14 +14,11 @@ import importlib
 import pkgutil
 import types
 
-# Modules of this package that are not proxies.
-_NOT_PROXIES = frozenset({"bench"})
-
 
 def available() -> tuple[str, ...]:
     """Names of the proxy modules in this package, sorted."""
     names = (m.name for m in pkgutil.iter_modules(__path__))
-    return tuple(sorted(n for n in names if not n.startswith("_") and n not in _NOT_PROXIES))
+    return tuple(sorted(n for n in names if not n.startswith("_")))
 
 
 def get(name: str) -> types.ModuleType:

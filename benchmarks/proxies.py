@@ -1,11 +1,13 @@
-"""Benchmarks of the batched proxy fits (wired into `python -m launch.benchmark`).
+"""Benchmarks of the proxies (wired into `python -m launch.benchmark`).
 
 Times are the best of `repeats` interleaved runs (the machine may be shared), compilation
 excluded (every jitted function is warmed up first), results waited for with block_until_ready.
+k-means against scikit-learn needs the `bench` extra.
 """
 
 import functools
 import time
+import types
 from collections.abc import Callable
 
 import jax
@@ -175,3 +177,46 @@ def bench_rank_sweep(
             jnp.maximum(jnp.abs(batched_err - loop_err).max(), jnp.abs(seq_err - loop_err).max())
         ),
     }
+
+
+def bench_fit_and_evaluate(config, num_seeds: int, repeats: int = 3,
+                           fit_sentences: int = 4096) -> dict:
+    """Throughput of the proxy pipeline (faithfulness.collect + fit, then evaluate) for an SVD
+    proxy of the last layer's keys at the config's ranks (default 1, 2, 4, ... d_head), all
+    seeds and ranks in one call each (what the sweep does), on the `iid` split; in seeds x ranks
+    per second. The models are untrained (throughput does not depend on the weights); the fit
+    streams the first `fit_sentences` training sentences (the sweep streams all of them)."""
+    from jaxillusions import faithfulness, tasks, train  # noqa: PLC0415
+
+    splits, model_cfg, tx = train.build(config)
+    params = train.init_state(np.arange(num_seeds), model_cfg, tx).params
+    site = faithfulness.resolve_site("blocks.-1.attn.k", model_cfg)
+    (spec,) = [s for s in faithfulness.specs_from_config(config.proxies, model_cfg)
+               if s.method == "svd" and s.sites == (site,)] or [faithfulness.ProxySpec(
+                   "svd", (site,), faithfulness._powers_of_two_up_to(model_cfg.head_dim))]
+    ranks = spec.sizes
+    eval_set = faithfulness.make_eval_set(splits, ["iid"], tasks.get(config))
+    pc = config.proxies
+    train_part = types.SimpleNamespace(tokens=splits["train"].tokens[:fit_sentences])
+
+    def fit():
+        stats = faithfulness.collect(params, train_part, model_cfg, [spec], num_samples=0,
+                                     batch_size=pc.collect_batch_size)
+        return faithfulness.fit([spec], stats, jax.random.PRNGKey(0), num_seeds)
+
+    (fitted,) = fit()  # compile
+
+    def evaluate():
+        return faithfulness.evaluate(params, model_cfg, eval_set, [fitted],
+                                     batch_size=pc.eval_batch_size,
+                                     seeds=list(range(num_seeds)))
+
+    evaluate()  # compile
+    times = _times({"fit": lambda: fit()[0].params, "evaluate": evaluate}, repeats)
+    fit_s, eval_s = min(times["fit"]), min(times["evaluate"])
+    work = num_seeds * len(ranks)
+    return {"num_seeds": num_seeds, "ranks": len(ranks), "site": site,
+            "fit_sentences": int(len(train_part.tokens)), "rank_list": list(ranks),
+            "eval_sentences": int(len(eval_set.tokens)),
+            "fit_s": fit_s, "evaluate_s": eval_s,
+            "fit_seed_ranks_per_s": work / fit_s, "evaluate_seed_ranks_per_s": work / eval_s}

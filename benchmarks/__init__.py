@@ -1,0 +1,1 @@
+"""Benchmark helpers for `python -m launch.benchmark` (not part of the library)."""

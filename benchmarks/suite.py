@@ -1,0 +1,108 @@
+"""The whole benchmark: training throughput and MFU per seed count, the sweep against JAX and
+PyTorch per-seed loops, proxy fitting and evaluation throughput, peak memory. Prints a table as
+it goes and returns everything as a JSON-ready dict."""
+
+from __future__ import annotations
+
+import os
+import platform
+import runpy
+import time
+
+import jax
+
+from benchmarks import proxies, reference, training
+from jaxillusions import train
+
+
+def load_config(path: str | None, compute_dtype: str | None = None):
+    """The reference model (benchmarks/reference.py), or the config file at `path`."""
+    config = reference.get_config() if path is None else runpy.run_path(path)["get_config"]()
+    if compute_dtype is not None:
+        config.model.compute_dtype = compute_dtype
+    return config
+
+
+def _torch_status(config) -> tuple[bool, str]:
+    try:
+        from benchmarks import torch_loop  # noqa: PLC0415
+    except ImportError:
+        return False, "torch not installed (pip install -e '.[bench]')"
+    objective = train.objective_from_config(config)
+    if objective.loss_on != "all" or objective.contrastive:
+        return False, "the PyTorch baseline implements the plain next-token objective only"
+    import torch  # noqa: PLC0415
+
+    return True, f"torch {torch.__version__}, {torch_loop.threads()} threads"
+
+
+def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
+        proxy_seeds: int, with_torch: bool = True, with_kmeans: bool = True,
+        peak_n: int | None = None, say=print) -> dict:
+    start = time.perf_counter()
+    splits, model_cfg, tx = train.build(config)
+    seq = splits["train"].tokens.shape[1] - 1
+    torch_ok, torch_note = _torch_status(config) if with_torch else (False, "skipped")
+    peak = training.peak_flops(peak_n)
+    report = {
+        "platform": platform.platform(), "processor": platform.processor(),
+        "cpu_count": os.cpu_count(), "backend": jax.default_backend(),
+        "device": str(jax.devices()[0].device_kind), "device_count": jax.device_count(),
+        "jax": jax.__version__, "torch": torch_note,
+        "model": {k: getattr(model_cfg, k) for k in ("n_layers", "n_heads", "d_model",
+                                                      "d_mlp", "vocab_size", "compute_dtype")},
+        "batch": [config.train.batch_size, seq], "peak_matmul": peak,
+    }
+    say(f"jax {jax.__version__}, {jax.device_count()} x {report['device']} "
+        f"({jax.default_backend()}); PyTorch: {torch_note}")
+    say(f"model: {model_cfg.n_layers} layers, d_model {model_cfg.d_model}, {model_cfg.n_heads} "
+        f"head(s), MLP {model_cfg.d_mlp}, vocabulary {model_cfg.vocab_size}, "
+        f"{model_cfg.compute_dtype}; batch {config.train.batch_size} x {seq} tokens; "
+        f"{steps} steps per call, best of {repeats}")
+    say(f"peak: {peak['n']}x{peak['n']} f32 matmul at {peak['flops_per_s'] / 1e9:.0f} GFLOP/s")
+    say("\nTraining (seed-steps/s, higher is better; ratios: sweep time over loop time):")
+    say(f"{'seeds':>5} | {'sweep':>7} | {'JAX loop':>8} | {'PyTorch loop':>12} | "
+        f"{'sweep/JAX':>9} | {'sweep/PyTorch':>13} | {'MFU':>6}")
+    rows = []
+    for n in seed_counts:
+        row = training.training_row(config, splits, model_cfg, tx, n, steps=steps,
+                                    repeats=repeats, peak=peak["flops_per_s"],
+                                    loop=n <= loop_max_seeds,
+                                    torch_loop=torch_ok and n <= loop_max_seeds)
+        rows.append(row)
+
+        def fmt(key, spec=".0f", row=row):
+            return format(row[key], spec) if key in row else "-"
+
+        say(f"{n:>5} | {fmt('sweep_seed_steps_per_s'):>7} | {fmt('jax_loop_seed_steps_per_s'):>8}"
+            f" | {fmt('torch_loop_seed_steps_per_s'):>12} | {fmt('sweep_over_jax_loop', '.2f'):>9}"
+            f" | {fmt('sweep_over_torch_loop', '.2f'):>13} | {row['sweep_mfu']:>6.1%}", flush=True)
+    report["training"] = rows
+    xla = rows[0]["xla_flops_per_seed_step"]
+    say(f"model FLOPs per seed-step: {rows[0]['model_flops_per_seed_step'] / 1e9:.3f} G counted "
+        f"(matmuls x 3); XLA cost analysis: "
+        + ("n/a" if xla is None else f"{xla / 1e9:.3f} G (all ops)"))
+
+    say("\nProxies:", flush=True)
+    pf = proxies.bench_fit_and_evaluate(config, proxy_seeds, repeats)
+    report["proxy_fit_and_evaluate"] = pf
+    say(f"  SVD of {pf['site']}, ranks {pf['rank_list']}, {pf['num_seeds']} seeds: fit "
+        f"{pf['fit_s']:.2f} s ({pf['fit_seed_ranks_per_s']:.0f} seed-ranks/s, "
+        f"{pf['fit_sentences']} training sentences), evaluate {pf['evaluate_s']:.2f} s "
+        f"({pf['evaluate_seed_ranks_per_s']:.0f} seed-ranks/s, {pf['eval_sentences']} sentences)")
+    if with_kmeans:
+        try:
+            km = proxies.bench_kmeans(repeats=repeats)
+        except ImportError as e:
+            say(f"  k-means vs scikit-learn: skipped ({e})")
+        else:
+            report["kmeans"] = km
+            say(f"  k-means, {km['num_seeds']} seeds x k in {km['sizes']}, {km['num_points']} "
+                f"points, {km['num_iters']} iterations: batched JAX {km['jax_batched_s']:.2f} s"
+                f" vs scikit-learn loop {km['sklearn_loop_s']:.2f} s ({km['speedup']:.1f}x)")
+    report["peak_memory"] = training.peak_memory_bytes()
+    report["seconds"] = time.perf_counter() - start
+    say(f"\npeak memory ({report['peak_memory']['kind']}): "
+        f"{report['peak_memory']['bytes'] / 2**20:.0f} MiB; benchmark took "
+        f"{report['seconds']:.0f} s")
+    return report

@@ -1,0 +1,103 @@
+"""Training throughput, model FLOP utilization and memory (`python -m launch.benchmark`).
+
+Every timing is the best of `repeats` calls, the contenders interleaved so that they share the
+machine's background load; compilation is excluded (each jitted function runs once first).
+"""
+
+from __future__ import annotations
+
+import functools
+import resource
+import sys
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks import reference
+from jaxillusions import train
+
+
+def best_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Best seconds per call of each fn, repeats interleaved (same background load for all)."""
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            jax.block_until_ready(fn())
+            times[name].append(time.perf_counter() - start)
+    return {name: min(t) for name, t in times.items()}
+
+
+def peak_flops(n: int | None = None, repeats: int = 5) -> dict:
+    """The device's f32 matmul throughput: a large [n, n] @ [n, n] product, best of `repeats`
+    (n: 2048 on CPU, 8192 on accelerators). The denominator of the model FLOP utilization."""
+    n = n or (2048 if jax.default_backend() == "cpu" else 8192)
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+    matmul = jax.jit(lambda x: x @ x)
+    jax.block_until_ready(matmul(a))
+    seconds = best_times({"matmul": lambda: matmul(a)}, repeats)["matmul"]
+    return {"n": n, "flops_per_s": 2 * n**3 / seconds}
+
+
+def xla_step_flops(state, tokens, run: dict) -> float | None:
+    """FLOPs of one training step of all seeds in `state`, from XLA's cost analysis of a
+    one-step train_steps (None where the backend gives none)."""
+    compiled = train.train_steps.lower(state, tokens, num_steps=1, **run).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list | tuple) else cost
+    return float(cost["flops"]) if cost and "flops" in cost else None
+
+
+def peak_memory_bytes() -> dict:
+    """Peak device memory (device.memory_stats) where the backend reports it, else this
+    process's max resident set size (what a CPU run uses)."""
+    stats = jax.devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        return {"kind": "device peak_bytes_in_use", "bytes": int(stats["peak_bytes_in_use"])}
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return {"kind": "process max RSS", "bytes": int(rss * (1 if sys.platform == "darwin"
+                                                          else 1024))}
+
+
+def training_row(config, splits, model_cfg, tx, num_seeds: int, *, steps: int, repeats: int,
+                 peak: float, loop: bool = True, torch_loop: bool = True) -> dict:
+    """Seed-steps/s of the sweep (train.train_steps over all seeds), of a JAX loop over seeds
+    (the same jitted train_steps, one seed per call) and of a PyTorch loop over seeds of the
+    same model (when torch is installed), measured side by side; and the sweep's MFU."""
+    tokens = jnp.asarray(splits["train"].tokens)
+    objective = train.objective_from_config(config)
+    run = dict(model_cfg=model_cfg, tx=tx, batch_size=config.train.batch_size,
+               objective=objective)
+    state = train.init_state(np.arange(num_seeds), model_cfg, tx)
+    fns = {"sweep": lambda: train.train_steps(
+        jax.tree.map(jnp.copy, state), tokens, num_steps=steps, **run)[1]}  # donated: copy
+    if loop:
+        singles = [jax.tree.map(lambda x, i=i: x[i:i + 1], state) for i in range(num_seeds)]
+        fns["jax_loop"] = lambda: [train.train_steps(jax.tree.map(jnp.copy, s), tokens,
+                                                     num_steps=steps, **run)[1]
+                                   for s in singles]
+    if torch_loop:
+        from benchmarks import torch_loop as torch_lib  # noqa: PLC0415 - optional
+
+        fns["torch_loop"] = functools.partial(
+            torch_lib.train_seeds, num_seeds, splits["train"].tokens, model_cfg, config.train,
+            steps, objective)
+    for fn in fns.values():
+        jax.block_until_ready(fn())  # compile (and warm up torch)
+    seconds = best_times(fns, repeats)
+    flops = reference.train_flops(model_cfg, config.train.batch_size,
+                                  splits["train"].tokens.shape[1] - 1)
+    xla = xla_step_flops(state, tokens, run)
+    row = {"num_seeds": num_seeds, "steps_per_call": steps,
+           "model_flops_per_seed_step": flops,
+           "xla_flops_per_seed_step": None if xla is None else xla / num_seeds}
+    for name, s in seconds.items():
+        row[f"{name}_seed_steps_per_s"] = num_seeds * steps / s
+    row["sweep_mfu"] = row["sweep_seed_steps_per_s"] * flops / peak
+    for name in ("jax_loop", "torch_loop"):
+        if name in seconds:
+            row[f"sweep_over_{name}"] = seconds[name] / seconds["sweep"]
+    return row

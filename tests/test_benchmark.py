@@ -1,0 +1,71 @@
+"""The benchmark runs end to end on a tiny config (no timing asserts), its FLOP count agrees with
+XLA's, and its PyTorch baseline is the same model as jaxillusions.model."""
+
+import jax
+import numpy as np
+import pytest
+
+from benchmarks import reference, suite
+from jaxillusions import model as model_lib
+from jaxillusions import train, validate
+
+
+def test_benchmark_smoke(config):
+    report = suite.run(config, seed_counts=[2], steps=2, repeats=1, loop_max_seeds=2,
+                       proxy_seeds=2, with_torch=True, with_kmeans=False, peak_n=256,
+                       say=lambda *a, **k: None)
+    rows = report["training"]
+    assert [r["num_seeds"] for r in rows] == [2]
+    assert ("torch_loop_seed_steps_per_s" in rows[0]) == report["torch"].startswith("torch ")
+    for row in rows:
+        assert row["sweep_seed_steps_per_s"] > 0 and row["jax_loop_seed_steps_per_s"] > 0
+        assert 0 < row["sweep_mfu"] < 1
+        # Counted matmul FLOPs vs XLA's count of every op of the compiled step (the rest is
+        # elementwise work and the optimizer): same order of magnitude, XLA's larger.
+        assert row["model_flops_per_seed_step"] < row["xla_flops_per_seed_step"]
+        assert row["xla_flops_per_seed_step"] < 3 * row["model_flops_per_seed_step"]
+    pf = report["proxy_fit_and_evaluate"]
+    assert pf["num_seeds"] == 2 and pf["fit_seed_ranks_per_s"] > 0
+    assert report["peak_memory"]["bytes"] > 0
+    assert report["peak_matmul"]["flops_per_s"] > 0
+
+
+def test_reference_flops_match_xla_for_the_reference_model():
+    cfg = model_lib.ModelConfig(vocab_size=43, max_len=64, d_model=64, d_mlp=256)
+    flops = reference.train_flops(cfg, batch=32, seq=64)
+    assert flops == pytest.approx(1.443e9, rel=1e-3)  # matmuls: 3 x 481 MFLOP forward
+
+    def loss(p, tokens):
+        return model_lib.forward(p, tokens, cfg)[0].sum()
+
+    params = model_lib.init_params(jax.random.PRNGKey(0), cfg)
+    tokens = np.zeros((32, 64), np.int32)
+    cost = jax.jit(jax.value_and_grad(loss)).lower(params, tokens).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list | tuple) else cost
+    assert flops <= cost["flops"] < 1.2 * flops  # the matmuls are nearly all of XLA's count
+
+
+def test_torch_baseline_is_the_same_model():
+    torch = pytest.importorskip("torch")
+    from benchmarks import torch_loop
+
+    cfg = model_lib.ModelConfig(vocab_size=11, max_len=12, d_model=16, d_mlp=32, n_heads=2)
+    params = model_lib.init_params(jax.random.PRNGKey(0), cfg)
+    params = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(jax.random.PRNGKey(1), x.shape),
+                          params)  # nonzero biases and layer-norm parameters too
+    tokens = np.asarray(jax.random.randint(jax.random.PRNGKey(2), (3, 10), 0, 11))
+    logits, _ = model_lib.forward(params, tokens, cfg)
+    model = torch_loop.load_jax_params(torch_loop.Transformer(cfg), params)
+    with torch.no_grad():
+        theirs = model(torch.from_numpy(tokens.astype(np.int64))).numpy()
+    np.testing.assert_allclose(theirs, np.asarray(logits), atol=2e-5, rtol=2e-5)
+
+
+def test_compute_dtype_is_a_validated_training_key(config):
+    assert not validate.is_analysis_key("model.compute_dtype")
+    config.model.compute_dtype = "float16"
+    with pytest.raises(ValueError, match="model.compute_dtype"):
+        validate.validate(config)
+    config.model.compute_dtype = "bfloat16"
+    validate.validate(config)
+    assert train.model_config(config).compute_dtype == "bfloat16"
