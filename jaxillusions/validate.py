@@ -39,7 +39,7 @@ ANALYSIS_KEYS = (
 
 # Values of keys that a config may leave out (read with config.get): a workdir whose config.json
 # predates such a key matches a config that sets it to this value.
-DEFAULTS = {"train.seed_chunk_size": 0}
+DEFAULTS = {"train.seed_chunk_size": 0, "model.compute_dtype": "float32"}
 
 
 def is_analysis_key(key: str) -> bool:

@@ -63,6 +63,7 @@ def test_torch_baseline_is_the_same_model():
 
 def test_compute_dtype_is_a_validated_training_key(config):
     assert not validate.is_analysis_key("model.compute_dtype")
+    assert validate.DEFAULTS["model.compute_dtype"] == "float32"  # workdirs from before the key
     config.model.compute_dtype = "float16"
     with pytest.raises(ValueError, match="model.compute_dtype"):
         validate.validate(config)
