@@ -38,7 +38,7 @@ def _torch_status(config) -> tuple[bool, str]:
 
 def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
         proxy_seeds: int, with_torch: bool = True, with_kmeans: bool = True,
-        peak_n: int | None = None, say=print) -> dict:
+        bfloat16: bool = False, peak_n: int | None = None, say=print) -> dict:
     start = time.perf_counter()
     splits, model_cfg, tx = train.build(config)
     seq = splits["train"].tokens.shape[1] - 1
@@ -60,15 +60,16 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
         f"{model_cfg.compute_dtype}; batch {config.train.batch_size} x {seq} tokens; "
         f"{steps} steps per call, best of {repeats}")
     say(f"peak: {peak['n']}x{peak['n']} f32 matmul at {peak['flops_per_s'] / 1e9:.0f} GFLOP/s")
-    say("\nTraining (seed-steps/s, higher is better; ratios: sweep time over loop time):")
+    say("\nTraining (seed-steps/s, higher is better; ratios: loop time over sweep time):")
     say(f"{'seeds':>5} | {'sweep':>7} | {'JAX loop':>8} | {'PyTorch loop':>12} | "
-        f"{'sweep/JAX':>9} | {'sweep/PyTorch':>13} | {'MFU':>6}")
+        f"{'sweep/JAX':>9} | {'sweep/PyTorch':>13} | {'MFU':>6} | {'bf16 sweep':>10}")
     rows = []
     for n in seed_counts:
         row = training.training_row(config, splits, model_cfg, tx, n, steps=steps,
                                     repeats=repeats, peak=peak["flops_per_s"],
                                     loop=n <= loop_max_seeds,
-                                    torch_loop=torch_ok and n <= loop_max_seeds)
+                                    torch_loop=torch_ok and n <= loop_max_seeds,
+                                    bfloat16=bfloat16)
         rows.append(row)
 
         def fmt(key, spec=".0f", row=row):
@@ -76,7 +77,8 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
 
         say(f"{n:>5} | {fmt('sweep_seed_steps_per_s'):>7} | {fmt('jax_loop_seed_steps_per_s'):>8}"
             f" | {fmt('torch_loop_seed_steps_per_s'):>12} | {fmt('sweep_over_jax_loop', '.2f'):>9}"
-            f" | {fmt('sweep_over_torch_loop', '.2f'):>13} | {row['sweep_mfu']:>6.1%}", flush=True)
+            f" | {fmt('sweep_over_torch_loop', '.2f'):>13} | {row['sweep_mfu']:>6.1%}"
+            f" | {fmt('sweep_bf16_seed_steps_per_s'):>10}", flush=True)
     report["training"] = rows
     xla = rows[0]["xla_flops_per_seed_step"]
     say(f"model FLOPs per seed-step: {rows[0]['model_flops_per_seed_step'] / 1e9:.3f} G counted "

@@ -6,6 +6,7 @@ machine's background load; compilation is excluded (each jitted function runs on
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import resource
 import sys
@@ -63,10 +64,12 @@ def peak_memory_bytes() -> dict:
 
 
 def training_row(config, splits, model_cfg, tx, num_seeds: int, *, steps: int, repeats: int,
-                 peak: float, loop: bool = True, torch_loop: bool = True) -> dict:
+                 peak: float, loop: bool = True, torch_loop: bool = True,
+                 bfloat16: bool = False) -> dict:
     """Seed-steps/s of the sweep (train.train_steps over all seeds), of a JAX loop over seeds
-    (the same jitted train_steps, one seed per call) and of a PyTorch loop over seeds of the
-    same model (when torch is installed), measured side by side; and the sweep's MFU."""
+    (the same jitted train_steps, one seed per call), of a PyTorch loop over seeds of the same
+    model (when torch is installed) and of the sweep with model.compute_dtype="bfloat16" (if
+    `bfloat16`), measured side by side; and the sweep's MFU."""
     tokens = jnp.asarray(splits["train"].tokens)
     objective = train.objective_from_config(config)
     run = dict(model_cfg=model_cfg, tx=tx, batch_size=config.train.batch_size,
@@ -74,6 +77,10 @@ def training_row(config, splits, model_cfg, tx, num_seeds: int, *, steps: int, r
     state = train.init_state(np.arange(num_seeds), model_cfg, tx)
     fns = {"sweep": lambda: train.train_steps(
         jax.tree.map(jnp.copy, state), tokens, num_steps=steps, **run)[1]}  # donated: copy
+    if bfloat16:
+        bf16_run = {**run, "model_cfg": dataclasses.replace(model_cfg, compute_dtype="bfloat16")}
+        fns["sweep_bf16"] = lambda: train.train_steps(
+            jax.tree.map(jnp.copy, state), tokens, num_steps=steps, **bf16_run)[1]
     if loop:
         singles = [jax.tree.map(lambda x, i=i: x[i:i + 1], state) for i in range(num_seeds)]
         fns["jax_loop"] = lambda: [train.train_steps(jax.tree.map(jnp.copy, s), tokens,
@@ -97,7 +104,9 @@ def training_row(config, splits, model_cfg, tx, num_seeds: int, *, steps: int, r
     for name, s in seconds.items():
         row[f"{name}_seed_steps_per_s"] = num_seeds * steps / s
     row["sweep_mfu"] = row["sweep_seed_steps_per_s"] * flops / peak
-    for name in ("jax_loop", "torch_loop"):
+    for name in ("jax_loop", "torch_loop"):  # speed-ups of the sweep
         if name in seconds:
             row[f"sweep_over_{name}"] = seconds[name] / seconds["sweep"]
+    if "sweep_bf16" in seconds:  # speed-up of bf16 over f32
+        row["bf16_over_f32"] = seconds["sweep"] / seconds["sweep_bf16"]
     return row

@@ -32,6 +32,8 @@ def main() -> None:
     parser.add_argument("--loop_max_seeds", type=int, default=32,
                         help="time the per-seed loops only up to this many seeds")
     parser.add_argument("--proxy_seeds", type=int, default=8, help="seeds of the proxy benchmark")
+    parser.add_argument("--bfloat16", action="store_true",
+                        help="also time the sweep with model.compute_dtype=bfloat16")
     parser.add_argument("--no_torch", action="store_true", help="skip the PyTorch loop")
     parser.add_argument("--no_kmeans", action="store_true", help="skip k-means vs scikit-learn")
     parser.add_argument("--out", default="runs/benchmark.json", help="JSON output path")
@@ -40,7 +42,8 @@ def main() -> None:
     report = suite.run(config, seed_counts=[int(s) for s in args.seeds.split(",")],
                        steps=args.steps, repeats=args.repeats,
                        loop_max_seeds=args.loop_max_seeds, proxy_seeds=args.proxy_seeds,
-                       with_torch=not args.no_torch, with_kmeans=not args.no_kmeans)
+                       with_torch=not args.no_torch, with_kmeans=not args.no_kmeans,
+                       bfloat16=args.bfloat16)
     report["args"] = vars(args)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

@@ -12,13 +12,14 @@ from jaxillusions import train, validate
 
 def test_benchmark_smoke(config):
     report = suite.run(config, seed_counts=[2], steps=2, repeats=1, loop_max_seeds=2,
-                       proxy_seeds=2, with_torch=True, with_kmeans=False, peak_n=256,
+                       proxy_seeds=2, with_torch=True, with_kmeans=False, bfloat16=True, peak_n=256,
                        say=lambda *a, **k: None)
     rows = report["training"]
     assert [r["num_seeds"] for r in rows] == [2]
     assert ("torch_loop_seed_steps_per_s" in rows[0]) == report["torch"].startswith("torch ")
     for row in rows:
         assert row["sweep_seed_steps_per_s"] > 0 and row["jax_loop_seed_steps_per_s"] > 0
+        assert row["sweep_bf16_seed_steps_per_s"] > 0
         assert 0 < row["sweep_mfu"] < 1
         # Counted matmul FLOPs vs XLA's count of every op of the compiled step (the rest is
         # elementwise work and the optimizer): same order of magnitude, XLA's larger.

@@ -1,0 +1,97 @@
+"""Where the training step's time goes, from a jax.profiler trace of train.train_steps:
+
+    python -m benchmarks.profile --seeds=8          # the reference model (benchmarks/reference.py)
+
+Each XLA thunk of the compiled step is timed by the profiler; thunks are grouped by what their
+fused computation does: matmul (contains a dot), transpose/copy, reduction, or elementwise, and
+by the JAX operation they come from (forward, backward). Per-thunk times are summed over the
+threads that ran them, so shares are of the summed thunk time, not of wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import re
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks import suite
+from jaxillusions import train
+
+
+def _fusion_kinds(hlo: str) -> dict[str, tuple[str, str]]:
+    """{instruction name: (kind, jax op name)} for every instruction of the compiled module."""
+    computations, current = {}, None
+    for line in hlo.splitlines():
+        header = re.match(r"^(?:ENTRY )?%([\w.\-]+) .*\{$", line)
+        if header:
+            current = computations.setdefault(header.group(1), [])
+        elif current is not None:
+            current.append(line)
+    kinds = {}
+    for line in hlo.splitlines():
+        m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = \S+ (\w[\w-]*)\(", line)
+        if not m:
+            continue
+        name, op = m.groups()
+        called = re.search(r"calls=%([\w.\-]+)", line)
+        body = "\n".join(computations.get(called.group(1), [])) if called else line
+        if " dot(" in body or " convolution(" in body:
+            kind = "matmul"
+        elif " reduce(" in body:
+            kind = "reduction"
+        elif name.startswith(("copy", "transpose")) or op in ("copy", "transpose"):
+            kind = "transpose/copy"
+        else:
+            kind = "elementwise"
+        source = re.search(r'op_name="([^"]+)"', line)
+        phase = "backward" if source and "transpose(" in source.group(1) else "forward/other"
+        kinds[name] = (kind, phase)
+    return kinds
+
+
+def profile(config, num_seeds: int, steps: int = 10) -> dict:
+    splits, model_cfg, tx = train.build(config)
+    tokens = jnp.asarray(splits["train"].tokens)
+    run = dict(num_steps=steps, model_cfg=model_cfg, tx=tx, batch_size=config.train.batch_size,
+               objective=train.objective_from_config(config))
+    state = train.init_state(np.arange(num_seeds), model_cfg, tx)
+    hlo = train.train_steps.lower(state, tokens, **run).compile().as_text()
+    jax.block_until_ready(train.train_steps(jax.tree.map(jnp.copy, state), tokens, **run))
+    with tempfile.TemporaryDirectory() as logdir:
+        with jax.profiler.trace(logdir, create_perfetto_trace=True):
+            jax.block_until_ready(train.train_steps(state, tokens, **run))
+        (path,) = glob.glob(f"{logdir}/**/*.trace.json.gz", recursive=True)
+        with gzip.open(path) as f:
+            events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    kinds = _fusion_kinds(hlo)
+    total = collections.Counter()
+    for e in events:
+        if e["name"] in kinds:
+            total[kinds[e["name"]]] += e["dur"]
+    summed = sum(total.values())
+    return {"num_seeds": num_seeds, "steps": steps, "thunk_ms_per_step": summed / 1e3 / steps,
+            "shares": {f"{k} ({p})": v / summed for (k, p), v in total.most_common()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default=None)
+    parser.add_argument("--seeds", type=int, default=8)
+    args = parser.parse_args()
+    out = profile(suite.load_config(args.config), args.seeds)
+    print(f"{out['num_seeds']} seeds: {out['thunk_ms_per_step']:.1f} ms of thunk time per step "
+          "(summed over threads)")
+    for name, share in out["shares"].items():
+        print(f"  {share:6.1%}  {name}")
+
+
+if __name__ == "__main__":
+    main()
