@@ -13,7 +13,8 @@ training (4 seeds x 1500 steps, ~4.4 steps/s), then fitting, evaluation on 4 spl
 functions, 8 proxy families) and the reports. Next-character accuracy on `iid` 0.626 ± 0.019
 (mean ± 95% CI over the 4 seeds; loss 1.44 nats) against 0.151 for the most frequent training
 character (unigram cross-entropy 3.29 nats); longer 0.533, deeper 0.547, other_language 0.312.
-The README's "Code completion" section reads the per-category gaps. Override any key on the
+A rerun (data cached) wrote byte-identical results.csv and tables. The README's "Code
+completion" section reads the per-category gaps. Override any key on the
 command line, e.g. `--config.train.num_seeds=8 --config.data.source=/path/to/*.jsonl.gz`.
 """
 
