@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="1,8,32", help="seed counts, comma-separated")
     parser.add_argument("--steps", type=int, default=20, help="training steps per timed call")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls (best is kept)")
-    parser.add_argument("--loop_max_seeds", type=int, default=32,
+    parser.add_argument("--loop_max_seeds", type=int, default=8,
                         help="time the per-seed loops only up to this many seeds")
     parser.add_argument("--proxy_seeds", type=int, default=8, help="seeds of the proxy benchmark")
     parser.add_argument("--bfloat16", action="store_true",
