@@ -82,6 +82,23 @@ def _interval_cell(row: dict, value: str, digits: int) -> str:
             f"{mark}{row['seeds_positive']:>3}/{row['n_seeds']:<3}")
 
 
+def _cell_width(digits: int) -> int:
+    """Width of a gap cell: the mean and its interval, e.g. '+0.012 [+0.004, +0.020]*'."""
+    return 2 * (digits + 2) + 4 + (digits + 3) + 8
+
+
+def _gap_cells(gap_rows: Sequence[dict | None], digits: int) -> tuple[list[str], float | None]:
+    """One cell per OOD split ('-' where it has no row) and the baseline mean they share."""
+    cells, base = [], None
+    for row in gap_rows:
+        if row is None:
+            cells.append(f"  {'-':<{_cell_width(digits)}}")
+            continue
+        base = row["baseline_mean"]
+        cells.append(f"  {_interval_cell(row, 'gap', digits):<{_cell_width(digits)}}")
+    return cells, base
+
+
 def _label(method: str, size: int) -> str:
     return "-" if method.endswith("attention") else str(size)
 
@@ -95,19 +112,13 @@ def gap_table(gap_rows: Sequence[dict], splits: Sequence[str], metric: str = "sa
     by_key = {(r["site"], r["method"], r["size"], r["split"]): r for r in gap_rows
               if r["metric"] == metric and r["baseline"] == baseline}
     keys = sorted({k[:3] for k in by_key}, key=lambda k: (k[1], k[0], k[2]))
-    width = 2 * (digits + 2) + 4 + (digits + 3) + 8
+    width = _cell_width(digits)
     header = (f"{'method':<18} {'site':<34} {'size':>4}  {baseline + ' ' + metric:>18}"
               + "".join(f"  {'gap ' + s:<{width}}" for s in splits))
     lines = [header, "-" * len(header)]
     for site, method, size in keys:
-        cells, base_mean = [], None
-        for split in splits:
-            row = by_key.get((site, method, size, split))
-            if row is None:
-                cells.append(f"  {'-':<{width}}")
-                continue
-            base_mean = row["baseline_mean"]
-            cells.append(f"  {_interval_cell(row, 'gap', digits):<{width}}")
+        cells, base_mean = _gap_cells(
+            [by_key.get((site, method, size, split)) for split in splits], digits)
         if base_mean is not None:
             lines.append(f"{method:<18} {site:<34} {_label(method, size):>4}  "
                          f"{base_mean:>18.{digits}f}" + "".join(cells))
@@ -147,7 +158,7 @@ def bin_gap_table(gap_rows: Sequence[dict], splits: Sequence[str], metric: str =
     """Text table of `bin_gaps` rows: per proxy family (at its middle size) one line per bin,
     the baseline's mean and per OOD split the paired gap with its interval (as gap_table)."""
     digits = 3 if metric == "same_pred" else 4
-    width = 2 * (digits + 2) + 4 + (digits + 3) + 8
+    width = _cell_width(digits)
     rows = [g for g in gap_rows if g["metric"] == metric]
     by_key = {(g["site"], g["method"], g["size"], g["label"], g["split"]): g for g in rows}
     labels = list(dict.fromkeys(g["label"] for g in sorted(rows, key=lambda g: g["bin"])))
@@ -160,14 +171,8 @@ def bin_gap_table(gap_rows: Sequence[dict], splits: Sequence[str], metric: str =
     for method, site in families:
         size = _middle_size(rows, method, site)
         for label in labels:
-            cells, base = [], None
-            for split in splits:
-                g = by_key.get((site, method, size, label, split))
-                if g is None:
-                    cells.append(f"  {'-':<{width}}")
-                    continue
-                base = g["baseline_mean"]
-                cells.append(f"  {_interval_cell(g, 'gap', digits):<{width}}")
+            cells, base = _gap_cells(
+                [by_key.get((site, method, size, label, split)) for split in splits], digits)
             if base is not None:
                 lines.append(f"{method:<18} {site:<34} {_label(method, size):>4} {label:<18} "
                              f"{base:>16.{digits}f}" + "".join(cells))
