@@ -285,9 +285,9 @@ def save(fig, path: str) -> None:
 
 
 def attention_patterns(patterns: np.ndarray, labels: Sequence[str], seeds: Sequence[int],
-                       site: str):
+                       site: str, shown: str = "one iid sentence"):
     """One heatmap per seed (2 per row): patterns [S, T, T] (query rows, key columns) on one
-    sentence, with a shared colour bar."""
+    input (`shown` says which, in the title), with a shared colour bar."""
     n, t = len(seeds), len(labels)
     side = max(3.6, 0.16 * t + 1.2)  # >= ~11 pt per token row, so 8 pt labels fit
     fig, axes = _grid(n, (side, side), cols=2, extra_height=0.6)
@@ -299,7 +299,7 @@ def attention_patterns(patterns: np.ndarray, labels: Sequence[str], seeds: Seque
         ax.set_yticks(range(t), labels, fontsize=8)
         ax.set_xlabel("key")
         ax.set_ylabel("query")
-    _title(fig, f"{site}: attention weights on one iid sentence")
+    _title(fig, f"{site}: attention weights on {shown}")
     fig.tight_layout(rect=(0, 0, 0.9, 1))
     cax = fig.add_axes((0.92, 0.15, 0.02, 0.7))
     fig.colorbar(image, cax=cax, label="attention weight")

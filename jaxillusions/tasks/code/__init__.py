@@ -198,5 +198,6 @@ def activation_figures(run, splits, config, shown, pattern_site: str, key_site: 
         return {" ": "␣", "\n": "\\n", "\t": "\\t"}.get(c, c)
 
     labels = [label(int(t)) for t in row[0, :length]]
-    return {"attention_patterns": figures.attention_patterns(patterns, labels, shown,
-                                                             pattern_site)}
+    return {"attention_patterns": figures.attention_patterns(
+        patterns, labels, shown, pattern_site,
+        f"the first {length} tokens of an iid function (BOS included)")}
