@@ -439,6 +439,12 @@ def _log_eval(writer, step: int, results: dict, healthy: np.ndarray, task) -> No
     writer.scalars(step, scalars, healthy=healthy)
 
 
+def _next_stop(step: int, end: int, tc) -> int:
+    """The next step at which training pauses: `end` or the next log, eval or checkpoint step."""
+    return min([end] + [step - step % every + every for every in
+                        (tc.log_every, tc.eval_every, tc.checkpoint_every) if every > 0])
+
+
 def _stop_if_all_diverged(healthy: np.ndarray, step: int) -> None:
     from jaxillusions import interrupt  # noqa: PLC0415
 
@@ -515,21 +521,17 @@ def train_sweep(config, workdir: str | None = None, *, splits=None, seeds=None,
         + (f" in {jax.process_count()} processes" if jax.process_count() > 1 else "")
         + (f" ({layout})" if layout else ""))
     if step < end:  # compiles the first call's step (jit keeps it) and reads its memory use
-        first = min([end] + [step - step % every + every for every in
-                             (tc.log_every, tc.eval_every, tc.checkpoint_every) if every > 0])
         say(memory.describe(memory.estimate(
             train_steps, placed[0][0], train_tokens, placed[0][1], num_chunks=len(chunks),
-            num_steps=first - step, model_cfg=model_cfg, tx=tx, batch_size=tc.batch_size,
-            objective=objective)))
+            num_steps=_next_stop(step, end, tc) - step, model_cfg=model_cfg, tx=tx,
+            batch_size=tc.batch_size, objective=objective)))
     reported_unhealthy: set[int] = set()
     start_time, start_step = time.perf_counter(), step
     results = None
     try:
         _stop_if_all_diverged(state.healthy, step)
         while step < end:
-            boundaries = [end] + [step - step % every + every for every in
-                                  (tc.log_every, tc.eval_every, tc.checkpoint_every) if every > 0]
-            steps = min(boundaries) - step
+            steps = _next_stop(step, end, tc) - step
             losses = []
             for k, (chunk_state, chunk_hparams) in enumerate(placed):  # sequential chunks
                 chunk_state, chunk_losses = train_steps(
