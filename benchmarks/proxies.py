@@ -5,27 +5,14 @@ excluded (every jitted function is warmed up first), results waited for with blo
 k-means against scikit-learn needs the `bench` extra.
 """
 
-import functools
-import time
 import types
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxillusions.proxies import kmeans, svd
-
-
-def _times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
-    """Seconds per call of each fn, repeats interleaved so all see the same background load."""
-    times = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn())
-            times[name].append(time.perf_counter() - t0)
-    return times
+from benchmarks.training import times
+from jaxillusions.proxies import kmeans
 
 
 def _blobs(num_seeds: int, num_points: int, dim: int, num_blobs: int = 32) -> np.ndarray:
@@ -86,8 +73,8 @@ def bench_kmeans(
                 sk_inertia[s, i], sk_iters[s, i] = km.inertia_, km.n_iter_
 
     KMeans(n_clusters=2, n_init=1, max_iter=2).fit(x[0, :1000])  # warm-up: thread pools
-    times = _times({"jax": lambda: fit(xj, valid, keys), "sklearn": sklearn_loop}, repeats)
-    jax_s, sk_s = min(times["jax"]), min(times["sklearn"])
+    seconds = times({"jax": lambda: fit(xj, valid, keys), "sklearn": sklearn_loop}, repeats)
+    jax_s, sk_s = min(seconds["jax"]), min(seconds["sklearn"])
     return {
         "num_seeds": num_seeds,
         "num_points": num_points,
@@ -96,9 +83,9 @@ def bench_kmeans(
         "num_iters": num_iters,
         "repeats": repeats,
         "jax_batched_s": jax_s,
-        "jax_times_s": times["jax"],
+        "jax_times_s": seconds["jax"],
         "sklearn_loop_s": sk_s,
-        "sklearn_times_s": times["sklearn"],
+        "sklearn_times_s": seconds["sklearn"],
         "speedup": sk_s / jax_s,
         "jax_mean_inertia": np.asarray(jax_inertia).mean(0).tolist(),  # per size
         "sklearn_mean_inertia": sk_inertia.mean(0).tolist(),
@@ -106,76 +93,6 @@ def bench_kmeans(
         # than num_iters iterations, which only favours it); the JAX fit always does num_iters.
         "sklearn_mean_n_iter": sk_iters.mean(0).tolist(),
         "sklearn_min_n_iter": int(sk_iters.min()),
-    }
-
-
-def bench_rank_sweep(
-    num_seeds: int = 4, num_points: int = 20_000, dim: int = 32, repeats: int = 3
-) -> dict:
-    """All ranks 1..dim from one eigendecomposition (one jitted call) vs a per-rank refit loop.
-
-    Both return the mean squared projection error [seeds, ranks]; the batched path projects
-    every rank with jax.vmap(apply) over the size axis."""
-    rng = np.random.default_rng(0)
-    # A decaying spectrum, as in real activations: rank matters.
-    scales = 2.0 ** (-np.arange(dim) / 4)
-    x = jnp.asarray((rng.normal(size=(num_seeds, num_points, dim)) * scales).astype(np.float32))
-    valid = jnp.ones(x.shape[:2], bool)
-    ranks = tuple(range(1, dim + 1))
-
-    def errors(stats: dict, x: jax.Array, sizes: tuple[int, ...]) -> jax.Array:
-        params = svd.fit(stats, sizes)
-        out = jax.vmap(svd.apply, in_axes=(0, None))(params, x)  # [R, N, F]
-        return jnp.mean((out - x) ** 2, axis=(1, 2))
-
-    @jax.jit
-    def batched(x: jax.Array, valid: jax.Array) -> jax.Array:
-        return jax.vmap(lambda x, v: errors(svd.moments(x, v), x, ranks))(x, valid)
-
-    @jax.jit
-    def ranks_in_sequence(x: jax.Array, valid: jax.Array) -> jax.Array:
-        # Also fitted once, but the ranks are projected one at a time (lax.map): no
-        # [ranks, N, F] intermediate.
-        def per_seed(x: jax.Array, v: jax.Array) -> jax.Array:
-            params = svd.fit(svd.moments(x, v), ranks)
-            return jax.lax.map(lambda p: jnp.mean((svd.apply(p, x) - x) ** 2), params)
-
-        return jax.vmap(per_seed)(x, valid)
-
-    moments = jax.jit(jax.vmap(svd.moments))
-
-    @functools.partial(jax.jit, static_argnums=2)
-    def one_rank(stats: dict, x: jax.Array, r: int) -> jax.Array:
-        return jax.vmap(lambda s, x: errors(s, x, (r,))[0])(stats, x)
-
-    def loop() -> jax.Array:
-        stats = moments(x, valid)
-        return jnp.stack([one_rank(stats, x, r) for r in ranks], 1)
-
-    batched_err = jax.block_until_ready(batched(x, valid))  # warm-up: compile
-    loop_err = jax.block_until_ready(loop())  # compiles every rank
-    seq_err = jax.block_until_ready(ranks_in_sequence(x, valid))
-    fns = {
-        "batched": lambda: batched(x, valid),
-        "loop": loop,
-        "sequence": lambda: ranks_in_sequence(x, valid),
-    }
-    times = _times(fns, repeats)
-    batched_s, loop_s = min(times["batched"]), min(times["loop"])
-    return {
-        "num_seeds": num_seeds,
-        "num_points": num_points,
-        "dim": dim,
-        "repeats": repeats,
-        "batched_s": batched_s,
-        "batched_times_s": times["batched"],
-        "loop_s": loop_s,
-        "loop_times_s": times["loop"],
-        "speedup": loop_s / batched_s,
-        "fit_once_ranks_in_sequence_s": min(times["sequence"]),
-        "max_abs_diff": float(
-            jnp.maximum(jnp.abs(batched_err - loop_err).max(), jnp.abs(seq_err - loop_err).max())
-        ),
     }
 
 
@@ -212,8 +129,8 @@ def bench_fit_and_evaluate(config, num_seeds: int, repeats: int = 3,
                                      seeds=list(range(num_seeds)))
 
     evaluate()  # compile
-    times = _times({"fit": lambda: fit()[0].params, "evaluate": evaluate}, repeats)
-    fit_s, eval_s = min(times["fit"]), min(times["evaluate"])
+    seconds = times({"fit": lambda: fit()[0].params, "evaluate": evaluate}, repeats)
+    fit_s, eval_s = min(seconds["fit"]), min(seconds["evaluate"])
     work = num_seeds * len(ranks)
     return {"num_seeds": num_seeds, "ranks": len(ranks), "site": site,
             "fit_sentences": int(len(train_part.tokens)), "rank_list": list(ranks),

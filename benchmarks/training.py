@@ -21,15 +21,20 @@ from benchmarks import reference
 from jaxillusions import train
 
 
-def best_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Best seconds per call of each fn, repeats interleaved (same background load for all)."""
-    times = {name: [] for name in fns}
+def times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """Seconds per call of each fn, repeats interleaved (same background load for all)."""
+    out = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
             start = time.perf_counter()
             jax.block_until_ready(fn())
-            times[name].append(time.perf_counter() - start)
-    return {name: min(t) for name, t in times.items()}
+            out[name].append(time.perf_counter() - start)
+    return out
+
+
+def best_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Best seconds per call of each fn (see `times`)."""
+    return {name: min(t) for name, t in times(fns, repeats).items()}
 
 
 def peak_flops(n: int | None = None, repeats: int = 5) -> dict:

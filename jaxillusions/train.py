@@ -299,7 +299,7 @@ def train_steps(state: SweepState, train_tokens: jax.Array, hparams: dict | None
     hparams = hparams or {}
     if state.healthy.shape[0] == 1:
         # vmap over a size-1 axis still emits batched ops, which XLA:CPU runs ~25% slower than
-        # the plain step (launch/benchmark.py); one seed needs no vmap.
+        # the plain step (measured: README "Speed"); one seed needs no vmap.
         hp = jax.tree.map(lambda x: x[0], hparams)
         state, losses = jax.lax.scan(lambda s, _: one_seed(s, train_tokens, hp),
                                      jax.tree.map(lambda x: x[0], state), None, length=num_steps)
