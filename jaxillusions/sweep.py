@@ -48,11 +48,16 @@ def _analysis_settings(config) -> dict:
             if k.startswith(("proxies.", "wen."))}
 
 
-def _mark_done(config, workdir: str) -> None:
+def _write(path: str, data: str | bytes) -> None:
+    """checkpoint.write_atomic in process 0, which writes the run's files (a no-op elsewhere)."""
     if distributed.is_main():
-        checkpoint.write_atomic(os.path.join(workdir, DONE_FILE), json.dumps(
-            {"time": checkpoint._now(), "analysis": _analysis_settings(config)},  # noqa: SLF001
-            indent=2, sort_keys=True))
+        checkpoint.write_atomic(path, data)
+
+
+def _mark_done(config, workdir: str) -> None:
+    _write(os.path.join(workdir, DONE_FILE), json.dumps(
+        {"time": checkpoint._now(), "analysis": _analysis_settings(config)},  # noqa: SLF001
+        indent=2, sort_keys=True))
 
 
 def _read_json(path: str):
@@ -114,9 +119,7 @@ def run(config, workdir: str, *, verbose: bool = True, start_over: bool = False)
     start = time.perf_counter()
     pc = config.proxies
     validate.validate(config)  # the whole config, before any work (the launchers show its notes)
-    for note in distributed.on_main(lambda: checkpoint.claim_workdir(
-            workdir, config, validate.is_analysis_key, validate.DEFAULTS),
-            "checking the workdir") or ():
+    for note in train.claim_workdir(workdir, config):
         say(note)
     done = _read_json(os.path.join(workdir, DONE_FILE))
     if done is not None and done["analysis"] == _analysis_settings(config):
@@ -192,10 +195,8 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
             proxy = faithfulness.fit_one(specs[i], i, stats, jax.random.PRNGKey(config.seed),
                                          len(seeds))
             fitted[i] = jax.tree.map(np.asarray, proxy.params)
-            if distributed.is_main():
-                checkpoint.write_atomic(stages.path(i, specs[i], ".msgpack"),
-                                        serialization.msgpack_serialize(
-                                            {"stamp": fit_stamps[i], "value": fitted[i]}))
+            _write(stages.path(i, specs[i], ".msgpack"), serialization.msgpack_serialize(
+                {"stamp": fit_stamps[i], "value": fitted[i]}))
             interrupt.raise_if_requested(
                 f"while fitting proxies; {n} of {len(todo)} families fitted and saved in "
                 f"{stages.dir}; relaunch the same command to resume")
@@ -214,8 +215,7 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
             family = faithfulness.evaluate(
                 params, model_cfg, eval_set, [faithfulness.FittedProxy(spec, fitted[i])],
                 batch_size=pc.eval_batch_size, seeds=seeds, healthy=healthy)
-            if distributed.is_main():
-                checkpoint.write_atomic(path, json.dumps({"stamp": stamp, "value": family}))
+            _write(path, json.dumps({"stamp": stamp, "value": family}))
         say(f"  [{i + 1}/{len(specs)}] {spec.method} on {spec.target}: sizes "
             f"{list(spec.sizes)}", flush=True)
         rows += family

@@ -439,6 +439,17 @@ def _log_eval(writer, step: int, results: dict, healthy: np.ndarray, task) -> No
     writer.scalars(step, scalars, healthy=healthy)
 
 
+def claim_workdir(workdir: str, config) -> list[str]:
+    """checkpoint.claim_workdir with validate's analysis keys and defaults, in process 0 (the
+    notes of a changed analysis setting; none in the other processes)."""
+    from jaxillusions import checkpoint as ckpt_lib  # noqa: PLC0415 - keeps orbax off pure use
+    from jaxillusions import validate  # noqa: PLC0415
+
+    return distributed.on_main(lambda: ckpt_lib.claim_workdir(
+        workdir, config, validate.is_analysis_key, validate.DEFAULTS),
+        "checking the workdir") or []
+
+
 def _next_stop(step: int, end: int, tc) -> int:
     """The next step at which training pauses: `end` or the next log, eval or checkpoint step."""
     return min([end] + [step - step % every + every for every in
@@ -475,7 +486,7 @@ def train_sweep(config, workdir: str | None = None, *, splits=None, seeds=None,
     interrupt.catch_signals), having saved a checkpoint at the step reached.
     """
     from jaxillusions import checkpoint as ckpt_lib  # noqa: PLC0415 - keeps orbax off pure use
-    from jaxillusions import interrupt, validate  # noqa: PLC0415
+    from jaxillusions import interrupt  # noqa: PLC0415
     from jaxillusions import logging as log_lib  # noqa: PLC0415
 
     tc, task = config.train, tasks.get(config)
@@ -490,9 +501,7 @@ def train_sweep(config, workdir: str | None = None, *, splits=None, seeds=None,
     checkpointer = writer = None
     saved_step = None
     if workdir is not None:
-        for note in distributed.on_main(lambda: ckpt_lib.claim_workdir(
-                workdir, config, validate.is_analysis_key, validate.DEFAULTS),
-                "checking the workdir") or ():
+        for note in claim_workdir(workdir, config):
             say(note)
         checkpointer = ckpt_lib.Checkpointer(f"{workdir}/checkpoints")
         saved_step, state = checkpointer.restore_latest(state, start_over=start_over)
