@@ -180,11 +180,6 @@ def layout(rows: Sequence[dict], gaps: Sequence[dict] = (),
     return layout_pb2.Layout(category=categories)
 
 
-def _middle(sizes: Iterable[int]) -> int:
-    sizes = sorted(sizes)
-    return sizes[len(sizes) // 2]
-
-
 def hparams(config, model_cfg) -> dict[str, Any]:
     """The headline config values, resolved: model.d_head as used, the SVD ranks as used."""
     from jaxillusions import faithfulness
@@ -215,7 +210,7 @@ def headline_gaps(rows: Sequence[dict], target: str | None = None,
     for r in rows:
         if r["site"] == target or r["size"] == 0:
             sizes[r["method"]].add(r["size"])
-    chosen = {m: _middle(s) for m, s in sizes.items()}
+    chosen = {m: tables.middle_size(s) for m, s in sizes.items()}
     values: dict[tuple, float] = {}
     for r in rows:
         if chosen.get(r["method"]) == r["size"] and (r["site"] == target or r["size"] == 0):

@@ -361,8 +361,7 @@ def faithfulness_by_label(rows: Sequence[dict], method: str, splits: Sequence[st
               if r["breakdown"] == breakdown and r["method"] == method}
     size = 0
     for ax, site in zip(axes, sites, strict=True):
-        sizes = sorted({k[2] for k in agg if k[:2] == (site, method)})
-        size = sizes[len(sizes) // 2]
+        size = tables.middle_size({k[2] for k in agg if k[:2] == (site, method)})
         shown = [s for s in splits if any(k[:4] == (site, method, size, s) for k in agg)]
         bins = sorted({int(k[4]) for k in agg if k[:3] == (site, method, size)})
         for i, split in enumerate(shown):

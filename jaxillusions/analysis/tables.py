@@ -148,8 +148,9 @@ def bin_gaps(rows: Sequence[dict], breakdown: str, labels: Sequence[str], baseli
     return out
 
 
-def _middle_size(gap_rows: Sequence[dict], method: str, site: str) -> int:
-    sizes = sorted({g["size"] for g in gap_rows if (g["method"], g["site"]) == (method, site)})
+def middle_size(sizes: Iterable[int]) -> int:
+    """The size a table or figure shows for a proxy family: the middle of its sorted sizes."""
+    sizes = sorted(sizes)
     return sizes[len(sizes) // 2]
 
 
@@ -169,7 +170,7 @@ def bin_gap_table(gap_rows: Sequence[dict], splits: Sequence[str], metric: str =
                                                          for s in splits))
     lines = [header, "-" * len(header)]
     for method, site in families:
-        size = _middle_size(rows, method, site)
+        size = middle_size({g["size"] for g in rows if (g["method"], g["site"]) == (method, site)})
         for label in labels:
             cells, base = _gap_cells(
                 [by_key.get((site, method, size, label, split)) for split in splits], digits)
