@@ -188,13 +188,15 @@ def activation_figures(run, splits, config, shown, pattern_site: str, key_site: 
     row = iid.tokens[:1, : max_chars + 1]
     length = int((row[0] != 0).sum())
     patterns = run(row, pattern_site)[:, 0, 0, :length, :length]  # head 0
-    chars = list(vocab.chars)
-    special = {0: "PAD", 1: "BOS", 2: "EOS", 3: "UNK"}
+    from jaxillusions.tasks.code import splits as code_data  # noqa: PLC0415
+
+    special = {code_data.PAD: "PAD", code_data.BOS: "BOS", code_data.EOS: "EOS",
+               code_data.UNK: "UNK"}
 
     def label(t: int) -> str:
         if t in special:
             return special[t]
-        c = chars[t - 4] if 0 <= t - 4 < len(chars) else "?"
+        c = vocab.decode([t])
         return {" ": "␣", "\n": "\\n", "\t": "\\t"}.get(c, c)
 
     labels = [label(int(t)) for t in row[0, :length]]
