@@ -17,6 +17,7 @@ import gzip
 import json
 import re
 import tempfile
+import time
 
 import jax
 import jax.numpy as jnp
@@ -67,18 +68,33 @@ def profile(config, num_seeds: int, steps: int = 10) -> dict:
     jax.block_until_ready(train.train_steps(jax.tree.map(jnp.copy, state), tokens, **run))
     with tempfile.TemporaryDirectory() as logdir:
         with jax.profiler.trace(logdir, create_perfetto_trace=True):
+            start = time.perf_counter()
             jax.block_until_ready(train.train_steps(state, tokens, **run))
+            wall = time.perf_counter() - start
         (path,) = glob.glob(f"{logdir}/**/*.trace.json.gz", recursive=True)
         with gzip.open(path) as f:
-            events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+            trace = json.load(f)["traceEvents"]
+    # On a GPU the kernels run on the device's own tracks (named /device:GPU:N), each event
+    # naming the HLO instruction it runs in args.hlo_op; on CPU the thunks are named directly.
+    devices = {e["pid"] for e in trace if e.get("ph") == "M" and e.get("name") == "process_name"
+               and "/device:" in str(e.get("args", {}).get("name", ""))}
     kinds = _fusion_kinds(hlo)
-    total = collections.Counter()
-    for e in events:
-        if e["name"] in kinds:
-            total[kinds[e["name"]]] += e["dur"]
+    total, by_op = collections.Counter(), collections.Counter()
+    for e in trace:
+        if e.get("ph") != "X" or (devices and e.get("pid") not in devices):
+            continue
+        op = e.get("args", {}).get("hlo_op", e["name"])
+        if op in kinds:
+            total[kinds[op]] += e["dur"]
+            by_op[f"{op} [{kinds[op][0]}]"] += e["dur"]
+        elif devices:  # a device kernel not named after its HLO instruction
+            total[("unmatched kernel", "-")] += e["dur"]
+            by_op[f"{e['name'][:90]} [kernel]"] += e["dur"]
     summed = sum(total.values())
     return {"num_seeds": num_seeds, "steps": steps, "thunk_ms_per_step": summed / 1e3 / steps,
-            "shares": {f"{k} ({p})": v / summed for (k, p), v in total.most_common()}}
+            "wall_ms_per_step": wall * 1e3 / steps,
+            "shares": {f"{k} ({p})": v / summed for (k, p), v in total.most_common()},
+            "top_ops": {k: v / summed for k, v in by_op.most_common(15)}}
 
 
 def main() -> None:
@@ -88,8 +104,12 @@ def main() -> None:
     args = parser.parse_args()
     out = profile(suite.load_config(args.config), args.seeds)
     print(f"{out['num_seeds']} seeds: {out['thunk_ms_per_step']:.1f} ms of thunk time per step "
-          "(summed over threads)")
+          f"(summed over threads; kernel time on a GPU), {out['wall_ms_per_step']:.1f} ms wall "
+          "(traced)")
     for name, share in out["shares"].items():
+        print(f"  {share:6.1%}  {name}")
+    print("largest ops:")
+    for name, share in out["top_ops"].items():
         print(f"  {share:6.1%}  {name}")
 
 

@@ -31,9 +31,7 @@ def _torch_status(config) -> tuple[bool, str]:
     objective = train.objective_from_config(config)
     if objective.loss_on != "all" or objective.contrastive:
         return False, "the PyTorch baseline implements the plain next-token objective only"
-    import torch  # noqa: PLC0415
-
-    return True, f"torch {torch.__version__}, {torch_loop.threads()} threads"
+    return True, torch_loop.describe()
 
 
 def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
@@ -59,26 +57,39 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
         f"head(s), MLP {model_cfg.d_mlp}, vocabulary {model_cfg.vocab_size}, "
         f"{model_cfg.compute_dtype}; batch {config.train.batch_size} x {seq} tokens; "
         f"{steps} steps per call, best of {repeats}")
-    say(f"peak: {peak['n']}x{peak['n']} f32 matmul at {peak['flops_per_s'] / 1e9:.0f} GFLOP/s")
-    say("\nTraining (seed-steps/s, higher is better; ratios: loop time over sweep time):")
+    say(f"peak: {peak['n']}x{peak['n']} matmul at {peak['flops_per_s'] / 1e9:.0f} GFLOP/s in "
+        f"float32 (default precision), {peak['bf16_flops_per_s'] / 1e9:.0f} GFLOP/s in bfloat16")
+    say("\nTraining (seed-steps/s, higher is better; ratios: loop time over sweep time; a ratio in "
+        "parentheses uses the loop's rate at the most seeds it was timed with):")
     say(f"{'seeds':>5} | {'sweep':>7} | {'JAX loop':>8} | {'PyTorch loop':>12} | "
-        f"{'sweep/JAX':>9} | {'sweep/PyTorch':>13} | {'MFU':>6} | {'bf16 sweep':>10}")
+        f"{'sweep/JAX':>9} | {'sweep/PyTorch':>13} | {'MFU':>6} | {'bf16 sweep':>10} | "
+        f"{'bf16 MFU':>8}")
     rows = []
     for n in seed_counts:
         row = training.training_row(config, splits, model_cfg, tx, n, steps=steps,
-                                    repeats=repeats, peak=peak["flops_per_s"],
+                                    repeats=repeats, peak=peak,
                                     loop=n <= loop_max_seeds,
                                     torch_loop=torch_ok and n <= loop_max_seeds,
-                                    bfloat16=bfloat16)
+                                    bfloat16=bfloat16, xla_flops=not rows)
+        for name in ("jax_loop", "torch_loop"):
+            # A loop's rate does not depend on how many seeds it goes through: beyond
+            # loop_max_seeds, compare with the rate it reached at the most seeds timed.
+            timed = [r for r in rows + [row] if f"{name}_seed_steps_per_s" in r]
+            if timed and f"sweep_over_{name}" not in row:
+                row[f"sweep_over_{name}_rate"] = (row["sweep_seed_steps_per_s"]
+                                                  / timed[-1][f"{name}_seed_steps_per_s"])
         rows.append(row)
 
         def fmt(key, spec=".0f", row=row):
-            return format(row[key], spec) if key in row else "-"
+            if key in row:
+                return format(row[key], spec)
+            return f"({row[key + '_rate']:{spec}})" if key + "_rate" in row else "-"
 
         say(f"{n:>5} | {fmt('sweep_seed_steps_per_s'):>7} | {fmt('jax_loop_seed_steps_per_s'):>8}"
             f" | {fmt('torch_loop_seed_steps_per_s'):>12} | {fmt('sweep_over_jax_loop', '.2f'):>9}"
             f" | {fmt('sweep_over_torch_loop', '.2f'):>13} | {row['sweep_mfu']:>6.1%}"
-            f" | {fmt('sweep_bf16_seed_steps_per_s'):>10}", flush=True)
+            f" | {fmt('sweep_bf16_seed_steps_per_s'):>10} | {fmt('sweep_bf16_mfu', '.1%'):>8}",
+            flush=True)
     report["training"] = rows
     xla = rows[0]["xla_flops_per_seed_step"]
     say(f"model FLOPs per seed-step: {rows[0]['model_flops_per_seed_step'] / 1e9:.3f} G counted "

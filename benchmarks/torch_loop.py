@@ -64,10 +64,11 @@ class Transformer(nn.Module):
         nn.init.zeros_(self.unembed.bias)
 
     def forward(self, tokens: torch.Tensor, offset: torch.Tensor | None = None) -> torch.Tensor:
-        t = tokens.shape[1]
-        positions = torch.arange(t) if offset is None else offset[:, None] + torch.arange(t)
+        t, device = tokens.shape[1], tokens.device
+        steps = torch.arange(t, device=device)
+        positions = steps if offset is None else offset[:, None] + steps
         x = self.embed[tokens] + self.pos_embed[positions]
-        causal = torch.ones(t, t, dtype=torch.bool).tril()
+        causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
         for block in self.blocks:
             x = block(x, causal)
         return self.unembed(self.ln_final(x))
@@ -117,22 +118,29 @@ def _schedule(train_cfg):
     return factor
 
 
+def device() -> torch.device:
+    """Where the loop runs: the GPU when torch sees one (as a researcher's script would), else
+    the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def train_seed(seed: int, train_tokens: np.ndarray, model_cfg, train_cfg, num_steps: int,
                max_position_offset: int = 0) -> float:
     """Builds one model and trains it for `num_steps` steps on random batches; returns the last
     loss. Next-token loss over non-PAD targets (PAD = 0); each sentence starts at a random
     position in [0, max_position_offset] (train.Objective.max_position_offset)."""
     torch.manual_seed(seed)
-    model = Transformer(model_cfg)
+    dev = device()
+    model = Transformer(model_cfg).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=train_cfg.learning_rate, betas=(0.9, 0.98),
                             eps=1e-8, weight_decay=train_cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(train_cfg))
-    data = torch.from_numpy(np.asarray(train_tokens, np.int64))
-    gen = torch.Generator().manual_seed(seed)
+    data = torch.from_numpy(np.asarray(train_tokens, np.int64)).to(dev)
+    gen = torch.Generator(dev).manual_seed(seed)
     for _ in range(num_steps):
-        batch = data[torch.randint(len(data), (train_cfg.batch_size,), generator=gen)]
-        offset = (torch.randint(max_position_offset + 1, (len(batch),), generator=gen)
-                  if max_position_offset else None)
+        batch = data[torch.randint(len(data), (train_cfg.batch_size,), generator=gen, device=dev)]
+        offset = (torch.randint(max_position_offset + 1, (len(batch),), generator=gen,
+                                device=dev) if max_position_offset else None)
         logits = model(batch[:, :-1], offset)
         targets = batch[:, 1:]
         nll = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
@@ -160,3 +168,10 @@ def train_seeds(num_seeds: int, train_tokens: np.ndarray, model_cfg, train_cfg, 
 def threads() -> int:
     """The intra-op threads torch uses (its default: the machine's physical cores)."""
     return torch.get_num_threads()
+
+
+def describe() -> str:
+    """torch's version and where the loop runs, for the benchmark's header."""
+    where = (torch.cuda.get_device_name() if torch.cuda.is_available()
+             else f"CPU, {threads()} threads")
+    return f"torch {torch.__version__}, {where}"

@@ -38,14 +38,18 @@ def best_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, 
 
 
 def peak_flops(n: int | None = None, repeats: int = 5) -> dict:
-    """The device's f32 matmul throughput: a large [n, n] @ [n, n] product, best of `repeats`
-    (n: 2048 on CPU, 8192 on accelerators). The denominator of the model FLOP utilization."""
+    """The device's matmul throughput: a large [n, n] @ [n, n] product, best of `repeats`
+    (n: 2048 on CPU, 8192 on accelerators), in float32 at JAX's default precision (what the
+    model's float32 matmuls use: TF32 on GPUs that have it) and in bfloat16 (the bf16 sweep's
+    matmuls). The denominators of the model FLOP utilization."""
     n = n or (2048 if jax.default_backend() == "cpu" else 8192)
     a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+    b = a.astype(jnp.bfloat16)
     matmul = jax.jit(lambda x: x @ x)
-    jax.block_until_ready(matmul(a))
-    seconds = best_times({"matmul": lambda: matmul(a)}, repeats)["matmul"]
-    return {"n": n, "flops_per_s": 2 * n**3 / seconds}
+    jax.block_until_ready((matmul(a), matmul(b)))
+    seconds = best_times({"f32": lambda: matmul(a), "bf16": lambda: matmul(b)}, repeats)
+    return {"n": n, "flops_per_s": 2 * n**3 / seconds["f32"],
+            "bf16_flops_per_s": 2 * n**3 / seconds["bf16"]}
 
 
 def xla_step_flops(state, tokens, run: dict) -> float | None:
@@ -69,12 +73,13 @@ def peak_memory_bytes() -> dict:
 
 
 def training_row(config, splits, model_cfg, tx, num_seeds: int, *, steps: int, repeats: int,
-                 peak: float, loop: bool = True, torch_loop: bool = True,
-                 bfloat16: bool = False) -> dict:
+                 peak: dict, loop: bool = True, torch_loop: bool = True,
+                 bfloat16: bool = False, xla_flops: bool = True) -> dict:
     """Seed-steps/s of the sweep (train.train_steps over all seeds), of a JAX loop over seeds
     (the same jitted train_steps, one seed per call), of a PyTorch loop over seeds of the same
     model (when torch is installed) and of the sweep with model.compute_dtype="bfloat16" (if
-    `bfloat16`), measured side by side; and the sweep's MFU."""
+    `bfloat16`), measured side by side; and the sweep's MFU. `xla_flops`: also compile a
+    one-step sweep for XLA's FLOP count (one more compilation: slow on GPUs)."""
     tokens = jnp.asarray(splits["train"].tokens)
     objective = train.objective_from_config(config)
     run = dict(model_cfg=model_cfg, tx=tx, batch_size=config.train.batch_size,
@@ -102,16 +107,18 @@ def training_row(config, splits, model_cfg, tx, num_seeds: int, *, steps: int, r
     seconds = best_times(fns, repeats)
     flops = reference.train_flops(model_cfg, config.train.batch_size,
                                   splits["train"].tokens.shape[1] - 1)
-    xla = xla_step_flops(state, tokens, run)
+    xla = xla_step_flops(state, tokens, run) if xla_flops else None
     row = {"num_seeds": num_seeds, "steps_per_call": steps,
            "model_flops_per_seed_step": flops,
            "xla_flops_per_seed_step": None if xla is None else xla / num_seeds}
     for name, s in seconds.items():
         row[f"{name}_seed_steps_per_s"] = num_seeds * steps / s
-    row["sweep_mfu"] = row["sweep_seed_steps_per_s"] * flops / peak
+    row["sweep_mfu"] = row["sweep_seed_steps_per_s"] * flops / peak["flops_per_s"]
     for name in ("jax_loop", "torch_loop"):  # speed-ups of the sweep
         if name in seconds:
             row[f"sweep_over_{name}"] = seconds[name] / seconds["sweep"]
     if "sweep_bf16" in seconds:  # speed-up of bf16 over f32
         row["bf16_over_f32"] = seconds["sweep"] / seconds["sweep_bf16"]
+        row["sweep_bf16_mfu"] = (row["sweep_bf16_seed_steps_per_s"] * flops
+                                 / peak["bf16_flops_per_s"])
     return row

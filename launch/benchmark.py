@@ -33,6 +33,9 @@ def main() -> None:
     parser.add_argument("--loop_max_seeds", type=int, default=8,
                         help="time the per-seed loops only up to this many seeds")
     parser.add_argument("--proxy_seeds", type=int, default=8, help="seeds of the proxy benchmark")
+    parser.add_argument("--proxy_batch_size", type=int, default=None,
+                        help="override config.proxies.collect_batch_size and eval_batch_size "
+                             "(sentences per call, all seeds at once: lower it for many seeds)")
     parser.add_argument("--bfloat16", action="store_true",
                         help="also time the sweep with model.compute_dtype=bfloat16")
     parser.add_argument("--no_torch", action="store_true", help="skip the PyTorch loop")
@@ -40,6 +43,8 @@ def main() -> None:
     parser.add_argument("--out", default="runs/benchmark.json", help="JSON output path")
     args = parser.parse_args()
     config = suite.load_config(args.config, args.compute_dtype)
+    if args.proxy_batch_size:
+        config.proxies.collect_batch_size = config.proxies.eval_batch_size = args.proxy_batch_size
     report = suite.run(config, seed_counts=[int(s) for s in args.seeds.split(",")],
                        steps=args.steps, repeats=args.repeats,
                        loop_max_seeds=args.loop_max_seeds, proxy_seeds=args.proxy_seeds,
