@@ -36,7 +36,10 @@ def _torch_status(config) -> tuple[bool, str]:
 
 def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
         proxy_seeds: int, with_torch: bool = True, with_kmeans: bool = True,
-        bfloat16: bool = False, peak_n: int | None = None, say=print) -> dict:
+        bfloat16: bool = False, peak_n: int | None = None, say=print,
+        save=lambda report: None) -> dict:
+    """The whole benchmark; `save(report)` is called after every row and section, so a run that
+    is stopped (or runs out of device memory) keeps what it measured."""
     start = time.perf_counter()
     splits, model_cfg, tx = train.build(config)
     seq = splits["train"].tokens.shape[1] - 1
@@ -64,13 +67,20 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
     say(f"{'seeds':>5} | {'sweep':>7} | {'JAX loop':>8} | {'PyTorch loop':>12} | "
         f"{'sweep/JAX':>9} | {'sweep/PyTorch':>13} | {'MFU':>6} | {'bf16 sweep':>10} | "
         f"{'bf16 MFU':>8}")
-    rows = []
+    rows = report["training"] = []
     for n in seed_counts:
-        row = training.training_row(config, splits, model_cfg, tx, n, steps=steps,
-                                    repeats=repeats, peak=peak,
-                                    loop=n <= loop_max_seeds,
-                                    torch_loop=torch_ok and n <= loop_max_seeds,
-                                    bfloat16=bfloat16, xla_flops=not rows)
+        try:
+            row = training.training_row(config, splits, model_cfg, tx, n, steps=steps,
+                                        repeats=repeats, peak=peak,
+                                        loop=n <= loop_max_seeds,
+                                        torch_loop=torch_ok and n <= loop_max_seeds,
+                                        bfloat16=bfloat16, xla_flops=not rows)
+        except jax.errors.JaxRuntimeError as e:
+            if "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            say(f"{n:>5} | out of device memory; larger seed counts skipped")
+            report["training_out_of_memory_at"] = n
+            break
         for name in ("jax_loop", "torch_loop"):
             # A loop's rate does not depend on how many seeds it goes through: beyond
             # loop_max_seeds, compare with the rate it reached at the most seeds timed.
@@ -90,19 +100,30 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
             f" | {fmt('sweep_over_torch_loop', '.2f'):>13} | {row['sweep_mfu']:>6.1%}"
             f" | {fmt('sweep_bf16_seed_steps_per_s'):>10} | {fmt('sweep_bf16_mfu', '.1%'):>8}",
             flush=True)
-    report["training"] = rows
-    xla = rows[0]["xla_flops_per_seed_step"]
-    say(f"model FLOPs per seed-step: {rows[0]['model_flops_per_seed_step'] / 1e9:.3f} G counted "
-        f"(matmuls x 3); XLA cost analysis: "
-        + ("n/a" if xla is None else f"{xla / 1e9:.3f} G (all ops)"))
+        save(report)
+    if rows:
+        xla = rows[0]["xla_flops_per_seed_step"]
+        say(f"model FLOPs per seed-step: {rows[0]['model_flops_per_seed_step'] / 1e9:.3f} G "
+            "counted (matmuls x 3); XLA cost analysis: "
+            + ("n/a" if xla is None else f"{xla / 1e9:.3f} G (all ops)"))
 
     say("\nProxies:", flush=True)
-    pf = proxies.bench_fit_and_evaluate(config, proxy_seeds, repeats)
-    report["proxy_fit_and_evaluate"] = pf
-    say(f"  SVD of {pf['site']}, ranks {pf['rank_list']}, {pf['num_seeds']} seeds: fit "
-        f"{pf['fit_s']:.2f} s ({pf['fit_seed_ranks_per_s']:.0f} seed-ranks/s, "
-        f"{pf['fit_sentences']} training sentences), evaluate {pf['evaluate_s']:.2f} s "
-        f"({pf['evaluate_seed_ranks_per_s']:.0f} seed-ranks/s, {pf['eval_sentences']} sentences)")
+    try:
+        pf = proxies.bench_fit_and_evaluate(config, proxy_seeds, repeats)
+    except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        say(f"  SVD fit and evaluation of {proxy_seeds} seeds: out of device memory (lower "
+            "--proxy_batch_size or --proxy_seeds)")
+        report["proxy_fit_and_evaluate"] = {"num_seeds": proxy_seeds, "error": "out of memory"}
+    else:
+        report["proxy_fit_and_evaluate"] = pf
+        say(f"  SVD of {pf['site']}, ranks {pf['rank_list']}, {pf['num_seeds']} seeds: fit "
+            f"{pf['fit_s']:.2f} s ({pf['fit_seed_ranks_per_s']:.0f} seed-ranks/s, "
+            f"{pf['fit_sentences']} training sentences), evaluate {pf['evaluate_s']:.2f} s "
+            f"({pf['evaluate_seed_ranks_per_s']:.0f} seed-ranks/s, {pf['eval_sentences']} "
+            "sentences)")
+    save(report)
     if with_kmeans:
         try:
             km = proxies.bench_kmeans(repeats=repeats)

@@ -45,15 +45,19 @@ def main() -> None:
     config = suite.load_config(args.config, args.compute_dtype)
     if args.proxy_batch_size:
         config.proxies.collect_batch_size = config.proxies.eval_batch_size = args.proxy_batch_size
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+
+    def save(report: dict) -> None:  # after every row: a stopped run keeps what it measured
+        with open(args.out + ".tmp", "w") as f:
+            json.dump({**report, "args": vars(args)}, f, indent=2)
+        os.replace(args.out + ".tmp", args.out)
+
     report = suite.run(config, seed_counts=[int(s) for s in args.seeds.split(",")],
                        steps=args.steps, repeats=args.repeats,
                        loop_max_seeds=args.loop_max_seeds, proxy_seeds=args.proxy_seeds,
                        with_torch=not args.no_torch, with_kmeans=not args.no_kmeans,
-                       bfloat16=args.bfloat16)
-    report["args"] = vars(args)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
+                       bfloat16=args.bfloat16, save=save)
+    save(report)
     print(f"wrote {args.out}")
 
 

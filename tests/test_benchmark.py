@@ -1,6 +1,8 @@
 """The benchmark runs end to end on a tiny config (no timing asserts), its FLOP count agrees with
 XLA's, and its PyTorch baseline is the same model as jaxillusions.model."""
 
+import json
+
 import jax
 import numpy as np
 import pytest
@@ -11,24 +13,36 @@ from jaxillusions import train, validate
 
 
 def test_benchmark_smoke(config):
-    report = suite.run(config, seed_counts=[2], steps=2, repeats=1, loop_max_seeds=2,
+    saved = []  # what launch.benchmark would have written after each row and section
+    report = suite.run(config, seed_counts=[2, 3], steps=2, repeats=1, loop_max_seeds=2,
                        proxy_seeds=2, with_torch=True, with_kmeans=False, bfloat16=True, peak_n=256,
-                       say=lambda *a, **k: None)
+                       say=lambda *a, **k: None,
+                       save=lambda r: saved.append(json.loads(json.dumps(r))))
     rows = report["training"]
-    assert [r["num_seeds"] for r in rows] == [2]
+    assert [r["num_seeds"] for r in rows] == [2, 3]
+    assert [len(s["training"]) for s in saved] == [1, 2, 2]  # rows, then the proxies
+    assert "proxy_fit_and_evaluate" in saved[-1] and "proxy_fit_and_evaluate" not in saved[1]
     assert ("torch_loop_seed_steps_per_s" in rows[0]) == report["torch"].startswith("torch ")
     for row in rows:
-        assert row["sweep_seed_steps_per_s"] > 0 and row["jax_loop_seed_steps_per_s"] > 0
+        assert row["sweep_seed_steps_per_s"] > 0
         assert row["sweep_bf16_seed_steps_per_s"] > 0
-        assert 0 < row["sweep_mfu"] < 1
-        # Counted matmul FLOPs vs XLA's count of every op of the compiled step (the rest is
-        # elementwise work and the optimizer): same order of magnitude, XLA's larger.
-        assert row["model_flops_per_seed_step"] < row["xla_flops_per_seed_step"]
-        assert row["xla_flops_per_seed_step"] < 3 * row["model_flops_per_seed_step"]
+        assert 0 < row["sweep_mfu"] < 1 and 0 < row["sweep_bf16_mfu"] < 1
+    # Loops are timed up to loop_max_seeds; beyond, the ratio uses the loop's last rate.
+    assert rows[0]["jax_loop_seed_steps_per_s"] > 0 and "jax_loop_seed_steps_per_s" not in rows[1]
+    assert rows[1]["sweep_over_jax_loop_rate"] == pytest.approx(
+        rows[1]["sweep_seed_steps_per_s"] / rows[0]["jax_loop_seed_steps_per_s"])
+    # Counted matmul FLOPs vs XLA's count of every op of the compiled step (the rest is
+    # elementwise work and the optimizer): same order of magnitude, XLA's larger. XLA's count
+    # is compiled for the first seed count only.
+    first = rows[0]
+    assert first["model_flops_per_seed_step"] < first["xla_flops_per_seed_step"]
+    assert first["xla_flops_per_seed_step"] < 3 * first["model_flops_per_seed_step"]
+    assert rows[1]["xla_flops_per_seed_step"] is None
     pf = report["proxy_fit_and_evaluate"]
     assert pf["num_seeds"] == 2 and pf["fit_seed_ranks_per_s"] > 0
     assert report["peak_memory"]["bytes"] > 0
     assert report["peak_matmul"]["flops_per_s"] > 0
+    assert report["peak_matmul"]["bf16_flops_per_s"] > 0
 
 
 def test_reference_flops_match_xla_for_the_reference_model():
