@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxillusions import distributed, metrics, proxies, tasks
+from jaxillusions import distributed, memory, metrics, proxies, tasks
 from jaxillusions import model as model_lib
 from jaxillusions.data import padded_chunks
 
@@ -124,13 +124,16 @@ def _collect_chunk(params, tokens, *, model_cfg, sites: tuple[str, ...], with_ve
 
 
 def collect(params, train, model_cfg: model_lib.ModelConfig,
-            specs: Sequence[ProxySpec], *, num_samples: int, batch_size: int) -> dict:
+            specs: Sequence[ProxySpec], *, num_samples: int, batch_size: int,
+            seed_chunk_size: int = 0, say=print) -> dict:
     """Statistics of every site that a data-dependent spec needs, from the training split.
 
     Returns {site: {"moments": {...} [S, G, ...], "samples": {"x": [S, G, N, F], "valid": ...}}}.
     Moments stream over all training sentences in fixed-size chunks (memory stays bounded);
     samples are the first `num_samples` non-PAD positions of the training sentences, which are
     i.i.d. draws, so this is a random sample of sentences (all positions of each).
+    Seeds run in sequential chunks of `seed_chunk_size` (0: as many as fit the device, see
+    `seed_chunk`); a seed's statistics depend on that seed alone.
     """
     needs = {}
     for spec in specs:
@@ -141,27 +144,63 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
         return {}
     sites = tuple(sorted(needs))
     num_seeds = jax.tree.leaves(params)[0].shape[0]
-    params = distributed.shard_seeds(params)  # seeds sharded over the devices (padded)
-    totals, samples, kept = None, {s: [] for s in sites}, 0
     sampling = any("samples" in n for n in needs.values())
-    for (tokens,) in padded_chunks([train.tokens], batch_size):
-        moments, vectors = _collect_chunk(params, tokens, model_cfg=model_cfg, sites=sites,
-                                          with_vectors=sampling and kept < num_samples)
-        totals = moments if totals is None else jax.tree.map(jnp.add, totals, moments)
-        if vectors:
-            valid = (tokens != tasks.PAD).reshape(-1)
-            take = np.flatnonzero(valid)[: num_samples - kept]
-            for s in sites:
-                if "samples" in needs[s]:
-                    samples[s].append(distributed.to_host(vectors[s], num_seeds)[:, take])
-            kept += len(take)
-    stats = {}
-    for s in sites:
-        stats[s] = {"moments": distributed.to_host(totals[s], num_seeds)}  # [S, G, ...]
-        if "samples" in needs[s]:
-            x = np.concatenate(samples[s], axis=1).transpose(0, 2, 1, 3)  # [S, G, N, F]
-            stats[s]["samples"] = {"x": x, "valid": np.ones(x.shape[:3], bool)}
-    return stats
+    static = dict(model_cfg=model_cfg, sites=sites, with_vectors=sampling and num_samples > 0)
+    tokens = jax.ShapeDtypeStruct((batch_size, train.tokens.shape[1]), train.tokens.dtype)
+    chunk_size = seed_chunk(
+        lambda w: memory.compiled_bytes(_collect_chunk, memory.seed_shapes(params, w), tokens,
+                                        **static),
+        num_seeds, seed_chunk_size, say, what="activation collection",
+        lower=f"proxies.collect_batch_size (now {batch_size})")
+
+    def one_chunk(params):  # params: one chunk of seeds, placed
+        totals, samples, kept = None, {s: [] for s in sites}, 0
+        for (tokens,) in padded_chunks([train.tokens], batch_size):
+            moments, vectors = _collect_chunk(params, tokens, model_cfg=model_cfg, sites=sites,
+                                              with_vectors=sampling and kept < num_samples)
+            totals = moments if totals is None else jax.tree.map(jnp.add, totals, moments)
+            if vectors:
+                valid = (tokens != tasks.PAD).reshape(-1)
+                take = np.flatnonzero(valid)[: num_samples - kept]
+                for s in sites:
+                    if "samples" in needs[s]:
+                        samples[s].append(distributed.to_host(vectors[s])[:, take])
+                kept += len(take)
+        stats = {}
+        for s in sites:
+            stats[s] = {"moments": distributed.to_host(totals[s])}  # [S, G, ...]
+            if "samples" in needs[s]:
+                x = np.concatenate(samples[s], axis=1).transpose(0, 2, 1, 3)  # [S, G, N, F]
+                stats[s]["samples"] = {"x": x, "valid": np.ones(x.shape[:3], bool)}
+        return stats
+
+    return over_seed_chunks(one_chunk, [params], num_seeds, chunk_size)
+
+
+def seed_chunk(bytes_for, num_seeds: int, seed_chunk_size: int, say, *, what: str,
+               lower: str) -> int:
+    """Seeds per chunk of a proxy-stage call: `seed_chunk_size` when set (> 0), else all of
+    them, or as many as fit the device's memory (memory.plan_seed_chunk; printed with `say`)."""
+    if seed_chunk_size > 0:
+        return seed_chunk_size
+    chunk, line = memory.plan_seed_chunk(bytes_for, num_seeds, what=what, lower=lower,
+                                         force="proxies.seed_chunk_size")
+    if line and say is not None:
+        say(line)
+    return chunk
+
+
+def over_seed_chunks(run, trees: Sequence, num_seeds: int, chunk_size: int):
+    """run(*trees) with the trees' leading seed axis in sequential chunks of `chunk_size` seeds
+    (0: one chunk), each placed over the devices (distributed.shard_seeds, padded); returns the
+    outputs (a pytree with a leading seed axis) as numpy, joined, the first `num_seeds`."""
+    chunks = distributed.seed_chunks(num_seeds, chunk_size)
+    outs = []
+    for index in chunks:
+        part = trees if len(chunks) == 1 else [
+            jax.tree.map(lambda x, i=index: x[i], t) for t in trees]
+        outs.append(run(*[distributed.shard_seeds(t, len(index)) for t in part]))
+    return distributed.concat_host(outs, num_seeds)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,16 +230,20 @@ def _fit_seeds_and_heads(stats, keys, *, method: str, sizes: tuple[int, ...], op
     return jax.vmap(jax.vmap(lambda st, k: fit_one(st, key=k)))(stats, keys)
 
 
-def fit(specs: Sequence[ProxySpec], stats: dict, key: jax.Array, num_seeds: int
-        ) -> list[FittedProxy]:
+def fit(specs: Sequence[ProxySpec], stats: dict, key: jax.Array, num_seeds: int, *,
+        seed_chunk_size: int = 0, say=print) -> list[FittedProxy]:
     """Fits every spec for every seed and head (one batched call per spec and site)."""
-    return [fit_one(spec, index, stats, key, num_seeds) for index, spec in enumerate(specs)]
+    return [fit_one(spec, index, stats, key, num_seeds, seed_chunk_size=seed_chunk_size,
+                    say=say) for index, spec in enumerate(specs)]
 
 
-def fit_one(spec: ProxySpec, spec_index: int, stats: dict, key: jax.Array, num_seeds: int
-            ) -> FittedProxy:
-    """fit() of the spec at position `spec_index` of its list alone (same random keys)."""
+def fit_one(spec: ProxySpec, spec_index: int, stats: dict, key: jax.Array, num_seeds: int, *,
+            seed_chunk_size: int = 0, say=print) -> FittedProxy:
+    """fit() of the spec at position `spec_index` of its list alone (same random keys). Seeds
+    run in sequential chunks as in `collect`; each seed's fit uses its own statistics and
+    keys."""
     module, per_site = spec.module, {}
+    static = dict(method=spec.method, sizes=spec.sizes, options=spec.options)
     for site_index, site in enumerate(spec.sites):
         if module.STATISTIC is None:
             per_site[site] = module.fit(None, spec.sizes, key=key)
@@ -209,10 +252,16 @@ def fit_one(spec: ProxySpec, spec_index: int, stats: dict, key: jax.Array, num_s
         num_groups = jax.tree.leaves(site_stats)[0].shape[1]
         keys = jax.random.split(jax.random.fold_in(key, 1000 * spec_index + site_index),
                                 num_seeds * num_groups).reshape(num_seeds, num_groups, -1)
-        fitted = _fit_seeds_and_heads(distributed.shard_seeds(site_stats),
-                                      distributed.shard_seeds(keys), method=spec.method,
-                                      sizes=spec.sizes, options=spec.options)
-        per_site[site] = distributed.to_host(fitted, num_seeds)
+        chunk_size = seed_chunk(
+            lambda w, st=site_stats, k=keys: memory.compiled_bytes(
+                _fit_seeds_and_heads, memory.seed_shapes(st, w), memory.seed_shapes(k, w),
+                **static),
+            num_seeds, seed_chunk_size, say, what=f"fitting {spec.method} on {site}",
+            lower="proxies.kmeans_samples" if module.STATISTIC == "samples"
+            else "the number of seeds")
+        per_site[site] = over_seed_chunks(
+            lambda st, k: _fit_seeds_and_heads(st, k, **static), [site_stats, keys],
+            num_seeds, chunk_size)
     return FittedProxy(spec, per_site)
 
 
@@ -315,43 +364,72 @@ def _eval_chunk(params, proxy_params, tokens, evaluated, bins, *, model_cfg, met
 
 def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
              fitted: Sequence[FittedProxy], *, batch_size: int, seeds: Sequence[int],
-             healthy: np.ndarray | None = None, progress=None) -> list[dict]:
+             healthy: np.ndarray | None = None, progress=None, seed_chunk_size: int = 0,
+             say=print) -> list[dict]:
     """Tidy rows: one per (seed, target, method, size, split, breakdown, bin).
 
     Columns: seed, site, method, size, split, breakdown, bin, n, jsd, same_pred, acc_original,
     acc_proxy (means over the evaluated positions in that bin), and on `all` rows jsd_p95,
     jsd_p99: exact quantiles (linear interpolation) of the per-position JSD (NaN on other rows).
-    Seeds marked unhealthy (diverged in training) are left out.
+    Seeds marked unhealthy (diverged in training) are left out. Seeds run in sequential chunks
+    of `seed_chunk_size` (0: as many as fit the device, planned per proxy family).
     """
     rows, num_seeds = [], jax.tree.leaves(params)[0].shape[0]
-    params = distributed.shard_seeds(params)  # seeds sharded over the devices (padded)
+    params = distributed.shard_seeds(params)  # placed once for all families (padded)
     for proxy in fitted:
-        spec = proxy.spec
-        proxy_params = (proxy.params if spec.module.STATISTIC is None
-                        else distributed.shard_seeds(proxy.params))
-        totals, jsd, split_ids = None, [], []
-        for chunk in padded_chunks([eval_set.tokens, eval_set.evaluated, eval_set.bins],
-                                   batch_size):
-            # Causal model: trailing all-PAD columns change nothing, so a chunk runs at the
-            # smallest split width that holds it (one compilation per split width).
-            used = int((chunk[0] != tasks.PAD).any(0).nonzero()[0].max()) + 1
-            width = min(w for w in eval_set.widths if w >= used)
-            chunk = [a[:, :width] for a in chunk]
-            out, jsd_chunk = _eval_chunk(params, proxy_params, *chunk, model_cfg=model_cfg,
-                                         method=spec.method, num_sizes=len(spec.sizes),
-                                         num_bins=eval_set.num_bins)
-            totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
-            # Per-position JSD at the evaluated positions only, kept for one family at a time.
-            jsd.append(np.asarray(distributed.to_host(jsd_chunk, num_seeds), np.float32)
-                       [..., chunk[1]])  # [S, R, n]
-            split_ids.append(chunk[2][..., 0][chunk[1]])
+        totals, jsd = _evaluate_family(params, num_seeds, model_cfg, eval_set, proxy,
+                                       batch_size, seed_chunk_size, say)
         if progress is not None:
-            progress(spec)
-        quantiles = _jsd_quantiles(np.concatenate(jsd, axis=-1), np.concatenate(split_ids),
-                                   len(eval_set.split_names))
-        rows += _rows(spec, distributed.to_host(totals, num_seeds), quantiles, eval_set, seeds,
-                      healthy)
+            progress(proxy.spec)
+        split_ids = np.concatenate([c[2][..., 0][c[1]] for c in _eval_batches(eval_set,
+                                                                               batch_size)])
+        quantiles = _jsd_quantiles(jsd, split_ids, len(eval_set.split_names))
+        rows += _rows(proxy.spec, totals, quantiles, eval_set, seeds, healthy)
     return rows
+
+
+def _evaluate_family(params, num_seeds: int, model_cfg, eval_set: EvalSet, proxy: FittedProxy,
+                     batch_size: int, seed_chunk_size: int, say
+                     ) -> tuple[list[np.ndarray], np.ndarray]:
+    """One family's summed metrics per breakdown [S, R, bins, 5] and per-position JSD at the
+    evaluated positions [S, R, n], for the first `num_seeds` seeds of `params` (placed, maybe
+    padded), in chunks (see `evaluate`)."""
+    spec = proxy.spec
+    per_seed = spec.module.STATISTIC is not None  # else one proxy for all seeds
+    static = dict(model_cfg=model_cfg, method=spec.method, num_sizes=len(spec.sizes),
+                  num_bins=eval_set.num_bins)
+    widest = [jax.ShapeDtypeStruct((batch_size, *a.shape[1:]), a.dtype)
+              for a in (eval_set.tokens, eval_set.evaluated, eval_set.bins)]
+    chunk_size = seed_chunk(
+        lambda w: memory.compiled_bytes(
+            _eval_chunk, memory.seed_shapes(params, w),
+            memory.seed_shapes(proxy.params, w) if per_seed else proxy.params, *widest,
+            **static),
+        num_seeds, seed_chunk_size, say, what=f"evaluating {spec.method} on {spec.target}",
+        lower=f"proxies.eval_batch_size (now {batch_size})")
+
+    def one_chunk(params, proxy_params=proxy.params):
+        totals, jsd = None, []
+        for chunk in _eval_batches(eval_set, batch_size):
+            out, jsd_chunk = _eval_chunk(params, proxy_params, *chunk, **static)
+            totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
+            # Per-position JSD at the evaluated positions only, one family at a time.
+            jsd.append(np.asarray(distributed.to_host(jsd_chunk), np.float32)
+                       [..., chunk[1]])  # [S, R, n]
+        return distributed.to_host(totals), np.concatenate(jsd, axis=-1)
+
+    trees = [params, proxy.params] if per_seed else [params]
+    return over_seed_chunks(one_chunk, trees, num_seeds, chunk_size)
+
+
+def _eval_batches(eval_set: EvalSet, batch_size: int):
+    """[tokens, evaluated, bins] in chunks of batch_size sentences. Causal model: trailing
+    all-PAD columns change nothing, so a chunk is cut to the smallest split width that holds it
+    (one compilation per split width)."""
+    for chunk in padded_chunks([eval_set.tokens, eval_set.evaluated, eval_set.bins], batch_size):
+        used = int((chunk[0] != tasks.PAD).any(0).nonzero()[0].max()) + 1
+        width = min(w for w in eval_set.widths if w >= used)
+        yield [a[:, :width] for a in chunk]
 
 
 def _jsd_quantiles(jsd: np.ndarray, split_ids: np.ndarray, num_splits: int) -> np.ndarray:

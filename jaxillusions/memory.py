@@ -11,14 +11,21 @@ with the seeds on the device, so per seed = (step - tokens) / seeds per device.
 
 When the device reports its capacity (GPUs and TPUs: `memory_stats()["bytes_limit"]`) and the
 step does not fit, `describe` says how many seeds per chunk would (`train.seed_chunk_size`).
+
+The proxy stage plans its own chunks (`plan_seed_chunk`): the compiled call for all seeds is
+measured the same way and, if it does not fit in 90% of the capacity, the largest number of
+seeds per chunk that does is chosen (checked by compiling that width, the call that then runs).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import jax
 import numpy as np
+
+from jaxillusions import distributed
 
 GiB = 2**30
 
@@ -60,6 +67,62 @@ def capacity() -> int | None:
 def _abstract(tree):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
         x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
+
+
+def compiled_bytes(fn, *args, **static) -> int:
+    """One device's memory (XLA's memory_analysis: arguments + outputs - donated + temporaries)
+    of the jitted `fn` compiled for `args` (arrays or ShapeDtypeStructs; jit keeps the
+    compilation, so a later call with the same shapes and shardings does not compile again)."""
+    stats = fn.lower(*args, **static).compile().memory_analysis()
+    return int(stats.argument_size_in_bytes + stats.output_size_in_bytes
+               - stats.alias_size_in_bytes + stats.temp_size_in_bytes)
+
+
+def seed_shapes(tree, width: int):
+    """ShapeDtypeStructs of `tree` with its leading (seed) axis `width` wide and sharded over the
+    devices, as distributed.shard_seeds places it."""
+    sharding = distributed.seed_sharding()
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct((width, *np.shape(x)[1:]), x.dtype,
+                                                       sharding=sharding), tree)
+
+
+def plan_seed_chunk(bytes_for: Callable[[int], int], num_seeds: int, *, what: str, lower: str,
+                    force: str, headroom: float = 0.9) -> tuple[int, str | None]:
+    """(seeds per chunk, a line to print) for a call whose memory per device, for `width` seeds
+    over all devices, is `bytes_for(width)` (compiled_bytes of it). (0, None): all seeds at once,
+    because they fit or because the device does not report its capacity (CPU). Raises
+    ValueError (one line naming the config key `lower` to lower) when one seed per device does
+    not fit. `force`: the config key that sets the chunk size instead."""
+    cap = capacity()
+    if cap is None:
+        return 0, None
+    devices, width = jax.device_count(), distributed.padded_size(num_seeds)
+    total = bytes_for(width)
+    if total <= headroom * cap:
+        return 0, None
+    # Linear in the seeds per device, all of it counted per seed (the replicated tokens are
+    # tiny): smaller widths get a slightly larger share each (safe). The width chosen is
+    # compiled (the call that then runs) and checked, and lowered until it fits.
+    est = Estimate(total, 0, width // devices, devices, 1, cap)
+    chunk = max(devices, min(est.max_chunk_size(headroom) or 0, width - devices))
+    while True:
+        need = bytes_for(chunk)
+        if need <= headroom * cap:
+            return chunk, (f"{what}: {num_seeds} seeds at once need {_size(total)} per device "
+                           f"(XLA estimate), over 90% of its {_size(cap)}; running {chunk} seeds "
+                           f"per chunk ({_size(need)}), {-(-num_seeds // chunk)} chunks ({force} "
+                           "forces a size)")
+        if chunk == devices:
+            raise ValueError(f"{what} does not fit in device memory even at one seed per "
+                             f"device: XLA estimates {_size(need)} per device, capacity "
+                             f"{_size(cap)}; lower {lower}")
+        chunk = max(devices, min(chunk - devices, int(chunk * headroom * cap / need))
+                    // devices * devices)
+
+
+def _size(num_bytes: float) -> str:
+    return (f"{num_bytes / GiB:.1f} GiB" if num_bytes >= GiB / 10
+            else f"{num_bytes / 2**20:.1f} MiB")
 
 
 def estimate(step_fn, state, tokens, hparams, *, num_chunks: int = 1, **static) -> Estimate:

@@ -44,8 +44,10 @@ REPORTS = ("results.csv", "gap_table.txt", "figures")
 
 
 def _analysis_settings(config) -> dict:
+    """The settings that define the analysis' results (not proxies.seed_chunk_size: how many
+    seeds run at once changes no number)."""
     return {k: v for k, v in log_lib.flatten_config(config).items()
-            if k.startswith(("proxies.", "wen."))}
+            if k.startswith(("proxies.", "wen.")) and k != "proxies.seed_chunk_size"}
 
 
 def _write(path: str, data: str | bytes) -> None:
@@ -175,6 +177,8 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
     writes results.csv and the reports into `workdir`. Returns the rows."""
     pc = config.proxies
     stages = _Stages(workdir, say)
+    # Seeds per call (0: as many as fit the device; the same numbers either way).
+    chunking = dict(seed_chunk_size=pc.get("seed_chunk_size", 0), say=say)
 
     # Fitting: one stage file per proxy family. Statistics are collected for all families
     # together (as in an uninterrupted run) whenever one still needs fitting.
@@ -190,10 +194,10 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
             f"families on the training split ({len(splits['train'].tokens)} sentences)")
         stats = faithfulness.collect(params, splits["train"], model_cfg, specs,
                                      num_samples=pc.kmeans_samples,
-                                     batch_size=pc.collect_batch_size)
+                                     batch_size=pc.collect_batch_size, **chunking)
         for n, i in enumerate(todo, 1):
             proxy = faithfulness.fit_one(specs[i], i, stats, jax.random.PRNGKey(config.seed),
-                                         len(seeds))
+                                         len(seeds), **chunking)
             fitted[i] = jax.tree.map(np.asarray, proxy.params)
             _write(stages.path(i, specs[i], ".msgpack"), serialization.msgpack_serialize(
                 {"stamp": fit_stamps[i], "value": fitted[i]}))
@@ -214,7 +218,7 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
         if family is None:
             family = faithfulness.evaluate(
                 params, model_cfg, eval_set, [faithfulness.FittedProxy(spec, fitted[i])],
-                batch_size=pc.eval_batch_size, seeds=seeds, healthy=healthy)
+                batch_size=pc.eval_batch_size, seeds=seeds, healthy=healthy, **chunking)
             _write(path, json.dumps({"stamp": stamp, "value": family}))
         say(f"  [{i + 1}/{len(specs)}] {spec.method} on {spec.target}: sizes "
             f"{list(spec.sizes)}", flush=True)

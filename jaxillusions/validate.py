@@ -39,7 +39,8 @@ ANALYSIS_KEYS = (
 
 # Values of keys that a config may leave out (read with config.get): a workdir whose config.json
 # predates such a key matches a config that sets it to this value.
-DEFAULTS = {"train.seed_chunk_size": 0, "model.compute_dtype": "float32"}
+DEFAULTS = {"train.seed_chunk_size": 0, "model.compute_dtype": "float32",
+            "proxies.seed_chunk_size": 0}
 
 
 def is_analysis_key(key: str) -> bool:
@@ -143,6 +144,9 @@ RULES: dict[str, tuple[tuple[str, Callable], Callable[[Any, Any], bool], str]] =
     "proxies.kmeans_iters": (INT, _pos, ">= 1"),
     "proxies.collect_batch_size": (INT, _pos, ">= 1"),
     "proxies.eval_batch_size": (INT, _pos, ">= 1"),
+    # Seeds per call of the proxy stage (collect, fit, evaluate); 0: as many as fit the device.
+    # An analysis key (proxies.*): it changes no number (README, "Scaling out").
+    "proxies.seed_chunk_size": (INT, _nonneg, ">= 0 (0: as many as fit the device)"),
     "proxies.gap_baseline": (STR, _any, "a split of proxies.eval_splits (checked below)"),
     # Wen et al. measurements (wen.check_config checks them against the model)
     "wen.enabled": (BOOL, _any, "true or false"),
