@@ -100,9 +100,9 @@ def plan_seed_chunk(bytes_for: Callable[[int], int], num_seeds: int, *, what: st
     total = bytes_for(width)
     if total <= headroom * cap:
         return 0, None
-    # Linear in the seeds per device, all of it counted per seed (the replicated tokens are
-    # tiny): smaller widths get a slightly larger share each (safe). The width chosen is
-    # compiled (the call that then runs) and checked, and lowered until it fits.
+    # First guess: linear in the seeds per device, all of it counted per seed (the replicated
+    # tokens are small). A seed-independent part makes that guess low for fewer seeds, so the
+    # width is compiled (the call that then runs: jit keeps it) and lowered until it fits.
     est = Estimate(total, 0, width // devices, devices, 1, cap)
     chunk = max(devices, min(est.max_chunk_size(headroom) or 0, width - devices))
     while True:
