@@ -195,6 +195,8 @@ def over_seed_chunks(run, trees: Sequence, num_seeds: int, chunk_size: int):
     (0: one chunk), each placed over the devices (distributed.shard_seeds, padded); returns the
     outputs (a pytree with a leading seed axis) as numpy, joined, the first `num_seeds`."""
     chunks = distributed.seed_chunks(num_seeds, chunk_size)
+    if len(chunks) > 1:  # cut on the host (placed arrays may live on several processes)
+        trees = [distributed.to_host(t) for t in trees]
     outs = []
     for index in chunks:
         part = trees if len(chunks) == 1 else [
