@@ -1,4 +1,5 @@
-"""Datasets: Dyck-(k, m) with generalization splits (dyck.py)."""
+"""Datasets: Dyck-(k, m) with generalization splits (dyck.py); the on-disk cache of generated
+data, shared with the code task (cache.py)."""
 
 from collections.abc import Iterator, Sequence
 

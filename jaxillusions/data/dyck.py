@@ -12,14 +12,12 @@ import dataclasses
 import hashlib
 import json
 import numbers
-import os
-import tempfile
-import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from jaxillusions.data import cache
 
 PAD, BOS, EOS = 0, 1, 2
 # New splits go at the end: each split's random stream is derived from its index here.
@@ -336,12 +334,9 @@ def make_splits(cfg: Any) -> dict[str, Split]:
 
 def cache_path(cfg: Any, cache_dir: str | None = None) -> str:
     """The .npz file load_or_make uses for cfg (name hashes the data config values)."""
-    p = _params(cfg)
-    d = cache_dir or getattr(cfg, "cache_dir", "") or os.environ.get("JAXILLUSIONS_CACHE") \
-        or "~/.cache/jaxillusions"
-    key = json.dumps({**p, "version": _CACHE_VERSION}, sort_keys=True)
+    key = json.dumps({**_params(cfg), "version": _CACHE_VERSION}, sort_keys=True)
     name = f"dyck-{hashlib.sha256(key.encode()).hexdigest()[:16]}.npz"
-    return os.path.join(os.path.expanduser(d), name)
+    return cache.path(name, cache_dir, getattr(cfg, "cache_dir", ""))
 
 
 def _load(path: str, p: dict[str, int]) -> dict[str, Split]:
@@ -363,34 +358,10 @@ def load_or_make(cfg: Any, cache_dir: str | None = None,
                  verbose: bool = True) -> dict[str, Split]:
     """make_splits(cfg), cached as one .npz of token arrays (annotations are recomputed)."""
     p = _params(cfg)
-    path = cache_path(cfg, cache_dir)
-    if os.path.exists(path):
-        try:
-            splits = _load(path, p)
-            if verbose:
-                print(f"dyck data: loaded {path}")
-            return splits
-        except Exception as e:  # any unreadable/foreign file: the cache is only an optimization
-            warnings.warn(f"dyck data: unreadable cache {path} ({e!r}); regenerating",
-                          stacklevel=2)
-    t0 = time.perf_counter()
-    splits = make_splits(cfg)
-    dt = time.perf_counter() - t0
     dtype = np.uint8 if vocab_size(p["num_types"]) <= 256 else np.int32
-    where = f"cached at {path}"
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **{n: s.tokens.astype(dtype) for n, s in splits.items()})
-            os.replace(tmp, path)  # atomic: readers never see a half-written file
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError as e:
-        warnings.warn(f"dyck data: could not write cache {path} ({e!r})", stacklevel=2)
-        where = "not cached"
-    if verbose:
-        print(f"dyck data: generated in {dt:.1f}s, {where}")
-    return splits
+
+    def save(path: str, splits: dict[str, Split]) -> None:
+        cache.save_npz(path, {n: s.tokens.astype(dtype) for n, s in splits.items()})
+
+    return cache.load_or_make(cache_path(cfg, cache_dir), lambda path: _load(path, p),
+                              lambda: make_splits(cfg), save, "dyck data", verbose)

@@ -38,7 +38,6 @@ import numbers
 import os
 import shutil
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Mapping
@@ -46,6 +45,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from jaxillusions.data import cache
 from jaxillusions.tasks.code import corpus, lexer
 from jaxillusions.tasks.code.lexer import CATEGORIES, LANGUAGES
 
@@ -580,9 +580,7 @@ def cache_path(data_cfg: Any, cache_dir: str | None = None) -> str:
 
 
 def _path(p: dict[str, Any], cache_dir: str | None, key: str) -> str:
-    d = cache_dir or p["cache_dir"] or os.environ.get("JAXILLUSIONS_CACHE") \
-        or "~/.cache/jaxillusions"
-    return os.path.join(os.path.expanduser(d), f"code-{key}.npz")
+    return cache.path(f"code-{key}.npz", cache_dir, p["cache_dir"])
 
 
 _FIELDS = ("tokens", "category", "bracket_depth", "file_id", "lengths", "max_depth")
@@ -596,15 +594,7 @@ def _save(path: str, data: CodeData) -> None:
         for f in _FIELDS:
             a = getattr(s, f)
             arrays[f"{name}__{f}"] = a.astype(np.uint16) if f == "tokens" else a
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez_compressed(f, **arrays)
-        os.replace(tmp, path)  # atomic: readers never see a half-written file
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    cache.save_npz(path, arrays, compressed=True)
 
 
 def _load(path: str, p: dict[str, Any]) -> CodeData:
@@ -642,21 +632,6 @@ def load_or_make(data_cfg: Any, cache_dir: str | None = None, verbose: bool = Tr
         warnings.warn(f"code data: the other_language split is skipped: {other[1]} (set "
                       f"data.other_source to a directory or jsonl files, or '' to silence)",
                       stacklevel=2)
-    path = _path(p, cache_dir, _cache_key(p, src, other))
-    if os.path.exists(path):
-        try:
-            data = _load(path, p)
-            _log(verbose, f"loaded {path}")
-            return data
-        except Exception as e:  # any unreadable/foreign file: the cache is only an optimization
-            warnings.warn(f"code data: unreadable cache {path} ({e!r}); regenerating",
-                          stacklevel=2)
-    data = _make(p, src, other, verbose)
-    where = f"cached at {path}"
-    try:
-        _save(path, data)
-    except OSError as e:
-        warnings.warn(f"code data: could not write cache {path} ({e!r})", stacklevel=2)
-        where = "not cached"
-    _log(verbose, f"made in {data.report['timings']['total_s']:.1f}s, {where}")
-    return data
+    return cache.load_or_make(_path(p, cache_dir, _cache_key(p, src, other)),
+                              lambda path: _load(path, p), lambda: _make(p, src, other, verbose),
+                              _save, "code data", verbose)
