@@ -15,12 +15,12 @@ import argparse
 import numpy as np
 import pandas as pd
 
-from jaxillusions.analysis import stats
+from jaxillusions.analysis import load_results, stats
 
 
 def _table(workdir: str) -> pd.DataFrame:
-    rows = pd.read_csv(f"{workdir}/results.csv")
-    return rows[rows.breakdown == "all"].fillna({"site": ""})
+    rows = load_results(workdir)
+    return rows[rows.breakdown == "all"].astype({"method": str})  # proxies in name order
 
 
 def compare(dir_a: str, dir_b: str, baseline: str = "iid") -> dict[str, list[dict]]:

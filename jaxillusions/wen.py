@@ -13,7 +13,6 @@ over the leading seed (member) axis of the parameters.
 
 from __future__ import annotations
 
-import csv
 import functools
 import itertools
 import math
@@ -26,6 +25,7 @@ from scipy import stats
 
 from jaxillusions import metrics
 from jaxillusions import model as model_lib
+from jaxillusions.analysis import tables
 from jaxillusions.data import dyck
 
 # ------------------------------------------------------------------------- attention variation
@@ -368,7 +368,7 @@ def run_stage(state, results, model_cfg: model_lib.ModelConfig, config, workdir:
 
     os.makedirs(os.path.join(workdir, "figures"), exist_ok=True)
     for name, table in (("wen_results.csv", rows), ("wen_attention.csv", attention)):
-        write_csv(table, os.path.join(workdir, name))
+        tables.write_csv(table, os.path.join(workdir, name), list(table[0]))
     text = summary(rows, attention, config)
     with open(os.path.join(workdir, "wen_summary.txt"), "w") as f:
         f.write(text + "\n")
@@ -392,31 +392,6 @@ def run_stage(state, results, model_cfg: model_lib.ModelConfig, config, workdir:
                       if key in rows[0]}
         writer.scalars(config.train.num_steps, per_member, healthy=healthy)
     return rows, attention
-
-
-def write_csv(rows: list[dict], path: str) -> None:
-    """Rows with equal keys to a CSV file, atomically (a temp file, then rename)."""
-    with open(path + ".tmp", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(path + ".tmp", path)
-
-
-def read_csv(path: str) -> list[dict]:
-    """A CSV written by write_csv, numbers as floats/ints, True/False as bools."""
-    def value(v: str):
-        if v in ("True", "False"):
-            return v == "True"
-        for kind in (int, float):
-            try:
-                return kind(v)
-            except ValueError:
-                pass
-        return v
-
-    with open(path, newline="") as f:
-        return [{k: value(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
 def _fmt(mean: float, ci: float) -> str:

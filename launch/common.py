@@ -69,17 +69,24 @@ def _unknown_key(argv: list[str], path: str) -> str | None:
     return None
 
 
-def parse(argv: list[str]):
+def parse_flags(argv: list[str]) -> None:
     """Parses the flags; a bad flag or config override is a one-line error, not a traceback."""
+    try:
+        flags.FLAGS(argv)
+    except (flags.Error, KeyError, AttributeError, ValueError, TypeError) as err:
+        path = _flag_value(argv, "config")
+        message = _unknown_key(argv, path) if path else None
+        sys.exit(f"error: {message or str(err).splitlines()[0]}")
+
+
+def parse(argv: list[str]):
+    """parse_flags, then (config, workdir): both are required, and the config file must exist
+    and load."""
     path = _flag_value(argv, "config")
     if path is not None and not os.path.isfile(path.partition(":")[0]):
         sys.exit(f"error: config file {path.partition(':')[0]} not found (run from the "
                  "repository root, e.g. --config=configs/dyck_small.py)")
-    try:
-        flags.FLAGS(argv)
-    except (flags.Error, KeyError, AttributeError, ValueError, TypeError) as err:
-        message = _unknown_key(argv, path) if path else None
-        sys.exit(f"error: {message or str(err).splitlines()[0]}")
+    parse_flags(argv)
     if CONFIG.value is None or WORKDIR.value is None:
         sys.exit("error: --config and --workdir are required, e.g. "
                  "--config=configs/dyck_small.py --workdir=runs/dyck_small")

@@ -15,7 +15,7 @@ from absl import flags
 
 from configs import wen_attention_variation
 from jaxillusions import distributed, sweep, wen
-from jaxillusions.analysis import figures
+from jaxillusions.analysis import figures, tables
 from launch import common
 
 VARIANTS = flags.DEFINE_list("variants", list(wen_attention_variation.VARIANTS),
@@ -23,32 +23,28 @@ VARIANTS = flags.DEFINE_list("variants", list(wen_attention_variation.VARIANTS),
 
 
 def run_variants(configs: dict, workdir: str, start_over: bool) -> None:
-    tables = []
     for variant, config in configs.items():
         sweep.run(config, os.path.join(workdir, variant), start_over=start_over)
-        if distributed.is_main():  # process 0 wrote the variant's files
-            tables += wen.read_csv(os.path.join(workdir, variant, "wen_attention.csv"))
-    if not distributed.is_main():
+    if not distributed.is_main():  # process 0 wrote the variants' files
         return
-    wen.write_csv(tables, os.path.join(workdir, "wen_attention.csv"))
+    rows = [row for variant in configs
+            for row in tables.read_csv(os.path.join(workdir, variant, "wen_attention.csv"))]
+    tables.write_csv(rows, os.path.join(workdir, "wen_attention.csv"), list(rows[0]))
     lines = [f"{'architecture':<16} {'layer':>5} {'seeds':>5}  variation [95% jackknife interval]"
              f"  random baseline (causal)"]
-    for r in tables:
+    for r in rows:
         lines.append(f"{r['label']:<16} {r['layer']:>5} {r['num_seeds']:>5}  "
                      f"{r['variation']:.3f} [{r['low']:.3f}, {r['high']:.3f}]  "
                      f"{r['random_baseline']:.3f}")
     text = "\n".join(lines)
     with open(os.path.join(workdir, "wen_attention_table.txt"), "w") as f:
         f.write(text + "\n")
-    figures.save(wen.attention_figure(tables), os.path.join(workdir, "wen_attention_variation.png"))
+    figures.save(wen.attention_figure(rows), os.path.join(workdir, "wen_attention_variation.png"))
     print(text)
 
 
 def main() -> None:
-    try:
-        flags.FLAGS(sys.argv)
-    except flags.Error as err:
-        sys.exit(f"error: {str(err).splitlines()[0]}")
+    common.parse_flags(sys.argv)
     if common.WORKDIR.value is None:
         sys.exit("error: --workdir is required, e.g. --workdir=runs/wen_attention")
     if common.CONFIG.value is not None:

@@ -19,7 +19,10 @@ STAT_COLUMNS = {"gaps": stats.GAP_COLUMNS, "proxy_vs_original": stats.PROXY_COLU
                 "id_predicts_gap": stats.CORRELATION_COLUMNS, "min_size": stats.MIN_SIZE_COLUMNS}
 # gaps_by_<breakdown>.csv: the paired gaps of one bin of a labelled breakdown (code: category)
 BIN_GAP_COLUMNS = ("breakdown", "bin", "label") + stats.GAP_COLUMNS
-_INT_COLUMNS = ("seed", "size", "n", "n_seeds", "seeds_positive")
+_INT_COLUMNS = ("seed", "size", "n", "n_seeds", "seeds_positive",
+                "layer", "head", "num_seeds", "num_pairs", "prefix_len")  # + wen_attention.csv
+_TEXT_COLUMNS = ("site", "method", "split", "breakdown", "bin", "metric", "baseline", "predictor",
+                 "label")
 
 
 def _cell(value):
@@ -46,8 +49,7 @@ def read_csv(path: str) -> list[dict]:
         for key, value in row.items():
             if key in _INT_COLUMNS:
                 row[key] = int(value)
-            elif key not in ("site", "method", "split", "breakdown", "bin", "metric",
-                             "baseline", "predictor"):
+            elif key not in _TEXT_COLUMNS:
                 row[key] = float(value) if value != "" else math.nan
     return rows
 
