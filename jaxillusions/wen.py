@@ -25,8 +25,8 @@ from scipy import stats
 
 from jaxillusions import metrics
 from jaxillusions import model as model_lib
-from jaxillusions.analysis import tables
-from jaxillusions.data import dyck
+from jaxillusions.analysis import figures, tables
+from jaxillusions.data import dyck, padded_chunks
 
 # ------------------------------------------------------------------------- attention variation
 
@@ -257,8 +257,6 @@ def length_generalization(params, cfg: model_lib.ModelConfig, tokens: np.ndarray
     position = np.arange(tokens.shape[1])
     evaluate = np.isin(tokens, cfg.close_ids) & (position >= min_len)
     total = None
-    from jaxillusions.data import padded_chunks  # noqa: PLC0415
-
     for chunk, ok in padded_chunks([tokens, evaluate], batch_size):
         out = _length_scores(params, chunk, ok, threshold, cfg=cfg,
                              members_per_call=members_per_call)
@@ -381,8 +379,6 @@ def run_stage(state, results, model_cfg: model_lib.ModelConfig, config, workdir:
         figs["wen_length_generalization"] = length_figure(rows)
     if "balance_violation" in rows[0] and "length_gen_acc" in rows[0]:
         figs["wen_balance_vs_length"] = balance_figure(rows)
-    from jaxillusions.analysis import figures  # noqa: PLC0415
-
     with log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), members.labels) as writer:
         for name, fig in figs.items():
             writer.image(f"wen/{name}", fig)
@@ -451,8 +447,6 @@ def summary(rows: list[dict], attention: list[dict], config) -> str:
 
 
 def attention_figure(attention: list[dict]):
-    from jaxillusions.analysis import figures  # noqa: PLC0415
-
     plt = figures._pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
     names = [f"{a['label']}\nL{a['layer']}" + (f" cw{a['contrastive_weight']:g}"
@@ -472,8 +466,6 @@ def attention_figure(attention: list[dict]):
 
 
 def length_figure(rows: list[dict]):
-    from jaxillusions.analysis import figures  # noqa: PLC0415
-
     plt = figures._pyplot()
     weights = sorted({r["contrastive_weight"] for r in rows})
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
@@ -496,8 +488,6 @@ def length_figure(rows: list[dict]):
 
 
 def balance_figure(rows: list[dict]):
-    from jaxillusions.analysis import figures  # noqa: PLC0415
-
     plt = figures._pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for w in sorted({r["contrastive_weight"] for r in rows}):
@@ -513,8 +503,6 @@ def balance_figure(rows: list[dict]):
 
 
 def _patterns_figure(patterns: dict, prefix: np.ndarray, k: int, labels, shown: int = 4):
-    from jaxillusions.analysis import figures  # noqa: PLC0415
-
     plt = figures._pyplot()
     names = {dyck.BOS: "BOS"}
     ticks = [names.get(int(t), ("(" if t < 3 + k else ")") + str((int(t) - 3) % k))

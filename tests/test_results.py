@@ -111,3 +111,24 @@ def test_load_results_reads_the_old_layout_and_config_order(tmp_path):
         results.load_results(str(tmp_path), splits=("iid", "seen_structure", "unseen_depth"))
     with pytest.raises(FileNotFoundError, match="not a jaxillusions workdir|not found"):
         results.load_run(os.path.join(str(tmp_path), "missing"))
+
+
+def test_compare_runs_pairs_seeds(tmp_path):
+    from benchmarks import compare_runs
+
+    rows = _rows()
+    changed = [{**r, "acc_original": r["acc_original"] + 0.05 * (r["split"] == "longer"),
+                "same_pred": r["same_pred"] + 0.02 * (r["split"] == "unseen_depth")}
+               for r in rows]
+    for name, table in (("a", rows), ("b", changed)):
+        os.makedirs(tmp_path / name)
+        results.write_csv(table, str(tmp_path / name / "results.csv"))
+    out = compare_runs.compare(str(tmp_path / "a"), str(tmp_path / "b"))
+    acc = {r["name"]: r for r in out["accuracy"]}
+    assert list(acc) == list(SPLITS) and {r["n_seeds"] for r in acc.values()} == {2}
+    assert acc["longer"]["diff"] == pytest.approx(0.05)
+    assert acc["iid"]["diff"] == pytest.approx(0.0)
+    gaps = {r["name"]: r["diff"] for r in out["gaps"]}
+    assert len(gaps) == 3 * (len(SPLITS) - 1)  # svd 1, svd 2, uniform_attention; not iid
+    assert gaps["svd blocks.1.attn.k 2 unseen_depth"] == pytest.approx(-0.02)  # iid minus split
+    assert gaps["uniform_attention blocks.1.attn.pattern 0 longer"] == pytest.approx(0.0)
