@@ -1,5 +1,6 @@
 import collections
 import itertools
+import os
 import random
 
 import numpy as np
@@ -7,7 +8,7 @@ import pytest
 import scipy.stats
 from ml_collections import ConfigDict
 
-from jaxillusions.data import dyck
+from jaxillusions.data import cache, dyck
 
 BASE = dict(num_types=3, max_depth=3, num_train=3000, num_eval=200, min_len=2, max_len=16,
             longer_max_len=28, depth_extra=2, seed=0, cache_dir="")
@@ -252,6 +253,23 @@ def test_cache_roundtrip_and_corrupt(tmp_path, capsys, monkeypatch):
     np.testing.assert_array_equal(third["train"].tokens, first["train"].tokens)
     dyck.load_or_make(cfg, cache_dir=str(tmp_path))
     assert "loaded" in capsys.readouterr().out
+
+
+def test_cache_directory_chain_and_unwritable_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("JAXILLUSIONS_CACHE", str(tmp_path / "env"))
+    assert cache.path("x.npz") == cache.path("x.npz", "", None) == str(tmp_path / "env" / "x.npz")
+    assert cache.path("x.npz", "", str(tmp_path / "cfg")) == str(tmp_path / "cfg" / "x.npz")
+    assert cache.path("x.npz", "a", "b") == "a/x.npz"  # the argument before the config
+    monkeypatch.delenv("JAXILLUSIONS_CACHE")
+    assert cache.path("x.npz") == os.path.expanduser("~/.cache/jaxillusions/x.npz")
+    # A cache directory that cannot be made (a file is in the way) only warns; no temp files.
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.warns(UserWarning, match="could not write cache"):
+        splits = dyck.load_or_make(make_cfg(num_train=500, num_eval=50),
+                                   cache_dir=str(blocker / "sub"), verbose=False)
+    assert splits["train"].tokens.shape[0] == 500
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
 @pytest.mark.parametrize("kw, match", [
