@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The GPU measurements of README "Speed", in parts that each fit in about 10 minutes on one H100:
+#
+#   bash benchmarks/gpu.sh smoke       # versions; the Dyck demo end to end (4 min 18 s on an H100)
+#   bash benchmarks/gpu.sh reference   # benchmark of the reference model, 1-256 seeds
+#   bash benchmarks/gpu.sh paper       # benchmark and profile of the configs/dyck.py model
+#   bash benchmarks/gpu.sh sweep       # configs/dyck.py end to end with 32 seeds (timed)
+#
+# Logs and JSON go to $OUT (default runs/gpu). Run from the repository root with the project
+# installed (or on PYTHONPATH).
+set -euo pipefail
+out=${OUT:-runs/gpu}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+log() { tee "$out/$1.log" | grep -v -E '^(dyck data|W[0-9]{4} )'; }
+
+case ${1:-} in
+  smoke)
+    nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv
+    python -c "import jax, torch; print('jax', jax.__version__, jax.devices(), 'torch', \
+torch.__version__)"
+    { time python -m launch.sweep --config=configs/dyck_small.py --workdir="$out/smoke" \
+        --config.train.num_steps=1000; } 2>&1 | log smoke | tail -4 ;;
+  reference)
+    python -m launch.benchmark --seeds=1,8,32,128,256 --loop_max_seeds=8 --bfloat16 \
+      --proxy_seeds=256 --proxy_batch_size=256 --out="$out/reference.json" 2>&1 | log reference ;;
+  paper)
+    python -m benchmarks.profile --config=configs/dyck.py --seeds=128 2>&1 | log profile | head -24
+    python -m launch.benchmark --config=configs/dyck.py --seeds=8,128,256 --loop_max_seeds=8 \
+      --steps=10 --repeats=2 --bfloat16 --no_kmeans --proxy_seeds=256 --proxy_batch_size=256 \
+      --out="$out/paper.json" 2>&1 | log paper ;;
+  sweep)
+    { time python -m launch.sweep --config=configs/dyck.py --workdir="$out/sweep" \
+        --config.train.num_seeds=32; } 2>&1 | log sweep | tail -30 ;;
+  *)
+    echo "usage: bash benchmarks/gpu.sh smoke|reference|paper|sweep" >&2
+    exit 2 ;;
+esac
