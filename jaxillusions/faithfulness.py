@@ -378,13 +378,13 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     """
     rows, num_seeds = [], jax.tree.leaves(params)[0].shape[0]
     params = distributed.shard_seeds(params)  # placed once for all families (padded)
+    # The split of each evaluated position, in the order of the per-position JSD.
+    split_ids = np.concatenate([c[2][..., 0][c[1]] for c in _eval_batches(eval_set, batch_size)])
     for proxy in fitted:
         totals, jsd = _evaluate_family(params, num_seeds, model_cfg, eval_set, proxy,
                                        batch_size, seed_chunk_size, say)
         if progress is not None:
             progress(proxy.spec)
-        split_ids = np.concatenate([c[2][..., 0][c[1]] for c in _eval_batches(eval_set,
-                                                                               batch_size)])
         quantiles = _jsd_quantiles(jsd, split_ids, len(eval_set.split_names))
         rows += _rows(proxy.spec, totals, quantiles, eval_set, seeds, healthy)
     return rows

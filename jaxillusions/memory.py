@@ -109,9 +109,9 @@ def plan_seed_chunk(bytes_for: Callable[[int], int], num_seeds: int, *, what: st
         need = bytes_for(chunk)
         if need <= headroom * cap:
             return chunk, (f"{what}: {num_seeds} seeds at once need {_size(total)} per device "
-                           f"(XLA estimate), over 90% of its {_size(cap)}; running {chunk} seeds "
-                           f"per chunk ({_size(need)}), {-(-num_seeds // chunk)} chunks ({force} "
-                           "forces a size)")
+                           f"(XLA estimate), over {headroom:.0%} of its {_size(cap)}; running "
+                           f"{chunk} seeds per chunk ({_size(need)}), {-(-num_seeds // chunk)} "
+                           f"chunks ({force} forces a size)")
         if chunk == devices:
             raise ValueError(f"{what} does not fit in device memory even at one seed per "
                              f"device: XLA estimates {_size(need)} per device, capacity "
@@ -128,14 +128,11 @@ def _size(num_bytes: float) -> str:
 def estimate(step_fn, state, tokens, hparams, *, num_chunks: int = 1, **static) -> Estimate:
     """Compiles `step_fn` (a jitted function such as train.train_steps) for the given placed
     arguments (only their shapes and shardings are used) and reads its memory analysis."""
-    compiled = step_fn.lower(_abstract(state), _abstract(tokens), _abstract(hparams),
-                             **static).compile()
-    stats = compiled.memory_analysis()
-    step = (stats.argument_size_in_bytes + stats.output_size_in_bytes
-            - stats.alias_size_in_bytes + stats.temp_size_in_bytes)
+    step = compiled_bytes(step_fn, _abstract(state), _abstract(tokens), _abstract(hparams),
+                          **static)
     width = jax.tree.leaves(state)[0].shape[0]
     devices = jax.device_count()
-    return Estimate(step_bytes=int(step), fixed_bytes=int(np.prod(tokens.shape))
+    return Estimate(step_bytes=step, fixed_bytes=int(np.prod(tokens.shape))
                     * tokens.dtype.itemsize, seeds_per_device=-(-width // devices),
                     num_devices=devices, num_chunks=num_chunks, capacity=capacity())
 
