@@ -1,6 +1,7 @@
 """The benchmark runs end to end on a tiny config (no timing asserts), its FLOP count agrees with
 XLA's, and its PyTorch baseline is the same model as jaxillusions.model."""
 
+import importlib.util
 import json
 
 import jax
@@ -22,7 +23,10 @@ def test_benchmark_smoke(config):
     assert [r["num_seeds"] for r in rows] == [2, 3]
     assert [len(s["training"]) for s in saved] == [1, 2, 2]  # rows, then the proxies
     assert "proxy_fit_and_evaluate" in saved[-1] and "proxy_fit_and_evaluate" not in saved[1]
-    assert ("torch_loop_seed_steps_per_s" in rows[0]) == report["torch"].startswith("torch ")
+    # The PyTorch loop runs exactly when torch is installed (its note then names the version).
+    has_torch = importlib.util.find_spec("torch") is not None
+    assert ("torch_loop_seed_steps_per_s" in rows[0]) == has_torch
+    assert report["torch"].startswith("torch not installed") != has_torch
     for row in rows:
         assert row["sweep_seed_steps_per_s"] > 0
         assert row["sweep_bf16_seed_steps_per_s"] > 0
