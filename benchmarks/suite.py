@@ -34,6 +34,13 @@ def _torch_status(config) -> tuple[bool, str]:
     return True, torch_loop.describe()
 
 
+def _reraise_unless_out_of_memory(error: Exception) -> None:
+    """Out of device memory is a result of the benchmark (reported, the run goes on); any other
+    runtime error is not."""
+    if "RESOURCE_EXHAUSTED" not in str(error):
+        raise error
+
+
 def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
         proxy_seeds: int, with_torch: bool = True, with_kmeans: bool = True,
         bfloat16: bool = False, peak_n: int | None = None, say=print,
@@ -76,8 +83,7 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
                                         torch_loop=torch_ok and n <= loop_max_seeds,
                                         bfloat16=bfloat16, xla_flops=not rows)
         except jax.errors.JaxRuntimeError as e:
-            if "RESOURCE_EXHAUSTED" not in str(e):
-                raise
+            _reraise_unless_out_of_memory(e)
             say(f"{n:>5} | out of device memory; larger seed counts skipped")
             report["training_out_of_memory_at"] = n
             break
@@ -111,8 +117,7 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
     try:
         pf = proxies.bench_fit_and_evaluate(config, proxy_seeds, repeats)
     except jax.errors.JaxRuntimeError as e:
-        if "RESOURCE_EXHAUSTED" not in str(e):
-            raise
+        _reraise_unless_out_of_memory(e)
         say(f"  SVD fit and evaluation of {proxy_seeds} seeds: out of device memory (lower "
             "--proxy_batch_size or --proxy_seeds)")
         report["proxy_fit_and_evaluate"] = {"num_seeds": proxy_seeds, "error": "out of memory"}

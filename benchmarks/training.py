@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import reference
-from jaxillusions import train
+from jaxillusions import distributed, train
 
 
 def times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
@@ -75,16 +75,21 @@ def peak_memory_bytes() -> dict:
 def training_row(config, splits, model_cfg, tx, num_seeds: int, *, steps: int, repeats: int,
                  peak: dict, loop: bool = True, torch_loop: bool = True,
                  bfloat16: bool = False, xla_flops: bool = True) -> dict:
-    """Seed-steps/s of the sweep (train.train_steps over all seeds), of a JAX loop over seeds
+    """Seed-steps/s of the sweep (train.train_steps over all seeds, sharded over all devices
+    as launch.train shards them), of a JAX loop over seeds
     (the same jitted train_steps, one seed per call), of a PyTorch loop over seeds of the same
     model (when torch is installed) and of the sweep with model.compute_dtype="bfloat16" (if
     `bfloat16`), measured side by side; and the sweep's MFU. `xla_flops`: also compile a
     one-step sweep for XLA's FLOP count (one more compilation: slow on GPUs)."""
-    tokens = jnp.asarray(splits["train"].tokens)
+    local_tokens = jnp.asarray(splits["train"].tokens)
     objective = train.objective_from_config(config)
     run = dict(model_cfg=model_cfg, tx=tx, batch_size=config.train.batch_size,
                objective=objective)
-    state = train.init_state(np.arange(num_seeds), model_cfg, tx)
+    host_state = train.init_state(np.arange(num_seeds), model_cfg, tx)
+    # The sweep runs as launch.train runs it: seeds sharded over every device (padded to a
+    # multiple of the device count), tokens on each; the loops run one seed on one device.
+    ((state, _),), tokens = train.place_on_devices(host_state, {}, splits["train"].tokens,
+                                                   distributed.seed_chunks(num_seeds))
     fns = {"sweep": lambda: train.train_steps(
         jax.tree.map(jnp.copy, state), tokens, num_steps=steps, **run)[1]}  # donated: copy
     if bfloat16:
@@ -92,8 +97,9 @@ def training_row(config, splits, model_cfg, tx, num_seeds: int, *, steps: int, r
         fns["sweep_bf16"] = lambda: train.train_steps(
             jax.tree.map(jnp.copy, state), tokens, num_steps=steps, **bf16_run)[1]
     if loop:
-        singles = [jax.tree.map(lambda x, i=i: x[i:i + 1], state) for i in range(num_seeds)]
-        fns["jax_loop"] = lambda: [train.train_steps(jax.tree.map(jnp.copy, s), tokens,
+        singles = [jax.tree.map(lambda x, i=i: x[i:i + 1], host_state)
+                   for i in range(num_seeds)]
+        fns["jax_loop"] = lambda: [train.train_steps(jax.tree.map(jnp.copy, s), local_tokens,
                                                      num_steps=steps, **run)[1]
                                    for s in singles]
     if torch_loop:
@@ -107,18 +113,22 @@ def training_row(config, splits, model_cfg, tx, num_seeds: int, *, steps: int, r
     seconds = best_times(fns, repeats)
     flops = reference.train_flops(model_cfg, config.train.batch_size,
                                   splits["train"].tokens.shape[1] - 1)
-    xla = xla_step_flops(state, tokens, run) if xla_flops else None
-    row = {"num_seeds": num_seeds, "steps_per_call": steps,
+    xla = xla_step_flops(host_state, local_tokens, run) if xla_flops else None
+    row = {"num_seeds": num_seeds, "devices": len(state.healthy.sharding.device_set),
+           "padded_seeds": distributed.padded_size(num_seeds), "steps_per_call": steps,
            "model_flops_per_seed_step": flops,
            "xla_flops_per_seed_step": None if xla is None else xla / num_seeds}
     for name, s in seconds.items():
         row[f"{name}_seed_steps_per_s"] = num_seeds * steps / s
-    row["sweep_mfu"] = row["sweep_seed_steps_per_s"] * flops / peak["flops_per_s"]
+    # The sweep's peak is one device's times the device count, except on a CPU, whose host
+    # devices (--xla_force_host_platform_device_count) share the cores the peak matmul used.
+    devices = 1 if jax.default_backend() == "cpu" else jax.device_count()
+    row["sweep_mfu"] = row["sweep_seed_steps_per_s"] * flops / (devices * peak["flops_per_s"])
     for name in ("jax_loop", "torch_loop"):  # speed-ups of the sweep
         if name in seconds:
             row[f"sweep_over_{name}"] = seconds[name] / seconds["sweep"]
     if "sweep_bf16" in seconds:  # speed-up of bf16 over f32
         row["bf16_over_f32"] = seconds["sweep"] / seconds["sweep_bf16"]
         row["sweep_bf16_mfu"] = (row["sweep_bf16_seed_steps_per_s"] * flops
-                                 / peak["bf16_flops_per_s"])
+                                 / (devices * peak["bf16_flops_per_s"]))
     return row

@@ -3,6 +3,9 @@ XLA's, and its PyTorch baseline is the same model as jaxillusions.model."""
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -11,6 +14,8 @@ import pytest
 from benchmarks import reference, suite
 from jaxillusions import model as model_lib
 from jaxillusions import train, validate
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_benchmark_smoke(config):
@@ -89,3 +94,21 @@ def test_compute_dtype_is_a_validated_training_key(config):
     config.model.compute_dtype = "bfloat16"
     validate.validate(config)
     assert train.model_config(config).compute_dtype == "bfloat16"
+
+
+def test_benchmark_sweep_runs_on_every_device(cache_dir):
+    # With 4 CPU devices, 3 seeds run as launch.train runs them: padded to 4, one per device;
+    # the reported rate counts the 3 real seeds.
+    code = ("import json, sys; sys.path[:0] = ['tests']; import conftest, jax; "
+            "from benchmarks import training; from jaxillusions import train; "
+            f"config = conftest.tiny_config({cache_dir!r}); splits, m, tx = train.build(config); "
+            "row = training.training_row(config, splits, m, tx, 3, steps=2, repeats=1, "
+            "peak=training.peak_flops(256), loop=False, torch_loop=False, xla_flops=False); "
+            "print(json.dumps(row))")
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (row["num_seeds"], row["devices"], row["padded_seeds"]) == (3, 4, 4)
+    assert 0 < row["sweep_mfu"] < 1
