@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from jaxillusions import checkpoint, faithfulness, memory, sweep, train, validate
+from jaxillusions import faithfulness, memory, sweep, train, validate
 
 NUM_SEEDS = 3  # not a multiple of the chunk of 2: the last chunk is padded
 
@@ -153,13 +153,11 @@ def test_seed_chunk_size_key(config, tmp_path):
     # An analysis key: a finished training may be resumed with another value (a note, not an
     # error), and a workdir whose config predates the key matches the default 0.
     del config.proxies["seed_chunk_size"]
-    checkpoint.claim_workdir(str(tmp_path), config, validate.is_analysis_key, validate.DEFAULTS)
+    train.claim_workdir(str(tmp_path), config)
     config.proxies.seed_chunk_size = 0
-    assert checkpoint.claim_workdir(str(tmp_path), config, validate.is_analysis_key,
-                                    validate.DEFAULTS) == []
+    assert train.claim_workdir(str(tmp_path), config) == []
     config.proxies.seed_chunk_size = 4
-    notes = checkpoint.claim_workdir(str(tmp_path), config, validate.is_analysis_key,
-                                     validate.DEFAULTS)
+    notes = train.claim_workdir(str(tmp_path), config)
     assert notes and "proxies.seed_chunk_size changed from 0 to 4" in notes[0]
     # It changes no result, so a finished sweep's analysis is not redone for it.
     assert "proxies.seed_chunk_size" not in sweep._analysis_settings(config)  # noqa: SLF001

@@ -252,14 +252,12 @@ def test_seed_chunk_size_is_a_checked_training_key(config, tmp_path):
         validate.validate(config)
     # A workdir whose config.json predates the key matches the default (0), not another value.
     del config.train["seed_chunk_size"]
-    checkpoint.claim_workdir(str(tmp_path), config, validate.is_analysis_key, validate.DEFAULTS)
+    train.claim_workdir(str(tmp_path), config)
     config.train.seed_chunk_size = 0
-    assert checkpoint.claim_workdir(str(tmp_path), config, validate.is_analysis_key,
-                                    validate.DEFAULTS) == []
+    assert train.claim_workdir(str(tmp_path), config) == []
     config.train.seed_chunk_size = 4
     with pytest.raises(ValueError, match="train.seed_chunk_size: 0 there vs 4 now"):
-        checkpoint.claim_workdir(str(tmp_path), config, validate.is_analysis_key,
-                                 validate.DEFAULTS)
+        train.claim_workdir(str(tmp_path), config)
 
 
 def test_memory_estimate_suggests_a_chunk_size_that_fits():
