@@ -11,9 +11,13 @@ SIGTERM/SIGINT (the job saves and exits 143/130) and turns every error into one 
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
+import re
 import runpy
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 
 from absl import flags
@@ -105,6 +109,48 @@ def run(main) -> None:
     guard(lambda: main(config, workdir, start_over=START_OVER.value), workdir, [config])
 
 
+def use_compilation_cache() -> str | None:
+    """Keeps XLA's compiled programs on disk (JAX's persistent compilation cache), so that a
+    resumed run, or another run with the same shapes, loads them instead of compiling again. A
+    loaded program is the one that was compiled, so the numbers are the same bit for bit.
+
+    The directory is $JAX_COMPILATION_CACHE_DIR when set, else `xla/` in the data cache
+    ($JAXILLUSIONS_CACHE or ~/.cache/jaxillusions). JAX_ENABLE_COMPILATION_CACHE=false turns
+    it off. An unreadable entry is a warning and the program is compiled again; only process 0
+    writes. Returns the directory, or None when the cache is off."""
+    import jax  # noqa: PLC0415
+
+    from jaxillusions.data import cache  # noqa: PLC0415
+
+    if not jax.config.jax_enable_compilation_cache:
+        return None
+    directory = jax.config.jax_compilation_cache_dir or cache.path("xla")
+    jax.config.update("jax_compilation_cache_dir", directory)
+    show = warnings.showwarning
+
+    def one_line(message, category, filename, lineno, file=None, line=None):
+        # JAX warns, with its own source line, for each entry it cannot read, and keeps the
+        # entry: remove that program's entries so that the next compilation writes them anew.
+        text = str(message)
+        if "persistent compilation cache" not in text:
+            return show(message, category, filename, lineno, file, line)
+        program = re.search(r"entry for '([^']+)'", text)
+        if text.startswith("Error reading") and program:
+            for entry in glob.glob(os.path.join(glob.escape(directory),
+                                                f"{glob.escape(program[1])}-*")):
+                with contextlib.suppress(OSError):
+                    os.remove(entry)
+        print(f"warning: {text.splitlines()[0]} (compiled instead)", file=sys.stderr)
+        return None
+
+    warnings.showwarning = one_line
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+        # JAX keeps only programs that took a second or more to compile; on a CPU most take
+        # less, and together they are a tenth of the Quickstart job.
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    return directory
+
+
 def guard(job: Callable[[], None], workdir: str, configs: Sequence) -> None:
     """Runs job() after validating every config and taking the workdir lock, with SIGTERM/SIGINT
     caught (the job saves and exits 143/130); every error becomes one line on stderr."""
@@ -116,6 +162,10 @@ def guard(job: Callable[[], None], workdir: str, configs: Sequence) -> None:
     try:
         distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value,
                                JOIN_TIMEOUT.value)
+        compile_cache = use_compilation_cache()
+        if compile_cache and distributed.is_main():
+            print(f"compiled programs: cached in {compile_cache} (JAX_ENABLE_COMPILATION_CACHE"
+                  "=false turns this off)")
         for config in configs:
             for note in validate.validate(config):
                 if distributed.is_main():

@@ -501,3 +501,42 @@ def test_read_only_or_full_disk_is_one_line(mount, expected, tmp_path, cache_dir
               f"--config={config_file} --config.train.checkpoint_every=10 --workdir={disk}/run")
     line = _one_line_error(["unshare", "-rm", "sh", "-c", launch])
     assert expected in line, line
+
+
+# ---------------------------------------------------------------------------------------------
+# 11: the launchers keep XLA's compiled programs on disk.
+
+
+def test_compiled_programs_are_reused_and_an_unreadable_entry_is_rewritten(tmp_path, cache_dir):
+    # Was: every launch compiled every program again (on a GPU, minutes of the Quickstart job).
+    config_file, xla = _config_file(tmp_path, cache_dir), tmp_path / "cache" / "xla"
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_FLAGS"))}
+
+    def launch(name, **env):
+        proc = _launch("launch.train", config_file, str(tmp_path / name),
+                       env={**base, "JAXILLUSIONS_CACHE": str(tmp_path / "cache"), **env})
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+        return log_lib.read_scalars(str(tmp_path / name / "tensorboard")), out, err
+
+    off, out, _ = launch("off", JAX_ENABLE_COMPILATION_CACHE="false")
+    assert not xla.exists() and "compiled programs" not in out
+    cold, out, err = launch("cold")
+    assert f"compiled programs: cached in {xla} " in out and err == ""
+    (step_entry,) = xla.glob("jit_train_steps-*")
+    # The second launch loads the training step instead of compiling it; same numbers.
+    warm, _, err = launch("warm", JAX_LOG_COMPILES="1")
+    assert "Persistent compilation cache hit for 'jit_train_steps'" in err
+    assert warm == cold == off
+    # An unreadable entry: one warning line, the step compiled again and its entry rewritten.
+    step_entry.write_bytes(b"not an executable")
+    damaged, _, err = launch("damaged")
+    lines = err.splitlines()
+    assert any("entry for 'jit_train_steps'" in line for line in lines), err
+    assert all(line.startswith("warning: Error reading persistent compilation cache entry for ")
+               and line.endswith(" (compiled instead)") for line in lines), err
+    assert damaged == cold
+    (step_entry,) = xla.glob("jit_train_steps-*")
+    assert step_entry.read_bytes() != b"not an executable"
+    _, _, err = launch("healed")
+    assert err == ""
