@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU measurements of README "Speed", in parts that each fit in about 10 minutes on one H100:
 #
-#   bash benchmarks/gpu.sh smoke       # versions; the Dyck demo end to end (4 min 18 s on an H100)
+#   bash benchmarks/gpu.sh smoke       # versions; the Dyck demo end to end (4 min 18 s on an H100
+#                                      # before the compilation cache), then again from the cache
 #   bash benchmarks/gpu.sh reference   # benchmark of the reference model, 1-256 seeds
 #   bash benchmarks/gpu.sh paper       # benchmark and profile of the configs/dyck.py model
 #   bash benchmarks/gpu.sh sweep       # configs/dyck.py end to end with 32 seeds (timed)
@@ -20,7 +21,11 @@ case ${1:-} in
     python -c "import jax, torch; print('jax', jax.__version__, jax.devices(), 'torch', \
 torch.__version__)"
     { time python -m launch.sweep --config=configs/dyck_small.py --workdir="$out/smoke" \
-        --config.train.num_steps=1000; } 2>&1 | log smoke | tail -4 ;;
+        --config.train.num_steps=1000; } 2>&1 | log smoke | tail -4
+    # The same job again: its programs now come from the persistent compilation cache.
+    { time python -m launch.sweep --config=configs/dyck_small.py --workdir="$out/smoke_again" \
+        --config.train.num_steps=1000; } 2>&1 | log smoke_again | tail -4
+    cmp "$out/smoke/results.csv" "$out/smoke_again/results.csv" && echo "results.csv identical" ;;
   reference)
     python -m launch.benchmark --seeds=1,8,32,128,256 --loop_max_seeds=8 --bfloat16 \
       --proxy_seeds=256 --proxy_batch_size=256 --out="$out/reference.json" 2>&1 | log reference ;;
