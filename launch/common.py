@@ -116,7 +116,8 @@ def use_compilation_cache() -> str | None:
 
     The directory is $JAX_COMPILATION_CACHE_DIR when set, else `xla/` in the data cache
     ($JAXILLUSIONS_CACHE or ~/.cache/jaxillusions). JAX_ENABLE_COMPILATION_CACHE=false turns
-    it off. An unreadable entry is a warning and the program is compiled again; only process 0
+    it off. An unreadable entry is a warning line and the program is compiled again; an entry
+    that cannot be written (a full disk) is one warning line for the whole run. Only process 0
     writes. Returns the directory, or None when the cache is off."""
     import jax  # noqa: PLC0415
 
@@ -126,7 +127,7 @@ def use_compilation_cache() -> str | None:
         return None
     directory = jax.config.jax_compilation_cache_dir or cache.path("xla")
     jax.config.update("jax_compilation_cache_dir", directory)
-    show = warnings.showwarning
+    show, write_failed = warnings.showwarning, []
 
     def one_line(message, category, filename, lineno, file=None, line=None):
         # JAX warns, with its own source line, for each entry it cannot read, and keeps the
@@ -135,7 +136,13 @@ def use_compilation_cache() -> str | None:
         if "persistent compilation cache" not in text:
             return show(message, category, filename, lineno, file, line)
         program = re.search(r"entry for '([^']+)'", text)
-        if text.startswith("Error reading") and program:
+        if not text.startswith("Error reading"):  # writing: a full or read-only disk, once
+            if not write_failed:
+                write_failed.append(text)
+                print(f"warning: {text.splitlines()[0]} (not cached; the run goes on, and "
+                      "further write errors of the cache are not shown)", file=sys.stderr)
+            return None
+        if program:
             for entry in glob.glob(os.path.join(glob.escape(directory),
                                                 f"{glob.escape(program[1])}-*")):
                 with contextlib.suppress(OSError):

@@ -507,10 +507,14 @@ def test_read_only_or_full_disk_is_one_line(mount, expected, tmp_path, cache_dir
 # 11: the launchers keep XLA's compiled programs on disk.
 
 
+def _env_without_jax_settings():
+    return {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_FLAGS"))}
+
+
 def test_compiled_programs_are_reused_and_an_unreadable_entry_is_rewritten(tmp_path, cache_dir):
     # Was: every launch compiled every program again (on a GPU, minutes of the Quickstart job).
     config_file, xla = _config_file(tmp_path, cache_dir), tmp_path / "cache" / "xla"
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_FLAGS"))}
+    base = _env_without_jax_settings()
 
     def launch(name, **env):
         proc = _launch("launch.train", config_file, str(tmp_path / name),
@@ -540,3 +544,18 @@ def test_compiled_programs_are_reused_and_an_unreadable_entry_is_rewritten(tmp_p
     assert step_entry.read_bytes() != b"not an executable"
     _, _, err = launch("healed")
     assert err == ""
+
+
+@pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs unprivileged mounts (unshare -rm)")
+def test_compilation_cache_on_a_full_disk_is_one_warning(tmp_path, cache_dir):
+    config_file, disk = _config_file(tmp_path, cache_dir), tmp_path / "disk"
+    disk.mkdir()
+    launch = (f"mount -t tmpfs -o size=60k tmpfs {disk} && JAX_COMPILATION_CACHE_DIR={disk}/xla "
+              f"exec {sys.executable} -m launch.train --config={config_file} "
+              f"--workdir={tmp_path}/run")
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", launch], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300, env=_env_without_jax_settings())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("warning: Error writing persistent compilation cache entry for ")
+    assert "No space left on device" in line and "not cached; the run goes on" in line
