@@ -5,8 +5,9 @@ Flags: --config (an ml-collections file with overrides), --workdir, --start_over
 for several hosts --coordinator_address, --num_processes, --process_id and --join_timeout
 (distributed.initialize).
 
-`run(main)` validates the whole config before any work, takes the workdir lock, catches
-SIGTERM/SIGINT (the job saves and exits 143/130) and turns every error into one line on stderr.
+`run(main)` validates the whole config before any work, takes the workdir lock, turns on the
+persistent compilation cache, catches SIGTERM/SIGINT (the job saves and exits 143/130) and turns
+every error into one line on stderr.
 """
 
 from __future__ import annotations
@@ -135,13 +136,13 @@ def use_compilation_cache() -> str | None:
         text = str(message)
         if "persistent compilation cache" not in text:
             return show(message, category, filename, lineno, file, line)
-        program = re.search(r"entry for '([^']+)'", text)
         if not text.startswith("Error reading"):  # writing: a full or read-only disk, once
             if not write_failed:
                 write_failed.append(text)
                 print(f"warning: {text.splitlines()[0]} (not cached; the run goes on, and "
                       "further write errors of the cache are not shown)", file=sys.stderr)
             return None
+        program = re.search(r"entry for '([^']+)'", text)
         if program:
             for entry in glob.glob(os.path.join(glob.escape(directory),
                                                 f"{glob.escape(program[1])}-*")):
