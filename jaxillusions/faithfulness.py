@@ -156,8 +156,8 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
     def one_chunk(params):  # params: one chunk of seeds, placed
         totals, samples, kept = None, {s: [] for s in sites}, 0
         for (tokens,) in padded_chunks([train.tokens], batch_size):
-            moments, vectors = _collect_chunk(params, tokens, model_cfg=model_cfg, sites=sites,
-                                              with_vectors=sampling and kept < num_samples)
+            moments, vectors = _collect_chunk(
+                params, tokens, **dict(static, with_vectors=sampling and kept < num_samples))
             totals = moments if totals is None else jax.tree.map(jnp.add, totals, moments)
             if vectors:
                 valid = (tokens != tasks.PAD).reshape(-1)

@@ -128,9 +128,10 @@ def use_compilation_cache() -> str | None:
         return None
     directory = jax.config.jax_compilation_cache_dir or cache.path("xla")
     jax.config.update("jax_compilation_cache_dir", directory)
-    show, write_failed = warnings.showwarning, []
+    show, write_failed = warnings.showwarning, False
 
     def one_line(message, category, filename, lineno, file=None, line=None):
+        nonlocal write_failed
         # JAX warns, with its own source line, for each entry it cannot read, and keeps the
         # entry: remove that program's entries so that the next compilation writes them anew.
         text = str(message)
@@ -138,7 +139,7 @@ def use_compilation_cache() -> str | None:
             return show(message, category, filename, lineno, file, line)
         if not text.startswith("Error reading"):  # writing: a full or read-only disk, once
             if not write_failed:
-                write_failed.append(text)
+                write_failed = True
                 print(f"warning: {text.splitlines()[0]} (not cached; the run goes on, and "
                       "further write errors of the cache are not shown)", file=sys.stderr)
             return None

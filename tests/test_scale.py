@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from jaxillusions import checkpoint, distributed, faithfulness, train
+from jaxillusions import checkpoint, distributed, faithfulness, train, validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_SEEDS = 6  # not a multiple of 4 devices: 2 padding seeds
@@ -245,8 +245,6 @@ def test_missing_process_is_named(tmp_path, cache_dir):
 
 
 def test_seed_chunk_size_is_a_checked_training_key(config, tmp_path):
-    from jaxillusions import validate  # noqa: PLC0415
-
     config.train.seed_chunk_size = 1
     with pytest.raises(ValueError, match=r"train.seed_chunk_size=1: must be 0 \(all at once\)"):
         validate.validate(config)
