@@ -56,6 +56,14 @@ def _write(path: str, data: str | bytes) -> None:
         checkpoint.write_atomic(path, data)
 
 
+def _stop_if_signalled(what: str) -> None:
+    """Raises interrupt.Stopped if any process has received a signal: every process stops at
+    the same family, instead of the others failing in the next collective when one leaves."""
+    signum = distributed.max_over_processes(interrupt.requested() or 0)
+    if signum:
+        interrupt.raise_if_requested(what, signum)
+
+
 def _mark_done(config, workdir: str) -> None:
     _write(os.path.join(workdir, DONE_FILE), json.dumps(
         {"time": checkpoint._now(), "analysis": _analysis_settings(config)},  # noqa: SLF001
@@ -201,7 +209,7 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
             fitted[i] = jax.tree.map(np.asarray, proxy.params)
             _write(stages.path(i, specs[i], ".msgpack"), serialization.msgpack_serialize(
                 {"stamp": fit_stamps[i], "value": fitted[i]}))
-            interrupt.raise_if_requested(
+            _stop_if_signalled(
                 f"while fitting proxies; {n} of {len(todo)} families fitted and saved in "
                 f"{stages.dir}; relaunch the same command to resume")
         del stats
@@ -223,7 +231,7 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
         say(f"  [{i + 1}/{len(specs)}] {spec.method} on {spec.target}: sizes "
             f"{list(spec.sizes)}", flush=True)
         rows += family
-        interrupt.raise_if_requested(
+        _stop_if_signalled(
             f"while evaluating proxies; {i + 1} of {len(specs)} families evaluated and saved "
             f"in {stages.dir}; relaunch the same command to resume")
 

@@ -329,6 +329,24 @@ def test_board_hparams_one_session_per_seed_and_few_tags(tmp_path):
     assert layout["category"][1]["title"].startswith("faithfulness")
 
 
+def test_board_hparams_gaps_use_the_configured_baseline(tmp_path):
+    """With proxies.gap_baseline = "longer", HPARAMS gaps are same_pred on longer minus the
+    split's, as in gaps.csv, and there is no gap of the baseline to itself."""
+    from configs import dyck_small
+    from jaxillusions.analysis import board
+
+    config = dyck_small.get_config()
+    config.proxies.eval_splits = ("iid", "unseen_depth", "longer")
+    config.proxies.gap_baseline = "longer"
+    with SweepWriter(str(tmp_path), [0]) as w:
+        board.write_hparams(w, config, None, [0], [True], _rows(seeds=(0,)))
+    _, _, groups = _hparams_backend(tmp_path)
+    metrics = {m.name.tag: m.value for m in groups[0].metric_values}
+    # seed 0, svd rank 4: same_pred on longer minus on iid = -0.02 * 2
+    assert metrics["hparams/gap_same_pred/svd_4/iid"] == pytest.approx(-0.04, abs=1e-6)
+    assert not any(t.endswith("/longer") for t in metrics if t.startswith("hparams/"))
+
+
 def test_board_hparams_sessions_for_sweep_members(tmp_path):
     """Members of a contrastive-weight sweep: one session each, told apart by the weight."""
     from configs import dyck_small

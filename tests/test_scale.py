@@ -1,5 +1,6 @@
 """Scale: seeds sharded over devices (4 simulated CPU devices), sequential seed chunks, two
-processes joined with jax.distributed, and the one-line error of a process that does not join.
+processes joined with jax.distributed, a signal to one of them, and the one-line error of a
+process that does not join.
 
 Each case trains the same 6 seeds and fits and evaluates proxies on them; the reference is the
 same job in this (one-device) process. XLA flags and jax.distributed must be set up before jax
@@ -8,6 +9,7 @@ starts, so the sharded and multi-process cases run in child processes (`_child`)
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -242,6 +244,49 @@ def test_missing_process_is_named(tmp_path, cache_dir):
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == (
         f"error: process 1 of 2 did not join the coordinator at 127.0.0.1:{port} within 3 s")
+
+
+_SIGNALLED_CONFIG = """
+import sys
+sys.path.insert(0, {tests!r})
+from conftest import tiny_config
+
+
+def get_config():
+    config = tiny_config({cache!r})
+    config.train.num_steps = 20
+    config.train.eval_every = 0
+    config.train.checkpoint_every = 0
+    config.proxies.targets = ("blocks.-1.attn.k",)
+    config.proxies.methods = ("svd", "kmeans", "uniform_attention")  # 3 proxy families
+    return config
+"""
+
+
+def test_a_signal_to_one_process_stops_all_at_the_same_proxy_family(tmp_path, cache_dir):
+    # Was: the signalled process left after its family, and process 0 failed in the next
+    # collective with "error: JaxRuntimeError: ... Gloo AllGather failed ..." (exit 1).
+    config_file = tmp_path / "config.py"
+    config_file.write_text(_SIGNALLED_CONFIG.format(tests=os.path.join(ROOT, "tests"),
+                                                    cache=cache_dir))
+    port, workdir = _free_port(), tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "launch.sweep", f"--config={config_file}", f"--workdir={workdir}",
+         f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)]
+    for line in procs[0].stdout:  # process 0 reports progress; process 1 gets the signal
+        if "fitting" in line:
+            procs[1].send_signal(signal.SIGTERM)
+            break
+    ends = [(p.communicate(timeout=120)[1], p.returncode) for p in procs]
+    for stderr, code in ends:
+        assert code == 143, stderr[-2000:]
+        (line,) = stderr.strip().splitlines()
+        assert line.startswith("stopped by SIGTERM while fitting proxies; 1 of 3 families"), line
+    assert ends[0][0] == ends[1][0]
+    assert not os.path.exists(workdir / "results.csv")
 
 
 def test_seed_chunk_size_is_a_checked_training_key(config, tmp_path):

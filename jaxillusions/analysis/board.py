@@ -232,7 +232,7 @@ def write_hparams(writer, config, model_cfg, seeds: Sequence[int | str],
     """One HPARAMS session per seed, in its run seed_<s>: `hparams(config, model_cfg)` plus
     `seed`, `healthy` and `workdir` (so sessions of several sweeps under one logdir compare),
     with metrics eval/<split>/acc (the final accuracy, already logged by training) and, when
-    `rows` are given, the seed's headline gaps (`headline_gaps`).
+    `rows` are given, the seed's headline gaps (`headline_gaps`, from proxies.gap_baseline).
 
     `seeds` are the run labels (train.members(config).labels): seed numbers, or "<seed>_cw<w>"
     for members of a hyper-parameter sweep, whose per-member values `member_hparams` adds
@@ -243,7 +243,9 @@ def write_hparams(writer, config, model_cfg, seeds: Sequence[int | str],
     if splits is None:
         splits = list(config.proxies.eval_splits) if "proxies" in config else ["iid"]
     final = [f"eval/{s}/acc" for s in splits]
-    gaps = headline_gaps(rows) if rows else {}
+    # The gaps are measured from the same baseline as gaps.csv and gap_table.txt.
+    reference = config.proxies.get("gap_baseline", "iid") if "proxies" in config else "iid"
+    gaps = headline_gaps(rows, reference=reference) if rows else {}
     member_hparams = member_hparams or {}
     for i, (label, ok) in enumerate(zip(seeds, np.asarray(healthy, bool).tolist(),
                                         strict=True)):
