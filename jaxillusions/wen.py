@@ -27,6 +27,7 @@ from jaxillusions import metrics
 from jaxillusions import model as model_lib
 from jaxillusions.analysis import figures, tables
 from jaxillusions.data import dyck, padded_chunks
+from jaxillusions.tasks import dyck as dyck_task
 
 # ------------------------------------------------------------------------- attention variation
 
@@ -374,7 +375,8 @@ def run_stage(state, results, model_cfg: model_lib.ModelConfig, config, workdir:
 
     members = train.members(config)
     figs = {"wen_attention_variation": attention_figure(attention),
-            "wen_attention_patterns": _patterns_figure(patterns, prefix, k, members.labels)}
+            "wen_attention_patterns": _patterns_figure(patterns, prefix, k, members.labels,
+                                                       healthy)}
     if "length_gen_acc" in rows[0]:
         figs["wen_length_generalization"] = length_figure(rows)
     if "balance_violation" in rows[0] and "length_gen_acc" in rows[0]:
@@ -502,20 +504,20 @@ def balance_figure(rows: list[dict]):
     return fig
 
 
-def _patterns_figure(patterns: dict, prefix: np.ndarray, k: int, labels, shown: int = 4):
+def _patterns_figure(patterns: dict, prefix: np.ndarray, k: int, labels, healthy,
+                     shown: int = 4):
+    """The attention patterns of the first `shown` healthy members (diverged ones are NaN)."""
     plt = figures._pyplot()
-    names = {dyck.BOS: "BOS"}
-    ticks = [names.get(int(t), ("(" if t < 3 + k else ")") + str((int(t) - 3) % k))
-             for t in prefix]
-    layers = sorted(patterns)
-    shown = min(shown, len(labels))
+    members = np.flatnonzero(healthy)[:shown]
+    ticks = [dyck_task.token_label(t, k) for t in prefix]
+    layers, shown = sorted(patterns), max(len(members), 1)
     fig, axes = plt.subplots(len(layers), shown, figsize=(2.6 * shown, 2.6 * len(layers)),
                              squeeze=False)
     for r, layer in enumerate(layers):
-        for c in range(shown):
+        for c, member in enumerate(members):
             ax = axes[r, c]
-            ax.imshow(patterns[layer][c, 0], cmap="viridis", vmin=0, vmax=1)
-            ax.set_title(f"layer {layer}, seed {labels[c]}", fontsize=8)
+            ax.imshow(patterns[layer][member, 0], cmap="viridis", vmin=0, vmax=1)
+            ax.set_title(f"layer {layer}, seed {labels[member]}", fontsize=8)
             ax.set_xticks(range(len(ticks)), ticks, fontsize=5, rotation=90)
             ax.set_yticks(range(len(ticks)), ticks, fontsize=5)
     fig.tight_layout()

@@ -513,6 +513,7 @@ def test_missing_or_empty_sources_are_one_line_errors(tmp_path):
     ("language", "rust", "data.language must be one of python, javascript"),
     ("other_language", "python", "data.other_language must be different"),
     ("skip_tests", 1, "data.skip_tests must be True or False"),
+    ("max_vocab", 2**16 + 1, "data.max_vocab must be an integer from 5 to 65536"),
     ("nonsense", 1, "unknown code data key data.nonsense"),
 ])
 def test_bad_values(key, value, match):

@@ -213,6 +213,15 @@ def test_bad_objective_options_are_one_line_errors(config):
 # ----------------------------------------------------------------------------- measurements
 
 
+def test_pattern_figure_shows_healthy_members_only():
+    prefix = wen.attention_prefix(2, 2)
+    patterns = {0: np.ones((3, 1, len(prefix), len(prefix))) / len(prefix)}
+    patterns[0][0] = np.nan  # member 0 diverged
+    fig = wen._patterns_figure(patterns, prefix, 2, ["5", "6", "7"], [False, True, True])
+    assert [ax.get_title() for ax in fig.axes] == ["layer 0, seed 6", "layer 0, seed 7"]
+    assert fig.axes[0].get_xticklabels()[0].get_text() == "BOS"
+
+
 def test_attention_variation_matches_numpy_on_hand_built_patterns():
     causal = np.tril(np.ones((4, 4)))
     uniform = causal / causal.sum(1, keepdims=True)

@@ -275,6 +275,8 @@ def _params(data_cfg: Any) -> dict[str, Any]:
     fraction("depth_quantile", False, False)
     integer("min_char_count", 1)
     integer("max_vocab", NUM_SPECIAL + 1)
+    if p["max_vocab"] > 2**16:  # the cache stores token ids as uint16
+        fail("max_vocab", f"an integer from {NUM_SPECIAL + 1} to {2**16}")
     integer("seed", 0)
     return p
 
