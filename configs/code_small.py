@@ -47,6 +47,7 @@ def get_config() -> ConfigDict:
     config.model.uniform_attention_layers = ()
     config.model.embedding = "learned"
     config.model.max_len = 0  # 0 -> the widest split (longer_context)
+    config.model.compute_dtype = "float32"  # bfloat16: bf16 matmuls (README "Speed")
 
     # Optimizer and training loop (next-character loss on every character).
     config.train = ConfigDict()
@@ -64,6 +65,8 @@ def get_config() -> ConfigDict:
     # Rows of `longer` reach positions past any training row: offsets train them (-1: as far as
     # the model's positions allow), as in the Dyck configs.
     config.train.max_position_offset = -1
+    # Seeds trained at once; the others wait in sequential chunks (README "Scaling out"). 0: all.
+    config.train.seed_chunk_size = 0
 
     # Proxies and faithfulness evaluation: the last layer's queries and keys, as for Dyck.
     config.proxies = ConfigDict()
@@ -80,4 +83,6 @@ def get_config() -> ConfigDict:
     config.proxies.kmeans_iters = 20
     config.proxies.collect_batch_size = 128
     config.proxies.eval_batch_size = 64
+    # Seeds per call of the proxy stage; 0: as many as fit the device's memory.
+    config.proxies.seed_chunk_size = 0
     return config

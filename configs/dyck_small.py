@@ -79,7 +79,8 @@ def get_config() -> ConfigDict:
     # allow (longer_max_len - max_len + 1 = 17 here); 0: off (positions past max_len untrained).
     config.train.max_position_offset = -1
     # Seeds trained at once over all devices; the others wait in sequential chunks of this many
-    # (bounds device memory, same results; README "Scaling out"). 0: all at once.
+    # (bounds device memory; may change float rounding, so a training key; README "Scaling
+    # out"). 0: all at once.
     config.train.seed_chunk_size = 0
 
     # Proxies and faithfulness evaluation (shared/DESIGN.md sections 4-5). Sites may use

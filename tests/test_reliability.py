@@ -238,6 +238,10 @@ def test_shipped_configs_validate():
     for info in pkgutil.iter_modules(configs.__path__):
         config = importlib.import_module(f"configs.{info.name}").get_config()
         assert validate.validate(config) == [], info.name
+        # The keys the README and the memory planner's messages tell users to override on the
+        # command line, which can only override keys a config has.
+        assert "seed_chunk_size" in config.train and "compute_dtype" in config.model, info.name
+        assert "proxies" not in config or "seed_chunk_size" in config.proxies, info.name
 
 
 # ---------------------------------------------------------------------------------------------
