@@ -3,6 +3,7 @@ the sweep state, and small atomically written files for finished stages of the m
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fcntl
 import hashlib
@@ -32,11 +33,16 @@ def _now() -> str:
 def write_atomic(path: str, data: bytes | str) -> None:
     """Writes a file so that a reader (or a relaunch after a kill) sees all of it or none."""
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):  # a full disk leaves no partial temp file behind
+            os.remove(tmp)
+        raise
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,9 +224,6 @@ class Checkpointer:
         except Exception:  # noqa: BLE001 - the old manager is discarded either way
             pass
         self._manager = self._new_manager()
-
-    def latest_step(self) -> int | None:
-        return self._manager.latest_step()
 
     def save(self, step: int, state) -> None:
         """Saves `state` at `step` (atomically: a failed save leaves older checkpoints intact)."""

@@ -366,7 +366,7 @@ def _eval_chunk(params, proxy_params, tokens, evaluated, bins, *, model_cfg, met
 
 def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
              fitted: Sequence[FittedProxy], *, batch_size: int, seeds: Sequence[int],
-             healthy: np.ndarray | None = None, progress=None, seed_chunk_size: int = 0,
+             healthy: np.ndarray | None = None, seed_chunk_size: int = 0,
              say=print) -> list[dict]:
     """Tidy rows: one per (seed, target, method, size, split, breakdown, bin).
 
@@ -383,8 +383,6 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     for proxy in fitted:
         totals, jsd = _evaluate_family(params, num_seeds, model_cfg, eval_set, proxy,
                                        batch_size, seed_chunk_size, say)
-        if progress is not None:
-            progress(proxy.spec)
         quantiles = _jsd_quantiles(jsd, split_ids, len(eval_set.split_names))
         rows += _rows(proxy.spec, totals, quantiles, eval_set, seeds, healthy)
     return rows

@@ -134,8 +134,6 @@ def objective_from_config(config) -> Objective:
         raise ValueError(f"train.contrastive_weights={weights}: must be finite and >= 0")
     if len(set(weights)) != len(weights):
         raise ValueError(f"train.contrastive_weights={weights}: has repeated values")
-    # Computed whenever weights are given (also for weight 0), so that a member of a weight sweep
-    # and the single run with its weight share one code path and equal results.
     offset = config.train.get("max_position_offset", 0)
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < -1:
         raise ValueError(f"train.max_position_offset={offset!r}: must be -1 (every position "
@@ -143,6 +141,9 @@ def objective_from_config(config) -> Objective:
     if offset == -1:  # a training input (width - 1 tokens) then reaches the widest split's last
         task = tasks.get(config)
         offset = task.widest_width(config) - task.train_width(config) + 1
+    # The contrastive loss is computed whenever weights are given (also for weight 0), so that a
+    # member of a weight sweep and the single run with its weight share one code path and equal
+    # results.
     return Objective(loss_on=loss_on, contrastive=bool(config.train.get("contrastive_weights")),
                      prefix_depth=int(config.data.get("max_depth", 0)),
                      max_position_offset=offset)
@@ -335,16 +336,16 @@ def _eval_batch(params, tokens, is_close, depth, *, model_cfg, num_depths: int):
 
 
 def evaluate(params: dict, split, model_cfg: model_lib.ModelConfig, *, batch_size: int,
-             num_depths: int, task=None, breakdown: str | None = None) -> dict[str, np.ndarray]:
+             num_depths: int, task=None) -> dict[str, np.ndarray]:
     """Accuracy [S] and loss [S] at the evaluated positions of a split (a task split; Dyck:
-    closing brackets), and accuracy by `breakdown` (default the task's TRAIN_BREAKDOWN, Dyck:
-    depth) [S, num_depths] as `acc_by_<breakdown>`, with the counts as `count_by_<breakdown>`.
+    closing brackets), and accuracy by the task's TRAIN_BREAKDOWN (Dyck: depth) [S, num_depths]
+    as `acc_by_<breakdown>`, with the counts as `count_by_<breakdown>`.
 
     Bins with no evaluated position are NaN. Chunks over sentences are padded to a fixed batch
     size so the evaluation compiles once per sequence length. `task`: a tasks module (Dyck).
     """
     task = task or tasks.get("dyck")
-    breakdown = breakdown or task.TRAIN_BREAKDOWN
+    breakdown = task.TRAIN_BREAKDOWN
     view = task.view(split)
     bins = np.clip(view.bins[breakdown], 0, None)
     num_seeds = jax.tree.leaves(params)[0].shape[0]

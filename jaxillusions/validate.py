@@ -151,7 +151,7 @@ RULES: dict[str, tuple[tuple[str, Callable], Callable[[Any, Any], bool], str]] =
     # Wen et al. measurements (wen.check_config checks them against the model)
     "wen.enabled": (BOOL, _any, "true or false"),
     "wen.label": (STR, _any, "a name for the measurements"),
-    "wen.length_min_len": (INT, _nonneg, ">= 0"),
+    "wen.length_min_len": (INT, _pos, ">= 1"),
     "wen.length_max_len": (INT, _nonneg, ">= 0 (0: no length generalization)"),
     "wen.length_num_prefixes": (INT, _pos, ">= 1"),
     "wen.length_threshold": (NUMBER, lambda v, c: 0 < v < 1, "in (0, 1)"),

@@ -86,7 +86,7 @@ def test_contract(name):
 def _project(name, x, sizes):
     """Moments of x, fit of every size, projection of x at every size [R, N, F]."""
     mod = proxies.get(name)
-    stats = mod.moments(x, jnp.ones(len(x), bool))
+    stats = svd.moments(x, jnp.ones(len(x), bool))  # the "moments" statistic
     return stats, _apply_sizes(mod, mod.fit(stats, sizes), x)
 
 

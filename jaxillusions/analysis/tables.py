@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
-import os
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
@@ -31,13 +31,14 @@ def _cell(value):
 
 
 def write_csv(rows: Iterable[dict], path: str, columns: Sequence[str] = COLUMNS) -> None:
-    """Writes rows atomically (a temp file, then rename), so a crash never leaves half a table."""
-    tmp = path + ".tmp"
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows({k: _cell(v) for k, v in row.items()} for row in rows)
-    os.replace(tmp, path)
+    """Writes rows atomically (checkpoint.write_atomic), so a crash never leaves half a table."""
+    from jaxillusions import checkpoint  # noqa: PLC0415 - orbax is slow to import for readers
+
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows({k: _cell(v) for k, v in row.items()} for row in rows)
+    checkpoint.write_atomic(path, text.getvalue())
 
 
 def read_csv(path: str) -> list[dict]:

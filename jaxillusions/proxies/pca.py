@@ -6,7 +6,6 @@ from jaxillusions.proxies import svd
 
 STATISTIC = svd.STATISTIC
 SITE = svd.SITE
-moments = svd.moments
 apply = svd.apply
 
 
