@@ -54,11 +54,6 @@ def resolve_site(site: str, cfg: model_lib.ModelConfig) -> str:
     return model_lib.check_site(cfg, ".".join(parts))
 
 
-def _powers_of_two_up_to(n: int) -> tuple[int, ...]:
-    sizes = [2**i for i in range(n.bit_length()) if 2**i <= n]
-    return tuple(sizes + ([n] if sizes[-1] != n else []))
-
-
 def site_dim(cfg: model_lib.ModelConfig, site: str) -> int:
     """Feature size of a vector site (per head for q/k/v/z)."""
     name = site.split(".")[-1]
@@ -79,14 +74,10 @@ def specs_from_config(proxy_cfg, cfg: model_lib.ModelConfig) -> list[ProxySpec]:
         for target in proxy_cfg.targets:
             sites = tuple(resolve_site(s, cfg) for s in target.split("+"))
             dim = min(site_dim(cfg, s) for s in sites)
-            if method in ("svd", "pca"):
-                sizes = tuple(proxy_cfg.svd_ranks) or _powers_of_two_up_to(dim)
-                options = (("center", proxy_cfg.svd_center),) if method == "svd" else ()
-            elif method == "kmeans":
-                sizes, options = tuple(proxy_cfg.kmeans_sizes), (
-                    ("num_iters", proxy_cfg.kmeans_iters),)
+            if hasattr(module, "settings"):
+                sizes, options = module.settings(proxy_cfg, dim)
             else:
-                key = f"{method}_sizes"
+                key = proxies.sizes_key(module)
                 if key not in proxy_cfg:
                     raise ValueError(f"proxy {method!r} needs config.proxies.{key} (its sizes)")
                 sizes, options = tuple(proxy_cfg[key]), ()

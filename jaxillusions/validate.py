@@ -177,8 +177,17 @@ def _flat(config) -> dict[str, Any]:
 
 def rules(config) -> dict:
     """RULES plus the data.* rows of the config's task (tasks.get: ValueError for an unknown
-    task)."""
-    return {**RULES, **tasks.get(config).data_rules()}
+    task) and the sizes key of any proxy file that RULES does not name (adding a proxy is adding
+    a file)."""
+    from jaxillusions import proxies  # noqa: PLC0415
+
+    sizes = {}
+    for name in proxies.available():
+        module = proxies.get(name)
+        if module.STATISTIC is not None:
+            sizes[f"proxies.{proxies.sizes_key(module)}"] = (
+                INTS, lambda v, c: len(v) >= 1 and all(k >= 1 for k in v), f"{name} sizes >= 1")
+    return {**sizes, **RULES, **tasks.get(config).data_rules()}
 
 
 def validate(config) -> list[str]:
@@ -251,21 +260,14 @@ def _proxy_checks(config, model_cfg) -> list[str]:
     if not pattern.endswith(".attn.pattern"):
         raise ValueError(f"proxies.pattern_site={pc.pattern_site!r}: must be an attention "
                          "pattern site, blocks.<layer>.attn.pattern")
-    for spec in faithfulness.specs_from_config(pc, model_cfg):
-        if spec.method in ("svd", "pca"):
+    specs = faithfulness.specs_from_config(pc, model_cfg)
+    for spec in specs:
+        if hasattr(spec.module, "check"):
             dim = min(faithfulness.site_dim(model_cfg, s) for s in spec.sites)
-            too_big = [r for r in spec.sizes if r > dim]
-            if too_big:
-                raise ValueError(f"proxies.svd_ranks={tuple(pc.svd_ranks)}: ranks {too_big} "
-                                 f"exceed the dimension {dim} of {spec.target} (d_head "
-                                 f"{model_cfg.head_dim}); allowed 1..{dim}")
-        if spec.method == "kmeans":
-            too_big = [k for k in spec.sizes if k > pc.kmeans_samples]
-            if too_big:
-                raise ValueError(f"proxies.kmeans_sizes={tuple(pc.kmeans_sizes)}: k {too_big} "
-                                 f"exceed proxies.kmeans_samples={pc.kmeans_samples} (the "
-                                 "vectors they are fitted on); allowed 1..kmeans_samples")
-    for key in ("svd_ranks", "kmeans_sizes"):
+            spec.module.check(spec.sizes, pc, dim,
+                              f"{spec.target} (d_head {model_cfg.head_dim})")
+    for key in dict.fromkeys(proxies.sizes_key(s.module) for s in specs
+                             if s.module.STATISTIC is not None):
         sizes = tuple(pc[key])
         if len(set(sizes)) != len(sizes):
             notes.append(f"note: proxies.{key}={sizes} has duplicates; each size is fitted and "

@@ -236,3 +236,45 @@ def test_uniform_attention():
     expected = np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]
     np.testing.assert_allclose(out, np.broadcast_to(expected, out.shape), rtol=1e-2)
     np.testing.assert_allclose(uniform_attention.apply({}, attn)[1], expected, rtol=1e-6)
+
+
+_NEW_PROXY = '''"""A proxy added as one file: x -> x * size / 10 (proxies.scaled_sizes)."""
+import jax.numpy as jnp
+
+STATISTIC = "moments"
+SITE = "vector"
+
+
+def fit(stats, sizes, *, key=None):
+    return {"factor": jnp.asarray(sizes, jnp.float32) / 10}
+
+
+def apply(params, x):
+    return x * params["factor"]
+'''
+
+
+def test_a_new_proxy_is_one_file(tmp_path, monkeypatch):
+    """A module dropped into the proxies package is a method: its sizes key is checked, its
+    specs built and its figures labelled, with no other change."""
+    from conftest import tiny_config
+
+    from jaxillusions import faithfulness, train, validate
+
+    (tmp_path / "scaled.py").write_text(_NEW_PROXY)
+    monkeypatch.setattr(proxies, "__path__", [*proxies.__path__, str(tmp_path)])
+    assert "scaled" in proxies.available()
+    config = tiny_config(str(tmp_path / "cache"))
+    config.proxies.methods = ("scaled",)
+    with pytest.raises(ValueError, match=r"proxy 'scaled' needs config.proxies.scaled_sizes"):
+        validate.validate(config)
+    with config.unlocked():
+        config.proxies.scaled_sizes = (5, 10)
+    assert validate.validate(config) == []
+    _, model_cfg, _ = train.build(config)
+    specs = faithfulness.specs_from_config(config.proxies, model_cfg)
+    assert {s.method for s in specs} == {"scaled"} and {s.sizes for s in specs} == {(5, 10)}
+    assert proxies.size_label("scaled") == "size" and proxies.size_label("svd") == "rank"
+    config.proxies.scaled_sizes = (0, 10)
+    with pytest.raises(ValueError, match=r"proxies.scaled_sizes=\(0, 10\): must be scaled sizes"):
+        validate.validate(config)

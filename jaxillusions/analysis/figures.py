@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from jaxillusions import proxies
 from jaxillusions.analysis import tables
 
 # Okabe & Ito (2008), black first; yellow last (weak on white).
@@ -91,10 +92,6 @@ def _dodge(x: np.ndarray, i: int, n: int, width: float = 0.35) -> np.ndarray:
     return x * 2 ** ((i - (n - 1) / 2) * width / max(n - 1, 1))
 
 
-def size_label(method: str) -> str:
-    return "rank" if method in ("svd", "pca") else "clusters k"
-
-
 def faithfulness_curves(rows: Sequence[dict], method: str, splits: Sequence[str]):
     """same_pred (top row) and JSD (bottom row) against size, one column per target, one line
     per split, 95% intervals over seeds as error bars. Returns the matplotlib Figure."""
@@ -116,7 +113,7 @@ def faithfulness_curves(rows: Sequence[dict], method: str, splits: Sequence[str]
                 axes[row, col].errorbar(x, mean, yerr=ci, label=split, ms=4, lw=1.2, capsize=2,
                                         elinewidth=0.9, **style(i))
         axes[0, col].set_title(site)
-        _log2_axis(axes[1, col], sizes, size_label(method))
+        _log2_axis(axes[1, col], sizes, proxies.size_label(method))
     for ax in axes.flat:
         ax.grid(alpha=0.3)
     axes[0, 0].set_ylabel("same prediction (higher = more faithful)")
@@ -236,7 +233,7 @@ def gap_vs_size(gaps: Sequence[dict], method: str, splits: Sequence[str],
             if col == 0:
                 ax.set_ylabel(f"gap in {metric}")
         axes[0, col].set_title(site)
-        _log2_axis(axes[-1, col], sizes, size_label(method))
+        _log2_axis(axes[-1, col], sizes, proxies.size_label(method))
     handles, labels = axes[0, 0].get_legend_handles_labels()
     _legend_below(fig, handles, labels)
     n = max((g.get("n_seeds", 0) for g in gaps), default=0)
@@ -381,7 +378,7 @@ def faithfulness_by_label(rows: Sequence[dict], method: str, splits: Sequence[st
                     ax.annotate(str(n), (j, 0), xycoords=("data", "axes fraction"),
                                 xytext=(0, 2), textcoords="offset points", ha="center",
                                 fontsize=7, color="0.45")
-        ax.set_title(site if size == 0 else f"{site}, {size_label(method)} {size}")
+        ax.set_title(site if size == 0 else f"{site}, {proxies.size_label(method)} {size}")
         ax.set_ylabel(f"{metric.replace('_', ' ')} (higher = more faithful)"
                       if metric == "same_pred" else metric)
         ax.grid(alpha=0.3)

@@ -8,6 +8,16 @@ Each proxy module defines:
   apply(params, x)                         one size's params (leading axis removed) -> x's
                                            shape and dtype.
 Sizes are python ints (static); fit/apply are pure and work under jax.vmap / jax.jit.
+
+A proxy with sizes (STATISTIC not None) may also define, to own its config settings:
+  SIZES_KEY: str                           the config.proxies key listing its sizes
+                                           (default "<name>_sizes").
+  SIZE_LABEL: str                          what a size is called in figures (default "size").
+  settings(proxy_cfg, dim) -> (sizes, options)
+                                           its sizes and fit() options for a site of `dim`
+                                           features (default: proxy_cfg[SIZES_KEY], no options).
+  check(sizes, proxy_cfg, dim, target)     raises a one-line ValueError for sizes that cannot
+                                           be fitted on `target` (run by validate).
 """
 
 import importlib
@@ -27,6 +37,16 @@ def get(name: str) -> types.ModuleType:
     if name not in names:
         raise ValueError(f"unknown proxy {name!r}; available proxies: {', '.join(names)}")
     return importlib.import_module(f"{__name__}.{name}")
+
+
+def sizes_key(module: types.ModuleType) -> str:
+    """The config.proxies key that lists the sizes of a proxy module."""
+    return getattr(module, "SIZES_KEY", f"{module.__name__.rsplit('.', 1)[-1]}_sizes")
+
+
+def size_label(name: str) -> str:
+    """What a size of proxy `name` is called in figures ("rank", "clusters k", ...)."""
+    return getattr(get(name), "SIZE_LABEL", "size")
 
 
 def fit_without_data(stats: None, sizes: tuple[int, ...], *, key=None) -> dict:

@@ -11,6 +11,8 @@ import jax.numpy as jnp
 
 STATISTIC = "samples"
 SITE = "vector"
+SIZES_KEY = "kmeans_sizes"
+SIZE_LABEL = "clusters k"
 
 _HI = jax.lax.Precision.HIGHEST  # distances by expansion cancel; keep full float32 on GPUs
 _IN_BOUNDS = jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS
@@ -170,6 +172,21 @@ def _lloyd_cpu_sequential(
         return jax.lax.map(lambda a: one_at_a_time(*a), tuple(args)), True
 
     return one_at_a_time(x, w, c)
+
+
+def settings(proxy_cfg, dim: int) -> tuple[tuple[int, ...], tuple]:
+    """Cluster counts, and the Lloyd iterations from proxies.kmeans_iters."""
+    del dim
+    return tuple(proxy_cfg.kmeans_sizes), (("num_iters", proxy_cfg.kmeans_iters),)
+
+
+def check(sizes: tuple[int, ...], proxy_cfg, dim: int, target: str) -> None:
+    del dim, target
+    too_big = [k for k in sizes if k > proxy_cfg.kmeans_samples]
+    if too_big:
+        raise ValueError(f"proxies.kmeans_sizes={tuple(proxy_cfg.kmeans_sizes)}: k {too_big} "
+                         f"exceed proxies.kmeans_samples={proxy_cfg.kmeans_samples} (the "
+                         "vectors they are fitted on); allowed 1..kmeans_samples")
 
 
 def fit(

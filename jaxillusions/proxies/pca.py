@@ -6,7 +6,14 @@ from jaxillusions.proxies import svd
 
 STATISTIC = svd.STATISTIC
 SITE = svd.SITE
+SIZES_KEY = svd.SIZES_KEY  # the ranks are shared with svd
+SIZE_LABEL = svd.SIZE_LABEL
+check = svd.check
 apply = svd.apply
+
+
+def settings(proxy_cfg, dim: int) -> tuple[tuple[int, ...], tuple]:
+    return svd.ranks(proxy_cfg, dim), ()
 
 
 def fit(stats: dict, sizes: tuple[int, ...], *, key: jax.Array | None = None) -> dict:

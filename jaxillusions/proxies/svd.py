@@ -10,6 +10,8 @@ import jax.numpy as jnp
 
 STATISTIC = "moments"
 SITE = "vector"
+SIZES_KEY = "svd_ranks"
+SIZE_LABEL = "rank"
 
 # Activations are small ([..., F] with F ~ d_head); full float32 precision is cheap and keeps
 # full-rank projections equal to the identity on accelerators whose default matmul is TF32.
@@ -25,6 +27,26 @@ def moments(x: jax.Array, valid: jax.Array) -> dict:
         "total": x.sum(0),
         "count": valid.sum().astype(jnp.float32),
     }
+
+
+def ranks(proxy_cfg, dim: int) -> tuple[int, ...]:
+    """proxies.svd_ranks, or () -> 1, 2, 4, ... up to `dim` (and `dim` itself)."""
+    if proxy_cfg.svd_ranks:
+        return tuple(proxy_cfg.svd_ranks)
+    powers = [2**i for i in range(dim.bit_length()) if 2**i <= dim]
+    return tuple(powers + ([dim] if powers[-1] != dim else []))
+
+
+def settings(proxy_cfg, dim: int) -> tuple[tuple[int, ...], tuple]:
+    """Ranks, and centering (PCA) from proxies.svd_center."""
+    return ranks(proxy_cfg, dim), (("center", proxy_cfg.svd_center),)
+
+
+def check(sizes: tuple[int, ...], proxy_cfg, dim: int, target: str) -> None:
+    too_big = [r for r in sizes if r > dim]
+    if too_big:
+        raise ValueError(f"proxies.svd_ranks={tuple(proxy_cfg.svd_ranks)}: ranks {too_big} "
+                         f"exceed the dimension {dim} of {target}; allowed 1..{dim}")
 
 
 def fit(
