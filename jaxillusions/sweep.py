@@ -14,10 +14,14 @@ superseded/<time>/ (with the results it produced) and recomputed.
 
 from __future__ import annotations
 
+import csv
+import glob
+import itertools
 import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -40,7 +44,11 @@ from jaxillusions.analysis import stats as stats_lib
 
 DONE_FILE = "sweep_done.json"
 STAGE_DIR = "proxies"
-REPORTS = ("results.csv", "gap_table.txt", "figures")
+# What the analysis writes into a workdir (or a weight group's directory): moved to
+# superseded/<time>/ before an analysis with other settings writes its own.
+REPORTS = ("results.csv", "gap_table.txt", "gaps.csv", "proxy_vs_original.csv",
+           "id_predicts_gap.csv", "min_size.csv", "baselines.csv", "gaps_by_*.csv", "figures",
+           "wen_results.csv", "wen_attention.csv", "wen_summary.txt")
 
 
 def _analysis_settings(config) -> dict:
@@ -77,38 +85,81 @@ def _read_json(path: str):
         return json.load(f)
 
 
+STALE = "was computed with other analysis settings"
+
+
+def _mover(workdir: str, say) -> Callable[..., None]:
+    """move_aside(path, why=STALE): moves `path` (under `workdir`) to
+    <workdir>/superseded/<time of this run>/, keeping its relative path (never over an earlier
+    file), with a note. Only process 0 moves; the others skip the file."""
+    aside = os.path.join(workdir, "superseded", time.strftime("%Y%m%dT%H%M%S"))
+
+    def move_aside(path: str, why: str = STALE) -> None:
+        if not distributed.is_main():
+            return
+        dest = base = os.path.join(aside, os.path.relpath(path, workdir))
+        for n in itertools.count(1):
+            if not os.path.lexists(dest):
+                break
+            dest = f"{base}.{n}"
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        shutil.move(path, dest)
+        say(f"note: {os.path.relpath(path, workdir)} {why}; moved to "
+            f"{os.path.relpath(dest, workdir)}")
+    return move_aside
+
+
+def _read_done(workdir: str, move_aside) -> dict | None:
+    """sweep_done.json, or None if the sweep has not finished. An unreadable one is moved aside
+    and read as a finished sweep of unknown analysis settings ({"analysis": None})."""
+    path = os.path.join(workdir, DONE_FILE)
+    try:
+        return _read_json(path)
+    except (OSError, ValueError) as err:
+        move_aside(path, f"is unreadable ({_first_line(err)}); the reports are written again")
+        return {"analysis": None}
+
+
+def _first_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+
+
 class _Stages:
     """Per-family stage files under <workdir>/proxies, each stamped with the settings it used."""
 
-    def __init__(self, workdir: str, say):
-        self.workdir, self.say = workdir, say
+    def __init__(self, workdir: str, move_aside):
+        self.move_aside = move_aside
         self.dir = os.path.join(workdir, STAGE_DIR)
-        self.aside = os.path.join(workdir, "superseded", time.strftime("%Y%m%dT%H%M%S"))
         os.makedirs(self.dir, exist_ok=True)
 
     def path(self, index: int, spec, suffix: str) -> str:
         name = f"{index:02d}_{spec.method}_{spec.target}".replace("+", "_and_")
         return os.path.join(self.dir, name + suffix)
 
-    def move_aside(self, path: str) -> None:
-        if not distributed.is_main():  # process 0 moves it; the others only skip it
-            return
-        os.makedirs(self.aside, exist_ok=True)
-        dest = os.path.join(self.aside, os.path.relpath(path, self.workdir))
-        os.makedirs(os.path.dirname(dest), exist_ok=True)
-        shutil.move(path, dest)
-        self.say(f"note: {os.path.relpath(path, self.workdir)} was computed with other analysis "
-                 f"settings; moved to {os.path.relpath(dest, self.workdir)}")
-
     def load(self, path: str, stamp: str, read):
-        """The stage's content if it exists and carries `stamp`; a stale one is moved aside."""
+        """The stage's content if it exists and carries `stamp`; a stale or unreadable one is
+        moved aside (and computed again)."""
         if not os.path.exists(path):
             return None
-        content = read(path)
-        if content["stamp"] == stamp:
+        try:
+            content = read(path)
+            stale = content["stamp"] != stamp
+        except Exception as err:  # noqa: BLE001 - truncated or damaged: recompute, keep a copy
+            self.move_aside(path, f"is unreadable ({_first_line(err)})")
+            return None
+        if not stale:
             return content["value"]
         self.move_aside(path)
         return None
+
+
+def _move_reports_aside(config, workdir: str, move_aside) -> None:
+    """The reports of the earlier analysis (workdir and weight groups) go to superseded/."""
+    dirs = dict.fromkeys([workdir] + [d for _, d in _weight_groups(config, workdir)])
+    for directory in dirs:
+        for pattern in REPORTS:
+            for path in sorted(glob.glob(os.path.join(glob.escape(directory), pattern))):
+                move_aside(path)
 
 
 def _read_msgpack(path: str) -> dict:
@@ -131,16 +182,25 @@ def run(config, workdir: str, *, verbose: bool = True, start_over: bool = False)
     validate.validate(config)  # the whole config, before any work (the launchers show its notes)
     for note in train.claim_workdir(workdir, config):
         say(note)
-    done = _read_json(os.path.join(workdir, DONE_FILE))
+    move_aside = _mover(workdir, say)
+    done = _read_done(workdir, move_aside)
     if done is not None and done["analysis"] == _analysis_settings(config):
-        say(f"the sweep in {workdir} is finished (finished {done['time']}); nothing to do. "
-            f"Results: {workdir}/results.csv. Change a proxies.* or wen.* setting to redo the "
-            "analysis.")
-        return [row for _, group_dir in _weight_groups(config, workdir) if pc.methods
-                for row in results.read_csv(os.path.join(group_dir, "results.csv"))]
-    if done is not None:
+        try:
+            rows = [row for _, group_dir in _weight_groups(config, workdir) if pc.methods
+                    for row in results.read_csv(os.path.join(group_dir, "results.csv"))]
+        except (OSError, ValueError, TypeError, KeyError, csv.Error) as err:
+            say(f"warning: the sweep in {workdir} finished, but its results.csv is unreadable "
+                f"({_first_line(err)}); the reports are written again from the saved stages")
+        else:
+            where = f"{workdir}/results.csv" if pc.methods else workdir
+            say(f"the sweep in {workdir} is finished (finished {done['time']}); nothing to do. "
+                f"Results: {where}. Change a proxies.* or wen.* setting to redo the analysis.")
+            return rows
+    elif done is not None and done["analysis"] is not None:
         say("analysis settings changed since the sweep finished: training is kept; proxy "
             "families are refitted and re-evaluated where their settings changed")
+    if done is not None:  # the earlier reports are kept, under superseded/
+        _move_reports_aside(config, workdir, move_aside)
 
     splits, model_cfg, _ = train.build(config)
     specs = faithfulness.specs_from_config(pc, model_cfg)
@@ -162,7 +222,7 @@ def run(config, workdir: str, *, verbose: bool = True, start_over: bool = False)
         params = jax.tree.map(lambda x, idx=idx: x[idx], state.params)
         rows += _proxy_stage(params, np.asarray(state.healthy)[idx],
                              [int(s) for s in members.seeds[idx]], splits, model_cfg, specs,
-                             eval_set, config, group_dir, done, say, start, verbose)
+                             eval_set, config, group_dir, say, move_aside, start, verbose)
     _mark_done(config, workdir)
     say(f"[{time.perf_counter() - start:.0f}s] done: {workdir}, TensorBoard: "
         f"tensorboard --logdir {workdir}")
@@ -180,11 +240,11 @@ def _weight_groups(config, workdir: str) -> list[tuple[np.ndarray, str]]:
 
 
 def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, config, workdir,
-                 done, say, start, verbose) -> list[dict]:
+                 say, move_aside, start, verbose) -> list[dict]:
     """Fits every proxy on the training split (resumable per family), evaluates faithfulness,
     writes results.csv and the reports into `workdir`. Returns the rows."""
     pc = config.proxies
-    stages = _Stages(workdir, say)
+    stages = _Stages(workdir, move_aside)
     # Seeds per call (0: as many as fit the device; the same numbers either way).
     chunking = dict(seed_chunk_size=pc.get("seed_chunk_size", 0), say=say)
 
@@ -237,10 +297,6 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
 
     if not distributed.is_main():  # process 0 writes the reports
         return rows
-    if done is not None:  # results of other analysis settings: keep them
-        for name in REPORTS:
-            if os.path.exists(os.path.join(workdir, name)):
-                stages.move_aside(os.path.join(workdir, name))
     results.write_csv(rows, os.path.join(workdir, "results.csv"))
     data_baselines = tasks.get(config).baselines(splits, list(pc.eval_splits))
     write_reports(rows, config, workdir, seeds, healthy, verbose=verbose, model_cfg=model_cfg,

@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -412,6 +413,58 @@ def test_finished_sweep_is_left_as_it_is(swept, tmp_path, capsys):
     after = _listing(workdir)
     assert [f for f in after if f[0].endswith(".msgpack")] == fitted_before
     assert any(f[0].startswith("superseded") and f[0].endswith("results.csv") for f in after)
+
+
+def test_every_report_of_an_earlier_analysis_is_kept(swept, tmp_path):
+    # Was: only results.csv, gap_table.txt and figures/ were moved aside; gaps.csv and the other
+    # tables, and the Wen files, were overwritten in place.
+    workdir = tmp_path / "run"
+    shutil.copytree(swept["workdir"], workdir)
+    reports = ["gaps.csv", "proxy_vs_original.csv", "id_predicts_gap.csv", "min_size.csv",
+               "baselines.csv", "gaps_by_category.csv", "wen_results.csv", "wen_summary.txt",
+               "figures/faithfulness_svd.png"]
+    for name in reports:  # stand-ins (this fixture writes no reports), each with its own bytes
+        (workdir / name).parent.mkdir(exist_ok=True)
+        (workdir / name).write_text(f"earlier {name}")
+    config = _config(swept["config"].data.cache_dir)
+    config.proxies.targets = swept["config"].proxies.targets
+    config.proxies.methods = swept["config"].proxies.methods
+    config.proxies.eval_splits = ("iid", "longer")
+    sweep.run(config, str(workdir), verbose=False)
+    (aside,) = (workdir / "superseded").iterdir()
+    for name in reports + ["results.csv"]:
+        assert (aside / name).exists(), name
+        if name != "results.csv":
+            assert (aside / name).read_text() == f"earlier {name}"
+            assert not (workdir / name).exists(), name
+
+
+def test_damaged_stage_files_are_recomputed_and_kept(swept, tmp_path, capsys):
+    # Was: "error: JSONDecodeError: ..." or "error: Unpack failed: incomplete input", naming no
+    # file, and no way on but deleting files by hand.
+    workdir = tmp_path / "run"
+    shutil.copytree(swept["workdir"], workdir)
+    stages = sorted((workdir / sweep.STAGE_DIR).iterdir())
+    damaged = [next(p for p in stages if p.suffix == ".msgpack"),
+               next(p for p in stages if p.name.endswith("_rows.json")),
+               workdir / sweep.DONE_FILE]
+    for path in damaged:
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    sweep.run(swept["config"], str(workdir))
+    out = capsys.readouterr().out
+    for path in damaged:
+        assert f"note: {path.relative_to(workdir)} is unreadable (" in out
+    with open(workdir / "results.csv", "rb") as f:
+        assert f.read() == swept["csv"]
+    (aside,) = (workdir / "superseded").iterdir()
+    assert sorted(p.relative_to(aside) for p in aside.rglob("*") if p.is_file()) == sorted(
+        [p.relative_to(workdir) for p in damaged] + [Path("results.csv")])
+    # The finished sweep's results.csv, damaged: written again, the damaged one kept.
+    (workdir / "results.csv").write_text("seed,site\n0\n")
+    sweep.run(swept["config"], str(workdir))
+    assert "its results.csv is unreadable" in capsys.readouterr().out
+    with open(workdir / "results.csv", "rb") as f:
+        assert f.read() == swept["csv"]
 
 
 def test_sweep_stopped_during_proxy_work_resumes_with_identical_results(swept, tmp_path,
