@@ -21,6 +21,7 @@ from jaxillusions import distributed
 from jaxillusions.logging import flatten_config
 
 CONFIG_FILE = "config.json"
+CHECKPOINT_DIR = "checkpoints"  # under the workdir
 HISTORY_FILE = "config_history.jsonl"
 LOCK_FILE = ".lock"
 CHECKSUM_FILE = "checksums.json"
@@ -127,6 +128,10 @@ def claim_workdir(workdir: str, config, may_change=lambda key: False,
     `defaults` that one side lacks count as their default value there.
     """
     os.makedirs(workdir, exist_ok=True)
+    checkpoints = os.path.join(workdir, CHECKPOINT_DIR)
+    if os.path.lexists(checkpoints) and not os.path.isdir(checkpoints):
+        raise ValueError(f"{checkpoints} is not a directory, so no checkpoint could be saved "
+                         "there; move it away or use another --workdir")
     path = os.path.join(workdir, CONFIG_FILE)
     new = json.loads(config.to_json())
     text = json.dumps(new, indent=2, sort_keys=True)
@@ -235,7 +240,7 @@ class Checkpointer:
                 write_atomic(os.path.join(self.directory, str(step), CHECKSUM_FILE), sums)
         except Exception as err:
             raise OSError(f"could not save checkpoint {step} in {self.directory} "
-                          f"({root_cause(err)}); the older checkpoints are intact") from err
+                          f"({root_cause(err)}); any older checkpoints are intact") from err
 
     def _restore(self, step: int, target, abstract):
         """The state at `step`. CheckpointMismatch if it does not fit `target`; any other

@@ -491,20 +491,21 @@ def train_sweep(config, workdir: str | None = None, *, splits=None, seeds=None,
     from jaxillusions import logging as log_lib  # noqa: PLC0415
 
     tc, task = config.train, tasks.get(config)
+    say = print if verbose and distributed.is_main() else (lambda *a, **k: None)
+    checkpointer = writer = None
+    saved_step = None
+    if workdir is not None:  # the workdir is checked before any data or compilation
+        for note in claim_workdir(workdir, config):
+            say(note)
+        checkpointer = ckpt_lib.Checkpointer(f"{workdir}/{ckpt_lib.CHECKPOINT_DIR}")
     splits, model_cfg, tx = build(config, splits)
     objective = objective_from_config(config)
     sweep = members(config, seeds)
     seeds, num = sweep.seeds, len(sweep.seeds)
     chunks = distributed.seed_chunks(num, tc.get("seed_chunk_size", 0))
     state = distributed.to_host(init_state(seeds, model_cfg, tx))
-    say = print if verbose and distributed.is_main() else (lambda *a, **k: None)
 
-    checkpointer = writer = None
-    saved_step = None
     if workdir is not None:
-        for note in claim_workdir(workdir, config):
-            say(note)
-        checkpointer = ckpt_lib.Checkpointer(f"{workdir}/checkpoints")
         saved_step, state = checkpointer.restore_latest(state, start_over=start_over)
         if saved_step is not None:
             say(f"resumed from checkpoint at step {saved_step} in {workdir}")

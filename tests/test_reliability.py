@@ -507,22 +507,36 @@ def _one_line_error(cmd, cwd=ROOT):
 
 
 @pytest.mark.parametrize("case", ["missing_config", "unknown_key", "workdir_is_a_file",
-                                  "bad_rank"])
+                                  "bad_rank", "checkpoints_is_a_file", "other_training_config"])
 def test_launcher_bad_input_is_exactly_one_line(case, tmp_path):
     cache = tmp_path / "cache"  # stays empty: errors come before any data generation
     args = {"missing_config": ["--config=configs/nope.py"],
             "unknown_key": ["--config=configs/dyck_small.py", "--config.train.foo=1"],
             "workdir_is_a_file": ["--config=configs/dyck_small.py"],
-            "bad_rank": ["--config=configs/dyck_small.py", "--config.proxies.svd_ranks=abc"]}
+            "bad_rank": ["--config=configs/dyck_small.py", "--config.proxies.svd_ranks=abc"],
+            "checkpoints_is_a_file": ["--config=configs/dyck_small.py"],
+            "other_training_config": ["--config=configs/dyck_small.py", "--config.data.seed=7"]}
     workdir = tmp_path / "run"
     if case == "workdir_is_a_file":
         workdir.write_text("")
-    line = _one_line_error([sys.executable, "-m", "launch.sweep", *args[case],
+    if case == "checkpoints_is_a_file":  # was: trained, then failed at the first checkpoint
+        workdir.mkdir()
+        (workdir / "checkpoints").write_text("")
+    if case == "other_training_config":  # was: launch.train generated the data first
+        from configs import dyck_small
+
+        config = dyck_small.get_config()
+        config.data.cache_dir = str(cache)
+        checkpoint.claim_workdir(str(workdir), config)
+    module = "launch.train" if case == "other_training_config" else "launch.sweep"
+    line = _one_line_error([sys.executable, "-m", module, *args[case],
                             f"--workdir={workdir}", f"--config.data.cache_dir={cache}"])
     expected = {"missing_config": "config file configs/nope.py not found",
                 "unknown_key": "unknown config key train.foo; train has: batch_size,",
                 "workdir_is_a_file": "exists and is not a directory",
-                "bad_rank": "proxies.svd_ranks=('abc',): must be a tuple of integers"}
+                "bad_rank": "proxies.svd_ranks=('abc',): must be a tuple of integers",
+                "checkpoints_is_a_file": "checkpoints is not a directory, so no checkpoint",
+                "other_training_config": "data.seed: 0 there vs 7 now"}
     assert expected[case] in line
     assert not cache.exists() or not os.listdir(cache)
 

@@ -228,7 +228,7 @@ def load_run(workdir: str, *, verbose: bool = False) -> Run:
     members = train.members(config)
     # The checkpoint's tree has the shapes of a fresh state (no compute: eval_shape).
     target = jax.eval_shape(lambda: train.init_state(members.seeds, model_cfg, tx))
-    checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"))
+    checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, ckpt_lib.CHECKPOINT_DIR))
     try:
         step, state = checkpointer.restore_latest(target)
     finally:
