@@ -81,7 +81,10 @@ def parse_flags(argv: list[str]) -> None:
     except (flags.Error, KeyError, AttributeError, ValueError, TypeError) as err:
         path = _flag_value(argv, "config")
         message = _unknown_key(argv, path) if path else None
-        sys.exit(f"error: {message or str(err).splitlines()[0]}")
+        lines = [line for line in str(err).splitlines() if line.strip()] or [repr(err)]
+        if "Traceback (most recent call last)" in str(err):  # the config file's own error
+            message = message or f"cannot load config file {path}: {lines[-1]}"
+        sys.exit(f"error: {message or lines[0]}")
 
 
 def parse(argv: list[str]):

@@ -50,6 +50,9 @@ def main() -> None:
     if common.CONFIG.value is not None:
         sys.exit("error: launch.wen_attention takes no --config: it runs the variants of "
                  "configs/wen_attention_variation.py (choose them with --variants)")
+    if not VARIANTS.value:
+        sys.exit("error: --variants is empty; choose from "
+                 + ",".join(wen_attention_variation.VARIANTS))
     try:
         configs = {v: wen_attention_variation.get_config(v) for v in VARIANTS.value}
     except ValueError as err:

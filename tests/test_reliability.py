@@ -541,16 +541,28 @@ def test_launcher_bad_input_is_exactly_one_line(case, tmp_path):
     assert not cache.exists() or not os.listdir(cache)
 
 
-@pytest.mark.parametrize("case", ["bad_variant", "workdir_is_a_file"])
+@pytest.mark.parametrize("case", ["bad_variant", "no_variant", "workdir_is_a_file"])
 def test_wen_attention_launcher_bad_input_is_exactly_one_line(case, tmp_path):
     workdir = tmp_path / "run"
-    args = ["--variants=minimal,bogus"] if case == "bad_variant" else ["--variants=minimal"]
+    args = {"bad_variant": ["--variants=minimal,bogus"], "no_variant": ["--variants="],
+            "workdir_is_a_file": ["--variants=minimal"]}[case]
     if case == "workdir_is_a_file":
         workdir.write_text("")
     line = _one_line_error([sys.executable, "-m", "launch.wen_attention", *args,
                             f"--workdir={workdir}"])
     assert {"bad_variant": "expected one of ('minimal',",
+            "no_variant": "--variants is empty; choose from minimal,standard_nope",
             "workdir_is_a_file": "exists and is not a directory"}[case] in line
+    assert case == "workdir_is_a_file" or not workdir.exists()  # was: locked and created
+
+
+def test_a_config_file_argument_error_gives_its_reason(tmp_path):
+    # Was: "error: flag --config=...: Error whilst parsing config file:", the reason cut off.
+    line = _one_line_error([sys.executable, "-m", "launch.sweep",
+                            "--config=configs/wen_attention_variation.py:bogus",
+                            f"--workdir={tmp_path / 'run'}"])
+    assert line.endswith("bogus: expected one of ('minimal', 'standard_nope', "
+                         "'standard_linear')"), line
 
 
 def _can_mount_tmpfs():
