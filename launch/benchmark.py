@@ -17,12 +17,67 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import sys
+import time
 
 from benchmarks import suite
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, as the other launchers
+        sys.exit(f"error: {message} (python -m launch.benchmark --help)")
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _stop(signum, frame):  # SIGTERM and SIGINT end the run after the row in progress is lost
+    raise _Stopped(signal.Signals(signum).name, 128 + signum)
+
+
+def _checked(args) -> tuple[list[int], object]:
+    """(seed counts, config), or a one-line exit for the first bad argument: before any work."""
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        seeds = []
+    if not seeds or min(seeds) < 1:
+        sys.exit(f"error: --seeds={args.seeds}: expected positive integers separated by commas")
+    for name, low in (("steps", 1), ("repeats", 1), ("loop_max_seeds", 0), ("proxy_seeds", 1),
+                      ("proxy_batch_size", 1)):
+        value = getattr(args, name)
+        if value is not None and value < low:
+            sys.exit(f"error: --{name}={value}: must be >= {low}")
+    if os.path.isdir(args.out):
+        sys.exit(f"error: --out={args.out} is a directory; give the JSON file to write")
+    from jaxillusions import validate  # noqa: PLC0415
+
+    try:
+        config = suite.load_config(args.config, args.compute_dtype)
+        if args.proxy_batch_size:
+            config.proxies.collect_batch_size = args.proxy_batch_size
+            config.proxies.eval_batch_size = args.proxy_batch_size
+        for note in validate.validate(config):
+            print(note)
+    except Exception as err:  # noqa: BLE001 - a missing or bad config file is one line
+        sys.exit(f"error: config {args.config or 'benchmarks/reference.py'}: "
+                 f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+    return seeds, config
+
+
+def _keep_earlier(path: str) -> None:
+    """An earlier report at `path` is renamed after its time, never overwritten."""
+    if os.path.exists(path):
+        stem, ext = os.path.splitext(path)
+        kept = f"{stem}.{time.strftime('%Y%m%dT%H%M%S', time.localtime(os.path.getmtime(path)))}"
+        os.replace(path, kept + ext if not os.path.exists(kept + ext) else f"{kept}.old{ext}")
+        print(f"note: the earlier report {path} is kept as {kept + ext}")
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = _Parser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default=None,
                         help="config file (default: the reference model, benchmarks/reference.py)")
     parser.add_argument("--compute_dtype", default=None, choices=("float32", "bfloat16"),
@@ -40,24 +95,35 @@ def main() -> None:
                         help="also time the sweep with model.compute_dtype=bfloat16")
     parser.add_argument("--no_torch", action="store_true", help="skip the PyTorch loop")
     parser.add_argument("--no_kmeans", action="store_true", help="skip k-means vs scikit-learn")
-    parser.add_argument("--out", default="runs/benchmark.json", help="JSON output path")
+    parser.add_argument("--out", default="runs/benchmark.json",
+                        help="JSON output path (an earlier file there is renamed, not replaced)")
+    parser.add_argument("--debug", action="store_true", help="tracebacks instead of one line")
     args = parser.parse_args()
-    config = suite.load_config(args.config, args.compute_dtype)
-    if args.proxy_batch_size:
-        config.proxies.collect_batch_size = config.proxies.eval_batch_size = args.proxy_batch_size
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    seeds, config = _checked(args)
+    from jaxillusions import checkpoint  # noqa: PLC0415
 
     def save(report: dict) -> None:  # after every row: a stopped run keeps what it measured
-        with open(args.out + ".tmp", "w") as f:
-            json.dump({**report, "args": vars(args)}, f, indent=2)
-        os.replace(args.out + ".tmp", args.out)
+        checkpoint.write_atomic(args.out, json.dumps({**report, "args": vars(args)}, indent=2))
 
-    report = suite.run(config, seed_counts=[int(s) for s in args.seeds.split(",")],
-                       steps=args.steps, repeats=args.repeats,
-                       loop_max_seeds=args.loop_max_seeds, proxy_seeds=args.proxy_seeds,
-                       with_torch=not args.no_torch, with_kmeans=not args.no_kmeans,
-                       bfloat16=args.bfloat16, save=save)
-    save(report)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        _keep_earlier(args.out)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, _stop)
+        report = suite.run(config, seed_counts=seeds, steps=args.steps, repeats=args.repeats,
+                           loop_max_seeds=args.loop_max_seeds, proxy_seeds=args.proxy_seeds,
+                           with_torch=not args.no_torch, with_kmeans=not args.no_kmeans,
+                           bfloat16=args.bfloat16, save=save)
+        save(report)
+    except Exception as err:
+        if args.debug:
+            raise
+        saved = f"; what was measured is in {args.out}" if os.path.exists(args.out) else ""
+        if isinstance(err, _Stopped):
+            name, code = err.args
+            print(f"stopped by {name}{saved}", file=sys.stderr)
+            sys.exit(code)
+        sys.exit(f"error: {checkpoint.root_cause(err)}{saved} (--debug shows the traceback)")
     print(f"wrote {args.out}")
 
 

@@ -112,3 +112,52 @@ def test_benchmark_sweep_runs_on_every_device(cache_dir):
     row = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (row["num_seeds"], row["devices"], row["padded_seeds"]) == (3, 4, 4)
     assert 0 < row["sweep_mfu"] < 1
+
+
+_TINY = """
+import sys
+sys.path.insert(0, {tests!r})
+from conftest import tiny_config
+
+
+def get_config():
+    return tiny_config({cache!r})
+"""
+
+
+def _benchmark(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "launch.benchmark", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seeds=1,,2"], "--seeds=1,,2: expected positive integers"),
+    (["--seeds=-1"], "--seeds=-1: expected positive integers"),
+    (["--repeats=0"], "--repeats=0: must be >= 1"),
+    (["--proxy_seeds=0"], "--proxy_seeds=0: must be >= 1"),
+    (["--config=configs/nope.py"], "config configs/nope.py: FileNotFoundError"),
+    (["--config=configs/dyck_small.py", "--compute_dtype=float16"], "invalid choice: 'float16'"),
+])
+def test_benchmark_bad_input_is_one_line(args, message, tmp_path):
+    # Was: tracebacks (ZeroDivisionError, ValueError), some after the first row was timed, and
+    # negative throughputs recorded for --seeds=-1.
+    proc = _benchmark(*args, f"--out={tmp_path / 'b.json'}")
+    (line,) = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and line.startswith("error: ") and message in line, proc.stderr
+    assert not os.path.exists(tmp_path / "b.json")
+
+
+def test_benchmark_keeps_an_earlier_report(tmp_path, cache_dir):
+    # Was: a rerun to the same --out replaced a finished report at its first row.
+    config = tmp_path / "tiny.py"
+    config.write_text(_TINY.format(tests=os.path.join(ROOT, "tests"), cache=cache_dir))
+    out = tmp_path / "b.json"
+    out.write_text('{"earlier": true}')
+    proc = _benchmark(f"--config={config}", "--seeds=2", "--steps=2", "--repeats=1",
+                      "--loop_max_seeds=0", "--proxy_seeds=2", "--no_torch", "--no_kmeans",
+                      f"--out={out}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (kept,) = [p for p in tmp_path.iterdir() if p.name.startswith("b.2")]
+    assert json.loads(kept.read_text()) == {"earlier": True}
+    assert f"note: the earlier report {out} is kept as {kept}" in proc.stdout
+    assert [r["num_seeds"] for r in json.loads(out.read_text())["training"]] == [2]
