@@ -130,6 +130,13 @@ def use_compilation_cache() -> str | None:
     if not jax.config.jax_enable_compilation_cache:
         return None
     directory = jax.config.jax_compilation_cache_dir or cache.path("xla")
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as err:  # e.g. $JAXILLUSIONS_CACHE names a file
+        print(f"warning: compiled programs are not cached: {type(err).__name__}: {err}",
+              file=sys.stderr)
+        jax.config.update("jax_enable_compilation_cache", False)
+        return None
     jax.config.update("jax_compilation_cache_dir", directory)
     show, write_failed = warnings.showwarning, False
 
@@ -163,6 +170,22 @@ def use_compilation_cache() -> str | None:
     return directory
 
 
+def _own_warnings_on_one_line() -> None:
+    """The project's own warnings (a data cache that cannot be written, say) as one `warning:`
+    line on stderr instead of Python's two (file:line and the source line)."""
+    import jaxillusions  # noqa: PLC0415
+
+    show, package = warnings.showwarning, os.path.dirname(os.path.abspath(jaxillusions.__file__))
+
+    def one_line(message, category, filename, lineno, file=None, line=None):
+        if not os.path.abspath(filename).startswith(package + os.sep):
+            return show(message, category, filename, lineno, file, line)
+        print(f"warning: {str(message).splitlines()[0]}", file=sys.stderr)
+        return None
+
+    warnings.showwarning = one_line
+
+
 def guard(job: Callable[[], None], workdir: str, configs: Sequence) -> None:
     """Runs job() after validating every config and taking the workdir lock, with SIGTERM/SIGINT
     caught (the job saves and exits 143/130); every error becomes one line on stderr."""
@@ -170,6 +193,7 @@ def guard(job: Callable[[], None], workdir: str, configs: Sequence) -> None:
 
     if not DEBUG.value:
         _quiet_background_errors(workdir)
+        _own_warnings_on_one_line()
     lock = checkpoint.WorkdirLock(workdir)
     try:
         distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value,

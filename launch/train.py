@@ -16,7 +16,7 @@ def main(config, workdir: str, start_over: bool = False) -> None:
     if not distributed.is_main():  # process 0 writes the files
         return
     sweep = train.members(config)
-    _, model_cfg, _ = train.build(config)
+    model_cfg = train.model_config(config)  # for the HPARAMS view: no second data load
     member_hparams = sweep.hparams if len(train.contrastive_weights(config)) > 1 else None
     with log_lib.SweepWriter(f"{workdir}/tensorboard", sweep.labels) as writer:
         board.write_hparams(writer, config, model_cfg, sweep.labels, np.asarray(state.healthy),

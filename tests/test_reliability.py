@@ -642,3 +642,20 @@ def test_compilation_cache_on_a_full_disk_is_one_warning(tmp_path, cache_dir):
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("warning: Error writing persistent compilation cache entry for ")
     assert "No space left on device" in line and "not cached; the run goes on" in line
+
+
+def test_a_cache_path_that_is_a_file_is_two_warning_lines(tmp_path):
+    # Was: the data cache's warning on two lines (shown twice: launch.train loaded the data a
+    # second time) and a read error of the compilation cache reported as if an entry were bad.
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("")
+    config_file = _config_file(tmp_path, "")  # data.cache_dir "": $JAXILLUSIONS_CACHE
+    proc = subprocess.run([sys.executable, "-m", "launch.train", f"--config={config_file}",
+                           f"--workdir={tmp_path / 'run'}"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300,
+                          env={**_env_without_jax_settings(), "JAXILLUSIONS_CACHE": str(blocker)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    compiled, data = proc.stderr.strip().splitlines()
+    assert compiled.startswith("warning: compiled programs are not cached: NotADirectoryError")
+    assert data.startswith("warning: dyck data: could not write cache ") and str(blocker) in data
+    assert proc.stdout.count("dyck data: generated") == 1

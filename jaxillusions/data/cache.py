@@ -53,7 +53,8 @@ def load_or_make(file: str, load: Callable[[str], T], make: Callable[[], T],
                 print(f"{what}: loaded {file}", flush=True)
             return data
         except Exception as e:  # any unreadable/foreign file: the cache is only an optimization
-            warnings.warn(f"{what}: unreadable cache {file} ({e!r}); regenerating", stacklevel=3)
+            warnings.warn(f"{what}: unreadable cache {file} ({type(e).__name__}: {e}); "
+                          "regenerating", stacklevel=3)
     t0 = time.perf_counter()
     data = make()
     dt = time.perf_counter() - t0
@@ -61,7 +62,8 @@ def load_or_make(file: str, load: Callable[[str], T], make: Callable[[], T],
     try:
         save(file, data)
     except OSError as e:
-        warnings.warn(f"{what}: could not write cache {file} ({e!r})", stacklevel=3)
+        warnings.warn(f"{what}: could not write cache {file} ({type(e).__name__}: {e})",
+                      stacklevel=3)
         where = "not cached"
     if verbose:
         print(f"{what}: generated in {dt:.1f}s, {where}", flush=True)
