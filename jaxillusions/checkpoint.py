@@ -291,7 +291,7 @@ class Checkpointer:
             except CheckpointMismatch:
                 raise
             except Exception as err:  # noqa: BLE001 - any other failure: unreadable
-                failed.append((step, f"{type(err).__name__}: {_first_line(err)}"))
+                failed.append((step, error_line(err)))
                 self._renew()
                 continue
             self._quarantine(failed)
@@ -335,7 +335,12 @@ def root_cause(err: BaseException) -> str:
     for e in chain:
         if "No space left on device" in str(e):
             return "No space left on device"
-    return f"{type(chain[0]).__name__}: {_first_line(chain[0])}"
+    return error_line(chain[0])
+
+
+def error_line(err: BaseException) -> str:
+    """'<exception type>: <the first line of its message>', for one-line reports."""
+    return f"{type(err).__name__}: {_first_line(err)}"
 
 
 def _first_line(err: BaseException) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import csv
 import glob
-import itertools
 import json
 import os
 import shutil
@@ -98,9 +97,9 @@ def _mover(workdir: str, say) -> Callable[..., None]:
         if not distributed.is_main():
             return
         dest = base = os.path.join(aside, os.path.relpath(path, workdir))
-        for n in itertools.count(1):
-            if not os.path.lexists(dest):
-                break
+        n = 0
+        while os.path.lexists(dest):  # never over an earlier file moved aside
+            n += 1
             dest = f"{base}.{n}"
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         shutil.move(path, dest)
@@ -116,12 +115,9 @@ def _read_done(workdir: str, move_aside) -> dict | None:
     try:
         return _read_json(path)
     except (OSError, ValueError) as err:
-        move_aside(path, f"is unreadable ({_first_line(err)}); the reports are written again")
+        move_aside(path, f"is unreadable ({checkpoint.error_line(err)}); the reports are "
+                   "written again")
         return {"analysis": None}
-
-
-def _first_line(err: BaseException) -> str:
-    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
 class _Stages:
@@ -145,7 +141,7 @@ class _Stages:
             content = read(path)
             stale = content["stamp"] != stamp
         except Exception as err:  # noqa: BLE001 - truncated or damaged: recompute, keep a copy
-            self.move_aside(path, f"is unreadable ({_first_line(err)})")
+            self.move_aside(path, f"is unreadable ({checkpoint.error_line(err)})")
             return None
         if not stale:
             return content["value"]
@@ -190,7 +186,8 @@ def run(config, workdir: str, *, verbose: bool = True, start_over: bool = False)
                     for row in results.read_csv(os.path.join(group_dir, "results.csv"))]
         except (OSError, ValueError, TypeError, KeyError, csv.Error) as err:
             say(f"warning: the sweep in {workdir} finished, but its results.csv is unreadable "
-                f"({_first_line(err)}); the reports are written again from the saved stages")
+                f"({checkpoint.error_line(err)}); the reports are written again from the saved "
+                "stages")
         else:
             where = f"{workdir}/results.csv" if pc.methods else workdir
             say(f"the sweep in {workdir} is finished (finished {done['time']}); nothing to do. "

@@ -62,8 +62,10 @@ def _checked(args) -> tuple[list[int], object]:
         for note in validate.validate(config):
             print(note)
     except Exception as err:  # noqa: BLE001 - a missing or bad config file is one line
+        from jaxillusions import checkpoint  # noqa: PLC0415
+
         sys.exit(f"error: config {args.config or 'benchmarks/reference.py'}: "
-                 f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+                 f"{checkpoint.error_line(err)}")
     return seeds, config
 
 
@@ -71,9 +73,13 @@ def _keep_earlier(path: str) -> None:
     """An earlier report at `path` is renamed after its time, never overwritten."""
     if os.path.exists(path):
         stem, ext = os.path.splitext(path)
-        kept = f"{stem}.{time.strftime('%Y%m%dT%H%M%S', time.localtime(os.path.getmtime(path)))}"
-        os.replace(path, kept + ext if not os.path.exists(kept + ext) else f"{kept}.old{ext}")
-        print(f"note: the earlier report {path} is kept as {kept + ext}")
+        stem = f"{stem}.{time.strftime('%Y%m%dT%H%M%S', time.localtime(os.path.getmtime(path)))}"
+        kept, n = stem + ext, 0
+        while os.path.exists(kept):  # never over an earlier kept report
+            n += 1
+            kept = f"{stem}.{n}{ext}"
+        os.replace(path, kept)
+        print(f"note: the earlier report {path} is kept as {kept}")
 
 
 def main() -> None:
