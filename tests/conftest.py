@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from configs import dyck_small
@@ -30,6 +32,17 @@ def tiny_config(cache_dir: str = ""):
     config.proxies.collect_batch_size = 256
     config.proxies.eval_batch_size = 64
     return config
+
+
+def tiny_config_file(path, cache_dir: str, settings: dict | None = None) -> str:
+    """Writes a config file for the launchers (--config=path): tiny_config(cache_dir) with
+    `settings` ({"train.num_steps": 20, ...}) applied. Returns the path."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    lines = [f"    config.{key} = {value!r}\n" for key, value in (settings or {}).items()]
+    path.write_text(f"import sys\nsys.path.insert(0, {tests!r})\nfrom conftest import tiny_config"
+                    f"\n\n\ndef get_config():\n    config = tiny_config({cache_dir!r})\n"
+                    + "".join(lines) + "    return config\n")
+    return str(path)
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from conftest import tiny_config_file
 
 from benchmarks import reference, suite
 from jaxillusions import model as model_lib
@@ -114,17 +115,6 @@ def test_benchmark_sweep_runs_on_every_device(cache_dir):
     assert 0 < row["sweep_mfu"] < 1
 
 
-_TINY = """
-import sys
-sys.path.insert(0, {tests!r})
-from conftest import tiny_config
-
-
-def get_config():
-    return tiny_config({cache!r})
-"""
-
-
 def _benchmark(*args, cwd=ROOT):
     return subprocess.run([sys.executable, "-m", "launch.benchmark", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=300)
@@ -149,8 +139,7 @@ def test_benchmark_bad_input_is_one_line(args, message, tmp_path):
 
 def test_benchmark_keeps_an_earlier_report(tmp_path, cache_dir):
     # Was: a rerun to the same --out replaced a finished report at its first row.
-    config = tmp_path / "tiny.py"
-    config.write_text(_TINY.format(tests=os.path.join(ROOT, "tests"), cache=cache_dir))
+    config = tiny_config_file(tmp_path / "tiny.py", cache_dir)
     out = tmp_path / "b.json"
     out.write_text('{"earlier": true}')
     proc = _benchmark(f"--config={config}", "--seeds=2", "--steps=2", "--repeats=1",

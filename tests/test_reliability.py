@@ -16,7 +16,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import tiny_config, tiny_config_file
 
 from jaxillusions import checkpoint, faithfulness, interrupt, sweep, train, validate
 from jaxillusions import logging as log_lib
@@ -254,27 +254,10 @@ def test_tensorboard_is_on_disk_at_every_checkpoint(trained):
     assert trained["on_disk_at_save"] == {10: 10, 20: 20}
 
 
-_TINY_CONFIG = """
-import sys
-sys.path.insert(0, {tests!r})
-from conftest import tiny_config
-
-
-def get_config():
-    config = tiny_config({cache!r})
-    config.train.num_steps = {steps}
-    config.train.log_every = 1
-    config.train.eval_every = 0
-    config.train.checkpoint_every = 0
-    return config
-"""
-
-
 def _config_file(tmp_path, cache_dir, steps=20):
-    path = tmp_path / "tiny_config.py"
-    path.write_text(_TINY_CONFIG.format(tests=os.path.join(ROOT, "tests"), cache=cache_dir,
-                                        steps=steps))
-    return str(path)
+    return tiny_config_file(tmp_path / "tiny_config.py", cache_dir, {
+        "train.num_steps": steps, "train.log_every": 1, "train.eval_every": 0,
+        "train.checkpoint_every": 0})
 
 
 def _launch(module, config_file, workdir, *args, **kwargs):
@@ -474,16 +457,11 @@ def test_sweep_stopped_during_proxy_work_resumes_with_identical_results(swept, t
     for name in ("results.csv", sweep.DONE_FILE, sweep.STAGE_DIR):
         path = os.path.join(workdir, name)
         shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-    config_file = tmp_path / "swept_config.py"
-    config_file.write_text(_TINY_CONFIG.format(tests=os.path.join(ROOT, "tests"), cache=cache_dir,
-                                               steps=20).replace(
-        "    config.train.log_every = 1\n    config.train.eval_every = 0\n"
-        "    config.train.checkpoint_every = 0\n",
-        "    config.train.log_every = 5\n"
-        f"    config.proxies.targets = {swept['config'].proxies.targets!r}\n"
-        f"    config.proxies.methods = {swept['config'].proxies.methods!r}\n"
-        f"    config.proxies.eval_splits = {swept['config'].proxies.eval_splits!r}\n"))
-    rc, out, err = _signal_after(_launch("launch.sweep", str(config_file), workdir),
+    proxies = swept["config"].proxies
+    config_file = tiny_config_file(tmp_path / "swept_config.py", cache_dir, {
+        "train.num_steps": 20, "train.log_every": 5, "proxies.targets": proxies.targets,
+        "proxies.methods": proxies.methods, "proxies.eval_splits": proxies.eval_splits})
+    rc, out, err = _signal_after(_launch("launch.sweep", config_file, workdir),
                                  "fitting", signal.SIGINT)
     assert rc == 130, err[-2000:]
     (line,) = err.strip().splitlines()

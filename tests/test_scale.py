@@ -17,7 +17,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import tiny_config, tiny_config_file
 
 from jaxillusions import checkpoint, distributed, faithfulness, train, validate
 
@@ -246,29 +246,13 @@ def test_missing_process_is_named(tmp_path, cache_dir):
         f"error: process 1 of 2 did not join the coordinator at 127.0.0.1:{port} within 3 s")
 
 
-_SIGNALLED_CONFIG = """
-import sys
-sys.path.insert(0, {tests!r})
-from conftest import tiny_config
-
-
-def get_config():
-    config = tiny_config({cache!r})
-    config.train.num_steps = 20
-    config.train.eval_every = 0
-    config.train.checkpoint_every = 0
-    config.proxies.targets = ("blocks.-1.attn.k",)
-    config.proxies.methods = ("svd", "kmeans", "uniform_attention")  # 3 proxy families
-    return config
-"""
-
-
 def test_a_signal_to_one_process_stops_all_at_the_same_proxy_family(tmp_path, cache_dir):
     # Was: the signalled process left after its family, and process 0 failed in the next
     # collective with "error: JaxRuntimeError: ... Gloo AllGather failed ..." (exit 1).
-    config_file = tmp_path / "config.py"
-    config_file.write_text(_SIGNALLED_CONFIG.format(tests=os.path.join(ROOT, "tests"),
-                                                    cache=cache_dir))
+    config_file = tiny_config_file(tmp_path / "config.py", cache_dir, {
+        "train.num_steps": 20, "train.eval_every": 0, "train.checkpoint_every": 0,
+        "proxies.targets": ("blocks.-1.attn.k",),
+        "proxies.methods": ("svd", "kmeans", "uniform_attention")})  # 3 proxy families
     port, workdir = _free_port(), tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     procs = [subprocess.Popen(
