@@ -53,3 +53,25 @@ def cache_dir(tmp_path_factory):
 @pytest.fixture
 def config(cache_dir):
     return tiny_config(cache_dir)
+
+
+def tiny_sweep_config(cache_dir: str = ""):
+    """tiny_config with fewer proxies and splits, so that a whole main job takes seconds: the SVD
+    of the last layer's keys (ranks 1, 2, 4) and one-hot attention on iid, unseen_depth, longer."""
+    config = tiny_config(cache_dir)
+    config.proxies.methods = ("svd", "onehot_attention")
+    config.proxies.targets = ("blocks.-1.attn.k",)
+    config.proxies.svd_ranks = (1, 2, 4)
+    config.proxies.eval_splits = ("iid", "unseen_depth", "longer")
+    return config
+
+
+@pytest.fixture(scope="session")
+def tiny_sweep(tmp_path_factory, cache_dir) -> str:
+    """The workdir of a finished main job (sweep.run) of tiny_sweep_config, shared by the whole
+    session: tables, figures, TensorBoard and checkpoints. Read it; copy it to change it."""
+    from jaxillusions import sweep
+
+    workdir = str(tmp_path_factory.mktemp("tiny_sweep") / "run")
+    sweep.run(tiny_sweep_config(cache_dir), workdir, verbose=False)
+    return workdir
