@@ -9,7 +9,7 @@ CodeSearchNet dataset, point the config at its jsonl files, e.g.
 `--config.data.source='/data/codesearchnet/python/final/jsonl/train/*.jsonl.gz'
 --config.data.other_source='/data/codesearchnet/javascript/final/jsonl/train/*.jsonl.gz'`.
 Time: not measured; this config has not been run on a GPU here (the one 30-minute GPU lease so
-far went to the Dyck measurements in README "Speed"). Its training is 64 seeds x 20k steps of
+far went to the Dyck measurements in docs/speed.md). Its training is 64 seeds x 20k steps of
 batch 64 rows of up to 512 characters; on the 2-core CPU machine that would take weeks, so run it
 on a GPU. Override e.g.
 `--config.train.num_seeds=16` for a smaller one.

@@ -9,13 +9,13 @@ Main job, from the repository root:
 
 On the 2-core CPU machine (no GPU; under `flock /tmp/jaxillusions-cpu.lock`, data not yet cached)
 the sweep took 8 min 54 s: 9 s to build the data from the standard library and npm, 5.8 min of
-training (4 seeds x 1500 steps, ~4.4 steps/s), then fitting, evaluation on 4 splits (620
-functions, 8 proxy families) and the reports. Next-character accuracy on `iid` 0.626 ± 0.019
-(mean ± 95% CI over the 4 seeds; loss 1.44 nats) against 0.151 for the most frequent training
-character (unigram cross-entropy 3.29 nats); longer 0.533, deeper 0.547, other_language 0.312.
-A rerun (data cached) wrote byte-identical results.csv and tables. The README's "Code
-completion" section reads the per-category gaps. Override any key on the
-command line, e.g. `--config.train.num_seeds=8 --config.data.source=/path/to/*.jsonl.gz`.
+training (4 seeds x 1500 steps, ~4.4 steps/s), then fitting, evaluation on 4 splits (620 functions,
+8 proxy families) and the reports. Next-character accuracy on `iid` 0.626 ± 0.019 (mean ± 95% CI
+over the 4 seeds; loss 1.44 nats) against 0.151 for the most frequent training character (unigram
+cross-entropy 3.29 nats); longer 0.533, deeper 0.547, other_language 0.312. A rerun (data cached)
+wrote byte-identical results.csv and tables. docs/code_completion.md reads the per-category gaps.
+Override any key on the command line, e.g.
+`--config.train.num_seeds=8 --config.data.source=/path/to/*.jsonl.gz`.
 """
 
 from ml_collections import ConfigDict
@@ -47,7 +47,7 @@ def get_config() -> ConfigDict:
     config.model.uniform_attention_layers = ()
     config.model.embedding = "learned"
     config.model.max_len = 0  # 0 -> the widest split (longer_context)
-    config.model.compute_dtype = "float32"  # bfloat16: bf16 matmuls (README "Speed")
+    config.model.compute_dtype = "float32"  # bfloat16: bf16 matmuls (docs/speed.md)
 
     # Optimizer and training loop (next-character loss on every character).
     config.train = ConfigDict()
@@ -65,7 +65,7 @@ def get_config() -> ConfigDict:
     # Rows of `longer` reach positions past any training row: offsets train them (-1: as far as
     # the model's positions allow), as in the Dyck configs.
     config.train.max_position_offset = -1
-    # Seeds trained at once; the others wait in sequential chunks (README "Scaling out"). 0: all.
+    # Seeds trained at once; the others wait in sequential chunks (docs/scaling_out.md). 0: all.
     config.train.seed_chunk_size = 0
 
     # Proxies and faithfulness evaluation: the last layer's queries and keys, as for Dyck.

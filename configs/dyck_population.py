@@ -10,7 +10,7 @@ ran beside it): 6.5 min until training ended (about 210 seed-steps/s; compilatio
 evaluation included), 25 s proxy fitting, 3.4 min evaluation, reports and figures; peak memory
 4.8 GB. Original model, closing-bracket accuracy over the 32
 seeds: iid 0.955 ± 0.003, unseen_depth 0.797 ± 0.011, longer 0.876 ± 0.006. What it showed
-(gap_table.txt, README "Reproducing Friedman et al. on Dyck"): every proxy below full rank is
+(gap_table.txt, docs/friedman_dyck.md): every proxy below full rank is
 less faithful on unseen_structure, unseen_depth and longer, with paired intervals excluding 0;
 no proxy beats the original's accuracy anywhere; seeds whose proxy is more faithful in
 distribution have smaller gaps (Spearman rho < 0 for 115 of 140 proxy-split pairs).
@@ -27,7 +27,8 @@ def get_config() -> ConfigDict:
     # Data: the demo's Dyck-(8, 6); fewer evaluation sentences per split (7 splits x 300).
     config.data.num_eval = 300
 
-    # Training: 32 seeds (the unit of evidence, shared/DESIGN.md section 9), trained together.
+    # Training: 32 seeds (the unit of evidence: docs/friedman_dyck.md,
+    # "Population statistics"), trained together.
     config.train.num_seeds = 32
     config.train.num_steps = 2500
     config.train.eval_every = 0  # evaluate once, at the end

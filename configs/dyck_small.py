@@ -8,15 +8,14 @@ Training only:
 
     python -m launch.train --config=configs/dyck_small.py --workdir=runs/dyck_small_train
 
-On the 2-core CPU machine (no GPU; little else running, data already cached) the sweep took
-2 min 19 s: 50 s until training ended (4 seeds x 3000 steps, with position offsets), then about
-1.5 min for proxy fitting, evaluation on 6 splits and the reports. All 4 seeds pass 95%
-closing-bracket accuracy on `iid` (0.952-0.981; 0.966 ± 0.019). For conclusions use the 32-seed
-configs/dyck_population.py. With `JAX_NUM_CPU_DEVICES=2` in front (the seeds in two shards,
-one per core) the same machine took 1 min 58 s against 2 min 27 s in back-to-back runs; the
-numbers then differ from a one-device run within seed noise (iid 0.967 ± 0.019; README
-"Speed"). Override any key on the command line,
-e.g. `--config.train.num_seeds=8 --config.data.num_train=20000`.
+On the 2-core CPU machine (no GPU; little else running, data already cached) the sweep took 2 min 19
+s: 50 s until training ended (4 seeds x 3000 steps, with position offsets), then about 1.5 min for
+proxy fitting, evaluation on 6 splits and the reports. All 4 seeds pass 95% closing-bracket accuracy
+on `iid` (0.952-0.981; 0.966 ± 0.019). For conclusions use the 32-seed configs/dyck_population.py.
+With `JAX_NUM_CPU_DEVICES=2` in front (the seeds in two shards, one per core) the same machine took
+1 min 58 s against 2 min 27 s in back-to-back runs; the numbers then differ from a one-device run
+within seed noise (iid 0.967 ± 0.019; docs/speed.md). Override any key on the command line, e.g.
+`--config.train.num_seeds=8 --config.data.num_train=20000`.
 """
 
 from ml_collections import ConfigDict
@@ -26,7 +25,7 @@ def get_config() -> ConfigDict:
     config = ConfigDict()
     config.seed = 0  # seed s of the sweep is config.seed + s
 
-    # Data: Dyck-(k, m) with generalization splits (shared/DESIGN.md section 2).
+    # Data: Dyck-(k, m) with generalization splits (docs/friedman_dyck.md, "The Dyck task").
     config.data = ConfigDict()
     config.data.seed = 0
     config.data.num_types = 8  # k
@@ -39,7 +38,7 @@ def get_config() -> ConfigDict:
     config.data.num_eval = 500  # sentences per evaluation split
     config.data.cache_dir = ""  # '' -> $JAXILLUSIONS_CACHE or ~/.cache/jaxillusions
 
-    # Model: decoder-only transformer (shared/DESIGN.md section 3).
+    # Model: decoder-only transformer (jaxillusions/model.py).
     config.model = ConfigDict()
     config.model.n_layers = 2
     config.model.n_heads = 1
@@ -54,7 +53,8 @@ def get_config() -> ConfigDict:
     config.model.minimal_embedding = "onehot"  # onehot | type_depth | yao (Wen et al. eq. 19-21)
     config.model.max_len = 0  # positions the model supports; 0 -> the longest data split
     # bfloat16: bf16 matmuls and activations, f32 parameters, optimizer state, layer norms,
-    # softmax and loss (README "Speed" has its effect on the faithfulness numbers).
+    # softmax and loss (docs/speed.md, "Mixed precision": its effect on the faithfulness
+    # numbers).
     config.model.compute_dtype = "float32"
 
     # Optimizer and training loop.
@@ -79,12 +79,12 @@ def get_config() -> ConfigDict:
     # allow (longer_max_len - max_len + 1 = 17 here); 0: off (positions past max_len untrained).
     config.train.max_position_offset = -1
     # Seeds trained at once over all devices; the others wait in sequential chunks of this many
-    # (bounds device memory; may change float rounding, so a training key; README "Scaling
-    # out"). 0: all at once.
+    # (bounds device memory; may change float rounding, so a training key; docs/scaling_out.md).
+    # 0: all at once.
     config.train.seed_chunk_size = 0
 
-    # Proxies and faithfulness evaluation (shared/DESIGN.md sections 4-5). Sites may use
-    # negative layer indices: blocks.-1 is the last layer.
+    # Proxies and faithfulness evaluation (docs/friedman_dyck.md, "Proxies and faithfulness").
+    # Sites may use negative layer indices: blocks.-1 is the last layer.
     config.proxies = ConfigDict()
     # Each target is a '+'-joined list of sites simplified together (each with its own proxy).
     config.proxies.targets = ("blocks.-1.attn.q", "blocks.-1.attn.k",
@@ -104,6 +104,6 @@ def get_config() -> ConfigDict:
     config.proxies.collect_batch_size = 512  # training sentences per activation-collection chunk
     config.proxies.eval_batch_size = 256
     # Seeds per call of the proxy stage; 0: as many as fit the device's memory (all of them on
-    # CPU, which reports no capacity; README "Scaling out").
+    # CPU, which reports no capacity; docs/scaling_out.md).
     config.proxies.seed_chunk_size = 0
     return config
