@@ -12,6 +12,7 @@
 import ast
 import contextlib
 import copy
+import importlib
 import importlib.util
 import io
 import os
@@ -119,6 +120,21 @@ def _module_source(module: str) -> str:
     return source
 
 
+def _unknown_overrides(module: str, args: str) -> list[str]:
+    """`--config.<key>=` overrides of a command whose key the command's config does not have."""
+    from jaxillusions import validate
+
+    keys = re.findall(r"--config\.([\w.]+)=", args)
+    if not keys:
+        return []
+    name = re.search(r"--config=configs/(\w+)\.py", args)
+    config_module = importlib.import_module(f"configs.{name.group(1) if name else 'dyck_small'}")
+    config = config_module.get_config()
+    known = set(validate.rules(config))
+    return [f"python -m {module}: --config.{key} is not a key of {config_module.__name__}"
+            for key in keys if key not in known]
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_commands_name_real_modules_flags_and_configs(page):
     text = _page(page)
@@ -130,6 +146,7 @@ def test_commands_name_real_modules_flags_and_configs(page):
         for flag in re.findall(r"(?<![\w-])--(\w+)", args):
             if f'"{flag}"' not in source and f'"--{flag}"' not in source:
                 problems.append(f"python -m {module}: no flag --{flag}")
+        problems += _unknown_overrides(module, args)
     for config in set(re.findall(r"\bconfigs/\w+\.py", text)):
         if not (ROOT / config).exists():
             problems.append(f"{config} does not exist")
