@@ -214,7 +214,7 @@ def to_transformer_lens(params: dict, cfg: model_lib.ModelConfig, device: str = 
                                     DeprecationWarning)
             model = HookedTransformer(tl_cfg)
         _check_keys(set(weights), {k for k, _ in model.named_parameters()})
-        model.load_state_dict(weights, strict=False)  # strict: the buffers (masks) stay
+        model.load_state_dict(weights, strict=False)  # not strict: its buffers (masks) stay
         return model.eval()
     from transformer_lens.model_bridge import TransformerBridge
     from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
