@@ -1,30 +1,43 @@
-"""Export a trained seed to TransformerLens (`HookedTransformer`), and the site-name map both ways.
+"""Export a trained seed to TransformerLens, 3.9 (`HookedTransformer`) or 4.x (`TransformerBridge`),
+and the site-name map both ways.
 
     from jaxillusions import export
-    tl_model = export.from_workdir("runs/dyck_small", seed=0)        # a HookedTransformer
-    logits, cache = tl_model.run_with_cache(tokens)                   # tokens: torch int [B, T]
-    cache[export.tl_name("blocks.1.attn.k")]                           # our site, TL's hook
+    tl_model = export.from_workdir("runs/dyck_small", seed=0)  # HookedTransformer or Bridge
+    logits, cache = tl_model.run_with_cache(tokens)             # tokens: torch int [B, T]
+    cache[export.tl_name("blocks.1.attn.k")]                     # our site, TL's hook
 
-Needs the optional extra `export` (torch and transformer-lens 3.x, which still has
-`HookedTransformer`; see the README for the exact install). Our model maps onto a standard
-TransformerLens config: pre-LayerNorm blocks (eps 1e-5), tanh GELU (TL's `gelu_new`), attention
-scaled by 1/sqrt(d_head), no key bias (TL's b_K is set to zero), and `w_q/k/v` stored as
-[d_model, head, d_head] (TL: [head, d_model, d_head]). Every position encoding becomes TL's
-"standard" W_pos table: learned as is, sinusoidal and linear as the table they compute, none as
-zeros. Frozen one-hot token embeddings export as the table they are. Layers with frozen uniform
-attention and the minimal first layer (Wen et al.) have no TL counterpart and are refused.
+Needs the optional extra `export` (torch and transformer-lens >=3.9,<5; see the README for the
+exact install). The path follows the installed major version: 3.x builds a `HookedTransformer`
+from a `HookedTransformerConfig`; 4.x (which removed `HookedTransformer`) boots its TL-native
+model (`TransformerBridge.boot_native`, no Hugging Face download) and loads the same weights
+through its converter for HookedTransformer-format checkpoints (`convert_tl_checkpoint`).
+Both run our weights unprocessed (no LayerNorm folding or centering), so every hook equals our
+site. Our model maps onto a standard TransformerLens config: pre-LayerNorm blocks (eps 1e-5),
+tanh GELU (TL's `gelu_new`), attention scaled by 1/sqrt(d_head), no key bias (TL's b_K is set to
+zero), and `w_q/k/v` stored as [d_model, head, d_head] (TL: [head, d_model, d_head]). Every
+position encoding becomes TL's "standard" W_pos table: learned as is, sinusoidal and linear as the
+table they compute, none as zeros. Frozen one-hot token embeddings export as the table they are.
+Layers with frozen uniform attention and the minimal first layer (Wen et al.) have no TL
+counterpart and are refused.
+
+Hook names: `tl_name` gives HookedTransformer's names (`blocks.0.attn.hook_k`), which 4.x keeps as
+aliases of its own hooks (`blocks.0.attn.k.hook_out`); `site_name` reads both. They differ in
+three sites: 4.x's `hook_attn_scores` holds the softmaxed pattern on this architecture, so
+`attn.scores` has no 4.x hook, while 4.x's `ln_final.hook_out` (after the LayerNorm's scale and
+bias, as ours) and `hook_unembed` (the logits) give `ln_final` and `logits` hooks that 3.9 lacks.
 """
 
 from __future__ import annotations
 
 import warnings
+from importlib import metadata
 from typing import Any
 
 import numpy as np
 
 from jaxillusions import model as model_lib
 
-# Our block sites -> TransformerLens hook names (within blocks.{i}).
+# Our block sites -> HookedTransformer's hook names (within blocks.{i}); TL 4 keeps them as aliases.
 _BLOCK_HOOKS = {
     "resid_pre": "hook_resid_pre",
     "attn.q": "attn.hook_q",
@@ -39,11 +52,44 @@ _BLOCK_HOOKS = {
     "mlp.out": "hook_mlp_out",
     "resid_post": "hook_resid_post",
 }
-# Not mapped: `ln_final` (TL's ln_final.hook_normalized is before the LayerNorm's scale and bias,
-# ours after: ours = hook_normalized * ln_final.w + ln_final.b) and `logits` (TL's output).
+# Not mapped in 3.x: `ln_final` (TL's ln_final.hook_normalized is before the LayerNorm's scale and
+# bias, ours after: ours = hook_normalized * ln_final.w + ln_final.b) and `logits` (TL's output).
 _TOP_HOOKS = {"embed": "hook_embed", "pos_embed": "hook_pos_embed"}
-_BLOCK_SITES = {v: k for k, v in _BLOCK_HOOKS.items()}
-_TOP_SITES = {v: k for k, v in _TOP_HOOKS.items()}
+# TL 4.x: the hooks it adds (the aliases' targets are its own names; site_name reads them too).
+_TOP_HOOKS_4 = {**_TOP_HOOKS, "ln_final": "ln_final.hook_out", "logits": "hook_unembed"}
+_BLOCK_HOOKS_4 = {k: v for k, v in _BLOCK_HOOKS.items() if k != "attn.scores"}
+_BRIDGE_TOP = {"embed.hook_out": "embed", "pos_embed.hook_out": "pos_embed",
+               "unembed.hook_out": "logits"}
+_BRIDGE_BLOCK = {"hook_in": "resid_pre", "attn.q.hook_out": "attn.q", "attn.k.hook_out": "attn.k",
+                 "attn.v.hook_out": "attn.v", "attn.o.hook_in": "attn.z",
+                 "attn.hook_out": "attn.out", "ln2.hook_in": "resid_mid",
+                 "mlp.out.hook_in": "mlp.hidden", "mlp.hook_out": "mlp.out",
+                 "hook_out": "resid_post"}
+_MAPS = {3: (_TOP_HOOKS, _BLOCK_HOOKS), 4: (_TOP_HOOKS_4, _BLOCK_HOOKS_4)}
+_INVERSE = {3: ({v: k for k, v in _TOP_HOOKS.items()}, {v: k for k, v in _BLOCK_HOOKS.items()}),
+            4: ({v: k for k, v in _TOP_HOOKS_4.items()} | _BRIDGE_TOP,
+                {v: k for k, v in _BLOCK_HOOKS_4.items()} | _BRIDGE_BLOCK)}
+
+
+def tl_major() -> int:
+    """The installed TransformerLens major version; 4 (the current line) when none is installed,
+    so that names match what `pip install transformer-lens` gives today."""
+    try:
+        major = int(metadata.version("transformer-lens").split(".")[0])
+    except metadata.PackageNotFoundError:
+        return 4
+    if major not in _MAPS:
+        raise ImportError(f"transformer-lens {metadata.version('transformer-lens')} is installed; "
+                          "the export supports >=3.9,<5")
+    return major
+
+
+def _major(major: int | None) -> int:
+    if major is None:
+        return tl_major()
+    if major not in _MAPS:
+        raise ValueError(f"major={major!r}: TransformerLens major versions 3 or 4")
+    return major
 
 
 def _translate(name: str, top: dict[str, str], block: dict[str, str], what: str,
@@ -58,46 +104,58 @@ def _translate(name: str, top: dict[str, str], block: dict[str, str], what: str,
                      f"blocks.<i>.{{{', '.join(block)}}}")
 
 
-def tl_name(site: str) -> str:
-    """Our site name -> the TransformerLens hook with the same value, e.g.
-    'blocks.1.attn.out' -> 'blocks.1.hook_attn_out', 'blocks.0.mlp.hidden' ->
-    'blocks.0.mlp.hook_post'. `logits` (the output) and `ln_final` have no equal hook."""
-    return _translate(site, _TOP_HOOKS, _BLOCK_HOOKS, "site",
-                      "TransformerLens hook with the same value")
+def tl_name(site: str, major: int | None = None) -> str:
+    """Our site name -> the TransformerLens hook with the same value, for TL `major` (3 or 4;
+    default the installed one, see `tl_major`), e.g. 'blocks.1.attn.out' ->
+    'blocks.1.hook_attn_out', 'blocks.0.mlp.hidden' -> 'blocks.0.mlp.hook_post' in both. Only 3.x
+    has `attn.scores` (4.x's hook_attn_scores is the pattern); only 4.x has `ln_final`, `logits`."""
+    top, block = _MAPS[_major(major)]
+    return _translate(site, top, block, "site",
+                      f"TransformerLens {_major(major)}.x hook with the same value")
 
 
-def site_name(hook: str) -> str:
-    """TransformerLens hook name -> our site name (the inverse of `tl_name`)."""
-    return _translate(hook, _TOP_SITES, _BLOCK_SITES, "TransformerLens hook",
-                      "jaxillusions site")
+def site_name(hook: str, major: int | None = None) -> str:
+    """TransformerLens hook name -> our site name (the inverse of `tl_name`); for 4.x also the
+    bridge's own names of the same hooks (e.g. 'blocks.0.attn.k.hook_out', 'blocks.0.hook_in')."""
+    top, block = _INVERSE[_major(major)]
+    return _translate(hook, top, block, "TransformerLens hook", "jaxillusions site")
 
 
-def site_map(cfg: model_lib.ModelConfig) -> dict[str, str]:
-    """{our site: TL hook} for every site of this model with an equal hook (all but ln_final and
-    logits, and resid_mid of attention-only models: TL's attention-only blocks have no
-    hook_resid_mid; ours equals resid_post there). Same shapes, except pos_embed: ours
-    [pos, d_model], TL's [batch, pos, d_model]."""
-    skip = ("ln_final", "logits")
-    return {s: tl_name(s) for s in model_lib.site_names(cfg)
-            if s not in skip and not (cfg.attn_only and s.endswith(".resid_mid"))}
+def site_map(cfg: model_lib.ModelConfig, major: int | None = None) -> dict[str, str]:
+    """{our site: TL hook} for every site of this model with an equal hook in TL `major` (default
+    the installed one): all but ln_final and logits in 3.x, all but attn.scores in 4.x; never
+    resid_mid of attention-only models (TL's attention-only blocks have no hook_resid_mid; ours
+    equals resid_post there). Same shapes, except pos_embed: ours [pos, d_model], TL's
+    [batch, pos, d_model]."""
+    major = _major(major)
+    top, block = _MAPS[major]
+    return {s: tl_name(s, major) for s in model_lib.site_names(cfg)
+            if (s in top or s.split(".", 2)[-1] in block)
+            and not (cfg.attn_only and s.endswith(".resid_mid"))}
 
 
 def tl_config(cfg: model_lib.ModelConfig, device: str = "cpu") -> Any:
-    """The `HookedTransformerConfig` of a model config; a clear error for what TL can't express."""
-    from transformer_lens import HookedTransformerConfig
-
+    """The TransformerLens config of a model config (3.x: `HookedTransformerConfig`, 4.x:
+    `TransformerBridgeConfig` of its TL-native model); a clear error for what TL can't express."""
     if cfg.uniform_attention_layers:
         raise ValueError(f"model.uniform_attention_layers={cfg.uniform_attention_layers}: "
                          "TransformerLens has no frozen uniform attention; cannot export")
     if getattr(cfg, "first_layer", "standard") != "standard":
         raise ValueError(f"model.first_layer={cfg.first_layer!r}: TransformerLens has no "
                          "(token, depth) feature layer; cannot export")
-    return HookedTransformerConfig(
+    fields = dict(
         n_layers=cfg.n_layers, d_model=cfg.d_model, n_ctx=cfg.max_len, d_head=cfg.head_dim,
         n_heads=cfg.n_heads, d_mlp=None if cfg.attn_only else cfg.d_mlp,
         d_vocab=cfg.vocab_size, act_fn="gelu_new", normalization_type="LN", eps=1e-5,
         attn_only=cfg.attn_only, positional_embedding_type="standard",
         default_prepend_bos=False, device=device, dtype=_torch().float32, seed=0)
+    if tl_major() == 3:
+        from transformer_lens import HookedTransformerConfig
+
+        return HookedTransformerConfig(**fields)
+    from transformer_lens.config import TransformerBridgeConfig
+
+    return TransformerBridgeConfig(**fields, architecture="TransformerLensNative")
 
 
 def _torch():
@@ -136,28 +194,43 @@ def state_dict(params: dict, cfg: model_lib.ModelConfig) -> dict[str, Any]:
     return {k: torch.tensor(np.asarray(v, np.float32)) for k, v in out.items()}
 
 
-def to_transformer_lens(params: dict, cfg: model_lib.ModelConfig, device: str = "cpu") -> Any:
-    """One seed's params (no seed axis) and its ModelConfig -> a `HookedTransformer` in eval
-    mode whose logits and hooks equal our `model.forward` and sites (see `site_map`)."""
-    from transformer_lens import HookedTransformer
+def _check_keys(got: set[str], expected: set[str]) -> None:
+    if got != expected:
+        raise ValueError(f"TransformerLens parameters differ from the export: missing "
+                         f"{sorted(expected - got)}, extra {sorted(got - expected)}")
 
+
+def to_transformer_lens(params: dict, cfg: model_lib.ModelConfig, device: str = "cpu") -> Any:
+    """One seed's params (no seed axis) and its ModelConfig -> a TransformerLens model in eval
+    mode whose logits and hooks equal our `model.forward` and sites (see `site_map`): a
+    `HookedTransformer` under TransformerLens 3.x, a `TransformerBridge` under 4.x."""
     tl_cfg = tl_config(cfg, device)
-    with warnings.catch_warnings():  # 3.x announces that 4.0 drops HookedTransformer (README)
-        warnings.filterwarnings("ignore", "HookedTransformer is deprecated", DeprecationWarning)
-        model = HookedTransformer(tl_cfg)
     weights = state_dict(params, cfg)
-    expected = {k for k, _ in model.named_parameters()}
-    if set(weights) != expected:
-        missing, extra = sorted(expected - set(weights)), sorted(set(weights) - expected)
-        raise ValueError(f"TransformerLens parameters differ from the export: missing {missing}, "
-                         f"extra {extra}")
-    model.load_state_dict(weights, strict=False)
+    if tl_major() == 3:
+        from transformer_lens import HookedTransformer
+
+        with warnings.catch_warnings():  # 3.x announces that 4.0 drops HookedTransformer
+            warnings.filterwarnings("ignore", "HookedTransformer is deprecated",
+                                    DeprecationWarning)
+            model = HookedTransformer(tl_cfg)
+        _check_keys(set(weights), {k for k, _ in model.named_parameters()})
+        model.load_state_dict(weights, strict=False)  # not strict: its buffers (masks) stay
+        return model.eval()
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
+
+    # Its native model, randomly initialised, then given our weights in HookedTransformer's
+    # layout through 4.x's own converter (keys and [head, d_model, d_head] -> nn.Linear shapes).
+    model = TransformerBridge.boot_native(tl_cfg, device=device, dtype=_torch().float32)
+    converted = convert_tl_checkpoint(weights, model.cfg)
+    _check_keys(set(converted), set(model.state_dict()))
+    model.load_state_dict(converted, strict=True)
     return model.eval()
 
 
 def from_workdir(workdir: str, seed: int | str, device: str = "cpu") -> Any:
     """Seed `seed` (its number: config.seed + i, or a member label such as "3_cw0.1") of a
-    trained workdir as a HookedTransformer."""
+    trained workdir as a TransformerLens model (see `to_transformer_lens`)."""
     from jaxillusions.analysis import load_run
 
     run = load_run(workdir)
