@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from jaxillusions import model
-from jaxillusions.analysis import induction, load_results, results
+from jaxillusions.analysis import induction, load_results, results, tables
+from jaxillusions.logging import SweepWriter, read_scalars
 from jaxillusions.tasks.code import lexer
 
 V, L, BOS = 12, 8, 1  # vocab, repeat length, BOS token (tokens 0..2 are special)
@@ -99,8 +100,28 @@ def test_copier_has_an_induction_head_in_layer_1_and_uses_it():
     assert [r["seed"] for r in best] == [10, 11]
     assert (best[0]["best_layer"], best[0]["best_head"]) == (1, 0)
     assert len(out.rows()) == 4
-    assert set(out.scalars()) == {"induction/score/layer0_head0", "induction/score/layer1_head0",
-                                  "induction/max_score", "induction/loss_drop"}
+
+
+def test_write_gives_csvs_and_tensorboard_scalars_per_seed(tmp_path):
+    cfg, params = copier()
+    uniform = jax.tree.map(lambda x: x, params)
+    uniform["blocks"][1]["attn"]["w_q"] = jnp.zeros_like(params["blocks"][1]["attn"]["w_q"])
+    out = measure(cfg, stack(params, uniform), seeds=(3, 5))
+    with SweepWriter(str(tmp_path / "tb"), [3, 5]) as writer:
+        induction.write(out, str(tmp_path), writer)
+    rows = tables.read_csv(str(tmp_path / "induction.csv"))
+    assert [(r["seed"], r["layer"], r["head"]) for r in rows] == [
+        (3, 0, 0), (3, 1, 0), (5, 0, 0), (5, 1, 0)]
+    assert rows[1]["induction_score"] == pytest.approx(out.score[0, 1, 0])
+    best = tables.read_csv(str(tmp_path / "induction_seeds.csv"))
+    assert [r["seed"] for r in best] == [3, 5]
+    assert best[1]["loss_drop"] == pytest.approx(out.loss_drop[1], rel=1e-6)
+    board = read_scalars(str(tmp_path / "tb"))
+    assert board["seed_3"]["induction/max_score"][0][1] == pytest.approx(out.score[0, 1, 0])
+    assert board["seed_5"]["induction/score/layer1_head0"][0][1] == pytest.approx(
+        out.chance, abs=1e-4)
+    assert board["seed_5"]["induction/loss_drop"][0][1] == pytest.approx(out.loss_drop[1],
+                                                                          rel=1e-6)
 
 
 def test_uniform_attention_scores_chance():
@@ -176,3 +197,23 @@ def test_identifier_gap_pairs_repeat_and_first_per_seed_and_split(tmp_path):
     with pytest.raises(ValueError, match="no category rows"):
         induction.identifier_gap(load_results(str(tmp_path / "results.csv"),
                                               splits=["iid", "deeper"]), method="kmeans")
+
+
+def test_random_models_vmapped_over_seeds_and_the_minimal_first_layer():
+    cfg = model.ModelConfig(vocab_size=40, max_len=64, n_layers=2, n_heads=3, d_model=24)
+    params = jax.vmap(lambda k: model.init_params(k, cfg))(jax.random.split(jax.random.key(1), 3))
+    run = [induction.induction(params, cfg, jax.random.key(2), length=20, batch=4,
+                               exclude=SPECIAL, bos=BOS) for _ in range(2)]
+    np.testing.assert_array_equal(run[0].score, run[1].score)  # deterministic in the key
+    assert run[0].score.shape == (3, 2, 3) and ((run[0].score >= 0) & (run[0].score <= 1)).all()
+    assert len(run[0].rows()) == 18 and run[0].seeds == (0, 1, 2)
+    # Wen et al.'s minimal first layer has no attention: its layer has no score (NaN, no rows).
+    cfg = model.ModelConfig(vocab_size=7, max_len=9, n_layers=2, d_model=32, pos_encoding="none",
+                            first_layer="minimal", open_ids=(3, 4), close_ids=(5, 6),
+                            max_depth=2, depth_bins=4)
+    params = jax.vmap(lambda k: model.init_params(k, cfg))(jax.random.split(jax.random.key(1), 2))
+    out = induction.induction(params, cfg, jax.random.key(2), length=4, batch=4,
+                              **induction.task_tokens({"task": "dyck"}))
+    assert np.isnan(out.score[:, 0]).all() and not np.isnan(out.score[:, 1]).any()
+    assert {r["layer"] for r in out.rows()} == {1}
+    assert induction.task_tokens({"task": "code"}) == {"exclude": (0, 1, 2, 3), "bos": 1}

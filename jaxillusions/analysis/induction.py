@@ -16,14 +16,16 @@ occurrence" is unambiguous. With the first copy at positions o .. o+L-1 (o = 1 w
   second copy (predictable by copying). Large when the model uses the repeat, ~0 when it does not.
 
 `induction(...)` returns an `Induction` with arrays and tidy rows (`rows()`, `seed_rows()`) for a
-CSV, and `scalars()` for TensorBoard. `identifier_gap(df)` is the code task's mechanism-facing
-accuracy contrast: per seed and split, accuracy on `identifier_repeat` minus `identifier_first`
-(from results.csv, as loaded by `analysis.load_results`).
+CSV, and `scalars()` for TensorBoard; `write(...)` writes both (induction.csv,
+induction_seeds.csv, and a SweepWriter's seed_<s> runs). `identifier_gap(df)` is the code
+task's mechanism-facing accuracy contrast: per seed and split, accuracy on `identifier_repeat`
+minus `identifier_first` (from results.csv, as loaded by `analysis.load_results`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -32,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxillusions import model as model_lib
+from jaxillusions.analysis import tables
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -106,17 +109,23 @@ class Induction:
                         "loss_drop": float(self.loss_drop[i])})
         return out
 
-    def scalars(self) -> dict[str, dict]:
-        """{tag: {seed: value}} for TensorBoard: induction/score/layer<l>_head<h>,
-        induction/max_score, induction/loss_drop."""
-        out: dict[str, dict] = {}
-        for row in self.rows():
-            out.setdefault(f"induction/score/layer{row['layer']}_head{row['head']}", {})[
-                row["seed"]] = row["induction_score"]
-        for row in self.seed_rows():
-            out.setdefault("induction/max_score", {})[row["seed"]] = row["max_induction_score"]
-            out.setdefault("induction/loss_drop", {})[row["seed"]] = row["loss_drop"]
-        return out
+    def scalars(self) -> dict[str, np.ndarray]:
+        """{tag: [S] values in the order of `seeds`} for logging.SweepWriter.scalars:
+        induction/score/layer<l>_head<h>, induction/max_score, induction/loss_drop."""
+        out = {f"induction/score/layer{layer}_head{head}": self.score[:, layer, head]
+               for layer in range(self.score.shape[1]) for head in range(self.score.shape[2])
+               if not np.isnan(self.score[:, layer, head]).all()}
+        return {**out, "induction/max_score": self.max_score, "induction/loss_drop": self.loss_drop}
+
+
+def write(result: Induction, workdir: str, writer=None, step: int = 0) -> None:
+    """induction.csv (ROW_COLUMNS) and induction_seeds.csv (SEED_COLUMNS) in `workdir`, and
+    the scalars to a logging.SweepWriter when given (its seeds in the order of result.seeds)."""
+    tables.write_csv(result.rows(), os.path.join(workdir, "induction.csv"), ROW_COLUMNS)
+    tables.write_csv(result.seed_rows(), os.path.join(workdir, "induction_seeds.csv"),
+                     SEED_COLUMNS)
+    if writer is not None:
+        writer.scalars(step, result.scalars())
 
 
 def induction(params: model_lib.Params, cfg: model_lib.ModelConfig, key: jax.Array, *,
