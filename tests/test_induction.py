@@ -217,3 +217,15 @@ def test_random_models_vmapped_over_seeds_and_the_minimal_first_layer():
     assert np.isnan(out.score[:, 0]).all() and not np.isnan(out.score[:, 1]).any()
     assert {r["layer"] for r in out.rows()} == {1}
     assert induction.task_tokens({"task": "code"}) == {"exclude": (0, 1, 2, 3), "bos": 1}
+
+
+def test_a_diverged_seed_has_nan_scores_and_no_best_head():
+    cfg, params = copier()
+    diverged = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), params)
+    out = measure(cfg, stack(params, diverged))
+    assert np.isnan(out.score[1]).all() and np.isnan(out.max_score[1])
+    assert out.max_score[0] > 0.95
+    rows = out.seed_rows()
+    assert (rows[1]["best_layer"], rows[1]["best_head"]) == (-1, -1)
+    assert math.isnan(rows[1]["max_induction_score"]) and rows[0]["best_layer"] == 1
+    assert {r["seed"] for r in out.rows()} == {0}  # a diverged seed has no head rows

@@ -86,8 +86,9 @@ class Induction:
 
     @property
     def max_score(self) -> np.ndarray:
-        """[S] the score of each seed's strongest induction head."""
-        return np.nanmax(self.score.reshape(len(self.seeds), -1), axis=1)
+        """[S] the score of each seed's strongest induction head (NaN for a diverged seed)."""
+        flat = self.score.reshape(len(self.seeds), -1)
+        return np.where(np.isnan(flat).all(1), np.nan, np.nanmax(np.nan_to_num(flat, nan=-1), 1))
 
     def rows(self) -> list[dict]:
         """One row per (seed, layer, head) with attention (ROW_COLUMNS)."""
@@ -101,8 +102,9 @@ class Induction:
         """One row per seed (SEED_COLUMNS): its best head and the loss drop."""
         out = []
         for i, s in enumerate(self.seeds):
-            layer, head = np.unravel_index(np.nanargmax(self.score[i]), self.score.shape[1:])
-            out.append({"seed": s, "max_induction_score": float(self.score[i, layer, head]),
+            layer, head = (-1, -1) if np.isnan(self.max_score[i]) else np.unravel_index(
+                np.nanargmax(self.score[i]), self.score.shape[1:])  # -1: a diverged seed
+            out.append({"seed": s, "max_induction_score": float(self.max_score[i]),
                         "best_layer": int(layer), "best_head": int(head),
                         "loss_first": float(self.loss_first[i]),
                         "loss_second": float(self.loss_second[i]),
