@@ -14,6 +14,7 @@ import pytest
 from ml_collections import ConfigDict
 
 from jaxillusions import faithfulness, sweep, tasks, validate
+from jaxillusions.analysis import induction, load_results, tables
 from jaxillusions.tasks import code as code_task
 from jaxillusions.tasks.code import splits as code_data
 
@@ -242,4 +243,14 @@ def test_codesearchnet_directory_through_the_launcher(tmp_path):
     assert data["other_language"].language == "javascript" and len(data["other_language"].tokens)
     n = {int(r["n"]) for r in rows if r["split"] == "other_language" and r["breakdown"] == "all"}
     assert n == {int((data["other_language"].category >= 0).sum())}
+    # The mechanism measure on the trained members, as the population run will use it.
+    found = induction.probe(str(workdir), batch=4)
+    vocab = int(data.vocab.size)
+    assert found.length == (vocab - 4) // 2 and found.score.shape == (2, 2, 2)
+    assert np.isfinite(found.score).all() and np.isfinite(found.loss_drop).all()
+    induction.write(found, str(workdir))
+    assert len(tables.read_csv(str(workdir / "induction.csv"))) == 2 * 2 * 2
+    gap = induction.identifier_gap(load_results(str(workdir)))
+    assert set(gap["split"]) == {"iid", "longer", "deeper", "other_language"}
+    assert sorted(set(gap["seed"])) == [0, 1]
 

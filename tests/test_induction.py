@@ -229,3 +229,11 @@ def test_a_diverged_seed_has_nan_scores_and_no_best_head():
     assert (rows[1]["best_layer"], rows[1]["best_head"]) == (-1, -1)
     assert math.isnan(rows[1]["max_induction_score"]) and rows[0]["best_layer"] == 1
     assert {r["seed"] for r in out.rows()} == {0}  # a diverged seed has no head rows
+
+
+def test_default_length_is_half_the_pool_and_fits_the_model():
+    cfg, _ = copier()  # vocab 12, 3 special: a pool of 9; max_len 17
+    assert induction.default_length(cfg, SPECIAL, BOS) == 4
+    short = model.ModelConfig(**{**cfg.__dict__, "max_len": 7})
+    assert induction.default_length(short, SPECIAL, BOS) == 3  # 1 + 2 * 3 <= 7
+    assert induction.default_length(short, SPECIAL) == 3 and induction.default_length(cfg) == 6

@@ -178,6 +178,29 @@ def induction(params: model_lib.Params, cfg: model_lib.ModelConfig, key: jax.Arr
                      chance=chance_score(length, offset))
 
 
+def default_length(cfg: model_lib.ModelConfig, exclude: Sequence[int] = (),
+                   bos: int | None = None) -> int:
+    """Half the tokens that can be drawn (so a model that only learned "tokens already in the
+    context are likely" gains at most ln 2 nats on the repeat: see the threshold in the docs),
+    capped so that the repeated sequence fits the model."""
+    pool = cfg.vocab_size - len(set(exclude) & set(range(cfg.vocab_size)))
+    return max(2, min(pool // 2, (cfg.max_len - (bos is not None)) // 2))
+
+
+def probe(workdir: str, length: int | None = None, batch: int = 64, key: int = 0) -> Induction:
+    """The induction test on the newest checkpoint of a finished workdir (analysis.load_run),
+    every member (a diverged one gives NaN); `length` None: default_length. Write the result
+    with `write(result, workdir)`."""
+    from jaxillusions.analysis import results  # noqa: PLC0415 - results imports pandas lazily
+
+    run = results.load_run(workdir)
+    special = task_tokens(run.config)
+    if length is None:
+        length = default_length(run.model_config, **special)
+    return induction(run.params, run.model_config, jax.random.key(key), length=length,
+                     batch=batch, seeds=run.labels, **special)
+
+
 def task_tokens(config) -> dict:
     """The `exclude` and `bos` arguments of `induction` for a config's task (special tokens)."""
     from jaxillusions import tasks  # noqa: PLC0415 - tasks import the data code lazily
