@@ -140,11 +140,10 @@ def induction(params: model_lib.Params, cfg: model_lib.ModelConfig, key: jax.Arr
     special tokens: PAD, BOS, EOS, UNK); `bos`: the token every training row starts with.
     `intervention` is passed to `model.forward` (e.g. to probe a proxy-replaced model).
     """
-    tokens = repeated_tokens(key, cfg.vocab_size, length, batch, exclude, bos)
-    if tokens.shape[1] > cfg.max_len:
-        raise ValueError(f"induction length={length}: the repeated sequence has "
-                         f"{tokens.shape[1]} tokens, more than the model's max_len "
-                         f"{cfg.max_len}")
+    width = (bos is not None) + 2 * length
+    if width > cfg.max_len:
+        raise ValueError(f"induction length={length}: the repeated sequence has {width} tokens, "
+                         f"more than the model's max_len {cfg.max_len}")
     num_seeds = {x.shape[0] for x in jax.tree.leaves(params)}
     if len(num_seeds) != 1:
         raise ValueError(f"params: leaves disagree on the leading seed axis {sorted(num_seeds)}")
@@ -152,6 +151,7 @@ def induction(params: model_lib.Params, cfg: model_lib.ModelConfig, key: jax.Arr
     seeds = tuple(range(num_seeds)) if seeds is None else tuple(seeds)
     if len(seeds) != num_seeds:
         raise ValueError(f"seeds: {len(seeds)} labels for {num_seeds} seeds of params")
+    tokens = repeated_tokens(key, cfg.vocab_size, length, batch, exclude, bos)
     layers = range(1 if cfg.first_layer == "minimal" else 0, cfg.n_layers)
     sites = [f"blocks.{i}.attn.pattern" for i in layers]
     offset = 0 if bos is None else 1
