@@ -284,6 +284,33 @@ def test_js_categories():
     assert cat[_at(code, "\n  ")] == C["whitespace"]
 
 
+
+def test_js_private_name_is_one_identifier_distinct_from_the_plain_name():
+    """ECMAScript PrivateIdentifier: `#n` is one name token (its `#` included), and `#n` and `n`
+    are different names (a private field vs a binding), so `return n` is a first occurrence."""
+    code = "m() { this.#n = 1; return n; }"
+    cat, _ = _cats(code, "javascript")
+    i = _at(code, "#n")
+    assert (cat[i:i + 2] == C["identifier_first"]).all()  # was: `#` operator
+    assert cat[_at(code, "n;")] == C["identifier_first"]  # was: identifier_repeat
+    code = "m() { this.#n = n; return this.#n / #class; }"
+    cat, _ = _cats(code, "javascript")
+    i = _at(code, "#n", 1)
+    assert (cat[i:i + 2] == C["identifier_repeat"]).all()
+    assert cat[_at(code, "n;")] == C["identifier_first"]
+    assert (cat[_at(code, "#class"):-3] == C["identifier_first"]).all()  # never a keyword
+    assert cat[_at(code, "/")] == C["operator"]  # a division after a name, not a regex
+    names = [code[s:e] for k, s, e in lexer.js_tokens(code) if k == "name"]
+    assert names == ["m", "this", "#n", "n", "return", "this", "#n", "#class"]
+
+
+def test_js_private_methods_are_functions():
+    recs = corpus.js_functions("class A {\n  #m (x) { return x }\n  n () { return this.#m(1) }\n}",
+                               "p.js")
+    assert [(r.func_name, r.code) for r in recs] == [("#m", "#m (x) { return x }"),
+                                                      ("n", "n () { return this.#m(1) }")]
+
+
 # ----------------------------------------------------------------------------- splits
 
 

@@ -3,17 +3,23 @@ the unigram baseline, its config checks, and an end-to-end tiny sweep on a corpu
 JavaScript files written by the test."""
 
 import csv
+import gzip
+import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from ml_collections import ConfigDict
 
 from jaxillusions import faithfulness, sweep, tasks, validate
+from jaxillusions.analysis import induction, load_results, tables
 from jaxillusions.tasks import code as code_task
 from jaxillusions.tasks.code import splits as code_data
 
 CATS = code_data.CATEGORIES
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _split(texts, width, chars=None):
@@ -51,23 +57,37 @@ def write_corpus(root) -> tuple[str, str]:
     return str(py), str(js)
 
 
-def code_config(root) -> ConfigDict:
-    """configs/code_small.py shrunk to seconds: a tiny corpus and model, few steps."""
+# configs/code_small.py shrunk to seconds: a tiny model, few steps (data: a tiny corpus).
+TINY = {
+    "data.context": 96, "data.longer_context": 160, "data.min_chars": 8, "data.num_train": -1,
+    "data.num_eval": -1, "data.iid_fraction": 0.3, "data.length_quantile": 0.6,
+    "data.depth_quantile": 0.7,
+    "model.d_model": 16, "model.d_mlp": 32,
+    "train.num_seeds": 2, "train.num_steps": 30, "train.batch_size": 8, "train.warmup_steps": 5,
+    "train.log_every": 10, "train.eval_every": 30, "train.checkpoint_every": 30,
+    "train.eval_batch_size": 32,
+    "proxies.methods": ("svd", "onehot_attention"), "proxies.targets": ("blocks.-1.attn.k",),
+    "proxies.svd_ranks": (1, 4), "proxies.kmeans_sizes": (2, 4), "proxies.kmeans_samples": 200,
+    "proxies.kmeans_iters": 3, "proxies.collect_batch_size": 32, "proxies.eval_batch_size": 32,
+}
+
+
+def tiny_code_small(settings: dict, **data) -> ConfigDict:
+    """configs/code_small.py with `settings` ({"section.key": value}) and `data` keys set."""
     from configs import code_small
 
-    py, js = write_corpus(root)
     config = code_small.get_config()
-    config.data.update(source=py, other_source=js, context=96, longer_context=160,
-                       min_chars=8, num_train=-1, num_eval=-1, iid_fraction=0.3,
-                       length_quantile=0.6, depth_quantile=0.7, cache_dir=str(root / "cache"))
-    config.model.update(d_model=16, d_mlp=32)
-    config.train.update(num_seeds=2, num_steps=30, batch_size=8, warmup_steps=5, log_every=10,
-                        eval_every=30, checkpoint_every=30, eval_batch_size=32)
-    config.proxies.update(methods=("svd", "onehot_attention"),
-                          targets=("blocks.-1.attn.k",), svd_ranks=(1, 4), kmeans_sizes=(2, 4),
-                          kmeans_samples=200, kmeans_iters=3, collect_batch_size=32,
-                          eval_batch_size=32)
+    for key, value in settings.items():
+        section, name = key.split(".")
+        config[section][name] = value
+    config.data.update(data)
     return config
+
+
+def code_config(root) -> ConfigDict:
+    """configs/code_small.py shrunk to seconds: a tiny corpus and model, few steps."""
+    py, js = write_corpus(root)
+    return tiny_code_small(TINY, source=py, other_source=js, cache_dir=str(root / "cache"))
 
 
 def test_view_evaluates_every_character_and_bins_brackets_at_closers():
@@ -148,3 +168,89 @@ def test_tiny_code_sweep_end_to_end(tmp_path):
     figs = set(os.listdir(os.path.join(workdir, "figures")))
     assert {"same_pred_by_category_svd.png", "same_pred_by_category_onehot_attention.png",
             "accuracy_by_bracket_depth_svd_blocks.1.attn.k.png", "attention_patterns.png"} <= figs
+
+
+def write_codesearchnet(root, n_python: int = 300, n_js: int = 60) -> tuple[str, str]:
+    """A directory shaped like the CodeSearchNet download: <language>/final/jsonl/{train,valid,
+    test}/<language>_<partition>_<i>.jsonl.gz with its records' fields, and the .pkl files that
+    sit beside them (not jsonl: never read). Returns the python and javascript globs, as a user
+    passes them."""
+    rng = np.random.default_rng(1)
+
+    def record(language, partition, repo, path, name, code):
+        return {"repo": repo, "path": path, "func_name": name, "original_string": code,
+                "language": language, "code": code, "code_tokens": code.split(),
+                "docstring": "", "docstring_tokens": [], "sha": "0" * 40,
+                "url": f"https://github.com/{repo}/blob/{'0' * 40}/{path}#L1-L9",
+                "partition": partition}
+
+    def python(i):
+        d, lines = int(rng.integers(1, 5)), int(rng.integers(0, 5))
+        body = "".join(f"    x{k} = x{k - 1} * {k}\n" for k in range(1, lines + 1))
+        return (f"def f{i}(x0, name):\n    \"\"\"Scale x{i}.\"\"\"\n{body}"
+                f"    return {'h(' * d}x0{')' * d}\n")
+
+    def javascript(i):
+        return f"function g{i}(a, b) {{\n  const c = [a, b, {i}];\n  return c.map(x => x + a)\n}}"
+
+    for language, n, make in (("python", n_python, python), ("javascript", n_js, javascript)):
+        ext = "py" if language == "python" else "js"
+        base = root / language / "final" / "jsonl"
+        by_file = {}
+        for i in range(n):
+            partition = ("train", "train", "train", "valid", "test")[i % 5]
+            repo = f"owner{i // 5 % 7}/repo{i // 5 % 7}"
+            path = f"src/mod{i // 5}.{ext}"  # five functions per file
+            by_file.setdefault(partition, []).append(
+                record(language, partition, repo, path, f"f{i}", make(i)))
+        for partition, recs in by_file.items():
+            (base / partition).mkdir(parents=True)
+            for j in range(2):  # the download shards each partition
+                with gzip.open(base / partition / f"{language}_{partition}_{j}.jsonl.gz",
+                               "wt") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in recs[j::2])
+        (root / language / f"{language}_dedupe_definitions_v2.pkl").write_bytes(b"\x80\x04N.")
+    return (str(root / "python" / "final" / "jsonl" / "**" / "*.jsonl.gz"),
+            str(root / "javascript" / "final" / "jsonl" / "**" / "*.jsonl.gz"))
+
+
+def test_codesearchnet_directory_through_the_launcher(tmp_path):
+    """The documented CodeSearchNet command (launch.sweep with data.source and
+    data.other_source overrides) on a generated directory of 360 functions: every function is
+    read, the JavaScript gives other_language, and the main job writes its results."""
+    py_glob, js_glob = write_codesearchnet(tmp_path / "csn")
+    config_file = tmp_path / "code_csn_tiny.py"
+    settings = {**TINY, "data.cache_dir": str(tmp_path / "cache")}
+    config_file.write_text("from configs import code_small\n\n\ndef get_config():\n"
+                           "    config = code_small.get_config()\n"
+                           + "".join(f"    config.{k} = {v!r}\n" for k, v in settings.items())
+                           + "    return config\n")
+    workdir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.sweep", f"--config={config_file}", f"--workdir={workdir}",
+         f"--config.data.source={py_glob}", f"--config.data.other_source={js_glob}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    read = {line.split(":")[1].strip(): line for line in proc.stdout.splitlines()
+            if line.startswith("code data: ") and "'records'" in line}
+    assert "'files': 6, 'records': 300, 'malformed': 0" in read["python"]
+    assert "'files': 6, 'records': 60, 'malformed': 0" in read["javascript"]
+    with open(workdir / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["split"] for r in rows} == {"iid", "longer", "deeper", "other_language"}
+    config = tiny_code_small(settings, source=py_glob, other_source=js_glob)
+    data = code_task.load(config, verbose=False)  # the launcher's cached data
+    assert data["other_language"].language == "javascript" and len(data["other_language"].tokens)
+    n = {int(r["n"]) for r in rows if r["split"] == "other_language" and r["breakdown"] == "all"}
+    assert n == {int((data["other_language"].category >= 0).sum())}
+    # The mechanism measure on the trained members, as the population run will use it.
+    found = induction.probe(str(workdir), batch=4)
+    vocab = int(data.vocab.size)
+    assert found.length == (vocab - 4) // 2 and found.score.shape == (2, 2, 2)
+    assert np.isfinite(found.score).all() and np.isfinite(found.loss_drop).all()
+    induction.write(found, str(workdir))
+    assert len(tables.read_csv(str(workdir / "induction.csv"))) == 2 * 2 * 2
+    gap = induction.identifier_gap(load_results(str(workdir)))
+    assert set(gap["split"]) == {"iid", "longer", "deeper", "other_language"}
+    assert sorted(set(gap["seed"])) == [0, 1]
+

@@ -18,6 +18,11 @@ Choices (the same for both languages):
   await, yield; `of`, `get`, `set`, `from`, `as`, `undefined` are identifiers).
 - `identifier_first` / `identifier_repeat`: the first occurrence of a name in the function vs a
   later one (attribute and property names included: the function is the context the model sees).
+- A JavaScript private name `#x` (ECMAScript's PrivateIdentifier: a class's private field or
+  method) is one identifier token, its `#` included, and a different name from `x`: `#x` and `x`
+  are separate bindings in the language (`this.#x` and `this.x` are two properties, and a plain
+  `x` is a variable), so in `this.#n = 1; return n;` the `n` of `return n` is `identifier_first`.
+  A later `#n` repeats `#n`. Private names are never keywords (`#class` is a valid name).
 - `string_or_comment`: every character of a string literal (prefix and quotes included), of a
   comment (its `#`, `//`, `/* */` included), of a JavaScript regex literal (slashes and flags
   included), and of a whole f-string / template literal, its `{...}` / `${...}` parts included.
@@ -144,6 +149,7 @@ _STRING = re.compile(r"'(?:[^'\\\n\r]|\\(?:\r\n|[\s\S]))*'"
 _NUMBER = re.compile(r"(?:0[xX][0-9a-fA-F_]+|0[oO][0-7_]+|0[bB][01_]+"
                      r"|(?:\d[\d_]*(?:\.[\d_]*)?|\.\d[\d_]*)(?:[eE][+-]?\d[\d_]*)?)n?")
 _NAME = re.compile(r"(?:[^\W\d]|\$)[\w$\u200c\u200d]*")
+_PRIVATE_NAME = re.compile(r"#(?:[^\W\d]|\$)[\w$\u200c\u200d]*")  # `#x`: one token
 _REGEX = re.compile(r"/(?![*/])(?:[^\\/\[\n\r]|\\.|\[(?:[^\\\]\n\r]|\\.)*\])+/[A-Za-z]*")
 _PUNCT = re.compile(r">>>=|\.\.\.|===|!==|\*\*=|<<=|>>=|>>>|&&=|\|\|=|\?\?=|=>|==|!=|<=|>="
                     r"|&&|\|\||\?\?|\?\.(?!\d)|\+\+|--|\+=|-=|\*=|/=|%=|&=|\|=|\^=|\*\*|<<|>>"
@@ -220,7 +226,7 @@ def _scan(code: str, i: int, in_template: bool) -> tuple[list[tuple[str, int, in
             kind = "regex"
         elif m := _NUMBER.match(code, i):
             kind = "number"
-        elif m := _NAME.match(code, i):
+        elif (m := _NAME.match(code, i)) or (c == "#" and (m := _PRIVATE_NAME.match(code, i))):
             kind = "name"
         else:
             m = _PUNCT.match(code, i)

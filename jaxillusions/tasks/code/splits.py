@@ -56,7 +56,7 @@ __all__ = ["CATEGORIES", "SPLITS", "DATA_DEFAULTS", "DATA_DOCS", "CodeSplit", "V
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 NUM_SPECIAL = 4
 SPLITS = ("train", "iid", "longer", "deeper", "other_language")
-_CACHE_VERSION = 3  # bump when the data made for the same config and files changes
+_CACHE_VERSION = 4  # bump when the data made for the same config and files changes
 
 DATA_DEFAULTS: dict[str, Any] = {
     "source": "stdlib",

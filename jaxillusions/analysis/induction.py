@@ -1,0 +1,242 @@
+"""Does a model have induction heads? The standard repeated-random-tokens test, for any task's
+model, vmapped over the seed axis of the parameters.
+
+A batch of random token sequences of length L, each repeated once, is run through the model
+(after a BOS token when the task has one). Tokens are drawn without replacement within a sequence,
+so every token of the repeat has exactly one earlier occurrence and "the token after its first
+occurrence" is unambiguous. With the first copy at positions o .. o+L-1 (o = 1 with a BOS):
+
+- **induction score** of a head (per seed, layer, head): the mean attention from each position
+  o+L+i of the repeat to position o+i+1, the token after the first occurrence of its token
+  (i = 0 .. L-1). A perfect induction head scores 1. A head that spreads its attention uniformly
+  over the causal prefix scores `chance_score(L, o)` = mean over the repeat of 1/(q+1), about
+  ln(2)/L; a previous-token or same-token head scores 0.
+- **loss drop** (per seed): the mean next-token cross-entropy (nats) on tokens 2..L of the first
+  copy (unpredictable: uniform over the pool gives ln(pool)) minus the same on tokens 2..L of the
+  second copy (predictable by copying). Large when the model uses the repeat, ~0 when it does not.
+
+`induction(...)` returns an `Induction` with arrays and tidy rows (`rows()`, `seed_rows()`) for a
+CSV, and `scalars()` for TensorBoard; `write(...)` writes both (induction.csv,
+induction_seeds.csv, and a SweepWriter's seed_<s> runs). `identifier_gap(df)` is the code
+task's mechanism-facing accuracy contrast: per seed and split, accuracy on `identifier_repeat`
+minus `identifier_first` (from results.csv, as loaded by `analysis.load_results`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxillusions import model as model_lib
+from jaxillusions.analysis import tables
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+ROW_COLUMNS = ("seed", "layer", "head", "induction_score")
+SEED_COLUMNS = ("seed", "max_induction_score", "best_layer", "best_head", "loss_first",
+                "loss_second", "loss_drop")
+
+
+def repeated_tokens(key: jax.Array, vocab_size: int, length: int, batch: int,
+                    exclude: Sequence[int] = (), bos: int | None = None) -> jax.Array:
+    """int32 [batch, (bos) + 2*length]: per row, `length` distinct tokens from range(vocab_size)
+    minus `exclude`, repeated once, after `bos` when given. Deterministic in `key`."""
+    pool = np.setdiff1d(np.arange(vocab_size), np.asarray(exclude, dtype=np.int64))
+    if not 2 <= length <= len(pool):
+        raise ValueError(f"induction length={length}: must be in [2, {len(pool)}] (the tokens "
+                         f"left of the vocabulary of {vocab_size} after excluding {list(exclude)})")
+    if batch < 1:
+        raise ValueError(f"induction batch={batch}: must be >= 1")
+    keys = jax.random.split(key, batch)
+    first = jax.vmap(lambda k: jax.random.permutation(k, len(pool))[:length])(keys)
+    first = jnp.asarray(pool, jnp.int32)[first]
+    parts = [first, first]
+    if bos is not None:
+        parts.insert(0, jnp.full((batch, 1), bos, jnp.int32))
+    return jnp.concatenate(parts, axis=1)
+
+
+def chance_score(length: int, offset: int) -> float:
+    """The induction score of uniform causal attention: position q has q+1 keys."""
+    q = offset + length + np.arange(length)
+    return float(np.mean(1.0 / (q + 1)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Induction:
+    """Result of `induction`: arrays with a leading seed axis, in the order of `seeds`."""
+
+    seeds: tuple
+    score: np.ndarray  # [S, layer, head]; layers without attention (minimal layer 0) are NaN
+    loss_first: np.ndarray  # [S] nats, tokens 2..L of the first copy
+    loss_second: np.ndarray  # [S] nats, tokens 2..L of the second copy
+    length: int
+    chance: float  # the score of uniform causal attention (chance_score)
+
+    @property
+    def loss_drop(self) -> np.ndarray:
+        return self.loss_first - self.loss_second
+
+    @property
+    def max_score(self) -> np.ndarray:
+        """[S] the score of each seed's strongest induction head (NaN for a diverged seed)."""
+        flat = self.score.reshape(len(self.seeds), -1)
+        return np.where(np.isnan(flat).all(1), np.nan, np.nanmax(np.nan_to_num(flat, nan=-1), 1))
+
+    def rows(self) -> list[dict]:
+        """One row per (seed, layer, head) with attention (ROW_COLUMNS)."""
+        return [{"seed": s, "layer": layer, "head": head,
+                 "induction_score": float(self.score[i, layer, head])}
+                for i, s in enumerate(self.seeds)
+                for layer in range(self.score.shape[1]) for head in range(self.score.shape[2])
+                if not np.isnan(self.score[i, layer, head])]
+
+    def seed_rows(self) -> list[dict]:
+        """One row per seed (SEED_COLUMNS): its best head and the loss drop."""
+        out = []
+        for i, s in enumerate(self.seeds):
+            layer, head = (-1, -1) if np.isnan(self.max_score[i]) else np.unravel_index(
+                np.nanargmax(self.score[i]), self.score.shape[1:])  # -1: a diverged seed
+            out.append({"seed": s, "max_induction_score": float(self.max_score[i]),
+                        "best_layer": int(layer), "best_head": int(head),
+                        "loss_first": float(self.loss_first[i]),
+                        "loss_second": float(self.loss_second[i]),
+                        "loss_drop": float(self.loss_drop[i])})
+        return out
+
+    def scalars(self) -> dict[str, np.ndarray]:
+        """{tag: [S] values in the order of `seeds`} for logging.SweepWriter.scalars:
+        induction/score/layer<l>_head<h>, induction/max_score, induction/loss_drop."""
+        out = {f"induction/score/layer{layer}_head{head}": self.score[:, layer, head]
+               for layer in range(self.score.shape[1]) for head in range(self.score.shape[2])
+               if not np.isnan(self.score[:, layer, head]).all()}
+        return {**out, "induction/max_score": self.max_score, "induction/loss_drop": self.loss_drop}
+
+
+def write(result: Induction, workdir: str, writer=None, step: int = 0) -> None:
+    """induction.csv (ROW_COLUMNS) and induction_seeds.csv (SEED_COLUMNS) in `workdir`, and
+    the scalars to a logging.SweepWriter when given (its seeds in the order of result.seeds)."""
+    tables.write_csv(result.rows(), os.path.join(workdir, "induction.csv"), ROW_COLUMNS)
+    tables.write_csv(result.seed_rows(), os.path.join(workdir, "induction_seeds.csv"),
+                     SEED_COLUMNS)
+    if writer is not None:
+        writer.scalars(step, result.scalars())
+
+
+def induction(params: model_lib.Params, cfg: model_lib.ModelConfig, key: jax.Array, *,
+              length: int, batch: int = 32, exclude: Sequence[int] = (),
+              bos: int | None = None, seeds: Sequence | None = None,
+              intervention: model_lib.Intervention | None = None) -> Induction:
+    """Induction scores of every head and the loss drop on the repeat, per seed.
+
+    `params` has a leading seed axis on every leaf. `exclude`: token ids never drawn (the task's
+    special tokens: PAD, BOS, EOS, UNK); `bos`: the token every training row starts with.
+    `intervention` is passed to `model.forward` (e.g. to probe a proxy-replaced model).
+    """
+    width = (bos is not None) + 2 * length
+    if width > cfg.max_len:
+        raise ValueError(f"induction length={length}: the repeated sequence has {width} tokens, "
+                         f"more than the model's max_len {cfg.max_len}")
+    num_seeds = {x.shape[0] for x in jax.tree.leaves(params)}
+    if len(num_seeds) != 1:
+        raise ValueError(f"params: leaves disagree on the leading seed axis {sorted(num_seeds)}")
+    num_seeds = num_seeds.pop()
+    seeds = tuple(range(num_seeds)) if seeds is None else tuple(seeds)
+    if len(seeds) != num_seeds:
+        raise ValueError(f"seeds: {len(seeds)} labels for {num_seeds} seeds of params")
+    tokens = repeated_tokens(key, cfg.vocab_size, length, batch, exclude, bos)
+    layers = range(1 if cfg.first_layer == "minimal" else 0, cfg.n_layers)
+    sites = [f"blocks.{i}.attn.pattern" for i in layers]
+    offset = 0 if bos is None else 1
+    query = offset + length + np.arange(length)
+    targets = tokens[:, 1:]  # position t predicts token t+1
+    first = np.arange(offset, offset + length - 1)  # predicts tokens 2..L of the first copy
+    second = first + length  # predicts tokens 2..L of the second copy
+
+    def one(p):
+        logits, cache = model_lib.forward(p, tokens, cfg, intervention=intervention,
+                                          cache=sites)
+        # [layer, head]: attention of repeat position q to key q - L + 1, averaged over q, batch
+        score = jnp.stack([cache[s][:, :, query, query - length + 1].mean((0, 2))
+                           for s in sites])
+        logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), -1)
+        nll = -jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]
+        return score, nll[:, first].mean(), nll[:, second].mean()
+
+    score, loss_first, loss_second = jax.jit(jax.vmap(one))(params)
+    full = np.full((num_seeds, cfg.n_layers, cfg.n_heads), np.nan)
+    full[:, list(layers)] = np.asarray(score)
+    return Induction(seeds=seeds, score=full, loss_first=np.asarray(loss_first),
+                     loss_second=np.asarray(loss_second), length=length,
+                     chance=chance_score(length, offset))
+
+
+def default_length(cfg: model_lib.ModelConfig, exclude: Sequence[int] = (),
+                   bos: int | None = None) -> int:
+    """Half the tokens that can be drawn (so a model that only learned "tokens already in the
+    context are likely" gains at most ln 2 nats on the repeat: see the threshold in the docs),
+    capped so that the repeated sequence fits the model."""
+    pool = cfg.vocab_size - len(set(exclude) & set(range(cfg.vocab_size)))
+    return max(2, min(pool // 2, (cfg.max_len - (bos is not None)) // 2))
+
+
+def probe(workdir: str, length: int | None = None, batch: int = 64, key: int = 0) -> Induction:
+    """The induction test on the newest checkpoint of a finished workdir (analysis.load_run),
+    every member (a diverged one gives NaN); `length` None: default_length. Write the result
+    with `write(result, workdir)`."""
+    from jaxillusions.analysis import results  # noqa: PLC0415 - results imports pandas lazily
+
+    run = results.load_run(workdir)
+    special = task_tokens(run.config)
+    if length is None:
+        length = default_length(run.model_config, **special)
+    return induction(run.params, run.model_config, jax.random.key(key), length=length,
+                     batch=batch, seeds=run.labels, **special)
+
+
+def task_tokens(config) -> dict:
+    """The `exclude` and `bos` arguments of `induction` for a config's task (special tokens)."""
+    from jaxillusions import tasks  # noqa: PLC0415 - tasks import the data code lazily
+
+    name = tasks.name(config)
+    if name == "code":
+        from jaxillusions.tasks.code import splits  # noqa: PLC0415
+
+        return {"exclude": tuple(range(splits.NUM_SPECIAL)), "bos": splits.BOS}
+    if name == "dyck":
+        from jaxillusions.data import dyck  # noqa: PLC0415
+
+        return {"exclude": (dyck.PAD, dyck.BOS, dyck.EOS), "bos": dyck.BOS}
+    raise ValueError(f"task={name!r}: no special tokens known for the induction test")
+
+
+def identifier_gap(df: pd.DataFrame, method: str = "original") -> pd.DataFrame:
+    """Per (seed, split): accuracy on identifier_repeat minus identifier_first of `method`'s
+    rows (the original model by default; a proxy's rows also need `site` and `size` to be
+    unique, so they are kept as keys). `df`: results.csv as loaded by analysis.load_results,
+    from a code-task run. Columns: keys, acc_repeat, acc_first, n_repeat, n_first,
+    repeat_minus_first. Seeds or splits missing either category are left out."""
+    from jaxillusions.tasks.code import lexer  # noqa: PLC0415
+
+    bins = {lexer.CATEGORIES.index("identifier_repeat"): "repeat",
+            lexer.CATEGORIES.index("identifier_first"): "first"}
+    sel = df[(df["breakdown"] == "category") & (df["method"] == method)
+             & df["bin"].isin(list(bins))]
+    if sel.empty:
+        raise ValueError(f"no category rows of method {method!r}: is this a code-task run "
+                         "with the category breakdown?")
+    keys = ["seed", "site", "size", "split"]
+    wide = sel.assign(which=sel["bin"].map(bins)).pivot_table(
+        index=keys, columns="which", values=["acc", "n"], observed=True, aggfunc="first")
+    wide = wide.dropna()
+    out = wide["acc"].rename(columns=lambda c: f"acc_{c}").join(
+        wide["n"].astype("int64").rename(columns=lambda c: f"n_{c}")).reset_index()
+    out["repeat_minus_first"] = out["acc_repeat"] - out["acc_first"]
+    return out
