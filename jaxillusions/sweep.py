@@ -214,15 +214,19 @@ def run(config, workdir: str, *, verbose: bool = True, start_over: bool = False)
     # sweeps several weights: then each weight's members go to <workdir>/contrastive_weight_<w>,
     # so that aggregates over seeds never mix weights).
     members, rows = train.members(config), []
-    for idx, group_dir in _weight_groups(config, workdir):
+    groups = _weight_groups(config, workdir)
+    for idx, group_dir in groups:
         os.makedirs(group_dir, exist_ok=True)
         params = jax.tree.map(lambda x, idx=idx: x[idx], state.params)
         rows += _proxy_stage(params, np.asarray(state.healthy)[idx],
                              [int(s) for s in members.seeds[idx]], splits, model_cfg, specs,
                              eval_set, config, group_dir, say, move_aside, start, verbose)
     _mark_done(config, workdir)
+    # One weight group: all its logs are in <workdir>/tensorboard (the README's logdir);
+    # several: each group has its own under contrastive_weight_<w>/, so the workdir.
+    logdir = os.path.join(workdir, "tensorboard") if len(groups) == 1 else workdir
     say(f"[{time.perf_counter() - start:.0f}s] done: {workdir}, TensorBoard: "
-        f"tensorboard --logdir {workdir}")
+        f"tensorboard --logdir {logdir}")
     return rows
 
 
@@ -326,8 +330,9 @@ def write_reports(rows, config, workdir: str, seeds, healthy, *, verbose: bool =
         tables.write_csv(table, os.path.join(workdir, f"{name}.csv"), columns)
     with open(os.path.join(workdir, "gap_table.txt"), "w") as f:
         f.write(text + "\n")
-    if verbose:
-        print(text)
+    if verbose:  # the headline only; the full tables are in the file
+        print(tables.summary_of(text))
+        print(f"(full tables: {os.path.join(workdir, 'gap_table.txt')})")
 
     # Figures and TensorBoard show the same paired gaps as gaps.csv (the chosen baseline).
     gaps = [g for g in stat_tables["gaps"] if g["baseline"] == baseline

@@ -99,7 +99,7 @@ def write_faithfulness(writer, rows: Sequence[dict]) -> None:
                 steps = _steps([s for s in by_size if s > 0], f"{run} {name}")
                 writer.curve(run, name, [steps[s] for s in sorted(steps)],
                              [by_size[s] for s in sorted(steps)])
-    for split, (mean, _) in tables.original_accuracy(rows).items():
+    for split, (mean, *_) in tables.original_accuracy(rows).items():
         writer.curve(f"faithfulness/{split}", "original/acc", all_steps, [mean] * len(all_steps))
 
 
