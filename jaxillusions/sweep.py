@@ -351,6 +351,8 @@ def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,
     unsized = [m for m in methods if m not in sized]
     task = tasks.get(config)
     bounds = task.bounds(config)  # the largest bin seen in training, per breakdown
+    if "position" in bounds:  # position offsets (train.max_position_offset) train later ones
+        bounds["position"] += train.objective_from_config(config).max_position_offset
     breakdowns = [b for b in bounds if any(r["breakdown"] == b for r in rows)]
     labelled = {b: task.bin_labels(b) for b in task.BREAKDOWNS
                 if task.bin_labels(b) and any(r["breakdown"] == b for r in rows)}
