@@ -76,6 +76,10 @@ def _yerr(stat: Sequence[tuple]) -> np.ndarray:
     return np.nan_to_num(np.clip(np.stack([a[:, 0] - a[:, 1], a[:, 2] - a[:, 0]]), 0, None))
 
 
+def _means(stat: Sequence[tuple]) -> np.ndarray:
+    return np.array([s[0] for s in stat], float)
+
+
 def _grid(n: int, panel: tuple[float, float], cols: int = 3, extra_height: float = 0.9):
     """Up to `cols` panels per row; unused axes are hidden. Returns (fig, flat axes)."""
     plt = _pyplot()
@@ -103,10 +107,14 @@ def _legend_below(fig, handles, labels, ncol: int | None = None) -> bool:
 
 
 def _title(fig, text: str) -> None:
-    """A suptitle on ONE line: 10 pt, smaller (down to 7 pt) when the text is wider than the
-    figure (about 0.55 em per character)."""
-    width_pt = fig.get_size_inches()[0] * 72 * 0.96
-    fig.suptitle(text, fontsize=max(7.0, min(10.0, width_pt / (0.55 * len(text)))))
+    """A suptitle on ONE line: 10 pt, smaller (not below 8 pt) when the text is wider than the
+    figure (about 0.55 em per character); a figure too narrow even then is widened."""
+    need_in = 0.55 * len(text) / 72 / 0.96  # inches per point of font size
+    width, height = fig.get_size_inches()
+    size = max(8.0, min(10.0, width / need_in))
+    if need_in * size > width:
+        fig.set_size_inches(need_in * size + 0.1, height)
+    fig.suptitle(text, fontsize=size)
 
 
 def _num_seeds(rows: Sequence[dict]) -> int:
@@ -145,7 +153,7 @@ def faithfulness_curves(rows: Sequence[dict], method: str, splits: Sequence[str]
             x = _dodge(np.array(sizes, float), i, len(splits))
             for row, metric in enumerate(("same_pred", "jsd")):
                 stat = [agg[k][metric] for k in keys]
-                axes[row, col].errorbar(x, [s[0] for s in stat], yerr=_yerr(stat), label=split,
+                axes[row, col].errorbar(x, _means(stat), yerr=_yerr(stat), label=split,
                                         ms=4, lw=1.2, capsize=2, elinewidth=0.9,
                                         **split_style(split, splits))
         axes[0, col].set_title(site)
@@ -201,7 +209,7 @@ def accuracy_by_bin(rows: Sequence[dict], site: str, method: str, splits: Sequen
             keys = [key_of.get((size, split, b)) for b in bins]
             stat = [agg[k][metric] if k in agg else (np.nan,) * 3 for k in keys]
             offset = (i - (len(series) - 1) / 2) * 0.12
-            ax.errorbar(x + offset, [s[0] for s in stat], yerr=_yerr(stat), ms=3.5,
+            ax.errorbar(x + offset, _means(stat), yerr=_yerr(stat), ms=3.5,
                         lw=1.3 if i == 0 else 1.0,
                         ls="--" if i == 0 else "-", capsize=1.5, elinewidth=0.8,
                         zorder=5 if i == 0 else 3, label=lines[i], **style(i))
@@ -410,7 +418,7 @@ def faithfulness_by_label(rows: Sequence[dict], method: str, splits: Sequence[st
                     for key in keys]
             stat = [agg[k][metric] if k else (np.nan,) * 3 for k in keys]
             x = np.arange(len(bins)) + (i - (len(shown) - 1) / 2) * 0.8 / max(len(shown), 1)
-            ax.errorbar(x, [s[0] for s in stat], yerr=_yerr(stat), ls="none", ms=4, capsize=2,
+            ax.errorbar(x, _means(stat), yerr=_yerr(stat), ls="none", ms=4, capsize=2,
                         elinewidth=0.9, label=split, **split_style(split, splits))
         ax.set_xticks(range(len(bins)), [labels[b] for b in bins], rotation=35, ha="right")
         ax.set_xlabel(breakdown)
