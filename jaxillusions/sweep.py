@@ -387,7 +387,8 @@ def write_activation_figures(params, splits, model_cfg, config, workdir: str, se
                              healthy=None, max_seeds: int = 4) -> None:
     """The task's figures of activations (Dyck: last-layer attention patterns on one iid
     sentence for the first healthy seeds, and the 2-D SVD projection of the last layer's keys at
-    training positions of the first healthy seed), under figures/ and TensorBoard IMAGES."""
+    training positions of the first 3 healthy seeds, one figure each), under figures/ and
+    TensorBoard IMAGES."""
     healthy = np.ones(len(seeds), bool) if healthy is None else np.asarray(healthy, bool)
     if not healthy.any():
         return

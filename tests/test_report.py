@@ -171,3 +171,29 @@ def test_tensorboard_curves_reproduce_results_csv(tmp_path):
         assert dict(runs[f"faithfulness/{g['split']}"][low])[step] == pytest.approx(
             g["ci_low"], abs=1e-6)
     assert isinstance(df, pd.DataFrame)
+
+
+def test_key_projections_for_several_healthy_seeds():
+    from types import SimpleNamespace
+
+    from configs import dyck_small
+    from jaxillusions.tasks import dyck
+
+    rng = np.random.default_rng(0)
+    config = dyck_small.get_config()
+    k = config.data.num_types
+    tokens = rng.integers(3, 3 + 2 * k, (20, 12))
+    split = SimpleNamespace(tokens=tokens, lengths=np.full(20, 12), depth=rng.integers(0, 5,
+                                                                                       (20, 12)))
+    shown = [1, 3, 5, 7]
+
+    def run(batch, site):  # [S, B, T, T] patterns or [S, B, T, heads, F] keys
+        if site.endswith("pattern"):
+            return rng.random((len(shown), batch.shape[0], 1, 12, 12))
+        return rng.normal(size=(len(shown), batch.shape[0], 12, 1, 8))
+
+    figs = dyck.activation_figures(run, {"iid": split, "train": split}, config, shown,
+                                   "blocks.1.attn.pattern", "blocks.1.attn.k")
+    assert set(figs) == {"attention_patterns", "key_projection_seed1", "key_projection_seed3",
+                         "key_projection_seed5"}
+    assert "seed 3" in figs["key_projection_seed3"]._suptitle.get_text()

@@ -59,13 +59,18 @@ def ordered_sites(sites) -> list[str]:
     return sorted(dict.fromkeys(sites), key=tables.site_key)
 
 
+EXACT_JSD = 1e-6  # bits: float32 rounding of a full-rank reconstruction, far below any effect
+
+
 def exact_sizes(rows: Sequence[dict], site: str, method: str) -> set[int]:
-    """Sizes > 0 at which the proxy equals the original model on every row (same_pred 1, JSD 0
-    everywhere, e.g. full-rank SVD): no line of their own."""
+    """Sizes > 0 at which the proxy is the original model on every row: the same prediction and
+    accuracy everywhere and JSD at float32 rounding (< EXACT_JSD bits), e.g. a full-rank SVD.
+    They get no line of their own."""
     by_size: dict[int, bool] = {}
     for r in rows:
         if r["site"] == site and r["method"] == method and r["size"] > 0:
-            same = r["same_pred"] == 1 and r["jsd"] == 0
+            same = (r["same_pred"] == 1 and r["acc_proxy"] == r["acc_original"]
+                    and r["jsd"] < EXACT_JSD)
             by_size[r["size"]] = by_size.get(r["size"], True) and same
     return {size for size, same in by_size.items() if same}
 
@@ -192,6 +197,7 @@ def accuracy_by_bin(rows: Sequence[dict], site: str, method: str, splits: Sequen
     lines = ["original"] + [method if size == 0 else f"{method} {size}" for size in sizes]
     # Bins are ints in memory and strings when read back from a CSV.
     key_of = {(k[2], k[3], int(k[4])): k for k in agg if k[:2] == (site, method)}
+    beyond = False  # some panel has bins beyond the training bound
     for ax, split in zip(axes, shown, strict=True):
         bins = sorted({int(k[4]) for k in agg if k[:2] == (site, method) and k[3] == split})
         x = np.array(bins, float)
@@ -213,9 +219,11 @@ def accuracy_by_bin(rows: Sequence[dict], site: str, method: str, splits: Sequen
                         lw=1.3 if i == 0 else 1.0,
                         ls="--" if i == 0 else "-", capsize=1.5, elinewidth=0.8,
                         zorder=5 if i == 0 else 3, label=lines[i], **style(i))
+        # Only where this split has bins beyond the bound (with position offsets, training
+        # covers every position: nothing is shaded, and no line stretches the axis).
         if train_bound is not None and bins and bins[-1] > train_bound:
+            beyond = True
             ax.axvspan(train_bound + 0.5, bins[-1] + 0.6, color="#56B4E9", alpha=0.12, lw=0)
-        if train_bound is not None:
             ax.axvline(train_bound + 0.5, color="0.3", ls=":", lw=1)
         ax.set_title(split)
         ax.set_xlabel(breakdown)
@@ -223,7 +231,7 @@ def accuracy_by_bin(rows: Sequence[dict], site: str, method: str, splits: Sequen
         ax.set_ylim(-0.03, 1.03)
         ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
-    if train_bound is not None:
+    if beyond:
         from matplotlib.patches import Patch
 
         handles.append(Patch(color="#56B4E9", alpha=0.25))
