@@ -311,6 +311,21 @@ def test_board_hparams_one_session_per_seed_and_few_tags(tmp_path):
     assert metrics["hparams/gap_same_pred/svd_4/blocks.1.attn.k/longer"] == pytest.approx(
         0.04, abs=1e-6)
 
+    # What HPARAMS shows by default: the first 5 hparams after TensorBoard's sort (differing
+    # ones first: the seed, and `healthy` here since seed 2 diverged) and the first 5 metrics:
+    # the gaps.
+    from tensorboard.plugins.hparams import backend_context
+
+    ctx = backend_context.Context(base_plugin.TBContext(data_provider=provider))
+    request = context.RequestContext()
+    experiment = ctx.experiment_from_metadata(request, "", True,
+                                              ctx.hparams_metadata(request, ""),
+                                              ctx.hparams_from_data_provider(request, "", 0))
+    shown = [h.name for h in experiment.hparam_infos][:5]
+    assert shown[:2] == ["healthy", "seed"]
+    assert all(m.name.tag.startswith("hparams/gap_same_pred/")
+               for m in list(experiment.metric_infos)[:5])
+
     # A small number of scalar tags: nothing per size or per bin.
     tags = {t for run in read_scalars(str(tmp_path)).values() for t in run}
     report = {t for t in tags if not t.startswith("eval/")}

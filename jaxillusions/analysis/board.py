@@ -251,13 +251,15 @@ def write_hparams(writer, config, model_cfg, seeds: Sequence[int | str],
     reference = config.proxies.get("gap_baseline", "iid") if "proxies" in config else "iid"
     gaps = headline_gaps(rows, reference=reference) if rows else {}
     member_hparams = member_hparams or {}
-    for i, (label, ok) in enumerate(zip(seeds, np.asarray(healthy, bool).tolist(),
-                                        strict=True)):
+    healthy = np.asarray(healthy, bool).tolist()
+    # What differs between sessions, shown first by TensorBoard (then constants by name).
+    varying = ["seed", *member_hparams] + (["healthy"] if len(set(healthy)) > 1 else [])
+    for i, (label, ok) in enumerate(zip(seeds, healthy, strict=True)):
         seed = int(str(label).split("_")[0])
         values = {tag: per_seed[seed] for tag, per_seed in gaps.items() if seed in per_seed}
         extra = {k: v[i] for k, v in member_hparams.items()}
         writer.hparams({"seed": seed, **extra, **base, "healthy": bool(ok)}, values,
-                       run=f"seed_{label}", metric_tags=sorted(gaps) + final)
+                       run=f"seed_{label}", metric_tags=sorted(gaps) + final, varying=varying)
 
 
 def write_all(writer, rows: Sequence[dict], config, model_cfg, seeds, healthy, workdir: str,
