@@ -100,18 +100,25 @@ class SweepWriter:
             self._write(run, vals, step)
         self._maybe_flush()
 
-    def curve(self, run: str, tag: str, xs: Sequence[int], ys: Sequence[float]) -> None:
+    def curve(self, run: str, tag: str, xs: Sequence[int], ys: Sequence[float],
+              description: str = "") -> None:
         """Writes `ys` as scalar `tag` with step = `xs` into `run`; non-finite ys are skipped.
+        `description` (markdown) is shown with the tag's card (set on its first point).
 
         Writing the same (run, tag) again with smaller steps: TensorBoard's data server treats a
         step going back as a restart and may show only the newest curve; `read_scalars` returns
         both. Put the training step in the run or tag to keep several curves.
         """
-        from tensorboardX.proto.summary_pb2 import Summary
+        from tensorboardX.proto.summary_pb2 import Summary, SummaryMetadata
 
+        meta = SummaryMetadata(summary_description=description) if description else None
         for x, y in zip(xs, ys, strict=True):
             if np.isfinite(y):
-                self._write(run, [Summary.Value(tag=tag, simple_value=float(y))], int(x))
+                value = Summary.Value(tag=tag, simple_value=float(y))
+                if meta is not None:
+                    value.metadata.CopyFrom(meta)
+                    meta = None  # TensorBoard keeps a tag's first metadata
+                self._write(run, [value], int(x))
         self._maybe_flush()
 
     def image(self, tag: str, image: Any, step: int = 0, run: str = "images") -> None:

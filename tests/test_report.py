@@ -171,6 +171,14 @@ def test_tensorboard_curves_reproduce_results_csv(tmp_path):
         assert dict(runs[f"faithfulness/{g['split']}"][low])[step] == pytest.approx(
             g["ci_low"], abs=1e-6)
     assert isinstance(df, pd.DataFrame)
+    # Each card says how to read it at TensorBoard's defaults (smoothing, outlier clipping).
+    from tensorboard.backend.event_processing import event_accumulator
+
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "tb" / "faithfulness" / "longer"))
+    acc.Reload()
+    for tag in ("svd/blocks.1.attn.k/same_pred", "gap/same_pred/svd/blocks.1.attn.k"):
+        note = acc.SummaryMetadata(tag).summary_description
+        assert "x = log2(rank)" in note and "Smoothing to 0" in note, tag
 
 
 def test_key_projections_for_several_healthy_seeds():

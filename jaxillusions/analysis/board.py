@@ -52,6 +52,16 @@ HPARAM_KEYS = (
 )
 
 
+def card_note(method: str, what: str) -> str:
+    """The description on a card: what it shows, the x axis, and how to read exact values."""
+    from jaxillusions import proxies
+
+    return (f"{what}. x = log2({proxies.size_label(method)}): step 0 = 1, 1 = 2, 2 = 4, ... "
+            "The logged points are exact (results.csv, gaps.csv); TensorBoard smooths curves "
+            "(0.6) and ignores outliers in the y range by default: set Smoothing to 0 and untick "
+            "'Ignore outliers in chart scaling' to read them.")
+
+
 def size_step(size: int) -> int:
     """TensorBoard step of a proxy size: round(log2(size)); 1 -> 0, 4 -> 2, 64 -> 6."""
     if size < 1:
@@ -98,7 +108,9 @@ def write_faithfulness(writer, rows: Sequence[dict]) -> None:
             run, name = f"faithfulness/{split}", f"{method}/{site}/{tag}"
             steps = _steps([s for s in by_size if s > 0], f"{run} {name}")
             writer.curve(run, name, [steps[s] for s in sorted(steps)],
-                         [by_size[s] for s in sorted(steps)])
+                         [by_size[s] for s in sorted(steps)],
+                         card_note(method, f"{tag} of {method} on {site}, mean over seeds, "
+                                   "a line per split"))
 
 
 def write_gaps(writer, gaps: Sequence[dict], metrics: Sequence[str] = GAP_METRICS) -> None:
@@ -121,7 +133,10 @@ def write_gaps(writer, gaps: Sequence[dict], metrics: Sequence[str] = GAP_METRIC
             xs, points = [steps[s] for s in sorted(steps)], [by_size[s] for s in sorted(steps)]
         for tag, column in zip(gap_tags(metric, method, site), ("gap", "ci_low", "ci_high"),
                                strict=True):
-            writer.curve(run, tag, xs, [float(p[column]) for p in points])
+            writer.curve(run, tag, xs, [float(p[column]) for p in points],
+                         card_note(method, f"{column} of the paired {metric} gap (baseline "
+                                   "minus split, > 0: less faithful on the split) of "
+                                   f"{method} on {site}"))
 
 
 def gap_tags(metric: str, method: str, site: str) -> tuple[str, str, str]:
