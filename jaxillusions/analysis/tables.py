@@ -90,7 +90,7 @@ def _interval_cell(row: dict, value: str, digits: int, counts: bool = True) -> s
     the resolution, seeds with a positive difference; '0 (exact)' when every seed's is 0."""
     tail = f"{row['seeds_positive']:>3}/{row['n_seeds']:<3}" if counts else ""
     if _exact(row, value):
-        return f"{'0 (exact)':<{2 * (digits + 3) + 5}}{tail}"
+        return f"{'0 (exact)':<{3 * (digits + 3) + 5}}{tail}"
     mark = "*" if _verdict(row) else " "
     return (f"{row[value]:+.{digits}f} [{row['ci_low']:+.{digits}f},{row['ci_high']:+.{digits}f}]"
             f"{mark}{tail}")
