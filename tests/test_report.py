@@ -205,3 +205,18 @@ def test_key_projections_for_several_healthy_seeds():
     assert set(figs) == {"attention_patterns", "key_projection_seed1", "key_projection_seed3",
                          "key_projection_seed5"}
     assert "seed 3" in figs["key_projection_seed3"]._suptitle.get_text()
+
+
+def test_headline_never_offers_the_original_model_itself():
+    """A full-rank proxy (the original model: same predictions, JSD 0) is faithful by
+    construction; the headline takes the largest other size, marked 'never 0.99'."""
+    rows = []
+    for seed in range(3):
+        for split in ("iid", "longer"):
+            rows.append(row(seed, split, site="blocks.1.attn.q", size=2,
+                            same_pred=0.95 - 0.05 * (split == "longer") - 0.01 * seed))
+            rows.append(row(seed, split, site="blocks.1.attn.q", size=4, same_pred=1.0, jsd=0.0))
+    assert tables.identical_sizes(rows, "blocks.1.attn.q", "svd") == {4}
+    head = tables.summary_of(tables.statistics_report(rows, ["iid", "longer"])[0]).splitlines()
+    assert any(line.startswith("svd q 2 (0.940, never 0.99)") and "+0.050 [+0.050,+0.050]*"
+               in line for line in head), head

@@ -59,20 +59,9 @@ def ordered_sites(sites) -> list[str]:
     return sorted(dict.fromkeys(sites), key=tables.site_key)
 
 
-EXACT_JSD = 1e-6  # bits: float32 rounding of a full-rank reconstruction, far below any effect
-
-
 def exact_sizes(rows: Sequence[dict], site: str, method: str) -> set[int]:
-    """Sizes > 0 at which the proxy is the original model on every row: the same prediction and
-    accuracy everywhere and JSD at float32 rounding (< EXACT_JSD bits), e.g. a full-rank SVD.
-    They get no line of their own."""
-    by_size: dict[int, bool] = {}
-    for r in rows:
-        if r["site"] == site and r["method"] == method and r["size"] > 0:
-            same = (r["same_pred"] == 1 and r["acc_proxy"] == r["acc_original"]
-                    and r["jsd"] < EXACT_JSD)
-            by_size[r["size"]] = by_size.get(r["size"], True) and same
-    return {size for size, same in by_size.items() if same}
+    """tables.identical_sizes: sizes that are the original model (no line of their own)."""
+    return tables.identical_sizes(rows, site, method)
 
 
 def _yerr(stat: Sequence[tuple]) -> np.ndarray:

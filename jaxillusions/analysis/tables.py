@@ -233,17 +233,34 @@ def bin_gap_table(gap_rows: Sequence[dict], splits: Sequence[str], metric: str =
     return "\n".join(lines)
 
 
+EXACT_JSD = 1e-6  # bits: float32 rounding of a full-rank reconstruction, far below any effect
+
+
+def identical_sizes(rows: Sequence[dict], site: str, method: str) -> set[int]:
+    """Sizes > 0 at which the proxy is the original model on every row: the same prediction and
+    accuracy everywhere and JSD at float32 rounding (< EXACT_JSD bits), e.g. a full-rank SVD.
+    Figures draw no line for them; the headline does not offer them as 'faithful'."""
+    by_size: dict[int, bool] = {}
+    for r in rows:
+        if r["site"] == site and r["method"] == method and r["size"] > 0:
+            same = (r["same_pred"] == 1 and r["acc_proxy"] == r["acc_original"]
+                    and r["jsd"] < EXACT_JSD)
+            by_size[r["size"]] = by_size.get(r["size"], True) and same
+    return {size for size, same in by_size.items() if same}
+
+
 FAITHFUL = 0.99  # the headline's "faithful in distribution": baseline same_pred >= this
 HEADLINE_LINES = 15
 
 
-def _faithful_size(gap_rows: Sequence[dict], method: str, site: str, baseline: str
-                   ) -> tuple[int, float, bool] | None:
+def _faithful_size(gap_rows: Sequence[dict], method: str, site: str, baseline: str,
+                   identical: set[int] = frozenset()) -> tuple[int, float, bool] | None:
     """(size, baseline same_pred, reached): the smallest size whose mean same_pred on the
-    baseline reaches FAITHFUL (reached False: none does; the largest size instead)."""
+    baseline reaches FAITHFUL (reached False: none does; the largest size instead). Sizes in
+    `identical` (the original model itself, e.g. full rank) are not candidates."""
     means = {g["size"]: g["baseline_mean"] for g in gap_rows
              if (g["method"], g["site"], g["metric"], g["baseline"]) ==
-             (method, site, "same_pred", baseline)}
+             (method, site, "same_pred", baseline) and g["size"] not in identical}
     if not means:
         return None
     reached = [size for size, m in means.items() if m >= FAITHFUL]
@@ -257,8 +274,8 @@ def _join(names: Sequence[str]) -> str:
 
 def headline(gap_rows: Sequence[dict], versus: Sequence[dict], correlation: Sequence[dict],
              accuracy: dict[str, tuple[float, float, float]], splits: Sequence[str],
-             methods: Sequence[str], baseline: str = "iid", evaluated: str = "closing-bracket"
-             ) -> list[str]:
+             methods: Sequence[str], baseline: str = "iid", evaluated: str = "closing-bracket",
+             identical: dict[tuple[str, str], set[int]] | None = None) -> list[str]:
     """The summary at the top of gap_table.txt (at most HEADLINE_LINES lines): seed count, the
     original model's accuracy per split, per proxy method (its first site in model order) the
     same_pred gap at the smallest size faithful on `baseline` (seed-mean same_pred >= FAITHFUL;
@@ -280,7 +297,7 @@ def headline(gap_rows: Sequence[dict], versus: Sequence[dict], correlation: Sequ
     chosen = []
     for method in dict.fromkeys(m for m, _ in families):
         site = next(s for m, s in families if m == method)
-        found = _faithful_size(rows, method, site, baseline)
+        found = _faithful_size(rows, method, site, baseline, identical.get((method, site), set()))
         if found is not None:
             chosen.append((method, site, *found))
     width, cell = 34, 25
@@ -293,7 +310,7 @@ def headline(gap_rows: Sequence[dict], versus: Sequence[dict], correlation: Sequ
         short = site.split(".")[-1] if "+" not in site else "+".join(
             p.split(".")[-1] for p in site.split("+"))
         name = f"{method} {short}" + ("" if size == 0 else f" {size}")
-        note = f"({base:.3f})" if reached or size == 0 else f"({base:.3f}, never 0.99)"
+        note = f"({base:.3f})" if reached or size == 0 else f"({base:.3f}, never {FAITHFUL:g})"
         cells = []
         found, missed = [], []
         for split in ood:
@@ -363,8 +380,10 @@ def statistics_report(rows: Sequence[dict], splits: Sequence[str], baseline: str
     accuracy = original_accuracy(rows)
     res = stats.RESOLUTION
 
+    identical = {(m, s): identical_sizes(rows, s, m)
+                 for m, s in {(r["method"], r["site"]) for r in rows if r["size"] > 0}}
     text = headline(gap_rows, versus, correlation, accuracy, splits, methods, baseline,
-                    evaluated)
+                    evaluated, identical)
     text += ["", "=" * 100, "",
              f"Population: {len(seeds)} seeds. Every comparison is paired over the seeds present "
              "in both conditions: [lo,hi] is the Student-t 95% interval of the mean per-seed "
