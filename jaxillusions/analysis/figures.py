@@ -174,6 +174,8 @@ def accuracy_by_bin(rows: Sequence[dict], site: str, method: str, splits: Sequen
     largest), each with 95% intervals over seeds; grey bars: closing brackets per bin (n, per
     seed, right axis). `train_bound`: the largest bin value seen in training (e.g.
     data.max_depth); bins beyond it are shaded. Returns the matplotlib Figure."""
+    from matplotlib.ticker import MaxNLocator
+
     agg = tables.aggregate(rows, breakdown=breakdown)
     exact = exact_sizes(rows, site, method)
     sizes = sorted({k[2] for k in agg if k[:2] == (site, method)} - exact)
@@ -216,6 +218,7 @@ def accuracy_by_bin(rows: Sequence[dict], site: str, method: str, splits: Sequen
             ax.axvline(train_bound + 0.5, color="0.3", ls=":", lw=1)
         ax.set_title(split)
         ax.set_xlabel(breakdown)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # bins are integers
         ax.set_ylabel("closing-bracket accuracy")
         ax.set_ylim(-0.03, 1.03)
         ax.grid(alpha=0.3)
