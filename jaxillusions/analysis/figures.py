@@ -54,6 +54,12 @@ def split_style(split: str, splits: Sequence[str]) -> dict:
     return style(list(splits).index(split))
 
 
+def method_style(i: int) -> dict:
+    """The i-th method where methods share a panel: shades of grey with distinct markers, since
+    colours are reserved for splits."""
+    return {"color": ("0.1", "0.5", "0.3", "0.65")[i % 4], "marker": ("s", "^", "D", "v")[i % 4]}
+
+
 def ordered_sites(sites) -> list[str]:
     """Sites in model order (tables.site_key), the panel order of every figure."""
     return sorted(dict.fromkeys(sites), key=tables.site_key)
@@ -312,7 +318,7 @@ def gaps_by_split(gaps: Sequence[dict], methods: Sequence[str], splits: Sequence
             high = np.array([rows[s]["ci_high"] for s in ood if s in rows], float)
             ax.errorbar(x + (i - (len(methods) - 1) / 2) * 0.15, mean,
                         yerr=np.nan_to_num(np.stack([mean - low, high - mean])), ls="none",
-                        ms=5, capsize=3, label=method, **style(i + 1))
+                        ms=5, capsize=3, label=method, **method_style(i))
         ax.set_xticks(range(len(ood)), ood, rotation=20, ha="right")
         ax.set_xlabel("evaluation split")
         ax.set_ylabel(f"gap in {metric}")
