@@ -340,7 +340,8 @@ def test_board_hparams_one_session_per_seed_and_few_tags(tmp_path):
     layout = json.loads(plugin.layout_impl(context.RequestContext(), ""))
     first = layout["category"][0]
     assert first["title"].startswith("generalization gaps")
-    series = first["chart"][0]["margin"]["series"][0]
+    # Written last first: TensorBoard draws a category's charts in reverse, so svd shows first.
+    series = first["chart"][-1]["margin"]["series"][0]
     assert series == {"value": "gap/same_pred/svd/blocks.1.attn.k",
                       "lower": "gap_interval/same_pred/svd/blocks.1.attn.k/low",
                       "upper": "gap_interval/same_pred/svd/blocks.1.attn.k/high"}

@@ -150,7 +150,8 @@ def gap_tags(metric: str, method: str, site: str) -> tuple[str, str, str]:
 def layout(rows: Sequence[dict], gaps: Sequence[dict] = (),
            metrics: Sequence[str] = GAP_METRICS) -> Any:
     """The custom-scalars layout: gap cards first (one margin chart per metric, method and site,
-    a line per split with its 95% interval), then faithfulness (one chart per method, site and
+    a line per split with its 95% interval; as displayed: methods as configured, sites in the
+    rows' order), then faithfulness (one chart per method, site and
     metric, a line per split, with the data-independent proxies and the original model's
     accuracy as reference lines)."""
     import re
@@ -175,11 +176,12 @@ def layout(rows: Sequence[dict], gaps: Sequence[dict] = (),
                 series = layout_pb2.MarginChartContent.Series(value=value, lower=lower,
                                                               upper=upper)
                 charts.append(layout_pb2.Chart(
-                    title=f"gap in {metric} ({baseline} vs split; > 0: less faithful there): "
-                          f"{method} on {site}; x = log2(size)",
+                    title=f"gap in {metric}: {method} on {site}; x = log2(size)",
                     margin=layout_pb2.MarginChartContent(series=[series])))
-        categories.append(layout_pb2.Category(title="generalization gaps (95% CI over seeds)",
-                                              chart=charts))
+        categories.append(layout_pb2.Category(
+            title=f"generalization gaps ({baseline} vs split, > 0: less faithful on the split; "
+                  "95% CI over seeds). Untick 'Ignore outliers in chart scaling' (on by "
+                  "default): it cuts off the largest gaps", chart=charts[::-1]))
     charts = []
     for tag in CURVE_METRICS.values():
         for method, site in keys:
@@ -193,8 +195,12 @@ def layout(rows: Sequence[dict], gaps: Sequence[dict] = (),
         charts = [layout_pb2.Chart(title=f"{tag} (a line per split)",
                                    multiline=layout_pb2.MultilineChartContent(tag=[f"/{tag}$"]))
                   for tag in CURVE_METRICS.values()]
-    categories.append(layout_pb2.Category(title="faithfulness to the original model",
-                                          chart=charts))
+    categories.append(layout_pb2.Category(
+        title="faithfulness to the original model (seed means). Set Smoothing to 0 (0.6 by "
+              "default) and untick 'Ignore outliers in chart scaling' to read exact values",
+        chart=charts[::-1]))
+    # Charts are written in reverse: TensorBoard 2.21's CUSTOM SCALARS draws a category's charts
+    # last first (seen in Chromium), so they appear in the order built above.
     return layout_pb2.Layout(category=categories)
 
 
