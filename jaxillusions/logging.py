@@ -100,18 +100,25 @@ class SweepWriter:
             self._write(run, vals, step)
         self._maybe_flush()
 
-    def curve(self, run: str, tag: str, xs: Sequence[int], ys: Sequence[float]) -> None:
+    def curve(self, run: str, tag: str, xs: Sequence[int], ys: Sequence[float],
+              description: str = "") -> None:
         """Writes `ys` as scalar `tag` with step = `xs` into `run`; non-finite ys are skipped.
+        `description` (markdown) is shown with the tag's card (set on its first point).
 
         Writing the same (run, tag) again with smaller steps: TensorBoard's data server treats a
         step going back as a restart and may show only the newest curve; `read_scalars` returns
         both. Put the training step in the run or tag to keep several curves.
         """
-        from tensorboardX.proto.summary_pb2 import Summary
+        from tensorboardX.proto.summary_pb2 import Summary, SummaryMetadata
 
+        meta = SummaryMetadata(summary_description=description) if description else None
         for x, y in zip(xs, ys, strict=True):
             if np.isfinite(y):
-                self._write(run, [Summary.Value(tag=tag, simple_value=float(y))], int(x))
+                value = Summary.Value(tag=tag, simple_value=float(y))
+                if meta is not None:
+                    value.metadata.CopyFrom(meta)
+                    meta = None  # TensorBoard keeps a tag's first metadata
+                self._write(run, [value], int(x))
         self._maybe_flush()
 
     def image(self, tag: str, image: Any, step: int = 0, run: str = "images") -> None:
@@ -138,12 +145,16 @@ class SweepWriter:
         run: str = "hparams",
         step: int = 0,
         metric_tags: Sequence[str] = (),
+        varying: Sequence[str] = (),
     ) -> None:
         """Config + final metrics for the HPARAMS tab: experiment, session start/end and the
         metric scalars, all in `run` (the plugin reads a session's metrics from its own run).
 
         `metric_tags` names further metrics whose scalars the run already has (e.g. the last
-        `eval/iid/acc` of a seed run): listed in the experiment, not written again.
+        `eval/iid/acc` of a seed run): listed in the experiment, not written again. The
+        experiment lists them first, in this order (TensorBoard shows the first 5 metrics by
+        default). `varying`: hparams that differ between sessions (e.g. the seed), marked so in
+        the experiment; TensorBoard shows those first (else the first 5 by name, constants).
         Call once per run: TensorBoard keeps the first hparams metadata it sees in a run.
         """
         from tensorboardX.proto.summary_pb2 import Summary
@@ -153,7 +164,16 @@ class SweepWriter:
         mt = {k: float(v) for k, v in metrics.items()}
         listed = {**{k: 0.0 for k in metric_tags}, **mt}
         # tensorboardX's add_hparams would put these in a timestamped sub-run; write them directly.
-        for summary in hparams_summaries(hp, listed):
+        summaries = hparams_summaries(hp, listed)
+        if varying:  # HParamInfo.differs: tensorboardX's proto has no such field; TensorBoard's
+            from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+            value = summaries[0].value[0]  # the experiment
+            data = HParamsPluginData.FromString(value.metadata.plugin_data.content)
+            for info in data.experiment.hparam_infos:
+                info.differs = info.name in varying
+            value.metadata.plugin_data.content = data.SerializeToString()
+        for summary in summaries:
             self._write(run, list(summary.value), step)
         if mt:
             self._write(run, [Summary.Value(tag=k, simple_value=v) for k, v in mt.items()], step)

@@ -7,7 +7,6 @@ first index (jnp.argmax semantics), for both models alike.
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.stats
 
 _LN2 = float(np.log(2.0))
 
@@ -56,17 +55,8 @@ def correct(logits: jax.Array, targets: jax.Array) -> jax.Array:
 
 
 def mean_ci95(values: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Mean over `axis` (seeds) ignoring NaN, and the 95% CI half-width t_{n-1} * s / sqrt(n).
+    """Mean over `axis` (seeds) ignoring NaN, and the 95% CI half-width t_{n-1} * s / sqrt(n)
+    (analysis.stats.t_half_width, the project's one Student-t helper)."""
+    from jaxillusions.analysis import stats  # noqa: PLC0415 - keeps this module's imports light
 
-    n counts the non-NaN entries. With n == 0 both outputs are NaN; with n == 1 the mean is
-    that value and the half-width is NaN (undefined: no spread estimate), so plots show no bar.
-    """
-    v = np.asarray(values, dtype=np.float64)
-    ok = ~np.isnan(v)
-    n = ok.sum(axis=axis)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.where(ok, v, 0.0).sum(axis=axis) / n
-        dev = np.where(ok, v - np.expand_dims(mean, axis), 0.0)
-        var = (dev**2).sum(axis=axis) / (n - 1)
-        half = scipy.stats.t.ppf(0.975, np.maximum(n - 1, 1)) * np.sqrt(var / n)
-    return mean, np.where(n > 1, half, np.nan)
+    return stats.t_half_width(values, axis=axis)

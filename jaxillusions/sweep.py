@@ -39,7 +39,6 @@ from jaxillusions import (
 )
 from jaxillusions import logging as log_lib
 from jaxillusions.analysis import board, figures, results, tables
-from jaxillusions.analysis import stats as stats_lib
 
 DONE_FILE = "sweep_done.json"
 STAGE_DIR = "proxies"
@@ -214,15 +213,19 @@ def run(config, workdir: str, *, verbose: bool = True, start_over: bool = False)
     # sweeps several weights: then each weight's members go to <workdir>/contrastive_weight_<w>,
     # so that aggregates over seeds never mix weights).
     members, rows = train.members(config), []
-    for idx, group_dir in _weight_groups(config, workdir):
+    groups = _weight_groups(config, workdir)
+    for idx, group_dir in groups:
         os.makedirs(group_dir, exist_ok=True)
         params = jax.tree.map(lambda x, idx=idx: x[idx], state.params)
         rows += _proxy_stage(params, np.asarray(state.healthy)[idx],
                              [int(s) for s in members.seeds[idx]], splits, model_cfg, specs,
                              eval_set, config, group_dir, say, move_aside, start, verbose)
     _mark_done(config, workdir)
+    # One weight group: all its logs are in <workdir>/tensorboard (the README's logdir);
+    # several: each group has its own under contrastive_weight_<w>/, so the workdir.
+    logdir = os.path.join(workdir, "tensorboard") if len(groups) == 1 else workdir
     say(f"[{time.perf_counter() - start:.0f}s] done: {workdir}, TensorBoard: "
-        f"tensorboard --logdir {workdir}")
+        f"tensorboard --logdir {logdir}")
     return rows
 
 
@@ -326,12 +329,14 @@ def write_reports(rows, config, workdir: str, seeds, healthy, *, verbose: bool =
         tables.write_csv(table, os.path.join(workdir, f"{name}.csv"), columns)
     with open(os.path.join(workdir, "gap_table.txt"), "w") as f:
         f.write(text + "\n")
-    if verbose:
-        print(text)
+    if verbose:  # the headline only; the full tables are in the file
+        print(tables.summary_of(text))
+        print(f"(full tables: {os.path.join(workdir, 'gap_table.txt')})")
 
-    # Figures and TensorBoard show the same paired gaps as gaps.csv (the chosen baseline).
+    # Figures and TensorBoard show the same paired gaps as gaps.csv (the chosen baseline), the
+    # other in-distribution split (iid_with_train) included: the control, a gap near 0.
     gaps = [g for g in stat_tables["gaps"] if g["baseline"] == baseline
-            and g["split"] not in stats_lib.BASELINES]
+            and g["split"] != baseline]
     write_views(rows, config, workdir, seeds, healthy, model_cfg=model_cfg, gaps=gaps)
 
 
@@ -346,6 +351,8 @@ def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,
     unsized = [m for m in methods if m not in sized]
     task = tasks.get(config)
     bounds = task.bounds(config)  # the largest bin seen in training, per breakdown
+    if "position" in bounds:  # position offsets (train.max_position_offset) train later ones
+        bounds["position"] += train.objective_from_config(config).max_position_offset
     breakdowns = [b for b in bounds if any(r["breakdown"] == b for r in rows)]
     labelled = {b: task.bin_labels(b) for b in task.BREAKDOWNS
                 if task.bin_labels(b) and any(r["breakdown"] == b for r in rows)}
@@ -380,7 +387,8 @@ def write_activation_figures(params, splits, model_cfg, config, workdir: str, se
                              healthy=None, max_seeds: int = 4) -> None:
     """The task's figures of activations (Dyck: last-layer attention patterns on one iid
     sentence for the first healthy seeds, and the 2-D SVD projection of the last layer's keys at
-    training positions of the first healthy seed), under figures/ and TensorBoard IMAGES."""
+    training positions of the first 3 healthy seeds, one figure each), under figures/ and
+    TensorBoard IMAGES."""
     healthy = np.ones(len(seeds), bool) if healthy is None else np.asarray(healthy, bool)
     if not healthy.any():
         return

@@ -23,9 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
-from jaxillusions import metrics
 from jaxillusions import model as model_lib
 from jaxillusions.analysis import figures, tables
+from jaxillusions.analysis import stats as interval_stats
 from jaxillusions.data import dyck, padded_chunks
 from jaxillusions.tasks import dyck as dyck_task
 
@@ -270,9 +270,8 @@ def length_generalization(params, cfg: model_lib.ModelConfig, tokens: np.ndarray
 
 def mean_ci(values: np.ndarray) -> tuple[float, float]:
     """Mean and 95% t-interval half-width over the finite values."""
-    values = np.asarray(values, np.float64)
-    mean, ci = metrics.mean_ci95(values[np.isfinite(values)])
-    return float(mean), float(ci)
+    mean, low, high = interval_stats.t_interval(values)
+    return mean, (high - low) / 2
 
 
 # ------------------------------------------------------------------- the Wen stage of the main job

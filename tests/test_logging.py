@@ -243,20 +243,20 @@ def test_board_curves_use_log2_steps_and_reference_lines(tmp_path):
     assert svd[2][1] == pytest.approx(mean_rank4, rel=1e-6)
     kmeans = runs["faithfulness/longer"]["kmeans/blocks.1.attn.k/acc"]
     assert [s for s, _ in kmeans] == [1, 2, 3]
-    # The attention proxy and the original model: flat lines over the whole step range 0..4.
-    onehot = runs["faithfulness/iid"]["onehot_attention/blocks.1.attn.pattern/same_pred"]
-    assert [s for s, _ in onehot] == [0, 1, 2, 3, 4] and len({v for _, v in onehot}) == 1
-    original = runs["faithfulness/unseen_depth"]["original/acc"]
-    assert [s for s, _ in original] == [0, 1, 2, 3, 4]
-    assert original[0][1] == pytest.approx(np.mean([0.85, 0.86, 0.87]), rel=1e-6)
-    # Gap cards: the gap and its interval bounds, per OOD split; none for the baseline.
-    assert not any(t.startswith("gap/") for t in runs["faithfulness/iid"])
+    # The attention proxy and the original model (one value per split): no flat cards.
+    assert not any(t.startswith(("onehot_attention/", "original/"))
+                   for run in runs.values() for t in run)
+    # Gap cards: the gap, and its interval bounds in their own group, per OOD split; none for
+    # the baseline.
+    assert not any(t.startswith("gap") for t in runs["faithfulness/iid"])
     gap = runs["faithfulness/longer"]
-    tag = "gap/same_pred/svd/blocks.1.attn.k"
-    assert set(gap) >= {tag, tag + "/ci_low", tag + "/ci_high"}
+    tag, low, high = board.gap_tags("same_pred", "svd", "blocks.1.attn.k")
+    assert (low, high) == ("gap_interval/same_pred/svd/blocks.1.attn.k/low",
+                           "gap_interval/same_pred/svd/blocks.1.attn.k/high")
+    assert set(gap) >= {tag, low, high}
     assert [s for s, _ in gap[tag]] == [0, 1, 2, 3, 4]
     assert gap[tag][0][1] == pytest.approx(0.04, abs=1e-6)
-    assert gap[tag + "/ci_high"][0][1] == pytest.approx(0.05, abs=1e-6)
+    assert gap[high][0][1] == pytest.approx(0.05, abs=1e-6)
 
 
 def test_board_steps_of_sizes_that_are_not_powers_of_two():
@@ -301,19 +301,37 @@ def test_board_hparams_one_session_per_seed_and_few_tags(tmp_path):
     assert len(g0.hparams) <= 25
     metrics = {m.name.tag: m.value for m in g0.metric_values}
     # Final accuracy per split + the seed's same_pred gap per method (middle size) and OOD split.
+    # Gap metrics name the site of sized proxies.
     assert set(metrics) == {"eval/iid/acc", "eval/unseen_depth/acc", "eval/longer/acc"} | {
-        f"hparams/gap_same_pred/{m}/{s}" for m in ("svd_4", "kmeans_4", "onehot_attention")
+        f"hparams/gap_same_pred/{m}/{s}" for m in (
+            "svd_4/blocks.1.attn.k", "kmeans_4/blocks.1.attn.k", "onehot_attention")
         for s in ("unseen_depth", "longer")}
     assert metrics["eval/iid/acc"] == pytest.approx(0.9)
     # seed 0, svd rank 4: iid minus longer = 0.02 * 2
-    assert metrics["hparams/gap_same_pred/svd_4/longer"] == pytest.approx(0.04, abs=1e-6)
+    assert metrics["hparams/gap_same_pred/svd_4/blocks.1.attn.k/longer"] == pytest.approx(
+        0.04, abs=1e-6)
+
+    # What HPARAMS shows by default: the first 5 hparams after TensorBoard's sort (differing
+    # ones first: the seed, and `healthy` here since seed 2 diverged) and the first 5 metrics:
+    # the gaps.
+    from tensorboard.plugins.hparams import backend_context
+
+    ctx = backend_context.Context(base_plugin.TBContext(data_provider=provider))
+    request = context.RequestContext()
+    experiment = ctx.experiment_from_metadata(request, "", True,
+                                              ctx.hparams_metadata(request, ""),
+                                              ctx.hparams_from_data_provider(request, "", 0))
+    shown = [h.name for h in experiment.hparam_infos][:5]
+    assert shown[:2] == ["healthy", "seed"]
+    assert all(m.name.tag.startswith("hparams/gap_same_pred/")
+               for m in list(experiment.metric_infos)[:5])
 
     # A small number of scalar tags: nothing per size or per bin.
     tags = {t for run in read_scalars(str(tmp_path)).values() for t in run}
     report = {t for t in tags if not t.startswith("eval/")}
-    # 3 methods x 3 curves + original, 2 sized methods + one-hot x (gap, low, high), and
-    # 3 methods x 2 OOD splits of HPARAMS gaps.
-    assert len(report) == 3 * 3 + 1 + 3 * 3 + 3 * 2
+    # 2 sized methods x 3 curves (no flat reference cards), 2 sized methods + one-hot x (gap,
+    # low, high), and 3 methods x 2 OOD splits of HPARAMS gaps.
+    assert len(report) == 2 * 3 + 3 * 3 + 3 * 2
     assert not any(t.split("/")[-1].isdigit() for t in tags)
 
     # The custom-scalars layout: gap cards first, as margin charts with the interval bounds.
@@ -322,10 +340,11 @@ def test_board_hparams_one_session_per_seed_and_few_tags(tmp_path):
     layout = json.loads(plugin.layout_impl(context.RequestContext(), ""))
     first = layout["category"][0]
     assert first["title"].startswith("generalization gaps")
-    series = first["chart"][0]["margin"]["series"][0]
+    # Written last first: TensorBoard draws a category's charts in reverse, so svd shows first.
+    series = first["chart"][-1]["margin"]["series"][0]
     assert series == {"value": "gap/same_pred/svd/blocks.1.attn.k",
-                      "lower": "gap/same_pred/svd/blocks.1.attn.k/ci_low",
-                      "upper": "gap/same_pred/svd/blocks.1.attn.k/ci_high"}
+                      "lower": "gap_interval/same_pred/svd/blocks.1.attn.k/low",
+                      "upper": "gap_interval/same_pred/svd/blocks.1.attn.k/high"}
     assert layout["category"][1]["title"].startswith("faithfulness")
 
 
@@ -343,7 +362,8 @@ def test_board_hparams_gaps_use_the_configured_baseline(tmp_path):
     _, _, groups = _hparams_backend(tmp_path)
     metrics = {m.name.tag: m.value for m in groups[0].metric_values}
     # seed 0, svd rank 4: same_pred on longer minus on iid = -0.02 * 2
-    assert metrics["hparams/gap_same_pred/svd_4/iid"] == pytest.approx(-0.04, abs=1e-6)
+    assert metrics["hparams/gap_same_pred/svd_4/blocks.1.attn.k/iid"] == pytest.approx(
+        -0.04, abs=1e-6)
     assert not any(t.endswith("/longer") for t in metrics if t.startswith("hparams/"))
 
 

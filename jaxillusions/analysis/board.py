@@ -7,17 +7,19 @@ written with step = `size_step(size)` = log2(size): rank 1 -> step 0, 2 -> 1, 4 
 64 -> 6. Sizes that are not powers of two are rounded to the nearest step; one that would land on
 a step already taken in the same curve is left out of TensorBoard with a warning (it is still in
 results.csv and the figures). Data-independent proxies (one-hot and uniform attention, size 0)
-are written as flat reference lines over the whole step range of the sized proxies.
+have no curve (one value per split: see HPARAMS, the figures and gap_table.txt).
 
-**Smoothing.** TensorBoard smooths every curve by default (0.6), which here would mix ranks.
-Open it with smoothing off: `http://localhost:6006/?smoothing=0` (time series) or
-`http://localhost:6006/#custom_scalars&_smoothingWeight=0` (custom scalars).
+**Smoothing.** TensorBoard smooths every curve by default (0.6) and "ignore outliers" clips the
+y range, which here would mix ranks and hide the smallest sizes; the logged values are exact
+(the means of results.csv), so set smoothing to 0 and untick "ignore outliers" in the
+settings to read them.
 
 Runs and tags (a handful of tags; the runs are the lines of a card):
 
-    faithfulness/<split>   <method>/<site>/{same_pred,jsd,acc}; original/acc (reference line);
-                           on OOD splits gap/<metric>/<method>/<site> and .../ci_low,
-                           .../ci_high (the paired gap and its 95% interval)
+    faithfulness/<split>   <method>/<site>/{same_pred,jsd,acc} of sized proxies (the seed means
+                           of results.csv); on OOD splits gap/<metric>/<method>/<site> (the
+                           paired gap) and gap_interval/<metric>/<method>/<site>/{low,high}
+                           (its 95% interval; CUSTOM SCALARS draws all three as one chart)
     seed_<s>               HPARAMS session of seed s: headline hparams; metrics
                            eval/<split>/acc (final accuracy, logged by training) and
                            hparams/gap_same_pred/<method>/<split> (this seed's gap)
@@ -48,6 +50,16 @@ HPARAM_KEYS = (
     "train.num_steps", "train.batch_size", "train.learning_rate", "train.weight_decay",
     "train.loss_on", "proxies.svd_ranks", "proxies.kmeans_sizes",
 )
+
+
+def card_note(method: str, what: str) -> str:
+    """The description on a card: what it shows, the x axis, and how to read exact values."""
+    from jaxillusions import proxies
+
+    return (f"{what}. x = log2({proxies.size_label(method)}): step 0 = 1, 1 = 2, 2 = 4, ... "
+            "The logged points are exact (results.csv, gaps.csv); TensorBoard smooths curves "
+            "(0.6) and ignores outliers in the y range by default: set Smoothing to 0 and untick "
+            "'Ignore outliers in chart scaling' to read them.")
 
 
 def size_step(size: int) -> int:
@@ -84,23 +96,21 @@ def _mean_by_size(agg: dict, metric: str) -> dict[tuple, dict[int, float]]:
 
 
 def write_faithfulness(writer, rows: Sequence[dict]) -> None:
-    """Runs faithfulness/<split>: per (method, site) the seed mean of same_pred, jsd and the
-    proxy's accuracy against log2(size); data-independent proxies and the original model's
-    accuracy as flat reference lines across the step range."""
+    """Runs faithfulness/<split>: per sized (method, site) the seed mean of same_pred, jsd and the
+    proxy's accuracy against log2(size), exactly the means of results.csv. Data-independent
+    proxies and the original model have one value per split: no flat reference cards (their
+    values are in HPARAMS, the figures and gap_table.txt)."""
     agg = tables.aggregate(rows)
-    sized = {k[2] for k in agg if k[2] > 0}
-    all_steps = sorted({size_step(s) for s in sized}) or [0]
     for metric, tag in CURVE_METRICS.items():
         for (split, method, site), by_size in sorted(_mean_by_size(agg, metric).items()):
-            run, name = f"faithfulness/{split}", f"{method}/{site}/{tag}"
             if set(by_size) == {0}:
-                writer.curve(run, name, all_steps, [by_size[0]] * len(all_steps))
-            else:
-                steps = _steps([s for s in by_size if s > 0], f"{run} {name}")
-                writer.curve(run, name, [steps[s] for s in sorted(steps)],
-                             [by_size[s] for s in sorted(steps)])
-    for split, (mean, _) in tables.original_accuracy(rows).items():
-        writer.curve(f"faithfulness/{split}", "original/acc", all_steps, [mean] * len(all_steps))
+                continue
+            run, name = f"faithfulness/{split}", f"{method}/{site}/{tag}"
+            steps = _steps([s for s in by_size if s > 0], f"{run} {name}")
+            writer.curve(run, name, [steps[s] for s in sorted(steps)],
+                         [by_size[s] for s in sorted(steps)],
+                         card_note(method, f"{tag} of {method} on {site}, mean over seeds, "
+                                   "a line per split"))
 
 
 def write_gaps(writer, gaps: Sequence[dict], metrics: Sequence[str] = GAP_METRICS) -> None:
@@ -121,14 +131,27 @@ def write_gaps(writer, gaps: Sequence[dict], metrics: Sequence[str] = GAP_METRIC
         else:
             steps = _steps([s for s in by_size if s > 0], f"{run} {name}")
             xs, points = [steps[s] for s in sorted(steps)], [by_size[s] for s in sorted(steps)]
-        for suffix, column in (("", "gap"), ("/ci_low", "ci_low"), ("/ci_high", "ci_high")):
-            writer.curve(run, name + suffix, xs, [float(p[column]) for p in points])
+        for tag, column in zip(gap_tags(metric, method, site), ("gap", "ci_low", "ci_high"),
+                               strict=True):
+            writer.curve(run, tag, xs, [float(p[column]) for p in points],
+                         card_note(method, f"{column} of the paired {metric} gap (baseline "
+                                   "minus split, > 0: less faithful on the split) of "
+                                   f"{method} on {site}"))
+
+
+def gap_tags(metric: str, method: str, site: str) -> tuple[str, str, str]:
+    """(gap, interval low, interval high) tags of a gap: the bounds under their own group
+    `gap_interval/` so that SCALARS' `gap` group has one card per gap (CUSTOM SCALARS draws the
+    three as one margin chart)."""
+    return (f"gap/{metric}/{method}/{site}", f"gap_interval/{metric}/{method}/{site}/low",
+            f"gap_interval/{metric}/{method}/{site}/high")
 
 
 def layout(rows: Sequence[dict], gaps: Sequence[dict] = (),
            metrics: Sequence[str] = GAP_METRICS) -> Any:
     """The custom-scalars layout: gap cards first (one margin chart per metric, method and site,
-    a line per split with its 95% interval), then faithfulness (one chart per method, site and
+    a line per split with its 95% interval; as displayed: methods as configured, sites in the
+    rows' order), then faithfulness (one chart per method, site and
     metric, a line per split, with the data-independent proxies and the original model's
     accuracy as reference lines)."""
     import re
@@ -149,34 +172,35 @@ def layout(rows: Sequence[dict], gaps: Sequence[dict] = (),
         charts = []
         for metric in metrics:
             for method, site in gap_keys:
-                tag = f"gap/{metric}/{method}/{site}"
-                series = layout_pb2.MarginChartContent.Series(
-                    value=tag, lower=tag + "/ci_low", upper=tag + "/ci_high")
+                value, lower, upper = gap_tags(metric, method, site)
+                series = layout_pb2.MarginChartContent.Series(value=value, lower=lower,
+                                                              upper=upper)
                 charts.append(layout_pb2.Chart(
-                    title=f"gap in {metric} ({baseline} vs split; > 0: less faithful there): "
-                          f"{method} on {site}; x = log2(size)",
+                    title=f"gap in {metric}: {method} on {site}; x = log2(size)",
                     margin=layout_pb2.MarginChartContent(series=[series])))
-        categories.append(layout_pb2.Category(title="generalization gaps (95% CI over seeds)",
-                                              chart=charts))
+        categories.append(layout_pb2.Category(
+            title=f"generalization gaps ({baseline} vs split, > 0: less faithful on the split; "
+                  "95% CI over seeds). Untick 'Ignore outliers in chart scaling' (on by "
+                  "default): it cuts off the largest gaps", chart=charts[::-1]))
     charts = []
     for tag in CURVE_METRICS.values():
-        refs = [rf"^{re.escape(m)}/.*/{tag}$" for m in sorted(unsized)]
-        if tag == "acc":
-            refs.append(r"^original/acc$")
         for method, site in keys:
             if method in unsized:
                 continue
             charts.append(layout_pb2.Chart(
-                title=f"{tag}: {method} on {site} (a line per split; reference lines: "
-                      "attention proxies, original model); x = log2(size)",
+                title=f"{tag}: {method} on {site} (a line per split); x = log2(size)",
                 multiline=layout_pb2.MultilineChartContent(
-                    tag=[rf"^{re.escape(f'{method}/{site}/{tag}')}$", *refs])))
+                    tag=[rf"^{re.escape(f'{method}/{site}/{tag}')}$"])))
     if not charts:  # only data-independent proxies
         charts = [layout_pb2.Chart(title=f"{tag} (a line per split)",
                                    multiline=layout_pb2.MultilineChartContent(tag=[f"/{tag}$"]))
                   for tag in CURVE_METRICS.values()]
-    categories.append(layout_pb2.Category(title="faithfulness to the original model",
-                                          chart=charts))
+    categories.append(layout_pb2.Category(
+        title="faithfulness to the original model (seed means). Set Smoothing to 0 (0.6 by "
+              "default) and untick 'Ignore outliers in chart scaling' to read exact values",
+        chart=charts[::-1]))
+    # Charts are written in reverse: TensorBoard 2.21's CUSTOM SCALARS draws a category's charts
+    # last first (seen in Chromium), so they appear in the order built above.
     return layout_pb2.Layout(category=categories)
 
 
@@ -200,7 +224,8 @@ def hparams(config, model_cfg) -> dict[str, Any]:
 
 def headline_gaps(rows: Sequence[dict], target: str | None = None,
                   reference: str = "iid") -> dict[str, dict[int, float]]:
-    """Per seed gaps for HPARAMS: {"hparams/gap_same_pred/<method>/<split>": {seed: gap}} with
+    """Per seed gaps for HPARAMS: {"hparams/gap_same_pred/<method>_<size>/<site>/<split>":
+    {seed: gap}} (data-independent proxies: .../<method>/<split>) with
     gap = same_pred on `reference` minus same_pred on the split, for `target` (default: the first
     site in the rows) at each method's middle size (size 0 for data-independent proxies)."""
     rows = [r for r in rows if r["breakdown"] == "all"]
@@ -220,7 +245,7 @@ def headline_gaps(rows: Sequence[dict], target: str | None = None,
         base = values.get((method, reference, seed))
         if split != reference and base is not None:
             size = chosen[method]
-            label = method if size == 0 else f"{method}_{size}"
+            label = method if size == 0 else f"{method}_{size}/{target}"
             out[f"hparams/gap_same_pred/{label}/{split}"][seed] = base - value
     return dict(out)
 
@@ -247,13 +272,15 @@ def write_hparams(writer, config, model_cfg, seeds: Sequence[int | str],
     reference = config.proxies.get("gap_baseline", "iid") if "proxies" in config else "iid"
     gaps = headline_gaps(rows, reference=reference) if rows else {}
     member_hparams = member_hparams or {}
-    for i, (label, ok) in enumerate(zip(seeds, np.asarray(healthy, bool).tolist(),
-                                        strict=True)):
+    healthy = np.asarray(healthy, bool).tolist()
+    # What differs between sessions, shown first by TensorBoard (then constants by name).
+    varying = ["seed", *member_hparams] + (["healthy"] if len(set(healthy)) > 1 else [])
+    for i, (label, ok) in enumerate(zip(seeds, healthy, strict=True)):
         seed = int(str(label).split("_")[0])
         values = {tag: per_seed[seed] for tag, per_seed in gaps.items() if seed in per_seed}
         extra = {k: v[i] for k, v in member_hparams.items()}
         writer.hparams({"seed": seed, **extra, **base, "healthy": bool(ok)}, values,
-                       run=f"seed_{label}", metric_tags=final + sorted(gaps))
+                       run=f"seed_{label}", metric_tags=sorted(gaps) + final, varying=varying)
 
 
 def write_all(writer, rows: Sequence[dict], config, model_cfg, seeds, healthy, workdir: str,

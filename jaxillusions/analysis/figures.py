@@ -1,10 +1,14 @@
 """Figures from the tidy result rows (matplotlib, written as PNG; no display needed).
 
-Conventions: colour-blind-safe colours (Okabe & Ito) with a distinct marker per line, 95%
-intervals over seeds as error bars (t interval, `metrics.mean_ci95`), the number of seeds in the
-title, legends outside the axes, text >= 8 pt at the saved size, and no more than 3 panels per
-row. Rows come from faithfulness.evaluate (or results.read_csv); seeds that diverged in training
-have no rows, so they are never drawn.
+Conventions: colour-blind-safe colours (Okabe & Ito) with a distinct marker per line; a split
+has ONE colour and marker in every figure (`split_style`: its place in the configured splits);
+panels of sites in model order (`tables.site_key`: q, k, q+k); 95% intervals over seeds as error
+bars, inside [0, 1] for proportions and JSD (`stats.bounded_interval`, Student-t on the logit
+scale) and paired Student-t intervals for gaps; a proxy size identical to the original model on
+every row (e.g. full-rank SVD) is not drawn (the title says so); the number of seeds in the
+title, on one line; legends outside the axes, text >= 8 pt at the saved size, and no more than
+3 panels per row. Rows come from faithfulness.evaluate (or results.read_csv); seeds that
+diverged in training have no rows, so they are never drawn.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ import numpy as np
 from jaxillusions import proxies
 from jaxillusions.analysis import tables
 
-# Okabe & Ito (2008), black first; yellow last (weak on white).
-OKABE_ITO = ("#000000", "#E69F00", "#56B4E9", "#009E73", "#D55E00", "#0072B2", "#CC79A7",
+# Okabe & Ito (2008), black first; ordered so that neighbours differ in hue (sky blue and blue
+# apart: the 3rd and 6th split were hard to tell apart); yellow last (weak on white).
+OKABE_ITO = ("#000000", "#E69F00", "#009E73", "#D55E00", "#0072B2", "#CC79A7", "#56B4E9",
              "#F0E442")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 FONT = 9  # pt, at the saved size
@@ -41,6 +46,38 @@ def _pyplot():
 def style(i: int) -> dict:
     """Colour and marker of the i-th line (splits, sizes, methods)."""
     return {"color": OKABE_ITO[i % len(OKABE_ITO)], "marker": MARKERS[i % len(MARKERS)]}
+
+
+def split_style(split: str, splits: Sequence[str]) -> dict:
+    """The colour and marker of a split, the same in every figure: by its place in the
+    configured evaluation splits (config.proxies.eval_splits)."""
+    return style(list(splits).index(split))
+
+
+def method_style(i: int) -> dict:
+    """The i-th method where methods share a panel: shades of grey with distinct markers, since
+    colours are reserved for splits."""
+    return {"color": ("0.1", "0.5", "0.3", "0.65")[i % 4], "marker": ("s", "^", "D", "v")[i % 4]}
+
+
+def ordered_sites(sites) -> list[str]:
+    """Sites in model order (tables.site_key), the panel order of every figure."""
+    return sorted(dict.fromkeys(sites), key=tables.site_key)
+
+
+def exact_sizes(rows: Sequence[dict], site: str, method: str) -> set[int]:
+    """tables.identical_sizes: sizes that are the original model (no line of their own)."""
+    return tables.identical_sizes(rows, site, method)
+
+
+def _yerr(stat: Sequence[tuple]) -> np.ndarray:
+    """[2, n] error-bar lengths from (mean, low, high, ...) tuples (0 where undefined)."""
+    a = np.array([s[:3] for s in stat], float).reshape(-1, 3)
+    return np.nan_to_num(np.clip(np.stack([a[:, 0] - a[:, 1], a[:, 2] - a[:, 0]]), 0, None))
+
+
+def _means(stat: Sequence[tuple]) -> np.ndarray:
+    return np.array([s[0] for s in stat], float)
 
 
 def _grid(n: int, panel: tuple[float, float], cols: int = 3, extra_height: float = 0.9):
@@ -70,10 +107,14 @@ def _legend_below(fig, handles, labels, ncol: int | None = None) -> bool:
 
 
 def _title(fig, text: str) -> None:
-    """A suptitle wrapped to the figure's width (about 12 characters per inch at 10 pt)."""
-    import textwrap
-
-    fig.suptitle(textwrap.fill(text, int(fig.get_size_inches()[0] * 12)))
+    """A suptitle on ONE line: 10 pt, smaller (not below 8 pt) when the text is wider than the
+    figure (about 0.55 em per character); a figure too narrow even then is widened."""
+    need_in = 0.55 * len(text) / 72 / 0.96  # inches per point of font size
+    width, height = fig.get_size_inches()
+    size = max(8.0, min(10.0, width / need_in))
+    if need_in * size > width:
+        fig.set_size_inches(need_in * size + 0.1, height)
+    fig.suptitle(text, fontsize=size)
 
 
 def _num_seeds(rows: Sequence[dict]) -> int:
@@ -97,21 +138,24 @@ def faithfulness_curves(rows: Sequence[dict], method: str, splits: Sequence[str]
     per split, 95% intervals over seeds as error bars. Returns the matplotlib Figure."""
     plt = _pyplot()
     agg = tables.aggregate(rows)
-    sites = list(dict.fromkeys(r["site"] for r in rows if r["method"] == method))
+    sites = ordered_sites(r["site"] for r in rows if r["method"] == method)
     fig, axes = plt.subplots(2, len(sites), figsize=(max(7.0, 3.6 * len(sites) + 0.4), 6.2),
                              squeeze=False, sharex=True)
+    hidden = set()
     for col, site in enumerate(sites):
-        sizes = sorted({k[2] for k in agg if k[:2] == (site, method)})
+        exact = exact_sizes(rows, site, method)
+        hidden |= exact
+        sizes = sorted({k[2] for k in agg if k[:2] == (site, method)} - exact)
         for i, split in enumerate(splits):
             keys = [(site, method, s, split, "") for s in sizes]
-            if not all(k in agg for k in keys):
+            if not keys or not all(k in agg for k in keys):
                 continue
             x = _dodge(np.array(sizes, float), i, len(splits))
             for row, metric in enumerate(("same_pred", "jsd")):
-                mean = np.array([agg[k][metric][0] for k in keys])
-                ci = np.nan_to_num(np.array([agg[k][metric][1] for k in keys]))
-                axes[row, col].errorbar(x, mean, yerr=ci, label=split, ms=4, lw=1.2, capsize=2,
-                                        elinewidth=0.9, **style(i))
+                stat = [agg[k][metric] for k in keys]
+                axes[row, col].errorbar(x, _means(stat), yerr=_yerr(stat), label=split,
+                                        ms=4, lw=1.2, capsize=2, elinewidth=0.9,
+                                        **split_style(split, splits))
         axes[0, col].set_title(site)
         _log2_axis(axes[1, col], sizes, proxies.size_label(method))
     for ax in axes.flat:
@@ -120,8 +164,10 @@ def faithfulness_curves(rows: Sequence[dict], method: str, splits: Sequence[str]
     axes[1, 0].set_ylabel("JSD, bits (lower = more faithful)")
     handles, labels = axes[0, 0].get_legend_handles_labels()
     _legend_below(fig, handles, labels)
-    _title(fig, f"{method}: faithfulness to the original model "
-                 f"(mean and 95% CI over {_num_seeds(rows)} seeds)")
+    same = (f"; {proxies.size_label(method)} {','.join(map(str, sorted(hidden)))} = the "
+            "original, not drawn" if hidden else "")
+    _title(fig, f"{method}: faithfulness to the original model (mean, 95% CI over "
+                f"{_num_seeds(rows)} seeds{same})")
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
 
@@ -134,8 +180,11 @@ def accuracy_by_bin(rows: Sequence[dict], site: str, method: str, splits: Sequen
     largest), each with 95% intervals over seeds; grey bars: closing brackets per bin (n, per
     seed, right axis). `train_bound`: the largest bin value seen in training (e.g.
     data.max_depth); bins beyond it are shaded. Returns the matplotlib Figure."""
+    from matplotlib.ticker import MaxNLocator
+
     agg = tables.aggregate(rows, breakdown=breakdown)
-    sizes = sorted({k[2] for k in agg if k[:2] == (site, method)})
+    exact = exact_sizes(rows, site, method)
+    sizes = sorted({k[2] for k in agg if k[:2] == (site, method)} - exact)
     if len(sizes) > max_sizes:
         sizes = sorted({sizes[0], sizes[len(sizes) // 2], sizes[-1]})
     shown = [s for s in splits if any(k[:2] == (site, method) and k[3] == s for k in agg)]
@@ -145,6 +194,7 @@ def accuracy_by_bin(rows: Sequence[dict], site: str, method: str, splits: Sequen
     lines = ["original"] + [method if size == 0 else f"{method} {size}" for size in sizes]
     # Bins are ints in memory and strings when read back from a CSV.
     key_of = {(k[2], k[3], int(k[4])): k for k in agg if k[:2] == (site, method)}
+    beyond = False  # some panel has bins beyond the training bound
     for ax, split in zip(axes, shown, strict=True):
         bins = sorted({int(k[4]) for k in agg if k[:2] == (site, method) and k[3] == split})
         x = np.array(bins, float)
@@ -153,38 +203,44 @@ def accuracy_by_bin(rows: Sequence[dict], site: str, method: str, splits: Sequen
         twin.bar(x, n, width=0.8, color="0.85", zorder=0)
         twin.set_ylim(0, 3.5 * max(n.max(), 1))  # bars fill the bottom ~30%
         twin.tick_params(axis="y", labelsize=8, colors="0.45")
+        twin.set_ylabel("closing brackets per bin and seed", color="0.45")
         ax.set_zorder(twin.get_zorder() + 1)
         ax.patch.set_visible(False)
-        first = sizes[0]
+        first = sizes[0] if sizes else min(exact)
         series = [("acc_original", first)] + [("acc_proxy", s) for s in sizes]
         for i, (metric, size) in enumerate(series):
             keys = [key_of.get((size, split, b)) for b in bins]
-            mean = np.array([agg[k][metric][0] if k in agg else np.nan for k in keys])
-            ci = np.nan_to_num(np.array([agg[k][metric][1] if k in agg else np.nan
-                                         for k in keys]))
+            stat = [agg[k][metric] if k in agg else (np.nan,) * 3 for k in keys]
             offset = (i - (len(series) - 1) / 2) * 0.12
-            ax.errorbar(x + offset, mean, yerr=ci, ms=3.5, lw=1.3 if i == 0 else 1.0,
+            ax.errorbar(x + offset, _means(stat), yerr=_yerr(stat), ms=3.5,
+                        lw=1.3 if i == 0 else 1.0,
                         ls="--" if i == 0 else "-", capsize=1.5, elinewidth=0.8,
                         zorder=5 if i == 0 else 3, label=lines[i], **style(i))
+        # Only where this split has bins beyond the bound (with position offsets, training
+        # covers every position: nothing is shaded, and no line stretches the axis).
         if train_bound is not None and bins and bins[-1] > train_bound:
+            beyond = True
             ax.axvspan(train_bound + 0.5, bins[-1] + 0.6, color="#56B4E9", alpha=0.12, lw=0)
-        if train_bound is not None:
             ax.axvline(train_bound + 0.5, color="0.3", ls=":", lw=1)
         ax.set_title(split)
         ax.set_xlabel(breakdown)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # bins are integers
+        ax.set_ylabel("closing-bracket accuracy")
+        ax.set_ylim(-0.03, 1.03)
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("closing-bracket accuracy")
     handles, labels = axes[0].get_legend_handles_labels()
-    if train_bound is not None:
+    if beyond:
         from matplotlib.patches import Patch
 
         handles.append(Patch(color="#56B4E9", alpha=0.25))
-        labels.append(f"beyond every training sentence ({breakdown} > {train_bound})")
+        labels.append(f"{breakdown} beyond what training covers (> {train_bound})")
     handles.append(_patch("0.85"))
     labels.append("closing brackets per bin, per seed (right axis)")
     inside = _legend_below(fig, handles, labels, ncol=3)
-    _title(fig, f"{method} on {site}: accuracy by {breakdown} "
-                 f"(mean and 95% CI over {_num_seeds(rows)} seeds)")
+    same = (f"; {proxies.size_label(method)} {','.join(map(str, sorted(exact)))} = the "
+            "original, not drawn" if exact else "")
+    _title(fig, f"{method} on {site}: accuracy by {breakdown} (mean, 95% CI over "
+                f"{_num_seeds(rows)} seeds{same})")
     fig.tight_layout(rect=(0, 0 if inside else 0.1, 1, 1))
     return fig
 
@@ -208,7 +264,7 @@ def gap_vs_size(gaps: Sequence[dict], method: str, splits: Sequence[str],
     line per OOD split with its 95% interval; zero marked. Returns the matplotlib Figure."""
     plt = _pyplot()
     gaps = [g for g in gaps if g["method"] == method and g["metric"] in metrics_]
-    sites = list(dict.fromkeys(g["site"] for g in gaps))
+    sites = ordered_sites(g["site"] for g in gaps)
     metrics_ = [m for m in metrics_ if any(g["metric"] == m for g in gaps)]
     fig, axes = plt.subplots(len(metrics_), len(sites),
                              figsize=(max(7.0, 3.6 * len(sites) + 0.4), 2.9 * len(metrics_) + 1.1),
@@ -228,18 +284,18 @@ def gap_vs_size(gaps: Sequence[dict], method: str, splits: Sequence[str],
                 high = np.array([by_size[s]["ci_high"] for s in xs], float)
                 yerr = np.nan_to_num(np.stack([mean - low, high - mean]))
                 ax.errorbar(_dodge(np.array(xs, float), i, len(ood)), mean, yerr=yerr, ms=4,
-                            lw=1.2, capsize=2, elinewidth=0.9, label=split, **style(i + 1))
+                            lw=1.2, capsize=2, elinewidth=0.9, label=split,
+                            **split_style(split, splits))
             ax.grid(alpha=0.3)
-            if col == 0:
-                ax.set_ylabel(f"gap in {metric}")
+            ax.set_ylabel(f"gap in {metric}")
         axes[0, col].set_title(site)
         _log2_axis(axes[-1, col], sizes, proxies.size_label(method))
     handles, labels = axes[0, 0].get_legend_handles_labels()
     _legend_below(fig, handles, labels)
     n = max((g.get("n_seeds", 0) for g in gaps), default=0)
     baseline = gaps[0].get("baseline", "iid") if gaps else "iid"
-    _title(fig, f"{method}: generalization gap ({baseline} vs split; > 0 = less faithful on the "
-                 f"split), mean and 95% CI of paired differences over {n} seeds")
+    _title(fig, f"{method}: paired gap, {baseline} vs split (> 0: less faithful on the split), "
+                f"mean, 95% t CI over {n} seeds")
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig
 
@@ -262,15 +318,16 @@ def gaps_by_split(gaps: Sequence[dict], methods: Sequence[str], splits: Sequence
             high = np.array([rows[s]["ci_high"] for s in ood if s in rows], float)
             ax.errorbar(x + (i - (len(methods) - 1) / 2) * 0.15, mean,
                         yerr=np.nan_to_num(np.stack([mean - low, high - mean])), ls="none",
-                        ms=5, capsize=3, label=method, **style(i + 1))
+                        ms=5, capsize=3, label=method, **method_style(i))
         ax.set_xticks(range(len(ood)), ood, rotation=20, ha="right")
+        ax.set_xlabel("evaluation split")
         ax.set_ylabel(f"gap in {metric}")
         ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
     _legend_below(fig, handles, labels)
     n = max((g.get("n_seeds", 0) for g in gaps), default=0)
-    _title(fig, f"Attention proxies: generalization gap (> 0 = less faithful on the split), "
-                 f"95% CI over {n} seeds")
+    _title(fig, f"Attention proxies: paired gap (> 0: less faithful on the split), "
+                f"95% t CI, {n} seeds")
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
 
@@ -351,7 +408,7 @@ def faithfulness_by_label(rows: Sequence[dict], method: str, splits: Sequence[st
     intervals over seeds; grey text: evaluated positions per bin and seed on the first split.
     Returns the matplotlib Figure."""
     agg = tables.aggregate(rows, breakdown=breakdown)
-    sites = list(dict.fromkeys(r["site"] for r in rows if r["method"] == method))
+    sites = ordered_sites(r["site"] for r in rows if r["method"] == method)
     fig, axes = _grid(len(sites), (max(4.2, 0.42 * len(labels) + 1.2), 3.3), cols=2,
                       extra_height=1.3)
     counts = {(r["site"], r["split"], int(r["bin"])): r["n"] for r in rows
@@ -365,12 +422,12 @@ def faithfulness_by_label(rows: Sequence[dict], method: str, splits: Sequence[st
             keys = [(site, method, size, split, b) for b in bins]
             keys = [next((k for k in agg if k[:4] == key[:4] and int(k[4]) == key[4]), None)
                     for key in keys]
-            mean = np.array([agg[k][metric][0] if k else np.nan for k in keys])
-            ci = np.nan_to_num(np.array([agg[k][metric][1] if k else np.nan for k in keys]))
+            stat = [agg[k][metric] if k else (np.nan,) * 3 for k in keys]
             x = np.arange(len(bins)) + (i - (len(shown) - 1) / 2) * 0.8 / max(len(shown), 1)
-            ax.errorbar(x, mean, yerr=ci, ls="none", ms=4, capsize=2, elinewidth=0.9,
-                        label=split, **style(i))
+            ax.errorbar(x, _means(stat), yerr=_yerr(stat), ls="none", ms=4, capsize=2,
+                        elinewidth=0.9, label=split, **split_style(split, splits))
         ax.set_xticks(range(len(bins)), [labels[b] for b in bins], rotation=35, ha="right")
+        ax.set_xlabel(breakdown)
         if shown:
             for j, b in enumerate(bins):
                 n = counts.get((site, shown[0], b))
@@ -384,8 +441,7 @@ def faithfulness_by_label(rows: Sequence[dict], method: str, splits: Sequence[st
         ax.grid(alpha=0.3)
     handles, labels_ = axes[0].get_legend_handles_labels()
     inside = _legend_below(fig, handles, labels_)
-    _title(fig, f"{method}: {metric} by {breakdown}, each split (mean and 95% CI over "
-                 f"{_num_seeds(rows)} seeds; grey: positions per bin and seed on "
-                 f"{splits[0]})")
+    _title(fig, f"{method}: {metric} by {breakdown} (mean, 95% CI, {_num_seeds(rows)} seeds; "
+                f"grey: positions per bin and seed on {splits[0]})")
     fig.tight_layout(rect=(0, 0 if inside else 0.08, 1, 1))
     return fig

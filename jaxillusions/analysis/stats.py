@@ -1,10 +1,22 @@
 """Population statistics over seeds: paired gaps with intervals, and what the papers did not ask.
 
-The unit of evidence is the seed (shared/DESIGN.md section 9). Two conditions measured on the
-same seeds (a baseline split and an OOD split, a proxy and its original model) are compared
-through per-seed differences, summarised by their mean, a Student-t 95% interval, a percentile
-bootstrap 95% interval (fixed random seed: reruns give the same numbers) and the number of seeds
-whose difference is positive.
+The unit of evidence is the seed. Two conditions measured on the same seeds (a baseline split
+and an OOD split, a proxy and its original model) are compared through per-seed differences,
+summarised by their mean, a Student-t 95% interval, a percentile bootstrap 95% interval (fixed
+random seed: reruns give the same numbers; only from MIN_BOOTSTRAP_SEEDS seeds up, NaN below,
+where a percentile bootstrap over so few seeds is narrower than the t interval) and the number
+of seeds whose difference is positive.
+
+Small n: Spearman p-values come from the permutation distribution (exact, over all n!
+pairings, up to n = 7; 9,999 fixed-seed random pairings above), never from the asymptotic
+approximation (which gives p = 0 for a perfect ranking of 4 seeds; the exact p is 2/24).
+
+Bounded quantities (accuracy, same_pred, JSD: all in [0, 1]) get `bounded_interval`: a Student-t
+interval of the per-seed values on the logit scale, mapped back, so it never leaves [0, 1].
+
+Practical significance: RESOLUTION[metric] is the smallest difference the report treats as real
+(float32 rounding of a mean over thousands of positions is orders of magnitude below it); an
+interval is flagged only when it excludes 0 by more than that (`verdict`).
 
 Sign convention for gaps: positive always means "less faithful out of distribution":
 baseline - split for same_pred and accuracies, split - baseline for JSD and its quantiles.
@@ -20,11 +32,21 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+import scipy.special
 import scipy.stats
 
 CONFIDENCE = 0.95
 NUM_BOOTSTRAP = 4000
 BOOTSTRAP_SEED = 0
+# Percentile-bootstrap intervals over seeds only from this many seeds (at 4 seeds they are
+# narrower than the t interval, and for Spearman rho often a single point).
+MIN_BOOTSTRAP_SEEDS = 16
+NUM_PERMUTATIONS = 9999  # Spearman p-values: exact up to n = 7 (7! = 5040 <= 9999 pairings)
+# Smallest difference the report calls real, per metric: 0.001 of a proportion (one position
+# in a thousand), 1e-4 bits of JSD. Float32 rounding of these means is below 1e-6.
+RESOLUTION = {"same_pred": 1e-3, "acc": 1e-3, "acc_proxy": 1e-3, "acc_original": 1e-3,
+              "diff": 1e-3, "jsd": 1e-4, "jsd_p95": 1e-4, "jsd_p99": 1e-4}
+_LOGIT_EPS = 1e-6  # per-seed proportions are clipped to [eps, 1 - eps] before the logit
 GAP_METRICS = ("same_pred", "jsd", "jsd_p95", "jsd_p99")
 LOWER_IS_FAITHFUL = ("jsd", "jsd_p95", "jsd_p99")  # gap = split - baseline for these
 BASELINES = ("iid", "iid_with_train")
@@ -38,8 +60,39 @@ CORRELATION_COLUMNS = ("site", "method", "size", "split", "metric", "predictor",
 MIN_SIZE_COLUMNS = ("seed", "site", "method", "split", "threshold", "min_size", "max_size")
 
 
+def t_half_width(values: np.ndarray, axis: int = 0, confidence: float = CONFIDENCE
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Mean over `axis` (seeds) ignoring NaN, and the Student-t interval half-width
+    t_{n-1} * s / sqrt(n) (n = non-NaN entries; NaN half-width when n < 2: no spread estimate,
+    so plots show no bar; both NaN when n == 0). The one Student-t helper of the project."""
+    v = np.asarray(values, dtype=np.float64)
+    ok = ~np.isnan(v)
+    n = ok.sum(axis=axis)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(ok, v, 0.0).sum(axis=axis) / n
+        dev = np.where(ok, v - np.expand_dims(mean, axis), 0.0)
+        var = (dev**2).sum(axis=axis) / (n - 1)
+        t = scipy.stats.t.ppf(0.5 + confidence / 2, np.maximum(n - 1, 1))
+        half = t * np.sqrt(var / n)
+    return mean, np.where(n > 1, half, np.nan)
+
+
 def t_interval(values: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float, float]:
     """(mean, low, high): Student-t interval of the mean of finite `values` (NaN if n < 2)."""
+    v = np.asarray(values, np.float64)
+    v = v[np.isfinite(v)]
+    if len(v) == 0:
+        return math.nan, math.nan, math.nan
+    mean, half = (float(x) for x in t_half_width(v, confidence=confidence))
+    return mean, mean - half, mean + half
+
+
+def bounded_interval(values: np.ndarray, confidence: float = CONFIDENCE
+                     ) -> tuple[float, float, float]:
+    """(mean, low, high) of per-seed proportions in [0, 1]: the arithmetic mean, and a
+    Student-t interval of the mean logit (values clipped to [1e-6, 1 - 1e-6]) mapped back, so
+    that low >= 0 and high <= 1. Identical values (all seeds 1.0, say) give the point interval;
+    the interval is widened to contain the mean if the logit scale's skew put it outside."""
     v = np.asarray(values, np.float64)
     v = v[np.isfinite(v)]
     if len(v) == 0:
@@ -47,8 +100,19 @@ def t_interval(values: np.ndarray, confidence: float = CONFIDENCE) -> tuple[floa
     mean = float(v.mean())
     if len(v) < 2:
         return mean, math.nan, math.nan
-    half = scipy.stats.t.ppf(0.5 + confidence / 2, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v))
-    return mean, float(mean - half), float(mean + half)
+    if np.ptp(v) == 0:
+        return mean, mean, mean
+    _, low, high = t_interval(scipy.special.logit(np.clip(v, _LOGIT_EPS, 1 - _LOGIT_EPS)),
+                              confidence)
+    low, high = float(scipy.special.expit(low)), float(scipy.special.expit(high))
+    return mean, min(low, mean), max(high, mean)
+
+
+def verdict(row: dict, metric: str | None = None) -> int:
+    """+1 / -1 when the row's 95% interval (ci_low, ci_high) lies above / below zero by more
+    than RESOLUTION[metric] (default: the row's `metric`), else 0 (rounding is never flagged)."""
+    res = RESOLUTION.get(metric or row.get("metric", ""), 0.0)
+    return 1 if row["ci_low"] > res else -1 if row["ci_high"] < -res else 0
 
 
 def _bootstrap_indices(n: int, num: int = NUM_BOOTSTRAP, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
@@ -61,13 +125,14 @@ def paired_summary(diffs: np.ndarray, confidence: float = CONFIDENCE) -> dict:
     """Summary of per-seed paired differences (NaN entries dropped).
 
     Returns mean, ci_low/ci_high (Student-t), boot_low/boot_high (percentile bootstrap over
-    seeds), n_seeds and seeds_positive (seeds whose difference is > 0).
+    seeds; NaN below MIN_BOOTSTRAP_SEEDS seeds), n_seeds and seeds_positive (seeds whose
+    difference is > 0).
     """
     d = np.asarray(diffs, np.float64)
     d = d[np.isfinite(d)]
     mean, low, high = t_interval(d, confidence)
     boot_low = boot_high = math.nan
-    if len(d) >= 2:
+    if len(d) >= MIN_BOOTSTRAP_SEEDS:
         means = d[_bootstrap_indices(len(d))].mean(axis=1)
         tail = (1 - confidence) / 2
         boot_low, boot_high = (float(x) for x in np.quantile(means, [tail, 1 - tail]))
@@ -140,20 +205,35 @@ def _spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         return (rx * ry).sum(-1) / np.sqrt((rx**2).sum(-1) * (ry**2).sum(-1))
 
 
+def spearman_p(x: np.ndarray, y: np.ndarray) -> float:
+    """Two-sided permutation p-value of Spearman rho: exact (all n! pairings) when
+    n! <= NUM_PERMUTATIONS, else NUM_PERMUTATIONS random pairings (fixed seed)."""
+    result = scipy.stats.permutation_test(
+        (np.asarray(x, np.float64), np.asarray(y, np.float64)),
+        lambda a, b, axis: _spearman_rows(a, b), permutation_type="pairings", vectorized=True,
+        n_resamples=NUM_PERMUTATIONS, alternative="two-sided",
+        rng=np.random.default_rng(BOOTSTRAP_SEED))
+    return float(result.pvalue)
+
+
 def spearman_interval(x: np.ndarray, y: np.ndarray, confidence: float = CONFIDENCE
                       ) -> tuple[float, float, float, float]:
     """(rho, low, high, p): Spearman rho across seeds, a percentile-bootstrap interval (seeds
-    resampled; resamples where either variable is constant are dropped) and scipy's p-value."""
+    resampled; resamples where either variable is constant are dropped; NaN below
+    MIN_BOOTSTRAP_SEEDS seeds) and the permutation p-value (`spearman_p`)."""
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return math.nan, math.nan, math.nan, math.nan
-    result = scipy.stats.spearmanr(x, y)
-    idx = _bootstrap_indices(len(x))
-    boot = _spearman_rows(x[idx], y[idx])
-    boot = boot[np.isfinite(boot)]
-    tail = (1 - confidence) / 2
-    low, high = np.quantile(boot, [tail, 1 - tail]) if len(boot) else (math.nan, math.nan)
-    return float(result.statistic), float(low), float(high), float(result.pvalue)
+    rho = float(_spearman_rows(x, y))
+    low = high = math.nan
+    if len(x) >= MIN_BOOTSTRAP_SEEDS:
+        idx = _bootstrap_indices(len(x))
+        boot = _spearman_rows(x[idx], y[idx])
+        boot = boot[np.isfinite(boot)]
+        tail = (1 - confidence) / 2
+        if len(boot):
+            low, high = (float(q) for q in np.quantile(boot, [tail, 1 - tail]))
+    return rho, low, high, spearman_p(x, y)
 
 
 def id_predicts_gap(rows: Iterable[dict], baseline: str = "iid", predictor: str | None = None,
@@ -210,8 +290,9 @@ def min_sizes(rows: Iterable[dict], threshold: float = 0.99, metric: str = "same
 
 def min_size_distribution(per_seed: Iterable[dict]) -> dict[tuple, dict]:
     """{(site, method, split): {"n_seeds", "counts": {size or 'never': seeds}, "median"}}: the
-    median is the lower median (an evaluated size), counting 'never' as larger than every size
-    (inf when at least half of the seeds never reach the threshold)."""
+    median is the LOWER median (an evaluated size: {1, 2, 8, 8} -> 2; reports label it so),
+    counting 'never' as larger than every size (inf when at least half of the seeds never reach
+    the threshold)."""
     groups: dict[tuple, list[float]] = defaultdict(list)
     for r in per_seed:
         groups[(r["site"], r["method"], r["split"])].append(r["min_size"])

@@ -98,11 +98,12 @@ def token_label(token: int, num_types: int) -> str:
 
 
 def activation_figures(run, splits, config, shown, pattern_site: str, key_site: str,
-                       num_sentences: int = 200) -> dict:
+                       num_sentences: int = 200, key_seeds: int = 3) -> dict:
     """Last-layer attention patterns on one long iid sentence (the seeds `shown`), and the 2-D
-    SVD projection of the last layer's keys at training positions of the first of them,
-    coloured by depth, open vs close and bracket type. `run(tokens, site)` -> the site's
-    values [len(shown), ...]."""
+    SVD projection of the last layer's keys at training positions of the first `key_seeds` of
+    them (one figure each: a reader sees whether the structure holds across seeds), coloured by
+    depth, open vs close and bracket type. `run(tokens, site)` -> the site's values
+    [len(shown), ...]."""
     from jaxillusions.analysis import figures  # noqa: PLC0415
 
     iid = splits["iid"]
@@ -112,11 +113,12 @@ def activation_figures(run, splits, config, shown, pattern_site: str, key_site: 
     length = int((sentence[0] != 0).sum())
     patterns = run(sentence, pattern_site)[:, 0, 0, :length, :length]  # head 0
     labels = [token_label(t, k) for t in sentence[0, :length]]
-    keys = run(train_tokens, key_site)[0, :, :, 0]  # first shown seed, head 0: [B, T, F]
+    keys = run(train_tokens, key_site)[:, :, :, 0]  # head 0: [S, B, T, F]
     valid = train_tokens != 0
-    return {
-        "attention_patterns": figures.attention_patterns(patterns, labels, shown, pattern_site),
-        f"key_projection_seed{shown[0]}": figures.key_projection(
-            keys[valid], splits["train"].depth[:num_sentences][valid], train_tokens[valid], k,
-            f"{key_site} (seed {shown[0]}, head 0)"),
-    }
+    depth = splits["train"].depth[:num_sentences][valid]
+    out = {"attention_patterns": figures.attention_patterns(patterns, labels, shown,
+                                                            pattern_site)}
+    for i, seed in enumerate(shown[:key_seeds]):
+        out[f"key_projection_seed{seed}"] = figures.key_projection(
+            keys[i][valid], depth, train_tokens[valid], k, f"{key_site} (seed {seed}, head 0)")
+    return out

@@ -1,0 +1,222 @@
+"""The report a reader sees: the headline summary, practical significance, statistics at small
+n, bounded intervals, figure panel order and split colours, TensorBoard against results.csv."""
+
+import math
+
+import numpy as np
+import pytest
+from test_logging import _rows
+
+from jaxillusions.analysis import stats, tables
+
+SPLITS = ["iid", "unseen_depth", "longer", "iid_with_train"]
+
+
+def row(seed, split, *, site="blocks.1.attn.k", method="svd", size=2, **values):
+    base = {"seed": seed, "site": site, "method": method, "size": size, "split": split,
+            "breakdown": "all", "bin": "", "n": 100, "jsd": 0.01, "same_pred": 0.99,
+            "acc_original": 0.9, "acc_proxy": 0.9, "jsd_p95": 0.05, "jsd_p99": 0.1}
+    return {**base, **values}
+
+
+def hand_built():
+    """4 seeds. svd on k: iid same_pred 0.95 at rank 1, 0.995 at rank 2, 1.0 at rank 4 (so rank
+    2 is the smallest faithful size); at rank 2 unseen_depth is 0.10 + 0.01 * seed lower, longer
+    only 0.0001 lower (below the resolution). svd on q (model order before k) comes first."""
+    rows = []
+    for seed in range(4):
+        for site in ("blocks.1.attn.k", "blocks.1.attn.q"):
+            for size, iid in ((1, 0.95), (2, 0.995), (4, 1.0)):
+                drop = {"iid": 0.0, "iid_with_train": 0.0, "longer": 0.0001,
+                        "unseen_depth": 0.10 + 0.01 * seed}
+                for split in SPLITS:
+                    rows.append(row(seed, split, site=site, size=size,
+                                    same_pred=iid - drop[split] * (size < 4),
+                                    acc_original=0.9 - 0.2 * (split == "unseen_depth")))
+    return rows
+
+
+def test_headline_on_a_hand_built_table():
+    text, _ = tables.statistics_report(hand_built(), SPLITS)
+    head = tables.summary_of(text).splitlines()
+    assert len(head) <= tables.HEADLINE_LINES and text.startswith("\n".join(head))
+    assert head[0].startswith("SUMMARY, 4 seeds.")
+    assert "iid 0.900 [0.900,0.900]" in head[2] and "unseen_depth 0.700 [0.700,0.700]" in head[2]
+    # Rank 2 on blocks.1.attn.q (first in model order): unseen_depth gap 0.115 = mean of
+    # 0.10..0.13, t interval 0.115 ± t3 * s / 2, flagged; longer 0.0001: below the resolution.
+    gaps = np.array([0.10, 0.11, 0.12, 0.13])
+    half = stats.scipy.stats.t.ppf(0.975, 3) * gaps.std(ddof=1) / 2
+    svd = next(line for line in head if line.startswith("svd q 2 (0.995)"))
+    assert f"+0.115 [{0.115 - half:+.3f},{0.115 + half:+.3f}]*" in svd
+    assert svd.endswith("+0.000 [+0.000,+0.000]")  # longer: no star
+    assert ("svd on blocks.1.attn.q at size 2 is less faithful than on iid on unseen_depth "
+            "(4/4 seeds); no gap beyond ±0.001 shown on longer.") in head
+    # The full tables: methods as configured, sites in model order (q before k), sizes up.
+    table = text[text.index("Generalization gap in same_pred"):]
+    lines = [x for x in table.splitlines()[3:9]]
+    assert [x.split()[1:3] for x in lines] == [["blocks.1.attn.q", s] for s in "124"] + [
+        ["blocks.1.attn.k", s] for s in "124"]
+
+
+def test_rounding_level_gaps_are_not_flagged_and_exact_zero_is_exact():
+    rows = []
+    for seed in range(4):
+        rows += [row(seed, "iid", same_pred=0.5, jsd=0.01),
+                 row(seed, "longer", same_pred=0.5, jsd=0.01 + 1e-9 * (seed + 1))]
+    text, tabs = tables.statistics_report(rows, ["iid", "longer"])
+    jsd = next(g for g in tabs["gaps"] if g["metric"] == "jsd")
+    assert jsd["ci_low"] > 0  # excludes 0 ...
+    assert stats.verdict(jsd) == 0  # ... by less than the resolution: not flagged
+    assert "[+0.0000,+0.0000]*" not in text and "+0.0000 [+0.0000,+0.0000] " in text
+    assert "0 (exact)" in text  # same_pred: every seed's gap is exactly 0
+    assert "resolution" in text
+
+
+def test_exact_spearman_p_at_four_seeds():
+    x = np.array([0.1, 0.2, 0.3, 0.4])
+    rho, low, high, p = stats.spearman_interval(x, 2 * x)
+    assert rho == 1 and p == pytest.approx(2 / 24)  # 2 of 24 pairings have |rho| = 1
+    assert math.isnan(low) and math.isnan(high)  # no bootstrap at 4 seeds
+    assert stats.spearman_p(x, -x) == pytest.approx(2 / 24)
+
+
+def test_proportion_intervals_stay_in_unit_interval():
+    rows = []
+    for seed in range(4):
+        for split, v in (("iid", 1.0), ("longer", 0.0), ("shuffled", float(seed % 2)),
+                         ("x", [1.0, 1.0, 1.0, 0.2][seed])):
+            rows.append(row(seed, split, same_pred=v, acc_original=v, acc_proxy=v, jsd=v))
+    agg = tables.aggregate(rows)
+    for (*_, split, _), values in agg.items():
+        for metric in ("same_pred", "acc_original", "acc_proxy", "jsd"):
+            mean, low, high, n = values[metric]
+            assert 0 <= low <= mean <= high <= 1 and n == 4, (split, metric, values[metric])
+    assert agg[("blocks.1.attn.k", "svd", 2, "iid", "")]["same_pred"][:3] == (1, 1, 1)
+    assert agg[("blocks.1.attn.k", "svd", 2, "longer", "")]["same_pred"][:3] == (0, 0, 0)
+    for mean, low, high in tables.original_accuracy(rows).values():
+        assert 0 <= low <= mean <= high <= 1
+
+
+def _sites_rows():
+    """_rows with three sites, given in an order other than the model's."""
+    rows = []
+    for site in ("blocks.1.attn.q+blocks.1.attn.k", "blocks.1.attn.k", "blocks.1.attn.q"):
+        rows += [{**r, "site": site} for r in _rows(splits=("iid", "iid_with_train",
+                                                            "unseen_depth", "longer"))
+                 if r["method"] != "onehot_attention"]
+    return rows
+
+
+def test_panel_order_and_split_colours_are_the_same_in_every_figure():
+    from matplotlib.colors import to_hex
+
+    from jaxillusions.analysis import figures
+
+    splits = ("iid", "iid_with_train", "unseen_depth", "longer")
+    rows = _sites_rows()
+    gaps = [g for g in stats.gaps(rows, metrics=("same_pred", "jsd"))
+            if g["split"] not in stats.BASELINES]
+    model_order = ["blocks.1.attn.q", "blocks.1.attn.k", "blocks.1.attn.q+blocks.1.attn.k"]
+    colours: dict[str, set] = {}
+    for fig in (figures.faithfulness_curves(rows, "svd", splits),
+                figures.gap_vs_size(gaps, "svd", splits),
+                figures.gap_vs_size(gaps, "kmeans", splits)):
+        titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+        assert titles == model_order
+        for container in fig.axes[0].containers:
+            colours.setdefault(container.get_label(), set()).add(
+                to_hex(container.lines[0].get_color()))
+        assert "\n" not in fig._suptitle.get_text()  # titles on one line
+    assert set(colours) == set(splits)
+    assert all(len(c) == 1 for c in colours.values()), colours
+    assert len({next(iter(c)) for c in colours.values()}) == len(splits)  # distinguishable
+
+
+def test_tensorboard_curves_reproduce_results_csv(tmp_path):
+    import pandas as pd
+
+    from jaxillusions.analysis import board, results
+    from jaxillusions.logging import SweepWriter, read_scalars
+
+    rows = _rows()
+    results.write_csv(rows, str(tmp_path / "results.csv"))
+    df = results.load_results(str(tmp_path / "results.csv"))
+    back = results.read_csv(str(tmp_path / "results.csv"))
+    gaps = stats.gaps(back, metrics=("same_pred",))
+    with SweepWriter(str(tmp_path / "tb"), seeds=[0, 1, 2]) as w:
+        board.write_faithfulness(w, back)
+        board.write_gaps(w, gaps)
+    runs = read_scalars(str(tmp_path / "tb"))
+    means = df[(df.breakdown == "all") & (df["size"] > 0)].groupby(
+        ["split", "method", "site", "size"], observed=True)[["same_pred", "jsd", "acc"]].mean()
+    logged = {}
+    for run, tags in runs.items():
+        for tag, points in tags.items():
+            if tag.startswith("gap"):
+                continue
+            method, site, metric = tag.split("/")
+            for step, value in points:
+                logged[(run.split("/")[1], method, site, 2 ** step, metric)] = value
+    want = {(split, method, site, size, metric): v
+            for (split, method, site, size), r in means.iterrows()
+            for metric, v in r.items()}
+    assert set(logged) == set(want)  # every curve point, and nothing else (no flat cards)
+    for key, value in want.items():
+        assert logged[key] == pytest.approx(value, rel=1e-6, abs=1e-7), key
+    for g in gaps:
+        value, low, high = board.gap_tags("same_pred", g["method"], g["site"])
+        step = board.size_step(g["size"]) if g["size"] else 0
+        points = dict(runs[f"faithfulness/{g['split']}"][value])
+        assert points[step] == pytest.approx(g["gap"], abs=1e-6)
+        assert dict(runs[f"faithfulness/{g['split']}"][low])[step] == pytest.approx(
+            g["ci_low"], abs=1e-6)
+    assert isinstance(df, pd.DataFrame)
+    # Each card says how to read it at TensorBoard's defaults (smoothing, outlier clipping).
+    from tensorboard.backend.event_processing import event_accumulator
+
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "tb" / "faithfulness" / "longer"))
+    acc.Reload()
+    for tag in ("svd/blocks.1.attn.k/same_pred", "gap/same_pred/svd/blocks.1.attn.k"):
+        note = acc.SummaryMetadata(tag).summary_description
+        assert "x = log2(rank)" in note and "Smoothing to 0" in note, tag
+
+
+def test_key_projections_for_several_healthy_seeds():
+    from types import SimpleNamespace
+
+    from configs import dyck_small
+    from jaxillusions.tasks import dyck
+
+    rng = np.random.default_rng(0)
+    config = dyck_small.get_config()
+    k = config.data.num_types
+    tokens = rng.integers(3, 3 + 2 * k, (20, 12))
+    split = SimpleNamespace(tokens=tokens, lengths=np.full(20, 12), depth=rng.integers(0, 5,
+                                                                                       (20, 12)))
+    shown = [1, 3, 5, 7]
+
+    def run(batch, site):  # [S, B, T, T] patterns or [S, B, T, heads, F] keys
+        if site.endswith("pattern"):
+            return rng.random((len(shown), batch.shape[0], 1, 12, 12))
+        return rng.normal(size=(len(shown), batch.shape[0], 12, 1, 8))
+
+    figs = dyck.activation_figures(run, {"iid": split, "train": split}, config, shown,
+                                   "blocks.1.attn.pattern", "blocks.1.attn.k")
+    assert set(figs) == {"attention_patterns", "key_projection_seed1", "key_projection_seed3",
+                         "key_projection_seed5"}
+    assert "seed 3" in figs["key_projection_seed3"]._suptitle.get_text()
+
+
+def test_headline_never_offers_the_original_model_itself():
+    """A full-rank proxy (the original model: same predictions, JSD 0) is faithful by
+    construction; the headline takes the largest other size, marked 'never 0.99'."""
+    rows = []
+    for seed in range(3):
+        for split in ("iid", "longer"):
+            rows.append(row(seed, split, site="blocks.1.attn.q", size=2,
+                            same_pred=0.95 - 0.05 * (split == "longer") - 0.01 * seed))
+            rows.append(row(seed, split, site="blocks.1.attn.q", size=4, same_pred=1.0, jsd=0.0))
+    assert tables.identical_sizes(rows, "blocks.1.attn.q", "svd") == {4}
+    head = tables.summary_of(tables.statistics_report(rows, ["iid", "longer"])[0]).splitlines()
+    assert any(line.startswith("svd q 2 (0.940, never 0.99)") and "+0.050 [+0.050,+0.050]*"
+               in line for line in head), head
