@@ -76,10 +76,10 @@ def test_auxk_loss_trains_dead_latents_only():
     xb = jnp.asarray(rng.normal(size=(32, f)), jnp.float32)
 
     loss_grad = jax.jit(lambda *a: jax.grad(sae._loss, has_aux=True)(  # noqa: SLF001
-        *a[:4], variance=jnp.float32(1.0), k_aux=3, aux_coeff=a[4]))
+        *a[:5], variance=jnp.float32(1.0), k_aux=3, aux_coeff=a[5]))
 
     def grads(dead: np.ndarray, aux_coeff: float) -> dict:
-        g, fired = loss_grad(p, masks, xb, jnp.asarray(dead), jnp.float32(aux_coeff))
+        g, fired = loss_grad(p, masks, xb, xb, jnp.asarray(dead), jnp.float32(aux_coeff))
         assert not fired[6] and not fired[7]
         return jax.tree.map(np.asarray, g)
 
@@ -258,3 +258,34 @@ def test_metrics_on_hand_built_cases():
     assert float(scores["ce_score"]) == pytest.approx(ce, rel=1e-4)
     assert float(scores["kl_score"]) == pytest.approx(kl, rel=1e-4)
     assert 0.0 < kl < 1.0
+
+
+# ----------------------------------------------------------------------------- transcoder
+
+
+def test_transcoder_fits_a_known_sparse_relu_map():
+    """y = relu(h E + c) D + b with ~1 active unit per row (up to 7): the transcoder's TopK
+    dictionary reaches an FVU far below the best affine map's, with at most k active latents."""
+    from jaxillusions.proxies import _transcoder as transcoder
+
+    rng = np.random.default_rng(0)
+    n, f_in, f_out, units = 4096, 12, 10, 24
+    h = rng.normal(size=(n, f_in)).astype(np.float32)
+    enc = rng.normal(size=(f_in, units))
+    enc /= np.linalg.norm(enc, axis=0)
+    acts = np.maximum(h @ enc - np.sort(np.abs(rng.normal(size=units)))[::-1] - 1.2, 0.0)
+    dec = rng.normal(size=(units, f_out))
+    y = (acts @ (dec / np.linalg.norm(dec, axis=1, keepdims=True)) + 0.5).astype(np.float32)
+    assert (acts > 0).sum(1).mean() < 1.5
+    affine = np.linalg.lstsq(np.c_[h, np.ones(n)], y, rcond=None)[0]
+    affine_fvu = float(dictionary.fvu(y, np.c_[h, np.ones(n)] @ affine))
+    assert affine_fvu > 0.5
+    k = 8
+    stats = {"x": jnp.asarray(h), "y": jnp.asarray(y), "valid": jnp.ones(n, bool)}
+    params = _one(jax.jit(lambda s: transcoder.fit(s, (48,), key=jax.random.key(0), k=k,
+                                                   steps=3000, lr=3e-3))(stats), 0)
+    assert params["W_enc"].shape == (f_in, 48) and params["W_dec"].shape == (48, f_out)
+    fvu = float(dictionary.fvu(y, transcoder.apply(params, jnp.asarray(h))))
+    assert fvu < 0.1, fvu
+    assert float(dictionary.l0(transcoder.encode(params, jnp.asarray(h)))) <= k
+    assert "_transcoder" not in proxies.available()  # not a method until the engine feeds it

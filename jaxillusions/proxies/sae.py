@@ -114,7 +114,9 @@ def _topk(pre: jax.Array, kmask: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def _pre(params: dict, x: jax.Array) -> jax.Array:
-    pre = jnp.matmul(x - params["b_dec"], params["W_enc"], precision=_HI) + params["b_enc"]
+    # The pre-encoder bias is b_dec for an autoencoder, b_in for a transcoder.
+    bias = params["b_in"] if "b_in" in params else params["b_dec"]
+    pre = jnp.matmul(x - bias, params["W_enc"], precision=_HI) + params["b_enc"]
     return jnp.where(params["mask"], pre, -jnp.inf)
 
 
@@ -141,17 +143,17 @@ def _unit_rows(w: jax.Array) -> jax.Array:
     return w / jnp.maximum(jnp.linalg.norm(w, axis=-1, keepdims=True), 1e-12)
 
 
-def _loss(p: dict, m: dict, xb: jax.Array, dead: jax.Array, *, variance: jax.Array,
-          k_aux: int, aux_coeff: float) -> tuple[jax.Array, jax.Array]:
-    """One size's trained params p, masks m, batch xb [B, F], dead bool [W] -> (normalised MSE
-    + aux_coeff * AuxK loss, which latents fired [W])."""
+def _loss(p: dict, m: dict, xb: jax.Array, yb: jax.Array, dead: jax.Array, *,
+          variance: jax.Array, k_aux: int, aux_coeff: float) -> tuple[jax.Array, jax.Array]:
+    """One size's trained params p, masks m, batch xb [B, F_in] -> target yb [B, F_out], dead
+    bool [W] -> (normalised MSE + aux_coeff * AuxK loss, which latents fired [W])."""
     p = {**p, **m}
     pre = _pre(p, xb)
     vals, idx = _topk(pre, m["kmask"])
     recon = _decode(p, vals, idx)
-    main = jnp.mean(jnp.sum((xb - recon) ** 2, -1)) / variance
+    main = jnp.mean(jnp.sum((yb - recon) ** 2, -1)) / variance
     # AuxK: the top k_aux dead latents reconstruct the residual (held fixed).
-    err = jax.lax.stop_gradient(xb - recon)
+    err = jax.lax.stop_gradient(yb - recon)
     aux_vals, aux_idx = jax.lax.top_k(jnp.where(dead, pre, -jnp.inf), k_aux)
     aux_vals = jnp.maximum(aux_vals, 0.0)
     aux_rec = jnp.einsum("bk,bkf->bf", aux_vals, p["W_dec"][aux_idx], precision=_HI)
@@ -181,34 +183,53 @@ def fit(
     ranks to F (validate's check rejects k > width in a config). k_aux: dead latents used by
     AuxK (default F // 2, as Gao et al.'s d_model / 2); dead_steps: steps without firing after
     which a latent counts as dead; aux_coeff: AuxK's alpha."""
+    return train(stats["x"], None, stats["valid"], sizes, key=key, k=k, steps=steps, lr=lr,
+                 batch_size=batch_size, k_aux=k_aux, aux_coeff=aux_coeff, dead_steps=dead_steps)
+
+
+def train(x: jax.Array, y: jax.Array | None, valid: jax.Array, sizes: tuple[int, ...], *,
+          key: jax.Array, k: int, steps: int, lr: float, batch_size: int, k_aux: int | None,
+          aux_coeff: float, dead_steps: int) -> dict:
+    """fit() of a dictionary from x [N, F_in] to y [N, F_out] (y None: to x itself, an
+    autoencoder with the pre-encoder bias b_dec). With a target y (a transcoder) the input has
+    its own bias b_in (started at the mean of x) and the encoder columns start as unit random
+    directions; params then also hold "b_in" [R, F_in]."""
     pairs = [width_and_k(s, k) for s in sizes]
     _check([(w, min(kk, w)) for w, kk in pairs], steps, lr, batch_size)
     pairs = [(w, min(kk, w)) for w, kk in pairs]
-    valid = stats["valid"]
-    x = jnp.where(valid[:, None], stats["x"].astype(jnp.float32), 0.0)
-    f = x.shape[1]
+    rows_ok = valid[:, None]
+    x = jnp.where(rows_ok, x.astype(jnp.float32), 0.0)
+    target = x if y is None else jnp.where(rows_ok, y.astype(jnp.float32), 0.0)
     wmax, kmax = max(w for w, _ in pairs), max(kk for _, kk in pairs)
-    k_aux = min(k_aux or max(f // 2, 1), wmax)
+    k_aux = min(k_aux or max(target.shape[1] // 2, 1), wmax)
     count = jnp.maximum(valid.sum(), 1)
-    mean = x.sum(0) / count
-    # Loss normalised by the sample's variance: the learning rate does not depend on the scale.
-    variance = jnp.maximum(jnp.sum(jnp.where(valid[:, None], (x - mean) ** 2, 0.0)) / count,
+    mean = target.sum(0) / count
+    # Loss normalised by the target's variance: the learning rate does not depend on the scale.
+    variance = jnp.maximum(jnp.sum(jnp.where(rows_ok, (target - mean) ** 2, 0.0)) / count,
                            1e-12)
     # Valid rows first (stable), so a uniform draw below count indexes a valid row.
     order = jnp.argsort(~valid, stable=True)
     init_key, batch_key = jax.random.split(key)
-    # Latent i's direction from fold_in(key, i): the first w rows do not depend on wmax.
-    w_dec = _unit_rows(jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(init_key, i),
-                                                            (f,)))(jnp.arange(wmax)))
+
+    def directions(key: jax.Array, dim: int) -> jax.Array:
+        # Latent i's direction from fold_in(key, i): the first w rows do not depend on wmax.
+        return _unit_rows(jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(key, i),
+                                                               (dim,)))(jnp.arange(wmax)))
+
+    dec_key, enc_key = jax.random.split(init_key)
+    w_dec = directions(dec_key, target.shape[1])
     one = {"W_enc": w_dec.T, "b_enc": jnp.zeros(wmax), "W_dec": w_dec, "b_dec": mean}
+    if y is not None:
+        one |= {"W_enc": directions(enc_key, x.shape[1]).T, "b_in": x.sum(0) / count}
     masks = {"mask": jnp.arange(wmax)[None, :] < jnp.asarray([w for w, _ in pairs])[:, None],
              "kmask": jnp.arange(kmax)[None, :] < jnp.asarray([kk for _, kk in pairs])[:, None]}
     params = jax.tree.map(lambda a: jnp.broadcast_to(a, (len(pairs), *a.shape)), one)
     optimizer = optax.adam(lr)
 
-    def one_size(p: dict, opt: optax.OptState, idle: jax.Array, m: dict, xb: jax.Array):
+    def one_size(p: dict, opt: optax.OptState, idle: jax.Array, m: dict, xb: jax.Array,
+                 yb: jax.Array):
         dead = (idle >= dead_steps) & m["mask"]
-        grads, fired = jax.grad(_loss, has_aux=True)(p, m, xb, dead, variance=variance,
+        grads, fired = jax.grad(_loss, has_aux=True)(p, m, xb, yb, dead, variance=variance,
                                                      k_aux=k_aux, aux_coeff=aux_coeff)
         updates, opt = optimizer.update(grads, opt, p)
         p = optax.apply_updates(p, updates)
@@ -217,9 +238,10 @@ def fit(
 
     def step(carry: tuple, i: jax.Array) -> tuple:
         p, opt, idle = carry
-        rows = jax.random.randint(jax.random.fold_in(batch_key, i), (batch_size,), 0, count)
-        xb = x[order[rows]]
-        return jax.vmap(one_size, in_axes=(0, 0, 0, 0, None))(p, opt, idle, masks, xb), None
+        rows = order[jax.random.randint(jax.random.fold_in(batch_key, i), (batch_size,), 0,
+                                        count)]
+        return jax.vmap(one_size, in_axes=(0, 0, 0, 0, None, None))(
+            p, opt, idle, masks, x[rows], target[rows]), None
 
     carry = (params, jax.vmap(optimizer.init)(params), jnp.zeros((len(pairs), wmax), jnp.int32))
     params = jax.lax.scan(step, carry, jnp.arange(steps))[0][0]
