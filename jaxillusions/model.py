@@ -284,6 +284,13 @@ def _minimal_layer(params: Params, tokens: jax.Array, cfg: ModelConfig) -> jax.A
     return params["blocks"][0]["minimal"]["table"][tokens * cfg.depth_bins + depth]
 
 
+def mlp_input(params: Params, layer: int, resid_mid: jax.Array) -> jax.Array:
+    """The input of block `layer`'s MLP: its layer norm of `blocks.{layer}.resid_mid`, as
+    `forward` computes it. An intervention that replaces the whole MLP (a transcoder at
+    `blocks.{layer}.mlp.out`) reads resid_mid, which `forward` visits first, and maps this."""
+    return _layer_norm(resid_mid, params["blocks"][layer]["ln2"])
+
+
 def _layer_norm(x: jax.Array, p: Params) -> jax.Array:
     mean = x.mean(-1, keepdims=True)
     var = ((x - mean) ** 2).mean(-1, keepdims=True)
@@ -380,7 +387,7 @@ def forward(
         x = site(f"{name}.resid_mid", x + attn_out)
         if not cfg.attn_only:
             m = block["mlp"]
-            h = _layer_norm(x, block["ln2"])
+            h = mlp_input(params, i, x)
             hidden = site(f"{name}.mlp.hidden",
                           jax.nn.gelu(mm("...d,df->...f", h, m["w_in"]) + m["b_in"].astype(cdt)))
             x = x + site(f"{name}.mlp.out", mm("...f,fd->...d", hidden, m["w_out"])

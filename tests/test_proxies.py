@@ -50,6 +50,7 @@ def test_available_and_get():
         "kmeans",
         "onehot_attention",
         "uniform_attention",
+        "sae",
     }
     assert proxies.get("svd") is svd
     with pytest.raises(ValueError, match="nope.*kmeans.*svd"):

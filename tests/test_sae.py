@@ -1,0 +1,329 @@
+"""Sparse dictionary proxies: the TopK SAE (proxies/sae.py) and the dictionary metrics
+(proxies/_dictionary.py)."""
+
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.optimize import linear_sum_assignment
+from scipy.special import log_softmax
+
+from jaxillusions import proxies
+from jaxillusions.proxies import _dictionary as dictionary
+from jaxillusions.proxies import sae
+
+
+def _planted(n: int = 4096, f: int = 16, num_dirs: int = 32, k: int = 3, seed: int = 0):
+    """x = b + codes @ dirs: k-sparse positive codes over num_dirs known unit directions."""
+    rng = np.random.default_rng(seed)
+    dirs = rng.normal(size=(num_dirs, f))
+    dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
+    codes = np.zeros((n, num_dirs))
+    for row in codes:
+        row[rng.choice(num_dirs, k, replace=False)] = rng.uniform(0.5, 2.0, k)
+    return (codes @ dirs + 0.3).astype(np.float32), dirs
+
+
+def _stats(x: np.ndarray, num_pad: int = 0) -> dict:
+    """A "samples" statistic with `num_pad` garbage padding rows appended."""
+    pad = np.full((num_pad, x.shape[-1]), 1e6, np.float32)
+    valid = np.r_[np.ones(len(x), bool), np.zeros(num_pad, bool)]
+    return {"x": jnp.asarray(np.r_[x, pad]), "valid": jnp.asarray(valid)}
+
+
+def _one(params: dict, index: int) -> dict:
+    return jax.tree.map(lambda a: a[index], params)
+
+
+def test_planted_dictionary_is_recovered():
+    """Most planted directions are matched by a decoder row with cosine > 0.9, and the FVU is
+    far below that of the best rank-k projection (what a k-dimensional linear proxy reaches)."""
+    x, dirs = _planted()
+    k = 3
+    params = jax.jit(lambda s, key: sae.fit(s, (32, 64), key=key, k=k, steps=2000, lr=3e-3,
+                                            batch_size=256))(_stats(x, 50), jax.random.key(0))
+    pca_fvu = np.linalg.eigvalsh(np.cov(x.T))[:-k].sum() / np.trace(np.cov(x.T))
+    assert pca_fvu > 0.5
+    for index, width in enumerate((32, 64)):
+        p = _one(params, index)
+        cos = np.asarray(p["W_dec"])[:width] @ dirs.T
+        rows, cols = linear_sum_assignment(-cos)
+        matched = (cos[rows, cols] > 0.9).mean()
+        fvu = float(dictionary.fvu(x, sae.apply(p, jnp.asarray(x))))
+        codes = sae.encode(p, jnp.asarray(x))
+        assert matched >= 0.9, (width, matched)
+        assert fvu < 0.15, (width, fvu)
+        assert float(dictionary.l0(codes)) <= k
+        assert not np.any(np.asarray(codes)[:, width:])  # padded latents never fire
+    np.testing.assert_allclose(np.linalg.norm(params["W_dec"], axis=-1), 1.0, rtol=1e-5)
+
+
+def test_auxk_loss_trains_dead_latents_only():
+    """A latent that is never in the top k gets no gradient from the reconstruction loss; the
+    AuxK loss gives it one once it counts as dead (and only then, and only if its
+    pre-activation is positive), and never touches padded latents."""
+    rng = np.random.default_rng(0)
+    f, width = 6, 8
+    w_dec = rng.normal(size=(width, f))
+    w_dec /= np.linalg.norm(w_dec, axis=1, keepdims=True)
+    p = {"W_enc": jnp.asarray(w_dec.T, jnp.float32), "b_enc": jnp.zeros(width),
+         "W_dec": jnp.asarray(w_dec, jnp.float32), "b_dec": jnp.zeros(f)}
+    # Latent 6 always ranks below the top 2 but has positive pre-activation on every row.
+    p["b_enc"] = p["b_enc"].at[:6].set(50.0).at[6].set(10.0)
+    masks = {"mask": jnp.arange(width) < 7, "kmask": jnp.arange(2) < 2}  # latent 7 is padding
+    xb = jnp.asarray(rng.normal(size=(32, f)), jnp.float32)
+
+    loss_grad = jax.jit(lambda *a: jax.grad(sae._loss, has_aux=True)(  # noqa: SLF001
+        *a[:5], variance=jnp.float32(1.0), k_aux=3, aux_coeff=a[5]))
+
+    def grads(dead: np.ndarray, aux_coeff: float) -> dict:
+        g, fired = loss_grad(p, masks, xb, xb, jnp.asarray(dead), jnp.float32(aux_coeff))
+        assert not fired[6] and not fired[7]
+        return jax.tree.map(np.asarray, g)
+
+    none_dead = np.zeros(width, bool)
+    six_dead = np.arange(width) == 6
+    for g in (grads(none_dead, 1 / 32), grads(six_dead, 0.0)):
+        assert not g["W_enc"][:, 6].any() and not g["W_dec"][6].any()
+    g = grads(six_dead | (np.arange(width) == 7), 1 / 32)  # a padded latent is never dead
+    assert np.abs(g["W_enc"][:, 6]).sum() > 0 and np.abs(g["W_dec"][6]).sum() > 0
+    assert not g["W_enc"][:, 7].any() and not g["W_dec"][7].any()
+
+
+def test_vmapped_fit_equals_per_seed_and_width_fits():
+    """Seeds x widths in one program (vmap over seeds, padding to the widest) equals each
+    (seed, width) fitted alone. Tolerance 1e-5: the padded and batched matmuls may round
+    differently (XLA picks kernels by shape) and 150 Adam steps carry that rounding along;
+    measured difference ~4e-7. Padding rows (garbage 1e6, valid False) change nothing."""
+    rng = np.random.default_rng(1)
+    seeds, n, f = 2, 512, 8
+    x = (rng.normal(size=(seeds, n, f)) * np.linspace(2.0, 0.2, f)).astype(np.float32)
+    stats = [_stats(x[s], num_pad=37) for s in range(seeds)]
+    batched = jax.tree.map(lambda *a: jnp.stack(a), *stats)
+    keys = jax.random.split(jax.random.key(3), seeds)
+    sizes = (4, 12)
+    options = dict(k=2, steps=150, lr=3e-3, batch_size=64)
+    together = jax.jit(jax.vmap(lambda s, key: sae.fit(s, sizes, key=key, **options)))(
+        batched, keys)
+    alone = jax.jit(lambda s, key, w: sae.fit(s, (w,), key=key, **options), static_argnums=2)
+    for s in range(seeds):
+        for index, width in enumerate(sizes):
+            single = _one(alone(stats[s], keys[s], width), 0)
+            both = _one(jax.tree.map(lambda a, s=s: a[s], together), index)
+            trimmed = {"W_enc": both["W_enc"][:, :width], "b_enc": both["b_enc"][:width],
+                       "W_dec": both["W_dec"][:width], "b_dec": both["b_dec"]}
+            for name, value in trimmed.items():
+                np.testing.assert_allclose(value, single[name], atol=1e-5, err_msg=name)
+            np.testing.assert_array_equal(both["mask"], np.arange(max(sizes)) < width)
+
+
+def test_fit_is_deterministic_from_the_key():
+    x, _ = _planted(n=512, f=8, num_dirs=8, k=2)
+    fit = jax.jit(lambda key: sae.fit(_stats(x), (8,), key=key, k=2, steps=50))
+    a, b, c = fit(jax.random.key(0)), fit(jax.random.key(0)), fit(jax.random.key(1))
+    jax.tree.map(np.testing.assert_array_equal, a, b)
+    assert not np.array_equal(a["W_dec"], c["W_dec"])
+
+
+def test_several_k_make_the_sizes_axis_widths_times_ks():
+    cfg = types.SimpleNamespace(sae_sizes=(8, 16), sae_k=(2, 4))
+    sizes, options = sae.settings(cfg, dim=8)
+    assert sizes == (200008, 400008, 200016, 400016)
+    assert [sae.width_and_k(s, dict(options)["k"]) for s in sizes] == [(8, 2), (8, 4), (16, 2),
+                                                                      (16, 4)]
+    x, _ = _planted(n=256, f=8, num_dirs=8, k=2)
+    params = jax.jit(lambda s: sae.fit(s, sizes, key=jax.random.key(0), steps=5))(_stats(x))
+    np.testing.assert_array_equal(params["kmask"].sum(1), [2, 4, 2, 4])
+    np.testing.assert_array_equal(params["mask"].sum(1), [8, 8, 16, 16])
+    codes = jax.jit(jax.vmap(sae.encode, in_axes=(0, None)))(params, jnp.asarray(x))
+    np.testing.assert_array_equal(np.asarray(codes != 0).sum(-1).max(1), [2, 4, 2, 4])
+    # One k: the sizes are the widths themselves; configs without the sae_* keys get defaults.
+    sizes, options = sae.settings(types.SimpleNamespace(sae_sizes=(8, 16)), dim=8)
+    assert sizes == (8, 16)
+    assert dict(options) == {"k": 4, "steps": 1000, "lr": 1e-3, "batch_size": 256}
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"sae_sizes": (8, 0)}, r"sae width 0: must be 1\.\."),
+    ({"sae_k": (2, 9)}, r"sae k=9 for width 8: must be 1\.\.width"),
+    ({"sae_k": (0,)}, r"sae k=0 for width 8"),
+    ({"sae_k": ()}, r"sae_k=\(\): must list at least one k"),
+    ({"sae_steps": 0}, r"sae steps=0: must be >= 1"),
+    ({"sae_lr": 0.0}, r"sae learning rate=0.0: must be > 0"),
+    ({"sae_lr": -1e-3}, r"sae learning rate=-0.001: must be > 0"),
+    ({"sae_batch": 0}, r"sae batch=0: must be >= 1"),
+])
+def test_bad_options_are_one_line_errors(settings, message):
+    cfg = types.SimpleNamespace(**{"sae_sizes": (8, 16), **settings})
+    with pytest.raises(ValueError, match=message) as err:
+        sae.check(sae.settings(cfg, 8)[0], cfg, 8, "blocks.1.attn.k (d_head 8)")
+    assert "\n" not in str(err.value) and "blocks.1.attn.k" in str(err.value)
+
+
+@pytest.mark.parametrize(("sizes", "options", "message"), [
+    ((8, 0), {}, r"sae width 0: must be"),
+    ((8,), {"k": 0}, r"sae k=0 for width 8"),
+    ((8,), {"steps": 0}, r"sae steps=0: must be >= 1"),
+    ((8,), {"lr": 0.0}, r"sae learning rate=0.0: must be > 0"),
+    ((8,), {"batch_size": 0}, r"sae batch=0: must be >= 1"),
+])
+def test_fit_rejects_bad_options_before_any_work(sizes, options, message, monkeypatch):
+    """fit checks as well, before building the optimizer or tracing a step (k > width is a
+    config error in check(); fit clips it, as svd clips ranks to F)."""
+    monkeypatch.setattr(sae.optax, "adam", lambda *a: pytest.fail("work started"))
+    x = _planted(n=64, f=8, num_dirs=8, k=2)[0]
+    with pytest.raises(ValueError, match=message) as err:
+        sae.fit(_stats(x), sizes, key=jax.random.key(0), **options)
+    assert "\n" not in str(err.value)
+
+
+def test_validate_runs_the_checks(config):
+    """A config that asks for the sae proxy gets the sizes rule and check() through validate."""
+    from jaxillusions import validate
+
+    with config.unlocked():
+        config.proxies.methods = ("sae",)
+        config.proxies.sae_sizes = (8, 2)  # default k 4 > width 2
+    with pytest.raises(ValueError, match=r"sae k=4 for width 2: must be 1\.\.width"):
+        validate.validate(config)
+    config.proxies.sae_sizes = (8, 0)
+    with pytest.raises(ValueError, match=r"proxies.sae_sizes=\(8, 0\): must be"):
+        validate.validate(config)
+    config.proxies.sae_sizes = (8, 16)
+    assert validate.validate(config) == []
+
+
+def test_sae_is_available_but_never_enabled_by_default(config):
+    """Adding the file adds a method; configs that do not name it fit nothing new."""
+    from jaxillusions import faithfulness, train
+
+    assert "sae" in proxies.available() and proxies.get("sae") is sae
+    assert "sae" not in config.proxies.methods
+    _, model_cfg, _ = train.build(config)
+    assert all(s.method != "sae" for s in faithfulness.specs_from_config(config.proxies,
+                                                                           model_cfg))
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def test_metrics_on_hand_built_cases():
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(5, 7, 6)), jnp.float32)
+    valid = jnp.asarray(rng.random((5, 7)) > 0.3)
+    assert float(dictionary.fvu(x, x, valid)) == 0.0
+    mean = np.asarray(x)[np.asarray(valid)].mean(0)
+    assert float(dictionary.fvu(x, jnp.broadcast_to(mean, x.shape), valid)) == pytest.approx(1.0)
+    assert float(dictionary.fvu(x, jnp.zeros_like(x), valid)) > 1.0
+    # Padding rows are ignored, whatever they hold.
+    garbage = jnp.where(valid[..., None], x, 1e6)
+    assert float(dictionary.fvu(garbage, jnp.where(valid[..., None], x, 0.0), valid)) == 0.0
+
+    codes = jnp.asarray([[0, 2, 0, 1], [0, 0, 0, 3], [5, 5, 5, 5]], jnp.float32)
+    rows = jnp.asarray([True, True, False])
+    assert float(dictionary.l0(codes, rows)) == 1.5
+    assert float(dictionary.dead_fraction(codes, rows)) == 0.5  # latents 0 and 2
+    assert float(dictionary.dead_fraction(codes, rows, jnp.asarray([1, 1, 0, 0], bool))) == 0.5
+    assert float(dictionary.dead_fraction(codes, None, jnp.asarray([1, 1, 0, 0], bool))) == 0.0
+
+    logits = jnp.asarray(rng.normal(size=(4, 9, 11)) * 3, jnp.float32)
+    zero = jnp.asarray(rng.normal(size=(4, 9, 11)), jnp.float32)
+    targets = jnp.asarray(rng.integers(0, 11, (4, 9)))
+    weight = jnp.asarray(rng.random((4, 9)) > 0.5)
+    identity = dictionary.downstream_scores(logits, logits, zero, targets, weight)
+    assert float(identity["ce_score"]) == pytest.approx(1.0)
+    assert float(identity["kl_score"]) == pytest.approx(1.0)
+    ablated = dictionary.downstream_scores(logits, zero, zero, targets, weight)
+    assert float(ablated["ce_score"]) == pytest.approx(0.0, abs=1e-6)
+    assert float(ablated["kl_score"]) == pytest.approx(0.0, abs=1e-6)
+    # Halfway (in CE) between them: the score is a ratio of means over the weighted positions.
+    mixed = 0.5 * (logits + zero)
+    scores = dictionary.downstream_scores(logits, mixed, zero, targets, weight)
+    w = np.asarray(weight, np.float64)
+
+    def mean_ce(lg):
+        lp = log_softmax(np.asarray(lg, np.float64), -1)
+        return -(np.take_along_axis(lp, np.asarray(targets)[..., None], -1)[..., 0] * w).sum() \
+            / w.sum()
+
+    def mean_kl(lg):
+        p = log_softmax(np.asarray(logits, np.float64), -1)
+        q = log_softmax(np.asarray(lg, np.float64), -1)
+        return ((np.exp(p) * (p - q)).sum(-1) * w).sum() / w.sum()
+
+    ce = (mean_ce(zero) - mean_ce(mixed)) / (mean_ce(zero) - mean_ce(logits))
+    kl = (mean_kl(zero) - mean_kl(mixed)) / mean_kl(zero)
+    assert float(scores["ce_score"]) == pytest.approx(ce, rel=1e-4)
+    assert float(scores["kl_score"]) == pytest.approx(kl, rel=1e-4)
+    assert 0.0 < kl < 1.0
+
+
+# ----------------------------------------------------------------------------- transcoder
+
+
+def test_transcoder_fits_a_known_sparse_relu_map():
+    """y = relu(h E + c) D + b with ~1 active unit per row (up to 7): the transcoder's TopK
+    dictionary reaches an FVU far below the best affine map's, with at most k active latents."""
+    from jaxillusions.proxies import _transcoder as transcoder
+
+    rng = np.random.default_rng(0)
+    n, f_in, f_out, units = 4096, 12, 10, 24
+    h = rng.normal(size=(n, f_in)).astype(np.float32)
+    enc = rng.normal(size=(f_in, units))
+    enc /= np.linalg.norm(enc, axis=0)
+    acts = np.maximum(h @ enc - np.sort(np.abs(rng.normal(size=units)))[::-1] - 1.2, 0.0)
+    dec = rng.normal(size=(units, f_out))
+    y = (acts @ (dec / np.linalg.norm(dec, axis=1, keepdims=True)) + 0.5).astype(np.float32)
+    assert (acts > 0).sum(1).mean() < 1.5
+    affine = np.linalg.lstsq(np.c_[h, np.ones(n)], y, rcond=None)[0]
+    affine_fvu = float(dictionary.fvu(y, np.c_[h, np.ones(n)] @ affine))
+    assert affine_fvu > 0.5
+    k = 8
+    stats = {"x": jnp.asarray(h), "y": jnp.asarray(y), "valid": jnp.ones(n, bool)}
+    params = _one(jax.jit(lambda s: transcoder.fit(s, (48,), key=jax.random.key(0), k=k,
+                                                   steps=3000, lr=3e-3))(stats), 0)
+    assert params["W_enc"].shape == (f_in, 48) and params["W_dec"].shape == (48, f_out)
+    fvu = float(dictionary.fvu(y, transcoder.apply(params, jnp.asarray(h))))
+    assert fvu < 0.1, fvu
+    assert float(dictionary.l0(transcoder.encode(params, jnp.asarray(h)))) <= k
+    assert "_transcoder" not in proxies.available()  # not a method until the engine feeds it
+
+
+def test_transcoder_intervention_replaces_one_mlp():
+    """Fitted on one block's (MLP input, MLP output) pairs of a small model, the transcoder
+    replaces that MLP inside forward: the site holds the transcoder's output of the block's
+    MLP input, earlier sites are untouched, and the model's next-token distribution stays far
+    closer to the original than with the MLP zeroed (kl_score, ce_score well above 0)."""
+    from jaxillusions import model as model_lib
+    from jaxillusions.proxies import _transcoder as transcoder
+
+    cfg = model_lib.ModelConfig(vocab_size=11, max_len=12, d_model=16, d_mlp=32)
+    params = model_lib.init_params(jax.random.key(0), cfg)
+    tokens = jax.random.randint(jax.random.key(1), (256, 12), 0, 11)
+    layer, site = 1, "blocks.1.mlp.out"
+    logits, cache = model_lib.forward(params, tokens, cfg, cache=("blocks.1.resid_mid", site))
+    mlp_in = model_lib.mlp_input(params, layer, cache["blocks.1.resid_mid"]).reshape(-1, 16)
+    stats = {"x": mlp_in, "y": cache[site].reshape(-1, 16), "valid": jnp.ones(len(mlp_in), bool)}
+    tc = _one(jax.jit(lambda s: transcoder.fit(s, (64,), key=jax.random.key(2), k=8,
+                                               steps=1500, lr=3e-3))(stats), 0)
+
+    @jax.jit
+    def run(tc):
+        return model_lib.forward(params, tokens, cfg,
+                                 intervention=transcoder.intervention({site: tc}, params),
+                                 cache=("blocks.1.resid_mid", site))
+
+    replaced, cache2 = run(tc)
+    # (jit and eager forward round differently: 1e-5, not equality)
+    np.testing.assert_allclose(cache2["blocks.1.resid_mid"], cache["blocks.1.resid_mid"],
+                               atol=1e-5)
+    np.testing.assert_allclose(cache2[site].reshape(-1, 16), transcoder.apply(tc, mlp_in),
+                               atol=1e-5)
+    assert float(dictionary.fvu(stats["y"], cache2[site].reshape(-1, 16))) < 0.2
+    zeroed, _ = model_lib.forward(params, tokens, cfg,
+                                  intervention=lambda n, v: jnp.zeros_like(v) if n == site else v)
+    targets = jnp.roll(tokens, -1, axis=1)
+    scores = dictionary.downstream_scores(logits, replaced, zeroed, targets, jnp.ones_like(tokens))
+    assert float(scores["kl_score"]) > 0.8 and float(scores["ce_score"]) > 0.8, scores
