@@ -116,8 +116,9 @@ def write_faithfulness(writer, rows: Sequence[dict]) -> None:
 def write_gaps(writer, gaps: Sequence[dict], metrics: Sequence[str] = GAP_METRICS) -> None:
     """Tags gap/<metric>/<method>/<site> in runs faithfulness/<split>: the paired gap (baseline
     minus split, signed so that positive = less faithful on the split) against log2(size), with
-    its 95% interval bounds as the tags .../ci_low and .../ci_high. `gaps` are rows with columns
-    site, method, size, split, metric, gap, ci_low, ci_high (analysis/stats.py)."""
+    its 95% interval bounds as gap_interval/<metric>/<method>/<site>/{low,high} (gap_tags).
+    `gaps` are rows with columns site, method, size, split, metric, gap, ci_low, ci_high
+    (analysis/stats.py)."""
     gaps = [g for g in gaps if g["metric"] in metrics]
     sized = {g["size"] for g in gaps if g["size"] > 0}
     all_steps = sorted({size_step(s) for s in sized}) or [0]
