@@ -12,7 +12,7 @@ import time
 import jax
 
 from benchmarks import proxies, reference, training
-from jaxillusions import train
+from jaxillusions import timing, train
 
 
 def load_config(path: str | None, compute_dtype: str | None = None):
@@ -46,102 +46,129 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
         bfloat16: bool = False, peak_n: int | None = None, say=print,
         save=lambda report: None) -> dict:
     """The whole benchmark; `save(report)` is called after every row and section, so a run that
-    is stopped (or runs out of device memory) keeps what it measured."""
-    start = time.perf_counter()
-    splits, model_cfg, tx = train.build(config)
-    seq = splits["train"].tokens.shape[1] - 1
-    torch_ok, torch_note = _torch_status(config) if with_torch else (False, "skipped")
-    peak = training.peak_flops(peak_n)
-    report = {
-        "platform": platform.platform(), "processor": platform.processor(),
-        "cpu_count": os.cpu_count(), "backend": jax.default_backend(),
-        "device": str(jax.devices()[0].device_kind), "device_count": jax.device_count(),
-        "jax": jax.__version__, "torch": torch_note,
-        "model": {k: getattr(model_cfg, k) for k in ("n_layers", "n_heads", "d_model",
-                                                      "d_mlp", "vocab_size", "compute_dtype")},
-        "batch": [config.train.batch_size, seq], "peak_matmul": peak,
-    }
-    say(f"jax {jax.__version__}, {jax.device_count()} x {report['device']} "
-        f"({jax.default_backend()}); PyTorch: {torch_note}")
-    say(f"model: {model_cfg.n_layers} layers, d_model {model_cfg.d_model}, {model_cfg.n_heads} "
-        f"head(s), MLP {model_cfg.d_mlp}, vocabulary {model_cfg.vocab_size}, "
-        f"{model_cfg.compute_dtype}; batch {config.train.batch_size} x {seq} tokens; "
-        f"{steps} steps per call, best of {repeats}")
-    say(f"peak: {peak['n']}x{peak['n']} matmul at {peak['flops_per_s'] / 1e9:.0f} GFLOP/s in "
-        f"float32 (default precision), {peak['bf16_flops_per_s'] / 1e9:.0f} GFLOP/s in bfloat16")
-    say("\nTraining (seed-steps/s, higher is better; ratios: loop time over sweep time; a ratio in "
-        "parentheses uses the loop's rate at the most seeds it was timed with):")
-    say(f"{'seeds':>5} | {'sweep':>7} | {'JAX loop':>8} | {'PyTorch loop':>12} | "
-        f"{'sweep/JAX':>9} | {'sweep/PyTorch':>13} | {'MFU':>6} | {'bf16 sweep':>10} | "
-        f"{'bf16 MFU':>8}")
-    rows = report["training"] = []
-    for n in seed_counts:
+    is stopped (or runs out of device memory) keeps what it measured. Beside each throughput:
+    the XLA compilations of that stage, count and seconds (timing.Breakdown; a stage times
+    its calls after warm-up calls, so its compilations do not count in its rates)."""
+    with timing.Breakdown() as clock:
+        start = time.perf_counter()
+        splits, model_cfg, tx = train.build(config)
+        seq = splits["train"].tokens.shape[1] - 1
+        torch_ok, torch_note = _torch_status(config) if with_torch else (False, "skipped")
+        peak = training.peak_flops(peak_n)
+        report = {
+            "platform": platform.platform(), "processor": platform.processor(),
+            "cpu_count": os.cpu_count(), "backend": jax.default_backend(),
+            "device": str(jax.devices()[0].device_kind), "device_count": jax.device_count(),
+            "jax": jax.__version__, "torch": torch_note,
+            "model": {k: getattr(model_cfg, k) for k in ("n_layers", "n_heads", "d_model",
+                                                          "d_mlp", "vocab_size", "compute_dtype")},
+            "batch": [config.train.batch_size, seq], "peak_matmul": peak,
+        }
+        say(f"jax {jax.__version__}, {jax.device_count()} x {report['device']} "
+            f"({jax.default_backend()}); PyTorch: {torch_note}")
+        say(f"model: {model_cfg.n_layers} layers, d_model {model_cfg.d_model}, {model_cfg.n_heads} "
+            f"head(s), MLP {model_cfg.d_mlp}, vocabulary {model_cfg.vocab_size}, "
+            f"{model_cfg.compute_dtype}; batch {config.train.batch_size} x {seq} tokens; "
+            f"{steps} steps per call, best of {repeats}")
+        say(f"peak: {peak['n']}x{peak['n']} matmul at {peak['flops_per_s'] / 1e9:.0f} GFLOP/s "
+            f"in float32 (default precision), {peak['bf16_flops_per_s'] / 1e9:.0f} GFLOP/s in "
+            "bfloat16")
+        say("\nTraining (seed-steps/s, higher is better; ratios: loop time over sweep time; a "
+            "ratio in parentheses uses the loop's rate at the most seeds it was timed with; "
+            "compiled: XLA programs of the row and their seconds):")
+        say(f"{'seeds':>5} | {'sweep':>7} | {'JAX loop':>8} | {'PyTorch loop':>12} | "
+            f"{'sweep/JAX':>9} | {'sweep/PyTorch':>13} | {'MFU':>6} | {'bf16 sweep':>10} | "
+            f"{'bf16 MFU':>8} | {'compiled':>13}")
+        rows = report["training"] = []
+        for n in seed_counts:
+            try:
+                with timing.stage(f"training {n} seeds"):
+                    row = training.training_row(
+                        config, splits, model_cfg, tx, n, steps=steps, repeats=repeats,
+                        peak=peak, loop=n <= loop_max_seeds,
+                        torch_loop=torch_ok and n <= loop_max_seeds, bfloat16=bfloat16,
+                        xla_flops=not rows)
+                row["compiles"], row["compile_s"] = clock.compiles[f"training {n} seeds"]
+            except jax.errors.JaxRuntimeError as e:
+                _reraise_unless_out_of_memory(e)
+                say(f"{n:>5} | out of device memory; larger seed counts skipped")
+                report["training_out_of_memory_at"] = n
+                break
+            for name in ("jax_loop", "torch_loop"):
+                # A loop's rate does not depend on how many seeds it goes through: beyond
+                # loop_max_seeds, compare with the rate it reached at the most seeds timed.
+                timed = [r for r in rows + [row] if f"{name}_seed_steps_per_s" in r]
+                if timed and f"sweep_over_{name}" not in row:
+                    row[f"sweep_over_{name}_rate"] = (row["sweep_seed_steps_per_s"]
+                                                      / timed[-1][f"{name}_seed_steps_per_s"])
+            rows.append(row)
+
+            def fmt(key, spec=".0f", row=row):
+                if key in row:
+                    return format(row[key], spec)
+                return f"({row[key + '_rate']:{spec}})" if key + "_rate" in row else "-"
+
+            say(f"{n:>5} | {fmt('sweep_seed_steps_per_s'):>7} | "
+                f"{fmt('jax_loop_seed_steps_per_s'):>8} | "
+                f"{fmt('torch_loop_seed_steps_per_s'):>12} | "
+                f"{fmt('sweep_over_jax_loop', '.2f'):>9} | "
+                f"{fmt('sweep_over_torch_loop', '.2f'):>13} | {row['sweep_mfu']:>6.1%} | "
+                f"{fmt('sweep_bf16_seed_steps_per_s'):>10} | {fmt('sweep_bf16_mfu', '.1%'):>8} | "
+                f"{_compiled(row['compiles'], row['compile_s']):>13}", flush=True)
+            save(report)
+        if rows:
+            xla = rows[0]["xla_flops_per_seed_step"]
+            say(f"model FLOPs per seed-step: {rows[0]['model_flops_per_seed_step'] / 1e9:.3f} G "
+                "counted (matmuls x 3); XLA cost analysis: "
+                + ("n/a" if xla is None else f"{xla / 1e9:.3f} G (all ops)"))
+
+        say("\nProxies:", flush=True)
         try:
-            row = training.training_row(config, splits, model_cfg, tx, n, steps=steps,
-                                        repeats=repeats, peak=peak,
-                                        loop=n <= loop_max_seeds,
-                                        torch_loop=torch_ok and n <= loop_max_seeds,
-                                        bfloat16=bfloat16, xla_flops=not rows)
+            with timing.stage("proxies"):
+                pf = proxies.bench_fit_and_evaluate(config, proxy_seeds, repeats)
         except jax.errors.JaxRuntimeError as e:
             _reraise_unless_out_of_memory(e)
-            say(f"{n:>5} | out of device memory; larger seed counts skipped")
-            report["training_out_of_memory_at"] = n
-            break
-        for name in ("jax_loop", "torch_loop"):
-            # A loop's rate does not depend on how many seeds it goes through: beyond
-            # loop_max_seeds, compare with the rate it reached at the most seeds timed.
-            timed = [r for r in rows + [row] if f"{name}_seed_steps_per_s" in r]
-            if timed and f"sweep_over_{name}" not in row:
-                row[f"sweep_over_{name}_rate"] = (row["sweep_seed_steps_per_s"]
-                                                  / timed[-1][f"{name}_seed_steps_per_s"])
-        rows.append(row)
-
-        def fmt(key, spec=".0f", row=row):
-            if key in row:
-                return format(row[key], spec)
-            return f"({row[key + '_rate']:{spec}})" if key + "_rate" in row else "-"
-
-        say(f"{n:>5} | {fmt('sweep_seed_steps_per_s'):>7} | {fmt('jax_loop_seed_steps_per_s'):>8}"
-            f" | {fmt('torch_loop_seed_steps_per_s'):>12} | {fmt('sweep_over_jax_loop', '.2f'):>9}"
-            f" | {fmt('sweep_over_torch_loop', '.2f'):>13} | {row['sweep_mfu']:>6.1%}"
-            f" | {fmt('sweep_bf16_seed_steps_per_s'):>10} | {fmt('sweep_bf16_mfu', '.1%'):>8}",
-            flush=True)
-        save(report)
-    if rows:
-        xla = rows[0]["xla_flops_per_seed_step"]
-        say(f"model FLOPs per seed-step: {rows[0]['model_flops_per_seed_step'] / 1e9:.3f} G "
-            "counted (matmuls x 3); XLA cost analysis: "
-            + ("n/a" if xla is None else f"{xla / 1e9:.3f} G (all ops)"))
-
-    say("\nProxies:", flush=True)
-    try:
-        pf = proxies.bench_fit_and_evaluate(config, proxy_seeds, repeats)
-    except jax.errors.JaxRuntimeError as e:
-        _reraise_unless_out_of_memory(e)
-        say(f"  SVD fit and evaluation of {proxy_seeds} seeds: out of device memory (lower "
-            "--proxy_batch_size or --proxy_seeds)")
-        report["proxy_fit_and_evaluate"] = {"num_seeds": proxy_seeds, "error": "out of memory"}
-    else:
-        report["proxy_fit_and_evaluate"] = pf
-        say(f"  SVD of {pf['site']}, ranks {pf['rank_list']}, {pf['num_seeds']} seeds: fit "
-            f"{pf['fit_s']:.2f} s ({pf['fit_seed_ranks_per_s']:.0f} seed-ranks/s, "
-            f"{pf['fit_sentences']} training sentences), evaluate {pf['evaluate_s']:.2f} s "
-            f"({pf['evaluate_seed_ranks_per_s']:.0f} seed-ranks/s, {pf['eval_sentences']} "
-            "sentences)")
-    save(report)
-    if with_kmeans:
-        try:
-            km = proxies.bench_kmeans(repeats=repeats)
-        except ImportError as e:
-            say(f"  k-means vs scikit-learn: skipped ({e})")
+            say(f"  SVD fit and evaluation of {proxy_seeds} seeds: out of device memory (lower "
+                "--proxy_batch_size or --proxy_seeds)")
+            report["proxy_fit_and_evaluate"] = {"num_seeds": proxy_seeds,
+                                                "error": "out of memory"}
         else:
-            report["kmeans"] = km
-            say(f"  k-means, {km['num_seeds']} seeds x k in {km['sizes']}, {km['num_points']} "
-                f"points, {km['num_iters']} iterations: batched JAX {km['jax_batched_s']:.2f} s"
-                f" vs scikit-learn loop {km['sklearn_loop_s']:.2f} s ({km['speedup']:.1f}x)")
-    report["peak_memory"] = training.peak_memory_bytes()
-    report["seconds"] = time.perf_counter() - start
-    say(f"\npeak memory ({report['peak_memory']['kind']}): "
-        f"{report['peak_memory']['bytes'] / 2**20:.0f} MiB; benchmark took "
-        f"{report['seconds']:.0f} s")
-    return report
+            for stage in ("fit", "evaluate"):
+                pf[f"{stage}_compiles"], pf[f"{stage}_compile_s"] = clock.compiles[
+                    f"proxy {stage}"]
+            report["proxy_fit_and_evaluate"] = pf
+            say(f"  SVD of {pf['site']}, ranks {pf['rank_list']}, {pf['num_seeds']} seeds: fit "
+                f"{pf['fit_s']:.2f} s ({pf['fit_seed_ranks_per_s']:.0f} seed-ranks/s, "
+                f"{pf['fit_sentences']} training sentences; compiled "
+                f"{_compiled(pf['fit_compiles'], pf['fit_compile_s'])}), evaluate "
+                f"{pf['evaluate_s']:.2f} s ({pf['evaluate_seed_ranks_per_s']:.0f} seed-ranks/s, "
+                f"{pf['eval_sentences']} sentences; compiled "
+                f"{_compiled(pf['evaluate_compiles'], pf['evaluate_compile_s'])})")
+        save(report)
+        if with_kmeans:
+            try:
+                with timing.stage("kmeans"):
+                    km = proxies.bench_kmeans(repeats=repeats)
+            except ImportError as e:
+                say(f"  k-means vs scikit-learn: skipped ({e})")
+            else:
+                km["compiles"], km["compile_s"] = clock.compiles["kmeans"]
+                report["kmeans"] = km
+                say(f"  k-means, {km['num_seeds']} seeds x k in {km['sizes']}, "
+                    f"{km['num_points']} points, {km['num_iters']} iterations: batched JAX "
+                    f"{km['jax_batched_s']:.2f} s vs scikit-learn loop {km['sklearn_loop_s']:.2f}"
+                    f" s ({km['speedup']:.1f}x; compiled "
+                    f"{_compiled(km['compiles'], km['compile_s'])})")
+        report["peak_memory"] = training.peak_memory_bytes()
+        report["seconds"] = time.perf_counter() - start
+        report["compilation"] = {"count": clock.compile_count, "seconds": clock.compile_seconds}
+        say(f"\npeak memory ({report['peak_memory']['kind']}): "
+            f"{report['peak_memory']['bytes'] / 2**20:.0f} MiB; benchmark took "
+            f"{report['seconds']:.0f} s, of which compilation {clock.compile_seconds:.1f} s "
+            f"({clock.compile_count} XLA programs)")
+        return report
+
+
+def _compiled(count: int, seconds: float) -> str:
+    """'3 in 4.2 s': XLA compilations of a stage and their seconds."""
+    return f"{count} in {seconds:.1f} s"

@@ -258,19 +258,27 @@ def fit_one(spec: ProxySpec, spec_index: int, stats: dict, key: jax.Array, num_s
     return FittedProxy(spec, per_site)
 
 
-def make_intervention(module, site_params: dict) -> model_lib.Intervention:
+def make_intervention(module, site_params: dict,
+                      active: dict | None = None) -> model_lib.Intervention:
     """Intervention replacing each site by the proxy with ONE seed's, ONE size's params.
 
     Data-dependent proxies carry a head axis G first (one proxy per head); others have none.
+    `active` ({site: traced bool}, optional): a site whose flag is False passes through
+    unchanged, so one compiled program serves every family of a proxy method (see `evaluate`).
     """
-    def intervention(name: str, value: jax.Array) -> jax.Array:
-        if name not in site_params:
-            return value
+    def replace(name: str, value: jax.Array) -> jax.Array:
         if module.STATISTIC is None:
             return module.apply(site_params[name], value)
         grouped = value if value.ndim == 4 else value[:, :, None, :]
         out = jax.vmap(module.apply, in_axes=(0, 2), out_axes=2)(site_params[name], grouped)
         return out.reshape(value.shape)
+
+    def intervention(name: str, value: jax.Array) -> jax.Array:
+        if name not in site_params:
+            return value
+        if active is None:
+            return replace(name, value)
+        return jax.lax.cond(active[name], functools.partial(replace, name), lambda v: v, value)
 
     return intervention
 
@@ -292,7 +300,7 @@ class EvalSet:
     num_bins: tuple[int, ...]
     breakdowns: tuple[str, ...]  # ("all", *task.BREAKDOWNS)
     per_split: tuple[int, ...]  # bins allotted to each split, per breakdown
-    widths: tuple[int, ...]  # the splits' own widths (chunks are cut to the smallest that fits)
+    widths: tuple[int, ...]  # the splits' own widths, sorted (see _eval_batches)
 
 
 def make_eval_set(splits: dict, names: Sequence[str], task=None) -> EvalSet:
@@ -323,41 +331,57 @@ def make_eval_set(splits: dict, names: Sequence[str], task=None) -> EvalSet:
                    breakdowns, per_split, tuple(sorted({v.tokens.shape[1] for v in views})))
 
 
-@functools.partial(jax.jit, static_argnames=("model_cfg", "method", "num_sizes", "num_bins"))
-def _eval_chunk(params, proxy_params, tokens, evaluated, bins, *, model_cfg, method: str,
-                num_sizes: int, num_bins: tuple[int, ...]):
+@functools.partial(jax.jit, static_argnames=("model_cfg", "method", "num_sizes", "num_bins",
+                                             "widths"))
+def _eval_chunk(params, proxy_params, active, tokens, evaluated, bins, width_index, *,
+                model_cfg, method: str, num_sizes: int, num_bins: tuple[int, ...],
+                widths: tuple[int, ...]):
+    """One chunk [B, T] of every seed and size. The program holds one branch per width of
+    `widths`; `width_index` picks the one that runs, on the chunk's first `width` columns
+    (the rest are padding: a causal model's values before them do not depend on them)."""
     module = proxies.get(method)
-    targets = jnp.roll(tokens, -1, axis=1)
-    weight = evaluated.astype(jnp.float32)
 
-    def binned(values: jax.Array) -> list[jax.Array]:
-        """values [B, T, M] -> per breakdown, sums [num_bins, M] over evaluated positions."""
-        return [jnp.einsum("btm,btk->km", values * weight[..., None],
-                           jax.nn.one_hot(bins[..., i], nb, dtype=jnp.float32))
-                for i, nb in enumerate(num_bins)]
+    def at_width(width: int, tokens, evaluated, bins):
+        tokens, evaluated, bins = tokens[:, :width], evaluated[:, :width], bins[:, :width]
+        targets = jnp.roll(tokens, -1, axis=1)
+        weight = evaluated.astype(jnp.float32)
 
-    def one_seed(p, site_params):
-        logits, _ = model_lib.forward(p, tokens, model_cfg)
-        acc_original = metrics.correct(logits, targets)
+        def binned(values: jax.Array) -> list[jax.Array]:
+            """values [B, T, M] -> per breakdown, sums [num_bins, M] over evaluated positions."""
+            return [jnp.einsum("btm,btk->km", values * weight[..., None],
+                               jax.nn.one_hot(bins[..., i], nb, dtype=jnp.float32))
+                    for i, nb in enumerate(num_bins)]
 
-        def one_size(size_params):
-            proxy_logits, _ = model_lib.forward(
-                p, tokens, model_cfg, intervention=make_intervention(module, size_params))
-            values = jnp.stack([jnp.ones_like(weight), metrics.jsd(logits, proxy_logits),
-                                metrics.same_pred(logits, proxy_logits), acc_original,
-                                metrics.correct(proxy_logits, targets)], axis=-1)
-            return binned(values), values[..., 1]  # and the per-position JSD [B, T]
+        def one_seed(p, site_params):
+            logits, _ = model_lib.forward(p, tokens, model_cfg)
+            acc_original = metrics.correct(logits, targets)
 
-        size_axis = 0 if module.STATISTIC is None else 1  # see FittedProxy
-        return jax.vmap(one_size, in_axes=size_axis, axis_size=num_sizes)(site_params)
+            def one_size(size_params):
+                proxy_logits, _ = model_lib.forward(
+                    p, tokens, model_cfg,
+                    intervention=make_intervention(module, size_params, active))
+                values = jnp.stack([jnp.ones_like(weight), metrics.jsd(logits, proxy_logits),
+                                    metrics.same_pred(logits, proxy_logits), acc_original,
+                                    metrics.correct(proxy_logits, targets)], axis=-1)
+                return binned(values), values[..., 1]  # and the per-position JSD [B, T]
 
-    seed_axis = None if module.STATISTIC is None else 0
-    return jax.vmap(one_seed, in_axes=(0, seed_axis))(params, proxy_params)
+            size_axis = 0 if module.STATISTIC is None else 1  # see FittedProxy
+            return jax.vmap(one_size, in_axes=size_axis, axis_size=num_sizes)(site_params)
+
+        seed_axis = None if module.STATISTIC is None else 0
+        sums, jsd = jax.vmap(one_seed, in_axes=(0, seed_axis))(params, proxy_params)
+        pad = [(0, 0)] * (jsd.ndim - 1) + [(0, tokens_width - width)]
+        return sums, jnp.pad(jsd, pad)  # one shape for every branch
+
+    tokens_width = tokens.shape[1]
+    branches = [functools.partial(at_width, w) for w in widths]
+    return jax.lax.switch(width_index, branches, tokens, evaluated, bins)
 
 
 def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
              fitted: Sequence[FittedProxy], *, batch_size: int, seeds: Sequence[int],
              healthy: np.ndarray | None = None, seed_chunk_size: int = 0,
+             shared: Sequence[FittedProxy] = (), one_width: bool | None = None,
              say=print) -> list[dict]:
     """Tidy rows: one per (seed, target, method, size, split, breakdown, bin).
 
@@ -366,61 +390,98 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     jsd_p99: exact quantiles (linear interpolation) of the per-position JSD (NaN on other rows).
     Seeds marked unhealthy (diverged in training) are left out. Seeds run in sequential chunks
     of `seed_chunk_size` (0: as many as fit the device, planned per proxy family).
+
+    Compilations: one program per proxy method (and list of sizes), whatever the families and
+    split widths. Its sites are those of every family of the method in `fitted` and `shared`
+    (the run's other families, when the caller evaluates one family at a time); a family
+    passes the sites it does not simplify through unchanged (a traced flag). `one_width`: the
+    program runs every chunk padded to the widest split (default on accelerators, where a
+    compilation costs more than the padding's extra work); else it holds one branch per split
+    width and runs a chunk at the narrowest that holds it (default on CPU, where padding the
+    Dyck demo's five short splits to `longer` made the evaluation 1.5x slower). The numbers
+    of the two agree within float32 rounding (sums over more, zero, terms).
     """
     rows, num_seeds = [], jax.tree.leaves(params)[0].shape[0]
     params = distributed.shard_seeds(params)  # placed once for all families (padded)
     # The split of each evaluated position, in the order of the per-position JSD.
     split_ids = np.concatenate([c[2][..., 0][c[1]] for c in _eval_batches(eval_set, batch_size)])
+    if one_width is None:
+        one_width = jax.default_backend() != "cpu"
+    widths = eval_set.widths[-1:] if one_width else eval_set.widths
+    programs = _program_sites([*fitted, *shared])
     for proxy in fitted:
-        totals, jsd = _evaluate_family(params, num_seeds, model_cfg, eval_set, proxy,
-                                       batch_size, seed_chunk_size, say)
+        totals, jsd = _evaluate_family(params, num_seeds, model_cfg, eval_set, widths, proxy,
+                                       programs[_program_key(proxy.spec)], batch_size,
+                                       seed_chunk_size, say)
         quantiles = _jsd_quantiles(jsd, split_ids, len(eval_set.split_names))
         rows += _rows(proxy.spec, totals, quantiles, eval_set, seeds, healthy)
     return rows
 
 
-def _evaluate_family(params, num_seeds: int, model_cfg, eval_set: EvalSet, proxy: FittedProxy,
+def _program_key(spec: ProxySpec) -> tuple:
+    """Families with the same key share one compiled evaluation (the sizes fix the shapes of
+    the fitted parameters of a site)."""
+    return spec.method, spec.sizes
+
+
+def _program_sites(families: Sequence[FittedProxy]) -> dict[tuple, dict]:
+    """{program key: {site: one family's fitted params of that site}} over `families`: the
+    sites each program replaces, and the shapes of their parameters."""
+    programs: dict[tuple, dict] = {}
+    for proxy in families:
+        programs.setdefault(_program_key(proxy.spec), {}).update(proxy.params)
+    return {key: dict(sorted(sites.items())) for key, sites in programs.items()}
+
+
+def _evaluate_family(params, num_seeds: int, model_cfg, eval_set: EvalSet,
+                     widths: tuple[int, ...], proxy: FittedProxy, program: dict,
                      batch_size: int, seed_chunk_size: int, say
                      ) -> tuple[list[np.ndarray], np.ndarray]:
     """One family's summed metrics per breakdown [S, R, bins, 5] and per-position JSD at the
     evaluated positions [S, R, n], for the first `num_seeds` seeds of `params` (placed, maybe
-    padded), in chunks (see `evaluate`)."""
+    padded), in chunks (see `evaluate`), by the program replacing the sites of `program`
+    with a branch per width of `widths`."""
     spec = proxy.spec
     per_seed = spec.module.STATISTIC is not None  # else one proxy for all seeds
+    # Sites of the program that this family does not simplify get zeros (never applied).
+    site_params = {s: proxy.params[s] if s in proxy.params
+                   else jax.tree.map(lambda x: np.zeros(np.shape(x), x.dtype), p)
+                   for s, p in program.items()}
+    active = {s: np.bool_(s in proxy.params) for s in program}
     static = dict(model_cfg=model_cfg, method=spec.method, num_sizes=len(spec.sizes),
-                  num_bins=eval_set.num_bins)
+                  num_bins=eval_set.num_bins, widths=widths)
     widest = [jax.ShapeDtypeStruct((batch_size, *a.shape[1:]), a.dtype)
               for a in (eval_set.tokens, eval_set.evaluated, eval_set.bins)]
     chunk_size = seed_chunk(
         lambda w: memory.compiled_bytes(
             _eval_chunk, memory.seed_shapes(params, w),
-            memory.seed_shapes(proxy.params, w) if per_seed else proxy.params, *widest,
-            **static),
+            memory.seed_shapes(site_params, w) if per_seed else site_params, active, *widest,
+            np.int32(0), **static),
         num_seeds, seed_chunk_size, say, what=f"evaluating {spec.method} on {spec.target}",
         lower=f"proxies.eval_batch_size (now {batch_size})")
 
-    def one_chunk(params, proxy_params=proxy.params):
+    def one_chunk(params, proxy_params=site_params):
         totals, jsd = None, []
-        for chunk in _eval_batches(eval_set, batch_size):
-            out, jsd_chunk = _eval_chunk(params, proxy_params, *chunk, **static)
+        for *chunk, width_index in _eval_batches(eval_set, batch_size, widths):
+            out, jsd_chunk = _eval_chunk(params, proxy_params, active, *chunk, width_index,
+                                         **static)
             totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
             # Per-position JSD at the evaluated positions only, one family at a time.
             jsd.append(np.asarray(distributed.to_host(jsd_chunk), np.float32)
                        [..., chunk[1]])  # [S, R, n]
         return distributed.to_host(totals), np.concatenate(jsd, axis=-1)
 
-    trees = [params, proxy.params] if per_seed else [params]
+    trees = [params, site_params] if per_seed else [params]
     return over_seed_chunks(one_chunk, trees, num_seeds, chunk_size)
 
 
-def _eval_batches(eval_set: EvalSet, batch_size: int):
-    """[tokens, evaluated, bins] in chunks of batch_size sentences. Causal model: trailing
-    all-PAD columns change nothing, so a chunk is cut to the smallest split width that holds it
-    (one compilation per split width)."""
+def _eval_batches(eval_set: EvalSet, batch_size: int, widths: Sequence[int] = ()):
+    """[tokens, evaluated, bins, width index] in chunks of batch_size sentences, as wide as the
+    widest split (one shape: one compilation), with the index into `widths` (sorted, the last
+    the widest) of the narrowest that holds the chunk's tokens."""
     for chunk in padded_chunks([eval_set.tokens, eval_set.evaluated, eval_set.bins], batch_size):
         used = int((chunk[0] != tasks.PAD).any(0).nonzero()[0].max()) + 1
-        width = min(w for w in eval_set.widths if w >= used)
-        yield [a[:, :width] for a in chunk]
+        yield [*chunk, np.int32(next((i for i, w in enumerate(widths) if w >= used), 0))]
 
 
 def _jsd_quantiles(jsd: np.ndarray, split_ids: np.ndarray, num_splits: int) -> np.ndarray:

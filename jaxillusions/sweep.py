@@ -25,6 +25,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 from flax import serialization
+from PIL import Image
 
 from jaxillusions import (
     checkpoint,
@@ -33,6 +34,7 @@ from jaxillusions import (
     interrupt,
     model,
     tasks,
+    timing,
     train,
     validate,
     wen,
@@ -168,9 +170,19 @@ def _stamp(**settings) -> str:
 
 def run(config, workdir: str, *, verbose: bool = True, start_over: bool = False) -> list[dict]:
     """The whole job, resumable stage by stage (see the module docstring). Returns the rows.
+    Ends with one line saying where the time went: seconds per stage and compilations
+    (timing.Breakdown).
 
     With several processes (distributed.initialize) all of them compute, each on its devices'
     seeds, and process 0 alone writes the files; every process returns all rows."""
+    with timing.Breakdown() as clock:
+        rows = _run(config, workdir, verbose=verbose, start_over=start_over)
+    if clock.seconds and verbose and distributed.is_main():  # not when there was nothing to do
+        print(clock.line())
+    return rows
+
+
+def _run(config, workdir: str, *, verbose: bool, start_over: bool) -> list[dict]:
     say = print if verbose and distributed.is_main() else (lambda *a, **k: None)
     start = time.perf_counter()
     pc = config.proxies
@@ -202,10 +214,12 @@ def run(config, workdir: str, *, verbose: bool = True, start_over: bool = False)
     specs = faithfulness.specs_from_config(pc, model_cfg)
     eval_set = faithfulness.make_eval_set(splits, pc.eval_splits, tasks.get(config))
 
-    state, final_eval = train.train_sweep(config, workdir, splits=splits, verbose=verbose,
-                                          start_over=start_over)
+    with timing.stage("training"):
+        state, final_eval = train.train_sweep(config, workdir, splits=splits, verbose=verbose,
+                                              start_over=start_over)
     if wen.enabled(config) and distributed.is_main():  # Wen et al. measurements (config.wen)
-        wen.run_stage(state, final_eval, model_cfg, config, workdir, verbose=verbose)
+        with timing.stage("wen"):
+            wen.run_stage(state, final_eval, model_cfg, config, workdir, verbose=verbose)
     if not pc.methods:
         _mark_done(config, workdir)
         return []
@@ -260,13 +274,15 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
     if todo:
         say(f"[{time.perf_counter() - start:.0f}s] training done; fitting {len(todo)} proxy "
             f"families on the training split ({len(splits['train'].tokens)} sentences)")
-        stats = faithfulness.collect(params, splits["train"], model_cfg, specs,
-                                     num_samples=pc.kmeans_samples,
-                                     batch_size=pc.collect_batch_size, **chunking)
+        with timing.stage("collection"):
+            stats = faithfulness.collect(params, splits["train"], model_cfg, specs,
+                                         num_samples=pc.kmeans_samples,
+                                         batch_size=pc.collect_batch_size, **chunking)
         for n, i in enumerate(todo, 1):
-            proxy = faithfulness.fit_one(specs[i], i, stats, jax.random.PRNGKey(config.seed),
-                                         len(seeds), **chunking)
-            fitted[i] = jax.tree.map(np.asarray, proxy.params)
+            with timing.stage("fitting"):
+                proxy = faithfulness.fit_one(specs[i], i, stats, jax.random.PRNGKey(config.seed),
+                                             len(seeds), **chunking)
+                fitted[i] = jax.tree.map(np.asarray, proxy.params)
             _write(stages.path(i, specs[i], ".msgpack"), serialization.msgpack_serialize(
                 {"stamp": fit_stamps[i], "value": fitted[i]}))
             _stop_if_signalled(
@@ -278,15 +294,18 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
     say(f"[{time.perf_counter() - start:.0f}s] evaluating on {', '.join(pc.eval_splits)} "
         f"({len(eval_set.tokens)} sentences)")
     rows = []
+    # All families, so that those of one proxy method share one compiled program.
+    shared = [faithfulness.FittedProxy(spec, f) for spec, f in zip(specs, fitted, strict=True)]
     for i, spec in enumerate(specs):
         stamp = _stamp(fit=fit_stamps[i], splits=list(pc.eval_splits),
                        batch=pc.eval_batch_size)
         path = stages.path(i, spec, "_rows.json")
         family = stages.load(path, stamp, _read_json)
         if family is None:
-            family = faithfulness.evaluate(
-                params, model_cfg, eval_set, [faithfulness.FittedProxy(spec, fitted[i])],
-                batch_size=pc.eval_batch_size, seeds=seeds, healthy=healthy, **chunking)
+            with timing.stage("evaluation"):
+                family = faithfulness.evaluate(
+                    params, model_cfg, eval_set, [shared[i]], batch_size=pc.eval_batch_size,
+                    seeds=seeds, healthy=healthy, shared=shared, **chunking)
             _write(path, json.dumps({"stamp": stamp, "value": family}))
         say(f"  [{i + 1}/{len(specs)}] {spec.method} on {spec.target}: sizes "
             f"{list(spec.sizes)}", flush=True)
@@ -297,11 +316,13 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
 
     if not distributed.is_main():  # process 0 writes the reports
         return rows
-    results.write_csv(rows, os.path.join(workdir, "results.csv"))
-    data_baselines = tasks.get(config).baselines(splits, list(pc.eval_splits))
-    write_reports(rows, config, workdir, seeds, healthy, verbose=verbose, model_cfg=model_cfg,
-                  data_baselines=data_baselines)
-    write_activation_figures(params, splits, model_cfg, config, workdir, seeds, healthy)
+    with timing.stage("reports"):  # write_reports' figures count to "figures"
+        results.write_csv(rows, os.path.join(workdir, "results.csv"))
+        data_baselines = tasks.get(config).baselines(splits, list(pc.eval_splits))
+        write_reports(rows, config, workdir, seeds, healthy, verbose=verbose,
+                      model_cfg=model_cfg, data_baselines=data_baselines)
+    with timing.stage("figures"):
+        write_activation_figures(params, splits, model_cfg, config, workdir, seeds, healthy)
     say(f"[{time.perf_counter() - start:.0f}s] proxies done: {workdir}/results.csv, "
         f"{workdir}/figures/")
     return rows
@@ -337,7 +358,8 @@ def write_reports(rows, config, workdir: str, seeds, healthy, *, verbose: bool =
     # other in-distribution split (iid_with_train) included: the control, a gap near 0.
     gaps = [g for g in stat_tables["gaps"] if g["baseline"] == baseline
             and g["split"] != baseline]
-    write_views(rows, config, workdir, seeds, healthy, model_cfg=model_cfg, gaps=gaps)
+    with timing.stage("figures"):  # and the TensorBoard views
+        write_views(rows, config, workdir, seeds, healthy, model_cfg=model_cfg, gaps=gaps)
 
 
 def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,
@@ -358,8 +380,7 @@ def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,
                 if task.bin_labels(b) and any(r["breakdown"] == b for r in rows)}
     with log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
         def emit(fig, tag: str, name: str) -> None:
-            writer.image(tag, fig)
-            figures.save(fig, os.path.join(fig_dir, name + ".png"))
+            _emit(writer, tag, fig, os.path.join(fig_dir, name + ".png"))
 
         for method in sized:
             if gaps:
@@ -375,8 +396,11 @@ def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,
                 emit(figures.faithfulness_by_label(rows, method, splits, breakdown, labels),
                      f"same_pred_by_{breakdown}/{method}", f"same_pred_by_{breakdown}_{method}")
         for site, method in dict.fromkeys((r["site"], r["method"]) for r in rows):
+            # The family's rows, all that the figure reads: it aggregates every row it is
+            # given (over seeds, per bin), the most costly part of the reports on all rows.
+            family = [r for r in rows if r["site"] == site and r["method"] == method]
             for breakdown in breakdowns:
-                emit(figures.accuracy_by_bin(rows, site, method, splits, breakdown,
+                emit(figures.accuracy_by_bin(family, site, method, splits, breakdown,
                                              bounds[breakdown]),
                      f"accuracy_by_{breakdown}/{method}/{site}",
                      f"accuracy_by_{breakdown}_{method}_{site.replace('+', '_and_')}")
@@ -408,5 +432,13 @@ def write_activation_figures(params, splits, model_cfg, config, workdir: str, se
         return
     with log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
         for name, fig in figs.items():
-            writer.image(f"activations/{name}", fig)
-            figures.save(fig, os.path.join(workdir, "figures", f"{name}.png"))
+            _emit(writer, f"activations/{name}", fig, os.path.join(workdir, "figures",
+                                                                  f"{name}.png"))
+
+
+def _emit(writer, tag: str, fig, path: str) -> None:
+    """Saves `fig` as `path` and shows that image under TensorBoard's IMAGES: the figure is
+    drawn once (drawing is most of its cost; writer.image of the Figure would draw it again)."""
+    figures.save(fig, path)
+    with Image.open(path) as image:
+        writer.image(tag, np.asarray(image.convert("RGB")))

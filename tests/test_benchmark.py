@@ -50,6 +50,12 @@ def test_benchmark_smoke(config):
     assert rows[1]["xla_flops_per_seed_step"] is None
     pf = report["proxy_fit_and_evaluate"]
     assert pf["num_seeds"] == 2 and pf["fit_seed_ranks_per_s"] > 0
+    # Compilations per stage beside the rates: the first row compiles the training step; the
+    # proxy stages compile their programs (at least one each) in their warm-up calls.
+    assert rows[0]["compiles"] >= 1 and rows[0]["compile_s"] > 0
+    assert pf["fit_compiles"] >= 1 and pf["evaluate_compiles"] >= 1
+    assert report["compilation"]["count"] >= (rows[0]["compiles"] + rows[1]["compiles"]
+                                              + pf["fit_compiles"] + pf["evaluate_compiles"])
     assert report["peak_memory"]["bytes"] > 0
     assert report["peak_matmul"]["flops_per_s"] > 0
     assert report["peak_matmul"]["bf16_flops_per_s"] > 0

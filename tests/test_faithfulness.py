@@ -8,7 +8,7 @@ import scipy.stats
 
 from jaxillusions import faithfulness as F
 from jaxillusions import logging as log_lib
-from jaxillusions import metrics, proxies, sweep, train
+from jaxillusions import metrics, proxies, sweep, timing, train
 from jaxillusions.analysis import results, tables
 from jaxillusions.model import forward
 
@@ -136,6 +136,42 @@ def test_batched_evaluation_equals_item_by_item(trained):
                     assert row_d["same_pred"] == pytest.approx(same[depth_mask].mean(), abs=2e-5)
 
 
+def test_demo_families_compile_once_per_method_at_any_width(trained):
+    """The demo's 8 families (svd and k-means on q, k and q+k; one-hot and uniform attention)
+    on splits of two widths: one compilation of the evaluation per proxy method (it was one
+    per family and width: 16). Padded to the widest split or run at each split's width, the
+    rows agree within float32 rounding."""
+    _, splits, model_cfg, params = trained
+    targets = [("blocks.1.attn.q",), ("blocks.1.attn.k",), ("blocks.1.attn.q", "blocks.1.attn.k")]
+    specs = [F.ProxySpec(method, sites, sizes, options) for method, sizes, options in
+             (("svd", (1, 4, 16), (("center", False),)), ("kmeans", (2, 8), (("num_iters", 5),)))
+             for sites in targets]
+    specs += [F.ProxySpec(m, ("blocks.1.attn.pattern",))
+              for m in ("onehot_attention", "uniform_attention")]
+    stats = F.collect(params, splits["train"], model_cfg, specs, num_samples=500,
+                      batch_size=256)
+    fitted = F.fit(specs, stats, jax.random.PRNGKey(0), num_seeds=2)
+    eval_set = F.make_eval_set(splits, ["iid", "longer"])
+    assert len(eval_set.widths) == 2
+    rows = {}
+    for one_width in (False, True):
+        jax.clear_caches()  # count every compilation, whatever ran before
+        with timing.Breakdown() as clock:  # one family at a time, as the sweep does
+            rows[one_width] = [row for proxy in fitted for row in F.evaluate(
+                params, model_cfg, eval_set, [proxy], batch_size=64, seeds=[0, 1],
+                shared=fitted, one_width=one_width)]
+        assert clock.programs["jit(_eval_chunk)"] == 4, (one_width, clock.programs)
+    keys = ("seed", "site", "method", "size", "split", "breakdown", "bin", "n")
+    assert [[r[k] for k in keys] for r in rows[True]] == [[r[k] for k in keys]
+                                                          for r in rows[False]]
+    for padded, narrow in zip(rows[True], rows[False], strict=True):
+        for column in ("same_pred", "acc_original", "acc_proxy"):  # sums of 0/1: exact
+            assert padded[column] == narrow[column]
+        for column in ("jsd", "jsd_p95", "jsd_p99"):
+            assert padded[column] == pytest.approx(narrow[column], rel=1e-6, abs=1e-12,
+                                                   nan_ok=True)
+
+
 def test_full_rank_svd_is_faithful_and_rank_one_is_not(trained):
     config, splits, model_cfg, params = trained
     spec = F.ProxySpec("svd", ("blocks.1.attn.q", "blocks.1.attn.k"), (1, 16))
@@ -164,10 +200,16 @@ def test_unhealthy_seed_rows_are_left_out(trained):
 def test_sweep_end_to_end_writes_table_figures_and_tensorboard(trained, tmp_path):
     config = trained[0]
     config.proxies.methods = ("svd", "kmeans", "uniform_attention")
-    config.proxies.targets = ("blocks.-1.attn.k",)
+    config.proxies.targets = ("blocks.-1.attn.q", "blocks.-1.attn.k")
     config.proxies.eval_splits = ("iid", "unseen_depth")
     workdir = str(tmp_path / "run")
-    rows = sweep.run(config, workdir, verbose=False)
+    jax.clear_caches()
+    with timing.Breakdown() as clock:
+        rows = sweep.run(config, workdir, verbose=False)
+    # The families of a method share one compiled evaluation (5 families, 3 methods).
+    assert clock.programs["jit(_eval_chunk)"] == 3, clock.programs
+    assert {"training", "collection", "fitting", "evaluation", "reports",
+            "figures"} <= set(clock.seconds)
     back = results.read_csv(os.path.join(workdir, "results.csv"))
     assert len(back) == len(rows) > 0
     assert set(rows[0]) == set(back[0])
