@@ -139,3 +139,19 @@ def test_stat_tables_round_trip_through_csv(tmp_path):
                     assert b[k] == v
                 else:
                     assert b[k] == pytest.approx(v, rel=1e-12), (name, k)
+
+
+def test_t_half_width_equals_scipy_for_every_seed_count():
+    """The cached Student-t quantile gives scipy's value exactly, per column and per scalar."""
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=(6, 40))
+    values[rng.random(values.shape) < 0.3] = np.nan  # columns with 0..6 seeds
+    n = (~np.isnan(values)).sum(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        expected = (scipy.stats.t.ppf(0.975, np.maximum(n - 1, 1))
+                    * np.sqrt(np.nanvar(values, 0, ddof=1) / n))
+    expected = np.where(n > 1, expected, np.nan)
+    _, half = stats.t_half_width(values)
+    np.testing.assert_array_equal(half, expected)
+    for column in range(values.shape[1]):
+        np.testing.assert_array_equal(stats.t_half_width(values[:, column])[1], expected[column])

@@ -27,6 +27,7 @@ rows are used.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -60,6 +61,13 @@ CORRELATION_COLUMNS = ("site", "method", "size", "split", "metric", "predictor",
 MIN_SIZE_COLUMNS = ("seed", "site", "method", "split", "threshold", "min_size", "max_size")
 
 
+@functools.cache
+def _t_quantile(probability: float, df: int) -> float:
+    # Reports ask for the same few quantiles hundreds of thousands of times, and each scipy call
+    # costs ~50 us; the value is the same float either way.
+    return float(scipy.stats.t.ppf(probability, df))
+
+
 def t_half_width(values: np.ndarray, axis: int = 0, confidence: float = CONFIDENCE
                  ) -> tuple[np.ndarray, np.ndarray]:
     """Mean over `axis` (seeds) ignoring NaN, and the Student-t interval half-width
@@ -72,7 +80,13 @@ def t_half_width(values: np.ndarray, axis: int = 0, confidence: float = CONFIDEN
         mean = np.where(ok, v, 0.0).sum(axis=axis) / n
         dev = np.where(ok, v - np.expand_dims(mean, axis), 0.0)
         var = (dev**2).sum(axis=axis) / (n - 1)
-        t = scipy.stats.t.ppf(0.5 + confidence / 2, np.maximum(n - 1, 1))
+        df = np.maximum(n - 1, 1)
+        if np.ndim(df) == 0:
+            t = _t_quantile(0.5 + confidence / 2, int(df))
+        else:
+            dfs, where = np.unique(df, return_inverse=True)
+            t = np.array([_t_quantile(0.5 + confidence / 2, int(d)) for d in dfs])
+            t = t[where].reshape(df.shape)
         half = t * np.sqrt(var / n)
     return mean, np.where(n > 1, half, np.nan)
 
