@@ -25,10 +25,19 @@ aliases of its own hooks (`blocks.0.attn.k.hook_out`); `site_name` reads both. T
 three sites: 4.x's `hook_attn_scores` holds the softmaxed pattern on this architecture, so
 `attn.scores` has no 4.x hook, while 4.x's `ln_final.hook_out` (after the LayerNorm's scale and
 bias, as ours) and `hook_unembed` (the logits) give `ln_final` and `logits` hooks that 3.9 lacks.
+
+Sparse dictionaries to SAELens: `sae_to_saelens` writes one seed's, one head's, one size's TopK
+SAE (proxies/sae.py) as a SAELens directory (`sae_weights.safetensors` and `cfg.json`,
+architecture "topk", hook_name `tl_name(site)`), which `sae_lens.SAE.load_from_disk` loads;
+`saelens_from_workdir` takes it from a finished sweep with the "sae" proxy (`sae_params` reads
+its fitted params).
 """
 
 from __future__ import annotations
 
+import glob
+import json
+import os
 import warnings
 from importlib import metadata
 from typing import Any
@@ -235,3 +244,127 @@ def from_workdir(workdir: str, seed: int | str, device: str = "cpu") -> Any:
 
     run = load_run(workdir)
     return to_transformer_lens(run.seed_params(seed), run.model_config, device)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sparse dictionaries (proxies/sae.py) to SAELens.
+
+SAELENS_WEIGHTS = "sae_weights.safetensors"  # SAELens's file names (sae_lens.constants)
+SAELENS_CONFIG = "cfg.json"
+SAELENS_FORMAT = "6.54.12"  # the sae-lens release whose format this writes and was tested with
+_HEAD_SITES = ("q", "k", "v", "z")  # per-head sites: [batch, pos, head, d_head] in TL
+
+
+def _per_head(site: str) -> bool:
+    return site.rsplit(".", 1)[-1] in _HEAD_SITES
+
+
+def sae_to_saelens(params: dict, path: str, site: str, *, head: int | None = None,
+                   model_name: str = "jaxillusions") -> str:
+    """One seed's, one head's, one size's TopK SAE -> a SAELens directory at `path` (created;
+    existing SAELens files there are refused, not overwritten). Returns `path`.
+
+    `params`: sae.fit's leaves without their leading axes (W_enc [F, W], b_enc [W], W_dec [W, F],
+    b_dec [F], mask [W], kmask [K]), e.g. from `sae_params`. Only the live latents (mask) are
+    written: d_sae is the size's width and k its k (kmask). SAELens's TopK SAE computes
+    TopK(ReLU((x - b_dec) @ W_enc + b_enc)) @ W_dec + b_dec with W_dec [d_sae, d_in]: ours, as is.
+    hook_name is `tl_name(site)`; per-head sites (attn q/k/v/z: TL's hook is [batch, pos, head,
+    d_head]) need `head`, written as SAELens's hook_head_index (SAELens reads that head's
+    [batch, pos, d_head] slice, as its ActivationsStore does), since our SAE on such a site is
+    one dictionary per head. (HookedSAETransformer.add_sae ignores hook_head_index: spliced
+    there, it would run this head's SAE on every head.)"""
+    from safetensors.numpy import save_file
+
+    hook = tl_name(site)  # a site TL has no hook for is refused here
+    if "b_in" in params:
+        raise ValueError("params have b_in: a transcoder, not an SAE; SAELens's TopK SAE "
+                         "reconstructs its own input")
+    if np.ndim(params["W_enc"]) != 2:
+        raise ValueError(f"params['W_enc'] has shape {np.shape(params['W_enc'])}: pass one seed's, "
+                         "head's and size's params [F, W] (e.g. export.sae_params)")
+    if _per_head(site) != (head is not None):
+        raise ValueError(f"site {site!r} is " + ("per head: pass head=" if _per_head(site) else
+                                                 "not per head: head must be None"))
+    if head is not None and head < 0:
+        raise ValueError(f"head={head}: must be >= 0")
+    live = np.asarray(params["mask"], bool)
+    width, k = int(live.sum()), int(np.sum(params["kmask"]))
+    if not np.all(live[:width]):  # sae.fit's mask is a prefix: latents 0..width-1
+        raise ValueError("params['mask'] is not a prefix of live latents")
+    # Contiguous copies: safetensors writes an array's buffer, and W_enc[:, :width] is a view.
+    weights = {name: np.ascontiguousarray(np.asarray(params[name], np.float32)[cut]) for name, cut
+               in (("W_enc", np.s_[:, :width]), ("b_enc", np.s_[:width]),
+                   ("W_dec", np.s_[:width]), ("b_dec", np.s_[:]))}
+    # SAELens 6's TopKSAEConfig.to_dict(), as its SAE.save_model writes it. metadata's
+    # sae_lens_version marks the 6.x layout (without it SAELens converts the file as pre-6.0);
+    # hook_name and hook_head_index say where the SAE reads.
+    cfg = {"d_in": weights["b_dec"].shape[0], "d_sae": width, "dtype": "float32",
+           "device": "cpu", "apply_b_dec_to_input": True, "normalize_activations": "none",
+           "reshape_activations": "none",
+           "metadata": {"sae_lens_version": SAELENS_FORMAT, "sae_lens_training_version": None,
+                        "model_name": model_name, "hook_name": hook, "hook_head_index": head,
+                        "prepend_bos": False},
+           "k": k, "rescale_acts_by_decoder_norm": False, "architecture": "topk"}
+    files = [os.path.join(path, SAELENS_WEIGHTS), os.path.join(path, SAELENS_CONFIG)]
+    if any(os.path.exists(f) for f in files):
+        raise FileExistsError(f"{path} already holds a SAELens SAE; choose another directory")
+    os.makedirs(path, exist_ok=True)
+    save_file(weights, files[0])
+    with open(files[1], "w") as f:
+        json.dump(cfg, f, indent=2)
+    return path
+
+
+def sae_params(workdir: str, seed: int | str, site: str, width: int, k: int | None = None, *,
+               head: int | None = None, target: str | None = None) -> dict:
+    """One seed's (its number or member label), one head's SAE at `site` of width `width` (and
+    `k`; None: the one k fitted with that width) from a sweep with the "sae" proxy:
+    <workdir>/proxies/<i>_sae_<target>.msgpack, leaves [seed, head, size, ...]. `target` picks
+    the proxy family when several targets include `site` (e.g. "blocks.1.attn.k+blocks.1.attn.q");
+    `head` is required on per-head sites of a model with several heads."""
+    from flax import serialization
+
+    from jaxillusions.analysis import load_run
+
+    files = sorted(glob.glob(os.path.join(workdir, "proxies", "*_sae_*.msgpack")))
+    if not files:
+        raise FileNotFoundError(f"no fitted SAE in {workdir}/proxies (run a sweep with "
+                                "proxies.methods including 'sae')")
+    families = {}
+    for file in files:
+        with open(file, "rb") as f:
+            value = serialization.msgpack_restore(f.read())["value"]
+        family = os.path.basename(file)[:-len(".msgpack")].split("_sae_", 1)[1]
+        if site in value and (target is None or family == target.replace("+", "_and_")):
+            families[file] = value[site]
+    if len(families) != 1:
+        raise ValueError(f"site {site!r}" + (f", target {target!r}" if target else "") +
+                         f": {len(families)} SAE families fit it in {workdir}/proxies "
+                         f"({', '.join(map(os.path.basename, families)) or 'none'}); "
+                         + ("pass target=" if families else "see their targets"))
+    fitted = next(iter(families.values()))
+    index = load_run(workdir).index(seed)
+    heads = fitted["W_enc"].shape[1]
+    if head is None and heads > 1:
+        raise ValueError(f"site {site!r} has one SAE per head ({heads}): pass head=")
+    if not 0 <= (head or 0) < heads:
+        raise ValueError(f"head={head}: site {site!r} has {heads} head(s)")
+    widths = fitted["mask"][index, head or 0].sum(-1)
+    ks = fitted["kmask"][index, head or 0].sum(-1)
+    sizes = [i for i in range(len(widths)) if widths[i] == width and k in (None, ks[i])]
+    if len(sizes) != 1:
+        raise ValueError(f"width={width}, k={k}: fitted (width, k) are "
+                         f"{sorted(zip(widths.tolist(), ks.tolist(), strict=True))}")
+    return {name: np.asarray(leaf[index, head or 0, sizes[0]]) for name, leaf in fitted.items()}
+
+
+def saelens_from_workdir(workdir: str, path: str, seed: int | str, site: str, width: int,
+                         k: int | None = None, *, head: int | None = None,
+                         target: str | None = None) -> str:
+    """`sae_params` of a finished sweep written as a SAELens directory at `path` (see
+    `sae_to_saelens`; on a per-head site of a one-head model, head 0). Returns `path`."""
+    params = sae_params(workdir, seed, site, width, k, head=head, target=target)
+    head = (head or 0) if _per_head(site) else head
+    return sae_to_saelens(params, path, site, head=head,
+                          model_name=f"jaxillusions:{os.path.basename(os.path.normpath(workdir))}"
+                          f":seed{seed}")

@@ -1,10 +1,11 @@
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxillusions import model, train
+from jaxillusions import model, tasks, train
 from jaxillusions.analysis import load_run
 
 
@@ -160,3 +161,178 @@ def test_site_names_both_ways_and_refusals():
     params = model.init_params(jax.random.PRNGKey(0), cfg)
     with pytest.raises(ValueError, match="seed axis"):
         export.state_dict(jax.tree.map(lambda x: x[None], params), cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sparse dictionaries to SAELens.
+
+
+def _saelens_files(path):
+    """The written SAELens directory, read with the format's own tools: weights and config."""
+    import json
+    import os
+
+    from safetensors.numpy import load_file
+
+    from jaxillusions import export
+
+    assert sorted(os.listdir(path)) == sorted([export.SAELENS_WEIGHTS, export.SAELENS_CONFIG])
+    with open(os.path.join(path, export.SAELENS_CONFIG)) as f:
+        return load_file(os.path.join(path, export.SAELENS_WEIGHTS)), json.load(f)
+
+
+def _saelens_reconstruction(weights, cfg, x):
+    """SAELens 6's TopKSAE.forward in numpy (sae_lens/saes/topk_sae.py): hidden_pre =
+    (x - b_dec) @ W_enc + b_enc (apply_b_dec_to_input), ReLU of its top k, the rest zero, then
+    acts @ W_dec + b_dec, W_dec [d_sae, d_in]."""
+    assert cfg["apply_b_dec_to_input"] and cfg["normalize_activations"] == "none"
+    assert not cfg["rescale_acts_by_decoder_norm"] and cfg["reshape_activations"] == "none"
+    x = np.asarray(x, np.float64)
+    w = {k: v.astype(np.float64) for k, v in weights.items()}
+    pre = (x - w["b_dec"]) @ w["W_enc"] + w["b_enc"]
+    top = np.argsort(-pre, axis=-1)[..., :cfg["k"]]
+    acts = np.zeros_like(pre)
+    np.put_along_axis(acts, top, np.maximum(np.take_along_axis(pre, top, -1), 0), -1)
+    return acts @ w["W_dec"] + w["b_dec"]
+
+
+def test_sae_to_saelens_files_reconstruct_like_sae_apply(tmp_path):
+    """Always runs (SAELens cannot be installed beside TransformerLens 4): the written weights
+    and cfg.json, read directly and run with SAELens's TopK semantics, equal sae.apply."""
+    pytest.importorskip("safetensors")
+    from jaxillusions import export
+    from jaxillusions.proxies import sae
+
+    x = jax.random.normal(jax.random.PRNGKey(0), (512, 6)) * jnp.arange(1.0, 7.0) + 0.5
+    stats = {"x": x, "valid": jnp.arange(512) < 500}
+    # Widths 5 and 8 in one fit: width 5 is padded to 8 latents and must be cut back.
+    fitted = sae.fit(stats, (5, 8), key=jax.random.PRNGKey(1), k=3, steps=200, batch_size=64)
+    diffs = {}
+    for index, width in enumerate((5, 8)):
+        one = jax.tree.map(lambda a, i=index: np.asarray(a[i]), fitted)
+        path = export.sae_to_saelens(one, str(tmp_path / f"w{width}"), "blocks.0.resid_post")
+        weights, cfg = _saelens_files(path)
+        assert {k: v.shape for k, v in weights.items()} == {
+            "W_enc": (6, width), "b_enc": (width,), "W_dec": (width, 6), "b_dec": (6,)}
+        assert all(v.dtype == np.float32 for v in weights.values())
+        assert cfg["architecture"] == "topk" and (cfg["d_in"], cfg["d_sae"], cfg["k"]) == (
+            6, width, 3)
+        assert cfg["metadata"]["hook_name"] == export.tl_name("blocks.0.resid_post") == (
+            "blocks.0.hook_resid_post")
+        assert cfg["metadata"]["hook_head_index"] is None and cfg["dtype"] == "float32"
+        # Marks the 6.x layout: without it SAELens reads the file as pre-6.0 and converts it.
+        assert cfg["metadata"]["sae_lens_version"] == export.SAELENS_FORMAT
+        ours = np.asarray(sae.apply(one, x))
+        got = _saelens_reconstruction(weights, cfg, x)
+        np.testing.assert_allclose(got, ours, rtol=0, atol=1e-5)
+        diffs[width] = float(np.max(np.abs(got - ours)))
+        assert np.mean(np.sum((x - ours) ** 2, -1)) < 0.5 * np.mean(np.sum((x - x.mean(0)) ** 2,
+                                                                             -1))  # it learned
+    print(f"SAELens format (numpy) vs sae.apply, max |diff| per width: {diffs}")
+    # Nothing overwritten; wrong inputs refused before anything is written.
+    with pytest.raises(FileExistsError, match="already holds"):
+        export.sae_to_saelens(one, path, "blocks.0.resid_post")
+    with pytest.raises(ValueError, match="per head: pass head="):
+        export.sae_to_saelens(one, str(tmp_path / "k"), "blocks.0.attn.k")
+    with pytest.raises(ValueError, match="head=-1: must be >= 0"):
+        export.sae_to_saelens(one, str(tmp_path / "k"), "blocks.0.attn.k", head=-1)
+    with pytest.raises(ValueError, match="not per head"):
+        export.sae_to_saelens(one, str(tmp_path / "r"), "blocks.0.resid_post", head=0)
+    with pytest.raises(ValueError, match="one seed's, head's and size's"):
+        export.sae_to_saelens(jax.tree.map(np.asarray, fitted), str(tmp_path / "a"),
+                              "blocks.0.resid_post")
+    with pytest.raises(ValueError, match="transcoder"):
+        export.sae_to_saelens({**one, "b_in": one["b_dec"]}, str(tmp_path / "t"),
+                              "blocks.0.resid_post")
+    with pytest.raises(ValueError, match="has no"):
+        export.sae_to_saelens(one, str(tmp_path / "s"), "blocks.0.attn.nothing")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w5", "w8"]
+
+
+@pytest.fixture(scope="module")
+def sae_sweep(tmp_path_factory, cache_dir):
+    """A finished tiny sweep with the SAE proxy (width 8) on the last layer's keys, two heads."""
+    from conftest import tiny_sweep_config
+
+    from jaxillusions import sweep
+
+    config = tiny_sweep_config(cache_dir)
+    config.model.n_heads = 2  # d_head 8: one SAE per seed and head
+    config.proxies.methods = ("sae",)
+    config.proxies.sae_sizes = (8,)
+    config.proxies.eval_splits = ("iid",)
+    workdir = str(tmp_path_factory.mktemp("sae_sweep") / "run")
+    sweep.run(config, workdir, verbose=False)
+    return workdir
+
+
+def _site_values(workdir, seed, site, head):
+    """That seed's activations at `site` (one head) on the iid split, valid positions only."""
+    run = load_run(workdir)
+    tokens = run.splits["iid"].tokens[:32]
+    _, cache = model.forward(run.seed_params(seed), tokens, run.model_config, cache=(site,))
+    return np.asarray(cache[site][:, :, head])[np.asarray(tokens) != tasks.PAD], tokens
+
+
+def test_saelens_from_workdir(sae_sweep, tmp_path):
+    pytest.importorskip("safetensors")
+    from jaxillusions import export
+    from jaxillusions.proxies import sae
+
+    site, seed, head = "blocks.1.attn.k", 1, 1  # the tiny config's seeds are 0 and 1
+    params = export.sae_params(sae_sweep, seed, site, 8, head=head)
+    assert params["W_enc"].shape == (8, 8) and int(params["kmask"].sum()) == 4  # default k
+    other = export.sae_params(sae_sweep, 0, site, 8, head=head)
+    assert not np.array_equal(params["W_enc"], other["W_enc"])  # the seed's own SAE
+    path = export.saelens_from_workdir(sae_sweep, str(tmp_path / "sae"), seed, site, 8,
+                                       head=head)
+    weights, cfg = _saelens_files(path)
+    assert cfg["metadata"]["hook_name"] == "blocks.1.attn.hook_k"
+    assert cfg["metadata"]["hook_head_index"] == head and cfg["d_in"] == 8
+    x, _ = _site_values(sae_sweep, seed, site, head)
+    ours = np.asarray(sae.apply(params, x))
+    got = _saelens_reconstruction(weights, cfg, x)
+    np.testing.assert_allclose(got, ours, rtol=0, atol=1e-5)
+    print(f"from workdir, SAELens format (numpy) vs sae.apply: max |diff| "
+          f"{np.max(np.abs(got - ours)):.2e} over {len(x)} positions")
+    with pytest.raises(ValueError, match="pass head="):
+        export.sae_params(sae_sweep, seed, site, 8)
+    with pytest.raises(ValueError, match=r"fitted \(width, k\) are \[\(8, 4\)\]"):
+        export.sae_params(sae_sweep, seed, site, 16, head=0)
+    with pytest.raises(ValueError, match="0 SAE families"):
+        export.sae_params(sae_sweep, seed, "blocks.0.attn.k", 8, head=0)
+    with pytest.raises(ValueError, match="seed 7 is not in this run"):
+        export.sae_params(sae_sweep, 7, site, 8, head=0)
+
+
+def test_saelens_loads_and_reconstructs(sae_sweep, tmp_path):
+    """SAELens itself (skipped without it): SAE.load_from_disk of the export reconstructs the
+    seed's activations as sae.apply does, read from our forward and from the TL export's hook."""
+    sae_lens = pytest.importorskip("sae_lens")
+    import torch
+
+    from jaxillusions import export
+    from jaxillusions.proxies import sae
+
+    site, seed, head = "blocks.1.attn.k", 1, 1
+    params = export.sae_params(sae_sweep, seed, site, 8, head=head)
+    path = export.saelens_from_workdir(sae_sweep, str(tmp_path / "sae"), seed, site, 8,
+                                       head=head)
+    loaded = sae_lens.SAE.load_from_disk(path, device="cpu")
+    assert type(loaded).__name__ == "TopKSAE" and loaded.cfg.k == 4 and loaded.cfg.d_sae == 8
+    x, tokens = _site_values(sae_sweep, seed, site, head)
+    ours = np.asarray(sae.apply(params, x))
+    with torch.no_grad():
+        got = loaded(torch.tensor(x)).numpy()
+        l0 = (loaded.encode(torch.tensor(x)) != 0).sum(-1)
+    np.testing.assert_allclose(got, ours, rtol=0, atol=1e-5)
+    assert int(l0.max()) <= 4
+    # Through TransformerLens: the hook SAELens names, at its head index.
+    tl_model = export.from_workdir(sae_sweep, seed=seed)
+    _, tl_cache = tl_model.run_with_cache(torch.tensor(np.asarray(tokens), dtype=torch.long))
+    hook = tl_cache[loaded.cfg.metadata.hook_name][:, :, loaded.cfg.metadata.hook_head_index]
+    with torch.no_grad():
+        via_tl = loaded(hook[torch.tensor(np.asarray(tokens) != tasks.PAD)]).numpy()
+    np.testing.assert_allclose(via_tl, ours, rtol=0, atol=1e-4)
+    print(f"sae_lens {sae_lens.__version__}: load_from_disk vs sae.apply max |diff| "
+          f"{np.max(np.abs(got - ours)):.2e}; on TL's hook {np.max(np.abs(via_tl - ours)):.2e}")
