@@ -23,7 +23,7 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
-from jaxillusions import model, tasks, train
+from jaxillusions import memory, model, tasks, train
 
 # Keys (fnmatch patterns) that may change on resume: analysis, evaluation and logging settings.
 ANALYSIS_KEYS = (
@@ -219,7 +219,10 @@ def validate(config) -> list[str]:
         from jaxillusions import wen  # noqa: PLC0415
 
         wen.check_config(config, model_cfg)
-    return notes + _proxy_checks(config, model_cfg)
+    notes += _proxy_checks(config, model_cfg)
+    # Sizes that cannot fit fail here, before any allocation (they used to hang in it).
+    memory.check_config(config, model_cfg)
+    return notes
 
 
 def _data_train_model_checks(config):

@@ -217,10 +217,10 @@ def guard(job: Callable[[], None], workdir: str, configs: Sequence) -> None:
             raise
         prefix = "" if err.exit_code in interrupt.EXIT_CODES.values() else "error: "
         code, message = err.exit_code, f"{prefix}{err}"
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C outside catch_signals (a second signal: interrupt.py)
         if DEBUG.value:
             raise
-        code, message = 130, ("error: stopped at once by a second signal (work since the last "
+        code, message = 130, ("error: stopped at once by SIGINT (work since the last "
                               "checkpoint is lost); relaunch the same command to resume")
     except (ValueError, OSError) as err:  # our one-line errors, and errors of the system
         if DEBUG.value:

@@ -7,10 +7,13 @@ Trained tiny runs are shared through module-scoped fixtures; each test works on 
 
 import json
 import os
+import queue
 import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import jax
@@ -290,15 +293,23 @@ def test_unknown_key_and_duplicate_sizes(config):
     assert {s.sizes for s in specs if s.method == "kmeans"} == {(2, 4, 8)}
 
 
-def test_shipped_configs_validate():
+def test_shipped_configs_validate(monkeypatch):
     import importlib
     import pkgutil
 
     import configs
+    from jaxillusions import memory
 
+    check = memory.check_config
     for info in pkgutil.iter_modules(configs.__path__):
         config = importlib.import_module(f"configs.{info.name}").get_config()
-        assert validate.validate(config) == [], info.name
+        try:
+            assert validate.validate(config) == [], info.name
+        except ValueError as err:  # a GPU config on a smaller machine: only the memory plan
+            assert "more than this machine's" in str(err), (info.name, str(err))
+            monkeypatch.setattr(memory, "check_config", lambda *a: None)
+            assert validate.validate(config) == [], info.name
+            monkeypatch.setattr(memory, "check_config", check)
         # The keys the README and the memory planner's messages tell users to override on the
         # command line, which can only override keys a config has.
         assert "seed_chunk_size" in config.train and "compute_dtype" in config.model, info.name
@@ -337,6 +348,51 @@ def _signal_after(proc, marker, signum):
             break
     out, err = proc.communicate(timeout=300)
     return proc.returncode, "".join(lines) + out, err
+
+
+def test_a_signal_stops_a_main_thread_blocked_in_native_code(tmp_path):
+    # Was: a launcher blocked in JAX (BlockUntilReady of an allocation that never finished)
+    # ignored SIGTERM: Python runs handlers only between bytecodes, so only kill -9 ended it.
+    # Here the main thread blocks in C (a second lock of a pthread mutex) as it did in XLA:
+    # the first SIGTERM is announced at once, the second ends the process with 143.
+    code = ("import ctypes; from jaxillusions import interrupt\n"
+            "libc, mutex = ctypes.CDLL(None), ctypes.create_string_buffer(64)\n"
+            "with interrupt.catch_signals():\n"
+            "    libc.pthread_mutex_lock(mutex)\n"
+            "    print('blocked', flush=True)\n"
+            "    libc.pthread_mutex_lock(mutex)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
+    try:
+        assert lines.get(timeout=60) == "blocked\n"
+        time.sleep(1)  # into the second lock call
+        proc.send_signal(signal.SIGTERM)
+        assert lines.get(timeout=30) == "\n"  # (old code: nothing, the handler never ran)
+        assert lines.get(timeout=30).startswith("received SIGTERM: stopping")
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        err = proc.stderr.read()
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    (line,) = err.strip().splitlines()
+    assert line.startswith("error: stopped at once by a second SIGTERM"), err
+
+
+@pytest.mark.parametrize("config_file", ["configs/dyck_small.py", "configs/code_small.py"])
+def test_a_model_that_cannot_fit_is_a_one_line_error_before_any_work(config_file, tmp_path):
+    # Was: a hang after "data: loaded", in the allocation of the initial state.
+    start = time.monotonic()
+    line = _one_line_error([sys.executable, "-m", "launch.sweep", f"--config={config_file}",
+                            "--config.model.max_len=100000000", f"--workdir={tmp_path / 'run'}",
+                            f"--config.data.cache_dir={tmp_path / 'cache'}"], timeout=120)
+    assert time.monotonic() - start < 60  # import and validation only (seconds when idle)
+    assert line.startswith("error: model.max_len=100000000: needs an estimated "), line
+    assert "GiB of RAM (CPU: device memory is host RAM)" in line and line.endswith(
+        "; lower model.max_len"), line
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
 
 
 def test_sigterm_saves_and_the_resumed_run_is_bit_identical(tmp_path, cache_dir):
@@ -536,8 +592,8 @@ def test_sweep_stopped_during_proxy_work_resumes_with_identical_results(swept, t
 # 10: every bad input to a launcher is one line on stderr, and no work is done.
 
 
-def _one_line_error(cmd, cwd=ROOT):
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=300)
+def _one_line_error(cmd, cwd=ROOT, timeout=300):
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout)
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]

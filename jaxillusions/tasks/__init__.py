@@ -11,6 +11,8 @@ and reporting are shared and call only what a task module defines:
                                it must cover every evaluated position
   train_num_bins(config)       its number of bins (Dyck: depths up to the deepest split)
   EVALUATED                    what an evaluated position predicts, for messages and axis labels
+  WIDTH_KEYS, VOCAB_KEY        the data.* keys that set the splits' widths and the vocabulary
+                               size (named by memory.check_config when a size cannot fit)
   data_rules()                 validate.RULES rows for its config.data keys
   check_config(config)         the task's combined checks (one-line ValueError) -> notes
   load(config, verbose)        -> {split name: split}, built or read from the cache

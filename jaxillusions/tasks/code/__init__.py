@@ -25,6 +25,8 @@ DEFAULT_EVAL_SPLITS = ("iid", "longer", "deeper", "other_language")
 BREAKDOWNS = ("category", "bracket_depth")
 TRAIN_BREAKDOWN = "category"
 EVALUATED = "next-character"
+WIDTH_KEYS = ("data.context", "data.longer_context")  # set the splits' widths
+VOCAB_KEY = "data.max_vocab"  # bounds the vocabulary size
 
 
 def _data():
