@@ -119,8 +119,11 @@ class WorkdirLock:
 
 
 def claim_workdir(workdir: str, config, may_change=lambda key: False,
-                  defaults: dict | None = None) -> list[str]:
+                  defaults: dict | None = None, record: bool = True) -> list[str]:
     """Records the config in a new workdir, or checks it against the one the workdir holds.
+
+    `record=False` only checks: it raises as below but writes nothing (and returns no notes),
+    so that a run that fails before training (bad data) does not claim a fresh workdir.
 
     Keys for which `may_change(key)` is true (analysis and logging settings, see
     validate.is_analysis_key) may differ: the change is appended to config_history.jsonl,
@@ -128,7 +131,6 @@ def claim_workdir(workdir: str, config, may_change=lambda key: False,
     ValueError: resuming with a different training config would mix two experiments. Keys in
     `defaults` that one side lacks count as their default value there.
     """
-    os.makedirs(workdir, exist_ok=True)
     checkpoints = os.path.join(workdir, CHECKPOINT_DIR)
     if os.path.lexists(checkpoints) and not os.path.isdir(checkpoints):
         raise ValueError(f"{checkpoints} is not a directory, so no checkpoint could be saved "
@@ -137,6 +139,9 @@ def claim_workdir(workdir: str, config, may_change=lambda key: False,
     new = json.loads(config.to_json())
     text = json.dumps(new, indent=2, sort_keys=True)
     if not os.path.exists(path):
+        if not record:
+            return []
+        os.makedirs(workdir, exist_ok=True)
         write_atomic(path, text)
         _append_history(workdir, {"time": _now(), "event": "created"})
         return []
@@ -154,7 +159,7 @@ def claim_workdir(workdir: str, config, may_change=lambda key: False,
             f"workdir {workdir} holds a run with a different config ({len(fixed)} training keys "
             f"differ, e.g. {k}: {old_flat.get(k, '<missing>')!r} there vs "
             f"{new_flat.get(k, '<missing>')!r} now); use a new --workdir or the same config")
-    if not diffs:
+    if not diffs or not record:
         return []
     changes = {k: [old_flat.get(k), new_flat.get(k)] for k in diffs}
     _append_history(workdir, {"time": _now(), "event": "changed", "changes": changes})

@@ -176,8 +176,9 @@ def run(config, workdir: str, *, verbose: bool = True, start_over: bool = False)
     start = time.perf_counter()
     pc = config.proxies
     validate.validate(config)  # the whole config, before any work (the launchers show its notes)
-    for note in train.claim_workdir(workdir, config):
-        say(note)
+    # Checked here; claimed (config.json written) by train_sweep once the data has loaded, so a
+    # data error leaves a fresh workdir unclaimed.
+    train.claim_workdir(workdir, config, record=False)
     move_aside = _mover(workdir, say)
     done = _read_done(workdir, move_aside)
     if done is not None and done["analysis"] == _analysis_settings(config):

@@ -5,6 +5,7 @@ lock, all seeds diverged, stage-by-stage resume of the main job, one-line launch
 Trained tiny runs are shared through module-scoped fixtures; each test works on a copy.
 """
 
+import dataclasses
 import json
 import os
 import queue
@@ -633,6 +634,53 @@ def test_launcher_bad_input_is_exactly_one_line(case, tmp_path):
                 "other_training_config": "data.seed: 0 there vs 7 now"}
     assert expected[case] in line
     assert not cache.exists() or not os.listdir(cache)
+
+
+def test_degenerate_code_data_is_refused_before_training(tmp_path):
+    # Was: data.min_char_count=1e9 mapped every character to UNK; the run reported accuracy
+    # 1.000 on every split and exited 0.
+    from test_code_task import code_config
+
+    config = code_config(tmp_path)
+    config.data.min_char_count = 1_000_000_000
+    with pytest.raises(ValueError, match=r"^data: split train has an UNK rate of 1\.000 .*"
+                                         r"lower data\.min_char_count \(now 1000000000\)") as err:
+        train.train_sweep(config, str(tmp_path / "run"), verbose=False)
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "run" / checkpoint.CONFIG_FILE).exists()
+
+
+def test_split_checks_refuse_one_class_and_no_evaluated_positions(config):
+    splits, _, _ = train.build(config)
+    one_class = dict(splits)  # every closing bracket of `iid` made the same type
+    iid = splits["iid"]
+    close = iid.tokens[:, 1:][iid.is_close[:, :-1]].max()
+    tokens = iid.tokens.copy()
+    tokens[:, 1:][iid.is_close[:, :-1]] = close
+    one_class["iid"] = dataclasses.replace(iid, tokens=tokens)
+    with pytest.raises(ValueError, match=r"every one of the \d+ evaluated targets of split iid "
+                                         rf"is token {close}, so any model scores accuracy 1\.0"):
+        train.build(config, one_class)
+    none = dict(splits)
+    none["longer"] = dataclasses.replace(splits["longer"],
+                                         is_close=np.zeros_like(splits["longer"].is_close))
+    with pytest.raises(ValueError, match=r"split longer has \d+ rows but no evaluated position"):
+        train.build(config, none)
+
+
+def test_a_data_error_leaves_a_fresh_workdir_unclaimed(tmp_path, cache_dir):
+    # Was: config.json written before the data error, so the relaunch with the fixed data config
+    # was refused as "a different config". (Dyck-1 with these sizes: the data cannot be made.)
+    config_file = _config_file(tmp_path, cache_dir, steps=2)
+    workdir = tmp_path / "run"
+    line = _one_line_error([sys.executable, "-m", "launch.train", f"--config={config_file}",
+                            "--config.data.num_types=1", f"--workdir={workdir}"])
+    assert line.startswith("error: dyck split 'seen_structure': found 0 of 64"), line
+    assert not (workdir / checkpoint.CONFIG_FILE).exists()
+    proc = _launch("launch.train", config_file, workdir)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    assert (workdir / checkpoint.CONFIG_FILE).exists()
 
 
 @pytest.mark.parametrize("case", ["bad_variant", "no_variant", "workdir_is_a_file"])

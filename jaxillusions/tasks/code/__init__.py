@@ -39,6 +39,11 @@ def categories() -> tuple[str, ...]:
     return tuple(_data().CATEGORIES)
 
 
+# Above this fraction of UNK characters in a split, the model mostly predicts UNK and its
+# accuracy measures nothing (e.g. data.min_char_count above every character's count).
+MAX_UNK_RATE = 0.05
+
+
 class Splits(dict):
     """{split name: splits.CodeSplit}, with the character vocabulary (`vocab`) and the UNK rate
     per split (`unk_rates`)."""
@@ -97,6 +102,15 @@ def load(config, verbose: bool = True) -> Splits:
     out.vocab = made.vocab
     out.unk_rates = dict(made.unk_rates)
     return out
+
+
+def data_problems(splits, config) -> list[str]:
+    """A split whose UNK rate is above MAX_UNK_RATE (see tasks.check_data)."""
+    return [f"split {name} has an UNK rate of {rate:.3f} (characters outside the training "
+            f"vocabulary of {splits.vocab.size if splits.vocab else '?'} ids), above "
+            f"{MAX_UNK_RATE}; lower data.min_char_count (now {config.data.min_char_count}) or "
+            f"raise data.max_vocab (now {config.data.max_vocab})"
+            for name, rate in getattr(splits, "unk_rates", {}).items() if rate > MAX_UNK_RATE]
 
 
 def _empty(width: int):
