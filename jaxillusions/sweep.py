@@ -14,6 +14,7 @@ superseded/<time>/ (with the results it produced) and recomputed.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import glob
 import json
@@ -57,10 +58,37 @@ def _analysis_settings(config) -> dict:
             if k.startswith(("proxies.", "wen.")) and k != "proxies.seed_chunk_size"}
 
 
-def _write(path: str, data: str | bytes) -> None:
+def _write(path: str, data: str | bytes, stage: str) -> None:
     """checkpoint.write_atomic in process 0, which writes the run's files (a no-op elsewhere)."""
     if distributed.is_main():
-        checkpoint.write_atomic(path, data)
+        with _writing(stage, path):
+            checkpoint.write_atomic(path, data)
+
+
+class StageWriteError(OSError):
+    """A file of a stage could not be written; str(err) is the one line naming both."""
+
+
+@contextlib.contextmanager
+def _writing(stage: str, path: str):
+    """An OSError while writing `path` (a full or read-only disk) becomes one line naming the
+    file and the stage, instead of a bare "[Errno 28] No space left on device"."""
+    try:
+        yield
+    except StageWriteError:
+        raise
+    except OSError as err:
+        raise StageWriteError(f"the {stage} stage could not write {path}: "
+                      f"{err.strerror or checkpoint.error_line(err)}; what was saved before is "
+                      "intact: free space and relaunch the same command to resume") from err
+
+
+def _stop_in_reports(workdir: str) -> None:
+    """Raises interrupt.Stopped if this process received a signal while writing the reports
+    (process 0 alone writes them: no collective here)."""
+    interrupt.raise_if_requested(
+        f"while writing the reports; results.csv and the proxy stages are saved in {workdir}; "
+        "relaunch the same command to write the reports")
 
 
 def _stop_if_signalled(what: str) -> None:
@@ -74,7 +102,7 @@ def _stop_if_signalled(what: str) -> None:
 def _mark_done(config, workdir: str) -> None:
     _write(os.path.join(workdir, DONE_FILE), json.dumps(
         {"time": checkpoint._now(), "analysis": _analysis_settings(config)},  # noqa: SLF001
-        indent=2, sort_keys=True))
+        indent=2, sort_keys=True), "final")
 
 
 def _read_json(path: str):
@@ -266,7 +294,7 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
                                          len(seeds), **chunking)
             fitted[i] = jax.tree.map(np.asarray, proxy.params)
             _write(stages.path(i, specs[i], ".msgpack"), serialization.msgpack_serialize(
-                {"stamp": fit_stamps[i], "value": fitted[i]}))
+                {"stamp": fit_stamps[i], "value": fitted[i]}), "proxy fitting")
             _stop_if_signalled(
                 f"while fitting proxies; {n} of {len(todo)} families fitted and saved in "
                 f"{stages.dir}; relaunch the same command to resume")
@@ -285,7 +313,7 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
             family = faithfulness.evaluate(
                 params, model_cfg, eval_set, [faithfulness.FittedProxy(spec, fitted[i])],
                 batch_size=pc.eval_batch_size, seeds=seeds, healthy=healthy, **chunking)
-            _write(path, json.dumps({"stamp": stamp, "value": family}))
+            _write(path, json.dumps({"stamp": stamp, "value": family}), "proxy evaluation")
         say(f"  [{i + 1}/{len(specs)}] {spec.method} on {spec.target}: sizes "
             f"{list(spec.sizes)}", flush=True)
         rows += family
@@ -295,10 +323,13 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
 
     if not distributed.is_main():  # process 0 writes the reports
         return rows
-    results.write_csv(rows, os.path.join(workdir, "results.csv"))
+    with _writing("report", os.path.join(workdir, "results.csv")):
+        results.write_csv(rows, os.path.join(workdir, "results.csv"))
+    _stop_in_reports(workdir)
     data_baselines = tasks.get(config).baselines(splits, list(pc.eval_splits))
     write_reports(rows, config, workdir, seeds, healthy, verbose=verbose, model_cfg=model_cfg,
                   data_baselines=data_baselines)
+    _stop_in_reports(workdir)
     write_activation_figures(params, splits, model_cfg, config, workdir, seeds, healthy)
     say(f"[{time.perf_counter() - start:.0f}s] proxies done: {workdir}/results.csv, "
         f"{workdir}/figures/")
@@ -320,12 +351,15 @@ def write_reports(rows, config, workdir: str, seeds, healthy, *, verbose: bool =
                                                  data_baselines=data_baselines)
     if data_baselines:
         names = list(dict.fromkeys(m for b in data_baselines.values() for m in b))
-        tables.write_csv([{"split": s, **b} for s, b in data_baselines.items()],
-                         os.path.join(workdir, "baselines.csv"), ("split", *names))
+        with _writing("report", os.path.join(workdir, "baselines.csv")):
+            tables.write_csv([{"split": s, **b} for s, b in data_baselines.items()],
+                             os.path.join(workdir, "baselines.csv"), ("split", *names))
     for name, table in stat_tables.items():
         columns = tables.STAT_COLUMNS.get(name, tables.BIN_GAP_COLUMNS)
-        tables.write_csv(table, os.path.join(workdir, f"{name}.csv"), columns)
-    with open(os.path.join(workdir, "gap_table.txt"), "w") as f:
+        with _writing("report", os.path.join(workdir, f"{name}.csv")):
+            tables.write_csv(table, os.path.join(workdir, f"{name}.csv"), columns)
+    with _writing("report", os.path.join(workdir, "gap_table.txt")), \
+            open(os.path.join(workdir, "gap_table.txt"), "w") as f:
         f.write(text + "\n")
     if verbose:
         print(text)
@@ -350,10 +384,13 @@ def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,
     breakdowns = [b for b in bounds if any(r["breakdown"] == b for r in rows)]
     labelled = {b: task.bin_labels(b) for b in task.BREAKDOWNS
                 if task.bin_labels(b) and any(r["breakdown"] == b for r in rows)}
-    with log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
+    with _writing("report", os.path.join(workdir, "tensorboard")), \
+            log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
         def emit(fig, tag: str, name: str) -> None:
+            _stop_in_reports(workdir)  # each figure takes a while: a signal stops between them
             writer.image(tag, fig)
-            figures.save(fig, os.path.join(fig_dir, name + ".png"))
+            with _writing("report", os.path.join(fig_dir, name + ".png")):
+                figures.save(fig, os.path.join(fig_dir, name + ".png"))
 
         for method in sized:
             if gaps:
@@ -399,7 +436,10 @@ def write_activation_figures(params, splits, model_cfg, config, workdir: str, se
                                                 key_site)
     if not figs:
         return
-    with log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
+    with _writing("report", os.path.join(workdir, "tensorboard")), \
+            log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
         for name, fig in figs.items():
             writer.image(f"activations/{name}", fig)
-            figures.save(fig, os.path.join(workdir, "figures", f"{name}.png"))
+            path = os.path.join(workdir, "figures", f"{name}.png")
+            with _writing("report", path):
+                figures.save(fig, path)

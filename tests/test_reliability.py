@@ -6,6 +6,7 @@ Trained tiny runs are shared through module-scoped fixtures; each test works on 
 """
 
 import dataclasses
+import errno
 import json
 import os
 import queue
@@ -587,6 +588,62 @@ def test_sweep_stopped_during_proxy_work_resumes_with_identical_results(swept, t
     sweep.run(swept["config"], workdir, verbose=False)
     with open(os.path.join(workdir, "results.csv"), "rb") as f:
         assert f.read() == swept["csv"]
+
+
+@pytest.mark.parametrize("signals", [1, 2])
+def test_sigterm_in_the_report_stage_exits_143(swept, tmp_path, cache_dir, signals):
+    # Was: "stopping..." then 58 s more of figures and exit 0; two SIGTERMs exited 130. The
+    # relaunch after the stop writes the reports (training and proxy stages are kept).
+    workdir = str(tmp_path / "run")
+    shutil.copytree(swept["workdir"], workdir)
+    for name in ("results.csv", sweep.DONE_FILE):
+        os.remove(os.path.join(workdir, name))
+    proxies = swept["config"].proxies
+    config_file = tiny_config_file(tmp_path / "swept_config.py", cache_dir, {
+        "train.num_steps": 20, "train.log_every": 5, "proxies.targets": proxies.targets,
+        "proxies.methods": proxies.methods, "proxies.eval_splits": proxies.eval_splits})
+    proc = _launch("launch.sweep", config_file, workdir)
+    lines = []
+    for line in proc.stdout:  # the gap table is printed first, then the figures are drawn
+        lines.append(line)
+        if line.startswith("Population: "):
+            for _ in range(signals):
+                proc.send_signal(signal.SIGTERM)
+                time.sleep(0.3)
+            break
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err[-2000:]
+    (line,) = err.strip().splitlines()
+    assert line.startswith("stopped by SIGTERM while writing the reports" if signals == 1 else
+                           "error: stopped at once by a second SIGTERM"), line
+    assert "proxies done" not in out and not os.path.exists(os.path.join(workdir, sweep.DONE_FILE))
+
+
+@pytest.mark.parametrize("stage, target", [("proxy fitting", ".msgpack"),
+                                           ("proxy evaluation", "_rows.json"),
+                                           ("report", "results.csv")])
+def test_a_full_disk_in_the_proxy_or_report_stage_names_the_file(swept, tmp_path, monkeypatch,
+                                                                 stage, target):
+    # Was: "error: [Errno 28] No space left on device", naming neither file nor stage.
+    workdir = str(tmp_path / "run")
+    shutil.copytree(swept["workdir"], workdir)
+    for name in ("results.csv", sweep.DONE_FILE, sweep.STAGE_DIR):
+        path = os.path.join(workdir, name)
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    write_atomic, write_csv = checkpoint.write_atomic, sweep.results.write_csv
+
+    def full(path, *args, **kwargs):
+        if path.endswith(target):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return (write_csv if path.endswith(".csv") else write_atomic)(path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "write_atomic", full)
+    monkeypatch.setattr(sweep.results, "write_csv", lambda rows, path: full(path, rows))
+    with pytest.raises(OSError) as err:
+        sweep.run(swept["config"], workdir, verbose=False)
+    message = str(err.value)
+    assert message.startswith(f"the {stage} stage could not write {workdir}/"), message
+    assert f"{target}: No space left on device; what was saved before is intact" in message
 
 
 # ---------------------------------------------------------------------------------------------
