@@ -74,8 +74,21 @@ def _unknown_key(argv: list[str], path: str) -> str | None:
     return None
 
 
+def _last_override_wins(argv: list[str]) -> list[str]:
+    """argv without the earlier of repeated `--config.<key>=<value>` overrides: the last one
+    wins, as for any other flag (ml_collections would concatenate repeated tuple overrides:
+    (2,4) then (8,) gave (2, 4, 8))."""
+    keys = [a.split("=", 1)[0] if a.startswith("--config.") and "=" in a else None
+            for a in argv]
+    last = {key: i for i, key in enumerate(keys) if key}
+    return [a for i, (a, key) in enumerate(zip(argv, keys, strict=True))
+            if not key or last[key] == i]
+
+
 def parse_flags(argv: list[str]) -> None:
-    """Parses the flags; a bad flag or config override is a one-line error, not a traceback."""
+    """Parses the flags; a bad flag or config override is a one-line error, not a traceback.
+    A repeated `--config.<key>=` override: the last one wins."""
+    argv = _last_override_wins(argv)
     try:
         flags.FLAGS(argv)
     except (flags.Error, KeyError, AttributeError, ValueError, TypeError) as err:

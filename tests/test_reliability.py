@@ -740,6 +740,14 @@ def test_a_data_error_leaves_a_fresh_workdir_unclaimed(tmp_path, cache_dir):
     assert (workdir / checkpoint.CONFIG_FILE).exists()
 
 
+def test_a_repeated_config_override_the_last_one_wins(tmp_path):
+    # Was: repeated tuple overrides concatenated, (2,4) then (0,) gave (2, 4, 0).
+    line = _one_line_error([sys.executable, "-m", "launch.sweep", "--config=configs/dyck_small.py",
+                            "--config.proxies.kmeans_sizes=(2,4)",
+                            "--config.proxies.kmeans_sizes=(0,)", f"--workdir={tmp_path / 'run'}"])
+    assert line.startswith("error: proxies.kmeans_sizes=(0,): must be cluster counts"), line
+
+
 @pytest.mark.parametrize("case", ["bad_variant", "no_variant", "workdir_is_a_file"])
 def test_wen_attention_launcher_bad_input_is_exactly_one_line(case, tmp_path):
     workdir = tmp_path / "run"
