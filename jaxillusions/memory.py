@@ -220,10 +220,17 @@ def plan(config, model_cfg) -> list[Term]:
     chunk = min(tc.get("seed_chunk_size", 0) or members, members)  # 0: training, all at once
     seeds = ("train.num_seeds", chunk)
     item = 2 if mc.compute_dtype == "bfloat16" else 4
-    shapes = jax.tree.leaves(model_lib._param_shapes(mc),  # noqa: SLF001
-                             is_leaf=lambda x: isinstance(x, tuple))
-    params = sum(math.prod(shape) for shape, _ in shapes)
-    biggest = max(shapes, key=lambda s: math.prod(s[0]))[0]
+    def shapes_of(layers: int) -> list:  # built for at most 3 layers: n_layers may be huge
+        return jax.tree.leaves(
+            model_lib._param_shapes(dataclasses.replace(mc, n_layers=layers)),  # noqa: SLF001
+            is_leaf=lambda x: isinstance(x, tuple))
+
+    def count(layers: int) -> int:
+        return sum(math.prod(shape) for shape, _ in shapes_of(layers))
+
+    few = min(mc.n_layers, 3)  # blocks after the first two are alike (the first may differ)
+    params = count(few) + (mc.n_layers - few) * (count(3) - count(2) if few == 3 else 0)
+    biggest = max(shapes_of(few), key=lambda s: math.prod(s[0]))[0]
     # The dimensions of the largest parameter, named by the keys that set them.
     width_key = max(task.WIDTH_KEYS, key=lambda k: _get(config, k))
     if config.model.get("max_len", 0) >= mc.max_len:

@@ -215,14 +215,14 @@ def validate(config) -> list[str]:
             raise ValueError(f"{key}={flat[key]!r}: must be {allowed}")
     notes = tasks.get(config).check_config(config)
     model_cfg = _data_train_model_checks(config)
+    # Sizes that cannot fit fail here, before any allocation (they used to hang in it), and
+    # before the checks below build per-layer lists.
+    memory.check_config(config, model_cfg)
     if "wen" in config and config.wen.enabled:
         from jaxillusions import wen  # noqa: PLC0415
 
         wen.check_config(config, model_cfg)
-    notes += _proxy_checks(config, model_cfg)
-    # Sizes that cannot fit fail here, before any allocation (they used to hang in it).
-    memory.check_config(config, model_cfg)
-    return notes
+    return notes + _proxy_checks(config, model_cfg)
 
 
 def _data_train_model_checks(config):
