@@ -241,11 +241,13 @@ def guard(job: Callable[[], None], workdir: str, configs: Sequence) -> None:
         own = type(err).__module__.startswith("jaxillusions") or type(err) in (ValueError,
                                                                                  OSError)
         text = str(err).splitlines()[0] if own and str(err) else checkpoint.root_cause(err)
-        code, message = 1, f"error: {text}"
+        # (a collective whose peer process died can surface as a plain ValueError or OSError)
+        code, message = 1, distributed.lost_peer_line(err) or f"error: {text}"
     except Exception as err:  # noqa: BLE001 - one line per error; --debug shows the traceback
         if DEBUG.value:
             raise
-        code, message = 1, f"error: {checkpoint.root_cause(err)} (--debug shows the traceback)"
+        code, message = 1, (distributed.lost_peer_line(err) or
+                            f"error: {checkpoint.root_cause(err)} (--debug shows the traceback)")
     finally:
         lock.release()
     print(message, file=sys.stderr)
