@@ -39,9 +39,10 @@ def categories() -> tuple[str, ...]:
     return tuple(_data().CATEGORIES)
 
 
-# Above this fraction of UNK characters in a split, the model mostly predicts UNK and its
-# accuracy measures nothing (e.g. data.min_char_count above every character's count).
-MAX_UNK_RATE = 0.05
+# Above these fractions of UNK characters the accuracy measures little (e.g. data.min_char_count
+# above every character's count maps everything to UNK). The vocabulary comes from `train`, so
+# its bound is tight; evaluation splits (other_language above all) have unseen characters.
+MAX_UNK_RATE = {"train": 0.05, "other": 0.5}
 
 
 class Splits(dict):
@@ -108,9 +109,13 @@ def data_problems(splits, config) -> list[str]:
     """A split whose UNK rate is above MAX_UNK_RATE (see tasks.check_data)."""
     return [f"split {name} has an UNK rate of {rate:.3f} (characters outside the training "
             f"vocabulary of {splits.vocab.size if splits.vocab else '?'} ids), above "
-            f"{MAX_UNK_RATE}; lower data.min_char_count (now {config.data.min_char_count}) or "
+            f"{_max_unk(name)}; lower data.min_char_count (now {config.data.min_char_count}) or "
             f"raise data.max_vocab (now {config.data.max_vocab})"
-            for name, rate in getattr(splits, "unk_rates", {}).items() if rate > MAX_UNK_RATE]
+            for name, rate in getattr(splits, "unk_rates", {}).items() if rate > _max_unk(name)]
+
+
+def _max_unk(split: str) -> float:
+    return MAX_UNK_RATE["train" if split == "train" else "other"]
 
 
 def _empty(width: int):
