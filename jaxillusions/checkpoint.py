@@ -24,7 +24,8 @@ CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"  # under the workdir
 HISTORY_FILE = "config_history.jsonl"
 LOCK_FILE = ".lock"
-CHECKSUM_FILE = "checksums.json"
+CHECKSUM_FILE = "checksums.json"  # written after orbax commits a step: the step's commit marker
+_ORBAX_COMMITTED = "_CHECKPOINT_METADATA"  # orbax writes it when it commits a step
 
 
 def _now() -> str:
@@ -118,8 +119,11 @@ class WorkdirLock:
 
 
 def claim_workdir(workdir: str, config, may_change=lambda key: False,
-                  defaults: dict | None = None) -> list[str]:
+                  defaults: dict | None = None, record: bool = True) -> list[str]:
     """Records the config in a new workdir, or checks it against the one the workdir holds.
+
+    `record=False` only checks: it raises as below but writes nothing (and returns no notes),
+    so that a run that fails before training (bad data) does not claim a fresh workdir.
 
     Keys for which `may_change(key)` is true (analysis and logging settings, see
     validate.is_analysis_key) may differ: the change is appended to config_history.jsonl,
@@ -127,7 +131,6 @@ def claim_workdir(workdir: str, config, may_change=lambda key: False,
     ValueError: resuming with a different training config would mix two experiments. Keys in
     `defaults` that one side lacks count as their default value there.
     """
-    os.makedirs(workdir, exist_ok=True)
     checkpoints = os.path.join(workdir, CHECKPOINT_DIR)
     if os.path.lexists(checkpoints) and not os.path.isdir(checkpoints):
         raise ValueError(f"{checkpoints} is not a directory, so no checkpoint could be saved "
@@ -136,6 +139,9 @@ def claim_workdir(workdir: str, config, may_change=lambda key: False,
     new = json.loads(config.to_json())
     text = json.dumps(new, indent=2, sort_keys=True)
     if not os.path.exists(path):
+        if not record:
+            return []
+        os.makedirs(workdir, exist_ok=True)
         write_atomic(path, text)
         _append_history(workdir, {"time": _now(), "event": "created"})
         return []
@@ -153,7 +159,7 @@ def claim_workdir(workdir: str, config, may_change=lambda key: False,
             f"workdir {workdir} holds a run with a different config ({len(fixed)} training keys "
             f"differ, e.g. {k}: {old_flat.get(k, '<missing>')!r} there vs "
             f"{new_flat.get(k, '<missing>')!r} now); use a new --workdir or the same config")
-    if not diffs:
+    if not diffs or not record:
         return []
     changes = {k: [old_flat.get(k), new_flat.get(k)] for k in diffs}
     _append_history(workdir, {"time": _now(), "event": "changed", "changes": changes})
@@ -231,7 +237,9 @@ class Checkpointer:
         self._manager = self._new_manager()
 
     def save(self, step: int, state) -> None:
-        """Saves `state` at `step` (atomically: a failed save leaves older checkpoints intact)."""
+        """Saves `state` at `step`, then its checksums.json, the step's commit marker (see
+        `committed`): a failed or killed save leaves an incomplete step that restore_latest
+        skips, and older checkpoints intact."""
         try:
             self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
             self._manager.wait_until_finished()
@@ -242,9 +250,24 @@ class Checkpointer:
             raise OSError(f"could not save checkpoint {step} in {self.directory} "
                           f"({root_cause(err)}); any older checkpoints are intact") from err
 
+    def _step_dir(self, step: int) -> str:
+        return os.path.join(self.directory, str(step))
+
+    def committed(self, step: int) -> bool:
+        """True when the step's save finished: orbax committed it (_CHECKPOINT_METADATA) and
+        its checksums.json, written after that commit, exists. The checksums file is the
+        commit marker of the pair: a kill between the two leaves a step without it, which is
+        incomplete, and so is a step dir that orbax's cleanup of old steps left half-deleted."""
+        return all(os.path.exists(os.path.join(self._step_dir(step), name))
+                   for name in (CHECKSUM_FILE, _ORBAX_COMMITTED))
+
     def _restore(self, step: int, target, abstract):
         """The state at `step`. CheckpointMismatch if it does not fit `target`; any other
-        exception means it is unreadable or fails its checksums."""
+        exception means it is incomplete, unreadable or fails its checksums."""
+        sums_path = os.path.join(self._step_dir(step), CHECKSUM_FILE)
+        if not os.path.exists(sums_path):
+            raise RuntimeError(f"incomplete: no {CHECKSUM_FILE}, so the save did not finish "
+                               "(killed between orbax's commit and the checksums)")
         try:
             metadata = self._manager.item_metadata(step)
         except Exception as err:  # noqa: BLE001
@@ -258,11 +281,6 @@ class Checkpointer:
                 f"{mismatch}; nothing was changed (use another --workdir, or the config and "
                 "code that wrote it)")
         state = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
-        sums_path = os.path.join(self.directory, str(step), CHECKSUM_FILE)
-        if not os.path.exists(sums_path):
-            print(f"WARNING: checkpoint {step} has no {CHECKSUM_FILE} (written by an older "
-                  "version, or killed while saving); restored without verification")
-            return state
         with open(sums_path) as f:
             expected = json.load(f)
         actual = checksums(state)
@@ -275,17 +293,19 @@ class Checkpointer:
         """Returns (step, state) of the newest checkpoint that restores and verifies, or
         (None, target) when there is none.
 
-        An unreadable checkpoint (missing files, corrupt bytes, checksum mismatch) is skipped
-        and the next older one tried, each with a fresh manager; once one restores, the newer
-        unreadable ones are moved to `<workdir>/corrupt_checkpoints/` (kept, never deleted).
-        A checkpoint that reads fine but does not fit `target` stops everything with
-        CheckpointMismatch, touching nothing. If checkpoints exist but none restores, that is a
-        ValueError, and nothing is moved, unless `start_over`: then they are all moved aside and
-        training starts from step 0.
+        An unreadable checkpoint (incomplete: no checksums.json, see `committed`; missing
+        files, corrupt bytes, checksum mismatch) is skipped and the next older one tried, each
+        with a fresh manager; once one restores, the newer unreadable ones, and older step dirs
+        that are incomplete (half-deleted by a kill during orbax's cleanup), are moved to
+        `<workdir>/corrupt_checkpoints/` (kept, never deleted). A checkpoint that reads fine
+        but does not fit `target` stops everything with CheckpointMismatch, touching nothing.
+        If checkpoints exist but none restores, that is a ValueError, and nothing is moved,
+        unless `start_over`: then they are all moved aside and training starts from step 0.
         """
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
         failed: list[tuple[int, str]] = []
-        for step in sorted(self._manager.all_steps(), reverse=True):
+        steps = sorted(self._manager.all_steps(), reverse=True)
+        for step in steps:
             try:
                 state = self._restore(step, target, abstract)
             except CheckpointMismatch:
@@ -294,7 +314,9 @@ class Checkpointer:
                 failed.append((step, error_line(err)))
                 self._renew()
                 continue
-            self._quarantine(failed)
+            self._quarantine(failed + [
+                (s, f"incomplete: no {CHECKSUM_FILE} or {_ORBAX_COMMITTED}, a save or cleanup "
+                    "cut off") for s in steps if s < step and not self.committed(s)])
             return step, state
         if failed and not start_over:
             steps = ", ".join(str(s) for s, _ in failed)
@@ -310,7 +332,7 @@ class Checkpointer:
             aside = os.path.join(os.path.dirname(self.directory), "corrupt_checkpoints",
                                  f"{step}-{int(time.time())}")
             os.makedirs(os.path.dirname(aside), exist_ok=True)
-            shutil.move(os.path.join(self.directory, str(step)), aside)
+            shutil.move(self._step_dir(step), aside)
             print(f"WARNING: checkpoint {step} in {self.directory} is unreadable ({reason}); "
                   f"moved to {aside}")
         if failed:
@@ -343,6 +365,15 @@ def error_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {_first_line(err)}"
 
 
-def _first_line(err: BaseException) -> str:
+def _first_line(err: BaseException, limit: int = 1000) -> str:
+    """The first line of the message, whole: a cut would end mid-sentence (e.g. orbax's
+    "Requested byte range ... is not valid for value of size ..."). Only a line longer than
+    `limit` is shortened, at the end of its last sentence that fits."""
     lines = str(err).strip().splitlines()
-    return lines[0][:200] if lines else type(err).__name__
+    if not lines:
+        return type(err).__name__
+    line = lines[0]
+    if len(line) <= limit:
+        return line
+    end = line.rfind(". ", 0, limit)
+    return line[:end + 1] if end > 0 else line[:limit] + " ..."

@@ -131,6 +131,25 @@ def _roll_call_coordinator(port: int, count: int, deadline: float, address: str,
         raise JoinError(message)
 
 
+# Errors of a collective or of the coordination service when a peer process is gone.
+_LOST_PEER = ("Gloo", "Connection reset by peer", "Connection refused", "UNAVAILABLE",
+              "heartbeat", "Socket closed", "coordination service")
+
+
+def lost_peer_line(err: BaseException) -> str | None:
+    """In a multi-process run, one line for an error that means a peer process was lost (killed,
+    crashed, or its host gone): which one, and that relaunching every process resumes. None for
+    any other error, or with one process."""
+    if jax.process_count() < 2 or not any(s in str(err) for s in _LOST_PEER):
+        return None
+    count, me = jax.process_count(), jax.process_index()
+    who = f"process {1 - me}" if count == 2 else "another process"
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+    return (f"error: lost {who} of {count} (this is process {me}; it stopped or cannot be "
+            f"reached: {first}); relaunch all {count} processes with the same command to "
+            "resume from the last checkpoint")
+
+
 def is_main() -> bool:
     """True in the process that writes files (process 0)."""
     return jax.process_index() == 0

@@ -5,8 +5,13 @@
         interrupt.raise_if_requested("at step 170; checkpoint saved")   # in a loop, after saving
 
 A loop that sees the flag saves what it has and raises `Stopped` with the exit code a scheduler
-expects for that signal (143 for SIGTERM, 130 for SIGINT). A second signal stops at once
-(KeyboardInterrupt), without saving.
+expects for that signal (143 for SIGTERM, 130 for SIGINT). A second signal stops the process at
+once, without saving, with the exit code of that signal.
+
+Python runs a signal handler only when the main thread returns to the interpreter; a main thread
+blocked inside JAX (waiting on a computation or an allocation) would never see the signal. So
+the signals also reach a watcher thread (through `signal.set_wakeup_fd`), which prints the
+"stopping" line at once and ends the process on the second signal, wherever the main thread is.
 """
 
 from __future__ import annotations
@@ -31,12 +36,41 @@ _received: list[int] = []
 
 
 def _handler(signum, frame) -> None:
-    if _received:
-        raise KeyboardInterrupt
-    _received.append(signum)
-    # os.write: print() is not safe inside a signal handler (re-entrant buffered I/O).
-    os.write(1, f"\nreceived {signal.Signals(signum).name}: stopping after the current chunk "
-                "of work, with everything saved (send it again to stop at once)\n".encode())
+    # The watcher thread announces the signal and handles a second one; here only the flag
+    # that the loops check is set.
+    if not _received:
+        _received.append(signum)
+
+
+def _name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+def _watch(read_fd: int) -> None:
+    """The watcher thread: reads the signal numbers that the C-level handler writes to the
+    wakeup fd (even while the main thread is blocked in C++), until the fd closes."""
+    count = 0
+    while True:
+        try:
+            data = os.read(read_fd, 64)
+        except OSError:
+            return
+        if not data:
+            return
+        for signum in data:
+            if signum not in EXIT_CODES:
+                continue
+            count += 1
+            # os.write: no buffered I/O shared with the main thread.
+            if count == 1:
+                os.write(1, f"\nreceived {_name(signum)}: stopping after the current chunk of "
+                            "work, with everything saved (send it again to stop at once)\n"
+                            .encode())
+                continue
+            os.write(2, f"error: stopped at once by a second {_name(signum)} (work since the "
+                        "last checkpoint or saved stage is lost); relaunch the same command to "
+                        "resume\n".encode())
+            os._exit(EXIT_CODES[signum])
 
 
 def requested() -> int | None:
@@ -49,21 +83,31 @@ def raise_if_requested(what: str, signum: int | None = None) -> None:
     is given: one that another process of a multi-host run received)."""
     signum = signum or requested()
     if signum:
-        name = signal.Signals(signum).name
-        raise Stopped(f"stopped by {name} {what}", EXIT_CODES[signum])
+        raise Stopped(f"stopped by {_name(signum)} {what}", EXIT_CODES[signum])
 
 
 @contextlib.contextmanager
 def catch_signals():
-    """Installs the SIGTERM/SIGINT handlers for the duration (main thread only)."""
+    """Installs the SIGTERM/SIGINT handlers and the watcher thread for the duration (main
+    thread only)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     _received.clear()
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)  # the C handler must never block on a full pipe
+    watcher = threading.Thread(target=_watch, args=(read_fd,), name="signal-watcher",
+                               daemon=True)
+    previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
     previous = {s: signal.signal(s, _handler) for s in EXIT_CODES}
+    watcher.start()
     try:
         yield
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+        signal.set_wakeup_fd(previous_fd)
+        os.close(write_fd)  # the watcher reads EOF and ends
+        watcher.join(timeout=5)
+        os.close(read_fd)
         _received.clear()

@@ -9,8 +9,9 @@ with the shapes and shardings of the real first call fills jit's cache, so the e
 extra compilation. Everything but the training tokens (which every device holds once) grows
 with the seeds on the device, so per seed = (step - tokens) / seeds per device.
 
-When the device reports its capacity (GPUs and TPUs: `memory_stats()["bytes_limit"]`) and the
-step does not fit, `describe` says how many seeds per chunk would (`train.seed_chunk_size`).
+The capacity is what the device reports (GPUs and TPUs: `memory_stats()["bytes_limit"]`), or
+on a CPU the host's RAM. When the step does not fit, `describe` says how many seeds per chunk
+would (`train.seed_chunk_size`).
 
 The proxy stage plans its own chunks (`plan_seed_chunk`): the compiled call for all seeds is
 measured the same way and, if it does not fit in 90% of the capacity, the largest number of
@@ -20,6 +21,8 @@ seeds per chunk that does is chosen (checked by compiling that width, the call t
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 from collections.abc import Callable
 
 import jax
@@ -56,12 +59,19 @@ class Estimate:
 
 
 def capacity() -> int | None:
-    """Bytes the first local device can allocate, or None when it does not say (CPU)."""
+    """Bytes the first local device can allocate: its `bytes_limit` (GPUs, TPUs), or on a CPU,
+    whose device memory is host RAM, this process's share of the RAM (host_ram() over the
+    local CPU devices); None when a device says nothing."""
     try:
-        stats = jax.local_devices()[0].memory_stats()
+        device = jax.local_devices()[0]
+        stats = device.memory_stats()
     except Exception:  # noqa: BLE001 - backends without memory statistics
         return None
-    return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"])
+    if device.platform == "cpu":
+        return host_ram() // len(jax.local_devices())
+    return None
 
 
 def _abstract(tree):
@@ -121,6 +131,8 @@ def plan_seed_chunk(bytes_for: Callable[[int], int], num_seeds: int, *, what: st
 
 
 def _size(num_bytes: float) -> str:
+    if num_bytes >= 2**50:
+        return f"{num_bytes / 2**50:.3g} PiB"
     return (f"{num_bytes / GiB:.1f} GiB" if num_bytes >= GiB / 10
             else f"{num_bytes / 2**20:.1f} MiB")
 
@@ -154,3 +166,169 @@ def describe(est: Estimate) -> str:
                  (f"set --config.train.seed_chunk_size={best} (seeds trained at once, over all "
                   "devices)" if best else "even one seed per device does not fit"))
     return line
+
+
+# ---------------------------------------------------------------------------------------------
+# The memory plan of a config, before any allocation (validate.validate calls check_config).
+#
+# The compiled estimate above needs the arrays' shapes placed on the devices, i.e. the data
+# loaded and the step compiled; a size that cannot fit must fail before that (a
+# model.max_len=100000000 used to hang in the allocation of the initial state). So this plan
+# counts, from the config alone, the buffers every run must hold: the parameters with their
+# AdamW moments and gradients, the attention scores and activations of one batch, the data.
+# It is a lower bound (XLA adds temporaries), so a config it rejects cannot run.
+
+
+@dataclasses.dataclass(frozen=True)
+class Term:
+    what: str  # e.g. "parameters, gradients and AdamW moments"
+    num_bytes: int
+    factors: tuple[tuple[str, int], ...]  # (config key, its value) that the term grows with
+    on_device: bool  # device memory (on a CPU: host RAM too); else host RAM only
+
+
+def host_ram() -> int:
+    """Bytes of RAM this process may use: the machine's, or its cgroup's limit if lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
+
+
+def _forward_bytes(batch: int, width: int, model_cfg, item: int, saved: bool = False) -> int:
+    """The activations of one layer for `batch` rows that must be live together: the residual
+    stream with the attention scores or with the MLP's hidden units (inference), or with both
+    (`saved`: a training layer's, kept for the backward pass)."""
+    scores, hidden = model_cfg.n_heads * width, 0 if model_cfg.attn_only else model_cfg.d_mlp
+    per_token = scores + hidden if saved else max(scores, hidden)
+    return batch * width * (per_token + model_cfg.d_model) * item
+
+
+def plan(config, model_cfg) -> list[Term]:
+    """The memory terms of `config` (see above), with the config keys each one grows with."""
+    from jaxillusions import model as model_lib  # noqa: PLC0415
+    from jaxillusions import tasks  # noqa: PLC0415
+
+    task, tc, mc = tasks.get(config), config.train, model_cfg
+    members = tc.num_seeds * max(len(tuple(tc.get("contrastive_weights", ()))), 1)
+    chunk = min(tc.get("seed_chunk_size", 0) or members, members)  # 0: training, all at once
+    seeds = ("train.num_seeds", chunk)
+    item = 2 if mc.compute_dtype == "bfloat16" else 4
+    def shapes_of(layers: int) -> list:  # built for at most 3 layers: n_layers may be huge
+        return jax.tree.leaves(
+            model_lib._param_shapes(dataclasses.replace(mc, n_layers=layers)),  # noqa: SLF001
+            is_leaf=lambda x: isinstance(x, tuple))
+
+    def count(layers: int) -> int:
+        return sum(math.prod(shape) for shape, _ in shapes_of(layers))
+
+    few = min(mc.n_layers, 3)  # blocks after the first two are alike (the first may differ)
+    params = count(few) + (mc.n_layers - few) * (count(3) - count(2) if few == 3 else 0)
+    biggest = max(shapes_of(few), key=lambda s: math.prod(s[0]))[0]
+    # The dimensions of the largest parameter, named by the keys that set them.
+    width_key = max(task.WIDTH_KEYS, key=lambda k: _get(config, k))
+    if config.model.get("max_len", 0) >= mc.max_len:
+        width_key = "model.max_len"
+    names = {mc.max_len: width_key, mc.vocab_size: task.VOCAB_KEY, mc.d_mlp: "model.d_mlp",
+             mc.head_dim: "model.d_head" if config.model.get("d_head", 0) else "model.d_model",
+             mc.n_heads: "model.n_heads", mc.d_model: "model.d_model"}
+    dims = tuple((names.get(n, "model.d_model"), n) for n in biggest)
+    train_width = task.train_width(config)
+    widest = task.widest_width(config)
+    rows = max(_get(config, "data.num_train"), 0)  # code: -1 (all functions) is not counted
+    terms = [
+        # params, gradients, AdamW's two moments: 4 float32 copies per member
+        Term("parameters, gradients and AdamW moments", chunk * params * 16,
+             (seeds, ("model.n_layers", mc.n_layers), *dims), True),
+        Term("the attention scores and activations of a training batch",
+             chunk * mc.n_layers * _forward_bytes(tc.batch_size, train_width - 1, mc, item,
+                                                  saved=True),
+             (seeds, ("train.batch_size", tc.batch_size), (width_key, train_width),
+              ("model.n_layers", mc.n_layers)), True),
+        Term("one layer's attention scores of an evaluation batch",
+             chunk * _forward_bytes(tc.eval_batch_size, widest, mc, item),
+             (seeds, ("train.eval_batch_size", tc.eval_batch_size), (width_key, widest)), True),
+        # the state of every member is also kept on the host (checkpoints, results)
+        Term("parameters and AdamW moments of every member on the host", members * params * 12,
+             (("train.num_seeds", members), *dims), False),
+        Term("the training data", rows * train_width * 13,
+             (("data.num_train", rows), (width_key, train_width)), False),
+    ]
+    if "proxies" in config:
+        pc = config.proxies
+        # 0: the proxy stage plans its own chunks (plan_seed_chunk), down to 1 seed per device
+        pchunk = min(pc.get("seed_chunk_size", 0) or jax.device_count(), members)
+        sites = sum(len(t.split("+")) for t in pc.targets)
+        pseeds = ("train.num_seeds", pchunk)
+        terms += [
+            Term("the activations sampled for the proxies",
+                 pchunk * sites * pc.kmeans_samples * mc.d_model * 4,
+                 (pseeds, ("proxies.kmeans_samples", pc.kmeans_samples),
+                  ("model.d_model", mc.d_model)), True),
+            Term("one layer's attention scores of a proxy collection batch",
+                 pchunk * _forward_bytes(pc.collect_batch_size, train_width, mc, item),
+                 (pseeds, ("proxies.collect_batch_size", pc.collect_batch_size),
+                  (width_key, train_width)), True),
+            Term("one layer's attention scores of a proxy evaluation batch",
+                 pchunk * _forward_bytes(pc.eval_batch_size, widest, mc, item),
+                 (pseeds, ("proxies.eval_batch_size", pc.eval_batch_size),
+                  (width_key, widest)), True),
+        ]
+    wc = config.get("wen")
+    if wc is not None and wc.get("enabled", False) and wc.length_max_len > 0:
+        terms.append(Term(
+            "one layer's attention scores of a Wen length-generalization batch",
+            min(wc.members_per_call, members) * _forward_bytes(
+                wc.length_batch_size, wc.length_max_len + 1, mc, item),
+            (("wen.members_per_call", min(wc.members_per_call, members)),
+             ("wen.length_batch_size", wc.length_batch_size),
+             ("wen.length_max_len", wc.length_max_len)), True))
+    return terms
+
+
+def _get(config, key: str):
+    node = config
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def check_config(config, model_cfg) -> None:
+    """ValueError (one line) when the plan's buffers exceed what the machine has: the device's
+    memory (plus the host's RAM for host buffers), or on a CPU, where device memory is host
+    RAM, the host's RAM for both. It names the key that the largest term grows with most."""
+    terms = plan(config, model_cfg)
+    ram, devices = host_ram(), jax.devices()
+    if devices[0].platform == "cpu":  # one pool: device memory is host RAM
+        groups = [(terms, 1, ram, f"this machine's {_size(ram)} of RAM (CPU: device memory is "
+                   "host RAM)")]
+    else:  # the device terms are shared by the devices (seeds sharded over them)
+        device = capacity() or ram
+        groups = [([t for t in terms if t.on_device], len(devices), device,
+                    f"the {_size(device)} of memory of each device ({devices[0].device_kind})"),
+                  ([t for t in terms if not t.on_device], 1, ram,
+                   f"this machine's {_size(ram)} of host RAM")]
+    for group, share, limit, what in groups:
+        need = sum(t.num_bytes for t in group) // share
+        if need <= limit:
+            continue
+        top = max(group, key=lambda t: t.num_bytes)
+        key, value = max(top.factors, key=lambda kv: kv[1])
+        raise ValueError(
+            f"{key}={_get(config, key) if _has(config, key) else value}: needs an estimated "
+            f"{_size(need)} at least ({_size(top.num_bytes)} for {top.what}), more than "
+            f"{what}; lower {key}")
+
+
+def _has(config, key: str) -> bool:
+    try:
+        _get(config, key)
+    except (KeyError, AttributeError):
+        return False
+    return True

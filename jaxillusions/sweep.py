@@ -14,6 +14,7 @@ superseded/<time>/ (with the results it produced) and recomputed.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import glob
 import json
@@ -58,10 +59,37 @@ def _analysis_settings(config) -> dict:
             if k.startswith(("proxies.", "wen.")) and k != "proxies.seed_chunk_size"}
 
 
-def _write(path: str, data: str | bytes) -> None:
+def _write(path: str, data: str | bytes, stage: str) -> None:
     """checkpoint.write_atomic in process 0, which writes the run's files (a no-op elsewhere)."""
     if distributed.is_main():
-        checkpoint.write_atomic(path, data)
+        with _writing(stage, path):
+            checkpoint.write_atomic(path, data)
+
+
+class StageWriteError(OSError):
+    """A file of a stage could not be written; str(err) is the one line naming both."""
+
+
+@contextlib.contextmanager
+def _writing(stage: str, path: str):
+    """An OSError while writing `path` (a full or read-only disk) becomes one line naming the
+    file and the stage, instead of a bare "[Errno 28] No space left on device"."""
+    try:
+        yield
+    except StageWriteError:
+        raise
+    except OSError as err:
+        raise StageWriteError(f"the {stage} stage could not write {path}: "
+                      f"{err.strerror or checkpoint.error_line(err)}; what was saved before is "
+                      "intact: free space and relaunch the same command to resume") from err
+
+
+def _stop_in_reports(workdir: str) -> None:
+    """Raises interrupt.Stopped if this process received a signal while writing the reports
+    (process 0 alone writes them: no collective here)."""
+    interrupt.raise_if_requested(
+        f"while writing the reports; results.csv and the proxy stages are saved in {workdir}; "
+        "relaunch the same command to write the reports")
 
 
 def _stop_if_signalled(what: str) -> None:
@@ -75,7 +103,7 @@ def _stop_if_signalled(what: str) -> None:
 def _mark_done(config, workdir: str) -> None:
     _write(os.path.join(workdir, DONE_FILE), json.dumps(
         {"time": checkpoint._now(), "analysis": _analysis_settings(config)},  # noqa: SLF001
-        indent=2, sort_keys=True))
+        indent=2, sort_keys=True), "final")
 
 
 def _read_json(path: str):
@@ -187,8 +215,9 @@ def _run(config, workdir: str, *, verbose: bool, start_over: bool) -> list[dict]
     start = time.perf_counter()
     pc = config.proxies
     validate.validate(config)  # the whole config, before any work (the launchers show its notes)
-    for note in train.claim_workdir(workdir, config):
-        say(note)
+    # Checked here; claimed (config.json written) by train_sweep once the data has loaded, so a
+    # data error leaves a fresh workdir unclaimed.
+    train.claim_workdir(workdir, config, record=False)
     move_aside = _mover(workdir, say)
     done = _read_done(workdir, move_aside)
     if done is not None and done["analysis"] == _analysis_settings(config):
@@ -284,7 +313,7 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
                                              len(seeds), **chunking)
                 fitted[i] = jax.tree.map(np.asarray, proxy.params)
             _write(stages.path(i, specs[i], ".msgpack"), serialization.msgpack_serialize(
-                {"stamp": fit_stamps[i], "value": fitted[i]}))
+                {"stamp": fit_stamps[i], "value": fitted[i]}), "proxy fitting")
             _stop_if_signalled(
                 f"while fitting proxies; {n} of {len(todo)} families fitted and saved in "
                 f"{stages.dir}; relaunch the same command to resume")
@@ -306,7 +335,7 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
                 family = faithfulness.evaluate(
                     params, model_cfg, eval_set, [shared[i]], batch_size=pc.eval_batch_size,
                     seeds=seeds, healthy=healthy, shared=shared, **chunking)
-            _write(path, json.dumps({"stamp": stamp, "value": family}))
+            _write(path, json.dumps({"stamp": stamp, "value": family}), "proxy evaluation")
         say(f"  [{i + 1}/{len(specs)}] {spec.method} on {spec.target}: sizes "
             f"{list(spec.sizes)}", flush=True)
         rows += family
@@ -317,10 +346,13 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
     if not distributed.is_main():  # process 0 writes the reports
         return rows
     with timing.stage("reports"):  # write_reports' figures count to "figures"
-        results.write_csv(rows, os.path.join(workdir, "results.csv"))
+        with _writing("report", os.path.join(workdir, "results.csv")):
+            results.write_csv(rows, os.path.join(workdir, "results.csv"))
+        _stop_in_reports(workdir)
         data_baselines = tasks.get(config).baselines(splits, list(pc.eval_splits))
         write_reports(rows, config, workdir, seeds, healthy, verbose=verbose,
                       model_cfg=model_cfg, data_baselines=data_baselines)
+    _stop_in_reports(workdir)
     with timing.stage("figures"):
         write_activation_figures(params, splits, model_cfg, config, workdir, seeds, healthy)
     say(f"[{time.perf_counter() - start:.0f}s] proxies done: {workdir}/results.csv, "
@@ -343,12 +375,15 @@ def write_reports(rows, config, workdir: str, seeds, healthy, *, verbose: bool =
                                                  data_baselines=data_baselines)
     if data_baselines:
         names = list(dict.fromkeys(m for b in data_baselines.values() for m in b))
-        tables.write_csv([{"split": s, **b} for s, b in data_baselines.items()],
-                         os.path.join(workdir, "baselines.csv"), ("split", *names))
+        with _writing("report", os.path.join(workdir, "baselines.csv")):
+            tables.write_csv([{"split": s, **b} for s, b in data_baselines.items()],
+                             os.path.join(workdir, "baselines.csv"), ("split", *names))
     for name, table in stat_tables.items():
         columns = tables.STAT_COLUMNS.get(name, tables.BIN_GAP_COLUMNS)
-        tables.write_csv(table, os.path.join(workdir, f"{name}.csv"), columns)
-    with open(os.path.join(workdir, "gap_table.txt"), "w") as f:
+        with _writing("report", os.path.join(workdir, f"{name}.csv")):
+            tables.write_csv(table, os.path.join(workdir, f"{name}.csv"), columns)
+    with _writing("report", os.path.join(workdir, "gap_table.txt")), \
+            open(os.path.join(workdir, "gap_table.txt"), "w") as f:
         f.write(text + "\n")
     if verbose:  # the headline only; the full tables are in the file
         print(tables.summary_of(text))
@@ -378,8 +413,10 @@ def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,
     breakdowns = [b for b in bounds if any(r["breakdown"] == b for r in rows)]
     labelled = {b: task.bin_labels(b) for b in task.BREAKDOWNS
                 if task.bin_labels(b) and any(r["breakdown"] == b for r in rows)}
-    with log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
+    with _writing("report", os.path.join(workdir, "tensorboard")), \
+            log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
         def emit(fig, tag: str, name: str) -> None:
+            _stop_in_reports(workdir)  # each figure takes a while: a signal stops between them
             _emit(writer, tag, fig, os.path.join(fig_dir, name + ".png"))
 
         for method in sized:
@@ -430,7 +467,8 @@ def write_activation_figures(params, splits, model_cfg, config, workdir: str, se
                                                 key_site)
     if not figs:
         return
-    with log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
+    with _writing("report", os.path.join(workdir, "tensorboard")), \
+            log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
         for name, fig in figs.items():
             _emit(writer, f"activations/{name}", fig, os.path.join(workdir, "figures",
                                                                   f"{name}.png"))
@@ -439,6 +477,7 @@ def write_activation_figures(params, splits, model_cfg, config, workdir: str, se
 def _emit(writer, tag: str, fig, path: str) -> None:
     """Saves `fig` as `path` and shows that image under TensorBoard's IMAGES: the figure is
     drawn once (drawing is most of its cost; writer.image of the Figure would draw it again)."""
-    figures.save(fig, path)
+    with _writing("report", path):
+        figures.save(fig, path)
     with Image.open(path) as image:
         writer.image(tag, np.asarray(image.convert("RGB")))

@@ -386,6 +386,7 @@ def build(config, splits: dict | None = None):
     check_train_config(config.train)
     if splits is None:
         splits = tasks.get(config).load(config)
+    tasks.check_data(config, splits)  # degenerate data is refused before any training
     model_cfg = model_config(config, max(s.tokens.shape[1] for s in splits.values()), splits)
     return splits, model_cfg, make_optimizer(config.train, model_lib.frozen_paths(model_cfg))
 
@@ -440,14 +441,15 @@ def _log_eval(writer, step: int, results: dict, healthy: np.ndarray, task) -> No
     writer.scalars(step, scalars, healthy=healthy)
 
 
-def claim_workdir(workdir: str, config) -> list[str]:
+def claim_workdir(workdir: str, config, record: bool = True) -> list[str]:
     """checkpoint.claim_workdir with validate's analysis keys and defaults, in process 0 (the
-    notes of a changed analysis setting; none in the other processes)."""
+    notes of a changed analysis setting; none in the other processes). `record=False`: check
+    only, write nothing (before the data has loaded)."""
     from jaxillusions import checkpoint as ckpt_lib  # noqa: PLC0415 - keeps orbax off pure use
     from jaxillusions import validate  # noqa: PLC0415
 
     return distributed.on_main(lambda: ckpt_lib.claim_workdir(
-        workdir, config, validate.is_analysis_key, validate.DEFAULTS),
+        workdir, config, validate.is_analysis_key, validate.DEFAULTS, record),
         "checking the workdir") or []
 
 
@@ -494,11 +496,13 @@ def train_sweep(config, workdir: str | None = None, *, splits=None, seeds=None,
     say = print if verbose and distributed.is_main() else (lambda *a, **k: None)
     checkpointer = writer = None
     saved_step = None
-    if workdir is not None:  # the workdir is checked before any data or compilation
+    if workdir is not None:  # the workdir is checked before any data or compilation,
+        claim_workdir(workdir, config, record=False)
+    splits, model_cfg, tx = build(config, splits)
+    if workdir is not None:  # and claimed once the data has loaded and passed its checks
         for note in claim_workdir(workdir, config):
             say(note)
         checkpointer = ckpt_lib.Checkpointer(f"{workdir}/{ckpt_lib.CHECKPOINT_DIR}")
-    splits, model_cfg, tx = build(config, splits)
     objective = objective_from_config(config)
     sweep = members(config, seeds)
     seeds, num = sweep.seeds, len(sweep.seeds)

@@ -23,7 +23,7 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
-from jaxillusions import model, tasks, train
+from jaxillusions import memory, model, tasks, train
 
 # Keys (fnmatch patterns) that may change on resume: analysis, evaluation and logging settings.
 ANALYSIS_KEYS = (
@@ -215,6 +215,9 @@ def validate(config) -> list[str]:
             raise ValueError(f"{key}={flat[key]!r}: must be {allowed}")
     notes = tasks.get(config).check_config(config)
     model_cfg = _data_train_model_checks(config)
+    # Sizes that cannot fit fail here, before any allocation (they used to hang in it), and
+    # before the checks below build per-layer lists.
+    memory.check_config(config, model_cfg)
     if "wen" in config and config.wen.enabled:
         from jaxillusions import wen  # noqa: PLC0415
 

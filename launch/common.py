@@ -74,8 +74,21 @@ def _unknown_key(argv: list[str], path: str) -> str | None:
     return None
 
 
+def _last_override_wins(argv: list[str]) -> list[str]:
+    """argv without the earlier of repeated `--config.<key>=<value>` overrides: the last one
+    wins, as for any other flag (ml_collections would concatenate repeated tuple overrides:
+    (2,4) then (8,) gave (2, 4, 8))."""
+    keys = [a.split("=", 1)[0] if a.startswith("--config.") and "=" in a else None
+            for a in argv]
+    last = {key: i for i, key in enumerate(keys) if key}
+    return [a for i, (a, key) in enumerate(zip(argv, keys, strict=True))
+            if not key or last[key] == i]
+
+
 def parse_flags(argv: list[str]) -> None:
-    """Parses the flags; a bad flag or config override is a one-line error, not a traceback."""
+    """Parses the flags; a bad flag or config override is a one-line error, not a traceback.
+    A repeated `--config.<key>=` override: the last one wins."""
+    argv = _last_override_wins(argv)
     try:
         flags.FLAGS(argv)
     except (flags.Error, KeyError, AttributeError, ValueError, TypeError) as err:
@@ -217,10 +230,10 @@ def guard(job: Callable[[], None], workdir: str, configs: Sequence) -> None:
             raise
         prefix = "" if err.exit_code in interrupt.EXIT_CODES.values() else "error: "
         code, message = err.exit_code, f"{prefix}{err}"
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C outside catch_signals (a second signal: interrupt.py)
         if DEBUG.value:
             raise
-        code, message = 130, ("error: stopped at once by a second signal (work since the last "
+        code, message = 130, ("error: stopped at once by SIGINT (work since the last "
                               "checkpoint is lost); relaunch the same command to resume")
     except (ValueError, OSError) as err:  # our one-line errors, and errors of the system
         if DEBUG.value:
@@ -228,11 +241,13 @@ def guard(job: Callable[[], None], workdir: str, configs: Sequence) -> None:
         own = type(err).__module__.startswith("jaxillusions") or type(err) in (ValueError,
                                                                                  OSError)
         text = str(err).splitlines()[0] if own and str(err) else checkpoint.root_cause(err)
-        code, message = 1, f"error: {text}"
+        # (a collective whose peer process died can surface as a plain ValueError or OSError)
+        code, message = 1, distributed.lost_peer_line(err) or f"error: {text}"
     except Exception as err:  # noqa: BLE001 - one line per error; --debug shows the traceback
         if DEBUG.value:
             raise
-        code, message = 1, f"error: {checkpoint.root_cause(err)} (--debug shows the traceback)"
+        code, message = 1, (distributed.lost_peer_line(err) or
+                            f"error: {checkpoint.root_cause(err)} (--debug shows the traceback)")
     finally:
         lock.release()
     print(message, file=sys.stderr)

@@ -302,3 +302,32 @@ def test_memory_estimate_suggests_a_chunk_size_that_fits():
     assert f"set --config.train.seed_chunk_size={chunk}" in text and "WARNING" in text
     fits = memory.Estimate(1024 * mib, 32 * mib, 4, 1, 1, 8 * 1024 * mib)
     assert fits.fits and "WARNING" not in memory.describe(fits)
+
+
+def test_a_killed_peer_is_named_in_one_line(tmp_path, cache_dir):
+    # Was: "error: UNKNOWN: Gloo AllGather failed ... Connection reset by peer" on the survivor.
+    config_file = tiny_config_file(tmp_path / "config.py", cache_dir, {
+        "train.num_steps": 100_000, "train.log_every": 10, "train.eval_every": 0,
+        "train.checkpoint_every": 0})
+    port, workdir = _free_port(), tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "launch.train", f"--config={config_file}", f"--workdir={workdir}",
+         f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)]
+    try:
+        for line in procs[0].stdout:
+            if line.startswith("step     20/"):
+                procs[1].kill()
+                break
+        _, err = procs[0].communicate(timeout=120)
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[0].returncode == 1, err[-2000:]
+    (line,) = err.strip().splitlines()
+    assert line.startswith("error: lost process 1 of 2 (this is process 0; it stopped or cannot "
+                           "be reached: "), line
+    assert line.endswith("relaunch all 2 processes with the same command to resume from the "
+                         "last checkpoint"), line

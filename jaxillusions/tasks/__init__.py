@@ -11,6 +11,8 @@ and reporting are shared and call only what a task module defines:
                                it must cover every evaluated position
   train_num_bins(config)       its number of bins (Dyck: depths up to the deepest split)
   EVALUATED                    what an evaluated position predicts, for messages and axis labels
+  WIDTH_KEYS, VOCAB_KEY        the data.* keys that set the splits' widths and the vocabulary
+                               size (named by memory.check_config when a size cannot fit)
   data_rules()                 validate.RULES rows for its config.data keys
   check_config(config)         the task's combined checks (one-line ValueError) -> notes
   load(config, verbose)        -> {split name: split}, built or read from the cache
@@ -26,6 +28,12 @@ and reporting are shared and call only what a task module defines:
                                -> {name: figure} of activations (may be empty); run(tokens,
                                   site) gives the site's values for the seeds `shown`
   baselines(splits, names)     -> {split: {metric: value}} of data-only predictors, or {}
+  data_problems(splits, config) (optional) -> one-line problems of the loaded data that make
+                               results meaningless (code: an UNK rate above MAX_UNK_RATE)
+
+`check_data` refuses degenerate data before any training (train.build calls it): a split with rows
+but no evaluated position, a split whose evaluated targets are all one token (any model scores
+1.0 by predicting it), and the task's own data_problems.
 """
 
 from __future__ import annotations
@@ -67,3 +75,29 @@ def get(config_or_name) -> types.ModuleType:
 def positions(tokens: np.ndarray) -> np.ndarray:
     """The position breakdown: bin t at position t."""
     return np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32), tokens.shape)
+
+
+def check_data(config, splits: dict) -> None:
+    """ValueError (one line) if the loaded data cannot give meaningful results (see above). An
+    empty split other than train is left to the task (code: other_language without its
+    source, which it warns about)."""
+    task = get(config)
+    for problem in getattr(task, "data_problems", lambda s, c: [])(splits, config):
+        raise ValueError(f"data: {problem}; nothing was trained")
+    for split_name, split in splits.items():
+        if not len(split.tokens):
+            if split_name == "train":
+                raise ValueError("data: the train split is empty; check the data.* settings")
+            continue
+        view = task.view(split)
+        targets = view.tokens[:, 1:][view.evaluated[:, :-1]]  # position t predicts t + 1
+        if not targets.size:
+            raise ValueError(f"data: split {split_name} has {len(split.tokens)} rows but no "
+                             f"evaluated position ({task.EVALUATED} target); check the data.* "
+                             "settings; nothing was trained")
+        first = targets[0]
+        if (targets == first).all():
+            raise ValueError(f"data: every one of the {targets.size} evaluated targets of split "
+                             f"{split_name} is token {int(first)}, so any model scores accuracy "
+                             "1.0 by always predicting it; check the data.* settings; nothing "
+                             "was trained")

@@ -19,6 +19,8 @@ DEFAULT_EVAL_SPLITS = ("iid", "seen_structure", "unseen_structure", "unseen_dept
 BREAKDOWNS = ("depth", "distance", "position")
 TRAIN_BREAKDOWN = "depth"
 EVALUATED = "closing-bracket"
+WIDTH_KEYS = ("data.max_len", "data.longer_max_len")  # set the splits' widths
+VOCAB_KEY = "data.num_types"  # sets the vocabulary size
 
 
 def data_rules() -> dict:

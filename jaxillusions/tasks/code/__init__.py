@@ -25,6 +25,8 @@ DEFAULT_EVAL_SPLITS = ("iid", "longer", "deeper", "other_language")
 BREAKDOWNS = ("category", "bracket_depth")
 TRAIN_BREAKDOWN = "category"
 EVALUATED = "next-character"
+WIDTH_KEYS = ("data.context", "data.longer_context")  # set the splits' widths
+VOCAB_KEY = "data.max_vocab"  # bounds the vocabulary size
 
 
 def _data():
@@ -35,6 +37,12 @@ def _data():
 
 def categories() -> tuple[str, ...]:
     return tuple(_data().CATEGORIES)
+
+
+# Above these fractions of UNK characters the accuracy measures little (e.g. data.min_char_count
+# above every character's count maps everything to UNK). The vocabulary comes from `train`, so
+# its bound is tight; evaluation splits (other_language above all) have unseen characters.
+MAX_UNK_RATE = {"train": 0.05, "other": 0.5}
 
 
 class Splits(dict):
@@ -95,6 +103,19 @@ def load(config, verbose: bool = True) -> Splits:
     out.vocab = made.vocab
     out.unk_rates = dict(made.unk_rates)
     return out
+
+
+def data_problems(splits, config) -> list[str]:
+    """A split whose UNK rate is above MAX_UNK_RATE (see tasks.check_data)."""
+    return [f"split {name} has an UNK rate of {rate:.3f} (characters outside the training "
+            f"vocabulary of {splits.vocab.size if splits.vocab else '?'} ids), above "
+            f"{_max_unk(name)}; lower data.min_char_count (now {config.data.min_char_count}) or "
+            f"raise data.max_vocab (now {config.data.max_vocab})"
+            for name, rate in getattr(splits, "unk_rates", {}).items() if rate > _max_unk(name)]
+
+
+def _max_unk(split: str) -> float:
+    return MAX_UNK_RATE["train" if split == "train" else "other"]
 
 
 def _empty(width: int):

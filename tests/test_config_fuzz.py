@@ -1,0 +1,109 @@
+"""Config fuzz test (issue 20): for every key of every shipped config (configs/*.py), values of
+the right and wrong types and magnitudes go through validation and the memory plan, in process.
+
+Each value must be accepted, or rejected with a one-line ValueError, within a few seconds; an
+accepted config's memory plan must fit this machine (a larger one is rejected by validate). It
+validates, it does not train. The number of cases tried is printed (pytest -s) and asserted.
+"""
+
+import importlib
+import pkgutil
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from ml_collections import ConfigDict
+
+import configs
+from jaxillusions import memory, train, validate
+
+NAMES = sorted(info.name for info in pkgutil.iter_modules(configs.__path__))
+SECONDS = 5.0  # per case: validation only (about 0.003-0.07 s on the 2-core CPU when idle)
+TRIED = {"cases": 0, "accepted": 0}
+
+
+def _config(name: str) -> ConfigDict:
+    # Not type-safe: values of the wrong type reach validation (ml_collections would refuse
+    # some at assignment, the command-line flags others at parsing).
+    return ConfigDict(importlib.import_module(f"configs.{name}").get_config().to_dict(),
+                      type_safe=False)
+
+
+KEYS = {name: sorted(validate._flat(_config(name))) for name in NAMES}  # noqa: SLF001
+
+SCALARS = st.one_of(
+    st.integers(-3, 3), st.integers(-(10**20), 10**20), st.sampled_from([2**31, 2**63, 10**9]),
+    st.floats(allow_nan=True, allow_infinity=True), st.booleans(), st.none(),
+    st.text(max_size=12), st.sampled_from(["", "iid", "svd", "blocks.-1.attn.k", "float16"]))
+VALUES = st.one_of(SCALARS, st.lists(SCALARS, max_size=4).map(tuple),
+                   st.lists(st.integers(-2, 10**7), max_size=4).map(tuple))
+
+
+def _set(config: ConfigDict, key: str, value) -> None:
+    *path, last = key.split(".")
+    node = config
+    for part in path:
+        node = node[part]
+    node[last] = value
+
+
+def _scaled(value, exponent: int):
+    """The shipped value times 10**exponent, kept in its type (magnitudes of the right type)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return value
+    return type(value)(value * 10**exponent) if exponent >= 0 else type(value)(
+        value / 10**-exponent)
+
+
+def _check(name: str, key: str, value) -> None:
+    config = _config(name)
+    _set(config, key, value)
+    start = time.perf_counter()
+    try:
+        notes = validate.validate(config)
+    except ValueError as err:
+        message = str(err)
+        assert message and "\n" not in message, (key, value, message)
+    else:
+        assert all(isinstance(n, str) and "\n" not in n for n in notes), (key, value, notes)
+        # Accepted: its memory plan fits this machine (CPU: one pool of host RAM).
+        need = sum(t.num_bytes for t in memory.plan(config, train.model_config(config)))
+        assert need <= memory.host_ram(), (key, value, need)
+        TRIED["accepted"] += 1
+    elapsed = time.perf_counter() - start
+    assert elapsed < SECONDS, (key, value, elapsed)
+    TRIED["cases"] += 1
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_key_with_extreme_and_wrong_values(name):
+    # Deterministic: every key once with a huge magnitude of its type and once with a wrong type.
+    shipped = validate._flat(_config(name))  # noqa: SLF001
+    for key in KEYS[name]:
+        value = shipped[key]
+        huge = (10**15 if isinstance(value, int) and not isinstance(value, bool) else
+                1e300 if isinstance(value, float) else (10**15,) if isinstance(value, tuple)
+                else "x" * 10_000)
+        _check(name, key, huge)
+        _check(name, key, "wrong type" if not isinstance(value, str) else 12345)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@settings(max_examples=200, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_random_values_are_accepted_or_one_line_errors(name, data):
+    key = data.draw(st.sampled_from(KEYS[name]), label="key")
+    shipped = validate._flat(_config(name))[key]  # noqa: SLF001
+    value = data.draw(st.one_of(VALUES, st.integers(-6, 9).map(lambda e: _scaled(shipped, e))),
+                      label="value")
+    _check(name, key, value)
+
+
+def test_zz_report_the_number_of_cases():
+    # Runs last in this file (pytest keeps file order): the count for the closing note.
+    print(f"\nconfig fuzz: {TRIED['cases']} cases tried over {sum(map(len, KEYS.values()))} keys "
+          f"of {len(NAMES)} configs, {TRIED['accepted']} accepted")
+    # (0 when this test is selected alone)
+    assert TRIED["cases"] >= 2 * sum(map(len, KEYS.values())) or TRIED["cases"] == 0
