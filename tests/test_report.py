@@ -130,6 +130,11 @@ def test_panel_order_and_split_colours_are_the_same_in_every_figure():
     assert set(colours) == set(splits)
     assert all(len(c) == 1 for c in colours.values()), colours
     assert len({next(iter(c)) for c in colours.values()}) == len(splits)  # distinguishable
+    # Where each panel is one split, the lines are the original and the sizes: never in a
+    # split's colour (iid's black excepted, which is the original's).
+    by_depth = figures.accuracy_by_depth(rows, "blocks.1.attn.k", "svd", splits, max_depth=1)
+    drawn = {to_hex(c.lines[0].get_color()) for c in by_depth.axes[0].containers}
+    assert len(drawn) > 2 and not drawn & {to_hex(c) for c in figures.OKABE_ITO[1:]}, drawn
 
 
 def test_tensorboard_curves_reproduce_results_csv(tmp_path):

@@ -54,6 +54,12 @@ def split_style(split: str, splits: Sequence[str]) -> dict:
     return style(list(splits).index(split))
 
 
+def size_style(i: int) -> dict:
+    """The i-th line where each panel is one split (the original model first, then proxy
+    sizes): black, then lighter greys, each with its own marker, since colours mean splits."""
+    return {"color": ("0.0", "0.32", "0.52", "0.7")[i % 4], "marker": ("o", "s", "^", "D")[i % 4]}
+
+
 def method_style(i: int) -> dict:
     """The i-th method where methods share a panel: shades of grey with distinct markers, since
     colours are reserved for splits."""
@@ -215,7 +221,7 @@ def accuracy_by_bin(rows: Sequence[dict], site: str, method: str, splits: Sequen
             ax.errorbar(x + offset, _means(stat), yerr=_yerr(stat), ms=3.5,
                         lw=1.3 if i == 0 else 1.0,
                         ls="--" if i == 0 else "-", capsize=1.5, elinewidth=0.8,
-                        zorder=5 if i == 0 else 3, label=lines[i], **style(i))
+                        zorder=5 if i == 0 else 3, label=lines[i], **size_style(i))
         # Only where this split has bins beyond the bound (with position offsets, training
         # covers every position: nothing is shaded, and no line stretches the axis).
         if train_bound is not None and bins and bins[-1] > train_bound:
