@@ -103,7 +103,7 @@ def get_config() -> ConfigDict:
     config.proxies.kmeans_iters = 25
     config.proxies.collect_batch_size = 512  # training sentences per activation-collection chunk
     config.proxies.eval_batch_size = 256
-    # Seeds per call of the proxy stage; 0: as many as fit the device's memory (all of them on
-    # CPU, which reports no capacity; docs/scaling_out.md).
+    # Seeds per call of the proxy stage; 0: as many as fit the device's memory (on a CPU, the
+    # host RAM's share per CPU device; docs/scaling_out.md).
     config.proxies.seed_chunk_size = 0
     return config
