@@ -115,12 +115,7 @@ def test_corrupt_bytes_are_detected(trained, tmp_path, capsys, damage):
         shutil.rmtree(newest)
         shutil.copytree(os.path.join(workdir, "checkpoints", "10", "default"), newest)
     else:
-        data = [os.path.join(d, f) for d, _, fs in os.walk(newest) for f in fs
-                if os.sep + "d" + os.sep in os.path.join(d, f)]
-        biggest = max(data, key=os.path.getsize)
-        raw = bytearray(open(biggest, "rb").read())
-        raw[len(raw) // 2] ^= 0xFF
-        open(biggest, "wb").write(bytes(raw))
+        _flip_a_byte(newest)
     state = _resume(trained, workdir)
     out = capsys.readouterr().out
     assert "resumed from checkpoint at step 10" in out

@@ -254,12 +254,7 @@ def test_a_signal_to_one_process_stops_all_at_the_same_proxy_family(tmp_path, ca
         "proxies.targets": ("blocks.-1.attn.k",),
         "proxies.methods": ("svd", "kmeans", "uniform_attention")})  # 3 proxy families
     port, workdir = _free_port(), tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "launch.sweep", f"--config={config_file}", f"--workdir={workdir}",
-         f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(2)]
+    procs = _two_processes("launch.sweep", config_file, workdir, port)
     for line in procs[0].stdout:  # process 0 reports progress; process 1 gets the signal
         if "fitting" in line:
             procs[1].send_signal(signal.SIGTERM)
@@ -310,12 +305,7 @@ def test_a_killed_peer_is_named_in_one_line(tmp_path, cache_dir):
         "train.num_steps": 100_000, "train.log_every": 10, "train.eval_every": 0,
         "train.checkpoint_every": 0})
     port, workdir = _free_port(), tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "launch.train", f"--config={config_file}", f"--workdir={workdir}",
-         f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(2)]
+    procs = _two_processes("launch.train", config_file, workdir, port)
     try:
         for line in procs[0].stdout:
             if line.startswith("step     20/"):
@@ -331,3 +321,13 @@ def test_a_killed_peer_is_named_in_one_line(tmp_path, cache_dir):
                            "be reached: "), line
     assert line.endswith("relaunch all 2 processes with the same command to resume from the "
                          "last checkpoint"), line
+
+
+def _two_processes(module: str, config_file, workdir, port: int) -> list[subprocess.Popen]:
+    """`python -m <module>` as processes 0 and 1 of a 2-process run over 127.0.0.1."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    return [subprocess.Popen(
+        [sys.executable, "-m", module, f"--config={config_file}", f"--workdir={workdir}",
+         f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)]
