@@ -67,10 +67,16 @@ def _watch(read_fd: int) -> None:
                             "work, with everything saved (send it again to stop at once)\n"
                             .encode())
                 continue
-            os.write(2, f"error: stopped at once by a second {_name(signum)} (work since the "
-                        "last checkpoint or saved stage is lost); relaunch the same command to "
-                        "resume\n".encode())
-            os._exit(EXIT_CODES[signum])
+            _stop_at_once(signum)
+
+
+def _stop_at_once(signum: int, frame=None) -> None:
+    """The second signal: one line, and the process ends with that signal's exit code."""
+    del frame
+    os.write(2, f"error: stopped at once by a second {_name(signum)} (work since the last "
+                "checkpoint or saved stage is lost); relaunch the same command to resume\n"
+                .encode())
+    os._exit(EXIT_CODES[signum])
 
 
 def requested() -> int | None:
@@ -104,8 +110,11 @@ def catch_signals():
     try:
         yield
     finally:
+        # Stopping on a signal: the process is about to exit with its code, so a second signal
+        # that arrives now still exits with a signal's code, not the default handler's -15.
+        stopping = bool(_received)
         for s, h in previous.items():
-            signal.signal(s, h)
+            signal.signal(s, _stop_at_once if stopping and h == signal.SIG_DFL else h)
         signal.set_wakeup_fd(previous_fd)
         os.close(write_fd)  # the watcher reads EOF and ends
         watcher.join(timeout=5)
