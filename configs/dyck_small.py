@@ -13,10 +13,11 @@ cache off) the sweep took 1 min 47 s (mean of 2 runs; 2 min 18 s before the eval
 program per proxy method): 49 s of training (4 seeds x 3000 steps, with position offsets), then
 about 55 s for proxy fitting, evaluation on 6 splits, the reports and figures; the job's last line
 gives the breakdown. All 4 seeds pass 95% closing-bracket accuracy on `iid` (0.952-0.981; mean
-0.966, 95% logit-t interval [0.940, 0.983]). For conclusions use the 32-seed configs/dyck_population.py.
-With `JAX_NUM_CPU_DEVICES=2` in front (the seeds in two shards, one per core) the same machine took
-1 min 58 s against 2 min 27 s in back-to-back runs of the earlier code; the numbers then differ from a one-device run
-within seed noise (iid 0.967 ± 0.019; docs/speed.md). Override any key on the command line, e.g.
+0.966, 95% logit-t interval [0.940, 0.983]). For conclusions use the 32-seed
+configs/dyck_population.py. With `JAX_NUM_CPU_DEVICES=2` in front (the seeds in two shards, one
+per core) the same machine took 1 min 58 s against 2 min 27 s in back-to-back runs of the earlier
+code; the numbers then differ from a one-device run within seed noise (iid 0.967 ± 0.019;
+docs/speed.md). Override any key on the command line, e.g.
 `--config.train.num_seeds=8 --config.data.num_train=20000`.
 """
 
