@@ -52,11 +52,3 @@ def same_pred(logits_p: jax.Array, logits_q: jax.Array) -> jax.Array:
 def correct(logits: jax.Array, targets: jax.Array) -> jax.Array:
     """[..., V], [...] int -> [...] float32, 1.0 where argmax == target (ties: first index)."""
     return (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
-
-
-def mean_ci95(values: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Mean over `axis` (seeds) ignoring NaN, and the 95% CI half-width t_{n-1} * s / sqrt(n)
-    (analysis.stats.t_half_width, the project's one Student-t helper)."""
-    from jaxillusions.analysis import stats  # noqa: PLC0415 - keeps this module's imports light
-
-    return stats.t_half_width(values, axis=axis)

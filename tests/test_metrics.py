@@ -69,24 +69,6 @@ def test_same_pred_and_correct_ties_first_index():
     assert metrics.same_pred(p, q).dtype == jnp.float32
 
 
-def test_mean_ci95():
-    v = np.array([[1.0, 2.0, 7.0, np.nan], [3.0, np.nan, np.nan, np.nan], [5.0, 6.0, np.nan, 1]])
-    mean, half = metrics.mean_ci95(v)
-    np.testing.assert_allclose(mean, [3.0, 4.0, 7.0, 1.0])
-    # column 0: n=3, s=2, t(2)=4.302653; column 1: n=2, s=sqrt(8), t(1)=12.706205
-    np.testing.assert_allclose(half[0], 4.302652730 * 2 / np.sqrt(3), rtol=1e-6)
-    np.testing.assert_allclose(half[1], 12.706204736 * np.sqrt(8) / np.sqrt(2), rtol=1e-6)
-    assert np.isnan(half[2]) and np.isnan(half[3])  # a single seed: no interval
-    mean_t, half_t = metrics.mean_ci95(v.T, axis=1)
-    np.testing.assert_array_equal(half_t[:2], half[:2])
-    # Large n: t_{0.975, 99} = 1.9842170 (scipy.stats.t)
-    x = np.random.default_rng(0).normal(size=100)
-    _, h = metrics.mean_ci95(x)
-    np.testing.assert_allclose(h, 1.9842170 * x.std(ddof=1) / 10, rtol=1e-6)
-    all_nan_mean, all_nan_half = metrics.mean_ci95(np.full((3, 2), np.nan))
-    assert np.isnan(all_nan_mean).all() and np.isnan(all_nan_half).all()
-
-
 def test_jsd_with_broadcast_operands_matches_materialized():
     # Under vmap over proxy sizes the original logits are broadcast along a middle axis. An
     # earlier two-reduction JSD was miscompiled by XLA:CPU for exactly these shapes.

@@ -155,3 +155,21 @@ def test_t_half_width_equals_scipy_for_every_seed_count():
     np.testing.assert_array_equal(half, expected)
     for column in range(values.shape[1]):
         np.testing.assert_array_equal(stats.t_half_width(values[:, column])[1], expected[column])
+
+
+def test_t_half_width_by_hand():
+    v = np.array([[1.0, 2.0, 7.0, np.nan], [3.0, np.nan, np.nan, np.nan], [5.0, 6.0, np.nan, 1]])
+    mean, half = stats.t_half_width(v)
+    np.testing.assert_allclose(mean, [3.0, 4.0, 7.0, 1.0])
+    # column 0: n=3, s=2, t(2)=4.302653; column 1: n=2, s=sqrt(8), t(1)=12.706205
+    np.testing.assert_allclose(half[0], 4.302652730 * 2 / np.sqrt(3), rtol=1e-6)
+    np.testing.assert_allclose(half[1], 12.706204736 * np.sqrt(8) / np.sqrt(2), rtol=1e-6)
+    assert np.isnan(half[2]) and np.isnan(half[3])  # a single seed: no interval
+    mean_t, half_t = stats.t_half_width(v.T, axis=1)
+    np.testing.assert_array_equal(half_t[:2], half[:2])
+    # Large n: t_{0.975, 99} = 1.9842170 (scipy.stats.t)
+    x = np.random.default_rng(0).normal(size=100)
+    _, h = stats.t_half_width(x)
+    np.testing.assert_allclose(h, 1.9842170 * x.std(ddof=1) / 10, rtol=1e-6)
+    all_nan_mean, all_nan_half = stats.t_half_width(np.full((3, 2), np.nan))
+    assert np.isnan(all_nan_mean).all() and np.isnan(all_nan_half).all()
