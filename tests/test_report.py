@@ -225,3 +225,14 @@ def test_headline_never_offers_the_original_model_itself():
     head = tables.summary_of(tables.statistics_report(rows, ["iid", "longer"])[0]).splitlines()
     assert any(line.startswith("svd q 2 (0.940, never 0.99)") and "+0.050 [+0.050,+0.050]*"
                in line for line in head), head
+
+
+def test_headline_wraps_the_accuracy_line_between_splits():
+    splits = ["iid", "seen_structure", "unseen_structure", "unseen_depth", "longer",
+              "iid_with_train"]
+    accuracy = {s: (0.9, 0.85, 0.95) for s in splits}
+    lines = [line for line in tables.headline([], [], [], accuracy, splits, [])
+             if line.startswith("  ")]  # the accuracy line(s)
+    assert len(lines) > 1  # wider than one line
+    assert all(line.rstrip(",").endswith("]") for line in lines), lines
+    assert ", ".join(line.strip().rstrip(",") for line in lines).count("[") == len(splits)

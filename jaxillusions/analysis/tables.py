@@ -268,6 +268,13 @@ def _faithful_size(gap_rows: Sequence[dict], method: str, site: str, baseline: s
     return size, means[size], bool(reached)
 
 
+def _accuracy_cells(accuracy: dict[str, tuple[float, float, float]],
+                    splits: Sequence[str]) -> list[str]:
+    """'split mean [low,high]' for each split of `accuracy`, in the order of `splits`."""
+    return [f"{s} {accuracy[s][0]:.3f} [{accuracy[s][1]:.3f},{accuracy[s][2]:.3f}]"
+            for s in splits if s in accuracy]
+
+
 def _join(names: Sequence[str]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
@@ -288,9 +295,10 @@ def headline(gap_rows: Sequence[dict], versus: Sequence[dict], correlation: Sequ
     lines = [f"SUMMARY, {n_seeds} seeds. Gap = same_pred on {baseline} minus on the split "
              f"(> 0: less faithful OOD), mean [paired 95% t interval]; * = beyond ±{res:g}.",
              f"Original model, {evaluated} accuracy, mean [95% logit-t interval over seeds]:",
-             *textwrap.wrap(", ".join(f"{s} {accuracy[s][0]:.3f} [{accuracy[s][1]:.3f},"
-                                      f"{accuracy[s][2]:.3f}]" for s in splits if s in accuracy),
-                            120, initial_indent="  ", subsequent_indent="  ")]
+             # Wrapped between splits only (no break inside 'split mean [low,high]').
+             *(line.replace("\xa0", " ") for line in textwrap.wrap(
+                 ", ".join(c.replace(" ", "\xa0") for c in _accuracy_cells(accuracy, splits)),
+                 120, initial_indent="  ", subsequent_indent="  "))]
     order = row_order(methods)
     families = sorted({(g["method"], g["site"]) for g in rows},
                       key=lambda f: order({"method": f[0], "site": f[1], "size": 0}))
@@ -319,9 +327,10 @@ def headline(gap_rows: Sequence[dict], versus: Sequence[dict], correlation: Sequ
                 cells.append(f"{'-':<{cell}}")
                 continue
             cells.append(f"{_interval_cell(g, 'gap', 3, counts=False):<{cell}}")
-            (found if _verdict(g) > 0 else missed).append(
-                f"{split} ({g['seeds_positive']}/{g['n_seeds']} seeds)" if _verdict(g) > 0
-                else split)
+            if _verdict(g) > 0:
+                found.append(f"{split} ({g['seeds_positive']}/{g['n_seeds']} seeds)")
+            else:
+                missed.append(split)
         lines.append(f"{name + ' ' + note:<{width}}" + "".join(cells).rstrip())
         what = f"{method} on {site}" + ("" if size == 0 else f" at size {size}")
         if found:
@@ -396,8 +405,7 @@ def statistics_report(rows: Sequence[dict], splits: Sequence[str], baseline: str
              f"{stats.MIN_BOOTSTRAP_SEEDS} seeds up.", "",
              f"Original model, {evaluated} accuracy (mean [95% interval: Student-t on the logit "
              "scale, inside [0, 1]] over seeds):",
-             "  " + ", ".join(f"{s} {accuracy[s][0]:.3f} [{accuracy[s][1]:.3f},"
-                              f"{accuracy[s][2]:.3f}]" for s in splits if s in accuracy), ""]
+             "  " + ", ".join(_accuracy_cells(accuracy, splits)), ""]
     if data_baselines:
         names = list(dict.fromkeys(m for b in data_baselines.values() for m in b))
         text[-1:-1] = ["Data-only baselines (from training-split counts): " + ", ".join(
