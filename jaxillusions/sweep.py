@@ -79,9 +79,10 @@ def _writing(stage: str, path: str):
     except StageWriteError:
         raise
     except OSError as err:
-        raise StageWriteError(f"the {stage} stage could not write {path}: "
-                      f"{err.strerror or checkpoint.error_line(err)}; what was saved before is "
-                      "intact: free space and relaunch the same command to resume") from err
+        raise StageWriteError(
+            f"the {stage} stage could not write {path}: "
+            f"{err.strerror or checkpoint.error_line(err)}; what was saved before is intact: "
+            "free space and relaunch the same command to resume") from err
 
 
 def _stop_in_reports(workdir: str) -> None:
