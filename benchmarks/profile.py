@@ -1,4 +1,4 @@
-"""Where the training step's time goes, from a jax.profiler trace of train.train_steps:
+"""Where the training step's time goes, from a jax.profiler trace of train_steps:
 
     python -m benchmarks.profile --seeds=8          # the reference model (benchmarks/reference.py)
 
@@ -24,7 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import suite
-from jaxillusions import train
+from jaxillusions import objective as objective_lib
+from jaxillusions import settings, train
+from jaxillusions.step import init_state, train_steps
 
 
 def _fusion_kinds(hlo: str) -> dict[str, tuple[str, str]]:
@@ -62,14 +64,14 @@ def profile(config, num_seeds: int, steps: int = 10) -> dict:
     splits, model_cfg, tx = train.build(config)
     tokens = jnp.asarray(splits["train"].tokens)
     run = dict(num_steps=steps, model_cfg=model_cfg, tx=tx, batch_size=config.train.batch_size,
-               objective=train.objective_from_config(config))
-    state = train.init_state(np.arange(num_seeds), model_cfg, tx)
-    hlo = train.train_steps.lower(state, tokens, **run).compile().as_text()
-    jax.block_until_ready(train.train_steps(jax.tree.map(jnp.copy, state), tokens, **run))
+               objective=objective_lib.from_settings(settings.from_config(config)))
+    state = init_state(np.arange(num_seeds), model_cfg, tx)
+    hlo = train_steps.lower(state, tokens, **run).compile().as_text()
+    jax.block_until_ready(train_steps(jax.tree.map(jnp.copy, state), tokens, **run))
     with tempfile.TemporaryDirectory() as logdir:
         with jax.profiler.trace(logdir, create_perfetto_trace=True):
             start = time.perf_counter()
-            jax.block_until_ready(train.train_steps(state, tokens, **run))
+            jax.block_until_ready(train_steps(state, tokens, **run))
             wall = time.perf_counter() - start
         (path,) = glob.glob(f"{logdir}/**/*.trace.json.gz", recursive=True)
         with gzip.open(path) as f:

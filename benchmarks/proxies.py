@@ -13,6 +13,7 @@ import numpy as np
 
 from benchmarks.training import times
 from jaxillusions.proxies import kmeans
+from jaxillusions.step import init_state
 
 
 def _blobs(num_seeds: int, num_points: int, dim: int, num_blobs: int = 32) -> np.ndarray:
@@ -103,10 +104,11 @@ def bench_fit_and_evaluate(config, num_seeds: int, repeats: int = 3,
     seeds and ranks in one call each (what the sweep does), on the `iid` split; in seeds x ranks
     per second. The models are untrained (throughput does not depend on the weights); the fit
     streams the first `fit_sentences` training sentences (the sweep streams all of them)."""
-    from jaxillusions import faithfulness, tasks, timing, train  # noqa: PLC0415
+    from jaxillusions import faithfulness, settings, tasks, timing, train  # noqa: PLC0415
 
+    config = settings.from_config(config)
     splits, model_cfg, tx = train.build(config)
-    params = train.init_state(np.arange(num_seeds), model_cfg, tx).params
+    params = init_state(np.arange(num_seeds), model_cfg, tx).params
     site = faithfulness.resolve_site("blocks.-1.attn.k", model_cfg)
     (spec,) = [s for s in faithfulness.specs_from_config(config.proxies, model_cfg)
                if s.method == "svd" and s.sites == (site,)] or [faithfulness.ProxySpec(

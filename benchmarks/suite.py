@@ -12,7 +12,8 @@ import time
 import jax
 
 from benchmarks import proxies, reference, training
-from jaxillusions import timing, train
+from jaxillusions import objective as objective_lib
+from jaxillusions import settings, timing, train
 
 
 def load_config(path: str | None, compute_dtype: str | None = None):
@@ -28,7 +29,7 @@ def _torch_status(config) -> tuple[bool, str]:
         from benchmarks import torch_loop  # noqa: PLC0415
     except ImportError:
         return False, "torch not installed (pip install -e '.[bench]')"
-    objective = train.objective_from_config(config)
+    objective = objective_lib.from_settings(config)
     if objective.loss_on != "all" or objective.contrastive:
         return False, "the PyTorch baseline implements the plain next-token objective only"
     return True, torch_loop.describe()
@@ -48,7 +49,9 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
     """The whole benchmark; `save(report)` is called after every row and section, so a run that
     is stopped (or runs out of device memory) keeps what it measured. Beside each throughput:
     the XLA compilations of that stage, count and seconds (timing.Breakdown; a stage times
-    its calls after warm-up calls, so its compilations do not count in its rates)."""
+    its calls after warm-up calls, so its compilations do not count in its rates). `config`:
+    settings.Settings or a ConfigDict (read once, here)."""
+    config = settings.from_config(config)
     with timing.Breakdown() as clock:
         start = time.perf_counter()
         splits, model_cfg, tx = train.build(config)

@@ -3,7 +3,7 @@ researcher would write first (`python -m launch.benchmark` times it when torch i
 
 Same architecture as jaxillusions.model.forward for the standard model (pre-LN blocks, learned
 token and position embeddings, one bias-free key projection, tanh GELU, final layer norm,
-unembedding with bias), the same initial scales, and the same optimizer as train.make_optimizer
+unembedding with bias), the same initial scales, and the same optimizer as objective.make_optimizer
 (global-norm clipping, then AdamW with b1=0.9, b2=0.98, linear warmup and cosine decay to 10%).
 """
 
@@ -128,7 +128,7 @@ def train_seed(seed: int, train_tokens: np.ndarray, model_cfg, train_cfg, num_st
                max_position_offset: int = 0) -> float:
     """Builds one model and trains it for `num_steps` steps on random batches; returns the last
     loss. Next-token loss over non-PAD targets (PAD = 0); each sentence starts at a random
-    position in [0, max_position_offset] (train.Objective.max_position_offset)."""
+    position in [0, max_position_offset] (objective.Objective.max_position_offset)."""
     torch.manual_seed(seed)
     dev = device()
     model = Transformer(model_cfg).to(dev)

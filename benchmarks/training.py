@@ -18,7 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import reference
-from jaxillusions import distributed, train
+from jaxillusions import distributed
+from jaxillusions import objective as objective_lib
+from jaxillusions.step import init_state, place_on_devices, train_steps
 
 
 def times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
@@ -55,7 +57,7 @@ def peak_flops(n: int | None = None, repeats: int = 5) -> dict:
 def xla_step_flops(state, tokens, run: dict) -> float | None:
     """FLOPs of one training step of all seeds in `state`, from XLA's cost analysis of a
     one-step train_steps (None where the backend gives none)."""
-    compiled = train.train_steps.lower(state, tokens, num_steps=1, **run).compile()
+    compiled = train_steps.lower(state, tokens, num_steps=1, **run).compile()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list | tuple) else cost
     return float(cost["flops"]) if cost and "flops" in cost else None
@@ -75,31 +77,31 @@ def peak_memory_bytes() -> dict:
 def training_row(config, splits, model_cfg, tx, num_seeds: int, *, steps: int, repeats: int,
                  peak: dict, loop: bool = True, torch_loop: bool = True,
                  bfloat16: bool = False, xla_flops: bool = True) -> dict:
-    """Seed-steps/s of the sweep (train.train_steps over all seeds, sharded over all devices
+    """Seed-steps/s of the sweep (train_steps over all seeds, sharded over all devices
     as launch.train shards them), of a JAX loop over seeds
     (the same jitted train_steps, one seed per call), of a PyTorch loop over seeds of the same
     model (when torch is installed) and of the sweep with model.compute_dtype="bfloat16" (if
     `bfloat16`), measured side by side; and the sweep's MFU. `xla_flops`: also compile a
     one-step sweep for XLA's FLOP count (one more compilation: slow on GPUs)."""
     local_tokens = jnp.asarray(splits["train"].tokens)
-    objective = train.objective_from_config(config)
+    objective = objective_lib.from_settings(config)
     run = dict(model_cfg=model_cfg, tx=tx, batch_size=config.train.batch_size,
                objective=objective)
-    host_state = train.init_state(np.arange(num_seeds), model_cfg, tx)
+    host_state = init_state(np.arange(num_seeds), model_cfg, tx)
     # The sweep runs as launch.train runs it: seeds sharded over every device (padded to a
     # multiple of the device count), tokens on each; the loops run one seed on one device.
-    ((state, _),), tokens = train.place_on_devices(host_state, {}, splits["train"].tokens,
+    ((state, _),), tokens = place_on_devices(host_state, {}, splits["train"].tokens,
                                                    distributed.seed_chunks(num_seeds))
-    fns = {"sweep": lambda: train.train_steps(
+    fns = {"sweep": lambda: train_steps(
         jax.tree.map(jnp.copy, state), tokens, num_steps=steps, **run)[1]}  # donated: copy
     if bfloat16:
         bf16_run = {**run, "model_cfg": dataclasses.replace(model_cfg, compute_dtype="bfloat16")}
-        fns["sweep_bf16"] = lambda: train.train_steps(
+        fns["sweep_bf16"] = lambda: train_steps(
             jax.tree.map(jnp.copy, state), tokens, num_steps=steps, **bf16_run)[1]
     if loop:
         singles = [jax.tree.map(lambda x, i=i: x[i:i + 1], host_state)
                    for i in range(num_seeds)]
-        fns["jax_loop"] = lambda: [train.train_steps(jax.tree.map(jnp.copy, s), local_tokens,
+        fns["jax_loop"] = lambda: [train_steps(jax.tree.map(jnp.copy, s), local_tokens,
                                                      num_steps=steps, **run)[1]
                                    for s in singles]
     if torch_loop:

@@ -26,6 +26,7 @@ from ml_collections import ConfigDict
 
 def get_config() -> ConfigDict:
     config = ConfigDict()
+    config.task = "dyck"
     config.seed = 0  # seed s of the sweep is config.seed + s
 
     # Data: Dyck-(k, m) with generalization splits (docs/friedman_dyck.md, "The Dyck task").

@@ -68,7 +68,8 @@ def get_config(arg: str = "minimal") -> ConfigDict:
     config.train.eval_every = 1000
     config.train.checkpoint_every = 500
 
-    # Wen et al. measurements (jaxillusions/wen.py), written as wen_*.csv / wen_summary.txt.
+    # Wen et al. measurements (jaxillusions/experiments/wen.py), written as wen_*.csv and
+    # wen_summary.txt.
     config.wen = ConfigDict()
     config.wen.enabled = True
     config.wen.label = arg

@@ -126,7 +126,7 @@ def claim_workdir(workdir: str, config, may_change=lambda key: False,
     so that a run that fails before training (bad data) does not claim a fresh workdir.
 
     Keys for which `may_change(key)` is true (analysis and logging settings, see
-    validate.is_analysis_key) may differ: the change is appended to config_history.jsonl,
+    settings.is_analysis_key) may differ: the change is appended to config_history.jsonl,
     config.json is updated, and the changes are returned as notes. Any other difference is a
     ValueError: resuming with a different training config would mix two experiments. Keys in
     `defaults` that one side lacks count as their default value there.
@@ -136,7 +136,7 @@ def claim_workdir(workdir: str, config, may_change=lambda key: False,
         raise ValueError(f"{checkpoints} is not a directory, so no checkpoint could be saved "
                          "there; move it away or use another --workdir")
     path = os.path.join(workdir, CONFIG_FILE)
-    new = json.loads(config.to_json())
+    new = json.loads(json.dumps(config.to_dict()))  # Settings (or a ConfigDict)
     text = json.dumps(new, indent=2, sort_keys=True)
     if not os.path.exists(path):
         if not record:
@@ -147,7 +147,7 @@ def claim_workdir(workdir: str, config, may_change=lambda key: False,
         return []
     with open(path) as f:
         old = json.load(f)
-    # A key missing on one side counts as its default (`defaults`, validate.DEFAULTS).
+    # A key missing on one side counts as its default (`defaults`: settings' own).
     old_flat = {**(defaults or {}), **flatten_config(old)}
     new_flat = {**(defaults or {}), **flatten_config(new)}
     diffs = [k for k in sorted(set(old_flat) | set(new_flat))

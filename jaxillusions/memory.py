@@ -1,6 +1,6 @@
 """Device memory of the training step, per seed and for the sweep, before training starts.
 
-    est = estimate(train.train_steps, state, tokens, hparams, num_steps=..., ...)
+    est = estimate(step.train_steps, state, tokens, hparams, num_steps=..., ...)
     print(describe(est))
 
 The estimate is XLA's own account of the compiled step (`memory_analysis()`: arguments, outputs
@@ -138,7 +138,7 @@ def _size(num_bytes: float) -> str:
 
 
 def estimate(step_fn, state, tokens, hparams, *, num_chunks: int = 1, **static) -> Estimate:
-    """Compiles `step_fn` (a jitted function such as train.train_steps) for the given placed
+    """Compiles `step_fn` (a jitted function such as step.train_steps) for the given placed
     arguments (only their shapes and shardings are used) and reads its memory analysis."""
     step = compiled_bytes(step_fn, _abstract(state), _abstract(tokens), _abstract(hparams),
                           **static)
@@ -169,7 +169,7 @@ def describe(est: Estimate) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# The memory plan of a config, before any allocation (validate.validate calls check_config).
+# The memory plan of a config, before any allocation (validate.check calls check_config).
 #
 # The compiled estimate above needs the arrays' shapes placed on the devices, i.e. the data
 # loaded and the step compiled; a size that cannot fit must fail before that (a
@@ -216,8 +216,8 @@ def plan(config, model_cfg) -> list[Term]:
     from jaxillusions import tasks  # noqa: PLC0415
 
     task, tc, mc = tasks.get(config), config.train, model_cfg
-    members = tc.num_seeds * max(len(tuple(tc.get("contrastive_weights", ()))), 1)
-    chunk = min(tc.get("seed_chunk_size", 0) or members, members)  # 0: training, all at once
+    members = tc.num_seeds * max(len(tc.contrastive_weights), 1)
+    chunk = min(tc.seed_chunk_size or members, members)  # 0: training, all at once
     seeds = ("train.num_seeds", chunk)
     item = 2 if mc.compute_dtype == "bfloat16" else 4
     def shapes_of(layers: int) -> list:  # built for at most 3 layers: n_layers may be huge
@@ -233,10 +233,10 @@ def plan(config, model_cfg) -> list[Term]:
     biggest = max(shapes_of(few), key=lambda s: math.prod(s[0]))[0]
     # The dimensions of the largest parameter, named by the keys that set them.
     width_key = max(task.WIDTH_KEYS, key=lambda k: _get(config, k))
-    if config.model.get("max_len", 0) >= mc.max_len:
+    if config.model.max_len >= mc.max_len:
         width_key = "model.max_len"
     names = {mc.max_len: width_key, mc.vocab_size: task.VOCAB_KEY, mc.d_mlp: "model.d_mlp",
-             mc.head_dim: "model.d_head" if config.model.get("d_head", 0) else "model.d_model",
+             mc.head_dim: "model.d_head" if config.model.d_head else "model.d_model",
              mc.n_heads: "model.n_heads", mc.d_model: "model.d_model"}
     dims = tuple((names.get(n, "model.d_model"), n) for n in biggest)
     train_width = task.train_width(config)
@@ -260,28 +260,27 @@ def plan(config, model_cfg) -> list[Term]:
         Term("the training data", rows * train_width * 13,
              (("data.num_train", rows), (width_key, train_width)), False),
     ]
-    if "proxies" in config:
-        pc = config.proxies
-        # 0: the proxy stage plans its own chunks (plan_seed_chunk), down to 1 seed per device
-        pchunk = min(pc.get("seed_chunk_size", 0) or jax.device_count(), members)
-        sites = sum(len(t.split("+")) for t in pc.targets)
-        pseeds = ("train.num_seeds", pchunk)
-        terms += [
-            Term("the activations sampled for the proxies",
-                 pchunk * sites * pc.kmeans_samples * mc.d_model * 4,
-                 (pseeds, ("proxies.kmeans_samples", pc.kmeans_samples),
-                  ("model.d_model", mc.d_model)), True),
-            Term("one layer's attention scores of a proxy collection batch",
-                 pchunk * _forward_bytes(pc.collect_batch_size, train_width, mc, item),
-                 (pseeds, ("proxies.collect_batch_size", pc.collect_batch_size),
-                  (width_key, train_width)), True),
-            Term("one layer's attention scores of a proxy evaluation batch",
-                 pchunk * _forward_bytes(pc.eval_batch_size, widest, mc, item),
-                 (pseeds, ("proxies.eval_batch_size", pc.eval_batch_size),
-                  (width_key, widest)), True),
-        ]
-    wc = config.get("wen")
-    if wc is not None and wc.get("enabled", False) and wc.length_max_len > 0:
+    pc = config.proxies
+    # 0: the proxy stage plans its own chunks (plan_seed_chunk), down to 1 seed per device
+    pchunk = min(pc.seed_chunk_size or jax.device_count(), members)
+    sites = sum(len(t.split("+")) for t in pc.targets)
+    pseeds = ("train.num_seeds", pchunk)
+    terms += [
+        Term("the activations sampled for the proxies",
+             pchunk * sites * pc.kmeans_samples * mc.d_model * 4,
+             (pseeds, ("proxies.kmeans_samples", pc.kmeans_samples),
+              ("model.d_model", mc.d_model)), True),
+        Term("one layer's attention scores of a proxy collection batch",
+             pchunk * _forward_bytes(pc.collect_batch_size, train_width, mc, item),
+             (pseeds, ("proxies.collect_batch_size", pc.collect_batch_size),
+              (width_key, train_width)), True),
+        Term("one layer's attention scores of a proxy evaluation batch",
+             pchunk * _forward_bytes(pc.eval_batch_size, widest, mc, item),
+             (pseeds, ("proxies.eval_batch_size", pc.eval_batch_size),
+              (width_key, widest)), True),
+    ]
+    wc = config.wen
+    if wc.enabled and wc.length_max_len > 0:
         terms.append(Term(
             "one layer's attention scores of a Wen length-generalization batch",
             min(wc.members_per_call, members) * _forward_bytes(
@@ -295,7 +294,7 @@ def plan(config, model_cfg) -> list[Term]:
 def _get(config, key: str):
     node = config
     for part in key.split("."):
-        node = node[part]
+        node = getattr(node, part)
     return node
 
 
@@ -321,14 +320,6 @@ def check_config(config, model_cfg) -> None:
         top = max(group, key=lambda t: t.num_bytes)
         key, value = max(top.factors, key=lambda kv: kv[1])
         raise ValueError(
-            f"{key}={_get(config, key) if _has(config, key) else value}: needs an estimated "
+            f"{key}={_get(config, key)}: needs an estimated "
             f"{_size(need)} at least ({_size(top.num_bytes)} for {top.what}), more than "
             f"{what}; lower {key}")
-
-
-def _has(config, key: str) -> bool:
-    try:
-        _get(config, key)
-    except (KeyError, AttributeError):
-        return False
-    return True

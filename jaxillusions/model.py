@@ -132,26 +132,16 @@ class ModelConfig:
         return self.d_head or self.d_model // self.n_heads
 
     @classmethod
-    def from_config(cls, model_cfg, vocab_size: int, max_len: int, **data) -> ModelConfig:
-        """Builds the model config from `config.model` plus what the data decides (sizes, and
-        `data`: open_ids, close_ids, max_depth, depth_bins)."""
-        return cls(
-            embedding=model_cfg.get("embedding", "learned"),
-            first_layer=model_cfg.get("first_layer", "standard"),
-            minimal_embedding=model_cfg.get("minimal_embedding", "onehot"),
-            compute_dtype=model_cfg.get("compute_dtype", "float32"),
-            **data,
-            vocab_size=vocab_size,
-            max_len=max_len,
-            n_layers=model_cfg.n_layers,
-            n_heads=model_cfg.n_heads,
-            d_model=model_cfg.d_model,
-            d_head=model_cfg.d_head,
-            d_mlp=model_cfg.d_mlp,
-            pos_encoding=model_cfg.pos_encoding,
-            attn_only=model_cfg.attn_only,
-            uniform_attention_layers=tuple(model_cfg.uniform_attention_layers),
-        )
+    def from_settings(cls, model_settings, vocab_size: int, max_len: int, **data) -> ModelConfig:
+        """The model config of a run: settings.Model's fields plus what the data decides (sizes,
+        and `data`: open_ids, close_ids, max_depth, depth_bins)."""
+        m = model_settings
+        return cls(embedding=m.embedding, first_layer=m.first_layer,
+                   minimal_embedding=m.minimal_embedding, compute_dtype=m.compute_dtype, **data,
+                   vocab_size=vocab_size, max_len=max_len, n_layers=m.n_layers,
+                   n_heads=m.n_heads, d_model=m.d_model, d_head=m.d_head, d_mlp=m.d_mlp,
+                   pos_encoding=m.pos_encoding, attn_only=m.attn_only,
+                   uniform_attention_layers=tuple(m.uniform_attention_layers))
 
 
 def site_names(cfg: ModelConfig) -> tuple[str, ...]:

@@ -22,6 +22,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -34,14 +35,16 @@ from jaxillusions import (
     faithfulness,
     interrupt,
     model,
+    objective,
     tasks,
     timing,
     train,
     validate,
-    wen,
 )
 from jaxillusions import logging as log_lib
 from jaxillusions.analysis import board, figures, results, tables
+from jaxillusions.experiments import wen
+from jaxillusions.settings import Settings
 
 DONE_FILE = "sweep_done.json"
 STAGE_DIR = "proxies"
@@ -197,13 +200,17 @@ def _stamp(**settings) -> str:
     return json.dumps(settings, sort_keys=True, default=str)
 
 
-def run(config, workdir: str, *, verbose: bool = True, start_over: bool = False) -> list[dict]:
+def run(config: Settings | Any, workdir: str, *, verbose: bool = True,
+        start_over: bool = False) -> list[dict]:
     """The whole job, resumable stage by stage (see the module docstring). Returns the rows.
+    `config`: Settings, or an ml-collections ConfigDict, checked and read once here
+    (validate.check: a one-line ValueError before any work).
     Ends with one line saying where the time went: seconds per stage and compilations
     (timing.Breakdown).
 
     With several processes (distributed.initialize) all of them compute, each on its devices'
     seeds, and process 0 alone writes the files; every process returns all rows."""
+    config, _ = validate.check(config)  # the launchers show its notes
     with timing.Breakdown() as clock:
         rows = _run(config, workdir, verbose=verbose, start_over=start_over)
     if clock.seconds and verbose and distributed.is_main():  # not when there was nothing to do
@@ -211,11 +218,10 @@ def run(config, workdir: str, *, verbose: bool = True, start_over: bool = False)
     return rows
 
 
-def _run(config, workdir: str, *, verbose: bool, start_over: bool) -> list[dict]:
+def _run(config: Settings, workdir: str, *, verbose: bool, start_over: bool) -> list[dict]:
     say = print if verbose and distributed.is_main() else (lambda *a, **k: None)
     start = time.perf_counter()
     pc = config.proxies
-    validate.validate(config)  # the whole config, before any work (the launchers show its notes)
     # Checked here; claimed (config.json written) by train_sweep once the data has loaded, so a
     # data error leaves a fresh workdir unclaimed.
     train.claim_workdir(workdir, config, record=False)
@@ -290,7 +296,7 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
     pc = config.proxies
     stages = _Stages(workdir, move_aside)
     # Seeds per call (0: as many as fit the device; the same numbers either way).
-    chunking = dict(seed_chunk_size=pc.get("seed_chunk_size", 0), say=say)
+    chunking = dict(seed_chunk_size=pc.seed_chunk_size, say=say)
 
     # Fitting: one stage file per proxy family. Statistics are collected for all families
     # together (as in an uninterrupted run) whenever one still needs fitting.
@@ -367,13 +373,14 @@ def write_reports(rows, config, workdir: str, seeds, healthy, *, verbose: bool =
     TensorBoard views from the result rows. `data_baselines`: the task's data-only predictors
     per split ({split: {metric: value}}, e.g. a unigram model), written to baselines.csv."""
     splits = list(config.proxies.eval_splits)
-    baseline = config.proxies.get("gap_baseline", "iid")
+    baseline = config.proxies.gap_baseline
     task = tasks.get(config)
     labelled = {b: task.bin_labels(b) for b in task.BREAKDOWNS if task.bin_labels(b)}
     text, stat_tables = tables.statistics_report(rows, splits, baseline=baseline,
                                                  evaluated=task.EVALUATED,
                                                  by_bin=labelled,
-                                                 data_baselines=data_baselines)
+                                                 data_baselines=data_baselines,
+                                                 in_distribution=task.IN_DISTRIBUTION)
     if data_baselines:
         names = list(dict.fromkeys(m for b in data_baselines.values() for m in b))
         with _writing("report", os.path.join(workdir, "baselines.csv")):
@@ -410,7 +417,7 @@ def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,
     task = tasks.get(config)
     bounds = task.bounds(config)  # the largest bin seen in training, per breakdown
     if "position" in bounds:  # position offsets (train.max_position_offset) train later ones
-        bounds["position"] += train.objective_from_config(config).max_position_offset
+        bounds["position"] += objective.from_settings(config).max_position_offset
     breakdowns = [b for b in bounds if any(r["breakdown"] == b for r in rows)]
     labelled = {b: task.bin_labels(b) for b in task.BREAKDOWNS
                 if task.bin_labels(b) and any(r["breakdown"] == b for r in rows)}
@@ -464,10 +471,11 @@ def write_activation_figures(params, splits, model_cfg, config, workdir: str, se
             return model.forward(p, tokens, model_cfg, cache=(site,))[1][site]
         return np.asarray(jax.jit(jax.vmap(one))(jax.tree.map(lambda x: x[index], params)))
 
-    figs = tasks.get(config).activation_figures(run, splits, config, shown, pattern_site,
-                                                key_site)
-    if not figs:
+    plots = tasks.get(config.task).activation_plots(run, splits, config, shown, pattern_site,
+                                                    key_site)
+    if not plots:
         return
+    figs = figures.draw(plots)
     with _writing("report", os.path.join(workdir, "tensorboard")), \
             log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
         for name, fig in figs.items():

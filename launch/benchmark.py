@@ -5,7 +5,7 @@
     python -m launch.benchmark --seeds=1,8,32,128,256        # more seeds (GPU)
     python -m launch.benchmark --config=configs/dyck.py      # the paper config's model
 
-Training seed-steps/s of the sweep (train.train_steps, all seeds in one call) against a JAX loop
+Training seed-steps/s of the sweep (train_steps, all seeds in one call) against a JAX loop
 over seeds and, with the `bench` extra installed, a PyTorch loop over seeds of the same model and
 optimizer (benchmarks/torch_loop.py); model FLOP utilization against a large matmul timed in the
 same run; proxy fitting and evaluation throughput; peak memory. The defaults took 2 min 50 s on
@@ -59,7 +59,8 @@ def _checked(args) -> tuple[list[int], object]:
         if args.proxy_batch_size:
             config.proxies.collect_batch_size = args.proxy_batch_size
             config.proxies.eval_batch_size = args.proxy_batch_size
-        for note in validate.validate(config):
+        config, notes = validate.check(config)  # the benchmarks read typed settings
+        for note in notes:
             print(note)
     except Exception as err:  # noqa: BLE001 - a missing or bad config file is one line
         from jaxillusions import checkpoint  # noqa: PLC0415

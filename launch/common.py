@@ -120,10 +120,12 @@ def parse(argv: list[str]):
 
 
 def run(main) -> None:
-    """Runs main(config, workdir, start_over=...) after validating the config and taking the
-    workdir lock; every error becomes one line on stderr (--debug shows the traceback)."""
+    """Runs main(settings, workdir, start_over=...) after turning the config into checked
+    settings and taking the workdir lock; every error becomes one line on stderr (--debug shows
+    the traceback)."""
     config, workdir = parse(sys.argv)
-    guard(lambda: main(config, workdir, start_over=START_OVER.value), workdir, [config])
+    guard(lambda settings: main(settings, workdir, start_over=START_OVER.value), workdir,
+          [config])
 
 
 def use_compilation_cache() -> str | None:
@@ -199,9 +201,10 @@ def _own_warnings_on_one_line() -> None:
     warnings.showwarning = one_line
 
 
-def guard(job: Callable[[], None], workdir: str, configs: Sequence) -> None:
-    """Runs job() after validating every config and taking the workdir lock, with SIGTERM/SIGINT
-    caught (the job saves and exits 143/130); every error becomes one line on stderr."""
+def guard(job: Callable[..., None], workdir: str, configs: Sequence) -> None:
+    """Runs job(*settings) after turning every config into checked settings (validate.check:
+    the configs are read here, once) and taking the workdir lock, with SIGTERM/SIGINT caught
+    (the job saves and exits 143/130); every error becomes one line on stderr."""
     from jaxillusions import checkpoint, distributed, interrupt, validate  # noqa: PLC0415
 
     if not DEBUG.value:
@@ -215,15 +218,18 @@ def guard(job: Callable[[], None], workdir: str, configs: Sequence) -> None:
         if compile_cache and distributed.is_main():
             print(f"compiled programs: cached in {compile_cache} (JAX_ENABLE_COMPILATION_CACHE"
                   "=false turns this off)")
+        checked = []
         for config in configs:
-            for note in validate.validate(config):
+            settings, notes = validate.check(config)
+            checked.append(settings)
+            for note in notes:
                 if distributed.is_main():
                     print(note)
         note = lock.acquire() if distributed.is_main() else None  # process 0 writes the files
         if note:
             print(note)
         with interrupt.catch_signals():
-            job()
+            job(*checked)
         return
     except interrupt.Stopped as err:
         if DEBUG.value:

@@ -14,8 +14,9 @@ import sys
 from absl import flags
 
 from configs import wen_attention_variation
-from jaxillusions import distributed, sweep, wen
+from jaxillusions import distributed, sweep
 from jaxillusions.analysis import figures, tables
+from jaxillusions.experiments import wen
 from launch import common
 
 VARIANTS = flags.DEFINE_list("variants", list(wen_attention_variation.VARIANTS),
@@ -58,8 +59,9 @@ def main() -> None:
     except ValueError as err:
         sys.exit(f"error: {err}")
     workdir = common.WORKDIR.value
-    common.guard(lambda: run_variants(configs, workdir, common.START_OVER.value), workdir,
-                 list(configs.values()))
+    common.guard(lambda *settings: run_variants(dict(zip(configs, settings, strict=True)),
+                                                workdir, common.START_OVER.value),
+                 workdir, list(configs.values()))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from conftest import tiny_config_file
 
 from benchmarks import reference, suite
 from jaxillusions import model as model_lib
-from jaxillusions import train, validate
+from jaxillusions import settings, train, validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -93,8 +93,8 @@ def test_torch_baseline_is_the_same_model():
 
 
 def test_compute_dtype_is_a_validated_training_key(config):
-    assert not validate.is_analysis_key("model.compute_dtype")
-    assert validate.DEFAULTS["model.compute_dtype"] == "float32"  # workdirs from before the key
+    assert not settings.is_analysis_key("model.compute_dtype")
+    assert settings.Model().compute_dtype == "float32"  # workdirs from before the key
     config.model.compute_dtype = "float16"
     with pytest.raises(ValueError, match="model.compute_dtype"):
         validate.validate(config)
@@ -107,8 +107,9 @@ def test_benchmark_sweep_runs_on_every_device(cache_dir):
     # With 4 CPU devices, 3 seeds run as launch.train runs them: padded to 4, one per device;
     # the reported rate counts the 3 real seeds.
     code = ("import json, sys; sys.path[:0] = ['tests']; import conftest, jax; "
-            "from benchmarks import training; from jaxillusions import train; "
-            f"config = conftest.tiny_config({cache_dir!r}); splits, m, tx = train.build(config); "
+            "from benchmarks import training; from jaxillusions import settings, train; "
+            f"config = settings.from_config(conftest.tiny_config({cache_dir!r})); "
+            "splits, m, tx = train.build(config); "
             "row = training.training_row(config, splits, m, tx, 3, steps=2, repeats=1, "
             "peak=training.peak_flops(256), loop=False, torch_loop=False, xla_flops=False); "
             "print(json.dumps(row))")

@@ -33,7 +33,17 @@ def _config(name: str) -> ConfigDict:
                       type_safe=False)
 
 
-KEYS = {name: sorted(validate._flat(_config(name))) for name in NAMES}  # noqa: SLF001
+def _flat(config: ConfigDict) -> dict:
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, ConfigDict):
+            out.update({f"{key}.{k}": v for k, v in _flat(value).items()})
+        else:
+            out[key] = value
+    return out
+
+
+KEYS = {name: sorted(_flat(_config(name))) for name in NAMES}
 
 SCALARS = st.one_of(
     st.integers(-3, 3), st.integers(-(10**20), 10**20), st.sampled_from([2**31, 2**63, 10**9]),
@@ -83,14 +93,14 @@ def _check(name: str, key: str, value) -> None:
 
 def _validate(config: ConfigDict, key: str, value) -> None:
     try:
-        notes = validate.validate(config)
+        checked, notes = validate.check(config)
     except ValueError as err:
         message = str(err)
         assert message and "\n" not in message, (key, value, message)
     else:
         assert all(isinstance(n, str) and "\n" not in n for n in notes), (key, value, notes)
         # Accepted: its memory plan fits this machine (CPU: one pool of host RAM).
-        need = sum(t.num_bytes for t in memory.plan(config, train.model_config(config)))
+        need = sum(t.num_bytes for t in memory.plan(checked, train.model_config(checked)))
         assert need <= memory.host_ram(), (key, value, need)
         TRIED["accepted"] += 1
 
@@ -98,7 +108,7 @@ def _validate(config: ConfigDict, key: str, value) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_every_key_with_extreme_and_wrong_values(name):
     # Deterministic: every key once with a huge magnitude of its type and once with a wrong type.
-    shipped = validate._flat(_config(name))  # noqa: SLF001
+    shipped = _flat(_config(name))
     for key in KEYS[name]:
         value = shipped[key]
         huge = (10**15 if isinstance(value, int) and not isinstance(value, bool) else
@@ -114,7 +124,7 @@ def test_every_key_with_extreme_and_wrong_values(name):
 @given(data=st.data())
 def test_random_values_are_accepted_or_one_line_errors(name, data):
     key = data.draw(st.sampled_from(KEYS[name]), label="key")
-    shipped = validate._flat(_config(name))[key]  # noqa: SLF001
+    shipped = _flat(_config(name))[key]
     value = data.draw(st.one_of(VALUES, st.integers(-6, 9).map(lambda e: _scaled(shipped, e))),
                       label="value")
     _check(name, key, value)

@@ -122,7 +122,7 @@ def _module_source(module: str) -> str:
 
 def _unknown_overrides(module: str, args: str) -> list[str]:
     """`--config.<key>=` overrides of a command whose key the command's config does not have."""
-    from jaxillusions import validate
+    from jaxillusions import settings
 
     keys = re.findall(r"--config\.([\w.]+)=", args)
     if not keys:
@@ -130,7 +130,7 @@ def _unknown_overrides(module: str, args: str) -> list[str]:
     name = re.search(r"--config=configs/(\w+)\.py", args)
     config_module = importlib.import_module(f"configs.{name.group(1) if name else 'dyck_small'}")
     config = config_module.get_config()
-    known = set(validate.rules(config))
+    known = set(settings.flat(settings.from_config(config)))
     return [f"python -m {module}: --config.{key} is not a key of {config_module.__name__}"
             for key in keys if key not in known]
 
@@ -164,3 +164,13 @@ def test_the_project_cites_nothing_outside_itself():
             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
             if outside in line]
     assert len(files) > 50 and not hits, hits
+
+
+def test_the_config_reference_is_the_settings_code():
+    # docs/configs.md's key tables are `python -m jaxillusions.settings`: a key, default or rule
+    # changed in jaxillusions/settings.py (or a task's Data) without the page fails here.
+    from jaxillusions import settings, tasks
+
+    page = _page(ROOT / "docs" / "configs.md")
+    for table in [settings.reference()] + [settings.reference(t) for t in tasks.TASKS]:
+        assert table in page, table.splitlines()[2]

@@ -13,6 +13,7 @@ import pytest
 from conftest import tiny_config
 
 from jaxillusions import faithfulness, memory, sweep, train, validate
+from jaxillusions.step import init_state
 
 NUM_SEEDS = 3  # not a multiple of the chunk of 2: the last chunk is padded
 
@@ -26,7 +27,7 @@ def setup(tmp_path_factory):
     config.proxies.kmeans_samples = 300
     config.proxies.eval_splits = ("iid", "longer")
     splits, model_cfg, tx = train.build(config)
-    params = jax.tree.map(np.asarray, train.init_state(range(NUM_SEEDS), model_cfg, tx).params)
+    params = jax.tree.map(np.asarray, init_state(range(NUM_SEEDS), model_cfg, tx).params)
     specs = faithfulness.specs_from_config(config.proxies, model_cfg)
     eval_set = faithfulness.make_eval_set(splits, config.proxies.eval_splits)
     return config, splits, model_cfg, params, specs, eval_set

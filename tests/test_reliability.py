@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from conftest import tiny_config, tiny_config_file
 
-from jaxillusions import checkpoint, faithfulness, interrupt, sweep, train, validate
+from jaxillusions import checkpoint, faithfulness, interrupt, settings, sweep, train, validate
 from jaxillusions import logging as log_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -240,8 +240,8 @@ def test_analysis_keys_may_change_on_resume_and_are_recorded(trained, tmp_path, 
     config.train.learning_rate = 1e-3
     with pytest.raises(ValueError, match="train.learning_rate: 0.003 there vs 0.001 now"):
         train.train_sweep(config, workdir, splits=trained["splits"], verbose=False)
-    assert validate.is_analysis_key("proxies.kmeans_sizes")
-    assert not validate.is_analysis_key("model.d_model")
+    assert settings.is_analysis_key("proxies.kmeans_sizes")
+    assert not settings.is_analysis_key("model.d_model")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from test_logging import _rows
 
-from jaxillusions.analysis import stats, tables
+from jaxillusions.analysis import figures, stats, tables
+from jaxillusions.tasks import dyck
 
 SPLITS = ["iid", "unseen_depth", "longer", "iid_with_train"]
 
@@ -37,7 +38,8 @@ def hand_built():
 
 
 def test_headline_on_a_hand_built_table():
-    text, _ = tables.statistics_report(hand_built(), SPLITS)
+    text, _ = tables.statistics_report(hand_built(), SPLITS,
+                                       in_distribution=dyck.IN_DISTRIBUTION)
     head = tables.summary_of(text).splitlines()
     assert len(head) <= tables.HEADLINE_LINES and text.startswith("\n".join(head))
     assert head[0].startswith("SUMMARY, 4 seeds.")
@@ -115,7 +117,7 @@ def test_panel_order_and_split_colours_are_the_same_in_every_figure():
     splits = ("iid", "iid_with_train", "unseen_depth", "longer")
     rows = _sites_rows()
     gaps = [g for g in stats.gaps(rows, metrics=("same_pred", "jsd"))
-            if g["split"] not in stats.BASELINES]
+            if g["split"] not in dyck.IN_DISTRIBUTION]
     model_order = ["blocks.1.attn.q", "blocks.1.attn.k", "blocks.1.attn.q+blocks.1.attn.k"]
     colours: dict[str, set] = {}
     for fig in (figures.faithfulness_curves(rows, "svd", splits),
@@ -190,7 +192,6 @@ def test_key_projections_for_several_healthy_seeds():
     from types import SimpleNamespace
 
     from configs import dyck_small
-    from jaxillusions.tasks import dyck
 
     rng = np.random.default_rng(0)
     config = dyck_small.get_config()
@@ -205,8 +206,8 @@ def test_key_projections_for_several_healthy_seeds():
             return rng.random((len(shown), batch.shape[0], 1, 12, 12))
         return rng.normal(size=(len(shown), batch.shape[0], 12, 1, 8))
 
-    figs = dyck.activation_figures(run, {"iid": split, "train": split}, config, shown,
-                                   "blocks.1.attn.pattern", "blocks.1.attn.k")
+    figs = figures.draw(dyck.activation_plots(run, {"iid": split, "train": split}, config,
+                                              shown, "blocks.1.attn.pattern", "blocks.1.attn.k"))
     assert set(figs) == {"attention_patterns", "key_projection_seed1", "key_projection_seed3",
                          "key_projection_seed5"}
     assert "seed 3" in figs["key_projection_seed3"]._suptitle.get_text()

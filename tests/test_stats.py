@@ -98,11 +98,13 @@ def test_spearman_and_bootstrap_interval():
     assert 0 < low < rho < high <= 1
     assert stats.spearman_interval(x, y) == (rho, low, high, p)  # fixed bootstrap seed
     assert all(math.isnan(v) for v in stats.spearman_interval(x, np.ones(40)))
-    # id_predicts_gap uses iid_with_train as the predictor when it was evaluated.
+    # id_predicts_gap uses the task's other in-distribution split (Dyck: iid_with_train) as the
+    # predictor when it was evaluated.
     rows = [row(s, "iid_with_train", same_pred=0.9 + 0.002 * s) for s in range(20)]
     rows += [row(s, "iid", same_pred=0.9 + 0.002 * s) for s in range(20)]
     rows += [row(s, "longer", same_pred=0.9 - 0.001 * s) for s in range(20)]
-    corr = {c["metric"]: c for c in stats.id_predicts_gap(rows)}
+    corr = {c["metric"]: c for c in stats.id_predicts_gap(
+        rows, in_distribution=("iid", "iid_with_train"))}
     assert corr["same_pred"]["predictor"] == "iid_with_train"
     assert corr["same_pred"]["rho"] == pytest.approx(1.0)  # higher id, larger gap
     assert corr["same_pred"]["rho_ood"] == pytest.approx(-1.0)

@@ -1,6 +1,7 @@
 """The task interface (jaxillusions/tasks): Dyck results unchanged by it, and its contract."""
 
 import csv
+import dataclasses
 import math
 import os
 
@@ -56,14 +57,14 @@ def test_dyck_results_unchanged_by_the_task_interface(tmp_path):
 def test_every_task_provides_the_interface(name):
     """What the shared code calls (tasks/__init__.py docstring), with consistent values."""
     task = tasks.get(name)
-    for attr in ("data_rules", "check_config", "load", "view", "model_fields", "train_width",
+    for attr in ("check_config", "load", "view", "model_fields", "train_width",
                  "widest_width", "train_num_bins", "bounds", "bin_labels", "baselines",
-                 "activation_figures"):
+                 "activation_plots"):
         assert callable(getattr(task, attr)), attr
     assert task.NAME == name and task.SPLITS[0] == "train"
     assert set(task.DEFAULT_EVAL_SPLITS) <= set(task.SPLITS) and "iid" in task.DEFAULT_EVAL_SPLITS
     assert task.TRAIN_BREAKDOWN in task.BREAKDOWNS and "all" not in task.BREAKDOWNS
-    assert all(key.startswith("data.") for key in task.data_rules())
+    assert dataclasses.is_dataclass(task.Data) and dataclasses.fields(task.Data)
 
 
 def test_unknown_task_is_a_one_line_error():

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from jaxillusions import logging as log_lib
-from jaxillusions import train
+from jaxillusions import objective as objective_lib
+from jaxillusions import settings, train
 from jaxillusions.data import dyck
+from jaxillusions.step import init_state, train_steps
 
 
 def _leaves(tree):
@@ -54,19 +56,20 @@ def test_tiny_config_learns_closing_brackets(config):
 def test_position_offset_trains_positions_past_the_training_length(config):
     splits, model_cfg, tx = train.build(config)
     width = splits["train"].tokens.shape[1] - 1  # training inputs: positions 0 .. width - 1
-    assert train.objective_from_config(config).max_position_offset == model_cfg.max_len - width
+    goal = objective_lib.from_settings(settings.from_config(config))
+    assert goal.max_position_offset == model_cfg.max_len - width
     longest = np.argsort(-splits["train"].lengths, kind="stable")[:256]
     tokens = jnp.asarray(splits["train"].tokens[longest])  # long sentences at large offsets
-    params = jax.tree.map(lambda x: x[0], train.init_state([0], model_cfg, tx).params)
-    objective = train.objective_from_config(config)
+    params = jax.tree.map(lambda x: x[0], init_state([0], model_cfg, tx).params)
+    objective = objective_lib.from_settings(settings.from_config(config))
 
     def pos_grad(objective):
-        grads = jax.grad(train.objective_loss)(params, tokens, jax.random.PRNGKey(0), {},
+        grads = jax.grad(objective_lib.objective_loss)(params, tokens, jax.random.PRNGKey(0), {},
                                                model_cfg, objective)
         return np.abs(np.asarray(grads["pos_embed"])).sum(-1)
 
     with_offset = pos_grad(objective)
-    without = pos_grad(train.Objective())
+    without = pos_grad(objective_lib.Objective())
     assert (with_offset > 0).all()  # every position, up to the last one of `longer`
     assert (without[:width] > 0).all() and (without[width:] == 0).all()
     config.train.max_position_offset = model_cfg.max_len - width + 1
@@ -78,12 +81,12 @@ def test_nan_seed_is_isolated_and_flagged(config):
     splits, model_cfg, tx = train.build(config)
     tokens = jnp.asarray(splits["train"].tokens)
     run = dict(num_steps=5, model_cfg=model_cfg, tx=tx, batch_size=16)
-    clean, _ = train.train_steps(train.init_state([0, 1, 2], model_cfg, tx), tokens, **run)
-    state = train.init_state([0, 1, 2], model_cfg, tx)
+    clean, _ = train_steps(init_state([0, 1, 2], model_cfg, tx), tokens, **run)
+    state = init_state([0, 1, 2], model_cfg, tx)
     poisoned = state.params["unembed"]["w"].at[1].set(jnp.nan)
     state = state.replace(params={**state.params, "unembed": {**state.params["unembed"],
                                                                "w": poisoned}})
-    state, losses = train.train_steps(state, tokens, **run)
+    state, losses = train_steps(state, tokens, **run)
     np.testing.assert_array_equal(np.asarray(state.healthy), [True, False, True])
     assert np.isnan(np.asarray(losses)[:, 1]).all()
     for a, b in zip(_leaves(clean.params), _leaves(state.params), strict=True):

@@ -9,8 +9,12 @@ import optax
 import pytest
 
 from jaxillusions import model as model_lib
-from jaxillusions import train, wen
+from jaxillusions import objective as objective_lib
+from jaxillusions import settings, train
 from jaxillusions.data import dyck
+from jaxillusions.experiments import wen
+from jaxillusions.step import init_state, train_steps
+from jaxillusions.tasks import dyck as dyck_task
 
 K, D = 2, 4  # Dyck-(2, 4)
 OPEN = tuple(dyck.open_id(t, K) for t in range(K))
@@ -128,15 +132,15 @@ def test_closing_only_loss_averages_over_closing_targets():
     targets = tokens[:, 1:]
     nll = -np.take_along_axis(logp, targets[..., None], -1)[..., 0]
     closing = np.isin(targets, CLOSE)
-    got = train.lm_loss(params, jnp.asarray(tokens), cfg, loss_on="closing")
+    got = objective_lib.lm_loss(params, jnp.asarray(tokens), cfg, loss_on="closing")
     np.testing.assert_allclose(got, nll[closing].mean(), rtol=1e-5)
-    got_all = train.lm_loss(params, jnp.asarray(tokens), cfg)
+    got_all = objective_lib.lm_loss(params, jnp.asarray(tokens), cfg)
     np.testing.assert_allclose(got_all, nll[targets != dyck.PAD].mean(), rtol=1e-5)
 
 
 def test_contrastive_prefixes_are_balanced_with_exactly_one_extra_pair():
     cfg = _cfg()
-    tokens, lengths = train.contrastive_prefixes(jax.random.PRNGKey(0), 500, cfg, D)
+    tokens, lengths = dyck_task.contrastive_prefixes(jax.random.PRNGKey(0), 500, cfg, D)
     tokens, lengths = np.asarray(tokens), np.asarray(lengths)
     shapes = set()
     for row, length in zip(tokens, lengths, strict=True):
@@ -168,13 +172,13 @@ def test_contrastive_regularizer_is_zero_iff_logits_ignore_balanced_prefixes():
                               np.r_[_tokens("(())"), dyck.EOS, 0, 0, 0, 0]]))
     logits_x, _ = model_lib.forward(params, x, cfg)
     key = jax.random.PRNGKey(3)
-    assert train.contrastive_loss(params, x, logits_x, key, cfg, D) > 1e-4
+    assert dyck_task.contrastive_loss(params, x, logits_x, key, cfg, D) > 1e-4
     # Attention writes nothing: each position's logits depend on its own token only.
     blind = jax.tree_util.tree_map_with_path(
         lambda path, v: jnp.zeros_like(v) if model_lib.path_str(path).endswith(
             ("attn/w_o", "attn/b_o")) else v, params)
     logits_x, _ = model_lib.forward(blind, x, cfg)
-    assert float(train.contrastive_loss(blind, x, logits_x, key, cfg, D)) == 0.0
+    assert float(dyck_task.contrastive_loss(blind, x, logits_x, key, cfg, D)) == 0.0
 
 
 def test_vmapped_lambda_sweep_equals_single_runs(config):
@@ -182,16 +186,16 @@ def test_vmapped_lambda_sweep_equals_single_runs(config):
     config.train.loss_on = "closing"
     config.model.update(n_layers=1, attn_only=True)  # small graphs: two compilations
     splits, model_cfg, tx = train.build(config)
-    objective = train.objective_from_config(config)
+    objective = objective_lib.from_settings(settings.from_config(config))
     members = train.members(config)
     assert list(members.seeds) == [0, 1, 0, 1]
     np.testing.assert_array_equal(members.hparams["contrastive_weight"], [0, 0, 0.5, 0.5])
     tokens = jnp.asarray(splits["train"].tokens)
     run = dict(num_steps=4, model_cfg=model_cfg, tx=tx, batch_size=8, objective=objective)
-    together, _ = train.train_steps(train.init_state(members.seeds, model_cfg, tx), tokens,
+    together, _ = train_steps(init_state(members.seeds, model_cfg, tx), tokens,
                                     members.hparams, **run)
     for i, (weight, seed) in enumerate([(0.0, 0), (0.0, 1), (0.5, 0), (0.5, 1)]):
-        alone, _ = train.train_steps(train.init_state([seed], model_cfg, tx), tokens,
+        alone, _ = train_steps(init_state([seed], model_cfg, tx), tokens,
                                      {"contrastive_weight": np.float32([weight])}, **run)
         for a, b in zip(_leaves(together.params), _leaves(alone.params), strict=True):
             np.testing.assert_allclose(a[i], b[0], rtol=1e-5, atol=1e-6)

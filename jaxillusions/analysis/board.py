@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxillusions.analysis import tables
+from jaxillusions.analysis import stats, tables
 
 CURVE_METRICS = {"same_pred": "same_pred", "jsd": "jsd", "acc_proxy": "acc"}  # row key -> tag
 GAP_METRICS = ("same_pred",)  # gap cards in TensorBoard (gaps.csv has every metric)
@@ -214,7 +214,7 @@ def hparams(config, model_cfg) -> dict[str, Any]:
     out = {k: flat[k] for k in HPARAM_KEYS if k in flat}
     if model_cfg is not None:
         out["model.d_head"] = model_cfg.head_dim
-        if "proxies" in config and "svd" in config.proxies.methods:
+        if "svd" in config.proxies.methods:
             specs = faithfulness.specs_from_config(config.proxies, model_cfg)
             ranks = sorted({s for spec in specs if spec.method == "svd" for s in spec.sizes})
             out["proxies.svd_ranks"] = ",".join(map(str, ranks))
@@ -225,7 +225,7 @@ def hparams(config, model_cfg) -> dict[str, Any]:
 
 def headline_gaps(rows: Sequence[dict], target: str | None = None,
                   reference: str = "iid") -> dict[str, dict[int, float]]:
-    """Per seed gaps for HPARAMS: {"hparams/gap_same_pred/<method>_<size>/<site>/<split>":
+    """Per-seed gaps for HPARAMS (the seeds' values behind gaps.csv's means): {"hparams/gap_same_pred/<method>_<size>/<site>/<split>":
     {seed: gap}} (data-independent proxies: .../<method>/<split>) with
     gap = same_pred on `reference` minus same_pred on the split, for `target` (default: the first
     site in the rows) at each method's middle size (size 0 for data-independent proxies)."""
@@ -247,7 +247,8 @@ def headline_gaps(rows: Sequence[dict], target: str | None = None,
         if split != reference and base is not None:
             size = chosen[method]
             label = method if size == 0 else f"{method}_{size}/{target}"
-            out[f"hparams/gap_same_pred/{label}/{split}"][seed] = base - value
+            out[f"hparams/gap_same_pred/{label}/{split}"][seed] = stats.signed_gap(
+                base, value, "same_pred")  # the sign convention of gaps.csv
     return dict(out)
 
 
@@ -267,10 +268,10 @@ def write_hparams(writer, config, model_cfg, seeds: Sequence[int | str],
     if workdir:
         base["workdir"] = os.path.basename(os.path.normpath(workdir))
     if splits is None:
-        splits = list(config.proxies.eval_splits) if "proxies" in config else ["iid"]
+        splits = list(config.proxies.eval_splits)
     final = [f"eval/{s}/acc" for s in splits]
     # The gaps are measured from the same baseline as gaps.csv and gap_table.txt.
-    reference = config.proxies.get("gap_baseline", "iid") if "proxies" in config else "iid"
+    reference = config.proxies.gap_baseline
     gaps = headline_gaps(rows, reference=reference) if rows else {}
     member_hparams = member_hparams or {}
     healthy = np.asarray(healthy, bool).tolist()

@@ -338,6 +338,12 @@ def gaps_by_split(gaps: Sequence[dict], methods: Sequence[str], splits: Sequence
     return fig
 
 
+def draw(plots: dict) -> dict:
+    """{name: (a figure function of this module, its arguments)} -> {name: figure}: how a task
+    asks for its activation figures (tasks/__init__.py, activation_plots)."""
+    return {name: globals()[kind](*args) for name, (kind, args) in plots.items()}
+
+
 def save(fig, path: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fig.savefig(path, dpi=DPI)

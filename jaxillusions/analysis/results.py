@@ -21,10 +21,8 @@ DataFrame columns (one row per seed, site, method, size, split, breakdown, bin):
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
-import math
 import os
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -93,28 +91,21 @@ def write_csv(rows: Iterable[dict], path: str) -> None:
 def read_csv(path: str) -> list[dict]:
     """results.csv -> in-memory rows (numbers as numbers, empty cells NaN, `bin` an int or "" on
     `all` rows, as in memory). For analysis, prefer `load_results`, a typed DataFrame."""
-    with open(path, newline="") as f:
-        table = list(csv.DictReader(f))
+    table = tables.read_csv(path)
     if table and "acc" not in table[0]:
         raise ValueError(f"{path}: no `acc` column; written by an older version? "
                          "load_results reads both layouts")
-    for row in table:
-        for key in row:
-            if key in ("seed", "size", "n") or (key == "bin" and row[key] != ""):
-                row[key] = int(row[key])
-            elif key not in KEYS:
-                row[key] = float(row[key]) if row[key] != "" else math.nan
     return from_csv_rows(table)
 
 
 def _config(workdir: str):
-    from ml_collections import ConfigDict
+    from jaxillusions import settings
 
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} not found: is {workdir} a jaxillusions workdir?")
     with open(path) as f:
-        return ConfigDict(json.load(f))
+        return settings.from_config(json.load(f))
 
 
 def load_results(workdir: str, splits: Sequence[str] | None = None) -> pd.DataFrame:
@@ -186,7 +177,7 @@ class Run:
     training hyper-parameter (train.contrastive_weights), labelled "<seed>_cw<weight>"."""
 
     params: dict
-    config: Any  # the ml_collections ConfigDict the workdir was trained with
+    config: Any  # settings.Settings: what the workdir was trained with
     model_config: Any  # jaxillusions.model.ModelConfig
     splits: dict  # name -> the task's split (regenerated or cached, deterministic)
     seeds: list[int]  # [M] the seed of each member
@@ -221,13 +212,14 @@ def load_run(workdir: str, *, verbose: bool = False) -> Run:
     import jax
 
     from jaxillusions import checkpoint as ckpt_lib
+    from jaxillusions import step as step_lib
     from jaxillusions import tasks, train
 
     config = _config(workdir)
     splits, model_cfg, tx = train.build(config, tasks.get(config).load(config, verbose=verbose))
     members = train.members(config)
     # The checkpoint's tree has the shapes of a fresh state (no compute: eval_shape).
-    target = jax.eval_shape(lambda: train.init_state(members.seeds, model_cfg, tx))
+    target = jax.eval_shape(lambda: step_lib.init_state(members.seeds, model_cfg, tx))
     checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, ckpt_lib.CHECKPOINT_DIR))
     try:
         step, state = checkpointer.restore_latest(target)

@@ -50,7 +50,6 @@ RESOLUTION = {"same_pred": 1e-3, "acc": 1e-3, "acc_proxy": 1e-3, "acc_original":
 _LOGIT_EPS = 1e-6  # per-seed proportions are clipped to [eps, 1 - eps] before the logit
 GAP_METRICS = ("same_pred", "jsd", "jsd_p95", "jsd_p99")
 LOWER_IS_FAITHFUL = ("jsd", "jsd_p95", "jsd_p99")  # gap = split - baseline for these
-BASELINES = ("iid", "iid_with_train")
 SUMMARY_COLUMNS = ("ci_low", "ci_high", "n_seeds", "seeds_positive", "boot_low", "boot_high")
 GAP_COLUMNS = ("site", "method", "size", "split", "metric", "gap") + SUMMARY_COLUMNS[:4] + (
     "baseline", "baseline_mean") + SUMMARY_COLUMNS[4:]
@@ -251,25 +250,28 @@ def spearman_interval(x: np.ndarray, y: np.ndarray, confidence: float = CONFIDEN
 
 
 def id_predicts_gap(rows: Iterable[dict], baseline: str = "iid", predictor: str | None = None,
-                    metrics: Sequence[str] = ("same_pred", "jsd")) -> list[dict]:
+                    metrics: Sequence[str] = ("same_pred", "jsd"),
+                    in_distribution: Sequence[str] = ("iid",)) -> list[dict]:
     """Across seeds: does a proxy's in-distribution faithfulness predict its OOD gap?
 
     Per (site, method, size, OOD split, metric): Spearman rho between each seed's faithfulness
     on `predictor` and its gap (baseline vs split), with a bootstrap interval; and rho_ood, the
-    same against the OOD faithfulness itself. By default the predictor is `iid_with_train` when
-    it was evaluated: an independent sample of in-distribution sentences, so the predictor and
+    same against the OOD faithfulness itself. `in_distribution`: the task's in-distribution
+    splits (tasks.<name>.IN_DISTRIBUTION), which get no rows. By default the predictor is
+    another in-distribution split than the baseline when one was evaluated (Dyck:
+    `iid_with_train`): an independent sample of in-distribution sentences, so the predictor and
     the gap share no sampling noise (correlating the baseline with baseline - split would be
     positive by construction).
     """
     table = _by_seed(rows)
     splits = {k[3] for k in table}
     if predictor is None:
-        predictor = "iid_with_train" if "iid_with_train" in splits else baseline
+        predictor = next((s for s in in_distribution if s != baseline and s in splits), baseline)
     out = []
     for (site, method, size, split), per_seed in sorted(table.items()):
         base = table.get((site, method, size, baseline))
         pred = table.get((site, method, size, predictor))
-        if split in (baseline, predictor) or split in BASELINES or base is None or pred is None:
+        if split in (baseline, predictor, *in_distribution) or base is None or pred is None:
             continue
         seeds = sorted(set(base) & set(per_seed) & set(pred))
         for metric in metrics:

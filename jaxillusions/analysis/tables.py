@@ -48,8 +48,8 @@ def read_csv(path: str) -> list[dict]:
         rows = list(csv.DictReader(f))
     for row in rows:
         for key, value in row.items():
-            if key in _INT_COLUMNS:
-                row[key] = int(value)
+            if key in _INT_COLUMNS or (key == "bin" and value.lstrip("-").isdigit()):
+                row[key] = int(value)  # a bin of results.csv: an int, "" on `all` rows
             elif key not in _TEXT_COLUMNS:
                 row[key] = float(value) if value != "" else math.nan
     return rows
@@ -282,13 +282,15 @@ def _join(names: Sequence[str]) -> str:
 def headline(gap_rows: Sequence[dict], versus: Sequence[dict], correlation: Sequence[dict],
              accuracy: dict[str, tuple[float, float, float]], splits: Sequence[str],
              methods: Sequence[str], baseline: str = "iid", evaluated: str = "closing-bracket",
-             identical: dict[tuple[str, str], set[int]] | None = None) -> list[str]:
+             identical: dict[tuple[str, str], set[int]] | None = None,
+             in_distribution: Sequence[str] = ("iid",)) -> list[str]:
     """The summary at the top of gap_table.txt (at most HEADLINE_LINES lines): seed count, the
     original model's accuracy per split, per proxy method (its first site in model order) the
     same_pred gap at the smallest size faithful on `baseline` (seed-mean same_pred >= FAITHFUL;
     the largest size, marked 'never 0.99', when none is) on each OOD split, and one sentence
-    per method saying where a gap is detected and where not, and on how many seeds."""
-    ood = [s for s in splits if s not in stats.BASELINES]
+    per method saying where a gap is detected and where not, and on how many seeds.
+    `in_distribution`: the task's in-distribution splits (not reported as OOD)."""
+    ood = [s for s in splits if s not in in_distribution]
     res = stats.RESOLUTION["same_pred"]
     rows = [g for g in gap_rows if g["baseline"] == baseline]
     n_seeds = max((g["n_seeds"] for g in rows), default=0)
@@ -358,7 +360,8 @@ def headline(gap_rows: Sequence[dict], versus: Sequence[dict], correlation: Sequ
 def statistics_report(rows: Sequence[dict], splits: Sequence[str], baseline: str = "iid",
                       evaluated: str = "closing-bracket",
                       by_bin: dict[str, Sequence[str]] | None = None,
-                      data_baselines: dict[str, dict[str, float]] | None = None
+                      data_baselines: dict[str, dict[str, float]] | None = None,
+                      in_distribution: Sequence[str] = ("iid",)
                       ) -> tuple[str, dict[str, list[dict]]]:
     """The population report: gap_table.txt's text and the tables behind it.
 
@@ -368,23 +371,25 @@ def statistics_report(rows: Sequence[dict], splits: Sequence[str], baseline: str
     (its first HEADLINE_LINES lines at most, then a blank line), which the main job prints.
     `evaluated` names the evaluated positions; `data_baselines` ({split: {metric: value}},
     data-only predictors such as a unigram model) are printed beside the original model's
-    accuracy.
+    accuracy. `in_distribution`: the task's in-distribution splits (tasks.<name>.IN_DISTRIBUTION):
+    gaps are also reported against each of them that was evaluated, and none is an OOD split.
     """
     if baseline not in splits:
         raise ValueError(f"proxies.gap_baseline={baseline!r} is not an evaluated split "
                          f"(proxies.eval_splits={tuple(splits)})")
     methods = list(dict.fromkeys(r["method"] for r in rows))  # as configured
-    baselines = [baseline] + [b for b in stats.BASELINES if b != baseline and b in splits]
+    baselines = [baseline] + [b for b in in_distribution if b != baseline and b in splits]
     order = row_order(methods, splits)
     gap_rows = sorted((g for b in baselines for g in stats.gaps(rows, baseline=b)),
                       key=lambda g: (baselines.index(g["baseline"]), order(g),
                                      stats.GAP_METRICS.index(g["metric"])
                                      if g["metric"] in stats.GAP_METRICS else 99))
     versus = sorted(stats.proxy_vs_original(rows), key=order)
-    correlation = sorted(stats.id_predicts_gap(rows, baseline=baseline),
+    correlation = sorted(stats.id_predicts_gap(rows, baseline=baseline,
+                                               in_distribution=in_distribution),
                          key=lambda c: (order(c), c["metric"]))
     min_size = stats.min_sizes(rows)
-    ood = [s for s in splits if s not in stats.BASELINES]
+    ood = [s for s in splits if s not in in_distribution]
     seeds = sorted({r["seed"] for r in rows})
     accuracy = original_accuracy(rows)
     res = stats.RESOLUTION
@@ -392,7 +397,7 @@ def statistics_report(rows: Sequence[dict], splits: Sequence[str], baseline: str
     identical = {(m, s): identical_sizes(rows, s, m)
                  for m, s in {(r["method"], r["site"]) for r in rows if r["size"] > 0}}
     text = headline(gap_rows, versus, correlation, accuracy, splits, methods, baseline,
-                    evaluated, identical)
+                    evaluated, identical, in_distribution)
     text += ["", "=" * 100, "",
              f"Population: {len(seeds)} seeds. Every comparison is paired over the seeds present "
              "in both conditions: [lo,hi] is the Student-t 95% interval of the mean per-seed "

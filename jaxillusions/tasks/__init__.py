@@ -4,6 +4,8 @@
 and reporting are shared and call only what a task module defines:
 
   NAME, SPLITS                 its name and every split it can make ("train" first)
+  IN_DISTRIBUTION              its splits drawn from the training distribution (gap baselines,
+                               never reported as out of distribution)
   DEFAULT_EVAL_SPLITS          its generalization suite (what its configs' proxies.eval_splits
                                list)
   BREAKDOWNS                   names of the per-position breakdowns besides "all", in row order
@@ -13,8 +15,9 @@ and reporting are shared and call only what a task module defines:
   EVALUATED                    what an evaluated position predicts, for messages and axis labels
   WIDTH_KEYS, VOCAB_KEY        the data.* keys that set the splits' widths and the vocabulary
                                size (named by memory.check_config when a size cannot fit)
-  data_rules()                 validate.RULES rows for its config.data keys
-  check_config(config)         the task's combined checks (one-line ValueError) -> notes
+  Data                         the frozen dataclass of its data.* settings (fields.setting)
+  check_config(settings)       the task's combined checks (one-line ValueError) -> notes
+  contrastive_loss(...)        (optional) the regularizer of train.contrastive_weights
   load(config, verbose)        -> {split name: split}, built or read from the cache
   view(split)                  -> View: the generic per-position arrays of one split
   model_fields(config, splits) -> keyword arguments of model.ModelConfig the data decides
@@ -24,9 +27,10 @@ and reporting are shared and call only what a task module defines:
   bounds(config)               {breakdown: largest bin value seen in training, or None}: these
                                breakdowns get accuracy-by-bin figures (the bound marked)
   bin_labels(breakdown)        names of a breakdown's bins, or None for numbers
-  activation_figures(run, splits, config, shown, pattern_site, key_site)
-                               -> {name: figure} of activations (may be empty); run(tokens,
-                                  site) gives the site's values for the seeds `shown`
+  activation_plots(run, splits, config, shown, pattern_site, key_site)
+                               -> {name: (function of analysis/figures.py, its arguments)}:
+                                  figures of activations (may be empty); run(tokens, site)
+                                  gives the site's values for the seeds `shown`
   baselines(splits, names)     -> {split: {metric: value}} of data-only predictors, or {}
   data_problems(splits, config) (optional) -> one-line problems of the loaded data that make
                                results meaningless (code: an UNK rate above MAX_UNK_RATE)
@@ -61,7 +65,8 @@ class View:
 
 
 def name(config) -> str:
-    return config.get("task", "dyck")
+    """The task of settings (settings.Settings)."""
+    return config.task
 
 
 def get(config_or_name) -> types.ModuleType:

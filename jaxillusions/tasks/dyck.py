@@ -7,13 +7,22 @@ closes), distance to the matching open bracket, and position. See jaxillusions/t
 
 from __future__ import annotations
 
+import dataclasses
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from jaxillusions import model
 from jaxillusions.data import dyck
+from jaxillusions.fields import INT, STR, nonnegative, positive, setting
 from jaxillusions.tasks import View, positions
 
 NAME = "dyck"
 SPLITS = dyck.SPLITS
+# Splits drawn from the training distribution: gaps are measured against them, never reported
+# as out of distribution (iid_with_train: sentences that may also be in train).
+IN_DISTRIBUTION = ("iid", "iid_with_train")
 DEFAULT_EVAL_SPLITS = ("iid", "seen_structure", "unseen_structure", "unseen_depth", "longer",
                        "iid_with_train")
 BREAKDOWNS = ("depth", "distance", "position")
@@ -23,22 +32,25 @@ WIDTH_KEYS = ("data.max_len", "data.longer_max_len")  # set the splits' widths
 VOCAB_KEY = "data.num_types"  # sets the vocabulary size
 
 
-def data_rules() -> dict:
-    """validate.RULES rows of the data.* keys (dyck.make_splits checks the combinations)."""
-    from jaxillusions import validate as v  # noqa: PLC0415 - validate imports the tasks
+@dataclasses.dataclass(frozen=True)
+class Data:
+    """The data.* settings of the Dyck task (dyck.make_splits checks the combinations)."""
 
-    return {
-        "data.seed": (v.INT, v._nonneg, ">= 0"),  # noqa: SLF001
-        "data.num_types": (v.INT, lambda x, c: 1 <= x <= 30000, "in [1, 30000]"),
-        "data.max_depth": (v.INT, v._pos, ">= 1"),  # noqa: SLF001
-        "data.min_len": (v.INT, lambda x, c: 2 <= x <= c.data.max_len, "in [2, data.max_len]"),
-        "data.max_len": (v.INT, lambda x, c: x >= 2, ">= 2"),
-        "data.longer_max_len": (v.INT, lambda x, c: x > c.data.max_len, "> data.max_len"),
-        "data.depth_extra": (v.INT, v._pos, ">= 1"),  # noqa: SLF001
-        "data.num_train": (v.INT, v._pos, ">= 1"),  # noqa: SLF001
-        "data.num_eval": (v.INT, v._pos, ">= 1"),  # noqa: SLF001
-        "data.cache_dir": (v.STR, v._any, "a directory, or '' for the default"),  # noqa: SLF001
-    }
+    seed: int = setting(0, INT, ">= 0", nonnegative)
+    num_types: int = setting(8, INT, "in [1, 30000]", lambda x, s: 1 <= x <= 30000,
+                             "k: bracket types")
+    max_depth: int = setting(6, INT, ">= 1", positive, "m: the deepest training nesting")
+    min_len: int = setting(2, INT, "in [2, data.max_len]", lambda x, s: 2 <= x <= s.data.max_len)
+    max_len: int = setting(24, INT, ">= 2", lambda x, s: x >= 2,
+                           "bracket tokens per training sentence")
+    longer_max_len: int = setting(40, INT, "> data.max_len", lambda x, s: x > s.data.max_len,
+                                  "`longer` split: lengths max_len+1 .. longer_max_len")
+    depth_extra: int = setting(4, INT, ">= 1", positive,
+                               "`unseen_depth` split: depths m+1 .. m+depth_extra")
+    num_train: int = setting(20_000, INT, ">= 1", positive)
+    num_eval: int = setting(500, INT, ">= 1", positive, "sentences per evaluation split")
+    cache_dir: str = setting("", STR, "a directory, or '' for the default",
+                             doc="'': $JAXILLUSIONS_CACHE or ~/.cache/jaxillusions")
 
 
 def check_config(config) -> list[str]:
@@ -99,15 +111,13 @@ def token_label(token: int, num_types: int) -> str:
                      + str((int(token) - 3) % num_types))
 
 
-def activation_figures(run, splits, config, shown, pattern_site: str, key_site: str,
-                       num_sentences: int = 200, key_seeds: int = 3) -> dict:
+def activation_plots(run, splits, config, shown, pattern_site: str, key_site: str,
+                     num_sentences: int = 200, key_seeds: int = 3) -> dict:
     """Last-layer attention patterns on one long iid sentence (the seeds `shown`), and the 2-D
     SVD projection of the last layer's keys at training positions of the first `key_seeds` of
     them (one figure each: a reader sees whether the structure holds across seeds), coloured by
     depth, open vs close and bracket type. `run(tokens, site)` -> the site's values
-    [len(shown), ...]."""
-    from jaxillusions.analysis import figures  # noqa: PLC0415
-
+    [len(shown), ...]. Returns {name: (analysis.figures function, its arguments)}."""
     iid = splits["iid"]
     sentence = iid.tokens[int(np.argmax(iid.lengths[:100]))][None]  # a long one, for structure
     train_tokens = splits["train"].tokens[:num_sentences]
@@ -118,9 +128,56 @@ def activation_figures(run, splits, config, shown, pattern_site: str, key_site: 
     keys = run(train_tokens, key_site)[:, :, :, 0]  # head 0: [S, B, T, F]
     valid = train_tokens != 0
     depth = splits["train"].depth[:num_sentences][valid]
-    out = {"attention_patterns": figures.attention_patterns(patterns, labels, shown,
-                                                            pattern_site)}
+    out = {"attention_patterns": ("attention_patterns", (patterns, labels, shown, pattern_site))}
     for i, seed in enumerate(shown[:key_seeds]):
-        out[f"key_projection_seed{seed}"] = figures.key_projection(
-            keys[i][valid], depth, train_tokens[valid], k, f"{key_site} (seed {seed}, head 0)")
+        out[f"key_projection_seed{seed}"] = ("key_projection", (
+            keys[i][valid], depth, train_tokens[valid], k, f"{key_site} (seed {seed}, head 0)"))
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The task's contrastive regularizer (train.contrastive_weights; objective.py calls it).
+
+def contrastive_prefixes(key: jax.Array, batch: int, model_cfg: model.ModelConfig,
+                         max_depth: int) -> tuple[jax.Array, jax.Array]:
+    """Balanced prefixes for the contrastive regularizer: n ~ U{0..D} nested pairs of random
+    types, with one extra matched pair of random type inserted at depth j ~ U{0..min(n, D-1)}
+    (so no prefix is deeper than D). Returns PAD-padded tokens [batch, 2D+2] and lengths 2n+2."""
+    depth = max_depth
+    kn, kj, kt, ke = jax.random.split(key, 4)
+    n = jax.random.randint(kn, (batch, 1), 0, depth + 1)
+    j = jax.random.randint(kj, (batch, 1), 0, jnp.minimum(n, depth - 1) + 1)
+    types = jax.random.randint(kt, (batch, depth), 0, len(model_cfg.open_ids))
+    extra = jax.random.randint(ke, (batch, 1), 0, len(model_cfg.open_ids))
+    p = jnp.arange(2 * depth + 2)[None]
+    # Layout: open types[0..j-1] | open extra | close extra | open types[j..n-1] | closes of
+    # types[n-1..0].
+    before, after = p < j, (p >= j + 2) & (p <= n + 1)
+    closing = (p >= n + 2) & (p <= 2 * n + 1)
+    index = jnp.clip(jnp.where(before, p, jnp.where(after, p - 2, 2 * n + 1 - p)), 0, depth - 1)
+    t = jnp.where((p == j) | (p == j + 1), extra, jnp.take_along_axis(types, index, 1))
+    is_open = before | after | (p == j)
+    is_close = closing | (p == j + 1)
+    tokens = jnp.where(is_open, jnp.asarray(model_cfg.open_ids)[t],
+                       jnp.where(is_close, jnp.asarray(model_cfg.close_ids)[t], dyck.PAD))
+    return tokens, 2 * n[:, 0] + 2
+
+
+def contrastive_loss(params: dict, x: jax.Array, logits_x: jax.Array, key: jax.Array,
+                     model_cfg: model.ModelConfig, max_depth: int) -> jax.Array:
+    """Wen et al. eq. 22: mean squared error between the logits of x ([B, T], starting with BOS)
+    and those of BOS + prefix + x[1:] at the positions of x's tokens (non-PAD, after BOS), per
+    logit entry; every row draws its own prefix (contrastive_prefixes)."""
+    batch, length = x.shape
+    prefix, plen = contrastive_prefixes(key, batch, model_cfg, max_depth)
+    pos = jnp.arange(length + prefix.shape[1])[None]
+    plen = plen[:, None]
+    from_prefix = jnp.take_along_axis(prefix, jnp.clip(pos - 1, 0, prefix.shape[1] - 1), 1)
+    from_x = jnp.take_along_axis(x, jnp.clip(pos - plen, 0, length - 1), 1)
+    joined = jnp.where(pos == 0, x[:, :1], jnp.where(
+        pos <= plen, from_prefix, jnp.where(pos - plen < length, from_x, dyck.PAD)))
+    logits_joined, _ = model.forward(params, joined, model_cfg)
+    aligned = jnp.take_along_axis(logits_joined, (jnp.arange(length)[None] + plen)[..., None], 1)
+    mask = ((x != dyck.PAD) & (jnp.arange(length) > 0)).astype(logits_x.dtype)[..., None]
+    sq = ((aligned - logits_x) ** 2 * mask).sum()
+    return sq / jnp.maximum(mask.sum() * logits_x.shape[-1], 1.0)

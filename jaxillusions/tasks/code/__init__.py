@@ -13,14 +13,16 @@ regularizer, closing-bracket loss, Wen et al. measurements) are refused.
 
 from __future__ import annotations
 
-import numbers
+import dataclasses
 
 import numpy as np
 
+from jaxillusions.fields import kind_of, setting
 from jaxillusions.tasks import View
 
 NAME = "code"
 SPLITS = ("train", "iid", "longer", "deeper", "other_language")
+IN_DISTRIBUTION = ("iid",)  # splits from the training distribution (see tasks/__init__.py)
 DEFAULT_EVAL_SPLITS = ("iid", "longer", "deeper", "other_language")
 BREAKDOWNS = ("category", "bracket_depth")
 TRAIN_BREAKDOWN = "category"
@@ -53,37 +55,35 @@ class Splits(dict):
     unk_rates: dict[str, float] = {}  # noqa: RUF012 - replaced per instance in load()
 
 
-def data_rules() -> dict:
-    """validate.RULES rows of the data.* keys: the type of each default in splits.DATA_DEFAULTS
-    (splits.check_data_config checks the values and their combinations)."""
-    from jaxillusions import validate as v  # noqa: PLC0415 - validate imports the tasks
+def _data_class() -> type:
+    """The data.* settings of the code task: one field per key of splits.DATA_DEFAULTS, of that
+    default's kind, documented by splits.DATA_DOCS (splits.check_data_config checks the values
+    and their combinations)."""
+    data = _data()
+    return dataclasses.make_dataclass("Data", [
+        (key, type(default), setting(default, kind_of(default), "see splits.check_data_config",
+                                     doc=data.DATA_DOCS.get(key, "")))
+        for key, default in data.DATA_DEFAULTS.items()], frozen=True)
 
-    def kind(value):
-        if isinstance(value, bool):
-            return v.BOOL
-        if isinstance(value, numbers.Integral):
-            return v.INT
-        if isinstance(value, numbers.Real):
-            return v.NUMBER
-        if isinstance(value, str):
-            return v.STR
-        return v.STRS
 
-    return {f"data.{k}": (kind(d), v._any, "see splits.check_data_config")  # noqa: SLF001
-            for k, d in _data().DATA_DEFAULTS.items()}
+def __getattr__(name: str):
+    # `Data` is made on first use: the corpus code (splits.py) loads lazily.
+    if name == "Data":
+        globals()["Data"] = _data_class()
+        return globals()["Data"]
+    raise AttributeError(name)
 
 
 def check_config(config) -> list[str]:
     """The data checks of splits.check_data_config, and the Dyck-only options refused."""
-    refused = {"model.first_layer": (config.model.get("first_layer", "standard"), "standard"),
-               "train.loss_on": (config.train.get("loss_on", "all"), "all"),
-               "train.contrastive_weights": (tuple(config.train.get("contrastive_weights", ())),
-                                             ())}
+    refused = {"model.first_layer": (config.model.first_layer, "standard"),
+               "train.loss_on": (config.train.loss_on, "all"),
+               "train.contrastive_weights": (tuple(config.train.contrastive_weights), ())}
     for key, (value, allowed) in refused.items():
         if value != allowed:
             raise ValueError(f"{key}={value!r}: the code task needs {allowed!r} (a Dyck-only "
                              "option)")
-    if "wen" in config and config.wen.get("enabled", False):
+    if config.wen.enabled:
         raise ValueError("wen.enabled=True: the Wen et al. measurements need the Dyck task")
     # Its notes only say where the data comes from; loading prints that (and warns when the
     # other_language source is absent), so validation stays quiet for a good config.
@@ -196,12 +196,10 @@ def baselines(splits, names) -> dict[str, dict[str, float]]:
     return {k: v for k, v in out.items() if v}
 
 
-def activation_figures(run, splits, config, shown, pattern_site: str, key_site: str,
-                       max_chars: int = 48) -> dict:
+def activation_plots(run, splits, config, shown, pattern_site: str, key_site: str,
+                     max_chars: int = 48) -> dict:
     """Last-layer attention patterns (seeds `shown`) on the first `max_chars` characters of
-    the first iid function, characters as labels."""
-    from jaxillusions.analysis import figures  # noqa: PLC0415
-
+    the first iid function, characters as labels (see tasks/__init__.py)."""
     vocab = getattr(splits, "vocab", None)
     iid = splits["iid"]
     if vocab is None or not len(iid.tokens):
@@ -221,6 +219,6 @@ def activation_figures(run, splits, config, shown, pattern_site: str, key_site: 
         return {" ": "␣", "\n": "\\n", "\t": "\\t"}.get(c, c)
 
     labels = [label(int(t)) for t in row[0, :length]]
-    return {"attention_patterns": figures.attention_patterns(
+    return {"attention_patterns": ("attention_patterns", (
         patterns, labels, shown, pattern_site,
-        f"the first {length} tokens of an iid function (BOS included)")}
+        f"the first {length} tokens of an iid function (BOS included)"))}

@@ -24,6 +24,7 @@ import numpy as np
 from scipy import stats
 
 from jaxillusions import model as model_lib
+from jaxillusions import train
 from jaxillusions.analysis import figures, tables
 from jaxillusions.analysis import stats as interval_stats
 from jaxillusions.data import dyck, padded_chunks
@@ -268,8 +269,8 @@ def length_generalization(params, cfg: model_lib.ModelConfig, tokens: np.ndarray
             "count": np.full(len(total["share_correct"]), count)}
 
 
-def mean_ci(values: np.ndarray) -> tuple[float, float]:
-    """Mean and 95% t-interval half-width over the finite values."""
+def _mean_and_half_width(values: np.ndarray) -> tuple[float, float]:
+    """stats.t_interval (over the finite values) as mean and half-width, for the summary."""
     mean, low, high = interval_stats.t_interval(values)
     return mean, (high - low) / 2
 
@@ -278,21 +279,17 @@ def mean_ci(values: np.ndarray) -> tuple[float, float]:
 
 
 def enabled(config) -> bool:
-    return "wen" in config and bool(config.wen.enabled)
+    return config.wen.enabled
 
 
 def check_config(config, model_cfg: model_lib.ModelConfig) -> None:
-    """One-line errors for config.wen settings that cannot work (before training)."""
+    """One-line errors for wen settings that cannot work with the model (before training; each
+    key's own range is checked in settings.py)."""
     wc = config.wen
     if wc.length_max_len > 0:
-        if not 1 <= wc.length_min_len <= wc.length_max_len:
+        if not wc.length_min_len <= wc.length_max_len:
             raise ValueError(f"wen.length_min_len={wc.length_min_len}: must be in [1, "
                              f"wen.length_max_len={wc.length_max_len}]")
-        for key in ("length_num_prefixes", "length_batch_size", "members_per_call"):
-            if wc[key] < 1:
-                raise ValueError(f"wen.{key}={wc[key]}: must be >= 1")
-        if not 0 < wc.length_threshold < 1:
-            raise ValueError(f"wen.length_threshold={wc.length_threshold}: must be in (0, 1)")
         if model_cfg.pos_encoding not in ("none", "linear"):
             raise ValueError(f"wen.length_max_len > 0 needs model.pos_encoding 'none' or "
                              f"'linear', got {model_cfg.pos_encoding!r} (its positions cannot "
@@ -303,8 +300,6 @@ def check_config(config, model_cfg: model_lib.ModelConfig) -> None:
 
 
 def _member_rows(state, results, config) -> list[dict]:
-    from jaxillusions import train  # noqa: PLC0415
-
     members = train.members(config)
     healthy = np.asarray(state.healthy)
     rows = []
@@ -326,8 +321,6 @@ def run_stage(state, results, model_cfg: model_lib.ModelConfig, config, workdir:
     group, layer and head, with the random baseline), wen_summary.txt, figures/wen_*.png and
     TensorBoard. Returns (member rows, attention rows)."""
     from jaxillusions import logging as log_lib  # noqa: PLC0415
-    from jaxillusions import train  # noqa: PLC0415
-
     say = print if verbose else (lambda *a, **k: None)
     wc, k, depth = config.wen, config.data.num_types, config.data.max_depth
     params, healthy = state.params, np.asarray(state.healthy)
@@ -420,7 +413,7 @@ def summary(rows: list[dict], attention: list[dict], config) -> str:
         cells = []
         for key in keys:
             vals = np.array([r[key] for r in group])
-            cell = f"{key} {_fmt(*mean_ci(vals))}"
+            cell = f"{key} {_fmt(*_mean_and_half_width(vals))}"
             if key == "balance_violation":
                 cell += f" (median {np.median(vals):.3f})"
             cells.append(cell)
@@ -430,7 +423,7 @@ def summary(rows: list[dict], attention: list[dict], config) -> str:
         out += ["", f"Paired differences vs weight {base:g} (same seeds; mean ± 95% CI):"]
         for w in weights[1:]:
             pairs = [s for s in seeds if (w, s) in by and (base, s) in by]
-            cells = [f"{key} {_fmt(*mean_ci(np.array([by[(w, s)][key] - by[(base, s)][key] for s in pairs])))}"  # noqa: E501
+            cells = [f"{key} {_fmt(*_mean_and_half_width(np.array([by[(w, s)][key] - by[(base, s)][key] for s in pairs])))}"  # noqa: E501
                      for key in keys]
             out.append(f"  weight {w:g} - {base:g} ({len(pairs)} seeds): " + ", ".join(cells))
     if "balance_violation" in keys and "length_gen_acc" in keys:
@@ -478,7 +471,7 @@ def length_figure(rows: list[dict]):
                              and r["healthy"]])
             ax.scatter(x + rng.uniform(-0.15, 0.15, len(vals)), vals, s=8, alpha=0.5,
                        color="tab:gray")
-            mean, ci = mean_ci(vals)
+            mean, ci = _mean_and_half_width(vals)
             ax.errorbar(x, mean, yerr=ci, fmt="o", color="tab:red", capsize=5)
         ax.set_xticks(range(len(weights)), [f"{w:g}" for w in weights])
         ax.set_xlabel("contrastive weight λ")

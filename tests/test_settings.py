@@ -1,0 +1,98 @@
+"""Settings are parsed once: a config becomes frozen, typed dataclasses (jaxillusions/settings.py),
+every key checked with a one-line error, defaults for keys a config leaves out."""
+
+import dataclasses
+import importlib
+import pkgutil
+import types
+
+import pytest
+from ml_collections import ConfigDict
+
+import configs
+from jaxillusions import settings, tasks, validate
+
+NAMES = sorted(info.name for info in pkgutil.iter_modules(configs.__path__))
+
+
+def _config(name: str) -> ConfigDict:
+    module = importlib.import_module(f"configs.{name}")
+    try:
+        return module.get_config()
+    except TypeError:  # a config that takes an argument (its variants)
+        return module.get_config(next(iter(module.VARIANTS)))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_shipped_config_becomes_frozen_typed_settings(name):
+    config = _config(name)
+    run = settings.from_config(config)
+    assert isinstance(run.data, tasks.get(run.task).Data)
+    flat = settings.flat(run)
+    for section in ("data", "model", "train", "proxies"):
+        for key, value in config[section].items():  # every key of the config, as typed
+            want = tuple(value) if isinstance(value, list | tuple) else value
+            assert flat[f"{section}.{key}"] == want, key
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.train.num_steps = 1
+    # Written to config.json and read back (lists become tuples again): the same settings.
+    assert settings.from_config(run.to_dict()) == run
+
+
+def test_a_missing_key_takes_its_default_and_lists_become_tuples():
+    run = settings.from_config({"task": "dyck", "train": {"num_steps": 7},
+                                "proxies": {"svd_ranks": [1, 2]}})
+    assert run.train.num_steps == 7 and run.train.batch_size == settings.Train().batch_size
+    assert run.proxies.svd_ranks == (1, 2) and run.data == tasks.get("dyck").Data()
+    assert settings.from_config(run) is run  # Settings pass through unchanged
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"train": {"num_step": 5}}, "unknown config key train.num_step; allowed in train: "),
+    ({"trian": {}}, "unknown config key trian; allowed in the top level: "),
+    ({"train": {"num_steps": 2.5}}, "train.num_steps=2.5: must be an integer, >= 1"),
+    ({"train": {"num_steps": 0}}, "train.num_steps=0: must be >= 1"),
+    ({"model": {"pos_encoding": "rope"}}, "model.pos_encoding='rope': must be one of none"),
+    ({"data": {"min_len": 30}}, "data.min_len=30: must be in [2, data.max_len]"),
+    ({"model": {"uniform_attention_layers": (2,)}},
+     "model.uniform_attention_layers=(2,): must be layer indices in [0, model.n_layers)"),
+    ({"task": "nope"}, "task='nope': must be one of dyck, code"),
+])
+def test_a_bad_key_is_a_one_line_error_naming_it(change, message):
+    with pytest.raises(ValueError) as err:
+        settings.from_config(change)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_the_code_task_has_its_own_data_settings():
+    run = settings.from_config({"task": "code", "data": {"context": 64}})
+    assert run.data.context == 64 and not hasattr(run.data, "num_types")
+    with pytest.raises(ValueError, match="unknown config key data.num_types"):
+        settings.from_config({"task": "code", "data": {"num_types": 3}})
+
+
+def test_check_gives_settings_and_the_cross_checks_need_the_model():
+    config = _config("dyck_small")
+    run, notes = validate.check(config)
+    assert isinstance(run, settings.Settings) and notes == []
+    config.proxies.targets = ("blocks.5.attn.k",)  # the demo model has 2 layers
+    with pytest.raises(ValueError, match="proxies.targets: "):
+        validate.check(config)
+
+
+def test_a_new_proxy_files_sizes_key_gets_a_field(monkeypatch):
+    from jaxillusions import proxies
+
+    module = types.ModuleType("jaxillusions.proxies.scaled")  # a file that names no settings
+    module.STATISTIC, module.SITE = "moments", "vector"
+    monkeypatch.setattr(proxies, "available", lambda: ("svd", "scaled"))
+    monkeypatch.setattr(proxies, "get", lambda name: module if name == "scaled"
+                        else importlib.import_module(f"jaxillusions.proxies.{name}"))
+    settings.proxies_class.cache_clear()
+    try:
+        run = settings.from_config({"proxies": {"scaled_sizes": (5, 10)}})
+        assert run.proxies.scaled_sizes == (5, 10)
+        with pytest.raises(ValueError, match=r"proxies.scaled_sizes=\(0,\): must be scaled"):
+            settings.from_config({"proxies": {"scaled_sizes": (0,)}})
+    finally:
+        settings.proxies_class.cache_clear()
