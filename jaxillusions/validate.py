@@ -29,6 +29,7 @@ from jaxillusions import memory, model, tasks, train
 ANALYSIS_KEYS = (
     "proxies.*",
     "wen.*",
+    "induction.*",
     "train.eval_batch_size",
     "train.log_every",
     "train.eval_every",
@@ -158,6 +159,10 @@ RULES: dict[str, tuple[tuple[str, Callable], Callable[[Any, Any], bool], str]] =
     "wen.length_seed": (INT, _nonneg, ">= 0"),
     "wen.length_batch_size": (INT, _pos, ">= 1"),
     "wen.members_per_call": (INT, _pos, ">= 1"),
+    # The induction-head test after training (analysis/induction.py; analysis keys).
+    "induction.enabled": (BOOL, _any, "true or false"),
+    "induction.length": (INT, _nonneg, ">= 0 (0: half the drawable tokens, capped to fit)"),
+    "induction.batch": (INT, _pos, ">= 1"),
 }
 
 
@@ -222,6 +227,10 @@ def validate(config) -> list[str]:
         from jaxillusions import wen  # noqa: PLC0415
 
         wen.check_config(config, model_cfg)
+    if "induction" in config and config.induction.enabled:
+        from jaxillusions.analysis import induction  # noqa: PLC0415
+
+        induction.check_config(config, model_cfg)
     return notes + _proxy_checks(config, model_cfg)
 
 
