@@ -374,3 +374,47 @@ def _cell(values, stats, fmt: str = ".3f") -> str:
     mean, low, high = stats.t_interval(v)
     return f"{mean:{fmt}} [{low:{fmt}}, {high:{fmt}}]"
 
+
+
+HEAD_GAP_COLUMNS = ("site", "method", "size", "split", "metric", "category", "n_seeds", "rho",
+                    "rho_low", "rho_high", "p_value")
+
+
+def head_predicts_gap(df: pd.DataFrame, per_seed: pd.DataFrame, baseline: str = "iid",
+                      category: str = "identifier_repeat", metric: str = "same_pred",
+                      strength: str = "max_induction_score") -> pd.DataFrame:
+    """Across seeds: does a seed's induction-head strength predict its generalization gap on
+    `category`? Per proxy (site, method, size) and OOD split: Spearman rho between `strength`
+    (a column of induction_seeds.csv, `per_seed`) and the per-seed gap of `metric` on the
+    category's characters (stats.signed_gap: positive = less faithful than on `baseline`), with
+    stats.spearman_interval's bootstrap interval over seeds and permutation p-value.
+    `df`: results.csv as loaded by analysis.load_results. Columns HEAD_GAP_COLUMNS."""
+    import pandas as pd  # noqa: PLC0415
+
+    from jaxillusions.analysis import stats  # noqa: PLC0415
+    from jaxillusions.tasks.code import lexer  # noqa: PLC0415
+
+    if strength not in per_seed:
+        raise ValueError(f"strength={strength!r}: not a column of induction_seeds.csv "
+                         f"({', '.join(per_seed.columns)})")
+    sel = df[(df["breakdown"] == "category") & (df["bin"] == lexer.CATEGORIES.index(category))
+             & (df["method"] != "original")]
+    wide = sel.pivot_table(index=["site", "method", "size", "seed"], columns="split",
+                           values=metric, observed=True, aggfunc="first")
+    if baseline not in wide:
+        raise ValueError(f"baseline={baseline!r}: no {category} rows of that split")
+    x_by_seed = per_seed.set_index("seed")[strength]
+    out = []
+    for (site, method, size), group in wide.groupby(level=[0, 1, 2], observed=True):
+        group = group.droplevel([0, 1, 2])
+        for split in [s for s in group.columns if s != baseline]:
+            gap = pd.Series(stats.signed_gap(group[baseline].to_numpy(),
+                                             group[split].to_numpy(), metric),
+                            index=group.index)
+            both = pd.concat([x_by_seed, gap], axis=1, join="inner").dropna()
+            rho, low, high, p = stats.spearman_interval(both.iloc[:, 0].to_numpy(),
+                                                        both.iloc[:, 1].to_numpy())
+            out.append({"site": site, "method": method, "size": int(size), "split": split,
+                        "metric": metric, "category": category, "n_seeds": len(both),
+                        "rho": rho, "rho_low": low, "rho_high": high, "p_value": p})
+    return pd.DataFrame(out, columns=list(HEAD_GAP_COLUMNS))
