@@ -85,4 +85,11 @@ def get_config() -> ConfigDict:
     config.proxies.eval_batch_size = 64
     # Seeds per call of the proxy stage; 0: as many as fit the device's memory.
     config.proxies.seed_chunk_size = 0
+
+    # Induction heads after training (jaxillusions/analysis/induction.py): a random sequence of
+    # `length` characters repeated once (0: half the vocabulary's characters), `batch` of them.
+    config.induction = ConfigDict()
+    config.induction.enabled = True
+    config.induction.length = 0
+    config.induction.batch = 64
     return config

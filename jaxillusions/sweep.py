@@ -42,7 +42,7 @@ from jaxillusions import (
     validate,
 )
 from jaxillusions import logging as log_lib
-from jaxillusions.analysis import board, figures, results, tables
+from jaxillusions.analysis import board, figures, induction, results, tables
 from jaxillusions.experiments import wen
 from jaxillusions.settings import Settings
 
@@ -52,14 +52,15 @@ STAGE_DIR = "proxies"
 # superseded/<time>/ before an analysis with other settings writes its own.
 REPORTS = ("results.csv", "gap_table.txt", "gaps.csv", "proxy_vs_original.csv",
            "id_predicts_gap.csv", "min_size.csv", "baselines.csv", "gaps_by_*.csv", "figures",
-           "wen_results.csv", "wen_attention.csv", "wen_summary.txt")
+           "wen_results.csv", "wen_attention.csv", "wen_summary.txt", "identifier_gap.csv")
 
 
 def _analysis_settings(config) -> dict:
     """The settings that define the analysis' results (not proxies.seed_chunk_size: how many
     seeds run at once changes no number)."""
     return {k: v for k, v in log_lib.flatten_config(config).items()
-            if k.startswith(("proxies.", "wen.")) and k != "proxies.seed_chunk_size"}
+            if k.startswith(("proxies.", "wen.", "induction."))
+            and k != "proxies.seed_chunk_size"}
 
 
 def _write(path: str, data: str | bytes, stage: str) -> None:
@@ -256,6 +257,11 @@ def _run(config: Settings, workdir: str, *, verbose: bool, start_over: bool) -> 
     if wen.enabled(config) and distributed.is_main():  # Wen et al. measurements (config.wen)
         with timing.stage("wen"):
             wen.run_stage(state, final_eval, model_cfg, config, workdir, verbose=verbose)
+    if induction.enabled(config) and distributed.is_main():  # induction heads (config.induction)
+        with timing.stage("induction"):
+            induction.sweep_stage(config, workdir, state.params, state.healthy,
+                                  train.members(config).labels, int(np.max(state.step)),
+                                  model_cfg, say, move_aside)
     if not pc.methods:
         _mark_done(config, workdir)
         return []
@@ -381,6 +387,10 @@ def write_reports(rows, config, workdir: str, seeds, healthy, *, verbose: bool =
                                                  by_bin=labelled,
                                                  data_baselines=data_baselines,
                                                  in_distribution=task.IN_DISTRIBUTION)
+    mechanism = induction.report_lines(config, workdir)  # lines that join the headline
+    if mechanism:
+        head, sep, rest = text.partition("\n\n")
+        text = "\n".join([head, *mechanism]) + sep + rest
     if data_baselines:
         names = list(dict.fromkeys(m for b in data_baselines.values() for m in b))
         with _writing("report", os.path.join(workdir, "baselines.csv")):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from jaxillusions import faithfulness, memory, proxies, settings, tasks, train
+from jaxillusions.analysis import induction
 from jaxillusions.experiments import wen
 from jaxillusions.settings import Settings
 
@@ -33,6 +34,7 @@ def check(config: Any) -> tuple[Settings, list[str]]:
     memory.check_config(config, model_cfg)
     if config.wen.enabled:
         wen.check_config(config, model_cfg)
+    induction.check_config(config, model_cfg)
     return config, notes + _proxy_checks(config, model_cfg)
 
 

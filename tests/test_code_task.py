@@ -254,3 +254,76 @@ def test_codesearchnet_directory_through_the_launcher(tmp_path):
     assert set(gap["split"]) == {"iid", "longer", "deeper", "other_language"}
     assert sorted(set(gap["seed"])) == [0, 1]
 
+
+
+def test_sweep_probes_induction_heads_once_and_again_when_its_settings_change(tmp_path):
+    """The main job's induction stage: induction.csv per seed/layer/head, the per-seed best head
+    and loss drop, identifier_repeat vs identifier_first accuracy, TensorBoard scalars and a
+    headline line; a relaunch keeps the stage, a changed induction.* setting on a finished sweep
+    recomputes only the probe (the earlier CSVs go to superseded/, the proxy stages are kept)."""
+    from jaxillusions.logging import read_scalars  # noqa: PLC0415
+
+    config = code_config(tmp_path)
+    workdir = str(tmp_path / "run")
+    sweep.run(config, workdir, verbose=False)
+    heads = tables.read_csv(os.path.join(workdir, "induction.csv"))
+    # 2 seeds x 2 layers x 2 heads (code_small's model), each a score in [0, 1].
+    assert sorted((r["seed"], r["layer"], r["head"]) for r in heads) == [
+        (s, layer, h) for s in (0, 1) for layer in (0, 1) for h in (0, 1)]
+    assert all(0 <= r["induction_score"] <= 1 for r in heads)
+    best = tables.read_csv(os.path.join(workdir, "induction_seeds.csv"))
+    assert [r["seed"] for r in best] == [0, 1]
+    for r in best:
+        assert r["max_induction_score"] == max(h["induction_score"] for h in heads
+                                               if h["seed"] == r["seed"])
+        assert r["loss_drop"] == pytest.approx(r["loss_first"] - r["loss_second"], abs=1e-6)
+    # The probe is the library's, on the trained parameters: the same numbers from the workdir.
+    again = induction.probe(workdir, batch=config.induction.batch, key=config.seed)
+    np.testing.assert_allclose(again.max_score, [r["max_induction_score"] for r in best],
+                               rtol=1e-6)
+    gap = tables.read_csv(os.path.join(workdir, "identifier_gap.csv"))
+    expected = induction.identifier_gap(load_results(workdir))
+    assert [(r["seed"], r["split"]) for r in gap] == list(
+        zip(expected["seed"], expected["split"], strict=True))
+    assert {r["split"] for r in gap} == set(config.proxies.eval_splits)
+    np.testing.assert_allclose([r["repeat_minus_first"] for r in gap],
+                               expected["repeat_minus_first"], atol=1e-9)
+    with open(os.path.join(workdir, "gap_table.txt")) as f:
+        headline = tables.summary_of(f.read())
+    assert "Induction heads: " in headline and "of 2 seeds" in headline
+    assert "identifier_repeat - identifier_first accuracy (original model): iid " in headline
+    board = read_scalars(os.path.join(workdir, "tensorboard"))
+    step = config.train.num_steps
+    assert board["seed_1"]["induction/max_score"] == [
+        (step, pytest.approx(best[1]["max_induction_score"], rel=1e-6))]
+    assert "induction/score/layer1_head0" in board["seed_0"]
+
+    # A relaunch after the sweep's end marker is gone: the stage is kept, not probed again.
+    stage = os.path.join(workdir, induction.STAGE_FILE)
+    before = {name: os.stat(os.path.join(workdir, name)).st_mtime_ns
+              for name in (induction.STAGE_FILE, "induction.csv")}
+    proxy_files = {p: os.stat(os.path.join(workdir, "proxies", p)).st_mtime_ns
+                   for p in os.listdir(os.path.join(workdir, "proxies"))}
+    os.remove(os.path.join(workdir, sweep.DONE_FILE))
+    sweep.run(config, workdir, verbose=False)
+    assert {name: os.stat(os.path.join(workdir, name)).st_mtime_ns for name in before} == before
+
+    # A changed analysis key on the finished sweep: the probe alone runs again.
+    config.induction.batch = 8
+    sweep.run(config, workdir, verbose=False)
+    assert os.stat(stage).st_mtime_ns != before[induction.STAGE_FILE]
+    assert {p: os.stat(os.path.join(workdir, "proxies", p)).st_mtime_ns
+            for p in proxy_files} == proxy_files
+    moved = [os.path.relpath(os.path.join(d, f), workdir)
+             for d, _, files in os.walk(os.path.join(workdir, "superseded")) for f in files]
+    assert any(p.endswith("/induction.csv") for p in moved)
+    assert any(p.endswith("/identifier_gap.csv") for p in moved)
+    rerun = induction.probe(workdir, batch=8, key=config.seed)
+    np.testing.assert_allclose(
+        [r["max_induction_score"]
+         for r in tables.read_csv(os.path.join(workdir, "induction_seeds.csv"))],
+        rerun.max_score, rtol=1e-6)
+    bad = ConfigDict(config.to_dict())
+    bad.induction.length = 1000
+    with pytest.raises(ValueError, match=r"induction.length=1000: must be 0"):
+        validate.validate(bad)

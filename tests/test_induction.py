@@ -237,3 +237,38 @@ def test_default_length_is_half_the_pool_and_fits_the_model():
     short = model.ModelConfig(**{**cfg.__dict__, "max_len": 7})
     assert induction.default_length(short, SPECIAL, BOS) == 3  # 1 + 2 * 3 <= 7
     assert induction.default_length(short, SPECIAL) == 3 and induction.default_length(cfg) == 6
+
+
+def test_head_strength_predicts_the_identifier_repeat_gap_across_seeds(tmp_path):
+    """Spearman across seeds between the best head's score and the per-seed same_pred gap on
+    identifier_repeat (iid minus the OOD split): +1 where the gap grows with the score, -1
+    where it shrinks; other categories and the original model's rows are not read."""
+    import pandas as pd
+
+    repeat = lexer.CATEGORIES.index("identifier_repeat")
+    rows = []
+    for seed in range(16):  # stats.MIN_BOOTSTRAP_SEEDS: intervals from 16
+        for split, same in (("iid", 0.9), ("deeper", 0.9 - 0.005 * seed),
+                            ("other_language", 0.5 + 0.01 * seed)):
+            for b, value in ((repeat, same), (0, 0.2 * (seed % 3))):  # bin 0: noise
+                rows.append({"seed": seed, "site": "blocks.1.attn.k", "method": "svd",
+                             "size": 2, "split": split, "breakdown": "category", "bin": b,
+                             "n": 50, "acc": 0.5, "jsd": 0.1, "same_pred": value})
+                rows.append({"seed": seed, "site": "", "method": "original", "size": 0,
+                             "split": split, "breakdown": "category", "bin": b, "n": 50,
+                             "acc": 0.5})
+    results.tables.write_csv(rows, tmp_path / "results.csv", results.COLUMNS)
+    df = load_results(str(tmp_path / "results.csv"), splits=["iid", "deeper", "other_language"])
+    per_seed = pd.DataFrame({"seed": range(16), "max_induction_score": np.linspace(0.1, 0.8, 16),
+                             "loss_drop": np.ones(16)})
+    out = induction.head_predicts_gap(df, per_seed).set_index("split")
+    assert list(out["method"]) == ["svd", "svd"]
+    assert out.loc["deeper", "rho"] == pytest.approx(1.0)  # gap 0.005 * seed
+    assert out.loc["other_language", "rho"] == pytest.approx(-1.0)  # gap 0.4 - 0.01 * seed
+    assert (out["n_seeds"] == 16).all()
+    assert out.loc["deeper", "rho_low"] == pytest.approx(1.0)  # every resample is monotone
+    few = induction.head_predicts_gap(df[df["seed"] < 8], per_seed).set_index("split")
+    assert few.loc["deeper", "rho"] == pytest.approx(1.0) and np.isnan(few.loc["deeper", "rho_low"])
+    assert out.loc["deeper", "p_value"] < 0.01
+    with pytest.raises(ValueError, match="strength='nope'"):
+        induction.head_predicts_gap(df, per_seed, strength="nope")

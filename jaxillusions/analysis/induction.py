@@ -20,6 +20,11 @@ CSV, and `scalars()` for TensorBoard; `write(...)` writes both (induction.csv,
 induction_seeds.csv, and a SweepWriter's seed_<s> runs). `identifier_gap(df)` is the code
 task's mechanism-facing accuracy contrast: per seed and split, accuracy on `identifier_repeat`
 minus `identifier_first` (from results.csv, as loaded by `analysis.load_results`).
+
+In the main job (jaxillusions/sweep.py) the config section `induction` (`enabled`, `length`,
+`batch`; analysis keys) runs `sweep_stage` after training: the probe on the trained
+parameters, with a stage file (STAGE_FILE) so that a relaunch does not probe again, and
+`report_lines` adds its headline lines and identifier_gap.csv to the reports.
 """
 
 from __future__ import annotations
@@ -40,6 +45,16 @@ if TYPE_CHECKING:
     import pandas as pd
 
 ROW_COLUMNS = ("seed", "layer", "head", "induction_score")
+GAP_COLUMNS = ("seed", "site", "size", "split", "acc_first", "acc_repeat", "n_first", "n_repeat",
+               "repeat_minus_first")
+STAGE_FILE = "induction_stage.json"
+OUTPUTS = ("induction.csv", "induction_seeds.csv", "identifier_gap.csv")
+# "A seed has an induction head" (docs/code_completion.md): its best head puts >= 0.3 of its
+# attention on the token after the earlier occurrence (20x chance at L = 48), and the model's
+# loss on the repeat is >= 1 nat lower than on the first copy (more than the ln 2 that knowing
+# which tokens occurred gives at L = pool / 2).
+MIN_SCORE = 0.3
+MIN_LOSS_DROP = 1.0
 SEED_COLUMNS = ("seed", "max_induction_score", "best_layer", "best_head", "loss_first",
                 "loss_second", "loss_drop")
 
@@ -240,3 +255,166 @@ def identifier_gap(df: pd.DataFrame, method: str = "original") -> pd.DataFrame:
         wide["n"].astype("int64").rename(columns=lambda c: f"n_{c}")).reset_index()
     out["repeat_minus_first"] = out["acc_repeat"] - out["acc_first"]
     return out
+
+
+def has_head(max_score: np.ndarray, loss_drop: np.ndarray) -> np.ndarray:
+    """[S] bool: the seed has an induction head by the threshold MIN_SCORE and MIN_LOSS_DROP
+    (False for a diverged seed, whose values are NaN)."""
+    return (np.asarray(max_score) >= MIN_SCORE) & (np.asarray(loss_drop) >= MIN_LOSS_DROP)
+
+
+def enabled(config) -> bool:
+    return config.induction.enabled
+
+
+def check_config(config, model_cfg: model_lib.ModelConfig) -> None:
+    """ValueError (one line) if induction.length does not fit the task's tokens or the model."""
+    if not enabled(config):
+        return
+    special = task_tokens(config)
+    length = config.induction.length or default_length(model_cfg, **special)
+    pool = model_cfg.vocab_size - len(set(special["exclude"]) & set(range(model_cfg.vocab_size)))
+    width = (special["bos"] is not None) + 2 * length
+    if not 2 <= length <= pool or width > model_cfg.max_len:
+        raise ValueError(f"induction.length={config.induction.length}: must be 0 (the default, "
+                         f"{default_length(model_cfg, **special)} here) or in [2, "
+                         f"{min(pool, (model_cfg.max_len - (special['bos'] is not None)) // 2)}] "
+                         f"({pool} drawable tokens, {model_cfg.max_len} positions)")
+
+
+def sweep_stage(config, workdir: str, params, healthy, labels, step: int,
+                model_cfg: model_lib.ModelConfig, say=print, move_aside=None) -> Induction | None:
+    """The main job's induction stage (config section `induction`): probes the trained `params`
+    (leading member axis, labelled `labels`; diverged members are NaN) and writes
+    induction.csv, induction_seeds.csv and TensorBoard scalars at `step`, once: a stage file
+    stamped with the settings says it is done. A stale stage (other settings) and its CSVs are
+    moved aside with `move_aside(path)` (sweep._mover) before the probe runs again."""
+    import json  # noqa: PLC0415
+
+    from jaxillusions import checkpoint  # noqa: PLC0415 - orbax is slow to import for readers
+    from jaxillusions import logging as log_lib  # noqa: PLC0415
+
+    if not enabled(config):
+        return None
+    ic = config.induction
+    special = task_tokens(config)
+    length = ic.length or default_length(model_cfg, **special)
+    stamp = json.dumps({"length": length, "batch": ic.batch, "key": config.seed, "step": step},
+                       sort_keys=True)
+    path = os.path.join(workdir, STAGE_FILE)
+    if os.path.exists(path):
+        try:
+            with open(path) as f:
+                done = json.load(f)["stamp"] == stamp
+        except (OSError, ValueError, KeyError, TypeError):
+            done = False
+        if done and all(os.path.exists(os.path.join(workdir, o)) for o in OUTPUTS[:2]):
+            return None
+        for name in (STAGE_FILE, *OUTPUTS[:2]):
+            if move_aside is not None and os.path.exists(os.path.join(workdir, name)):
+                move_aside(os.path.join(workdir, name))
+    found = induction(params, model_cfg, jax.random.key(config.seed), length=length,
+                      batch=ic.batch, seeds=labels, **special)
+    bad = ~np.asarray(healthy, bool)
+    found = dataclasses.replace(
+        found, score=np.where(bad[:, None, None], np.nan, found.score),
+        loss_first=np.where(bad, np.nan, found.loss_first),
+        loss_second=np.where(bad, np.nan, found.loss_second))
+    with log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), labels) as writer:
+        write(found, workdir, writer, step)
+    checkpoint.write_atomic(path, json.dumps({"stamp": stamp}))
+    heads = has_head(found.max_score, found.loss_drop)
+    say(f"induction: {int(heads.sum())} of {int((~bad).sum())} seeds have an induction head "
+        f"(score >= {MIN_SCORE}, loss drop >= {MIN_LOSS_DROP:g} nat; L={length}); "
+        f"{workdir}/induction_seeds.csv")
+    return found
+
+
+def report_lines(config, workdir: str) -> list[str]:
+    """The headline's lines about the mechanism, read from `workdir`'s induction_seeds.csv
+    (sweep_stage) and, for the code task, the original model's identifier_repeat minus
+    identifier_first accuracy per split from its results.csv (written to identifier_gap.csv,
+    GAP_COLUMNS). [] if the section is disabled."""
+    import pandas as pd  # noqa: PLC0415
+
+    from jaxillusions import tasks  # noqa: PLC0415
+    from jaxillusions.analysis import stats  # noqa: PLC0415
+
+    if not enabled(config):
+        return []
+    lines = []
+    seeds_path = os.path.join(workdir, "induction_seeds.csv")
+    if os.path.exists(seeds_path):
+        per_seed = pd.read_csv(seeds_path).dropna(subset=["max_induction_score"])
+        heads = has_head(per_seed["max_induction_score"], per_seed["loss_drop"])
+        lines.append(
+            f"Induction heads: {int(heads.sum())} of {len(per_seed)} seeds (best-head score >= "
+            f"{MIN_SCORE}, loss drop >= {MIN_LOSS_DROP:g} nat); best-head score "
+            f"{_cell(per_seed['max_induction_score'], stats)}, loss drop "
+            f"{_cell(per_seed['loss_drop'], stats)} nats (induction_seeds.csv)")
+    results_path = os.path.join(workdir, "results.csv")
+    if tasks.name(config) == "code" and os.path.exists(results_path):
+        from jaxillusions.analysis import results  # noqa: PLC0415
+
+        gap = identifier_gap(results.load_results(results_path))
+        tables.write_csv(gap.to_dict("records"), os.path.join(workdir, "identifier_gap.csv"),
+                         GAP_COLUMNS)
+        splits = list(dict.fromkeys(gap["split"]))
+        lines.append("identifier_repeat - identifier_first accuracy (original model): " + ", ".join(
+            f"{s} {_cell(gap.loc[gap['split'] == s, 'repeat_minus_first'], stats, '+.3f')}"
+            for s in splits) + " (identifier_gap.csv)")
+    return lines
+
+
+def _cell(values, stats, fmt: str = ".3f") -> str:
+    """'mean [low, high]' over seeds (stats.t_interval; the mean alone for one seed)."""
+    v = np.asarray(values, np.float64)
+    if len(v) < 2:
+        return format(float(v.mean()), fmt) if len(v) else "n/a"
+    mean, low, high = stats.t_interval(v)
+    return f"{mean:{fmt}} [{low:{fmt}}, {high:{fmt}}]"
+
+
+
+HEAD_GAP_COLUMNS = ("site", "method", "size", "split", "metric", "category", "n_seeds", "rho",
+                    "rho_low", "rho_high", "p_value")
+
+
+def head_predicts_gap(df: pd.DataFrame, per_seed: pd.DataFrame, baseline: str = "iid",
+                      category: str = "identifier_repeat", metric: str = "same_pred",
+                      strength: str = "max_induction_score") -> pd.DataFrame:
+    """Across seeds: does a seed's induction-head strength predict its generalization gap on
+    `category`? Per proxy (site, method, size) and OOD split: Spearman rho between `strength`
+    (a column of induction_seeds.csv, `per_seed`) and the per-seed gap of `metric` on the
+    category's characters (stats.signed_gap: positive = less faithful than on `baseline`), with
+    stats.spearman_interval's bootstrap interval over seeds and permutation p-value.
+    `df`: results.csv as loaded by analysis.load_results. Columns HEAD_GAP_COLUMNS."""
+    import pandas as pd  # noqa: PLC0415
+
+    from jaxillusions.analysis import stats  # noqa: PLC0415
+    from jaxillusions.tasks.code import lexer  # noqa: PLC0415
+
+    if strength not in per_seed:
+        raise ValueError(f"strength={strength!r}: not a column of induction_seeds.csv "
+                         f"({', '.join(per_seed.columns)})")
+    sel = df[(df["breakdown"] == "category") & (df["bin"] == lexer.CATEGORIES.index(category))
+             & (df["method"] != "original")]
+    wide = sel.pivot_table(index=["site", "method", "size", "seed"], columns="split",
+                           values=metric, observed=True, aggfunc="first")
+    if baseline not in wide:
+        raise ValueError(f"baseline={baseline!r}: no {category} rows of that split")
+    x_by_seed = per_seed.set_index("seed")[strength]
+    out = []
+    for (site, method, size), group in wide.groupby(level=[0, 1, 2], observed=True):
+        group = group.droplevel([0, 1, 2])
+        for split in [s for s in group.columns if s != baseline]:
+            gap = pd.Series(stats.signed_gap(group[baseline].to_numpy(),
+                                             group[split].to_numpy(), metric),
+                            index=group.index)
+            both = pd.concat([x_by_seed, gap], axis=1, join="inner").dropna()
+            rho, low, high, p = stats.spearman_interval(both.iloc[:, 0].to_numpy(),
+                                                        both.iloc[:, 1].to_numpy())
+            out.append({"site": site, "method": method, "size": int(size), "split": split,
+                        "metric": metric, "category": category, "n_seeds": len(both),
+                        "rho": rho, "rho_low": low, "rho_high": high, "p_value": p})
+    return pd.DataFrame(out, columns=list(HEAD_GAP_COLUMNS))
