@@ -41,7 +41,7 @@ from jaxillusions import (
     wen,
 )
 from jaxillusions import logging as log_lib
-from jaxillusions.analysis import board, figures, results, tables
+from jaxillusions.analysis import board, dictionaries, figures, results, tables
 
 DONE_FILE = "sweep_done.json"
 STAGE_DIR = "proxies"
@@ -49,7 +49,7 @@ STAGE_DIR = "proxies"
 # superseded/<time>/ before an analysis with other settings writes its own.
 REPORTS = ("results.csv", "gap_table.txt", "gaps.csv", "proxy_vs_original.csv",
            "id_predicts_gap.csv", "min_size.csv", "baselines.csv", "gaps_by_*.csv", "figures",
-           "wen_results.csv", "wen_attention.csv", "wen_summary.txt")
+           "wen_results.csv", "wen_attention.csv", "wen_summary.txt", "dictionaries_*.csv")
 
 
 def _analysis_settings(config) -> dict:
@@ -344,11 +344,15 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
             f"while evaluating proxies; {i + 1} of {len(specs)} families evaluated and saved "
             f"in {stages.dir}; relaunch the same command to resume")
 
+    with timing.stage("dictionaries"):  # SAE seed dependence (analysis/dictionaries.py)
+        matched = dictionaries.seed_match_tables(params, healthy, seeds, splits["train"],
+                                                 model_cfg, specs, fitted, config, say=say)
     if not distributed.is_main():  # process 0 writes the reports
         return rows
     with timing.stage("reports"):  # write_reports' figures count to "figures"
         with _writing("report", os.path.join(workdir, "results.csv")):
             results.write_csv(rows, os.path.join(workdir, "results.csv"))
+        _write_tables(workdir, matched)
         _stop_in_reports(workdir)
         data_baselines = tasks.get(config).baselines(splits, list(pc.eval_splits))
         write_reports(rows, config, workdir, seeds, healthy, verbose=verbose,
@@ -383,6 +387,7 @@ def write_reports(rows, config, workdir: str, seeds, healthy, *, verbose: bool =
         columns = tables.STAT_COLUMNS.get(name, tables.BIN_GAP_COLUMNS)
         with _writing("report", os.path.join(workdir, f"{name}.csv")):
             tables.write_csv(table, os.path.join(workdir, f"{name}.csv"), columns)
+    _write_tables(workdir, dictionaries.results_tables(rows, baseline))  # with method sae
     with _writing("report", os.path.join(workdir, "gap_table.txt")), \
             open(os.path.join(workdir, "gap_table.txt"), "w") as f:
         f.write(text + "\n")
@@ -396,6 +401,12 @@ def write_reports(rows, config, workdir: str, seeds, healthy, *, verbose: bool =
             and g["split"] != baseline]
     with timing.stage("figures"):  # and the TensorBoard views
         write_views(rows, config, workdir, seeds, healthy, model_cfg=model_cfg, gaps=gaps)
+
+
+def _write_tables(workdir: str, named: dict) -> None:
+    for name, (table, columns) in named.items():
+        with _writing("report", os.path.join(workdir, f"{name}.csv")):
+            tables.write_csv(table, os.path.join(workdir, f"{name}.csv"), columns)
 
 
 def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,

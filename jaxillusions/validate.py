@@ -40,7 +40,7 @@ ANALYSIS_KEYS = (
 # Values of keys that a config may leave out (read with config.get): a workdir whose config.json
 # predates such a key matches a config that sets it to this value.
 DEFAULTS = {"train.seed_chunk_size": 0, "model.compute_dtype": "float32",
-            "proxies.seed_chunk_size": 0}
+            "proxies.seed_chunk_size": 0, "proxies.dictionary_match_seeds": 8}
 
 
 def is_analysis_key(key: str) -> bool:
@@ -148,6 +148,8 @@ RULES: dict[str, tuple[tuple[str, Callable], Callable[[Any, Any], bool], str]] =
     # An analysis key (proxies.*): it changes no number (README, "Scaling out").
     "proxies.seed_chunk_size": (INT, _nonneg, ">= 0 (0: as many as fit the device)"),
     "proxies.gap_baseline": (STR, _any, "a split of proxies.eval_splits (checked below)"),
+    # Seeds of the SAE seed-dependence analysis (analysis/dictionaries.py); 0: none.
+    "proxies.dictionary_match_seeds": (INT, _nonneg, ">= 0 (0: no SAE seed-match analysis)"),
     # Wen et al. measurements (wen.check_config checks them against the model)
     "wen.enabled": (BOOL, _any, "true or false"),
     "wen.label": (STR, _any, "a name for the measurements"),
