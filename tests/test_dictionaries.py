@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from conftest import tiny_sweep_config
 
-from jaxillusions.analysis import dictionaries, stats
+from jaxillusions.analysis import dictionaries, load_results, stats
 
 
 def _row(seed, method, size, split, same_pred, jsd=0.1, **extra):
@@ -190,6 +190,9 @@ def test_a_sweep_with_sae_writes_the_dictionary_tables(tmp_path, cache_dir, tiny
     assert {(r["rank"], r["split"], r["metric"]) for r in equal} == {
         (rank, "unseen_depth", m) for rank in (1, 2, 4) for m in ("same_pred", "jsd")}
     assert all(r["n_seeds"] == 2 for r in equal)
+    # The same from analysis.load_results' typed DataFrame (categories, an `acc` column).
+    again = dictionaries.equal_id(load_results(workdir))
+    assert [r["diff"] for r in again] == pytest.approx([r["diff"] for r in equal], nan_ok=True)
     summary = read("seed_match")
     assert {(r["method"], int(r["width"])) for r in summary} == {
         ("sae", 4), ("sae", 8), ("svd", 1), ("svd", 2), ("svd", 4)}  # svd_ranks (1, 2, 4)
@@ -199,3 +202,18 @@ def test_a_sweep_with_sae_writes_the_dictionary_tables(tmp_path, cache_dir, tiny
     # The SVD's top direction of the two halves of a trained model's keys agree (a large
     # leading singular value), a sanity check of the recollected sample.
     assert all(r["share"] == 1.0 for r in per_seed if r["method"] == "svd" and r["size"] == 1)
+
+
+def test_dictionary_match_seeds_is_a_validated_analysis_key(config):
+    from jaxillusions import validate
+
+    config.proxies.dictionary_match_seeds = -1
+    with pytest.raises(ValueError, match=r"proxies.dictionary_match_seeds=-1.*>= 0"):
+        validate.validate(config)
+    config.proxies.dictionary_match_seeds = 0
+    validate.validate(config)
+    assert validate.is_analysis_key("proxies.dictionary_match_seeds")
+    # 0: no seed-match analysis, before any collection (nothing else is looked at).
+    spec = type("Spec", (), {"method": "sae"})()
+    assert dictionaries.seed_match_tables(None, None, [0, 1], None, None, [spec], [None],
+                                          config) == {}

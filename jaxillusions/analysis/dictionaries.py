@@ -61,7 +61,9 @@ def _frame(rows: pd.DataFrame | Iterable[dict]) -> pd.DataFrame:
     missing = {"seed", "site", "method", "size", "split", "breakdown"} - set(df.columns)
     if missing:
         raise ValueError(f"results rows lack the columns {sorted(missing)}")
-    return df[df["breakdown"] == "all"]
+    df = df[df["breakdown"].astype(str) == "all"]
+    # Plain strings: analysis.load_results' categories would add empty groups to groupby.
+    return df.astype({c: str for c in ("site", "method", "split", "breakdown")})
 
 
 def _gaps(df: pd.DataFrame, baseline: str, metrics: Sequence[str]) -> pd.DataFrame:
