@@ -168,7 +168,8 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
             say(f"  SAE fit, {fits['num_seeds']} seeds x widths {fits['widths']} (d {fits['dim']}"
                 f", k {fits['k']}, {fits['steps']} steps of {fits['batch_size']}): one program "
                 f"{fits['batched_s']:.2f} s vs JAX loop over (seed, width) {fits['loop_s']:.2f} s"
-                f" ({fits['loop_over_batched']:.2f}x; same fits to {fits['max_abs_diff']:.1e}; "
+                f" ({fits['loop_over_batched']:.2f}x, the program doing {fits['padded_work']:.2f}x"
+                f" the latent work: widths padded; fits equal to {fits['max_abs_diff']:.1e}; "
                 f"compiled {_compiled(fits['compiles'], fits['compile_s'])})", flush=True)
             save(report)
         report["peak_memory"] = training.peak_memory_bytes()

@@ -57,8 +57,12 @@ def test_equal_id_ties_go_to_the_smaller_size_and_missing_methods_give_nothing()
     rows = [_row(0, "svd", 1, "iid", 0.5), _row(0, "svd", 1, "ood", 0.4),
             _row(0, "sae", 4, "iid", 0.6), _row(0, "sae", 4, "ood", 0.6),
             _row(0, "sae", 2, "iid", 0.4), _row(0, "sae", 2, "ood", 0.0)]
-    (row,) = dictionaries.equal_id(rows, metrics=("same_pred",))
+    # Seed 1 has no SAE value in distribution (a diverged seed): it is left out, not matched.
+    rows_nan = rows + [_row(1, "svd", 1, "iid", 0.5), _row(1, "svd", 1, "ood", 0.4),
+                       _row(1, "sae", 2, "iid", np.nan), _row(1, "sae", 2, "ood", 0.0)]
+    (row,) = dictionaries.equal_id(rows_nan, metrics=("same_pred",))
     assert row["dictionary_sizes"] == "2:1" and row["diff"] == pytest.approx(0.4 - 0.1)
+    assert row["n_seeds"] == 1
     assert dictionaries.equal_id([r for r in rows if r["method"] == "svd"]) == []
     with pytest.raises(ValueError, match=r"lack the columns \['breakdown'\]"):
         dictionaries.equal_id(pd.DataFrame(rows).drop(columns="breakdown"))

@@ -97,8 +97,9 @@ def equal_id(rows: pd.DataFrame | Iterable[dict], *, baseline: str = "iid",
         return []
     pairs = ref.merge(dic, on=["seed", "site"], suffixes=("_ref", "_dic"))
     pairs["dist"] = (pairs[f"{match_on}_ref"] - pairs[f"{match_on}_dic"]).abs()
+    pairs = pairs[np.isfinite(pairs["dist"])]  # a seed without a value cannot be matched
     matched = (pairs.sort_values(["seed", "site", "size_ref", "dist", "size_dic"])
-               .groupby(["seed", "site", "size_ref"], as_index=False).first())
+               .groupby(["seed", "site", "size_ref"]).head(1))
     gaps = _gaps(df[df["method"].isin([reference, dictionary])], baseline, metrics)
     gaps = gaps[~gaps["split"].isin(stats.BASELINES)]
     lookup = gaps.set_index(["seed", "site", "method", "size", "split", "metric"])["gap"]
