@@ -345,9 +345,11 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
             f"while evaluating proxies; {i + 1} of {len(specs)} families evaluated and saved "
             f"in {stages.dir}; relaunch the same command to resume")
 
-    with timing.stage("dictionaries"):  # SAE seed dependence (analysis/dictionaries.py)
-        matched = dictionaries.seed_match_tables(params, healthy, seeds, splits["train"],
-                                                 model_cfg, specs, fitted, config, say=say)
+    matched = {}  # SAE seed dependence (analysis/dictionaries.py), only with method sae
+    if any(spec.method == "sae" for spec in specs):
+        with timing.stage("dictionaries"):
+            matched = dictionaries.seed_match_tables(params, healthy, seeds, splits["train"],
+                                                     model_cfg, specs, fitted, config, say=say)
     if not distributed.is_main():  # process 0 writes the reports
         return rows
     with timing.stage("reports"):  # write_reports' figures count to "figures"
