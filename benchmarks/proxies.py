@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.training import times
-from jaxillusions.proxies import kmeans
+from jaxillusions.proxies import kmeans, sae
 from jaxillusions.step import init_state
 
 
@@ -95,6 +95,63 @@ def bench_kmeans(
         "sklearn_mean_n_iter": sk_iters.mean(0).tolist(),
         "sklearn_min_n_iter": int(sk_iters.min()),
     }
+
+
+def _planted(num_seeds: int, num_points: int, dim: int, num_dirs: int, k: int) -> np.ndarray:
+    """[num_seeds, num_points, dim] float32: k-sparse positive codes over num_dirs unit
+    directions (different per seed) plus noise, the data an SAE is meant for."""
+    rng = np.random.default_rng(0)
+    dirs = rng.normal(size=(num_seeds, num_dirs, dim))
+    dirs /= np.linalg.norm(dirs, axis=-1, keepdims=True)
+    active = np.argsort(rng.random((num_seeds, num_points, num_dirs)), -1)[..., :k]
+    codes = np.zeros((num_seeds, num_points, num_dirs))
+    np.put_along_axis(codes, active, rng.uniform(0.5, 2.0, active.shape), -1)
+    x = np.einsum("snd,sdf->snf", codes, dirs) + 0.05 * rng.normal(size=(num_seeds, num_points,
+                                                                          dim))
+    return x.astype(np.float32)
+
+
+def bench_sae(num_seeds: int = 32, widths: tuple[int, ...] = (32, 64, 128, 256), dim: int = 32,
+              num_points: int = 4096, k: int = 4, steps: int = 200, batch_size: int = 256,
+              repeats: int = 3) -> dict:
+    """SAE fitting (proxies/sae.py), all seeds x widths in one jitted program (what the sweep
+    runs: sae.fit vmapped over seeds, the widths padded to the largest inside) against a JAX
+    Python loop over (seed, width) of the same fit, one jitted call per pair (compiled once
+    per width before timing). Both do the same number of steps on the same minibatches; the
+    loop's fits equal the batched ones up to float32 rounding, which TopK's choices amplify over
+    many steps (max_abs_diff of the decoders)."""
+    widths = tuple(widths)
+    x = jnp.asarray(_planted(num_seeds, num_points, dim, 2 * dim, k))
+    valid = jnp.ones(x.shape[:2], bool)
+    keys = jax.random.split(jax.random.PRNGKey(0), num_seeds)
+    options = dict(k=k, steps=steps, batch_size=batch_size)
+    batched = jax.jit(jax.vmap(lambda x, v, key: sae.fit({"x": x, "valid": v}, widths, key=key,
+                                                         **options)))
+    one = jax.jit(lambda x, v, key, w: sae.fit({"x": x, "valid": v}, (w,), key=key, **options),
+                  static_argnums=3)
+    per_seed = [(x[s], valid[s], keys[s]) for s in range(num_seeds)]  # sliced before timing
+    together = jax.block_until_ready(batched(x, valid, keys))  # warm-up: compile
+    for w in widths:
+        jax.block_until_ready(one(*per_seed[0], w))
+    last = {}
+
+    def loop() -> list:
+        last["fits"] = [one(*per_seed[s], w) for s in range(num_seeds) for w in widths]
+        return last["fits"]
+
+    seconds = times({"batched": lambda: batched(x, valid, keys), "loop": loop}, repeats)
+    fits = iter(last["fits"])
+    diff = max(float(jnp.max(jnp.abs(next(fits)["W_dec"][0, :w]
+                                     - together["W_dec"][s, i, :w])))
+               for s in range(num_seeds) for i, w in enumerate(widths))
+    batched_s, loop_s = min(seconds["batched"]), min(seconds["loop"])
+    return {"num_seeds": num_seeds, "widths": list(widths), "dim": dim, "k": k, "steps": steps,
+            "batch_size": batch_size, "num_points": num_points, "repeats": repeats,
+            "batched_s": batched_s, "batched_times_s": seconds["batched"], "loop_s": loop_s,
+            "loop_times_s": seconds["loop"], "loop_over_batched": loop_s / batched_s,
+            # The batched program pads every width to the largest (sae.py): its latent work
+            # over the loop's, for the same fits.
+            "padded_work": len(widths) * max(widths) / sum(widths), "max_abs_diff": diff}
 
 
 def bench_fit_and_evaluate(config, num_seeds: int, repeats: int = 3,

@@ -44,12 +44,13 @@ def _reraise_unless_out_of_memory(error: Exception) -> None:
 
 def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
         proxy_seeds: int, with_torch: bool = True, with_kmeans: bool = True,
-        bfloat16: bool = False, peak_n: int | None = None, say=print,
-        save=lambda report: None) -> dict:
+        bfloat16: bool = False, peak_n: int | None = None, with_sae: bool = True,
+        sae_options: dict | None = None, say=print, save=lambda report: None) -> dict:
     """The whole benchmark; `save(report)` is called after every row and section, so a run that
     is stopped (or runs out of device memory) keeps what it measured. Beside each throughput:
     the XLA compilations of that stage, count and seconds (timing.Breakdown; a stage times
-    its calls after warm-up calls, so its compilations do not count in its rates). `config`:
+    its calls after warm-up calls, so its compilations do not count in its rates).
+    sae_options: keyword arguments of proxies.bench_sae (default: its real size). `config`:
     settings.Settings or a ConfigDict (read once, here)."""
     config = settings.from_config(config)
     with timing.Breakdown() as clock:
@@ -162,6 +163,18 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
                     f"{km['jax_batched_s']:.2f} s vs scikit-learn loop {km['sklearn_loop_s']:.2f}"
                     f" s ({km['speedup']:.1f}x; compiled "
                     f"{_compiled(km['compiles'], km['compile_s'])})")
+        if with_sae:
+            with timing.stage("sae"):
+                fits = proxies.bench_sae(**{"repeats": repeats, **(sae_options or {})})
+            fits["compiles"], fits["compile_s"] = clock.compiles["sae"]
+            report["sae"] = fits
+            say(f"  SAE fit, {fits['num_seeds']} seeds x widths {fits['widths']} (d {fits['dim']}"
+                f", k {fits['k']}, {fits['steps']} steps of {fits['batch_size']}): one program "
+                f"{fits['batched_s']:.2f} s vs JAX loop over (seed, width) {fits['loop_s']:.2f} s"
+                f" ({fits['loop_over_batched']:.2f}x, the program doing {fits['padded_work']:.2f}x"
+                f" the latent work: widths padded; fits equal to {fits['max_abs_diff']:.1e}; "
+                f"compiled {_compiled(fits['compiles'], fits['compile_s'])})", flush=True)
+            save(report)
         report["peak_memory"] = training.peak_memory_bytes()
         report["seconds"] = time.perf_counter() - start
         report["compilation"] = {"count": clock.compile_count, "seconds": clock.compile_seconds}

@@ -1,8 +1,9 @@
 """The main job: train a sweep of seeds, fit every proxy, evaluate faithfulness on every split.
 
 Writes into the workdir: results.csv (tidy rows), gap_table.txt with gaps.csv,
-proxy_vs_original.csv, id_predicts_gap.csv and min_size.csv (analysis/stats.py), figures/*.png,
-TensorBoard curves and the hparams view, and the training checkpoints.
+proxy_vs_original.csv, id_predicts_gap.csv and min_size.csv (analysis/stats.py), with method sae
+dictionaries_*.csv (analysis/dictionaries.py), figures/*.png, TensorBoard curves and the hparams
+view, and the training checkpoints.
 
 Each stage is saved as it finishes, so a relaunch of the same command resumes where the last
 one stopped: training from its newest checkpoint, then each proxy family's fitted parameters
@@ -42,7 +43,7 @@ from jaxillusions import (
     validate,
 )
 from jaxillusions import logging as log_lib
-from jaxillusions.analysis import board, figures, induction, results, tables
+from jaxillusions.analysis import board, dictionaries, figures, induction, results, tables
 from jaxillusions.experiments import wen
 from jaxillusions.settings import Settings
 
@@ -52,7 +53,8 @@ STAGE_DIR = "proxies"
 # superseded/<time>/ before an analysis with other settings writes its own.
 REPORTS = ("results.csv", "gap_table.txt", "gaps.csv", "proxy_vs_original.csv",
            "id_predicts_gap.csv", "min_size.csv", "baselines.csv", "gaps_by_*.csv", "figures",
-           "wen_results.csv", "wen_attention.csv", "wen_summary.txt", "identifier_gap.csv")
+           "wen_results.csv", "wen_attention.csv", "wen_summary.txt", "identifier_gap.csv",
+           "dictionaries_*.csv")
 
 
 def _analysis_settings(config) -> dict:
@@ -356,11 +358,17 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
             f"while evaluating proxies; {i + 1} of {len(specs)} families evaluated and saved "
             f"in {stages.dir}; relaunch the same command to resume")
 
+    matched = {}  # SAE seed dependence (analysis/dictionaries.py), only with method sae
+    if any(spec.method == "sae" for spec in specs):
+        with timing.stage("dictionaries"):
+            matched = dictionaries.seed_match_tables(params, healthy, seeds, splits["train"],
+                                                     model_cfg, specs, fitted, config, say=say)
     if not distributed.is_main():  # process 0 writes the reports
         return rows
     with timing.stage("reports"):  # write_reports' figures count to "figures"
         with _writing("report", os.path.join(workdir, "results.csv")):
             results.write_csv(rows, os.path.join(workdir, "results.csv"))
+        _write_tables(workdir, matched)
         _stop_in_reports(workdir)
         data_baselines = tasks.get(config).baselines(splits, list(pc.eval_splits))
         write_reports(rows, config, workdir, seeds, healthy, verbose=verbose,
@@ -400,6 +408,7 @@ def write_reports(rows, config, workdir: str, seeds, healthy, *, verbose: bool =
         columns = tables.STAT_COLUMNS.get(name, tables.BIN_GAP_COLUMNS)
         with _writing("report", os.path.join(workdir, f"{name}.csv")):
             tables.write_csv(table, os.path.join(workdir, f"{name}.csv"), columns)
+    _write_tables(workdir, dictionaries.results_tables(rows, baseline))  # with method sae
     with _writing("report", os.path.join(workdir, "gap_table.txt")), \
             open(os.path.join(workdir, "gap_table.txt"), "w") as f:
         f.write(text + "\n")
@@ -413,6 +422,12 @@ def write_reports(rows, config, workdir: str, seeds, healthy, *, verbose: bool =
             and g["split"] != baseline]
     with timing.stage("figures"):  # and the TensorBoard views
         write_views(rows, config, workdir, seeds, healthy, model_cfg=model_cfg, gaps=gaps)
+
+
+def _write_tables(workdir: str, named: dict) -> None:
+    for name, (table, columns) in named.items():
+        with _writing("report", os.path.join(workdir, f"{name}.csv")):
+            tables.write_csv(table, os.path.join(workdir, f"{name}.csv"), columns)
 
 
 def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,

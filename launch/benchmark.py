@@ -8,7 +8,8 @@
 Training seed-steps/s of the sweep (train_steps, all seeds in one call) against a JAX loop
 over seeds and, with the `bench` extra installed, a PyTorch loop over seeds of the same model and
 optimizer (benchmarks/torch_loop.py); model FLOP utilization against a large matmul timed in the
-same run; proxy fitting and evaluation throughput; peak memory. The defaults took 2 min 50 s on
+same run; proxy fitting and evaluation throughput; SAE fitting of 32 seeds x 4 widths in one
+program against a JAX loop over (seed, width); peak memory. The defaults took 2 min 50 s on
 the 2-core CPU machine (per-seed loops up to 8 seeds; README "Speed" has the table).
 """
 
@@ -102,6 +103,8 @@ def main() -> None:
                         help="also time the sweep with model.compute_dtype=bfloat16")
     parser.add_argument("--no_torch", action="store_true", help="skip the PyTorch loop")
     parser.add_argument("--no_kmeans", action="store_true", help="skip k-means vs scikit-learn")
+    parser.add_argument("--no_sae", action="store_true",
+                        help="skip SAE fitting (32 seeds x 4 widths, one program vs a loop)")
     parser.add_argument("--out", default="runs/benchmark.json",
                         help="JSON output path (an earlier file there is renamed, not replaced)")
     parser.add_argument("--debug", action="store_true", help="tracebacks instead of one line")
@@ -120,7 +123,7 @@ def main() -> None:
         report = suite.run(config, seed_counts=seeds, steps=args.steps, repeats=args.repeats,
                            loop_max_seeds=args.loop_max_seeds, proxy_seeds=args.proxy_seeds,
                            with_torch=not args.no_torch, with_kmeans=not args.no_kmeans,
-                           bfloat16=args.bfloat16, save=save)
+                           bfloat16=args.bfloat16, with_sae=not args.no_sae, save=save)
         save(report)
     except Exception as err:
         if args.debug:

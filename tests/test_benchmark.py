@@ -23,12 +23,19 @@ def test_benchmark_smoke(config):
     saved = []  # what launch.benchmark would have written after each row and section
     report = suite.run(config, seed_counts=[2, 3], steps=2, repeats=1, loop_max_seeds=2,
                        proxy_seeds=2, with_torch=True, with_kmeans=False, bfloat16=True, peak_n=256,
-                       say=lambda *a, **k: None,
+                       sae_options=dict(num_seeds=2, widths=(4, 8), dim=4, num_points=64,
+                                        steps=3), say=lambda *a, **k: None,
                        save=lambda r: saved.append(json.loads(json.dumps(r))))
     rows = report["training"]
     assert [r["num_seeds"] for r in rows] == [2, 3]
-    assert [len(s["training"]) for s in saved] == [1, 2, 2]  # rows, then the proxies
+    assert [len(s["training"]) for s in saved] == [1, 2, 2, 2]  # rows, the proxies, the SAE
     assert "proxy_fit_and_evaluate" in saved[-1] and "proxy_fit_and_evaluate" not in saved[1]
+    # SAE fitting: one program for all seeds x widths against a loop over (seed, width) of the
+    # same fit, timed in the same run; the loop's fits are the batched ones.
+    fits = report["sae"]
+    assert (fits["num_seeds"], fits["widths"]) == (2, [4, 8]) and "sae" in saved[-1]
+    assert fits["loop_over_batched"] == pytest.approx(fits["loop_s"] / fits["batched_s"])
+    assert fits["max_abs_diff"] < 1e-5 and fits["compiles"] >= 3  # batched + one per width
     # The PyTorch loop runs exactly when torch is installed (its note then names the version).
     has_torch = importlib.util.find_spec("torch") is not None
     assert ("torch_loop_seed_steps_per_s" in rows[0]) == has_torch
@@ -151,6 +158,7 @@ def test_benchmark_keeps_an_earlier_report(tmp_path, cache_dir):
     out.write_text('{"earlier": true}')
     proc = _benchmark(f"--config={config}", "--seeds=2", "--steps=2", "--repeats=1",
                       "--loop_max_seeds=0", "--proxy_seeds=2", "--no_torch", "--no_kmeans",
+                      "--no_sae",
                       f"--out={out}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     (kept,) = [p for p in tmp_path.iterdir() if p.name.startswith("b.2")]

@@ -517,7 +517,7 @@ def test_every_report_of_an_earlier_analysis_is_kept(swept, tmp_path):
     shutil.copytree(swept["workdir"], workdir)
     reports = ["gaps.csv", "proxy_vs_original.csv", "id_predicts_gap.csv", "min_size.csv",
                "baselines.csv", "gaps_by_category.csv", "wen_results.csv", "wen_summary.txt",
-               "figures/faithfulness_svd.png"]
+               "figures/faithfulness_svd.png", "dictionaries_equal_id.csv"]
     for name in reports:  # stand-ins (this fixture writes no reports), each with its own bytes
         (workdir / name).parent.mkdir(exist_ok=True)
         (workdir / name).write_text(f"earlier {name}")
