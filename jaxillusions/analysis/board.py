@@ -225,10 +225,11 @@ def hparams(config, model_cfg) -> dict[str, Any]:
 
 def headline_gaps(rows: Sequence[dict], target: str | None = None,
                   reference: str = "iid") -> dict[str, dict[int, float]]:
-    """Per-seed gaps for HPARAMS (the seeds' values behind gaps.csv's means): {"hparams/gap_same_pred/<method>_<size>/<site>/<split>":
-    {seed: gap}} (data-independent proxies: .../<method>/<split>) with
-    gap = same_pred on `reference` minus same_pred on the split, for `target` (default: the first
-    site in the rows) at each method's middle size (size 0 for data-independent proxies)."""
+    """Per-seed gaps for HPARAMS (the seeds' values behind gaps.csv's means):
+    {"hparams/gap_same_pred/<method>_<size>/<site>/<split>": {seed: gap}} (data-independent
+    proxies: .../<method>/<split>), gap = same_pred on `reference` minus same_pred on the split
+    (stats.signed_gap), for `target` (default: the first site in the rows) at each method's
+    middle size (size 0 for data-independent proxies)."""
     rows = [r for r in rows if r["breakdown"] == "all"]
     sized = [r["site"] for r in rows if r["size"] > 0]
     target = target or (sized[0] if sized else None)
