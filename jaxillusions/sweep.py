@@ -32,6 +32,7 @@ from jaxillusions import (
     checkpoint,
     distributed,
     faithfulness,
+    geometry_stage,
     interrupt,
     model,
     tasks,
@@ -49,7 +50,8 @@ STAGE_DIR = "proxies"
 # superseded/<time>/ before an analysis with other settings writes its own.
 REPORTS = ("results.csv", "gap_table.txt", "gaps.csv", "proxy_vs_original.csv",
            "id_predicts_gap.csv", "min_size.csv", "baselines.csv", "gaps_by_*.csv", "figures",
-           "wen_results.csv", "wen_attention.csv", "wen_summary.txt")
+           "wen_results.csv", "wen_attention.csv", "wen_summary.txt", "geometry.csv",
+           "geometry_predicts_gap.csv", "repair.csv")
 
 
 def _analysis_settings(config) -> dict:
@@ -344,6 +346,10 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
             f"while evaluating proxies; {i + 1} of {len(specs)} families evaluated and saved "
             f"in {stages.dir}; relaunch the same command to resume")
 
+    if geometry_stage.enabled(config):  # subspace geometry and repair (proxies.geometry, ...)
+        with timing.stage("geometry"):
+            geometry_stage.run(params, healthy, seeds, splits, model_cfg, shared, fit_stamps,
+                               rows, config, workdir, stages, _write, say)
     if not distributed.is_main():  # process 0 writes the reports
         return rows
     with timing.stage("reports"):  # write_reports' figures count to "figures"

@@ -148,6 +148,11 @@ RULES: dict[str, tuple[tuple[str, Callable], Callable[[Any, Any], bool], str]] =
     # An analysis key (proxies.*): it changes no number (README, "Scaling out").
     "proxies.seed_chunk_size": (INT, _nonneg, ">= 0 (0: as many as fit the device)"),
     "proxies.gap_baseline": (STR, _any, "a split of proxies.eval_splits (checked below)"),
+    # Why proxies fail (geometry_stage.py): subspace geometry, and repair with M OOD sentences.
+    "proxies.geometry": (BOOL, _any, "true or false"),
+    "proxies.repair_sentences": (INTS, lambda v, c: all(m >= 1 for m in v)
+                                 and len(set(v)) == len(v),
+                                 "distinct sentence counts >= 1, or () for no repair"),
     # Wen et al. measurements (wen.check_config checks them against the model)
     "wen.enabled": (BOOL, _any, "true or false"),
     "wen.label": (STR, _any, "a name for the measurements"),
@@ -264,6 +269,7 @@ def _proxy_checks(config, model_cfg) -> list[str]:
         raise ValueError(f"proxies.pattern_site={pc.pattern_site!r}: must be an attention "
                          "pattern site, blocks.<layer>.attn.pattern")
     specs = faithfulness.specs_from_config(pc, model_cfg)
+    _geometry_checks(config, specs)
     for spec in specs:
         if hasattr(spec.module, "check"):
             dim = min(faithfulness.site_dim(model_cfg, s) for s in spec.sites)
@@ -276,3 +282,21 @@ def _proxy_checks(config, model_cfg) -> list[str]:
             notes.append(f"note: proxies.{key}={sizes} has duplicates; each size is fitted and "
                          f"evaluated once: {tuple(sorted(set(sizes)))}")
     return notes
+
+
+def _geometry_checks(config, specs) -> None:
+    """proxies.geometry / repair_sentences need an SVD proxy, and M within a split's fit half."""
+    from jaxillusions import geometry_stage  # noqa: PLC0415
+
+    pc = config.proxies
+    if not geometry_stage.enabled(config):
+        return
+    key = "proxies.repair_sentences" if pc.get("repair_sentences", ()) else "proxies.geometry"
+    if not any(s.method in geometry_stage.METHODS for s in specs):
+        raise ValueError(f"{key}={pc.get(key.split('.')[1])!r}: needs svd or pca in "
+                         f"proxies.methods (now {tuple(pc.methods)})")
+    counts, per_split = tuple(pc.get("repair_sentences", ())), config.data.get("num_eval")
+    if counts and per_split is not None and per_split > 0 and max(counts) > (per_split + 1) // 2:
+        raise ValueError(f"proxies.repair_sentences={counts}: must be at most "
+                         f"{(per_split + 1) // 2}, the fit half of a split of data.num_eval="
+                         f"{per_split} sentences")
