@@ -125,7 +125,7 @@ def run(params, healthy, seeds, splits, model_cfg, shared, fit_stamps, rows, con
     # 3. Repair.
     if counts:
         repair_rows = []
-        for i, proxy in families:
+        for n, (i, proxy) in enumerate(families, 1):
             spec = proxy.spec
             stamp = _stamp(fit=fit_stamps[i], moments=moments_stamp,
                            splits=ood, batch=pc.eval_batch_size)
@@ -135,6 +135,8 @@ def run(params, healthy, seeds, splits, model_cfg, shared, fit_stamps, rows, con
                 family = _repair_family(params, healthy, seeds, splits, model_cfg, proxy,
                                         moments, counts, ood, halves, config, chunking)
                 write(path, json.dumps({"stamp": stamp, "value": family}), "repair")
+            say(f"  repair [{n}/{len(families)}] {spec.method} on {spec.target}: M "
+                f"{list(counts)} on the evaluation halves of {', '.join(ood)}", flush=True)
             repair_rows += family
         table = geometry.repair_table(repair_rows, rows, baseline)
         reports["repair"] = (table, geometry.REPAIR_COLUMNS)
