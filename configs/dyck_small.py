@@ -110,4 +110,9 @@ def get_config() -> ConfigDict:
     # Seeds per call of the proxy stage; 0: as many as fit the device's memory (on a CPU, the
     # host RAM's share per CPU device; docs/scaling_out.md).
     config.proxies.seed_chunk_size = 0
+    # Why proxies fail (geometry_stage.py): principal angles and outside energy of the SVD
+    # proxies' subspaces per split (geometry.csv, geometry_predicts_gap.csv), and repair with M
+    # unlabelled sentences of each OOD split, e.g. (4, 16, 64, 256) (repair.csv). Off: False, ().
+    config.proxies.geometry = False
+    config.proxies.repair_sentences = ()
     return config

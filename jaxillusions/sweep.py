@@ -34,6 +34,7 @@ from jaxillusions import (
     checkpoint,
     distributed,
     faithfulness,
+    geometry_stage,
     interrupt,
     model,
     objective,
@@ -54,7 +55,7 @@ STAGE_DIR = "proxies"
 REPORTS = ("results.csv", "gap_table.txt", "gaps.csv", "proxy_vs_original.csv",
            "id_predicts_gap.csv", "min_size.csv", "baselines.csv", "gaps_by_*.csv", "figures",
            "wen_results.csv", "wen_attention.csv", "wen_summary.txt", "identifier_gap.csv",
-           "dictionaries_*.csv")
+           "dictionaries_*.csv", "geometry.csv", "geometry_predicts_gap.csv", "repair.csv")
 
 
 def _analysis_settings(config) -> dict:
@@ -363,6 +364,10 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
         with timing.stage("dictionaries"):
             matched = dictionaries.seed_match_tables(params, healthy, seeds, splits["train"],
                                                      model_cfg, specs, fitted, config, say=say)
+    if geometry_stage.enabled(config):  # subspace geometry and repair (proxies.geometry, ...)
+        with timing.stage("geometry"):
+            geometry_stage.run(params, healthy, seeds, splits, model_cfg, shared, fit_stamps,
+                               rows, config, workdir, stages, _write, say)
     if not distributed.is_main():  # process 0 writes the reports
         return rows
     with timing.stage("reports"):  # write_reports' figures count to "figures"

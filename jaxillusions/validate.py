@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxillusions import faithfulness, memory, proxies, settings, tasks, train
+from jaxillusions import faithfulness, geometry_stage, memory, proxies, settings, tasks, train
 from jaxillusions.analysis import induction
 from jaxillusions.experiments import wen
 from jaxillusions.settings import Settings
@@ -75,6 +75,7 @@ def _proxy_checks(config: Settings, model_cfg) -> list[str]:
         raise ValueError(f"proxies.pattern_site={pc.pattern_site!r}: must be an attention "
                          "pattern site, blocks.<layer>.attn.pattern")
     specs = faithfulness.specs_from_config(pc, model_cfg)
+    _geometry_checks(config, specs)
     for spec in specs:
         if hasattr(spec.module, "check"):
             dim = min(faithfulness.site_dim(model_cfg, s) for s in spec.sites)
@@ -87,3 +88,19 @@ def _proxy_checks(config: Settings, model_cfg) -> list[str]:
             notes.append(f"note: proxies.{key}={sizes} has duplicates; each size is fitted and "
                          f"evaluated once: {tuple(sorted(set(sizes)))}")
     return notes
+
+
+def _geometry_checks(config, specs) -> None:
+    """proxies.geometry / repair_sentences need an SVD proxy, and M within a split's fit half."""
+    pc = config.proxies
+    if not geometry_stage.enabled(config):
+        return
+    key = "proxies.repair_sentences" if pc.repair_sentences else "proxies.geometry"
+    if not any(s.method in geometry_stage.METHODS for s in specs):
+        raise ValueError(f"{key}={getattr(pc, key.split('.')[1])!r}: needs svd or pca in "
+                         f"proxies.methods (now {tuple(pc.methods)})")
+    counts, per_split = pc.repair_sentences, getattr(config.data, "num_eval", None)
+    if counts and per_split is not None and per_split > 0 and max(counts) > (per_split + 1) // 2:
+        raise ValueError(f"proxies.repair_sentences={counts}: must be at most "
+                         f"{(per_split + 1) // 2}, the fit half of a split of data.num_eval="
+                         f"{per_split} sentences")
