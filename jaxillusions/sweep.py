@@ -32,6 +32,7 @@ from jaxillusions import (
     checkpoint,
     distributed,
     faithfulness,
+    fit_shift,
     interrupt,
     model,
     tasks,
@@ -42,6 +43,7 @@ from jaxillusions import (
 )
 from jaxillusions import logging as log_lib
 from jaxillusions.analysis import board, figures, results, tables
+from jaxillusions.analysis import fit_shift as fit_shift_report
 
 DONE_FILE = "sweep_done.json"
 STAGE_DIR = "proxies"
@@ -49,7 +51,8 @@ STAGE_DIR = "proxies"
 # superseded/<time>/ before an analysis with other settings writes its own.
 REPORTS = ("results.csv", "gap_table.txt", "gaps.csv", "proxy_vs_original.csv",
            "id_predicts_gap.csv", "min_size.csv", "baselines.csv", "gaps_by_*.csv", "figures",
-           "wen_results.csv", "wen_attention.csv", "wen_summary.txt")
+           "wen_results.csv", "wen_attention.csv", "wen_summary.txt",
+           *fit_shift_report.REPORTS)
 
 
 def _analysis_settings(config) -> dict:
@@ -296,7 +299,8 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
     # together (as in an uninterrupted run) whenever one still needs fitting.
     collected_sites = sorted({s for spec in specs if spec.module.STATISTIC for s in spec.sites})
     fit_stamps = [_stamp(spec=spec, index=i, seed=config.seed, sites=collected_sites,
-                         samples=pc.kmeans_samples, batch=pc.collect_batch_size)
+                         samples=pc.kmeans_samples, batch=pc.collect_batch_size,
+                         **fit_shift.fit_stamp(config))
                   for i, spec in enumerate(specs)]
     fitted = [stages.load(stages.path(i, spec, ".msgpack"), fit_stamps[i], _read_msgpack)
               for i, spec in enumerate(specs)]
@@ -305,7 +309,8 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
         say(f"[{time.perf_counter() - start:.0f}s] training done; fitting {len(todo)} proxy "
             f"families on the training split ({len(splits['train'].tokens)} sentences)")
         with timing.stage("collection"):
-            stats = faithfulness.collect(params, splits["train"], model_cfg, specs,
+            stats = faithfulness.collect(params, fit_shift.fit_data(splits, "train", config),
+                                         model_cfg, specs,
                                          num_samples=pc.kmeans_samples,
                                          batch_size=pc.collect_batch_size, **chunking)
         for n, i in enumerate(todo, 1):
@@ -344,6 +349,10 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
             f"while evaluating proxies; {i + 1} of {len(specs)} families evaluated and saved "
             f"in {stages.dir}; relaunch the same command to resume")
 
+    # Proxies fitted on other splits too (proxies.fit_splits; nothing at the default).
+    shift_rows = fit_shift.run_stage(params, healthy, seeds, splits, model_cfg, specs, fitted,
+                                     fit_stamps, config, stages, chunking, say)
+
     if not distributed.is_main():  # process 0 writes the reports
         return rows
     with timing.stage("reports"):  # write_reports' figures count to "figures"
@@ -353,6 +362,9 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
         data_baselines = tasks.get(config).baselines(splits, list(pc.eval_splits))
         write_reports(rows, config, workdir, seeds, healthy, verbose=verbose,
                       model_cfg=model_cfg, data_baselines=data_baselines)
+        if shift_rows:
+            with _writing("report", workdir):
+                fit_shift_report.write_reports(shift_rows, config, workdir, say=say)
     _stop_in_reports(workdir)
     with timing.stage("figures"):
         write_activation_figures(params, splits, model_cfg, config, workdir, seeds, healthy)

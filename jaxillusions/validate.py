@@ -40,7 +40,8 @@ ANALYSIS_KEYS = (
 # Values of keys that a config may leave out (read with config.get): a workdir whose config.json
 # predates such a key matches a config that sets it to this value.
 DEFAULTS = {"train.seed_chunk_size": 0, "model.compute_dtype": "float32",
-            "proxies.seed_chunk_size": 0}
+            "proxies.seed_chunk_size": 0, "proxies.fit_splits": ("train",),
+            "proxies.fit_sentences": 0}
 
 
 def is_analysis_key(key: str) -> bool:
@@ -148,6 +149,10 @@ RULES: dict[str, tuple[tuple[str, Callable], Callable[[Any, Any], bool], str]] =
     # An analysis key (proxies.*): it changes no number (README, "Scaling out").
     "proxies.seed_chunk_size": (INT, _nonneg, ">= 0 (0: as many as fit the device)"),
     "proxies.gap_baseline": (STR, _any, "a split of proxies.eval_splits (checked below)"),
+    # Splits proxies are also fitted on, each on its own fit half (fit_shift.py); "train" first.
+    "proxies.fit_splits": (STRS, lambda v, c: len(v) >= 1,
+                           "splits of the task, 'train' among them (checked below)"),
+    "proxies.fit_sentences": (INT, _nonneg, ">= 0 (0: every sentence of the fit split or half)"),
     # Wen et al. measurements (wen.check_config checks them against the model)
     "wen.enabled": (BOOL, _any, "true or false"),
     "wen.label": (STR, _any, "a name for the measurements"),
@@ -231,7 +236,7 @@ def _data_train_model_checks(config):
 
 
 def _proxy_checks(config, model_cfg) -> list[str]:
-    from jaxillusions import faithfulness, proxies  # noqa: PLC0415
+    from jaxillusions import faithfulness, fit_shift, proxies  # noqa: PLC0415
 
     pc, notes = config.proxies, []
     for method in pc.methods:
@@ -263,6 +268,7 @@ def _proxy_checks(config, model_cfg) -> list[str]:
     if not pattern.endswith(".attn.pattern"):
         raise ValueError(f"proxies.pattern_site={pc.pattern_site!r}: must be an attention "
                          "pattern site, blocks.<layer>.attn.pattern")
+    fit_shift.check_config(config)
     specs = faithfulness.specs_from_config(pc, model_cfg)
     for spec in specs:
         if hasattr(spec.module, "check"):
