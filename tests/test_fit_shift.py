@@ -163,8 +163,10 @@ def test_the_decomposition_adds_up_per_seed_and_in_the_report(shifted):
             parts["distribution"]["mean"] + parts["capacity"]["mean"], abs=1e-12)
         assert {p["n_seeds"] for p in parts.values()} == {2}
     assert os.path.exists(os.path.join(shifted, "figures", "gap_decomposition.png"))
-    for method in ("svd", "kmeans", "uniform_attention"):
+    for method in ("svd", "kmeans"):
         assert os.path.exists(os.path.join(shifted, "figures", f"fit_x_eval_{method}.png"))
+    # A data-independent proxy is the same whatever it is fitted on: no figure of that.
+    assert not os.path.exists(os.path.join(shifted, "figures", "fit_x_eval_uniform_attention.png"))
 
 
 def _row(seed, fit, split, same_pred, jsd, method="svd"):

@@ -131,42 +131,51 @@ def decomposition(per_seed: Iterable[dict]) -> list[dict]:
     return out
 
 
+def _short(site: str) -> str:
+    """blocks.1.attn.q+blocks.1.attn.k -> q+k (the layer is in the CSV)."""
+    return "+".join(part.rsplit(".", 1)[-1] for part in site.split("+"))
+
+
 def fit_x_eval_figure(table: Sequence[dict], method: str, splits: Sequence[str],
                       fit_splits: Sequence[str], metric: str = "same_pred"):
-    """One panel per evaluation split: `metric` (mean, 95% interval over seeds) against size,
-    one line per fit split (its split colour), one line style per site. Data-independent
-    proxies (size 0): one point per fit split. Returns the matplotlib Figure."""
-    rows = [r for r in table if r["method"] == method and r["metric"] == metric]
+    """One panel per evaluation split: against size, the paired difference of each OOD-fitted
+    proxy to the train-fitted one of the same size (> 0: more faithful than it; mean, paired
+    95% t interval), one line per fit split (its split colour), one line style per site.
+    Returns the matplotlib Figure."""
+    rows = [r for r in table if r["method"] == method and r["metric"] == metric
+            and r["fit_split"] != REFERENCE]
     sites = figures.ordered_sites(r["site"] for r in rows)
+    fits = [f for f in fit_splits if f != REFERENCE]
     shown = [s for s in splits if any(r["split"] == s for r in rows)]
     fig, axes = figures._grid(len(shown), (3.6, 2.9))  # noqa: SLF001
     styles = ("-", "--", ":", "-.")
+    colours = list(dict.fromkeys([*splits, *fits]))
     for ax, split in zip(axes, shown, strict=True):
+        ax.axhline(0, color="0.4", lw=0.8)
         for j, site in enumerate(sites):
-            for i, fit in enumerate(fit_splits):
+            for i, fit in enumerate(fits):
                 line = sorted((r for r in rows if (r["site"], r["split"], r["fit_split"])
                                == (site, split, fit)), key=lambda r: r["size"])
                 if not line:
                     continue
-                sizes = np.array([max(r["size"], 1) for r in line], float)
-                stat = [(r["mean"], r["low"], r["high"]) for r in line]
-                ax.errorbar(figures._dodge(sizes, i, len(fit_splits)),  # noqa: SLF001
-                            figures._means(stat), yerr=figures._yerr(stat),  # noqa: SLF001
-                            ls=styles[j % len(styles)], ms=4, lw=1.2, capsize=2, elinewidth=0.9,
-                            label=f"fit on {fit}" + (f", {site}" if len(sites) > 1 else ""),
-                            **figures.split_style(fit, [REFERENCE, *splits]))
-        sizes = sorted({max(r["size"], 1) for r in rows if r["split"] == split})
-        if any(r["size"] > 0 for r in rows):
-            figures._log2_axis(ax, sizes, proxies.size_label(method))  # noqa: SLF001
+                mean = np.array([r["vs_train"] for r in line], float)
+                err = np.nan_to_num(np.stack([mean - [r["ci_low"] for r in line],
+                                              [r["ci_high"] for r in line] - mean]))
+                sizes = np.array([r["size"] for r in line], float)
+                ax.errorbar(figures._dodge(sizes, i, len(fits)), mean,  # noqa: SLF001
+                            yerr=err, ls=styles[j % len(styles)], ms=4, lw=1.2, capsize=2,
+                            elinewidth=0.9, label=f"fit on {fit}, {_short(site)}",
+                            **figures.split_style(fit, colours))
+        figures._log2_axis(ax, sorted({r["size"] for r in rows}),  # noqa: SLF001
+                           proxies.size_label(method))
         ax.set_title(f"evaluated on {split}")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel(f"{metric} ({'lower' if metric in stats.LOWER_IS_FAITHFUL else 'higher'}"
-                       " = more faithful)")
+    axes[0].set_ylabel(f"{metric}: fit - train fit (> 0: better)")
     handles, labels = axes[0].get_legend_handles_labels()
     figures._legend_below(fig, handles, labels, ncol=3)  # noqa: SLF001
     n = max((r["n_seeds"] for r in rows), default=0)
-    figures._title(fig, f"{method}: fitted on each split, evaluated on each (mean, 95% CI over "  # noqa: SLF001
-                   f"{n} seeds)")
+    figures._title(fig, f"{method}: fitted on another split vs on train, paired by seed "  # noqa: SLF001
+                   f"(mean, 95% t CI, {n} seeds)")
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
 
@@ -178,9 +187,11 @@ def decomposition_figure(table: Sequence[dict], splits: Sequence[str],
     rows = [r for r in table if r["metric"] == metric]
     shown = [s for s in splits if any(r["split"] == s for r in rows)]
     fig, axes = figures._grid(len(shown), (4.6, 3.2))  # noqa: SLF001
-    families = list(dict.fromkeys((r["method"], r["site"]) for r in rows))
+    families = sorted(dict.fromkeys((r["method"], r["site"]) for r in rows),
+                      key=lambda f: (tables.site_key(f[1]), f[0]))
     middle = {f: tables.middle_size({r["size"] for r in rows if (r["method"], r["site"]) == f})
               for f in families}
+    shades = ("0.15", "0.6", "0.9")  # gap, distribution, capacity
     for ax, split in zip(axes, shown, strict=True):
         ax.axhline(0, color="0.4", lw=0.8)
         for p, part in enumerate(PARTS):
@@ -192,25 +203,26 @@ def decomposition_figure(table: Sequence[dict], splits: Sequence[str],
             err = np.nan_to_num(np.stack([mean - [c["ci_low"] for c in got],
                                           [c["ci_high"] for c in got] - mean]))
             ax.bar(x + (p - 1) * 0.27, mean, width=0.27, yerr=err, capsize=2, label=part,
-                   color=figures.method_style(p)["color"])
+                   color=shades[p], edgecolor="0.0", linewidth=0.6)
         ax.set_xticks(range(len(families)),
-                      [f"{m} {tables._label(m, middle[(m, s)])}\n{s}"  # noqa: SLF001
+                      [f"{m} {tables._label(m, middle[(m, s)])} {_short(s)}"  # noqa: SLF001
                        for m, s in families], rotation=30, ha="right", fontsize=8)
-        ax.set_title(f"{split}")
-        ax.set_ylabel(f"gap in {metric}")
+        ax.set_title(f"evaluated on {split}")
+        ax.set_ylabel(f"gap in {metric} (> 0: less faithful)")
         ax.grid(alpha=0.3, axis="y")
     handles, labels = axes[0].get_legend_handles_labels()
     figures._legend_below(fig, handles, labels)  # noqa: SLF001
     n = max((r["n_seeds"] for r in rows), default=0)
-    figures._title(fig, f"Gap = distribution (removed by refitting on the split) + capacity "  # noqa: SLF001
-                   f"(remains), middle sizes, 95% t CI, {n} seeds")
+    figures._title(fig, "Gap = distribution (removed by refitting on the split) + capacity "  # noqa: SLF001
+                   f"(remains), middle sizes, paired 95% t CI, {n} seeds")
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig
 
 
 def write_reports(rows: Sequence[dict], config, workdir: str, say=print) -> None:
     """fit_shift_results.csv, fit_x_eval.csv, gap_decomposition.csv and their figures
-    (figures/fit_x_eval_<method>.png, figures/gap_decomposition.png) into `workdir`."""
+    (figures/fit_x_eval_<method>.png for each data-dependent method, and
+    figures/gap_decomposition.png) into `workdir`."""
     pc = config.proxies
     splits = list(pc.eval_splits)
     fits = list(dict.fromkeys(r["fit_split"] for r in rows))
@@ -221,7 +233,7 @@ def write_reports(rows: Sequence[dict], config, workdir: str, say=print) -> None
     tables.write_csv(parts, os.path.join(workdir, "gap_decomposition.csv"),
                      DECOMPOSITION_COLUMNS)
     fig_dir = os.path.join(workdir, "figures")
-    for method in dict.fromkeys(r["method"] for r in table):
+    for method in dict.fromkeys(r["method"] for r in table if not _fit_independent(r["method"])):
         figures.save(fit_x_eval_figure(table, method, splits, fits),
                      os.path.join(fig_dir, f"fit_x_eval_{method}.png"))
     if parts:
