@@ -83,6 +83,19 @@ def test_extra_fits_leave_results_csv_as_the_dyck_regression_fixture(shifted):
             assert (math.isnan(a) and math.isnan(b)) or abs(a - b) <= 1e-6, (column, g, w)
 
 
+def test_extra_fits_leave_results_csv_byte_identical(shifted, tmp_path):
+    """On one machine, the run with OOD fits writes the same results.csv, byte for byte, as the
+    run of the default proxies.fit_splits=("train",) (which test_tasks compares with the
+    fixture)."""
+    cache = os.path.join(os.path.dirname(shifted), "cache")
+    sweep.run(regression_config(cache), str(tmp_path / "run"), verbose=False)
+    with open(os.path.join(shifted, "results.csv"), "rb") as a, \
+            open(tmp_path / "run" / "results.csv", "rb") as b:
+        assert a.read() == b.read()
+    assert not os.path.exists(tmp_path / "run" / "fit_shift_results.csv")  # nothing extra ran
+    assert not os.path.exists(tmp_path / "run" / "proxies" / "fit_train")
+
+
 def test_every_fit_is_evaluated_on_every_split_on_the_evaluation_halves(shifted):
     rows = tables.read_csv(os.path.join(shifted, "fit_shift_results.csv"))
     alls = [r for r in rows if r["breakdown"] == "all"]
