@@ -44,6 +44,7 @@ from jaxillusions import faithfulness, proxies, tasks, timing
 
 _STREAM = zlib.crc32(b"jaxillusions.fit_shift.halves")  # names the halves' random stream
 REFERENCE = "train"
+SAMPLE_BOUNDED = ("kmeans",)  # proxies whose sizes may not exceed the vectors fitted on
 
 
 def fit_splits(config) -> tuple[str, ...]:
@@ -103,12 +104,9 @@ def check_config(config) -> None:
         raise ValueError(f"proxies.fit_splits={names}: must list {REFERENCE!r} (the reference "
                          "of every paired comparison) and each split once")
     cap, width = fit_sentences(config), task.widest_width(config)
-    for method in pc.methods if cap else ():
-        module = proxies.get(method)
-        if module.STATISTIC != "samples":
-            continue
+    for method in [m for m in pc.methods if m in SAMPLE_BOUNDED] if cap else ():
         # A fit on `cap` sentences sees at most cap * width positions (vectors to cluster).
-        largest = max(pc[proxies.sizes_key(module)])
+        largest = max(pc[proxies.sizes_key(proxies.get(method))])
         if cap * width < largest:
             raise ValueError(f"proxies.fit_sentences={cap}: at most {cap * width} positions "
                              f"to fit {method} on, fewer than its largest size {largest}; use "
