@@ -149,7 +149,7 @@ RULES: dict[str, tuple[tuple[str, Callable], Callable[[Any, Any], bool], str]] =
     # An analysis key (proxies.*): it changes no number (README, "Scaling out").
     "proxies.seed_chunk_size": (INT, _nonneg, ">= 0 (0: as many as fit the device)"),
     "proxies.gap_baseline": (STR, _any, "a split of proxies.eval_splits (checked below)"),
-    # Splits proxies are also fitted on, each on its own fit half (fit_shift.py); "train" first.
+    # Splits proxies are also fitted on, each on its own fit half (fit_shift.py), train included.
     "proxies.fit_splits": (STRS, lambda v, c: len(v) >= 1,
                            "splits of the task, 'train' among them (checked below)"),
     "proxies.fit_sentences": (INT, _nonneg, ">= 0 (0: every sentence of the fit split or half)"),
