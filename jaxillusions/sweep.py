@@ -1,8 +1,10 @@
 """The main job: train a sweep of seeds, fit every proxy, evaluate faithfulness on every split.
 
 Writes into the workdir: results.csv (tidy rows), gap_table.txt with gaps.csv,
-proxy_vs_original.csv, id_predicts_gap.csv and min_size.csv (analysis/stats.py), figures/*.png,
-TensorBoard curves and the hparams view, and the training checkpoints.
+proxy_vs_original.csv, id_predicts_gap.csv and min_size.csv (analysis/stats.py), with
+proxies.fit_splits beyond train fit_shift_results.csv, fit_x_eval.csv and gap_decomposition.csv
+(fit_shift.py, analysis/fit_shift.py), figures/*.png, TensorBoard curves and the hparams
+view, and the training checkpoints.
 
 Each stage is saved as it finishes, so a relaunch of the same command resumes where the last
 one stopped: training from its newest checkpoint, then each proxy family's fitted parameters
