@@ -107,6 +107,11 @@ def get_config() -> ConfigDict:
     config.proxies.kmeans_iters = 25
     config.proxies.collect_batch_size = 512  # training sentences per activation-collection chunk
     config.proxies.eval_batch_size = 256
+    # Splits every data-dependent proxy is also fitted on (each on one half of its sentences,
+    # evaluated on the other half): the fit x evaluate table and the gap decomposition
+    # (fit_x_eval.csv, gap_decomposition.csv). "train" alone: today's analysis, nothing more.
+    config.proxies.fit_splits = ("train",)
+    config.proxies.fit_sentences = 0  # sentences per fit, train included; 0: all
     # Seeds per call of the proxy stage; 0: as many as fit the device's memory (on a CPU, the
     # host RAM's share per CPU device; docs/scaling_out.md).
     config.proxies.seed_chunk_size = 0

@@ -2,8 +2,11 @@
 
 Writes into the workdir: results.csv (tidy rows), gap_table.txt with gaps.csv,
 proxy_vs_original.csv, id_predicts_gap.csv and min_size.csv (analysis/stats.py), with method sae
-dictionaries_*.csv (analysis/dictionaries.py), figures/*.png, TensorBoard curves and the hparams
-view, and the training checkpoints.
+dictionaries_*.csv (analysis/dictionaries.py), with proxies.fit_splits beyond train
+fit_shift_results.csv, fit_x_eval.csv and gap_decomposition.csv (fit_shift.py,
+analysis/fit_shift.py), with proxies.geometry or proxies.repair_sentences geometry.csv,
+geometry_predicts_gap.csv and repair.csv (geometry_stage.py), figures/*.png, TensorBoard curves
+and the hparams view, and the training checkpoints.
 
 Each stage is saved as it finishes, so a relaunch of the same command resumes where the last
 one stopped: training from its newest checkpoint, then each proxy family's fitted parameters
@@ -34,6 +37,7 @@ from jaxillusions import (
     checkpoint,
     distributed,
     faithfulness,
+    fit_shift,
     geometry_stage,
     interrupt,
     model,
@@ -45,6 +49,7 @@ from jaxillusions import (
 )
 from jaxillusions import logging as log_lib
 from jaxillusions.analysis import board, dictionaries, figures, induction, results, tables
+from jaxillusions.analysis import fit_shift as fit_shift_report
 from jaxillusions.experiments import wen
 from jaxillusions.settings import Settings
 
@@ -55,7 +60,8 @@ STAGE_DIR = "proxies"
 REPORTS = ("results.csv", "gap_table.txt", "gaps.csv", "proxy_vs_original.csv",
            "id_predicts_gap.csv", "min_size.csv", "baselines.csv", "gaps_by_*.csv", "figures",
            "wen_results.csv", "wen_attention.csv", "wen_summary.txt", "identifier_gap.csv",
-           "dictionaries_*.csv", "geometry.csv", "geometry_predicts_gap.csv", "repair.csv")
+           "dictionaries_*.csv", "geometry.csv", "geometry_predicts_gap.csv", "repair.csv",
+           *fit_shift_report.REPORTS)
 
 
 def _analysis_settings(config) -> dict:
@@ -311,7 +317,8 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
     # together (as in an uninterrupted run) whenever one still needs fitting.
     collected_sites = sorted({s for spec in specs if spec.module.STATISTIC for s in spec.sites})
     fit_stamps = [_stamp(spec=spec, index=i, seed=config.seed, sites=collected_sites,
-                         samples=pc.kmeans_samples, batch=pc.collect_batch_size)
+                         samples=pc.kmeans_samples, batch=pc.collect_batch_size,
+                         **fit_shift.fit_stamp(config))
                   for i, spec in enumerate(specs)]
     fitted = [stages.load(stages.path(i, spec, ".msgpack"), fit_stamps[i], _read_msgpack)
               for i, spec in enumerate(specs)]
@@ -320,7 +327,8 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
         say(f"[{time.perf_counter() - start:.0f}s] training done; fitting {len(todo)} proxy "
             f"families on the training split ({len(splits['train'].tokens)} sentences)")
         with timing.stage("collection"):
-            stats = faithfulness.collect(params, splits["train"], model_cfg, specs,
+            stats = faithfulness.collect(params, fit_shift.fit_data(splits, "train", config),
+                                         model_cfg, specs,
                                          num_samples=pc.kmeans_samples,
                                          batch_size=pc.collect_batch_size, **chunking)
         for n, i in enumerate(todo, 1):
@@ -368,6 +376,10 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
         with timing.stage("geometry"):
             geometry_stage.run(params, healthy, seeds, splits, model_cfg, shared, fit_stamps,
                                rows, config, workdir, stages, _write, say)
+    # Proxies fitted on other splits too (proxies.fit_splits; nothing at the default).
+    shift_rows = fit_shift.run_stage(params, healthy, seeds, splits, model_cfg, specs, fitted,
+                                     fit_stamps, config, stages, chunking, say)
+
     if not distributed.is_main():  # process 0 writes the reports
         return rows
     with timing.stage("reports"):  # write_reports' figures count to "figures"
@@ -378,6 +390,9 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
         data_baselines = tasks.get(config).baselines(splits, list(pc.eval_splits))
         write_reports(rows, config, workdir, seeds, healthy, verbose=verbose,
                       model_cfg=model_cfg, data_baselines=data_baselines)
+        if shift_rows:
+            with _writing("report", workdir):
+                fit_shift_report.write_reports(shift_rows, config, workdir, say=say)
     _stop_in_reports(workdir)
     with timing.stage("figures"):
         write_activation_figures(params, splits, model_cfg, config, workdir, seeds, healthy)

@@ -13,7 +13,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxillusions import faithfulness, geometry_stage, memory, proxies, settings, tasks, train
+from jaxillusions import (
+    faithfulness,
+    fit_shift,
+    geometry_stage,
+    memory,
+    proxies,
+    settings,
+    tasks,
+    train,
+)
 from jaxillusions.analysis import induction
 from jaxillusions.experiments import wen
 from jaxillusions.settings import Settings
@@ -74,6 +83,7 @@ def _proxy_checks(config: Settings, model_cfg) -> list[str]:
     if not pattern.endswith(".attn.pattern"):
         raise ValueError(f"proxies.pattern_site={pc.pattern_site!r}: must be an attention "
                          "pattern site, blocks.<layer>.attn.pattern")
+    fit_shift.check_config(config)
     specs = faithfulness.specs_from_config(pc, model_cfg)
     _geometry_checks(config, specs)
     for spec in specs:

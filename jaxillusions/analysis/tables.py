@@ -22,7 +22,7 @@ BIN_GAP_COLUMNS = ("breakdown", "bin", "label") + stats.GAP_COLUMNS
 _INT_COLUMNS = ("seed", "size", "n", "n_seeds", "seeds_positive",
                 "layer", "head", "num_seeds", "num_pairs", "prefix_len")  # + wen_attention.csv
 _TEXT_COLUMNS = ("site", "method", "split", "breakdown", "bin", "metric", "baseline", "predictor",
-                 "label")
+                 "label", "fit_split", "part")  # the last two: analysis/fit_shift.py
 
 
 def _cell(value):

@@ -1,0 +1,202 @@
+"""Fit proxies on other splits than `train` (proxies.fit_splits) and evaluate them everywhere.
+
+A proxy fitted on the training split loses faithfulness out of distribution. Fitting a proxy
+of the same size on the OOD split itself separates the two causes (analysis/fit_shift.py):
+the part of the gap that refitting removes is tied to the fit distribution, the part that
+remains is beyond what a proxy of that size can do.
+
+    proxies.fit_splits = ("train", "unseen_depth", "longer")   # train: the reference, required
+    proxies.fit_sentences = 0                                  # cap per fit (0: all)
+
+Halves: a fit split F other than train is cut in two by a fixed permutation of its sentence
+indices, drawn from a numpy generator seeded by (a constant naming this stream, config.seed, the
+split's number of sentences): its even positions are the fit half, its odd positions the
+evaluation half. So no sentence is both fitted on and evaluated, and the cut is the same on
+every run, machine and fit split. Every proxy, the train-fitted one included, is evaluated on
+the same sentences: the evaluation half of each fit split and the whole of the other
+evaluation splits (the "halved evaluation set"); the paired comparisons are on equal footing.
+
+proxies.fit_sentences caps the sentences of every fit (train included) at the first N of the
+fit half in permutation order (train: of the same kind of permutation of train), a random
+sample; 0 (the default) uses them all, and then the training split is used as it is, so the
+train-fitted proxies and results.csv are those of a run without this module.
+
+Only data-dependent proxies (STATISTIC not None) are refitted; the others (one-hot and uniform
+attention) do not depend on the fit split and are evaluated once, as fit_split "train".
+
+Batched as the main proxy stage (faithfulness.collect / fit_one / evaluate over seeds and
+sizes), resumable per (fit split, family) with stage files under proxies/fit_<split>/, each
+stamped with what it was computed with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import zlib
+
+import jax
+import numpy as np
+from flax import serialization
+
+from jaxillusions import faithfulness, proxies, tasks, timing
+
+_STREAM = zlib.crc32(b"jaxillusions.fit_shift.halves")  # names the halves' random stream
+REFERENCE = "train"
+SAMPLE_BOUNDED = ("kmeans",)  # proxies whose sizes may not exceed the vectors fitted on
+
+
+def fit_splits(config) -> tuple[str, ...]:
+    return tuple(config.proxies.fit_splits)
+
+
+def fit_sentences(config) -> int:
+    return config.proxies.fit_sentences
+
+
+def permutation(num_sentences: int, seed: int) -> np.ndarray:
+    """The fixed permutation of a split's sentence indices (see the module docstring)."""
+    return np.random.default_rng([_STREAM, seed, num_sentences]).permutation(num_sentences)
+
+
+def halves(num_sentences: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(fit half in permutation order, evaluation half sorted): disjoint, together every index."""
+    order = permutation(num_sentences, seed)
+    return order[0::2], np.sort(order[1::2])
+
+
+def subset(split, index: np.ndarray):
+    """The sentences `index` of a task's split (every array field with a sentence axis)."""
+    n = len(split.tokens)
+    return dataclasses.replace(split, **{
+        f.name: getattr(split, f.name)[index] for f in dataclasses.fields(split)
+        if isinstance(getattr(split, f.name), np.ndarray) and len(getattr(split, f.name)) == n})
+
+
+def fit_data(splits: dict, name: str, config):
+    """The sentences proxies are fitted on for fit split `name`: train as it is unless capped,
+    another split's fit half (capped by proxies.fit_sentences)."""
+    split, cap, seed = splits[name], fit_sentences(config), config.seed
+    if name == REFERENCE:
+        return split if not cap else subset(split, permutation(len(split.tokens), seed)[:cap])
+    index = halves(len(split.tokens), seed)[0]
+    return subset(split, index[:cap] if cap else index)
+
+
+def fit_stamp(config) -> dict:
+    """What the train fit's stage stamp gains: nothing at the default (so the stage files of
+    runs without this module stay valid), else the cap."""
+    return {"fit_sentences": fit_sentences(config)} if fit_sentences(config) else {}
+
+
+def check_config(config) -> None:
+    """One-line ValueError for bad fit settings (validate runs it before any work)."""
+    pc, task = config.proxies, tasks.get(config)
+    names = fit_splits(config)
+    for name in names:
+        if name not in task.SPLITS:
+            other = [t for t in tasks.TASKS if name in tasks.get(t).SPLITS]
+            where = f"a split of task {other[0]}, not" if other else "unknown in"
+            raise ValueError(f"proxies.fit_splits: {name!r} is {where} task {task.NAME}; "
+                             f"available: {', '.join(task.SPLITS)}")
+    if REFERENCE not in names or len(set(names)) != len(names):
+        raise ValueError(f"proxies.fit_splits={names}: must list {REFERENCE!r} (the reference "
+                         "of every paired comparison) and each split once")
+    cap, width = fit_sentences(config), task.widest_width(config)
+    for method in [m for m in pc.methods if m in SAMPLE_BOUNDED] if cap else ():
+        # A fit on `cap` sentences sees at most cap * width positions (vectors to cluster).
+        largest = max(getattr(pc, proxies.sizes_key(proxies.get(method))))
+        if cap * width < largest:
+            raise ValueError(f"proxies.fit_sentences={cap}: at most {cap * width} positions "
+                             f"to fit {method} on, fewer than its largest size {largest}; use "
+                             f"at least {-(-largest // width)} sentences, or 0 (all)")
+
+
+def run_stage(params, healthy, seeds, splits: dict, model_cfg, specs, fitted, fit_stamps,
+              config, stages, chunking: dict, say) -> list[dict]:
+    """Rows of every proxy fitted on every split of proxies.fit_splits (column fit_split),
+    evaluated on the halved evaluation set; [] when only train is fitted (nothing runs).
+    `fitted`, `fit_stamps`: the train fit's params and stage stamps, per spec."""
+    from jaxillusions import sweep  # noqa: PLC0415 - sweep calls this module
+
+    others = [s for s in fit_splits(config) if s != REFERENCE]
+    if not others:
+        return []
+    pc, seed = config.proxies, config.seed
+    halved = {n: subset(splits[n], halves(len(splits[n].tokens), seed)[1])
+              for n in pc.eval_splits if n in others}
+    eval_set = faithfulness.make_eval_set({**splits, **halved}, pc.eval_splits,
+                                          tasks.get(config))
+    eval_stamp = dict(splits=list(pc.eval_splits), halved=sorted(halved), seed=seed,
+                      batch=pc.eval_batch_size)
+    train_fitted = [faithfulness.FittedProxy(s, f) for s, f in zip(specs, fitted, strict=True)]
+    dependent = [i for i, s in enumerate(specs) if s.module.STATISTIC is not None]
+    say(f"fit shift: fitting on {', '.join(others)} (their fit halves), evaluating every fit on "
+        f"{', '.join(pc.eval_splits)} (halved: {', '.join(halved) or 'none'})")
+    rows = []
+    for name in (REFERENCE, *others):
+        directory = os.path.join(stages.dir, f"fit_{name}")
+        os.makedirs(directory, exist_ok=True)
+        family_fits = list(train_fitted)
+        stamps = {i: fit_stamps[i] for i in range(len(specs))}
+        if name != REFERENCE:
+            data = fit_data(splits, name, config)
+            stamps = {i: sweep._stamp(train=fit_stamps[i], fit_split=name,  # noqa: SLF001
+                                      sentences=len(data.tokens), seed=seed)
+                      for i in dependent}
+            family_fits = _fit(params, data, model_cfg, specs, dependent, stamps, config,
+                               directory, stages, chunking, say, family_fits)
+        for i in sorted(stamps):
+            spec = specs[i]
+            path = os.path.join(directory, os.path.basename(stages.path(i, spec, "_rows.json")))
+            stamp = sweep._stamp(fit=stamps[i], **eval_stamp)  # noqa: SLF001
+            family = stages.load(path, stamp, sweep._read_json)  # noqa: SLF001
+            if family is None:
+                with timing.stage("evaluation"):
+                    family = faithfulness.evaluate(
+                        params, model_cfg, eval_set, [family_fits[i]],
+                        batch_size=pc.eval_batch_size, seeds=seeds, healthy=healthy,
+                        shared=family_fits, **chunking)
+                sweep._write(path, json.dumps({"stamp": stamp, "value": family}),  # noqa: SLF001
+                             "fit-shift evaluation")
+            rows += [{"fit_split": name, **row} for row in family]
+            sweep._stop_if_signalled(  # noqa: SLF001
+                f"while evaluating proxies fitted on {name}; the finished families are saved "
+                f"in {directory}; relaunch the same command to resume")
+        say(f"  fit on {name}: {len(stamps)} families evaluated", flush=True)
+    return rows
+
+
+def _fit(params, data, model_cfg, specs, dependent, stamps, config, directory, stages,
+         chunking, say, family_fits):
+    """family_fits with the data-dependent families fitted on `data` (loaded from their stage
+    files where those carry the same stamp). Collected once for all families that need it."""
+    from jaxillusions import sweep  # noqa: PLC0415
+
+    pc, out = config.proxies, list(family_fits)
+    paths = {i: os.path.join(directory, os.path.basename(stages.path(i, specs[i], ".msgpack")))
+             for i in dependent}
+    loaded = {i: stages.load(paths[i], stamps[i], sweep._read_msgpack)  # noqa: SLF001
+              for i in dependent}
+    todo = [i for i in dependent if loaded[i] is None]
+    if todo:
+        if not len(data.tokens):
+            raise ValueError(f"proxies.fit_splits: the fit half of {os.path.basename(directory)}"
+                             " has no sentences")
+        with timing.stage("collection"):
+            stats = faithfulness.collect(params, data, model_cfg, [specs[i] for i in todo],
+                                         num_samples=pc.kmeans_samples,
+                                         batch_size=pc.collect_batch_size, **chunking)
+        for i in todo:
+            with timing.stage("fitting"):
+                # The train fit's random keys (spec index i): only the data differ.
+                proxy = faithfulness.fit_one(specs[i], i, stats, jax.random.PRNGKey(config.seed),
+                                             jax.tree.leaves(params)[0].shape[0], **chunking)
+                loaded[i] = jax.tree.map(np.asarray, proxy.params)
+            sweep._write(paths[i], serialization.msgpack_serialize(  # noqa: SLF001
+                {"stamp": stamps[i], "value": loaded[i]}), "fit-shift fitting")
+        del stats
+    for i in dependent:
+        out[i] = faithfulness.FittedProxy(specs[i], loaded[i])
+    return out
