@@ -141,6 +141,15 @@ RULES: dict[str, tuple[tuple[str, Callable], Callable[[Any, Any], bool], str]] =
     "proxies.kmeans_sizes": (INTS, lambda v, c: len(v) >= 1 and all(k >= 1 for k in v),
                              "cluster counts >= 1"),
     "proxies.kmeans_samples": (INT, _pos, ">= 1"),
+    # Sparse dictionaries (proxies/sae.py; the transcoder shares these options). Optional
+    # keys (defaults in sae.DEFAULTS); k against the widths is checked by sae.check below.
+    "proxies.sae_k": (("an integer or a tuple of integers",
+                       lambda v: _is_int(v) or INTS[1](v)),
+                      lambda v, c: (v >= 1) if _is_int(v) else (len(v) >= 1 and min(v) >= 1),
+                      "k values >= 1 (at most every width)"),
+    "proxies.sae_steps": (INT, _pos, ">= 1"),
+    "proxies.sae_lr": (NUMBER, lambda v, c: v > 0, "> 0"),
+    "proxies.sae_batch": (INT, _pos, ">= 1"),
     "proxies.kmeans_iters": (INT, _pos, ">= 1"),
     "proxies.collect_batch_size": (INT, _pos, ">= 1"),
     "proxies.eval_batch_size": (INT, _pos, ">= 1"),
@@ -187,6 +196,10 @@ def rules(config) -> dict:
         if module.STATISTIC is not None:
             sizes[f"proxies.{proxies.sizes_key(module)}"] = (
                 INTS, lambda v, c: len(v) >= 1 and all(k >= 1 for k in v), f"{name} sizes >= 1")
+        if module.SITE == "vector":  # its own targets (default proxies.targets)
+            sizes[f"proxies.{name}_targets"] = (
+                STRS, lambda v, c: len(v) >= 1,
+                f"at least one '+'-joined list of sites for {name} (default proxies.targets)")
     return {**sizes, **RULES, **tasks.get(config).data_rules()}
 
 
@@ -247,14 +260,17 @@ def _proxy_checks(config, model_cfg) -> list[str]:
         raise ValueError(f"proxies.eval_splits={tuple(pc.eval_splits)}: must include "
                          f"{baseline!r} (proxies.gap_baseline), the in-distribution baseline of "
                          "every generalization gap")
-    for target in pc.targets:
+    targets = {("targets", t) for t in pc.targets} | {
+        (f"{m}_targets", t) for m in proxies.available() if f"{m}_targets" in pc
+        for t in pc[f"{m}_targets"]}
+    for key, target in sorted(targets):
         for site in target.split("+"):
             try:
                 resolved = faithfulness.resolve_site(site, model_cfg)
             except ValueError as err:
-                raise ValueError(f"proxies.targets: {err}") from None
+                raise ValueError(f"proxies.{key}: {err}") from None
             if resolved.endswith(".pattern"):
-                raise ValueError(f"proxies.targets: {site!r} is an attention pattern; targets "
+                raise ValueError(f"proxies.{key}: {site!r} is an attention pattern; targets "
                                  "are vector sites (patterns go in proxies.pattern_site)")
     try:
         pattern = faithfulness.resolve_site(pc.pattern_site, model_cfg)
