@@ -5,8 +5,9 @@ proxies, per generalization split (docs/sparse_dictionaries.md).
     python -m launch.sweep --config=configs/dyck_dictionaries.py --workdir=runs/dyck_population
 
 The training keys are configs/dyck_population.py's, so this config shares its workdir: proxies.*
-are analysis keys, and a relaunch with other proxies keeps the trained models. Every proxy of the
-population run, plus
+are analysis keys, and a relaunch with other proxies keeps the trained models (and, stage by stage,
+every proxy family whose settings did not change). The population run's SVD on the last layer's
+queries, keys and both (ranks 1..32), the low-rank reference, plus
 - `sae` on the last layer's queries and keys (d_head 32) and on blocks.0/1.resid_mid
   (d_model 32), widths 32, 64, 128 (1x to 4x the dimension) x k 4 and 8 (6 sizes, coded
   k * 100000 + width);
@@ -26,7 +27,9 @@ from configs import dyck_population
 def get_config() -> ConfigDict:
     config = dyck_population.get_config()
     pc = config.proxies
-    pc.methods = (*pc.methods, "sae", "transcoder")
+    # SVD (first, as in the population run: its fitted and evaluated stages are reused) as the
+    # low-rank reference; k-means and hard attention stay in configs/dyck_population.py.
+    pc.methods = ("svd", "sae", "transcoder")
     pc.sae_targets = ("blocks.-1.attn.q", "blocks.-1.attn.k", "blocks.0.resid_mid",
                       "blocks.1.resid_mid")
     pc.transcoder_targets = ("blocks.0.mlp.out", "blocks.1.mlp.out")
