@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxillusions import distributed, memory, metrics, proxies, tasks
+from jaxillusions import dictionaries, distributed, memory, metrics, proxies, tasks
 from jaxillusions import model as model_lib
 from jaxillusions.data import padded_chunks
 
@@ -62,6 +62,12 @@ def site_dim(cfg: model_lib.ModelConfig, site: str) -> int:
     return cfg.d_mlp if name == "hidden" else cfg.vocab_size if name == "logits" else cfg.d_model
 
 
+def targets_of(proxy_cfg, method: str) -> tuple[str, ...]:
+    """A vector proxy's targets: proxies.<method>_targets if set (the transcoder's are MLP
+    outputs, an SAE may add resid_mid), else proxies.targets."""
+    return tuple(getattr(proxy_cfg, f"{method}_targets", ()) or proxy_cfg.targets)
+
+
 def specs_from_config(proxy_cfg, cfg: model_lib.ModelConfig) -> list[ProxySpec]:
     """Every (method, target) pair the config asks for, with its sizes (sorted, each once) and
     options. validate.validate checks the settings with one-line errors first."""
@@ -71,7 +77,7 @@ def specs_from_config(proxy_cfg, cfg: model_lib.ModelConfig) -> list[ProxySpec]:
         if module.SITE == "pattern":
             specs.append(ProxySpec(method, (resolve_site(proxy_cfg.pattern_site, cfg),)))
             continue
-        for target in proxy_cfg.targets:
+        for target in targets_of(proxy_cfg, method):
             sites = tuple(resolve_site(s, cfg) for s in target.split("+"))
             dim = min(site_dim(cfg, s) for s in sites)
             if hasattr(module, "settings"):
@@ -87,6 +93,9 @@ def specs_from_config(proxy_cfg, cfg: model_lib.ModelConfig) -> list[ProxySpec]:
     return specs
 
 
+PAIR_INPUT = "input:"  # prefix of a "pairs" site's sampled inputs in _collect_chunk
+
+
 # ---------------------------------------------------------------------------------------------
 # Collection: streamed second moments and a sample of vectors, per seed and head, training only.
 
@@ -98,20 +107,47 @@ def _grouped(x: jax.Array) -> jax.Array:
     return x.reshape(-1, *x.shape[2:])
 
 
-@functools.partial(jax.jit, static_argnames=("model_cfg", "sites", "with_vectors"))
-def _collect_chunk(params, tokens, *, model_cfg, sites: tuple[str, ...], with_vectors: bool):
+@functools.partial(jax.jit, static_argnames=("model_cfg", "sites", "with_vectors", "pairs"))
+def _collect_chunk(params, tokens, *, model_cfg, sites: tuple[str, ...], with_vectors: bool,
+                   pairs: tuple[tuple[str, str], ...] = ()):
+    """pairs: (site, method) of the "pairs" statistic: the method's input of the site (e.g. a
+    transcoder's MLP input) is sampled too, as vectors[PAIR_INPUT + site]."""
     valid = (tokens != tasks.PAD).reshape(-1)
     svd = proxies.get("svd")
+    inputs = {s: proxies.get(m).input_site(s) for s, m in pairs}
 
     def one_seed(p):
-        _, cache = model_lib.forward(p, tokens, model_cfg, cache=sites)
+        _, cache = model_lib.forward(p, tokens, model_cfg,
+                                     cache=tuple(dict.fromkeys(sites + tuple(inputs.values()))))
         vectors = {s: _grouped(cache[s]) for s in sites}
         moments = {s: jax.vmap(svd.moments, in_axes=(1, None))(v, valid)
                    for s, v in vectors.items()}
+        if with_vectors:
+            vectors |= {PAIR_INPUT + s: _grouped(proxies.get(m).input_of(p, s, cache[inputs[s]]))
+                        for s, m in pairs}
         # Vectors leave the device only while k-means samples are still being gathered.
         return moments, vectors if with_vectors else {}
 
     return jax.vmap(one_seed)(params)
+
+
+def collection_groups(specs: Sequence[ProxySpec]) -> list[list[int]]:
+    """Indices of the data-dependent specs, grouped so that each group's statistics are
+    collected by one program (faithfulness.collect of the group's specs): the methods whose
+    families cover the same sites (svd, pca and kmeans on proxies.targets) share one, and a
+    method with its own targets (proxies.<method>_targets) has its own. A site's statistics
+    then do not depend on the sites another method adds: XLA may round a program that caches
+    more sites differently, so adding a method changes no number of the others."""
+    sites: dict[str, set] = {}
+    for spec in specs:
+        if spec.module.STATISTIC is not None:
+            sites.setdefault(spec.method, set()).update(spec.sites)
+    groups: dict[tuple, list[int]] = {}
+    for i, spec in enumerate(specs):
+        if spec.module.STATISTIC is not None:
+            key = (tuple(sorted(sites[spec.method])), spec.module.STATISTIC == "pairs")
+            groups.setdefault(key, []).append(i)
+    return list(groups.values())
 
 
 def collect(params, train, model_cfg: model_lib.ModelConfig,
@@ -119,24 +155,29 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
             seed_chunk_size: int = 0, say=print) -> dict:
     """Statistics of every site that a data-dependent spec needs, from the training split.
 
-    Returns {site: {"moments": {...} [S, G, ...], "samples": {"x": [S, G, N, F], "valid": ...}}}.
+    Returns {site: {"moments": {...} [S, G, ...], "samples": {"x": [S, G, N, F], "valid": ...},
+    "pairs": {"x": inputs, "y": the site's values, "valid"}}} (samples and pairs where needed).
     Moments stream over all training sentences in fixed-size chunks (memory stays bounded);
     samples are the first `num_samples` non-PAD positions of the training sentences, which are
     i.i.d. draws, so this is a random sample of sentences (all positions of each).
     Seeds run in sequential chunks of `seed_chunk_size` (0: as many as fit the device, see
     `seed_chunk`); a seed's statistics depend on that seed alone.
     """
-    needs = {}
+    needs, pairs = {}, {}
     for spec in specs:
         if spec.module.STATISTIC is not None:
             for site in spec.sites:
                 needs.setdefault(site, set()).add(spec.module.STATISTIC)
+                if spec.module.STATISTIC == "pairs":
+                    pairs[site] = spec.method
     if not needs:
         return {}
     sites = tuple(sorted(needs))
     num_seeds = jax.tree.leaves(params)[0].shape[0]
-    sampling = any("samples" in n for n in needs.values())
+    sampling = any(n & {"samples", "pairs"} for n in needs.values())
     static = dict(model_cfg=model_cfg, sites=sites, with_vectors=sampling and num_samples > 0)
+    if pairs:  # (the collection program of configs without a transcoder is unchanged)
+        static["pairs"] = tuple(sorted(pairs.items()))
     tokens = jax.ShapeDtypeStruct((batch_size, train.tokens.shape[1]), train.tokens.dtype)
     chunk_size = seed_chunk(
         lambda w: memory.compiled_bytes(_collect_chunk, memory.seed_shapes(params, w), tokens,
@@ -145,7 +186,8 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
         lower=f"proxies.collect_batch_size (now {batch_size})")
 
     def one_chunk(params):  # params: one chunk of seeds, placed
-        totals, samples, kept = None, {s: [] for s in sites}, 0
+        totals, kept = None, 0
+        samples = {s: [] for s in (*sites, *(PAIR_INPUT + s for s in pairs))}
         for (tokens,) in padded_chunks([train.tokens], batch_size):
             moments, vectors = _collect_chunk(
                 params, tokens, **dict(static, with_vectors=sampling and kept < num_samples))
@@ -153,16 +195,22 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
             if vectors:
                 valid = (tokens != tasks.PAD).reshape(-1)
                 take = np.flatnonzero(valid)[: num_samples - kept]
-                for s in sites:
-                    if "samples" in needs[s]:
+                for s in samples:
+                    if s in vectors and needs.get(s, {"pairs"}) & {"samples", "pairs"}:
                         samples[s].append(distributed.to_host(vectors[s])[:, take])
                 kept += len(take)
+        def sample(s: str) -> dict:
+            x = np.concatenate(samples[s], axis=1).transpose(0, 2, 1, 3)  # [S, G, N, F]
+            return {"x": x, "valid": np.ones(x.shape[:3], bool)}
+
         stats = {}
         for s in sites:
             stats[s] = {"moments": distributed.to_host(totals[s])}  # [S, G, ...]
             if "samples" in needs[s]:
-                x = np.concatenate(samples[s], axis=1).transpose(0, 2, 1, 3)  # [S, G, N, F]
-                stats[s]["samples"] = {"x": x, "valid": np.ones(x.shape[:3], bool)}
+                stats[s]["samples"] = sample(s)
+            if "pairs" in needs[s]:
+                y = sample(s)
+                stats[s]["pairs"] = {**y, "x": sample(PAIR_INPUT + s)["x"], "y": y["x"]}
         return stats
 
     return over_seed_chunks(one_chunk, [params], num_seeds, chunk_size)
@@ -208,13 +256,15 @@ class FittedProxy:
     spec: ProxySpec
     params: dict
 
-    def intervention(self, seed_index: int, size_index: int) -> model_lib.Intervention:
-        """This proxy for one seed at one size, as an intervention for `model.forward`."""
+    def intervention(self, seed_index: int, size_index: int,
+                     model_params: dict | None = None) -> model_lib.Intervention:
+        """This proxy for one seed at one size, as an intervention for `model.forward`
+        (model_params: that seed's, for a proxy that reads another site, the transcoder)."""
         if self.spec.module.STATISTIC is None:
             params = jax.tree.map(lambda x: x[size_index], self.params)
         else:
             params = jax.tree.map(lambda x: x[seed_index, :, size_index], self.params)
-        return make_intervention(self.spec.module, params)
+        return make_intervention(self.spec.module, params, model_params=model_params)
 
 
 @functools.partial(jax.jit, static_argnames=("method", "sizes", "options"))
@@ -250,7 +300,7 @@ def fit_one(spec: ProxySpec, spec_index: int, stats: dict, key: jax.Array, num_s
                 _fit_seeds_and_heads, memory.seed_shapes(st, w), memory.seed_shapes(k, w),
                 **static),
             num_seeds, seed_chunk_size, say, what=f"fitting {spec.method} on {site}",
-            lower="proxies.kmeans_samples" if module.STATISTIC == "samples"
+            lower="proxies.kmeans_samples" if module.STATISTIC in ("samples", "pairs")
             else "the number of seeds")
         per_site[site] = over_seed_chunks(
             lambda st, k: _fit_seeds_and_heads(st, k, **static), [site_stats, keys],
@@ -258,27 +308,39 @@ def fit_one(spec: ProxySpec, spec_index: int, stats: dict, key: jax.Array, num_s
     return FittedProxy(spec, per_site)
 
 
-def make_intervention(module, site_params: dict,
-                      active: dict | None = None) -> model_lib.Intervention:
+def make_intervention(module, site_params: dict, active: dict | None = None,
+                      model_params: dict | None = None) -> model_lib.Intervention:
     """Intervention replacing each site by the proxy with ONE seed's, ONE size's params.
 
     Data-dependent proxies carry a head axis G first (one proxy per head); others have none.
     `active` ({site: traced bool}, optional): a site whose flag is False passes through
     unchanged, so one compiled program serves every family of a proxy method (see `evaluate`).
+    A proxy with `input_site` (the transcoder) maps the value of input_site(site), kept when
+    forward visits it, to the site's value; it needs the seed's `model_params`.
     """
-    def replace(name: str, value: jax.Array) -> jax.Array:
+    reads_input = hasattr(module, "input_site")
+    input_for = {module.input_site(s): s for s in site_params} if reads_input else {}
+    inputs = {}  # site -> its proxy's input, in the forward pass being traced
+
+    def replace(name: str, x: jax.Array, value: jax.Array) -> jax.Array:
         if module.STATISTIC is None:
             return module.apply(site_params[name], value)
-        grouped = value if value.ndim == 4 else value[:, :, None, :]
-        out = jax.vmap(module.apply, in_axes=(0, 2), out_axes=2)(site_params[name], grouped)
-        return out.reshape(value.shape)
+        return dictionaries.apply_grouped(module, site_params[name], x, value)
 
     def intervention(name: str, value: jax.Array) -> jax.Array:
+        if name in input_for:
+            inputs[input_for[name]] = module.input_of(model_params, input_for[name], value)
         if name not in site_params:
             return value
+        if not reads_input:
+            if active is None:
+                return replace(name, value, value)
+            return jax.lax.cond(active[name], lambda v: replace(name, v, v), lambda v: v, value)
+        x = inputs.pop(name)
         if active is None:
-            return replace(name, value)
-        return jax.lax.cond(active[name], functools.partial(replace, name), lambda v: v, value)
+            return replace(name, x, value)
+        return jax.lax.cond(active[name], functools.partial(replace, name),
+                            lambda x, v: v, x, value)
 
     return intervention
 
@@ -338,8 +400,10 @@ def _eval_chunk(params, proxy_params, active, tokens, evaluated, bins, width_ind
                 widths: tuple[int, ...]):
     """One chunk [B, T] of every seed and size. The program holds one branch per width of
     `widths`; `width_index` picks the one that runs, on the chunk's first `width` columns
-    (the rest are padding: a causal model's values before them do not depend on them)."""
+    (the rest are padding: a causal model's values before them do not depend on them).
+    Returns ((binned sums, dictionary metric sums: {} for pattern proxies), per-position JSD)."""
     module = proxies.get(method)
+    extra = dictionaries.enabled(module)  # dictionary metrics (fvu, l0, dead, ce/kl_score)
 
     def at_width(width: int, tokens, evaluated, bins):
         tokens, evaluated, bins = tokens[:, :width], evaluated[:, :width], bins[:, :width]
@@ -353,25 +417,39 @@ def _eval_chunk(params, proxy_params, active, tokens, evaluated, bins, width_ind
                     for i, nb in enumerate(num_bins)]
 
         def one_seed(p, site_params):
-            logits, _ = model_lib.forward(p, tokens, model_cfg)
+            if extra:  # the sites' original values too, for the dictionary metrics
+                logits, cache = model_lib.forward(
+                    p, tokens, model_cfg, cache=dictionaries.cache_sites(module, active))
+                where = dict(tokens=tokens, evaluated=evaluated, split_ids=bins[..., 0],
+                             num_splits=num_bins[0], logits=logits, targets=targets)
+                seed_sums = dictionaries.seed_sums(module, p, model_cfg, tuple(active),
+                                                   active, cache, **where)
+            else:
+                logits, _ = model_lib.forward(p, tokens, model_cfg)
             acc_original = metrics.correct(logits, targets)
 
             def one_size(size_params):
                 proxy_logits, _ = model_lib.forward(
                     p, tokens, model_cfg,
-                    intervention=make_intervention(module, size_params, active))
+                    intervention=make_intervention(module, size_params, active, p))
                 values = jnp.stack([jnp.ones_like(weight), metrics.jsd(logits, proxy_logits),
                                     metrics.same_pred(logits, proxy_logits), acc_original,
                                     metrics.correct(proxy_logits, targets)], axis=-1)
-                return binned(values), values[..., 1]  # and the per-position JSD [B, T]
+                if not extra:
+                    return binned(values), values[..., 1], {}  # and per-position JSD [B, T]
+                return binned(values), values[..., 1], dictionaries.size_sums(
+                    module, size_params, p, tuple(active), active, cache,
+                    proxy_logits=proxy_logits, **where)
 
             size_axis = 0 if module.STATISTIC is None else 1  # see FittedProxy
-            return jax.vmap(one_size, in_axes=size_axis, axis_size=num_sizes)(site_params)
+            sums, jsd, size_sums = jax.vmap(one_size, in_axes=size_axis,
+                                            axis_size=num_sizes)(site_params)
+            return sums, jsd, {"seed": seed_sums, "size": size_sums} if extra else {}
 
         seed_axis = None if module.STATISTIC is None else 0
-        sums, jsd = jax.vmap(one_seed, in_axes=(0, seed_axis))(params, proxy_params)
+        sums, jsd, dict_sums = jax.vmap(one_seed, in_axes=(0, seed_axis))(params, proxy_params)
         pad = [(0, 0)] * (jsd.ndim - 1) + [(0, tokens_width - width)]
-        return sums, jnp.pad(jsd, pad)  # one shape for every branch
+        return (sums, dict_sums), jnp.pad(jsd, pad)  # one shape for every branch
 
     tokens_width = tokens.shape[1]
     branches = [functools.partial(at_width, w) for w in widths]
@@ -387,7 +465,9 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
 
     Columns: seed, site, method, size, split, breakdown, bin, n, jsd, same_pred, acc_original,
     acc_proxy (means over the evaluated positions in that bin), and on `all` rows jsd_p95,
-    jsd_p99: exact quantiles (linear interpolation) of the per-position JSD (NaN on other rows).
+    jsd_p99: exact quantiles (linear interpolation) of the per-position JSD (NaN on other rows),
+    and for data-dependent vector proxies the dictionary metrics fvu, l0, dead, ce_score and
+    kl_score (jaxillusions/dictionaries.py; NaN on other rows and where undefined).
     Seeds marked unhealthy (diverged in training) are left out. Seeds run in sequential chunks
     of `seed_chunk_size` (0: as many as fit the device, planned per proxy family).
 
@@ -410,11 +490,13 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     widths = eval_set.widths[-1:] if one_width else eval_set.widths
     programs = _program_sites([*fitted, *shared])
     for proxy in fitted:
-        totals, jsd = _evaluate_family(params, num_seeds, model_cfg, eval_set, widths, proxy,
-                                       programs[_program_key(proxy.spec)], batch_size,
-                                       seed_chunk_size, say)
+        (totals, dict_sums), jsd = _evaluate_family(
+            params, num_seeds, model_cfg, eval_set, widths, proxy,
+            programs[_program_key(proxy.spec)], batch_size, seed_chunk_size, say)
         quantiles = _jsd_quantiles(jsd, split_ids, len(eval_set.split_names))
-        rows += _rows(proxy.spec, totals, quantiles, eval_set, seeds, healthy)
+        extra = dictionaries.columns(proxy.spec, proxy.params, **dict_sums) if dict_sums \
+            else None
+        rows += _rows(proxy.spec, totals, quantiles, eval_set, seeds, healthy, extra)
     return rows
 
 
@@ -436,8 +518,9 @@ def _program_sites(families: Sequence[FittedProxy]) -> dict[tuple, dict]:
 def _evaluate_family(params, num_seeds: int, model_cfg, eval_set: EvalSet,
                      widths: tuple[int, ...], proxy: FittedProxy, program: dict,
                      batch_size: int, seed_chunk_size: int, say
-                     ) -> tuple[list[np.ndarray], np.ndarray]:
-    """One family's summed metrics per breakdown [S, R, bins, 5] and per-position JSD at the
+                     ) -> tuple[tuple[list[np.ndarray], dict], np.ndarray]:
+    """One family's summed metrics per breakdown [S, R, bins, 5] with its dictionary metric
+    sums (dictionaries.seed_sums/size_sums, {} for pattern proxies), and per-position JSD at the
     evaluated positions [S, R, n], for the first `num_seeds` seeds of `params` (placed, maybe
     padded), in chunks (see `evaluate`), by the program replacing the sites of `program`
     with a branch per width of `widths`."""
@@ -496,8 +579,9 @@ def _jsd_quantiles(jsd: np.ndarray, split_ids: np.ndarray, num_splits: int) -> n
 
 
 def _rows(spec: ProxySpec, totals: list[np.ndarray], quantiles: np.ndarray, eval_set: EvalSet,
-          seeds, healthy):
-    """totals[breakdown]: [S, R, bins, 5] sums (count, jsd, same, acc_orig, acc_proxy)."""
+          seeds, healthy, extra: np.ndarray | None = None):
+    """totals[breakdown]: [S, R, bins, 5] sums (count, jsd, same, acc_orig, acc_proxy); extra:
+    [S, R, splits, len(dictionaries.COLUMNS)] dictionary metrics of the `all` rows, or None."""
     rows = []
     per_split = dict(zip(eval_set.breakdowns, eval_set.per_split, strict=True))
     for b, breakdown in enumerate(eval_set.breakdowns):
@@ -517,5 +601,9 @@ def _rows(spec: ProxySpec, totals: list[np.ndarray], quantiles: np.ndarray, eval
                                 for i, m in enumerate(METRICS)})
                     row.update({q: float(quantiles[s, r, split, i]) if breakdown == "all"
                                 else float("nan") for i, q in enumerate(JSD_QUANTILES)})
+                    if extra is not None:
+                        row.update({c: float(extra[s, r, split, i]) if breakdown == "all"
+                                    else float("nan")
+                                    for i, c in enumerate(dictionaries.COLUMNS)})
                     rows.append(row)
     return rows

@@ -75,7 +75,7 @@ def run(params, healthy, seeds, splits, model_cfg, shared, fit_stamps, rows, con
         return
     sites = tuple(sorted({s for _, p in families for s in p.spec.sites}))
     evals = list(pc.eval_splits)
-    ood = geometry._ood_splits(evals, baseline)  # noqa: SLF001
+    ood = geometry.ood_splits(evals, baseline, task.IN_DISTRIBUTION)
     halves = {s: geometry.split_halves(len(splits[s].tokens), s, config.seed) for s in ood}
     short = [s for s in ood if counts and max(counts) > len(halves[s][0])]
     if short:  # a task whose split sizes validate could not know (code: num_eval -1)
@@ -119,7 +119,8 @@ def run(params, healthy, seeds, splits, model_cfg, shared, fit_stamps, rows, con
             geo += geometry.geometry_rows(jax.device_get(values), seeds, healthy, site, method,
                                           evals, ranks)
     reports = {"geometry": (geo, geometry.GEOMETRY_COLUMNS),
-               "geometry_predicts_gap": (geometry.geometry_predicts_gap(geo, rows, baseline),
+               "geometry_predicts_gap": (geometry.geometry_predicts_gap(
+                   geo, rows, baseline, in_distribution=task.IN_DISTRIBUTION),
                                          geometry.PREDICTS_COLUMNS)}
 
     # 3. Repair.

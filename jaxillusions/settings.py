@@ -243,8 +243,9 @@ def _plain(value):
 
 @functools.cache
 def proxies_class() -> type:
-    """Proxies, plus a field (sizes >= 1, default ()) for the sizes key of every proxy file
-    that Proxies does not name (proxies/__init__.py: adding a proxy is adding a file)."""
+    """Proxies, plus for every proxy file: a field for its sizes key when Proxies does not name
+    it (sizes >= 1, default ()), and for a vector proxy `<name>_targets` (its own targets;
+    default (): proxies.targets). Adding a proxy is adding a file (proxies/__init__.py)."""
     from jaxillusions import proxies  # noqa: PLC0415 - the proxy files, found on first use
 
     known = {f.name for f in dataclasses.fields(Proxies)}
@@ -253,6 +254,10 @@ def proxies_class() -> type:
              for name in proxies.available()
              if proxies.get(name).STATISTIC is not None
              and (key := proxies.sizes_key(proxies.get(name))) not in known]
+    extra += [(f"{name}_targets", tuple, setting(
+        (), STRS, "'+'-joined lists of sites, or () for proxies.targets",
+        doc=f"the sites {name} is fitted on, if not proxies.targets"))
+        for name in proxies.available() if proxies.get(name).SITE == "vector"]
     if not extra:
         return Proxies
     return dataclasses.make_dataclass("Proxies", extra, bases=(Proxies,), frozen=True)

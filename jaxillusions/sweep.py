@@ -313,10 +313,14 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
     # Seeds per call (0: as many as fit the device; the same numbers either way).
     chunking = dict(seed_chunk_size=pc.seed_chunk_size, say=say)
 
-    # Fitting: one stage file per proxy family. Statistics are collected for all families
-    # together (as in an uninterrupted run) whenever one still needs fitting.
-    collected_sites = sorted({s for spec in specs if spec.module.STATISTIC for s in spec.sites})
-    fit_stamps = [_stamp(spec=spec, index=i, seed=config.seed, sites=collected_sites,
+    # Fitting: one stage file per proxy family. Statistics are collected together for the
+    # families of a collection group (faithfulness.collection_groups) whenever one of them still
+    # needs fitting; a family's stamp names its group's sites, so adding a method with its own
+    # targets (proxies.<method>_targets) refits only that method.
+    groups = faithfulness.collection_groups(specs)
+    collected_sites = {i: sorted({s for j in group for s in specs[j].sites})
+                       for group in groups for i in group}
+    fit_stamps = [_stamp(spec=spec, index=i, seed=config.seed, sites=collected_sites.get(i, []),
                          samples=pc.kmeans_samples, batch=pc.collect_batch_size,
                          **fit_shift.fit_stamp(config))
                   for i, spec in enumerate(specs)]
@@ -326,20 +330,27 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
     if todo:
         say(f"[{time.perf_counter() - start:.0f}s] training done; fitting {len(todo)} proxy "
             f"families on the training split ({len(splits['train'].tokens)} sentences)")
-        with timing.stage("collection"):
-            stats = faithfulness.collect(params, fit_shift.fit_data(splits, "train", config),
-                                         model_cfg, specs,
-                                         num_samples=pc.kmeans_samples,
-                                         batch_size=pc.collect_batch_size, **chunking)
-        for n, i in enumerate(todo, 1):
+    done = 0
+    for group in [[i for i, s in enumerate(specs) if s.module.STATISTIC is None], *groups]:
+        if not set(group) & set(todo):
+            continue
+        stats = {}
+        if specs[group[0]].module.STATISTIC is not None:  # the whole group, as in one run
+            with timing.stage("collection"):
+                stats = faithfulness.collect(params, fit_shift.fit_data(splits, "train", config),
+                                             model_cfg, [specs[i] for i in group],
+                                             num_samples=pc.kmeans_samples,
+                                             batch_size=pc.collect_batch_size, **chunking)
+        for i in (i for i in group if i in todo):
             with timing.stage("fitting"):
                 proxy = faithfulness.fit_one(specs[i], i, stats, jax.random.PRNGKey(config.seed),
                                              len(seeds), **chunking)
                 fitted[i] = jax.tree.map(np.asarray, proxy.params)
             _write(stages.path(i, specs[i], ".msgpack"), serialization.msgpack_serialize(
                 {"stamp": fit_stamps[i], "value": fitted[i]}), "proxy fitting")
+            done += 1
             _stop_if_signalled(
-                f"while fitting proxies; {n} of {len(todo)} families fitted and saved in "
+                f"while fitting proxies; {done} of {len(todo)} families fitted and saved in "
                 f"{stages.dir}; relaunch the same command to resume")
         del stats
 
@@ -428,7 +439,8 @@ def write_reports(rows, config, workdir: str, seeds, healthy, *, verbose: bool =
         columns = tables.STAT_COLUMNS.get(name, tables.BIN_GAP_COLUMNS)
         with _writing("report", os.path.join(workdir, f"{name}.csv")):
             tables.write_csv(table, os.path.join(workdir, f"{name}.csv"), columns)
-    _write_tables(workdir, dictionaries.results_tables(rows, baseline))  # with method sae
+    _write_tables(workdir, dictionaries.results_tables(
+        rows, baseline, tasks.get(config.task).IN_DISTRIBUTION))  # with method sae
     with _writing("report", os.path.join(workdir, "gap_table.txt")), \
             open(os.path.join(workdir, "gap_table.txt"), "w") as f:
         f.write(text + "\n")

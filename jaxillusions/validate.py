@@ -67,14 +67,17 @@ def _proxy_checks(config: Settings, model_cfg) -> list[str]:
         raise ValueError(f"proxies.eval_splits={tuple(pc.eval_splits)}: must include "
                          f"{baseline!r} (proxies.gap_baseline), the in-distribution baseline of "
                          "every generalization gap")
-    for target in pc.targets:
+    targets = {("targets", t) for t in pc.targets} | {
+        (f"{m}_targets", t) for m in proxies.available()
+        for t in getattr(pc, f"{m}_targets", ())}
+    for key, target in sorted(targets):
         for site in target.split("+"):
             try:
                 resolved = faithfulness.resolve_site(site, model_cfg)
             except ValueError as err:
-                raise ValueError(f"proxies.targets: {err}") from None
+                raise ValueError(f"proxies.{key}: {err}") from None
             if resolved.endswith(".pattern"):
-                raise ValueError(f"proxies.targets: {site!r} is an attention pattern; targets "
+                raise ValueError(f"proxies.{key}: {site!r} is an attention pattern; targets "
                                  "are vector sites (patterns go in proxies.pattern_site)")
     try:
         pattern = faithfulness.resolve_site(pc.pattern_site, model_cfg)

@@ -266,7 +266,7 @@ def test_metrics_on_hand_built_cases():
 def test_transcoder_fits_a_known_sparse_relu_map():
     """y = relu(h E + c) D + b with ~1 active unit per row (up to 7): the transcoder's TopK
     dictionary reaches an FVU far below the best affine map's, with at most k active latents."""
-    from jaxillusions.proxies import _transcoder as transcoder
+    from jaxillusions.proxies import transcoder
 
     rng = np.random.default_rng(0)
     n, f_in, f_out, units = 4096, 12, 10, 24
@@ -288,7 +288,7 @@ def test_transcoder_fits_a_known_sparse_relu_map():
     fvu = float(dictionary.fvu(y, transcoder.apply(params, jnp.asarray(h))))
     assert fvu < 0.1, fvu
     assert float(dictionary.l0(transcoder.encode(params, jnp.asarray(h)))) <= k
-    assert "_transcoder" not in proxies.available()  # not a method until the engine feeds it
+    assert proxies.get("transcoder") is transcoder  # a method: adding the file registered it
 
 
 def test_transcoder_intervention_replaces_one_mlp():
@@ -297,7 +297,7 @@ def test_transcoder_intervention_replaces_one_mlp():
     MLP input, earlier sites are untouched, and the model's next-token distribution stays far
     closer to the original than with the MLP zeroed (kl_score, ce_score well above 0)."""
     from jaxillusions import model as model_lib
-    from jaxillusions.proxies import _transcoder as transcoder
+    from jaxillusions.proxies import transcoder
 
     cfg = model_lib.ModelConfig(vocab_size=11, max_len=12, d_model=16, d_mlp=32)
     params = model_lib.init_params(jax.random.key(0), cfg)
@@ -327,3 +327,184 @@ def test_transcoder_intervention_replaces_one_mlp():
     targets = jnp.roll(tokens, -1, axis=1)
     scores = dictionary.downstream_scores(logits, replaced, zeroed, targets, jnp.ones_like(tokens))
     assert float(scores["kl_score"]) > 0.8 and float(scores["ce_score"]) > 0.8, scores
+
+
+# ----------------------------------------------------------------------------- the engine
+
+
+def _dictionary_config(config):
+    """tiny_config with both dictionaries: an SAE on the last keys and resid_mid, a
+    transcoder on each MLP."""
+    with config.unlocked():
+        config.proxies.methods = ("svd", "sae", "transcoder")
+        config.proxies.targets = ("blocks.-1.attn.k",)
+        config.proxies.sae_targets = ("blocks.-1.attn.k", "blocks.0.resid_mid")
+        config.proxies.transcoder_targets = ("blocks.0.mlp.out", "blocks.-1.mlp.out")
+        config.proxies.sae_sizes = (8, 16)
+        config.proxies.transcoder_sizes = (16,)
+        config.proxies.sae_k = (2,)
+        config.proxies.sae_steps = 50
+        config.proxies.sae_batch = 64
+        config.proxies.sae_lr = 3e-3
+    return config
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"sae_steps": 0}, r"^proxies\.sae_steps=0: must be >= 1$"),
+    ({"sae_steps": 1.5}, r"^proxies\.sae_steps=1\.5: must be an integer"),
+    ({"sae_lr": 0.0}, r"^proxies\.sae_lr=0\.0: must be > 0$"),
+    ({"sae_lr": -1e-3}, r"^proxies\.sae_lr=-0\.001: must be > 0$"),
+    ({"sae_batch": 0}, r"^proxies\.sae_batch=0: must be >= 1$"),
+    ({"sae_k": (0, 2)}, r"^proxies\.sae_k=\(0, 2\): must be k values >= 1"),
+    ({"sae_k": ()}, r"^proxies\.sae_k=\(\): must be k values >= 1"),
+    ({"sae_k": (2, 9)}, r"sae k=9 for width 8: must be 1\.\.width"),
+    ({"sae_sizes": (8, 0)}, r"^proxies\.sae_sizes=\(8, 0\): must be sae sizes >= 1"),
+    ({"transcoder_sizes": (0,)}, r"^proxies\.transcoder_sizes=\(0,\): must be"),
+    ({"transcoder_sizes": (1,)}, r"proxies\.transcoder_sizes=\(1,\), sae_k=\(2,\): sae k=2 "
+                                 r"for width 1"),
+    ({"transcoder_targets": ("blocks.-1.attn.k",)},
+     r"transcoder target blocks\.1\.attn\.k: must be an MLP's output blocks\.<layer>\.mlp\.out"),
+    ({"transcoder_targets": ()}, r"^proxies\.transcoder_targets=\(\): must be"),
+    ({"sae_targets": ("blocks.7.resid_mid",)}, r"^proxies\.sae_targets: .*blocks\.7"),
+    ({"sae_targets": ("blocks.-1.attn.pattern",)}, r"^proxies\.sae_targets: .*attention pattern"),
+])
+def test_every_bad_dictionary_option_is_a_one_line_error_before_any_work(
+        config, tmp_path, settings, message, monkeypatch):
+    from jaxillusions import sweep, train
+
+    monkeypatch.setattr(train, "train_sweep", lambda *a, **k: pytest.fail("work started"))
+    config = _dictionary_config(config)
+    for key, value in settings.items():  # replaced, not overridden: the type may change
+        del config.proxies[key]
+        config.proxies[key] = value
+    workdir = tmp_path / "run"
+    with pytest.raises(ValueError, match=message) as err:
+        sweep.run(config, str(workdir), verbose=False)
+    assert "\n" not in str(err.value)
+    assert not workdir.exists() or not any(workdir.iterdir())
+
+
+def test_a_dictionary_method_without_its_sizes_is_a_one_line_error(config):
+    from jaxillusions import validate
+
+    config = _dictionary_config(config)
+    del config.proxies["transcoder_sizes"]
+    with pytest.raises(ValueError, match=r"^proxy 'transcoder' needs "
+                                         r"config\.proxies\.transcoder_sizes") as err:
+        validate.validate(config)
+    assert "\n" not in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from conftest import tiny_config
+
+    from jaxillusions import train
+
+    config = _dictionary_config(tiny_config(str(tmp_path_factory.mktemp("cache"))))
+    config.train.num_steps = 100
+    config.train.eval_every = 100
+    config.train.learning_rate = 1e-2
+    splits, model_cfg, _ = train.build(config)
+    state, _ = train.train_sweep(config, splits=splits, verbose=False)
+    return config, splits, model_cfg, state.params
+
+
+def test_engine_fits_and_scores_dictionaries(trained):
+    """The engine collects the transcoder's (MLP input, MLP output) pairs, fits SAEs and
+    transcoders per seed, and its results carry fvu, l0, dead, ce_score and kl_score equal to
+    the metrics computed directly from one seed's forward passes; full-rank SVD has fvu 0 and
+    scores 1; each proxy method compiles one evaluation program, whatever its targets."""
+    from jaxillusions import faithfulness as F
+    from jaxillusions import model as model_lib
+    from jaxillusions import tasks, timing
+    from jaxillusions.proxies import transcoder
+
+    config, splits, model_cfg, params = trained
+    specs = F.specs_from_config(config.proxies, model_cfg)
+    specs.append(F.ProxySpec("svd", ("blocks.1.attn.k",), (16,), (("center", False),)))
+    specs.append(F.ProxySpec("kmeans", ("blocks.1.attn.k",), (4,), (("num_iters", 5),)))
+    stats = F.collect(params, splits["train"], model_cfg, specs, num_samples=500,
+                      batch_size=256)
+    # The pairs statistic: the MLP's input (after its layer norm) and output, same positions.
+    tokens = splits["train"].tokens
+    p0 = jax.tree.map(lambda a: a[0], params)
+    _, cache = model_lib.forward(p0, jnp.asarray(tokens), model_cfg,
+                                 cache=("blocks.0.resid_mid", "blocks.0.mlp.out"))
+    valid = (tokens != tasks.PAD).reshape(-1)
+    pairs = stats["blocks.0.mlp.out"]["pairs"]
+    mlp_in = model_lib.mlp_input(p0, 0, cache["blocks.0.resid_mid"]).reshape(-1, 16)[valid]
+    np.testing.assert_allclose(pairs["x"][0, 0], mlp_in[:500], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(pairs["y"][0, 0],
+                               np.asarray(cache["blocks.0.mlp.out"]).reshape(-1, 16)[valid][:500],
+                               rtol=1e-5, atol=1e-5)
+
+    fitted = F.fit(specs, stats, jax.random.PRNGKey(0), num_seeds=2)
+    eval_set = F.make_eval_set(splits, ["iid", "longer"])
+    jax.clear_caches()
+    with timing.Breakdown() as clock:  # one family at a time, as the sweep does
+        rows = [r for proxy in fitted for r in F.evaluate(
+            params, model_cfg, eval_set, [proxy], batch_size=64, seeds=[0, 1], shared=fitted)]
+    assert clock.programs["jit(_eval_chunk)"] == 4, clock.programs  # svd, sae, transcoder, km
+    alls = [r for r in rows if r["breakdown"] == "all"]
+    assert {r["method"] for r in alls} == {"svd", "kmeans", "sae", "transcoder"}
+    for r in alls:
+        assert all(c in r for c in ("fvu", "l0", "dead", "ce_score", "kl_score")), r
+        if r["method"] == "svd":
+            assert np.isnan(r["l0"]) and np.isnan(r["dead"])
+            if r["size"] == 16:
+                assert r["fvu"] < 1e-5
+                assert r["ce_score"] == pytest.approx(1.0, abs=1e-4)
+                assert r["kl_score"] == pytest.approx(1.0, abs=1e-4)
+        elif r["method"] == "kmeans":
+            assert r["l0"] == 1.0 and 0.0 <= r["dead"] < 1.0
+        else:
+            assert 0.0 < r["l0"] <= 2.0 and 0.0 <= r["dead"] < 1.0 and 0.0 < r["fvu"] < 1.0
+    assert all(np.isnan(r["fvu"]) for r in rows if r["breakdown"] != "all")
+
+    # Direct computation for seed 1 on `longer`: the sae on blocks.0.resid_mid (size 16) and
+    # the transcoder on blocks.1.mlp.out.
+    split = eval_set.split_names.index("longer")
+    in_split = eval_set.bins[:, 0, 0] == split
+    tokens = jnp.asarray(eval_set.tokens[in_split])
+    weight = jnp.asarray(eval_set.evaluated[in_split])
+    targets = jnp.roll(tokens, -1, axis=1)
+    valid = tokens != tasks.PAD
+    p1 = jax.tree.map(lambda a: a[1], params)
+    logits, cache = model_lib.forward(p1, tokens, model_cfg,
+                                      cache=("blocks.0.resid_mid", "blocks.1.resid_mid",
+                                             "blocks.1.mlp.out"))
+    by_method = {proxy.spec.method + proxy.spec.target: proxy for proxy in fitted}
+
+    def row(method, site, size):
+        (r,) = [r for r in alls if (r["method"], r["site"], r["size"], r["seed"], r["split"])
+                == (method, site, size, 1, "longer")]
+        return r
+
+    sae_params = jax.tree.map(lambda a: a[1, 0, 1], by_method["saeblocks.0.resid_mid"]
+                              .params["blocks.0.resid_mid"])  # seed 1, head 0, width 16
+    x = cache["blocks.0.resid_mid"]
+    codes = sae.encode(sae_params, x)
+    r = row("sae", "blocks.0.resid_mid", 16)
+    assert r["fvu"] == pytest.approx(float(dictionary.fvu(x, sae.apply(sae_params, x), valid)),
+                                     rel=1e-4)
+    assert r["l0"] == pytest.approx(float(dictionary.l0(codes, valid)), rel=1e-6)
+    assert r["dead"] == pytest.approx(float(dictionary.dead_fraction(
+        codes, valid, sae_params["mask"])), abs=1e-9)
+
+    proxy = by_method["transcoderblocks.1.mlp.out"]
+    tc = proxy.intervention(1, 0, p1)
+    replaced, _ = model_lib.forward(p1, tokens, model_cfg, intervention=tc)
+    zeroed, _ = model_lib.forward(
+        p1, tokens, model_cfg,
+        intervention=lambda n, v: jnp.zeros_like(v) if n == "blocks.1.mlp.out" else v)
+    scores = dictionary.downstream_scores(logits, replaced, zeroed, targets, weight)
+    tc_params = jax.tree.map(lambda a: a[1, 0, 0], proxy.params["blocks.1.mlp.out"])
+    mlp_out = cache["blocks.1.mlp.out"]
+    transcoder_apply = transcoder.apply(
+        tc_params, model_lib.mlp_input(p1, 1, cache["blocks.1.resid_mid"]))
+    transcoder_fvu = float(dictionary.fvu(mlp_out, transcoder_apply, valid))
+    r = row("transcoder", "blocks.1.mlp.out", 16)
+    assert r["fvu"] == pytest.approx(transcoder_fvu, rel=1e-4)
+    assert r["ce_score"] == pytest.approx(float(scores["ce_score"]), rel=1e-4, abs=1e-5)
+    assert r["kl_score"] == pytest.approx(float(scores["kl_score"]), rel=1e-4, abs=1e-5)

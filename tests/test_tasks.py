@@ -32,18 +32,38 @@ def _read(path: str) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def test_dyck_results_unchanged_by_the_task_interface(tmp_path):
-    """Same rows (keys and position counts exactly) and metrics as before the refactor.
+def test_dyck_results_unchanged_by_the_task_interface_and_by_adding_dictionaries(tmp_path):
+    """Same rows (keys and position counts exactly) and metrics as before the refactor, with
+    an SAE and a transcoder added to the run (they change no number of the other proxies);
+    the dictionary metrics are new columns after the fixture's.
 
     On the machine that wrote the fixture the file is byte-identical. Elsewhere XLA:CPU may
     pick other vector instructions (AVX2 vs AVX-512 reductions round differently), and 20
     training steps carry that rounding into the parameters, so floats are compared to 1e-6.
     """
-    sweep.run(regression_config(str(tmp_path / "cache")), str(tmp_path / "run"), verbose=False)
+    config = regression_config(str(tmp_path / "cache"))
+    config.proxies.methods = (*config.proxies.methods, "sae", "transcoder")
+    config.proxies.sae_targets = ("blocks.-1.attn.k", "blocks.0.resid_mid")
+    config.proxies.transcoder_targets = ("blocks.-1.mlp.out",)
+    config.proxies.sae_sizes = (8, 32)
+    config.proxies.transcoder_sizes = (16,)
+    config.proxies.sae_k = (2, 4)
+    config.proxies.sae_steps = 50
+    sweep.run(config, str(tmp_path / "run"), verbose=False)
     want, got = _read(FIXTURE), _read(str(tmp_path / "run" / "results.csv"))
+    new = [r for r in got if r["method"] in ("sae", "transcoder")]
+    got = [r for r in got if r["method"] not in ("sae", "transcoder")]
     keys = ("seed", "site", "method", "size", "split", "breakdown", "bin", "n")
     assert [tuple(r[k] for k in keys) for r in got] == [tuple(r[k] for k in keys) for r in want]
-    assert list(got[0]) == list(want[0])  # the same columns, in the same order
+    # The same columns, in the same order, then the dictionary metrics.
+    assert list(got[0]) == [*want[0], "fvu", "l0", "dead", "ce_score", "kl_score"]
+    # Every (seed, target, size, split) of both dictionaries, each metric filled in.
+    alls = [r for r in new if r["breakdown"] == "all"]
+    assert len(alls) == 2 * (2 * 4 + 1 * 2) * 3
+    assert all(r[c] != "" for r in alls for c in ("fvu", "l0", "dead", "ce_score", "kl_score"))
+    gaps = _read(str(tmp_path / "run" / "gaps.csv"))
+    assert {(g["method"], g["metric"]) for g in gaps if g["metric"] in ("fvu", "kl_score")} \
+        == {(m, c) for m in ("svd", "kmeans", "sae", "transcoder") for c in ("fvu", "kl_score")}
     for g, w in zip(got, want, strict=True):
         for column in w:
             if column in keys:

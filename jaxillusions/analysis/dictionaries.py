@@ -82,7 +82,8 @@ def _gaps(df: pd.DataFrame, baseline: str, metrics: Sequence[str]) -> pd.DataFra
 
 def equal_id(rows: pd.DataFrame | Iterable[dict], *, baseline: str = "iid",
              reference: str = "svd", dictionary: str = "sae", match_on: str = "same_pred",
-             metrics: Sequence[str] = ("same_pred", "jsd")) -> list[dict]:
+             metrics: Sequence[str] = ("same_pred", "jsd"),
+             in_distribution: Sequence[str] = ("iid",)) -> list[dict]:
     """Per (site, reference rank, OOD split, metric): the paired difference over seeds of the
     gaps of the dictionary size matched to that rank on `baseline` `match_on` (per seed, the
     closest; ties go to the smaller size) and of the rank itself (columns EQUAL_ID_COLUMNS;
@@ -101,7 +102,7 @@ def equal_id(rows: pd.DataFrame | Iterable[dict], *, baseline: str = "iid",
     matched = (pairs.sort_values(["seed", "site", "size_ref", "dist", "size_dic"])
                .groupby(["seed", "site", "size_ref"]).head(1))
     gaps = _gaps(df[df["method"].isin([reference, dictionary])], baseline, metrics)
-    gaps = gaps[~gaps["split"].isin(stats.BASELINES)]
+    gaps = gaps[~gaps["split"].isin(in_distribution)]  # the task's (tasks.<name>.IN_DISTRIBUTION)
     lookup = gaps.set_index(["seed", "site", "method", "size", "split", "metric"])["gap"]
     out = []
     for (site, rank), m in matched.groupby(["site", "size_ref"]):
@@ -136,7 +137,8 @@ def quality_predicts_gap(rows: pd.DataFrame | Iterable[dict], *, baseline: str =
                          predictor_split: str | None = None,
                          predictors: Sequence[str] = ("fvu", "dead"),
                          metrics: Sequence[str] = ("same_pred", "jsd"),
-                         methods: Sequence[str] | None = None) -> list[dict]:
+                         methods: Sequence[str] | None = None,
+                         in_distribution: Sequence[str] = ("iid",)) -> list[dict]:
     """Per (site, method, size, OOD split, metric, predictor): Spearman rho across seeds of the
     predictor (a dictionary quality column of results.csv) on `predictor_split` with the gap
     (columns QUALITY_COLUMNS). predictor_split defaults, as in stats.id_predicts_gap, to
@@ -151,14 +153,14 @@ def quality_predicts_gap(rows: pd.DataFrame | Iterable[dict], *, baseline: str =
     if methods is not None:
         df = df[df["method"].isin(methods)]
     if predictor_split is None:
-        predictor_split = ("iid_with_train" if (df["split"] == "iid_with_train").any()
-                           else baseline)
+        predictor_split = next((s for s in in_distribution  # another in-distribution sample
+                                if s != baseline and (df["split"] == s).any()), baseline)
     keys = ["seed", "site", "method", "size"]
     pred = df[df["split"] == predictor_split].set_index(keys)[list(predictors)]
     gaps = _gaps(df, baseline, metrics)
     if gaps.empty:
         return []
-    gaps = gaps[~gaps["split"].isin((*stats.BASELINES, predictor_split))].join(pred, on=keys,
+    gaps = gaps[~gaps["split"].isin((*in_distribution, predictor_split))].join(pred, on=keys,
                                                                                 how="inner")
     out = []
     for (site, method, size, split, metric), g in gaps.groupby(
@@ -326,7 +328,8 @@ MATCH_SEEDS = 8  # default of proxies.dictionary_match_seeds (settings.py)
 MATCH_SALT = 22_022  # folded into the sweep's key: the second SAE fit's keys are not the first's
 
 
-def results_tables(rows: pd.DataFrame | Iterable[dict], baseline: str = "iid"
+def results_tables(rows: pd.DataFrame | Iterable[dict], baseline: str = "iid",
+                   in_distribution: Sequence[str] = ("iid",)
                    ) -> dict[str, tuple[list[dict], tuple[str, ...]]]:
     """{file stem: (rows, columns)} of the analyses of results rows alone: dictionaries_equal_id
     (needs svd and sae rows) and dictionaries_quality (sae rows with fvu and dead columns)."""
@@ -335,11 +338,12 @@ def results_tables(rows: pd.DataFrame | Iterable[dict], baseline: str = "iid"
         return {}
     out = {}
     if (df["method"] == "svd").any():
-        out["dictionaries_equal_id"] = (equal_id(df, baseline=baseline), EQUAL_ID_COLUMNS)
+        out["dictionaries_equal_id"] = (
+            equal_id(df, baseline=baseline, in_distribution=in_distribution), EQUAL_ID_COLUMNS)
     predictors = [p for p in ("fvu", "dead") if p in df.columns]
     if predictors:
-        out["dictionaries_quality"] = (quality_predicts_gap(df, baseline=baseline,
-                                                            predictors=predictors),
+        out["dictionaries_quality"] = (quality_predicts_gap(
+            df, baseline=baseline, predictors=predictors, in_distribution=in_distribution),
                                        QUALITY_COLUMNS)
     return out
 

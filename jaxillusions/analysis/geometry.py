@@ -210,21 +210,24 @@ def _all_rows(rows: Iterable[dict]) -> dict[tuple, dict[int, dict]]:
     return out
 
 
-def _ood_splits(splits: Iterable[str], baseline: str) -> list[str]:
-    return [s for s in splits if s != baseline and s not in stats.BASELINES]
+def ood_splits(splits: Iterable[str], baseline: str, in_distribution: Sequence[str]) -> list[str]:
+    """The splits other than the baseline and the task's in-distribution ones."""
+    return [s for s in splits if s != baseline and s not in in_distribution]
 
 
 def geometry_predicts_gap(geometry_table: Sequence[dict], rows: Sequence[dict],
-                          baseline: str = "iid", metrics: Sequence[str] = ("same_pred", "jsd")
-                          ) -> list[dict]:
+                          baseline: str = "iid", metrics: Sequence[str] = ("same_pred", "jsd"),
+                          in_distribution: Sequence[str] = ("iid",)) -> list[dict]:
     """Across seeds, per (site, method, rank, OOD split, metric) and geometric quantity: the
     Spearman rho (stats.spearman_interval: bootstrap interval, permutation p) between the
     quantity (mean over heads) and the seed's gap (stats.signed_gap, baseline vs split, as in
     gaps.csv), beside the in-distribution predictor's rho of id_predicts_gap.csv on the same
-    proxy, split and metric. Single-site targets only (geometry is per site)."""
+    proxy, split and metric. Single-site targets only (geometry is per site). `in_distribution`:
+    the task's in-distribution splits (tasks.<name>.IN_DISTRIBUTION), which get no rows."""
     table = _all_rows(rows)
     ids = {(r["site"], r["method"], r["size"], r["split"], r["metric"]): r
-           for r in stats.id_predicts_gap(rows, baseline=baseline, metrics=metrics)}
+           for r in stats.id_predicts_gap(rows, baseline=baseline, metrics=metrics,
+                                          in_distribution=in_distribution)}
     per_seed: dict[tuple, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for g in geometry_table:
         per_seed[(g["site"], g["method"], g["rank"], g["split"])][g["seed"]].append(g)
@@ -232,7 +235,8 @@ def geometry_predicts_gap(geometry_table: Sequence[dict], rows: Sequence[dict],
     for (site, method, rank, split), by_seed in sorted(per_seed.items()):
         base, other = table.get((site, method, rank, baseline)), table.get(
             (site, method, rank, split))
-        if split not in _ood_splits([split], baseline) or base is None or other is None:
+        if (split not in ood_splits([split], baseline, in_distribution) or base is None
+                or other is None):
             continue
         seeds = sorted(set(by_seed) & set(base) & set(other))
         for metric in metrics:

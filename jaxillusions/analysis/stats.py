@@ -19,7 +19,8 @@ Practical significance: RESOLUTION[metric] is the smallest difference the report
 interval is flagged only when it excludes 0 by more than that (`verdict`).
 
 Sign convention for gaps: positive always means "less faithful out of distribution":
-baseline - split for same_pred and accuracies, split - baseline for JSD and its quantiles.
+baseline - split for same_pred, accuracies, ce_score and kl_score, split - baseline for JSD,
+its quantiles and fvu.
 
 Input rows are the tidy rows of `faithfulness.evaluate` / results.csv; only `breakdown == "all"`
 rows are used.
@@ -46,10 +47,12 @@ NUM_PERMUTATIONS = 9999  # Spearman p-values: exact up to n = 7 (7! = 5040 <= 99
 # Smallest difference the report calls real, per metric: 0.001 of a proportion (one position
 # in a thousand), 1e-4 bits of JSD. Float32 rounding of these means is below 1e-6.
 RESOLUTION = {"same_pred": 1e-3, "acc": 1e-3, "acc_proxy": 1e-3, "acc_original": 1e-3,
-              "diff": 1e-3, "jsd": 1e-4, "jsd_p95": 1e-4, "jsd_p99": 1e-4}
+              "diff": 1e-3, "jsd": 1e-4, "jsd_p95": 1e-4, "jsd_p99": 1e-4,
+              "fvu": 1e-3, "ce_score": 1e-3, "kl_score": 1e-3}
 _LOGIT_EPS = 1e-6  # per-seed proportions are clipped to [eps, 1 - eps] before the logit
-GAP_METRICS = ("same_pred", "jsd", "jsd_p95", "jsd_p99")
-LOWER_IS_FAITHFUL = ("jsd", "jsd_p95", "jsd_p99")  # gap = split - baseline for these
+# The dictionary metrics (jaxillusions/dictionaries.py) last: only vector proxies have them.
+GAP_METRICS = ("same_pred", "jsd", "jsd_p95", "jsd_p99", "fvu", "ce_score", "kl_score")
+LOWER_IS_FAITHFUL = ("jsd", "jsd_p95", "jsd_p99", "fvu")  # gap = split - baseline for these
 SUMMARY_COLUMNS = ("ci_low", "ci_high", "n_seeds", "seeds_positive", "boot_low", "boot_high")
 GAP_COLUMNS = ("site", "method", "size", "split", "metric", "gap") + SUMMARY_COLUMNS[:4] + (
     "baseline", "baseline_mean") + SUMMARY_COLUMNS[4:]
@@ -178,7 +181,9 @@ def signed_gap(baseline: np.ndarray, split: np.ndarray, metric: str) -> np.ndarr
 def gaps(rows: Iterable[dict], baseline: str = "iid",
          metrics: Sequence[str] = GAP_METRICS) -> list[dict]:
     """One row per (site, method, size, split, metric) with split != baseline: the paired gap
-    over seeds (columns GAP_COLUMNS; `gap` is the mean per-seed gap)."""
+    over seeds (columns GAP_COLUMNS; `gap` is the mean per-seed gap). A metric that the rows
+    do not have, or have as NaN only (the dictionary metrics of a pattern proxy), is left
+    out."""
     table = _by_seed(rows)
     out = []
     for (site, method, size, split), per_seed in sorted(table.items()):
@@ -186,6 +191,8 @@ def gaps(rows: Iterable[dict], baseline: str = "iid",
         if split == baseline or base is None:
             continue
         for metric in metrics:
+            if not any(math.isfinite(r.get(metric, math.nan)) for r in per_seed.values()):
+                continue
             b, s = _paired(base, per_seed, metric)
             summary = paired_summary(signed_gap(b, s, metric))
             out.append({"site": site, "method": method, "size": size, "split": split,

@@ -39,6 +39,13 @@ def apply(params: dict, x: jax.Array) -> jax.Array:
     return params["centroids"][assign(params, x)].astype(x.dtype)
 
 
+def latents(params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """k-means as a dictionary with one active latent per row (its cluster): indices [..., 1],
+    active [..., 1] (all True). The dictionary metrics count these (l0 1, dead clusters)."""
+    index = assign(params, x)[..., None]
+    return index, jnp.ones(index.shape, bool)
+
+
 def inertia(params: dict, x: jax.Array, valid: jax.Array) -> jax.Array:
     """One size's params, x [N, F], valid [N] -> sum of squared distances to nearest centroid."""
     d = jnp.sum((x.astype(jnp.float32) - apply(params, x.astype(jnp.float32))) ** 2, -1)

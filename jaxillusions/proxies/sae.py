@@ -66,11 +66,15 @@ def _ks(proxy_cfg) -> tuple[int, ...]:
     return tuple(sorted(set(ks if isinstance(ks, (tuple, list)) else (ks,))))
 
 
-def settings(proxy_cfg, dim: int) -> tuple[tuple[int, ...], tuple]:
+def settings(proxy_cfg, dim: int, sizes_key: str = SIZES_KEY) -> tuple[tuple[int, ...], tuple]:
     """Widths from proxies.sae_sizes (times the k values of proxies.sae_k when there are
-    several); options k, steps, lr and batch_size from proxies.sae_k/sae_steps/sae_lr/sae_batch."""
+    several); options k, steps, lr and batch_size from proxies.sae_k/sae_steps/sae_lr/sae_batch.
+    `sizes_key`: the widths' key (the transcoder shares the options, not the widths)."""
     del dim
-    widths, ks = tuple(proxy_cfg.sae_sizes), _ks(proxy_cfg)
+    if not hasattr(proxy_cfg, sizes_key):
+        raise ValueError(f"proxy {sizes_key.removesuffix('_sizes')!r} needs "
+                         f"config.proxies.{sizes_key} (its dictionary widths)")
+    widths, ks = tuple(getattr(proxy_cfg, sizes_key)), _ks(proxy_cfg)
     sizes = widths if len(ks) == 1 else tuple(size_code(w, k) for w in widths for k in ks)
     options = (("k", ks[0] if ks else 0),  # no k: check() says so
                 ("steps", _option(proxy_cfg, "sae_steps")),
@@ -95,15 +99,16 @@ def _check(pairs: list[tuple[int, int]], steps: int, lr: float, batch_size: int,
         raise ValueError(f"{where}sae batch={batch_size}: must be >= 1")
 
 
-def check(sizes: tuple[int, ...], proxy_cfg, dim: int, target: str) -> None:
+def check(sizes: tuple[int, ...], proxy_cfg, dim: int, target: str,
+          sizes_key: str = SIZES_KEY) -> None:
     """One-line ValueError for widths < 1, k outside 1..width, steps < 1, lr <= 0, batch < 1."""
     del sizes, dim  # the config's own values, so the message names them
-    widths, ks = tuple(proxy_cfg.sae_sizes), _ks(proxy_cfg)
+    widths, ks = tuple(getattr(proxy_cfg, sizes_key)), _ks(proxy_cfg)
     if not ks:
         raise ValueError(f"{target}: proxies.sae_k=(): must list at least one k >= 1")
     _check([(w, k) for w in widths for k in ks], _option(proxy_cfg, "sae_steps"),
            _option(proxy_cfg, "sae_lr"), _option(proxy_cfg, "sae_batch"),
-           where=f"{target}: proxies.sae_sizes={widths}, sae_k={ks}: ")
+           where=f"{target}: proxies.{sizes_key}={widths}, sae_k={ks}: ")
 
 
 def _topk(pre: jax.Array, kmask: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -131,6 +136,13 @@ def encode(params: dict, x: jax.Array) -> jax.Array:
     vals, idx = _topk(_pre(params, x.astype(jnp.float32)), params["kmask"])
     one_hot = jax.nn.one_hot(idx, params["mask"].shape[-1], dtype=jnp.float32)
     return jnp.einsum("...k,...kw->...w", vals, one_hot)
+
+
+def latents(params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """One size's params, x [..., F] -> the code in sparse form: latent indices [..., K] and
+    whether each is active [..., K] (the dictionary metrics l0 and dead count these)."""
+    vals, idx = _topk(_pre(params, x.astype(jnp.float32)), params["kmask"])
+    return idx, vals > 0
 
 
 def apply(params: dict, x: jax.Array) -> jax.Array:

@@ -1,0 +1,162 @@
+"""Dictionary metrics of vector proxies in results.csv: fvu, l0, dead, ce_score, kl_score.
+
+Computed inside faithfulness's batched evaluation program (no program of its own), per seed,
+size and split, for every data-dependent vector proxy (svd, pca, kmeans, sae, transcoder); the
+definitions are proxies/_dictionary.py's (SAELens's for the downstream scores):
+
+  fvu       sum |x - x_hat|^2 / sum |x - mean_split(x)|^2 over the split's tokens (not PAD), x the
+            original model's activation at the family's sites (heads and sites pooled), x_hat
+            the proxy applied to it (a transcoder: to the MLP's input, against its output);
+  l0        mean active latents per token and dictionary (proxies with `latents`: sae,
+            transcoder, kmeans (1)); NaN for svd/pca, which have no latents;
+  dead      fraction of the dictionaries' latents (in their mask) never active on the split;
+  ce_score  (CE_zero - CE_proxy) / (CE_zero - CE_original) and
+  kl_score  (KL_zero - KL_proxy) / KL_zero, KL = KL(original || replaced), with the next-token
+            CE and KL averaged over the split's evaluated positions (the rows' positions, Dyck:
+            closing brackets) first; "zero" sets the family's sites to 0 (a transcoder's: the
+            MLP output).
+
+Only on `all` rows (other breakdowns: NaN). Pattern proxies (onehot/uniform attention) get none
+of these columns. The program sums per split on the device; `columns` forms the ratios on the
+host in float64.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxillusions import model as model_lib
+from jaxillusions import tasks
+from jaxillusions.proxies import _dictionary
+
+COLUMNS = ("fvu", "l0", "dead", "ce_score", "kl_score")
+
+
+def enabled(module) -> bool:
+    """Whether a proxy module's families get the dictionary metrics: data-dependent vector
+    proxies."""
+    return module.SITE == "vector" and module.STATISTIC is not None
+
+
+def cache_sites(module, sites) -> tuple[str, ...]:
+    """The sites (and a transcoder's input sites) whose original values the metrics read."""
+    extra = tuple(module.input_site(s) for s in sites) if hasattr(module, "input_site") else ()
+    return tuple(dict.fromkeys((*sites, *extra)))
+
+
+def apply_grouped(module, params: dict, x: jax.Array, like: jax.Array) -> jax.Array:
+    """One seed's, one size's params of a data-dependent proxy (head axis G first), x [B, T, F]
+    or [B, T, G, F] -> the proxy's output in the shape of `like` (the site's value)."""
+    grouped = x if x.ndim == 4 else x[:, :, None, :]
+    out = jax.vmap(module.apply, in_axes=(0, 2), out_axes=2)(params, grouped)
+    return out.reshape(like.shape)
+
+
+def _proxy_input(module, model_params, site: str, cache: dict) -> jax.Array:
+    if hasattr(module, "input_site"):
+        return module.input_of(model_params, site, cache[module.input_site(site)])
+    return cache[site]
+
+
+def _weights(tokens: jax.Array, evaluated: jax.Array, split_ids: jax.Array, num_splits: int):
+    onehot = jax.nn.one_hot(split_ids, num_splits, dtype=jnp.float32)  # [B, T, K]
+    valid = (tokens != tasks.PAD).astype(jnp.float32)
+    return onehot * valid[..., None], onehot * evaluated.astype(jnp.float32)[..., None]
+
+
+def seed_sums(module, model_params, model_cfg, sites, active: dict, cache: dict,
+              tokens: jax.Array, evaluated: jax.Array, split_ids: jax.Array, num_splits: int,
+              logits: jax.Array, targets: jax.Array) -> dict:
+    """One seed's sums per split [K, ...] that do not depend on the proxy's size: token counts,
+    the sites' sums and sums of squares (for the variance in fvu), and the original's and the
+    zero ablation's CE and KL at the evaluated positions."""
+    per_token, per_eval = _weights(tokens, evaluated, split_ids, num_splits)
+
+    def zero(name: str, value: jax.Array) -> jax.Array:
+        return jnp.where(active[name], 0.0, value) if name in active else value
+
+    zero_logits, _ = model_lib.forward(model_params, tokens, model_cfg, intervention=zero)
+    out = {"count": per_token.sum((0, 1)), "evaluated": per_eval.sum((0, 1)),
+           "ce_original": jnp.einsum("bt,btk->k", _dictionary.cross_entropy(logits, targets),
+                                     per_eval),
+           "ce_zero": jnp.einsum("bt,btk->k", _dictionary.cross_entropy(zero_logits, targets),
+                                 per_eval),
+           "kl_zero": jnp.einsum("bt,btk->k", _dictionary.kl_divergence(logits, zero_logits),
+                                 per_eval)}
+    for site in sites:
+        x = cache[site].reshape(*tokens.shape, -1).astype(jnp.float32)
+        out[f"sum/{site}"] = jnp.einsum("btd,btk->kd", x, per_token)
+        out[f"sumsq/{site}"] = jnp.einsum("btd,btk->kd", x * x, per_token)
+    return out
+
+
+def size_sums(module, size_params: dict, model_params, sites, active: dict, cache: dict,
+              tokens: jax.Array, evaluated: jax.Array, split_ids: jax.Array, num_splits: int,
+              logits: jax.Array, proxy_logits: jax.Array, targets: jax.Array) -> dict:
+    """One seed's, one size's sums per split: the squared reconstruction error per site [K],
+    how often each latent fired per site [K, G, W] (proxies with `latents`), and the proxy's CE
+    and KL [K]. Sites whose flag in `active` is False contribute zeros."""
+    per_token, per_eval = _weights(tokens, evaluated, split_ids, num_splits)
+    out = {"ce_proxy": jnp.einsum("bt,btk->k", _dictionary.cross_entropy(proxy_logits, targets),
+                                  per_eval),
+           "kl_proxy": jnp.einsum("bt,btk->k", _dictionary.kl_divergence(logits, proxy_logits),
+                                  per_eval)}
+    valid = tokens != tasks.PAD
+    for site in sites:
+        params, value = size_params[site], cache[site]
+        x = _proxy_input(module, model_params, site, cache)
+        x_hat = apply_grouped(module, params, x, value)
+        err = jnp.sum(((value - x_hat) ** 2).reshape(*tokens.shape, -1), -1)
+        out[f"err/{site}"] = jnp.einsum("bt,btk->k", jnp.where(active[site], err, 0.0),
+                                        per_token)
+        if hasattr(module, "latents"):
+            grouped = x if x.ndim == 4 else x[:, :, None, :]
+            idx, on = jax.vmap(module.latents, in_axes=(0, 2), out_axes=2)(params, grouped)
+            groups, width = params["mask"].shape
+            # One flat bin per (split, head, latent): a scatter-add, not a dense [.., W] code.
+            index = (split_ids[:, :, None, None] * groups
+                     + jnp.arange(groups)[None, None, :, None]) * width + idx
+            fired = on & valid[:, :, None, None] & active[site]
+            out[f"fired/{site}"] = jnp.zeros(num_splits * groups * width).at[
+                index.reshape(-1)].add(fired.reshape(-1).astype(jnp.float32)).reshape(
+                    num_splits, groups, width)
+    return out
+
+
+def columns(spec, params: dict, seed: dict, size: dict) -> np.ndarray:
+    """A family's summed metrics (seed: leaves [S, K, ...]; size: [S, R, K, ...]) and fitted
+    params ({site: leaves [S, G, R, ...]}) -> [S, R, K, len(COLUMNS)] float64, NaN where a
+    metric is undefined (no latents; zero variance; zeroing changes nothing)."""
+    f64 = {k: np.asarray(v, np.float64) for k, v in (*seed.items(), *size.items())}
+    count = f64["count"]  # [S, K]
+    total = sum((f64[f"sumsq/{s}"] - f64[f"sum/{s}"] ** 2 / np.maximum(count, 1)[..., None]
+                 ).sum(-1) for s in spec.sites)  # [S, K]
+    err = sum(f64[f"err/{s}"] for s in spec.sites)  # [S, R, K]
+    nan = np.full(err.shape, np.nan)
+    l0 = dead = nan
+    if all(f"fired/{s}" in f64 for s in spec.sites):
+        fired, latents, masked = 0.0, 0.0, 0.0
+        for s in spec.sites:
+            mask = np.moveaxis(np.asarray(params[s]["mask"], bool), 2, 1)[:, :, None]  # S,R,1,G,W
+            counts = f64[f"fired/{s}"]  # [S, R, K, G, W]
+            fired = fired + counts.sum((-2, -1))
+            latents = latents + (mask & (counts == 0)).sum((-2, -1))
+            masked = masked + mask.sum((-2, -1))
+        groups = sum(np.shape(params[s]["mask"])[1] for s in spec.sites)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            l0 = fired / (count[:, None] * groups)
+            dead = latents / masked
+    evaluated = np.maximum(f64["evaluated"], 1)
+
+    def mean(name: str) -> np.ndarray:
+        value = f64[name] / (evaluated if f64[name].ndim == 2 else evaluated[:, None])
+        return value if value.ndim == 3 else value[:, None]
+
+    with np.errstate(invalid="ignore", divide="ignore"):
+        fvu = err / total[:, None]
+        ce = _dictionary.ce_score(mean("ce_original"), mean("ce_proxy"), mean("ce_zero"))
+        kl = _dictionary.kl_score(mean("kl_proxy"), mean("kl_zero"))
+    out = np.stack(np.broadcast_arrays(fvu, l0, dead, ce, kl), axis=-1)
+    return np.where(np.isfinite(out), out, np.nan)
