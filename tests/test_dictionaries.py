@@ -10,6 +10,7 @@ import pytest
 from conftest import tiny_sweep_config
 
 from jaxillusions.analysis import dictionaries, load_results, stats
+from jaxillusions.tasks import dyck
 
 
 def _row(seed, method, size, split, same_pred, jsd=0.1, **extra):
@@ -80,7 +81,8 @@ def test_quality_predicts_gap_is_spearman_against_the_gap():
                  _row(s, "svd", 2, "iid", 0.9, fvu=0.2 + s, dead=np.nan),
                  _row(s, "svd", 2, "iid_with_train", 0.9, fvu=0.2 + s, dead=np.nan),
                  _row(s, "svd", 2, "ood", 0.8, fvu=0.3, dead=np.nan)]
-    out = dictionaries.quality_predicts_gap(rows, metrics=("same_pred",))
+    out = dictionaries.quality_predicts_gap(rows, metrics=("same_pred",),
+                                            in_distribution=dyck.IN_DISTRIBUTION)
     by = {(r["method"], r["predictor"]): r for r in out}
     # dead is undefined for SVD: no row; constant for the SAE: rho NaN.
     assert set(by) == {("sae", "fvu"), ("sae", "dead"), ("svd", "fvu")}
@@ -216,7 +218,7 @@ def test_dictionary_match_seeds_is_a_validated_analysis_key(config):
         validate.validate(config)
     config.proxies.dictionary_match_seeds = 0
     validate.validate(config)
-    assert validate.is_analysis_key("proxies.dictionary_match_seeds")
+    assert settings.is_analysis_key("proxies.dictionary_match_seeds")
     # 0: no seed-match analysis, before any collection (nothing else is looked at).
     spec = type("Spec", (), {"method": "sae"})()
     assert dictionaries.seed_match_tables(None, None, [0, 1], None, None, [spec], [None],
