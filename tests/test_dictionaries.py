@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 from conftest import tiny_sweep_config
 
+from jaxillusions import settings as run_settings
 from jaxillusions.analysis import dictionaries, load_results, stats
 from jaxillusions.tasks import dyck
 
@@ -218,7 +219,7 @@ def test_dictionary_match_seeds_is_a_validated_analysis_key(config):
         validate.validate(config)
     config.proxies.dictionary_match_seeds = 0
     validate.validate(config)
-    assert settings.is_analysis_key("proxies.dictionary_match_seeds")
+    assert run_settings.is_analysis_key("proxies.dictionary_match_seeds")
     # 0: no seed-match analysis, before any collection (nothing else is looked at).
     spec = type("Spec", (), {"method": "sae"})()
     assert dictionaries.seed_match_tables(None, None, [0, 1], None, None, [spec], [None],

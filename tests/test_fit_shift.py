@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from ml_collections import ConfigDict
 from test_tasks import FIXTURE, _read, regression_config
 
-from jaxillusions import faithfulness, fit_shift, settings, sweep, tasks
+from jaxillusions import faithfulness, fit_shift, sweep, tasks
 from jaxillusions import model as model_lib
+from jaxillusions import settings as run_settings
 from jaxillusions.analysis import fit_shift as report
 from jaxillusions.analysis import results, tables
 
@@ -261,6 +262,6 @@ def test_a_bad_fit_setting_is_a_one_line_error_before_any_work(config, tmp_path,
 
 
 def test_fit_settings_are_analysis_keys_with_defaults():
-    assert settings.is_analysis_key("proxies.fit_splits")
-    assert settings.is_analysis_key("proxies.fit_sentences")
-    assert settings.Proxies().fit_splits == ("train",)
+    assert run_settings.is_analysis_key("proxies.fit_splits")
+    assert run_settings.is_analysis_key("proxies.fit_sentences")
+    assert run_settings.Proxies().fit_splits == ("train",)
