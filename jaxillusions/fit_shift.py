@@ -40,7 +40,7 @@ import jax
 import numpy as np
 from flax import serialization
 
-from jaxillusions import faithfulness, proxies, tasks, timing
+from jaxillusions import faithfulness, proxies, stages, tasks, timing
 
 _STREAM = zlib.crc32(b"jaxillusions.fit_shift.halves")  # names the halves' random stream
 REFERENCE = "train"
@@ -114,12 +114,10 @@ def check_config(config) -> None:
 
 
 def run_stage(params, healthy, seeds, splits: dict, model_cfg, specs, fitted, fit_stamps,
-              config, stages, chunking: dict, say) -> list[dict]:
+              config, files, chunking: dict, say) -> list[dict]:
     """Rows of every proxy fitted on every split of proxies.fit_splits (column fit_split),
     evaluated on the halved evaluation set; [] when only train is fitted (nothing runs).
     `fitted`, `fit_stamps`: the train fit's params and stage stamps, per spec."""
-    from jaxillusions import sweep  # noqa: PLC0415 - sweep calls this module
-
     others = [s for s in fit_splits(config) if s != REFERENCE]
     if not others:
         return []
@@ -136,48 +134,46 @@ def run_stage(params, healthy, seeds, splits: dict, model_cfg, specs, fitted, fi
         f"{', '.join(pc.eval_splits)} (halved: {', '.join(halved) or 'none'})")
     rows = []
     for name in (REFERENCE, *others):
-        directory = os.path.join(stages.dir, f"fit_{name}")
+        directory = os.path.join(files.dir, f"fit_{name}")
         os.makedirs(directory, exist_ok=True)
         family_fits = list(train_fitted)
         stamps = {i: fit_stamps[i] for i in range(len(specs))}
         if name != REFERENCE:
             data = fit_data(splits, name, config)
-            stamps = {i: sweep._stamp(train=fit_stamps[i], fit_split=name,  # noqa: SLF001
+            stamps = {i: stages.stamp(train=fit_stamps[i], fit_split=name,
                                       sentences=len(data.tokens), seed=seed)
                       for i in dependent}
             family_fits = _fit(params, data, model_cfg, specs, dependent, stamps, config,
-                               directory, stages, chunking, say, family_fits)
+                               directory, files, chunking, say, family_fits)
         for i in sorted(stamps):
             spec = specs[i]
-            path = os.path.join(directory, os.path.basename(stages.path(i, spec, "_rows.json")))
-            stamp = sweep._stamp(fit=stamps[i], **eval_stamp)  # noqa: SLF001
-            family = stages.load(path, stamp, sweep._read_json)  # noqa: SLF001
+            path = os.path.join(directory, os.path.basename(files.path(i, spec, "_rows.json")))
+            stamp = stages.stamp(fit=stamps[i], **eval_stamp)
+            family = files.load(path, stamp, stages.read_json)
             if family is None:
                 with timing.stage("evaluation"):
                     family = faithfulness.evaluate(
                         params, model_cfg, eval_set, [family_fits[i]],
                         batch_size=pc.eval_batch_size, seeds=seeds, healthy=healthy,
                         shared=family_fits, **chunking)
-                sweep._write(path, json.dumps({"stamp": stamp, "value": family}),  # noqa: SLF001
+                stages.write(path, json.dumps({"stamp": stamp, "value": family}),
                              "fit-shift evaluation")
             rows += [{"fit_split": name, **row} for row in family]
-            sweep._stop_if_signalled(  # noqa: SLF001
+            stages.stop_if_signalled(
                 f"while evaluating proxies fitted on {name}; the finished families are saved "
                 f"in {directory}; relaunch the same command to resume")
         say(f"  fit on {name}: {len(stamps)} families evaluated", flush=True)
     return rows
 
 
-def _fit(params, data, model_cfg, specs, dependent, stamps, config, directory, stages,
+def _fit(params, data, model_cfg, specs, dependent, stamps, config, directory, files,
          chunking, say, family_fits):
     """family_fits with the data-dependent families fitted on `data` (loaded from their stage
     files where those carry the same stamp). Collected once for all families that need it."""
-    from jaxillusions import sweep  # noqa: PLC0415
-
     pc, out = config.proxies, list(family_fits)
-    paths = {i: os.path.join(directory, os.path.basename(stages.path(i, specs[i], ".msgpack")))
+    paths = {i: os.path.join(directory, os.path.basename(files.path(i, specs[i], ".msgpack")))
              for i in dependent}
-    loaded = {i: stages.load(paths[i], stamps[i], sweep._read_msgpack)  # noqa: SLF001
+    loaded = {i: files.load(paths[i], stamps[i], stages.read_msgpack)
               for i in dependent}
     todo = [i for i in dependent if loaded[i] is None]
     if todo:
@@ -194,7 +190,7 @@ def _fit(params, data, model_cfg, specs, dependent, stamps, config, directory, s
                 proxy = faithfulness.fit_one(specs[i], i, stats, jax.random.PRNGKey(config.seed),
                                              jax.tree.leaves(params)[0].shape[0], **chunking)
                 loaded[i] = jax.tree.map(np.asarray, proxy.params)
-            sweep._write(paths[i], serialization.msgpack_serialize(  # noqa: SLF001
+            stages.write(paths[i], serialization.msgpack_serialize(
                 {"stamp": stamps[i], "value": loaded[i]}), "fit-shift fitting")
         del stats
     for i in dependent:

@@ -2,7 +2,7 @@
 when proxies.geometry is true or proxies.repair_sentences is not empty.
 
     run(params, healthy, seeds, splits, model_cfg, shared, fit_stamps, rows, config, workdir,
-        stages, write, say)
+        files, say)
 
 1. Moments (faithfulness.collect, the training collection's code and chunking) of the SVD
    proxies' sites on the training split, on every evaluation split and on the first M sentences
@@ -28,7 +28,7 @@ import jax
 import numpy as np
 from flax import serialization
 
-from jaxillusions import distributed, faithfulness, tasks
+from jaxillusions import distributed, faithfulness, stages, tasks
 from jaxillusions.analysis import figures, geometry, tables
 
 METHODS = tuple(geometry.CENTERED)  # the projection proxies this stage measures and repairs
@@ -48,25 +48,10 @@ def _subset(split, index: np.ndarray):
         if np.ndim(getattr(split, f.name)) and np.shape(getattr(split, f.name))[0] == num})
 
 
-def _stamp(**settings) -> str:
-    return json.dumps(settings, sort_keys=True, default=str)
-
-
-def _read_msgpack(path: str) -> dict:
-    with open(path, "rb") as f:
-        return serialization.msgpack_restore(f.read())
-
-
-def _read_json(path: str):
-    with open(path) as f:
-        return json.load(f)
-
-
 def run(params, healthy, seeds, splits, model_cfg, shared, fit_stamps, rows, config,
-        workdir: str, stages, write, say) -> None:
+        workdir: str, files, say) -> None:
     """The stage (module docstring). `shared`: the run's FittedProxy list; `fit_stamps` their
-    stage stamps; `rows` the evaluation rows; `stages`/`write`: the sweep's stage files and its
-    atomic, process-0 writer."""
+    stage stamps; `rows` the evaluation rows; `files`: the sweep's stage files (stages.Stages)."""
     pc, task = config.proxies, tasks.get(config)
     baseline = pc.gap_baseline
     counts = pc.repair_sentences
@@ -89,10 +74,10 @@ def run(params, healthy, seeds, splits, model_cfg, shared, fit_stamps, rows, con
     for s in ood if counts else ():
         for m in counts:
             sets[f"{s}/fit{m}"] = task.view(splits[s]).tokens[halves[s][0][:m]]
-    moments_stamp = _stamp(sites=sites, sets=sorted(sets), seed=config.seed,
+    moments_stamp = stages.stamp(sites=sites, sets=sorted(sets), seed=config.seed,
                            batch=pc.collect_batch_size, counts=counts)
-    path = os.path.join(stages.dir, MOMENTS_FILE)
-    moments = stages.load(path, moments_stamp, _read_msgpack)
+    path = os.path.join(files.dir, MOMENTS_FILE)
+    moments = files.load(path, moments_stamp, stages.read_msgpack)
     if moments is None:
         spec = faithfulness.ProxySpec("svd", sites)
         say(f"geometry: collecting moments of {len(sites)} sites on {len(sets)} sentence sets")
@@ -100,8 +85,8 @@ def run(params, healthy, seeds, splits, model_cfg, shared, fit_stamps, rows, con
             params, types.SimpleNamespace(tokens=tokens), model_cfg, [spec], num_samples=0,
             batch_size=pc.collect_batch_size, **chunking).items()}
             for name, tokens in sets.items()}
-        write(path, serialization.msgpack_serialize({"stamp": moments_stamp, "value": moments}),
-              "geometry")
+        stages.write(path, serialization.msgpack_serialize(
+            {"stamp": moments_stamp, "value": moments}), "geometry")
 
     def stacked(names, site):
         return jax.tree.map(lambda *x: np.stack(x, axis=2), *[moments[n][site] for n in names])
@@ -128,14 +113,14 @@ def run(params, healthy, seeds, splits, model_cfg, shared, fit_stamps, rows, con
         repair_rows = []
         for n, (i, proxy) in enumerate(families, 1):
             spec = proxy.spec
-            stamp = _stamp(fit=fit_stamps[i], moments=moments_stamp,
+            stamp = stages.stamp(fit=fit_stamps[i], moments=moments_stamp,
                            splits=ood, batch=pc.eval_batch_size)
-            path = stages.path(i, spec, "_repair_rows.json")
-            family = stages.load(path, stamp, _read_json)
+            path = files.path(i, spec, "_repair_rows.json")
+            family = files.load(path, stamp, stages.read_json)
             if family is None:
                 family = _repair_family(params, healthy, seeds, splits, model_cfg, proxy,
                                         moments, counts, ood, halves, config, chunking)
-                write(path, json.dumps({"stamp": stamp, "value": family}), "repair")
+                stages.write(path, json.dumps({"stamp": stamp, "value": family}), "repair")
             say(f"  repair [{n}/{len(families)}] {spec.method} on {spec.target}: M "
                 f"{list(counts)} on the evaluation halves of {', '.join(ood)}", flush=True)
             repair_rows += family

@@ -18,14 +18,11 @@ superseded/<time>/ (with the results it produced) and recomputed.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import glob
 import json
 import os
-import shutil
 import time
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -42,6 +39,7 @@ from jaxillusions import (
     interrupt,
     model,
     objective,
+    stages,
     tasks,
     timing,
     train,
@@ -54,7 +52,6 @@ from jaxillusions.experiments import wen
 from jaxillusions.settings import Settings
 
 DONE_FILE = "sweep_done.json"
-STAGE_DIR = "proxies"
 # What the analysis writes into a workdir (or a weight group's directory): moved to
 # superseded/<time>/ before an analysis with other settings writes its own.
 REPORTS = ("results.csv", "gap_table.txt", "gaps.csv", "proxy_vs_original.csv",
@@ -72,32 +69,6 @@ def _analysis_settings(config) -> dict:
             and k != "proxies.seed_chunk_size"}
 
 
-def _write(path: str, data: str | bytes, stage: str) -> None:
-    """checkpoint.write_atomic in process 0, which writes the run's files (a no-op elsewhere)."""
-    if distributed.is_main():
-        with _writing(stage, path):
-            checkpoint.write_atomic(path, data)
-
-
-class StageWriteError(OSError):
-    """A file of a stage could not be written; str(err) is the one line naming both."""
-
-
-@contextlib.contextmanager
-def _writing(stage: str, path: str):
-    """An OSError while writing `path` (a full or read-only disk) becomes one line naming the
-    file and the stage, instead of a bare "[Errno 28] No space left on device"."""
-    try:
-        yield
-    except StageWriteError:
-        raise
-    except OSError as err:
-        raise StageWriteError(
-            f"the {stage} stage could not write {path}: "
-            f"{err.strerror or checkpoint.error_line(err)}; what was saved before is intact: "
-            "free space and relaunch the same command to resume") from err
-
-
 def _stop_in_reports(workdir: str) -> None:
     """Raises interrupt.Stopped if this process received a signal while writing the reports
     (process 0 alone writes them: no collective here)."""
@@ -106,49 +77,10 @@ def _stop_in_reports(workdir: str) -> None:
         "relaunch the same command to write the reports")
 
 
-def _stop_if_signalled(what: str) -> None:
-    """Raises interrupt.Stopped if any process has received a signal: every process stops at
-    the same family, instead of the others failing in the next collective when one leaves."""
-    signum = distributed.max_over_processes(interrupt.requested() or 0)
-    if signum:
-        interrupt.raise_if_requested(what, signum)
-
-
 def _mark_done(config, workdir: str) -> None:
-    _write(os.path.join(workdir, DONE_FILE), json.dumps(
+    stages.write(os.path.join(workdir, DONE_FILE), json.dumps(
         {"time": checkpoint._now(), "analysis": _analysis_settings(config)},  # noqa: SLF001
         indent=2, sort_keys=True), "final")
-
-
-def _read_json(path: str):
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
-
-
-STALE = "was computed with other analysis settings"
-
-
-def _mover(workdir: str, say) -> Callable[..., None]:
-    """move_aside(path, why=STALE): moves `path` (under `workdir`) to
-    <workdir>/superseded/<time of this run>/, keeping its relative path (never over an earlier
-    file), with a note. Only process 0 moves; the others skip the file."""
-    aside = os.path.join(workdir, "superseded", time.strftime("%Y%m%dT%H%M%S"))
-
-    def move_aside(path: str, why: str = STALE) -> None:
-        if not distributed.is_main():
-            return
-        dest = base = os.path.join(aside, os.path.relpath(path, workdir))
-        n = 0
-        while os.path.lexists(dest):  # never over an earlier file moved aside
-            n += 1
-            dest = f"{base}.{n}"
-        os.makedirs(os.path.dirname(dest), exist_ok=True)
-        shutil.move(path, dest)
-        say(f"note: {os.path.relpath(path, workdir)} {why}; moved to "
-            f"{os.path.relpath(dest, workdir)}")
-    return move_aside
 
 
 def _read_done(workdir: str, move_aside) -> dict | None:
@@ -156,40 +88,11 @@ def _read_done(workdir: str, move_aside) -> dict | None:
     and read as a finished sweep of unknown analysis settings ({"analysis": None})."""
     path = os.path.join(workdir, DONE_FILE)
     try:
-        return _read_json(path)
+        return stages.read_json(path)
     except (OSError, ValueError) as err:
         move_aside(path, f"is unreadable ({checkpoint.error_line(err)}); the reports are "
                    "written again")
         return {"analysis": None}
-
-
-class _Stages:
-    """Per-family stage files under <workdir>/proxies, each stamped with the settings it used."""
-
-    def __init__(self, workdir: str, move_aside):
-        self.move_aside = move_aside
-        self.dir = os.path.join(workdir, STAGE_DIR)
-        os.makedirs(self.dir, exist_ok=True)
-
-    def path(self, index: int, spec, suffix: str) -> str:
-        name = f"{index:02d}_{spec.method}_{spec.target}".replace("+", "_and_")
-        return os.path.join(self.dir, name + suffix)
-
-    def load(self, path: str, stamp: str, read):
-        """The stage's content if it exists and carries `stamp`; a stale or unreadable one is
-        moved aside (and computed again)."""
-        if not os.path.exists(path):
-            return None
-        try:
-            content = read(path)
-            stale = content["stamp"] != stamp
-        except Exception as err:  # noqa: BLE001 - truncated or damaged: recompute, keep a copy
-            self.move_aside(path, f"is unreadable ({checkpoint.error_line(err)})")
-            return None
-        if not stale:
-            return content["value"]
-        self.move_aside(path)
-        return None
 
 
 def _move_reports_aside(config, workdir: str, move_aside) -> None:
@@ -199,15 +102,6 @@ def _move_reports_aside(config, workdir: str, move_aside) -> None:
         for pattern in REPORTS:
             for path in sorted(glob.glob(os.path.join(glob.escape(directory), pattern))):
                 move_aside(path)
-
-
-def _read_msgpack(path: str) -> dict:
-    with open(path, "rb") as f:
-        return serialization.msgpack_restore(f.read())
-
-
-def _stamp(**settings) -> str:
-    return json.dumps(settings, sort_keys=True, default=str)
 
 
 def run(config: Settings | Any, workdir: str, *, verbose: bool = True,
@@ -235,7 +129,7 @@ def _run(config: Settings, workdir: str, *, verbose: bool, start_over: bool) -> 
     # Checked here; claimed (config.json written) by train_sweep once the data has loaded, so a
     # data error leaves a fresh workdir unclaimed.
     train.claim_workdir(workdir, config, record=False)
-    move_aside = _mover(workdir, say)
+    move_aside = stages.mover(workdir, say)
     done = _read_done(workdir, move_aside)
     if done is not None and done["analysis"] == _analysis_settings(config):
         try:
@@ -309,7 +203,7 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
     """Fits every proxy on the training split (resumable per family), evaluates faithfulness,
     writes results.csv and the reports into `workdir`. Returns the rows."""
     pc = config.proxies
-    stages = _Stages(workdir, move_aside)
+    files = stages.Stages(workdir, move_aside)
     # Seeds per call (0: as many as fit the device; the same numbers either way).
     chunking = dict(seed_chunk_size=pc.seed_chunk_size, say=say)
 
@@ -320,11 +214,11 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
     groups = faithfulness.collection_groups(specs)
     collected_sites = {i: sorted({s for j in group for s in specs[j].sites})
                        for group in groups for i in group}
-    fit_stamps = [_stamp(spec=spec, index=i, seed=config.seed, sites=collected_sites.get(i, []),
-                         samples=pc.kmeans_samples, batch=pc.collect_batch_size,
-                         **fit_shift.fit_stamp(config))
+    fit_stamps = [stages.stamp(spec=spec, index=i, seed=config.seed,
+                               sites=collected_sites.get(i, []), samples=pc.kmeans_samples,
+                               batch=pc.collect_batch_size, **fit_shift.fit_stamp(config))
                   for i, spec in enumerate(specs)]
-    fitted = [stages.load(stages.path(i, spec, ".msgpack"), fit_stamps[i], _read_msgpack)
+    fitted = [files.load(files.path(i, spec, ".msgpack"), fit_stamps[i], stages.read_msgpack)
               for i, spec in enumerate(specs)]
     todo = [i for i, f in enumerate(fitted) if f is None]
     if todo:
@@ -346,12 +240,12 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
                 proxy = faithfulness.fit_one(specs[i], i, stats, jax.random.PRNGKey(config.seed),
                                              len(seeds), **chunking)
                 fitted[i] = jax.tree.map(np.asarray, proxy.params)
-            _write(stages.path(i, specs[i], ".msgpack"), serialization.msgpack_serialize(
+            stages.write(files.path(i, specs[i], ".msgpack"), serialization.msgpack_serialize(
                 {"stamp": fit_stamps[i], "value": fitted[i]}), "proxy fitting")
             done += 1
-            _stop_if_signalled(
+            stages.stop_if_signalled(
                 f"while fitting proxies; {done} of {len(todo)} families fitted and saved in "
-                f"{stages.dir}; relaunch the same command to resume")
+                f"{files.dir}; relaunch the same command to resume")
         del stats
 
     # Evaluation: one stage file of rows per proxy family.
@@ -361,22 +255,22 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
     # All families, so that those of one proxy method share one compiled program.
     shared = [faithfulness.FittedProxy(spec, f) for spec, f in zip(specs, fitted, strict=True)]
     for i, spec in enumerate(specs):
-        stamp = _stamp(fit=fit_stamps[i], splits=list(pc.eval_splits),
+        stamp = stages.stamp(fit=fit_stamps[i], splits=list(pc.eval_splits),
                        batch=pc.eval_batch_size)
-        path = stages.path(i, spec, "_rows.json")
-        family = stages.load(path, stamp, _read_json)
+        path = files.path(i, spec, "_rows.json")
+        family = files.load(path, stamp, stages.read_json)
         if family is None:
             with timing.stage("evaluation"):
                 family = faithfulness.evaluate(
                     params, model_cfg, eval_set, [shared[i]], batch_size=pc.eval_batch_size,
                     seeds=seeds, healthy=healthy, shared=shared, **chunking)
-            _write(path, json.dumps({"stamp": stamp, "value": family}), "proxy evaluation")
+            stages.write(path, json.dumps({"stamp": stamp, "value": family}), "proxy evaluation")
         say(f"  [{i + 1}/{len(specs)}] {spec.method} on {spec.target}: sizes "
             f"{list(spec.sizes)}", flush=True)
         rows += family
-        _stop_if_signalled(
+        stages.stop_if_signalled(
             f"while evaluating proxies; {i + 1} of {len(specs)} families evaluated and saved "
-            f"in {stages.dir}; relaunch the same command to resume")
+            f"in {files.dir}; relaunch the same command to resume")
 
     matched = {}  # SAE seed dependence (analysis/dictionaries.py), only with method sae
     if any(spec.method == "sae" for spec in specs):
@@ -386,15 +280,15 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
     if geometry_stage.enabled(config):  # subspace geometry and repair (proxies.geometry, ...)
         with timing.stage("geometry"):
             geometry_stage.run(params, healthy, seeds, splits, model_cfg, shared, fit_stamps,
-                               rows, config, workdir, stages, _write, say)
+                               rows, config, workdir, files, say)
     # Proxies fitted on other splits too (proxies.fit_splits; nothing at the default).
     shift_rows = fit_shift.run_stage(params, healthy, seeds, splits, model_cfg, specs, fitted,
-                                     fit_stamps, config, stages, chunking, say)
+                                     fit_stamps, config, files, chunking, say)
 
     if not distributed.is_main():  # process 0 writes the reports
         return rows
     with timing.stage("reports"):  # write_reports' figures count to "figures"
-        with _writing("report", os.path.join(workdir, "results.csv")):
+        with stages.writing("report", os.path.join(workdir, "results.csv")):
             results.write_csv(rows, os.path.join(workdir, "results.csv"))
         _write_tables(workdir, matched)
         _stop_in_reports(workdir)
@@ -402,7 +296,7 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
         write_reports(rows, config, workdir, seeds, healthy, verbose=verbose,
                       model_cfg=model_cfg, data_baselines=data_baselines)
         if shift_rows:
-            with _writing("report", workdir):
+            with stages.writing("report", workdir):
                 fit_shift_report.write_reports(shift_rows, config, workdir, say=say)
     _stop_in_reports(workdir)
     with timing.stage("figures"):
@@ -432,16 +326,16 @@ def write_reports(rows, config, workdir: str, seeds, healthy, *, verbose: bool =
         text = "\n".join([head, *mechanism]) + sep + rest
     if data_baselines:
         names = list(dict.fromkeys(m for b in data_baselines.values() for m in b))
-        with _writing("report", os.path.join(workdir, "baselines.csv")):
+        with stages.writing("report", os.path.join(workdir, "baselines.csv")):
             tables.write_csv([{"split": s, **b} for s, b in data_baselines.items()],
                              os.path.join(workdir, "baselines.csv"), ("split", *names))
     for name, table in stat_tables.items():
         columns = tables.STAT_COLUMNS.get(name, tables.BIN_GAP_COLUMNS)
-        with _writing("report", os.path.join(workdir, f"{name}.csv")):
+        with stages.writing("report", os.path.join(workdir, f"{name}.csv")):
             tables.write_csv(table, os.path.join(workdir, f"{name}.csv"), columns)
     _write_tables(workdir, dictionaries.results_tables(
         rows, baseline, tasks.get(config.task).IN_DISTRIBUTION))  # with method sae
-    with _writing("report", os.path.join(workdir, "gap_table.txt")), \
+    with stages.writing("report", os.path.join(workdir, "gap_table.txt")), \
             open(os.path.join(workdir, "gap_table.txt"), "w") as f:
         f.write(text + "\n")
     if verbose:  # the headline only; the full tables are in the file
@@ -458,7 +352,7 @@ def write_reports(rows, config, workdir: str, seeds, healthy, *, verbose: bool =
 
 def _write_tables(workdir: str, named: dict) -> None:
     for name, (table, columns) in named.items():
-        with _writing("report", os.path.join(workdir, f"{name}.csv")):
+        with stages.writing("report", os.path.join(workdir, f"{name}.csv")):
             tables.write_csv(table, os.path.join(workdir, f"{name}.csv"), columns)
 
 
@@ -478,7 +372,7 @@ def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,
     breakdowns = [b for b in bounds if any(r["breakdown"] == b for r in rows)]
     labelled = {b: task.bin_labels(b) for b in task.BREAKDOWNS
                 if task.bin_labels(b) and any(r["breakdown"] == b for r in rows)}
-    with _writing("report", os.path.join(workdir, "tensorboard")), \
+    with stages.writing("report", os.path.join(workdir, "tensorboard")), \
             log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
         def emit(fig, tag: str, name: str) -> None:
             _stop_in_reports(workdir)  # each figure takes a while: a signal stops between them
@@ -533,7 +427,7 @@ def write_activation_figures(params, splits, model_cfg, config, workdir: str, se
     if not plots:
         return
     figs = figures.draw(plots)
-    with _writing("report", os.path.join(workdir, "tensorboard")), \
+    with stages.writing("report", os.path.join(workdir, "tensorboard")), \
             log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
         for name, fig in figs.items():
             _emit(writer, f"activations/{name}", fig, os.path.join(workdir, "figures",
@@ -543,7 +437,7 @@ def write_activation_figures(params, splits, model_cfg, config, workdir: str, se
 def _emit(writer, tag: str, fig, path: str) -> None:
     """Saves `fig` as `path` and shows that image under TensorBoard's IMAGES: the figure is
     drawn once (drawing is most of its cost; writer.image of the Figure would draw it again)."""
-    with _writing("report", path):
+    with stages.writing("report", path):
         figures.save(fig, path)
     with Image.open(path) as image:
         writer.image(tag, np.asarray(image.convert("RGB")))

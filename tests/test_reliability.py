@@ -23,7 +23,16 @@ import numpy as np
 import pytest
 from conftest import tiny_config, tiny_config_file
 
-from jaxillusions import checkpoint, faithfulness, interrupt, settings, sweep, train, validate
+from jaxillusions import (
+    checkpoint,
+    faithfulness,
+    interrupt,
+    settings,
+    stages,
+    sweep,
+    train,
+    validate,
+)
 from jaxillusions import logging as log_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -539,9 +548,9 @@ def test_damaged_stage_files_are_recomputed_and_kept(swept, tmp_path, capsys):
     # file, and no way on but deleting files by hand.
     workdir = tmp_path / "run"
     shutil.copytree(swept["workdir"], workdir)
-    stages = sorted((workdir / sweep.STAGE_DIR).iterdir())
-    damaged = [next(p for p in stages if p.suffix == ".msgpack"),
-               next(p for p in stages if p.name.endswith("_rows.json")),
+    files = sorted((workdir / stages.STAGE_DIR).iterdir())
+    damaged = [next(p for p in files if p.suffix == ".msgpack"),
+               next(p for p in files if p.name.endswith("_rows.json")),
                workdir / sweep.DONE_FILE]
     for path in damaged:
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
@@ -566,7 +575,7 @@ def test_sweep_stopped_during_proxy_work_resumes_with_identical_results(swept, t
                                                                         cache_dir):
     workdir = str(tmp_path / "run")
     shutil.copytree(swept["workdir"], workdir)
-    for name in ("results.csv", sweep.DONE_FILE, sweep.STAGE_DIR):
+    for name in ("results.csv", sweep.DONE_FILE, stages.STAGE_DIR):
         path = os.path.join(workdir, name)
         shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
     proxies = swept["config"].proxies
@@ -626,7 +635,7 @@ def test_a_full_disk_in_the_proxy_or_report_stage_names_the_file(swept, tmp_path
     # Was: "error: [Errno 28] No space left on device", naming neither file nor stage.
     workdir = str(tmp_path / "run")
     shutil.copytree(swept["workdir"], workdir)
-    for name in ("results.csv", sweep.DONE_FILE, sweep.STAGE_DIR):
+    for name in ("results.csv", sweep.DONE_FILE, stages.STAGE_DIR):
         path = os.path.join(workdir, name)
         shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
     write_atomic, write_csv = checkpoint.write_atomic, sweep.results.write_csv

@@ -288,7 +288,7 @@ def sweep_stage(config, workdir: str, params, healthy, labels, step: int,
     (leading member axis, labelled `labels`; diverged members are NaN) and writes
     induction.csv, induction_seeds.csv and TensorBoard scalars at `step`, once: a stage file
     stamped with the settings says it is done. A stale stage (other settings) and its CSVs are
-    moved aside with `move_aside(path)` (sweep._mover) before the probe runs again."""
+    moved aside with `move_aside(path)` (stages.mover) before the probe runs again."""
     import json  # noqa: PLC0415
 
     from jaxillusions import checkpoint  # noqa: PLC0415 - orbax is slow to import for readers

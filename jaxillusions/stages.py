@@ -1,0 +1,124 @@
+"""Stage files of the main job: each stage's result is saved as it finishes, stamped with the
+settings it was computed with, so a relaunch resumes where a run stopped and a changed analysis
+setting recomputes only what it affects (a stale file is moved to superseded/, never
+overwritten). `sweep.py` orders the stages; the stage modules (fit_shift.py, geometry_stage.py)
+save and load through this module too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+
+from flax import serialization
+
+from jaxillusions import checkpoint, distributed, interrupt
+
+STAGE_DIR = "proxies"
+
+
+def write(path: str, data: str | bytes, stage: str) -> None:
+    """checkpoint.write_atomic in process 0, which writes the run's files (a no-op elsewhere)."""
+    if distributed.is_main():
+        with writing(stage, path):
+            checkpoint.write_atomic(path, data)
+
+
+class StageWriteError(OSError):
+    """A file of a stage could not be written; str(err) is the one line naming both."""
+
+
+@contextlib.contextmanager
+def writing(stage: str, path: str):
+    """An OSError while writing `path` (a full or read-only disk) becomes one line naming the
+    file and the stage, instead of a bare "[Errno 28] No space left on device"."""
+    try:
+        yield
+    except StageWriteError:
+        raise
+    except OSError as err:
+        raise StageWriteError(
+            f"the {stage} stage could not write {path}: "
+            f"{err.strerror or checkpoint.error_line(err)}; what was saved before is intact: "
+            "free space and relaunch the same command to resume") from err
+
+
+def stop_if_signalled(what: str) -> None:
+    """Raises interrupt.Stopped if any process has received a signal: every process stops at
+    the same family, instead of the others failing in the next collective when one leaves."""
+    signum = distributed.max_over_processes(interrupt.requested() or 0)
+    if signum:
+        interrupt.raise_if_requested(what, signum)
+
+
+def read_json(path: str):
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+STALE = "was computed with other analysis settings"
+
+
+def mover(workdir: str, say) -> Callable[..., None]:
+    """move_aside(path, why=STALE): moves `path` (under `workdir`) to
+    <workdir>/superseded/<time of this run>/, keeping its relative path (never over an earlier
+    file), with a note. Only process 0 moves; the others skip the file."""
+    aside = os.path.join(workdir, "superseded", time.strftime("%Y%m%dT%H%M%S"))
+
+    def move_aside(path: str, why: str = STALE) -> None:
+        if not distributed.is_main():
+            return
+        dest = base = os.path.join(aside, os.path.relpath(path, workdir))
+        n = 0
+        while os.path.lexists(dest):  # never over an earlier file moved aside
+            n += 1
+            dest = f"{base}.{n}"
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        shutil.move(path, dest)
+        say(f"note: {os.path.relpath(path, workdir)} {why}; moved to "
+            f"{os.path.relpath(dest, workdir)}")
+    return move_aside
+
+
+class Stages:
+    """Per-family stage files under <workdir>/proxies, each stamped with the settings it used."""
+
+    def __init__(self, workdir: str, move_aside):
+        self.move_aside = move_aside
+        self.dir = os.path.join(workdir, STAGE_DIR)
+        os.makedirs(self.dir, exist_ok=True)
+
+    def path(self, index: int, spec, suffix: str) -> str:
+        name = f"{index:02d}_{spec.method}_{spec.target}".replace("+", "_and_")
+        return os.path.join(self.dir, name + suffix)
+
+    def load(self, path: str, stamp: str, read):
+        """The stage's content if it exists and carries `stamp`; a stale or unreadable one is
+        moved aside (and computed again)."""
+        if not os.path.exists(path):
+            return None
+        try:
+            content = read(path)
+            stale = content["stamp"] != stamp
+        except Exception as err:  # noqa: BLE001 - truncated or damaged: recompute, keep a copy
+            self.move_aside(path, f"is unreadable ({checkpoint.error_line(err)})")
+            return None
+        if not stale:
+            return content["value"]
+        self.move_aside(path)
+        return None
+
+
+def read_msgpack(path: str) -> dict:
+    with open(path, "rb") as f:
+        return serialization.msgpack_restore(f.read())
+
+
+def stamp(**settings) -> str:
+    return json.dumps(settings, sort_keys=True, default=str)
