@@ -6,7 +6,7 @@ when proxies.geometry is true or proxies.repair_sentences is not empty.
 
 1. Moments (faithfulness.collect, the training collection's code and chunking) of the SVD
    proxies' sites on the training split, on every evaluation split and on the first M sentences
-   of each OOD split's fit half (geometry.split_halves), for every M of proxies.repair_sentences:
+   of each OOD split's fit half (fit_shift.halves), for every M of proxies.repair_sentences:
    one stage file, proxies/geometry_moments.msgpack.
 2. geometry.csv and geometry_predicts_gap.csv (per svd/pca method: its centring) from them.
 3. Repair, per svd/pca family: the train-fitted proxy, and each refit and rotation, evaluated on
@@ -28,7 +28,7 @@ import jax
 import numpy as np
 from flax import serialization
 
-from jaxillusions import distributed, faithfulness, stages, tasks
+from jaxillusions import distributed, faithfulness, fit_shift, stages, tasks
 from jaxillusions.analysis import figures, geometry, tables
 
 METHODS = tuple(geometry.CENTERED)  # the projection proxies this stage measures and repairs
@@ -61,7 +61,9 @@ def run(params, healthy, seeds, splits, model_cfg, shared, fit_stamps, rows, con
     sites = tuple(sorted({s for _, p in families for s in p.spec.sites}))
     evals = list(pc.eval_splits)
     ood = geometry.ood_splits(evals, baseline, task.IN_DISTRIBUTION)
-    halves = {s: geometry.split_halves(len(splits[s].tokens), s, config.seed) for s in ood}
+    # The halves of fit_shift.py (the fit half in permutation order: its first M sentences are
+    # a random sample), so a sentence is never both repaired on and evaluated.
+    halves = {s: fit_shift.halves(len(splits[s].tokens), config.seed) for s in ood}
     short = [s for s in ood if counts and max(counts) > len(halves[s][0])]
     if short:  # a task whose split sizes validate could not know (code: num_eval -1)
         raise ValueError(f"proxies.repair_sentences={counts}: split {short[0]} has "

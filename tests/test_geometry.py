@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from jaxillusions import sweep, validate
+from jaxillusions import fit_shift, sweep, validate
 from jaxillusions.analysis import geometry
 from jaxillusions.proxies import svd
 
@@ -114,15 +114,13 @@ def test_repair_with_the_whole_split_closes_the_gap_of_a_planted_rotation(center
         assert np.nanmax(np.asarray(angles)) < 1e-3
 
 
-def test_split_halves_are_disjoint_cover_the_split_and_are_fixed():
-    fit, held = geometry.split_halves(101, "unseen_depth", seed=0)
+def test_repair_uses_the_fit_halves_of_fit_shift():
+    # One halving for the whole project (fit_shift.halves): the first M sentences of the fit half
+    # a repair uses are a random sample, and never in the evaluation half.
+    fit, held = fit_shift.halves(101, seed=0)
     assert len(fit) == 51 and len(held) == 50
     assert not set(fit) & set(held) and sorted([*fit, *held]) == list(range(101))
-    again = geometry.split_halves(101, "unseen_depth", seed=0)
-    assert (again[0] == fit).all() and (again[1] == held).all()
-    other = geometry.split_halves(101, "longer", seed=0)[0]
-    assert (other != fit).any()  # each split has its own permutation
-    assert (fit[:10] != np.arange(10)).any()  # the first M are a random sample
+    assert (fit[:10] != np.arange(10)).any()
 
 
 def test_repair_table_shares_and_signs():

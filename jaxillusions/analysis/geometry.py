@@ -15,7 +15,6 @@ proxy's own, centred as it centres (`proxies.svd_center`; PCA always):
   For a rank-r projection the rotated basis spans the split's rank-r subspace, so the two differ
   only in the mean: uncentred SVD gives the same proxy both ways (the sweep evaluates the
   rotation for centred proxies only).
-* `split_halves` - a split's deterministic fit half and evaluation half.
 * Tables: geometry.csv rows, geometry_predicts_gap.csv (Spearman rho of each geometric quantity
   with the seed's gap, beside `stats.id_predicts_gap`'s in-distribution predictor) and
   repair.csv (the share of the gap closed against M, paired per seed), and the repair figure.
@@ -27,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import math
-import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
@@ -59,19 +57,6 @@ def center_of(method: str, svd_center: bool) -> bool:
 
 # ---------------------------------------------------------------------------------------------
 # Halves of a split.
-
-
-def split_halves(num: int, split: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(fit, evaluation) sentence indices of a split of `num` sentences: a fixed permutation
-    from the PRNG key fold_in(PRNGKey(seed), crc32("repair/" + split)); its first ceil(num / 2)
-    entries are the fit half, in permutation order (the first M of it are the M sentences a
-    repair uses, a random sample), the rest the evaluation half, sorted. Disjoint; together
-    the whole split; the same for every run with the same seed."""
-    name = zlib.crc32(f"repair/{split}".encode()) & 0x7FFFFFFF
-    perm = np.asarray(jax.random.permutation(
-        jax.random.fold_in(jax.random.PRNGKey(seed), name), num))
-    half = (num + 1) // 2
-    return perm[:half], np.sort(perm[half:])
 
 
 # ---------------------------------------------------------------------------------------------
