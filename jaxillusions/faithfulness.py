@@ -84,9 +84,9 @@ def specs_from_config(proxy_cfg, cfg: model_lib.ModelConfig) -> list[ProxySpec]:
                 sizes, options = module.settings(proxy_cfg, dim)
             else:
                 key = proxies.sizes_key(module)
-                if key not in proxy_cfg:
+                sizes, options = tuple(getattr(proxy_cfg, key, ())), ()
+                if not sizes:
                     raise ValueError(f"proxy {method!r} needs config.proxies.{key} (its sizes)")
-                sizes, options = tuple(proxy_cfg[key]), ()
             # Sorted and deduplicated: a repeated size would give duplicate rows that aggregates
             # count twice (ml_collections joins repeated tuple overrides, so this happens).
             specs.append(ProxySpec(method, sites, tuple(sorted(set(sizes))), options))

@@ -241,17 +241,23 @@ def _plain(value):
     return list(map(_plain, value)) if isinstance(value, tuple | list) else value
 
 
-@functools.cache
 def proxies_class() -> type:
     """Proxies, plus for every proxy file: a field for its sizes key when Proxies does not name
     it (sizes >= 1, default ()), and for a vector proxy `<name>_targets` (its own targets;
     default (): proxies.targets). Adding a proxy is adding a file (proxies/__init__.py)."""
     from jaxillusions import proxies  # noqa: PLC0415 - the proxy files, found on first use
 
+    return _proxies_class(proxies.available())
+
+
+@functools.cache
+def _proxies_class(names: tuple[str, ...]) -> type:
+    from jaxillusions import proxies  # noqa: PLC0415
+
     known = {f.name for f in dataclasses.fields(Proxies)}
     extra = [(key, tuple, setting((), INTS, f"{name} sizes >= 1",
                                   lambda v, s: all(k >= 1 for k in v), f"sizes of {name}"))
-             for name in proxies.available()
+             for name in names
              if proxies.get(name).STATISTIC is not None
              and (key := proxies.sizes_key(proxies.get(name))) not in known]
     extra += [(f"{name}_targets", tuple, setting(

@@ -213,10 +213,10 @@ def test_random_models_vmapped_over_seeds_and_the_minimal_first_layer():
                             max_depth=2, depth_bins=4)
     params = jax.vmap(lambda k: model.init_params(k, cfg))(jax.random.split(jax.random.key(1), 2))
     out = induction.induction(params, cfg, jax.random.key(2), length=4, batch=4,
-                              **induction.task_tokens({"task": "dyck"}))
+                              **induction.task_tokens("dyck"))
     assert np.isnan(out.score[:, 0]).all() and not np.isnan(out.score[:, 1]).any()
     assert {r["layer"] for r in out.rows()} == {1}
-    assert induction.task_tokens({"task": "code"}) == {"exclude": (0, 1, 2, 3), "bos": 1}
+    assert induction.task_tokens("code") == {"exclude": (0, 1, 2, 3), "bos": 1}
 
 
 def test_a_diverged_seed_has_nan_scores_and_no_best_head():

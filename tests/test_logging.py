@@ -276,12 +276,13 @@ def test_board_hparams_one_session_per_seed_and_few_tags(tmp_path):
     from tensorboard.plugins.custom_scalar import custom_scalars_plugin
 
     from configs import dyck_small
-    from jaxillusions import model
+    from jaxillusions import model, settings
     from jaxillusions.analysis import board
 
     config = dyck_small.get_config()
     config.proxies.eval_splits = ("iid", "unseen_depth", "longer")
-    model_cfg = model.ModelConfig.from_config(config.model, vocab_size=19, max_len=26)
+    config = settings.from_config(config)
+    model_cfg = model.ModelConfig.from_settings(config.model, vocab_size=19, max_len=26)
     rows, seeds = _rows(), [0, 1, 2]
     with SweepWriter(str(tmp_path), seeds) as w:
         # What training logs (the final accuracy per split), then the reports.

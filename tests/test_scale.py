@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from conftest import tiny_config, tiny_config_file
 
-from jaxillusions import checkpoint, distributed, faithfulness, train, validate
+from jaxillusions import checkpoint, distributed, evaluation, faithfulness, train, validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_SEEDS = 6  # not a multiple of 4 devices: 2 padding seeds
@@ -80,7 +80,9 @@ def _spy_on_shardings(seen: dict) -> None:
         spy.lower = f.lower
         return spy
 
-    for module, name in [(train, "train_steps"), (train, "_eval_batch"),
+    # Patched where they are looked up: train_sweep calls train.train_steps (imported from
+    # step.py), evaluation.evaluate its own _eval_batch.
+    for module, name in [(train, "train_steps"), (evaluation, "_eval_batch"),
                          (faithfulness, "_collect_chunk"),
                          (faithfulness, "_fit_seeds_and_heads"), (faithfulness, "_eval_chunk")]:
         setattr(module, name, wrap(name, getattr(module, name)))

@@ -88,11 +88,7 @@ def test_a_new_proxy_files_sizes_key_gets_a_field(monkeypatch):
     monkeypatch.setattr(proxies, "available", lambda: ("svd", "scaled"))
     monkeypatch.setattr(proxies, "get", lambda name: module if name == "scaled"
                         else importlib.import_module(f"jaxillusions.proxies.{name}"))
-    settings.proxies_class.cache_clear()
-    try:
-        run = settings.from_config({"proxies": {"scaled_sizes": (5, 10)}})
-        assert run.proxies.scaled_sizes == (5, 10)
-        with pytest.raises(ValueError, match=r"proxies.scaled_sizes=\(0,\): must be scaled"):
-            settings.from_config({"proxies": {"scaled_sizes": (0,)}})
-    finally:
-        settings.proxies_class.cache_clear()
+    run = settings.from_config({"proxies": {"scaled_sizes": (5, 10)}})
+    assert run.proxies.scaled_sizes == (5, 10)
+    with pytest.raises(ValueError, match=r"proxies.scaled_sizes=\(0,\): must be scaled"):
+        settings.from_config({"proxies": {"scaled_sizes": (0,)}})

@@ -209,18 +209,15 @@ def probe(workdir: str, length: int | None = None, batch: int = 64, key: int = 0
     from jaxillusions.analysis import results  # noqa: PLC0415 - results imports pandas lazily
 
     run = results.load_run(workdir)
-    special = task_tokens(run.config)
+    special = task_tokens(run.config.task)
     if length is None:
         length = default_length(run.model_config, **special)
     return induction(run.params, run.model_config, jax.random.key(key), length=length,
                      batch=batch, seeds=run.labels, **special)
 
 
-def task_tokens(config) -> dict:
-    """The `exclude` and `bos` arguments of `induction` for a config's task (special tokens)."""
-    from jaxillusions import tasks  # noqa: PLC0415 - tasks import the data code lazily
-
-    name = tasks.name(config)
+def task_tokens(name: str) -> dict:
+    """The `exclude` and `bos` arguments of `induction` for a task (its special tokens)."""
     if name == "code":
         from jaxillusions.tasks.code import splits  # noqa: PLC0415
 
