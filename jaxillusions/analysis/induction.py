@@ -268,7 +268,7 @@ def check_config(config, model_cfg: model_lib.ModelConfig) -> None:
     """ValueError (one line) if induction.length does not fit the task's tokens or the model."""
     if not enabled(config):
         return
-    special = task_tokens(config)
+    special = task_tokens(config.task)
     length = config.induction.length or default_length(model_cfg, **special)
     pool = model_cfg.vocab_size - len(set(special["exclude"]) & set(range(model_cfg.vocab_size)))
     width = (special["bos"] is not None) + 2 * length
@@ -294,7 +294,7 @@ def sweep_stage(config, workdir: str, params, healthy, labels, step: int,
     if not enabled(config):
         return None
     ic = config.induction
-    special = task_tokens(config)
+    special = task_tokens(config.task)
     length = ic.length or default_length(model_cfg, **special)
     stamp = json.dumps({"length": length, "batch": ic.batch, "key": config.seed, "step": step},
                        sort_keys=True)
