@@ -10,7 +10,8 @@ over seeds and, with the `bench` extra installed, a PyTorch loop over seeds of t
 optimizer (benchmarks/torch_loop.py); model FLOP utilization against a large matmul timed in the
 same run; proxy fitting and evaluation throughput; SAE fitting of 32 seeds x 4 widths in one
 program against a JAX loop over (seed, width); peak memory. The defaults took 2 min 50 s on
-the 2-core CPU machine (per-seed loops up to 8 seeds; README "Speed" has the table).
+the 2-core CPU machine before the SAE row (per-seed loops up to 8 seeds; README "Speed" has the
+table); the SAE row alone took about 10 min there (shared machine; --no_sae skips it).
 """
 
 from __future__ import annotations

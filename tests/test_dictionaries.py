@@ -224,3 +224,16 @@ def test_dictionary_match_seeds_is_a_validated_analysis_key(config):
     spec = type("Spec", (), {"method": "sae"})()
     assert dictionaries.seed_match_tables(None, None, [0, 1], None, None, [spec], [None],
                                           config) == {}
+
+
+def test_results_tables_are_those_the_rows_allow():
+    rows = _equal_id_rows()
+    assert list(dictionaries.results_tables(rows)) == ["dictionaries_equal_id"]
+    with_quality = [{**r, "fvu": 0.1 * r["seed"], "dead": 0.0} for r in rows]
+    named = dictionaries.results_tables(with_quality)
+    assert list(named) == ["dictionaries_equal_id", "dictionaries_quality"]
+    table, columns = named["dictionaries_quality"]
+    assert columns == dictionaries.QUALITY_COLUMNS and table and set(table[0]) == set(columns)
+    assert dictionaries.results_tables([r for r in rows if r["method"] == "svd"]) == {}
+    sae_only = dictionaries.results_tables([r for r in with_quality if r["method"] == "sae"])
+    assert list(sae_only) == ["dictionaries_quality"]
