@@ -196,11 +196,12 @@ def test_sharded_sweep_equals_one_device(one_device, cache_dir, tmp_path):
     for name, leaves in seen.items():  # every computation over seeds ran on all 4 devices,
         for leaf, (devices, spec) in leaves.items():  # each device on its own seeds
             assert devices == 4, (name, leaf)
-            # Replicated: only outputs that do not depend on the seed (token counts; the SVD's
+            # Replicated: only outputs that do not depend on the seed (token counts, also the
+            # dictionary metrics' counts of tokens and evaluated positions per split; the SVD's
             # mask and mean, which are constants without centering).
             assert spec in (["seed"], [None, "seed"]) or (
                 spec == [] and leaf.endswith(("['count']", "['count_by_depth']", "['mask']",
-                                              "['mean']"))), (name, leaf, spec)
+                                              "['mean']", "['evaluated']"))), (name, leaf, spec)
     # The checkpoints hold the 6 seeds, without the padding.
     saved = checkpoint.Checkpointer(str(tmp_path / "run" / "checkpoints"))
     assert saved._manager.all_steps() == [10, 20]  # noqa: SLF001
