@@ -106,22 +106,29 @@ def size_sums(module, size_params: dict, model_params, sites, active: dict, cach
     valid = tokens != tasks.PAD
     for site in sites:
         params, value = size_params[site], cache[site]
-        x = _proxy_input(module, model_params, site, cache)
-        x_hat = apply_grouped(module, params, x, value)
-        err = jnp.sum(((value - x_hat) ** 2).reshape(*tokens.shape, -1), -1)
-        out[f"err/{site}"] = jnp.einsum("bt,btk->k", jnp.where(active[site], err, 0.0),
-                                        per_token)
-        if hasattr(module, "latents"):
-            grouped = x if x.ndim == 4 else x[:, :, None, :]
-            idx, on = jax.vmap(module.latents, in_axes=(0, 2), out_axes=2)(params, grouped)
-            groups, width = params["mask"].shape
-            # One flat bin per (split, head, latent): a scatter-add, not a dense [.., W] code.
-            index = (split_ids[:, :, None, None] * groups
-                     + jnp.arange(groups)[None, None, :, None]) * width + idx
-            fired = on & valid[:, :, None, None] & active[site]
-            out[f"fired/{site}"] = jnp.zeros(num_splits * groups * width).at[
-                index.reshape(-1)].add(fired.reshape(-1).astype(jnp.float32)).reshape(
-                    num_splits, groups, width)
+
+        def site_sums(params=params, value=value, site=site) -> dict:
+            x = _proxy_input(module, model_params, site, cache)
+            x_hat = apply_grouped(module, params, x, value)
+            err = jnp.sum(((value - x_hat) ** 2).reshape(*tokens.shape, -1), -1)
+            sums = {f"err/{site}": jnp.einsum("bt,btk->k", err, per_token)}
+            if hasattr(module, "latents"):
+                grouped = x if x.ndim == 4 else x[:, :, None, :]
+                idx, on = jax.vmap(module.latents, in_axes=(0, 2), out_axes=2)(params, grouped)
+                groups, width = params["mask"].shape
+                # One flat bin per (split, head, latent): a scatter-add, not a dense code.
+                index = (split_ids[:, :, None, None] * groups
+                         + jnp.arange(groups)[None, None, :, None]) * width + idx
+                fired = (on & valid[:, :, None, None]).reshape(-1).astype(jnp.float32)
+                sums[f"fired/{site}"] = jnp.zeros(num_splits * groups * width).at[
+                    index.reshape(-1)].add(fired).reshape(num_splits, groups, width)
+            return sums
+
+        # A site of the method's program that this family does not simplify costs nothing.
+        shapes = jax.eval_shape(site_sums)
+        out |= jax.lax.cond(active[site], site_sums,
+                            lambda shapes=shapes: jax.tree.map(
+                                lambda a: jnp.zeros(a.shape, a.dtype), shapes))
     return out
 
 

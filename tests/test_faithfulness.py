@@ -226,14 +226,18 @@ def test_sweep_end_to_end_writes_table_figures_and_tensorboard(trained, tmp_path
     assert "gap unseen_depth" in gap and "kmeans" in gap
     # gaps.csv agrees with a recomputation from results.csv: per seed iid - split, t interval.
     gaps = tables.read_csv(os.path.join(workdir, "gaps.csv"))
-    assert len(gaps) == len({(r["site"], r["method"], r["size"]) for r in back}) * 4
+    # Four faithfulness metrics per proxy, and the dictionary metrics' three (fvu, ce_score,
+    # kl_score) per vector proxy (svd, kmeans), not for uniform attention.
+    proxies = {(r["site"], r["method"], r["size"]) for r in back}
+    assert len(gaps) == 4 * len(proxies) + 3 * len([p for p in proxies
+                                                     if p[1] != "uniform_attention"])
     for g in gaps:
         def per_seed(split, g=g):
             return {r["seed"]: r[g["metric"]] for r in back if r["breakdown"] == "all" and
                     (r["site"], r["method"], r["size"], r["split"]) ==
                     (g["site"], g["method"], g["size"], split)}
         iid, ood = per_seed("iid"), per_seed(g["split"])
-        sign = -1.0 if g["metric"].startswith("jsd") else 1.0
+        sign = -1.0 if g["metric"].startswith("jsd") or g["metric"] == "fvu" else 1.0
         diffs = np.array([sign * (iid[s] - ood[s]) for s in sorted(iid)])
         assert g["baseline"] == "iid" and g["n_seeds"] == len(diffs) == 2
         assert g["gap"] == pytest.approx(diffs.mean(), abs=1e-9)

@@ -51,6 +51,7 @@ def test_available_and_get():
         "onehot_attention",
         "uniform_attention",
         "sae",
+        "transcoder",
     }
     assert proxies.get("svd") is svd
     with pytest.raises(ValueError, match="nope.*kmeans.*svd"):
@@ -61,11 +62,13 @@ def test_available_and_get():
 def test_contract(name):
     """Every proxy: leaves have a leading size axis, apply keeps shape and dtype under jit."""
     mod = proxies.get(name)
-    assert mod.STATISTIC in ("moments", "samples", None) and mod.SITE in ("vector", "pattern")
+    assert mod.STATISTIC in ("moments", "samples", "pairs", None)
+    assert mod.SITE in ("vector", "pattern")
     x = _blobs(64, F)
     stats = {
         "moments": lambda: svd.moments(jnp.asarray(x), jnp.ones(len(x), bool)),
         "samples": lambda: _samples(x),
+        "pairs": lambda: {**_samples(x), "y": _samples(x)["x"][:, ::-1]},  # input -> target
         None: lambda: None,
     }[mod.STATISTIC]()
     sizes = (1, 2, 4)

@@ -422,7 +422,6 @@ def test_engine_fits_and_scores_dictionaries(trained):
 
     config, splits, model_cfg, params = trained
     specs = F.specs_from_config(config.proxies, model_cfg)
-    specs.append(F.ProxySpec("svd", ("blocks.1.attn.k",), (16,), (("center", False),)))
     specs.append(F.ProxySpec("kmeans", ("blocks.1.attn.k",), (4,), (("num_iters", 5),)))
     stats = F.collect(params, splits["train"], model_cfg, specs, num_samples=500,
                       batch_size=256)

@@ -1,13 +1,22 @@
 """Simplified proxies for activations, one module per proxy (adding one = adding one file).
 
 Each proxy module defines:
-  STATISTIC: "moments" | "samples" | None  what fit() consumes (svd.moments sums, a
-             {"x": [N, F], "valid": bool [N]} sample, or nothing).
+  STATISTIC: "moments" | "samples" | "pairs" | None
+                                           what fit() consumes (svd.moments sums, a
+             {"x": [N, F], "valid": bool [N]} sample, a sample of (input, site value) pairs
+             {"x", "y", "valid"} at the same positions, or nothing).
   SITE: "vector" | "pattern"               [..., F] activations or [..., T, T] attention.
   fit(stats, sizes, *, key, **options)     -> pytree, every leaf with leading axis len(sizes).
   apply(params, x)                         one size's params (leading axis removed) -> x's
                                            shape and dtype.
 Sizes are python ints (static); fit/apply are pure and work under jax.vmap / jax.jit.
+
+A "pairs" proxy (the transcoder) replaces a site by a function of another site's value:
+  input_site(site) -> str                  the site it reads (visited earlier by forward).
+  input_of(model_params, site, value)      that site's value -> apply()'s input.
+A proxy with latents (sae, transcoder, kmeans) may define, for the dictionary metrics l0, dead:
+  latents(params, x) -> (indices [..., K] int, active [..., K] bool)   its sparse code.
+Every vector proxy may have its own targets, config.proxies.<name>_targets.
 
 A proxy with sizes (STATISTIC not None) may also define, to own its config settings:
   SIZES_KEY: str                           the config.proxies key listing its sizes
