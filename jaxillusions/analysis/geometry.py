@@ -56,10 +56,6 @@ def center_of(method: str, svd_center: bool) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Halves of a split.
-
-
-# ---------------------------------------------------------------------------------------------
 # Subspaces from moments (one seed, one head; vmapped below).
 
 
