@@ -27,10 +27,10 @@ Choices (see docs/code_completion.md for the findings):
 - Induction heads: the main job's probe (config.induction, from configs/code_small.py).
 
 Measured (the run of the command above, 8 seeds; the machine's 2 cores were shared with 4
-other helpers' jobs, load average 12-16, under `nice -n 5`): training and its final evaluation took 60 min (3,599 s; 0.6
-steps/s for the 8 seeds), fitting the proxies 2.6
-min and evaluating the 3 SVD families 8.7 min (the k-means and attention families were fitted
-but their evaluation was stopped for time), so the 40-minute budget of issue 24 was not met on the shared machine.
+other helpers' jobs, load average 12-16, under `nice -n 5`): training and its final evaluation
+took 60 min (3,599 s; 0.6 steps/s for the 8 seeds), fitting the proxies 2.6 min and evaluating
+the 3 SVD families 8.7 min (the k-means and attention families were fitted, their evaluation
+stopped for time), so the 40-minute budget of issue 24 was not met on the shared machine.
 Accuracy on `iid` (mean [min, max] over the 8 seeds) and the induction test
 (`jaxillusions.analysis.induction`, L = 48, chance score 0.014, batch 64) on the checkpoints:
 
