@@ -75,3 +75,30 @@ def tiny_sweep(tmp_path_factory, cache_dir) -> str:
     workdir = str(tmp_path_factory.mktemp("tiny_sweep") / "run")
     sweep.run(tiny_sweep_config(cache_dir), workdir, verbose=False)
     return workdir
+
+
+def planted_dictionary(n: int = 4096, f: int = 16, num_dirs: int = 32, k: int = 3,
+                       seed: int = 0):
+    """x = 0.3 + codes @ dirs: k-sparse positive codes over num_dirs known unit directions.
+    Returns (x [n, f] float32, dirs [num_dirs, f])."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    dirs = rng.normal(size=(num_dirs, f))
+    dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
+    codes = np.zeros((n, num_dirs))
+    for row in codes:
+        row[rng.choice(num_dirs, k, replace=False)] = rng.uniform(0.5, 2.0, k)
+    return (codes @ dirs + 0.3).astype(np.float32), dirs
+
+
+def trained_tiny(config):
+    """(config, splits, model_cfg, params) of a 100-step sweep of a tiny config."""
+    from jaxillusions import train
+
+    config.train.num_steps = 100
+    config.train.eval_every = 100
+    config.train.learning_rate = 1e-2
+    splits, model_cfg, _ = train.build(config)
+    state, _ = train.train_sweep(config, splits=splits, verbose=False)
+    return config, splits, model_cfg, state.params

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import tiny_sweep_config
+from conftest import planted_dictionary, tiny_sweep_config
 
 from jaxillusions import settings as run_settings
 from jaxillusions.analysis import dictionaries, load_results, stats
@@ -120,21 +120,11 @@ def test_unrelated_random_bases_agree_on_almost_none():
     assert dictionaries.share_agreeing(cos, signed=False).max() <= 0.02
 
 
-def _planted(n: int, f: int = 16, num_dirs: int = 24, k: int = 3, seed: int = 0):
-    """x = codes @ dirs + 0.3: k-sparse positive codes over known unit directions."""
-    rng = np.random.default_rng(seed)
-    dirs = rng.normal(size=(num_dirs, f))
-    dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
-    codes = np.zeros((n, num_dirs))
-    for row in codes:
-        row[rng.choice(num_dirs, k, replace=False)] = rng.uniform(0.5, 2.0, k)
-    return (codes @ dirs + 0.3).astype(np.float32)
-
-
 def test_two_sae_seeds_agree_on_a_planted_dictionary():
     # Two "models" (seeds) x one head, each with its own planted dictionary; width = the number
     # of planted directions. Two keys per seed: most decoder rows match with cosine > 0.9.
-    x = np.stack([_planted(4096, seed=s) for s in range(2)])[:, None]  # [S=2, G=1, N, F]
+    x = np.stack([planted_dictionary(4096, num_dirs=24, seed=s)[0]
+                  for s in range(2)])[:, None]  # [S=2, G=1, N, F]
     samples = {"x": x, "valid": np.ones(x.shape[:3], bool)}
     keys = jax.random.split(jax.random.PRNGKey(0), 4).reshape(2, 2, 2)  # [S, 2 fits, key]
     options = (("k", 3), ("steps", 3000), ("lr", 3e-3), ("batch_size", 256))

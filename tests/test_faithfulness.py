@@ -8,22 +8,16 @@ import scipy.stats
 
 from jaxillusions import faithfulness as F
 from jaxillusions import logging as log_lib
-from jaxillusions import metrics, proxies, sweep, timing, train
+from jaxillusions import metrics, proxies, sweep, timing
 from jaxillusions.analysis import results, tables
 from jaxillusions.model import forward
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    from conftest import tiny_config
+    from conftest import tiny_config, trained_tiny
 
-    config = tiny_config(str(tmp_path_factory.mktemp("cache")))
-    config.train.num_steps = 100
-    config.train.eval_every = 100
-    config.train.learning_rate = 1e-2
-    splits, model_cfg, _ = train.build(config)
-    state, _ = train.train_sweep(config, splits=splits, verbose=False)
-    return config, splits, model_cfg, state.params
+    return trained_tiny(tiny_config(str(tmp_path_factory.mktemp("cache"))))
 
 
 def test_collect_streams_exact_moments_and_samples(trained):

@@ -7,23 +7,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import planted_dictionary
 from scipy.optimize import linear_sum_assignment
 from scipy.special import log_softmax
 
 from jaxillusions import proxies
 from jaxillusions.proxies import _dictionary as dictionary
 from jaxillusions.proxies import sae
-
-
-def _planted(n: int = 4096, f: int = 16, num_dirs: int = 32, k: int = 3, seed: int = 0):
-    """x = b + codes @ dirs: k-sparse positive codes over num_dirs known unit directions."""
-    rng = np.random.default_rng(seed)
-    dirs = rng.normal(size=(num_dirs, f))
-    dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
-    codes = np.zeros((n, num_dirs))
-    for row in codes:
-        row[rng.choice(num_dirs, k, replace=False)] = rng.uniform(0.5, 2.0, k)
-    return (codes @ dirs + 0.3).astype(np.float32), dirs
 
 
 def _stats(x: np.ndarray, num_pad: int = 0) -> dict:
@@ -40,7 +30,7 @@ def _one(params: dict, index: int) -> dict:
 def test_planted_dictionary_is_recovered():
     """Most planted directions are matched by a decoder row with cosine > 0.9, and the FVU is
     far below that of the best rank-k projection (what a k-dimensional linear proxy reaches)."""
-    x, dirs = _planted()
+    x, dirs = planted_dictionary()
     k = 3
     params = jax.jit(lambda s, key: sae.fit(s, (32, 64), key=key, k=k, steps=2000, lr=3e-3,
                                             batch_size=256))(_stats(x, 50), jax.random.key(0))
@@ -120,7 +110,7 @@ def test_vmapped_fit_equals_per_seed_and_width_fits():
 
 
 def test_fit_is_deterministic_from_the_key():
-    x, _ = _planted(n=512, f=8, num_dirs=8, k=2)
+    x, _ = planted_dictionary(n=512, f=8, num_dirs=8, k=2)
     fit = jax.jit(lambda key: sae.fit(_stats(x), (8,), key=key, k=2, steps=50))
     a, b, c = fit(jax.random.key(0)), fit(jax.random.key(0)), fit(jax.random.key(1))
     jax.tree.map(np.testing.assert_array_equal, a, b)
@@ -133,7 +123,7 @@ def test_several_k_make_the_sizes_axis_widths_times_ks():
     assert sizes == (200008, 400008, 200016, 400016)
     assert [sae.width_and_k(s, dict(options)["k"]) for s in sizes] == [(8, 2), (8, 4), (16, 2),
                                                                       (16, 4)]
-    x, _ = _planted(n=256, f=8, num_dirs=8, k=2)
+    x, _ = planted_dictionary(n=256, f=8, num_dirs=8, k=2)
     params = jax.jit(lambda s: sae.fit(s, sizes, key=jax.random.key(0), steps=5))(_stats(x))
     np.testing.assert_array_equal(params["kmask"].sum(1), [2, 4, 2, 4])
     np.testing.assert_array_equal(params["mask"].sum(1), [8, 8, 16, 16])
@@ -173,7 +163,7 @@ def test_fit_rejects_bad_options_before_any_work(sizes, options, message, monkey
     """fit checks as well, before building the optimizer or tracing a step (k > width is a
     config error in check(); fit clips it, as svd clips ranks to F)."""
     monkeypatch.setattr(sae.optax, "adam", lambda *a: pytest.fail("work started"))
-    x = _planted(n=64, f=8, num_dirs=8, k=2)[0]
+    x = planted_dictionary(n=64, f=8, num_dirs=8, k=2)[0]
     with pytest.raises(ValueError, match=message) as err:
         sae.fit(_stats(x), sizes, key=jax.random.key(0), **options)
     assert "\n" not in str(err.value)
@@ -397,17 +387,9 @@ def test_a_dictionary_method_without_its_sizes_is_a_one_line_error(config):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    from conftest import tiny_config
+    from conftest import tiny_config, trained_tiny
 
-    from jaxillusions import train
-
-    config = _dictionary_config(tiny_config(str(tmp_path_factory.mktemp("cache"))))
-    config.train.num_steps = 100
-    config.train.eval_every = 100
-    config.train.learning_rate = 1e-2
-    splits, model_cfg, _ = train.build(config)
-    state, _ = train.train_sweep(config, splits=splits, verbose=False)
-    return config, splits, model_cfg, state.params
+    return trained_tiny(_dictionary_config(tiny_config(str(tmp_path_factory.mktemp("cache")))))
 
 
 def test_engine_fits_and_scores_dictionaries(trained):

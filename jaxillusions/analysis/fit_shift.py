@@ -228,8 +228,10 @@ def write_reports(rows: Sequence[dict], config, workdir: str, say=print) -> None
     fits = list(dict.fromkeys(r["fit_split"] for r in rows))
     # The `all` rows: per-bin rows of every fit would be 5x results.csv (208 MB for the
     # population run with 5 fit splits); they stay in the stage files (proxies/fit_<split>/).
-    tables.write_csv([r for r in rows if r["breakdown"] == "all"],
-                     os.path.join(workdir, "fit_shift_results.csv"), ROW_COLUMNS)
+    kept = [r for r in rows if r["breakdown"] == "all"]
+    extra = tuple(dict.fromkeys(k for r in kept for k in r if k not in ROW_COLUMNS))
+    # (extra: further metric columns of the rows, e.g. the dictionary metrics fvu ... kl_score)
+    tables.write_csv(kept, os.path.join(workdir, "fit_shift_results.csv"), ROW_COLUMNS + extra)
     table = fit_x_eval(rows)
     tables.write_csv(table, os.path.join(workdir, "fit_x_eval.csv"), FIT_X_EVAL_COLUMNS)
     parts = decomposition(decomposition_per_seed(rows, pc.get("gap_baseline", "iid")))
