@@ -83,10 +83,10 @@ def specs_from_config(proxy_cfg, cfg: model_lib.ModelConfig) -> list[ProxySpec]:
             if hasattr(module, "settings"):
                 sizes, options = module.settings(proxy_cfg, dim)
             else:
-                key = proxies.sizes_key(module)
-                sizes, options = tuple(getattr(proxy_cfg, key, ())), ()
-                if not sizes:
-                    raise ValueError(f"proxy {method!r} needs config.proxies.{key} (its sizes)")
+                sizes, options = tuple(getattr(proxy_cfg, proxies.sizes_key(module), ())), ()
+            if not sizes:
+                raise ValueError(f"proxy {method!r} needs config.proxies."
+                                 f"{proxies.sizes_key(module)} (its sizes)")
             # Sorted and deduplicated: a repeated size would give duplicate rows that aggregates
             # count twice (ml_collections joins repeated tuple overrides, so this happens).
             specs.append(ProxySpec(method, sites, tuple(sorted(set(sizes))), options))

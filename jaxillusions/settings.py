@@ -151,9 +151,9 @@ class Proxies:
     kmeans_samples: int = setting(20_000, INT, ">= 1", positive, "vectors per seed fitted on")
     kmeans_iters: int = setting(25, INT, ">= 1", positive)
     sae_sizes: tuple[int, ...] = setting(
-        (32, 64, 128), INTS, "dictionary widths in [1, 99999]",
+        (32, 64, 128), INTS, "sae sizes >= 1 (dictionary widths, at most 99999)",
         lambda v, s: len(v) >= 1 and all(1 <= w < 100_000 for w in v))
-    sae_k: tuple[int, ...] = setting((4,), INTS, "active latents >= 1, at least one",
+    sae_k: tuple[int, ...] = setting((4,), INTS, "k values >= 1, at least one",
                                      lambda v, s: len(v) >= 1 and all(k >= 1 for k in v),
                                      "TopK's k; several: every width x every k")
     sae_steps: int = setting(1000, INT, ">= 1", positive)

@@ -60,12 +60,21 @@ def _assert_close(a, b):
 
 
 def _assert_same_rows(a, b):
+    # Keys, counts, accuracies and same_pred exactly; JSD and the dictionary metrics up to
+    # float32 rounding (NaN where a metric is undefined, e.g. l0 of svd). ce_score and kl_score
+    # are ratios whose denominators can be near 0 on q/k sites (docs/sparse_dictionaries.md):
+    # relative 1e-4 (measured up to 5e-5 between device layouts).
     assert len(a) == len(b) > 0
+    floats = ("jsd", "jsd_p95", "jsd_p99", "fvu", "l0", "dead", "ce_score", "kl_score")
     for x, y in zip(a, b, strict=True):
-        floats = ("jsd", "jsd_p95", "jsd_p99")
         assert {k: v for k, v in x.items() if k not in floats} == {
             k: v for k, v in y.items() if k not in floats}
-        np.testing.assert_allclose([x[k] for k in floats], [y[k] for k in floats], atol=1e-6)
+        for k in floats[:6]:
+            np.testing.assert_allclose(x.get(k, np.nan), y.get(k, np.nan), atol=1e-6,
+                                       err_msg=k)
+        for k in floats[6:]:
+            np.testing.assert_allclose(x.get(k, np.nan), y.get(k, np.nan), rtol=1e-4,
+                                       atol=1e-6, err_msg=k)
 
 
 def test_seed_chunks_equal_one_call(setup, one_call):

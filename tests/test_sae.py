@@ -354,7 +354,8 @@ def _dictionary_config(config):
                                  r"for width 1"),
     ({"transcoder_targets": ("blocks.-1.attn.k",)},
      r"transcoder target blocks\.1\.attn\.k: must be an MLP's output blocks\.<layer>\.mlp\.out"),
-    ({"transcoder_targets": ()}, r"^proxies\.transcoder_targets=\(\): must be"),
+    # () means proxies.targets, here attention sites: refused by the transcoder's check.
+    ({"transcoder_targets": ()}, r"transcoder target blocks\.1\.attn\.k: must be an MLP's"),
     ({"sae_targets": ("blocks.7.resid_mid",)}, r"^proxies\.sae_targets: .*blocks\.7"),
     ({"sae_targets": ("blocks.-1.attn.pattern",)}, r"^proxies\.sae_targets: .*attention pattern"),
 ])

@@ -172,6 +172,10 @@ def _assert_close(result: dict, reference: dict, prefix: str = "") -> None:
             _assert_close(_rows_arrays(got), _rows_arrays(value))
         elif key.endswith("['basis']"):
             continue
+        elif key == "rows/kl_score":
+            # A ratio of float32 sums of KL taken in another order across processes (measured
+            # 5.3e-5 relative at a row whose KL_zero is small): relative 1e-4.
+            np.testing.assert_allclose(got, value, rtol=1e-4, atol=1e-6, err_msg=key)
         elif key == "rows/ce_score":
             # Ill-conditioned where zeroing the keys hardly changes the loss (Dyck): its
             # denominator CE_zero - CE_original is then near 0 and magnifies the logits' float32

@@ -234,7 +234,7 @@ def write_reports(rows: Sequence[dict], config, workdir: str, say=print) -> None
     tables.write_csv(kept, os.path.join(workdir, "fit_shift_results.csv"), ROW_COLUMNS + extra)
     table = fit_x_eval(rows)
     tables.write_csv(table, os.path.join(workdir, "fit_x_eval.csv"), FIT_X_EVAL_COLUMNS)
-    parts = decomposition(decomposition_per_seed(rows, pc.get("gap_baseline", "iid")))
+    parts = decomposition(decomposition_per_seed(rows, pc.gap_baseline))
     tables.write_csv(parts, os.path.join(workdir, "gap_decomposition.csv"),
                      DECOMPOSITION_COLUMNS)
     fig_dir = os.path.join(workdir, "figures")
