@@ -19,7 +19,6 @@ only what it affects.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import types
@@ -38,14 +37,6 @@ MOMENTS_FILE = "geometry_moments.msgpack"
 def enabled(config) -> bool:
     pc = config.proxies
     return bool(pc.geometry or pc.repair_sentences)
-
-
-def _subset(split, index: np.ndarray):
-    """The sentences `index` of a task's split (a dataclass of per-sentence arrays)."""
-    num = len(split.tokens)
-    return dataclasses.replace(split, **{
-        f.name: getattr(split, f.name)[index] for f in dataclasses.fields(split)
-        if np.ndim(getattr(split, f.name)) and np.shape(getattr(split, f.name))[0] == num})
 
 
 def run(params, healthy, seeds, splits, model_cfg, shared, fit_stamps, rows, config,
@@ -169,7 +160,7 @@ def _repair_family(params, healthy, seeds, splits, model_cfg, proxy, moments, co
             (v, m, r) for v in variants for m in counts for r in sizes]
         wide = faithfulness.ProxySpec(spec.method, spec.sites, tuple(range(len(labels))),
                                       spec.options)
-        half = _subset(splits[split], halves[split][1])
+        half = fit_shift.subset(splits[split], halves[split][1])
         eval_set = faithfulness.make_eval_set({split: half}, [split], task)
         got = faithfulness.evaluate(params, model_cfg, eval_set,
                                     [faithfulness.FittedProxy(wide, per_site)],

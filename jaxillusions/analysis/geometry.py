@@ -183,14 +183,6 @@ def geometry_rows(values: dict, seeds: Sequence[int], healthy, site: str, method
     return out
 
 
-def _all_rows(rows: Iterable[dict]) -> dict[tuple, dict[int, dict]]:
-    out: dict[tuple, dict[int, dict]] = defaultdict(dict)
-    for r in rows:
-        if r["breakdown"] == "all":
-            out[(r["site"], r["method"], r["size"], r["split"])][r["seed"]] = r
-    return out
-
-
 def ood_splits(splits: Iterable[str], baseline: str, in_distribution: Sequence[str]) -> list[str]:
     """The splits other than the baseline and the task's in-distribution ones."""
     return [s for s in splits if s != baseline and s not in in_distribution]
@@ -205,7 +197,7 @@ def geometry_predicts_gap(geometry_table: Sequence[dict], rows: Sequence[dict],
     gaps.csv), beside the in-distribution predictor's rho of id_predicts_gap.csv on the same
     proxy, split and metric. Single-site targets only (geometry is per site). `in_distribution`:
     the task's in-distribution splits (tasks.<name>.IN_DISTRIBUTION), which get no rows."""
-    table = _all_rows(rows)
+    table = stats.by_seed(rows)
     ids = {(r["site"], r["method"], r["size"], r["split"], r["metric"]): r
            for r in stats.id_predicts_gap(rows, baseline=baseline, metrics=metrics,
                                           in_distribution=in_distribution)}
@@ -247,7 +239,7 @@ def repair_table(repair_rows: Sequence[dict], rows: Sequence[dict], baseline: st
     results.csv, faithfulness on the evaluation half) for the train-fitted and the repaired
     proxy; closed = gap - gap_repaired (stats.paired_summary: t and bootstrap intervals); share =
     closed / gap per seed, on the seeds whose gap exceeds stats.RESOLUTION (n_seeds_share)."""
-    table = _all_rows(rows)
+    table = stats.by_seed(rows)
     halves: dict[tuple, dict[int, dict]] = defaultdict(dict)
     for r in repair_rows:
         if r["breakdown"] == "all":

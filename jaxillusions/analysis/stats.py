@@ -156,7 +156,7 @@ def paired_summary(diffs: np.ndarray, confidence: float = CONFIDENCE) -> dict:
             "boot_high": boot_high, "n_seeds": len(d), "seeds_positive": int((d > 0).sum())}
 
 
-def _by_seed(rows: Iterable[dict]) -> dict[tuple, dict[int, dict]]:
+def by_seed(rows: Iterable[dict]) -> dict[tuple, dict[int, dict]]:
     """{(site, method, size, split): {seed: row}} for the `all` breakdown."""
     out: dict[tuple, dict[int, dict]] = defaultdict(dict)
     for r in rows:
@@ -184,7 +184,7 @@ def gaps(rows: Iterable[dict], baseline: str = "iid",
     over seeds (columns GAP_COLUMNS; `gap` is the mean per-seed gap). A metric that the rows
     do not have, or have as NaN only (the dictionary metrics of a pattern proxy), is left
     out."""
-    table = _by_seed(rows)
+    table = by_seed(rows)
     out = []
     for (site, method, size, split), per_seed in sorted(table.items()):
         base = table.get((site, method, size, baseline))
@@ -207,7 +207,7 @@ def proxy_vs_original(rows: Iterable[dict]) -> list[dict]:
     Positive: the simplified model predicts the true next token more often than the model it
     simplifies (Friedman et al.'s observation for one-hot attention)."""
     out = []
-    for (site, method, size, split), per_seed in sorted(_by_seed(rows).items()):
+    for (site, method, size, split), per_seed in sorted(by_seed(rows).items()):
         diff = np.array([r["acc_proxy"] - r["acc_original"] for _, r in sorted(per_seed.items())])
         summary = paired_summary(diff)
         out.append({"site": site, "method": method, "size": size, "split": split,
@@ -270,7 +270,7 @@ def id_predicts_gap(rows: Iterable[dict], baseline: str = "iid", predictor: str 
     the gap share no sampling noise (correlating the baseline with baseline - split would be
     positive by construction).
     """
-    table = _by_seed(rows)
+    table = by_seed(rows)
     splits = {k[3] for k in table}
     if predictor is None:
         predictor = next((s for s in in_distribution if s != baseline and s in splits), baseline)
