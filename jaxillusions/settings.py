@@ -38,6 +38,7 @@ from jaxillusions.fields import (
     rule,
     setting,
 )
+from jaxillusions.proxies import sae
 
 # Keys (fnmatch patterns) that may change on resume: analysis, evaluation and logging settings.
 ANALYSIS_KEYS = (
@@ -153,12 +154,12 @@ class Proxies:
     sae_sizes: tuple[int, ...] = setting(
         (32, 64, 128), INTS, "sae sizes >= 1 (dictionary widths, at most 99999)",
         lambda v, s: len(v) >= 1 and all(1 <= w < 100_000 for w in v))
-    sae_k: tuple[int, ...] = setting((4,), INTS, "k values >= 1, at least one",
+    sae_k: tuple[int, ...] = setting(sae.DEFAULTS["sae_k"], INTS, "k values >= 1, at least one",
                                      lambda v, s: len(v) >= 1 and all(k >= 1 for k in v),
                                      "TopK's k; several: every width x every k")
-    sae_steps: int = setting(1000, INT, ">= 1", positive)
-    sae_lr: float = setting(1e-3, NUMBER, "> 0", lambda v, s: v > 0)
-    sae_batch: int = setting(256, INT, ">= 1", positive)
+    sae_steps: int = setting(sae.DEFAULTS["sae_steps"], INT, ">= 1", positive)
+    sae_lr: float = setting(sae.DEFAULTS["sae_lr"], NUMBER, "> 0", lambda v, s: v > 0)
+    sae_batch: int = setting(sae.DEFAULTS["sae_batch"], INT, ">= 1", positive)
     dictionary_match_seeds: int = setting(8, INT, ">= 0 (0: no SAE seed-match analysis)",
                                           nonnegative,
                                           "seeds of the SAE seed-dependence analysis")

@@ -1,7 +1,7 @@
 """Sparse dictionary proxies: the TopK SAE (proxies/sae.py) and the dictionary metrics
 (proxies/_dictionary.py)."""
 
-import types
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +12,7 @@ from scipy.optimize import linear_sum_assignment
 from scipy.special import log_softmax
 
 from jaxillusions import proxies
+from jaxillusions import settings as run_settings
 from jaxillusions.proxies import _dictionary as dictionary
 from jaxillusions.proxies import sae
 
@@ -118,7 +119,7 @@ def test_fit_is_deterministic_from_the_key():
 
 
 def test_several_k_make_the_sizes_axis_widths_times_ks():
-    cfg = types.SimpleNamespace(sae_sizes=(8, 16), sae_k=(2, 4))
+    cfg = dataclasses.replace(run_settings.Proxies(), sae_sizes=(8, 16), sae_k=(2, 4))
     sizes, options = sae.settings(cfg, dim=8)
     assert sizes == (200008, 400008, 200016, 400016)
     assert [sae.width_and_k(s, dict(options)["k"]) for s in sizes] == [(8, 2), (8, 4), (16, 2),
@@ -130,7 +131,8 @@ def test_several_k_make_the_sizes_axis_widths_times_ks():
     codes = jax.jit(jax.vmap(sae.encode, in_axes=(0, None)))(params, jnp.asarray(x))
     np.testing.assert_array_equal(np.asarray(codes != 0).sum(-1).max(1), [2, 4, 2, 4])
     # One k: the sizes are the widths themselves; configs without the sae_* keys get defaults.
-    sizes, options = sae.settings(types.SimpleNamespace(sae_sizes=(8, 16)), dim=8)
+    sizes, options = sae.settings(run_settings.from_config({"proxies": {"sae_sizes": (8, 16)}})
+                                  .proxies, dim=8)
     assert sizes == (8, 16)
     assert dict(options) == {"k": 4, "steps": 1000, "lr": 1e-3, "batch_size": 256}
 
@@ -146,7 +148,7 @@ def test_several_k_make_the_sizes_axis_widths_times_ks():
     ({"sae_batch": 0}, r"sae batch=0: must be >= 1"),
 ])
 def test_bad_options_are_one_line_errors(settings, message):
-    cfg = types.SimpleNamespace(**{"sae_sizes": (8, 16), **settings})
+    cfg = dataclasses.replace(run_settings.Proxies(), **{"sae_sizes": (8, 16), **settings})
     with pytest.raises(ValueError, match=message) as err:
         sae.check(sae.settings(cfg, 8)[0], cfg, 8, "blocks.1.attn.k (d_head 8)")
     assert "\n" not in str(err.value) and "blocks.1.attn.k" in str(err.value)

@@ -224,7 +224,7 @@ def _fit_sae(samples: dict, keys: jax.Array, *, sizes: tuple[int, ...], options:
 
 
 def _sae_pairs(sizes: Sequence[int], options: tuple) -> list[tuple[int, int]]:
-    k = dict(options).get("k", sae.DEFAULTS["sae_k"][0])
+    k = dict(options)["k"]  # sae.settings always gives it
     return [(w, min(kk, w)) for w, kk in (sae.width_and_k(s, k) for s in sizes)]
 
 

@@ -40,6 +40,7 @@ SITE = "vector"
 SIZES_KEY = "sae_sizes"
 SIZE_LABEL = "width (k * 100000 + width with several sae_k)"
 K_BASE = 100_000  # a size code k * K_BASE + width; a plain width (< K_BASE) uses the option k
+# The defaults of fit() and of settings.Proxies' sae_* fields (the transcoder shares them).
 DEFAULTS = {"sae_k": (4,), "sae_steps": 1000, "sae_lr": 1e-3, "sae_batch": 256}
 
 _HI = jax.lax.Precision.HIGHEST  # full float32 matmuls on accelerators too (TF32 by default)
@@ -56,14 +57,8 @@ def width_and_k(size: int, k: int) -> tuple[int, int]:
     return width, code_k or k
 
 
-def _option(proxy_cfg, name: str):
-    # getattr with a default: configs written before these keys existed still work.
-    return getattr(proxy_cfg, name, DEFAULTS[name])
-
-
 def _ks(proxy_cfg) -> tuple[int, ...]:
-    ks = _option(proxy_cfg, "sae_k")
-    return tuple(sorted(set(ks if isinstance(ks, (tuple, list)) else (ks,))))
+    return tuple(sorted(set(proxy_cfg.sae_k)))
 
 
 def settings(proxy_cfg, dim: int, sizes_key: str = SIZES_KEY) -> tuple[tuple[int, ...], tuple]:
@@ -71,15 +66,11 @@ def settings(proxy_cfg, dim: int, sizes_key: str = SIZES_KEY) -> tuple[tuple[int
     several); options k, steps, lr and batch_size from proxies.sae_k/sae_steps/sae_lr/sae_batch.
     `sizes_key`: the widths' key (the transcoder shares the options, not the widths)."""
     del dim
-    if not hasattr(proxy_cfg, sizes_key):
-        raise ValueError(f"proxy {sizes_key.removesuffix('_sizes')!r} needs "
-                         f"config.proxies.{sizes_key} (its dictionary widths)")
     widths, ks = tuple(getattr(proxy_cfg, sizes_key)), _ks(proxy_cfg)
     sizes = widths if len(ks) == 1 else tuple(size_code(w, k) for w in widths for k in ks)
     options = (("k", ks[0] if ks else 0),  # no k: check() says so
-                ("steps", _option(proxy_cfg, "sae_steps")),
-               ("lr", float(_option(proxy_cfg, "sae_lr"))),
-               ("batch_size", _option(proxy_cfg, "sae_batch")))
+               ("steps", proxy_cfg.sae_steps), ("lr", float(proxy_cfg.sae_lr)),
+               ("batch_size", proxy_cfg.sae_batch))
     return sizes, options
 
 
@@ -106,8 +97,8 @@ def check(sizes: tuple[int, ...], proxy_cfg, dim: int, target: str,
     widths, ks = tuple(getattr(proxy_cfg, sizes_key)), _ks(proxy_cfg)
     if not ks:
         raise ValueError(f"{target}: proxies.sae_k=(): must list at least one k >= 1")
-    _check([(w, k) for w in widths for k in ks], _option(proxy_cfg, "sae_steps"),
-           _option(proxy_cfg, "sae_lr"), _option(proxy_cfg, "sae_batch"),
+    _check([(w, k) for w in widths for k in ks], proxy_cfg.sae_steps, proxy_cfg.sae_lr,
+           proxy_cfg.sae_batch,
            where=f"{target}: proxies.{sizes_key}={widths}, sae_k={ks}: ")
 
 
