@@ -47,14 +47,6 @@ REFERENCE = "train"
 SAMPLE_BOUNDED = ("kmeans",)  # proxies whose sizes may not exceed the vectors fitted on
 
 
-def fit_splits(config) -> tuple[str, ...]:
-    return tuple(config.proxies.fit_splits)
-
-
-def fit_sentences(config) -> int:
-    return config.proxies.fit_sentences
-
-
 def permutation(num_sentences: int, seed: int) -> np.ndarray:
     """The fixed permutation of a split's sentence indices (see the module docstring)."""
     return np.random.default_rng([_STREAM, seed, num_sentences]).permutation(num_sentences)
@@ -77,7 +69,7 @@ def subset(split, index: np.ndarray):
 def fit_data(splits: dict, name: str, config):
     """The sentences proxies are fitted on for fit split `name`: train as it is unless capped,
     another split's fit half (capped by proxies.fit_sentences)."""
-    split, cap, seed = splits[name], fit_sentences(config), config.seed
+    split, cap, seed = splits[name], config.proxies.fit_sentences, config.seed
     if name == REFERENCE:
         return split if not cap else subset(split, permutation(len(split.tokens), seed)[:cap])
     index = halves(len(split.tokens), seed)[0]
@@ -87,13 +79,13 @@ def fit_data(splits: dict, name: str, config):
 def fit_stamp(config) -> dict:
     """What the train fit's stage stamp gains: nothing at the default (so the stage files of
     runs without this module stay valid), else the cap."""
-    return {"fit_sentences": fit_sentences(config)} if fit_sentences(config) else {}
+    return {"fit_sentences": config.proxies.fit_sentences} if config.proxies.fit_sentences else {}
 
 
 def check_config(config) -> None:
     """One-line ValueError for bad fit settings (validate runs it before any work)."""
     pc, task = config.proxies, tasks.get(config)
-    names = fit_splits(config)
+    names = config.proxies.fit_splits
     for name in names:
         if name not in task.SPLITS:
             other = [t for t in tasks.TASKS if name in tasks.get(t).SPLITS]
@@ -103,7 +95,7 @@ def check_config(config) -> None:
     if REFERENCE not in names or len(set(names)) != len(names):
         raise ValueError(f"proxies.fit_splits={names}: must list {REFERENCE!r} (the reference "
                          "of every paired comparison) and each split once")
-    cap, width = fit_sentences(config), task.widest_width(config)
+    cap, width = config.proxies.fit_sentences, task.widest_width(config)
     for method in [m for m in pc.methods if m in SAMPLE_BOUNDED] if cap else ():
         # A fit on `cap` sentences sees at most cap * width positions (vectors to cluster).
         largest = max(getattr(pc, proxies.sizes_key(proxies.get(method))))
@@ -118,7 +110,7 @@ def run_stage(params, healthy, seeds, splits: dict, model_cfg, specs, fitted, fi
     """Rows of every proxy fitted on every split of proxies.fit_splits (column fit_split),
     evaluated on the halved evaluation set; [] when only train is fitted (nothing runs).
     `fitted`, `fit_stamps`: the train fit's params and stage stamps, per spec."""
-    others = [s for s in fit_splits(config) if s != REFERENCE]
+    others = [s for s in config.proxies.fit_splits if s != REFERENCE]
     if not others:
         return []
     pc, seed = config.proxies, config.seed

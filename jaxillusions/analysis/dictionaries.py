@@ -324,7 +324,6 @@ def seed_match_summary(per_seed: Iterable[dict], threshold: float = THRESHOLD) -
 # ---------------------------------------------------------------------------------------------
 # The main job's reports (sweep.py calls these; each is empty for a sweep without method sae).
 
-MATCH_SEEDS = 8  # default of proxies.dictionary_match_seeds (settings.py)
 MATCH_SALT = 22_022  # folded into the sweep's key: the second SAE fit's keys are not the first's
 
 
@@ -359,7 +358,7 @@ def seed_match_tables(params, healthy, seeds: Sequence[int], train_split, model_
                       specs: Sequence, fitted: Sequence[dict], config, say=print
                       ) -> dict[str, tuple[list[dict], tuple[str, ...]]]:
     """dictionaries_seed_match (summary) and dictionaries_seed_match_per_seed for the first
-    proxies.dictionary_match_seeds healthy seeds (default MATCH_SEEDS; 0: none): each SAE family
+    proxies.dictionary_match_seeds healthy seeds (0: none): each SAE family
     (spec i, fitted[i] = {site: params [S, G, R, ...]}, the sweep's fit) against a second fit on
     the same training sample with other keys, and the SVD bases of the sample's two halves (at
     svd.settings' ranks, clipped to the site's dimension). The sample is collected again
