@@ -50,8 +50,12 @@ This config does NOT meet issue 24's requirement; it is the population the CPU t
 kept for its per-category intervals. Short runs of wider models on the same data did no better
 by the steps they reached (1 seed, d_model 64, attention only, 4 heads, batch 32: iid 0.449
 and score 0.01 at step 400; 2 seeds, configs/code_small.py's model at context 256: iid 0.45 and
-0.50, score 0.01, at step 500). Getting the mechanism needs more training than this machine
-gave (the paper-like configs/code.py trains 20k steps of batch 64 on a GPU).
+0.50, score 0.01, at step 500). A later single-seed run with learned positions and no position
+offsets (d_model 64, 2 heads, batch 32, 8000 steps, 1,555 s) formed a previous-token head by step
+500 and a partial induction head: best-head score 0.11 from step 3000 on (loss drop 1.0 nat at
+step 5000), still below the 0.3 threshold; 8 seeds of it would take about 2 hours here (curve:
+docs/code_completion.md). Getting the mechanism needs more training than this machine gives (the
+paper-like configs/code.py trains 20k steps of batch 64 on a GPU).
 Final accuracy, mean [95% t interval over seeds]: iid 0.481 [0.476, 0.487], deeper 0.459
 [0.452, 0.465], other_language 0.263 [0.258, 0.269], against 0.184, 0.194 and 0.134 for the
 most frequent training character. The SVD reports were written by a relaunch with
