@@ -28,7 +28,6 @@ from typing import Any
 import jax
 import numpy as np
 from flax import serialization
-from PIL import Image
 
 from jaxillusions import (
     checkpoint,
@@ -438,6 +437,5 @@ def _emit(writer, tag: str, fig, path: str) -> None:
     """Saves `fig` as `path` and shows that image under TensorBoard's IMAGES: the figure is
     drawn once (drawing is most of its cost; writer.image of the Figure would draw it again)."""
     with stages.writing("report", path):
-        figures.save(fig, path)
-    with Image.open(path) as image:
-        writer.image(tag, np.asarray(image.convert("RGB")))
+        pixels = figures.save(fig, path)
+    writer.image(tag, pixels[..., :3])

@@ -344,10 +344,16 @@ def draw(plots: dict) -> dict:
     return {name: globals()[kind](*args) for name, (kind, args) in plots.items()}
 
 
-def save(fig, path: str) -> None:
+def save(fig, path: str) -> np.ndarray:
+    """Writes `fig` as a PNG at DPI and closes it; returns the pixels it drew [H, W, 4]."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    # tight_layout leaves a placeholder layout engine, for which savefig draws the whole figure
+    # once more before the draw it saves; the layout is done, so none is needed.
+    fig.set_layout_engine(None)
     fig.savefig(path, dpi=DPI)
+    pixels = np.array(fig.canvas.buffer_rgba())  # savefig's draw (no second one)
     _pyplot().close(fig)
+    return pixels
 
 
 def attention_patterns(patterns: np.ndarray, labels: Sequence[str], seeds: Sequence[int],
