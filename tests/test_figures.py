@@ -76,3 +76,41 @@ def _check_readable_text_only(fig):
 def _close_figures():
     yield
     figures._pyplot().close("all")
+
+
+def test_a_figure_is_measured_once_and_drawn_once(tmp_path, monkeypatch):
+    # Was: given a rect, tight_layout measured every axes twice, and savefig drew the whole
+    # figure twice (once more for the placeholder layout engine tight_layout leaves). The PNG
+    # is the same byte for byte, and save returns its pixels (TensorBoard's image).
+    import matplotlib.axes
+    import matplotlib.figure
+    from PIL import Image
+
+    calls = {"measure": 0, "draw": 0}
+    measure, draw = matplotlib.axes.Axes.get_tightbbox, matplotlib.figure.Figure.draw
+
+    def counted(name, method):
+        def wrapper(self, *args, **kwargs):
+            calls[name] += 1
+            return method(self, *args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "get_tightbbox", counted("measure", measure))
+    monkeypatch.setattr(matplotlib.figure.Figure, "draw", counted("draw", draw))
+    once = figures.tight_layout
+    measured, png = {}, {}
+    for name, layout in (("plain", lambda fig, rect: fig.tight_layout(rect=rect)),
+                         ("once", once)):
+        monkeypatch.setattr(figures, "tight_layout", layout)
+        calls.update(measure=0, draw=0)
+        fig = figures.accuracy_by_depth(_rows(), "blocks.1.attn.k", "svd", SPLITS, max_depth=1)
+        measured[name] = calls["measure"]
+        path = str(tmp_path / f"{name}.png")
+        pixels = figures.save(fig, path)
+        assert calls["draw"] == 1
+        with Image.open(path) as image:
+            assert np.array_equal(pixels, np.asarray(image.convert("RGBA")))
+        with open(path, "rb") as f:
+            png[name] = f.read()
+    assert measured["plain"] == 2 * measured["once"] > 0
+    assert png["plain"] == png["once"]
