@@ -114,3 +114,45 @@ def test_a_figure_is_measured_once_and_drawn_once(tmp_path, monkeypatch):
             png[name] = f.read()
     assert measured["plain"] == 2 * measured["once"] > 0
     assert png["plain"] == png["once"]
+
+
+def test_a_helper_process_draws_every_other_figure_into_the_same_files(tmp_path, monkeypatch):
+    # With two cores a helper process draws every other figure (drawing is single-threaded);
+    # the files and TensorBoard's images (in order) are those of one process drawing them all,
+    # and a helper that fails leaves its figures to this process.
+    import os
+    import sys
+
+    from jaxillusions import sweep
+
+    rows, gaps = _rows(), _gaps(_rows())
+    jobs = [("a", "curves", figures.faithfulness_curves, (rows, "svd", SPLITS)),
+            ("b", "gaps", figures.gap_vs_size, (gaps, "kmeans", SPLITS)),
+            ("c", "attention", figures.gaps_by_split, (gaps, ["onehot_attention"], SPLITS))]
+
+    class Writer:
+        def image(self, tag, pixels):
+            self.images.append((tag, pixels))
+
+    helped, start = [], sweep._start_helper
+    monkeypatch.setattr(sweep, "_start_helper", lambda jobs: helped.append(len(jobs)) or
+                        start(jobs))
+    images = {}
+    for name, cores, executable in (("alone", {0}, sys.executable),
+                                    ("helped", {0, 1}, sys.executable),
+                                    ("failed", {0, 1}, "false")):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, cores=cores: cores)
+        monkeypatch.setattr(sys, "executable", executable)
+        writer = Writer()
+        writer.images = []
+        sweep.draw(jobs, writer, str(tmp_path / name))
+        images[name] = writer.images
+    assert helped == [1, 1]  # job b, in the runs with two cores
+    for name in ("helped", "failed"):
+        assert [tag for tag, _ in images[name]] == ["a", "b", "c"]
+        for (_, x), (_, y) in zip(images["alone"], images[name], strict=True):
+            assert np.array_equal(x, y)
+        for file in ("curves", "gaps", "attention"):
+            with open(tmp_path / "alone" / "figures" / f"{file}.png", "rb") as a, \
+                    open(tmp_path / name / "figures" / f"{file}.png", "rb") as b:
+                assert a.read() == b.read()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import pickle
 from collections.abc import Sequence
 
 import numpy as np
@@ -355,6 +356,20 @@ def draw(plots: dict) -> dict:
     """{name: (a figure function of this module, its arguments)} -> {name: figure}: how a task
     asks for its activation figures (tasks/__init__.py, activation_plots)."""
     return {name: globals()[kind](*args) for name, (kind, args) in plots.items()}
+
+
+def render(function, args: Sequence, path: str) -> np.ndarray:
+    """function(*args), a figure function of this module, saved as `path` (`save`)."""
+    return save(function(*args), path)
+
+
+def render_file(jobs_path: str) -> None:
+    """`render` of each (function, arguments, path) pickled in `jobs_path` (sweep.draw's helper
+    process)."""
+    with open(jobs_path, "rb") as f:
+        jobs = pickle.load(f)
+    for function, args, path in jobs:
+        render(function, args, path)
 
 
 def save(fig, path: str) -> np.ndarray:
