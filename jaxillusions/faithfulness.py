@@ -548,11 +548,13 @@ def _evaluate_family(params, num_seeds: int, model_cfg, eval_set: EvalSet,
         for *chunk, width_index in _eval_batches(eval_set, batch_size, widths):
             out, jsd_chunk = _eval_chunk(params, proxy_params, active, *chunk, width_index,
                                          **static)
-            totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
+            # Summed on the host (the same float32 sums): jnp.add compiled a program per shape.
+            out = distributed.to_host(out)
+            totals = out if totals is None else jax.tree.map(np.add, totals, out)
             # Per-position JSD at the evaluated positions only, one family at a time.
             jsd.append(np.asarray(distributed.to_host(jsd_chunk), np.float32)
                        [..., chunk[1]])  # [S, R, n]
-        return distributed.to_host(totals), np.concatenate(jsd, axis=-1)
+        return totals, np.concatenate(jsd, axis=-1)
 
     trees = [params, site_params] if per_seed else [params]
     return over_seed_chunks(one_chunk, trees, num_seeds, chunk_size)

@@ -22,6 +22,10 @@ import csv
 import glob
 import json
 import os
+import pickle
+import subprocess
+import sys
+import tempfile
 import time
 from typing import Any
 
@@ -361,7 +365,6 @@ def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,
     """Figures (figures/*.png, also under TensorBoard's IMAGES) and the TensorBoard reports
     (analysis/board.py) from the result rows and, when given, the paired gaps (analysis/stats)."""
     splits = list(config.proxies.eval_splits)
-    fig_dir = os.path.join(workdir, "figures")
     methods = list(dict.fromkeys(r["method"] for r in rows))
     sized = [m for m in methods if any(r["method"] == m and r["size"] > 0 for r in rows)]
     unsized = [m for m in methods if m not in sized]
@@ -372,34 +375,33 @@ def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,
     breakdowns = [b for b in bounds if any(r["breakdown"] == b for r in rows)]
     labelled = {b: task.bin_labels(b) for b in task.BREAKDOWNS
                 if task.bin_labels(b) and any(r["breakdown"] == b for r in rows)}
+    jobs = []  # (TensorBoard tag, file name, figure function, its arguments)
+    for method in sized:
+        if gaps:
+            jobs.append((f"gaps/{method}", f"gap_vs_size_{method}", figures.gap_vs_size,
+                         (gaps, method, splits)))
+        jobs.append((f"faithfulness/{method}", f"faithfulness_{method}",
+                     figures.faithfulness_curves, (rows, method, splits)))
+    if gaps and unsized:
+        jobs.append(("gaps/attention_proxies", "gaps_attention_proxies", figures.gaps_by_split,
+                     (gaps, unsized, splits)))
+    for breakdown, labels in labelled.items():  # categorical breakdowns (code: category)
+        for method in methods:
+            jobs.append((f"same_pred_by_{breakdown}/{method}",
+                         f"same_pred_by_{breakdown}_{method}", figures.faithfulness_by_label,
+                         (rows, method, splits, breakdown, labels)))
+    for site, method in dict.fromkeys((r["site"], r["method"]) for r in rows):
+        # The family's rows, all that the figure reads: it aggregates every row it is
+        # given (over seeds, per bin), the most costly part of the reports on all rows.
+        family = [r for r in rows if r["site"] == site and r["method"] == method]
+        for breakdown in breakdowns:
+            jobs.append((f"accuracy_by_{breakdown}/{method}/{site}",
+                         f"accuracy_by_{breakdown}_{method}_{site.replace('+', '_and_')}",
+                         figures.accuracy_by_bin,
+                         (family, site, method, splits, breakdown, bounds[breakdown])))
     with stages.writing("report", os.path.join(workdir, "tensorboard")), \
             log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
-        def emit(fig, tag: str, name: str) -> None:
-            _stop_in_reports(workdir)  # each figure takes a while: a signal stops between them
-            _emit(writer, tag, fig, os.path.join(fig_dir, name + ".png"))
-
-        for method in sized:
-            if gaps:
-                emit(figures.gap_vs_size(gaps, method, splits), f"gaps/{method}",
-                     f"gap_vs_size_{method}")
-            emit(figures.faithfulness_curves(rows, method, splits), f"faithfulness/{method}",
-                 f"faithfulness_{method}")
-        if gaps and unsized:
-            emit(figures.gaps_by_split(gaps, unsized, splits), "gaps/attention_proxies",
-                 "gaps_attention_proxies")
-        for breakdown, labels in labelled.items():  # categorical breakdowns (code: category)
-            for method in methods:
-                emit(figures.faithfulness_by_label(rows, method, splits, breakdown, labels),
-                     f"same_pred_by_{breakdown}/{method}", f"same_pred_by_{breakdown}_{method}")
-        for site, method in dict.fromkeys((r["site"], r["method"]) for r in rows):
-            # The family's rows, all that the figure reads: it aggregates every row it is
-            # given (over seeds, per bin), the most costly part of the reports on all rows.
-            family = [r for r in rows if r["site"] == site and r["method"] == method]
-            for breakdown in breakdowns:
-                emit(figures.accuracy_by_bin(family, site, method, splits, breakdown,
-                                             bounds[breakdown]),
-                     f"accuracy_by_{breakdown}/{method}/{site}",
-                     f"accuracy_by_{breakdown}_{method}_{site.replace('+', '_and_')}")
+        draw(jobs, writer, workdir)
         board.write_all(writer, rows, config, model_cfg, seeds, healthy, workdir, gaps)
 
 
@@ -426,18 +428,60 @@ def write_activation_figures(params, splits, model_cfg, config, workdir: str, se
                                                     key_site)
     if not plots:
         return
-    figs = figures.draw(plots)
+    jobs = [(f"activations/{name}", name, getattr(figures, kind), args)
+            for name, (kind, args) in plots.items()]
     with stages.writing("report", os.path.join(workdir, "tensorboard")), \
             log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
-        for name, fig in figs.items():
-            _emit(writer, f"activations/{name}", fig, os.path.join(workdir, "figures",
-                                                                  f"{name}.png"))
+        draw(jobs, writer, workdir)
 
 
-def _emit(writer, tag: str, fig, path: str) -> None:
-    """Saves `fig` as `path` and shows that image under TensorBoard's IMAGES: the figure is
-    drawn once (drawing is most of its cost; writer.image of the Figure would draw it again)."""
-    with stages.writing("report", path):
-        figures.save(fig, path)
-    with Image.open(path) as image:
-        writer.image(tag, np.asarray(image.convert("RGB")))
+def draw(jobs, writer, workdir: str) -> None:
+    """Draws each figure of `jobs` ([(TensorBoard tag, file name under figures/, a figure
+    function of analysis/figures.py, its arguments)]) once, into its PNG and TensorBoard's IMAGES
+    (in the order of `jobs`). Drawing is single-threaded Python: where this process may use two
+    cores, a helper process draws every other figure meanwhile (the same PNG, byte for byte);
+    should it fail, its figures are drawn here."""
+    paths = [os.path.join(workdir, "figures", name + ".png") for _, name, _, _ in jobs]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    helper = _start_helper([(f, a, p) for (_, _, f, a), p in zip(jobs[1::2], paths[1::2],
+                                                                 strict=True)]
+                           ) if len(jobs) > 1 and (cores or 1) > 1 else None
+    pixels, helped = {}, False
+    try:
+        for i in range(0, len(jobs), 2 if helper else 1):
+            _stop_in_reports(workdir)  # each figure takes a while: a signal stops between them
+            with stages.writing("report", paths[i]):
+                pixels[i] = figures.render(*jobs[i][2:], paths[i])
+        helped = helper is not None and helper.wait() == 0
+    finally:
+        if helper is not None:
+            if helper.poll() is None:  # stopped (the relaunch draws every figure again)
+                helper.kill()
+                helper.wait()
+            os.remove(helper.args[-1])
+    for i, (tag, _, function, args) in enumerate(jobs):
+        if i not in pixels:
+            _stop_in_reports(workdir)
+            with stages.writing("report", paths[i]):
+                if helped:
+                    with Image.open(paths[i]) as image:
+                        pixels[i] = np.asarray(image.convert("RGBA"))
+                else:
+                    pixels[i] = figures.render(function, args, paths[i])
+        writer.image(tag, pixels[i][..., :3])
+
+
+def _start_helper(jobs: list) -> subprocess.Popen:
+    """A process that draws `jobs` ([(figure function, arguments, path)]; figures.render_file),
+    in a session of its own (a Ctrl-C stops this process, which ends it); its last argument is
+    the jobs' file, for the caller to remove."""
+    fd, path = tempfile.mkstemp(suffix=".pkl", prefix="figures_")
+    with os.fdopen(fd, "wb") as f:
+        pickle.dump(jobs, f)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # jaxillusions' parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    return subprocess.Popen(
+        [sys.executable, "-c", "import sys; from jaxillusions.analysis import figures; "
+         "figures.render_file(sys.argv[1])", path],
+        env=env, stdout=subprocess.DEVNULL, start_new_session=True)

@@ -155,6 +155,7 @@ def test_demo_families_compile_once_per_method_at_any_width(trained):
                 params, model_cfg, eval_set, [proxy], batch_size=64, seeds=[0, 1],
                 shared=fitted, one_width=one_width)]
         assert clock.programs["jit(_eval_chunk)"] == 4, (one_width, clock.programs)
+        assert "jit(add)" not in clock.programs  # chunk sums on the host: was one per shape
     keys = ("seed", "site", "method", "size", "split", "breakdown", "bin", "n")
     assert [[r[k] for k in keys] for r in rows[True]] == [[r[k] for k in keys]
                                                           for r in rows[False]]

@@ -76,3 +76,83 @@ def _check_readable_text_only(fig):
 def _close_figures():
     yield
     figures._pyplot().close("all")
+
+
+def test_a_figure_is_measured_once_and_drawn_once(tmp_path, monkeypatch):
+    # Was: given a rect, tight_layout measured every axes twice, and savefig drew the whole
+    # figure twice (once more for the placeholder layout engine tight_layout leaves). The PNG
+    # is the same byte for byte, and save returns its pixels (TensorBoard's image).
+    import matplotlib.axes
+    import matplotlib.figure
+    from PIL import Image
+
+    calls = {"measure": 0, "draw": 0}
+    measure, draw = matplotlib.axes.Axes.get_tightbbox, matplotlib.figure.Figure.draw
+
+    def counted(name, method):
+        def wrapper(self, *args, **kwargs):
+            calls[name] += 1
+            return method(self, *args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "get_tightbbox", counted("measure", measure))
+    monkeypatch.setattr(matplotlib.figure.Figure, "draw", counted("draw", draw))
+    once = figures.tight_layout
+    measured, png = {}, {}
+    for name, layout in (("plain", lambda fig, rect: fig.tight_layout(rect=rect)),
+                         ("once", once)):
+        monkeypatch.setattr(figures, "tight_layout", layout)
+        calls.update(measure=0, draw=0)
+        fig = figures.accuracy_by_depth(_rows(), "blocks.1.attn.k", "svd", SPLITS, max_depth=1)
+        measured[name] = calls["measure"]
+        path = str(tmp_path / f"{name}.png")
+        pixels = figures.save(fig, path)
+        assert calls["draw"] == 1
+        with Image.open(path) as image:
+            assert np.array_equal(pixels, np.asarray(image.convert("RGBA")))
+        with open(path, "rb") as f:
+            png[name] = f.read()
+    assert measured["plain"] == 2 * measured["once"] > 0
+    assert png["plain"] == png["once"]
+
+
+def test_a_helper_process_draws_every_other_figure_into_the_same_files(tmp_path, monkeypatch):
+    # With two cores a helper process draws every other figure (drawing is single-threaded);
+    # the files and TensorBoard's images (in order) are those of one process drawing them all,
+    # and a helper that fails leaves its figures to this process.
+    import os
+    import sys
+
+    from jaxillusions import sweep
+
+    rows, gaps = _rows(), _gaps(_rows())
+    jobs = [("a", "curves", figures.faithfulness_curves, (rows, "svd", SPLITS)),
+            ("b", "gaps", figures.gap_vs_size, (gaps, "kmeans", SPLITS)),
+            ("c", "attention", figures.gaps_by_split, (gaps, ["onehot_attention"], SPLITS))]
+
+    class Writer:
+        def image(self, tag, pixels):
+            self.images.append((tag, pixels))
+
+    helped, start = [], sweep._start_helper
+    monkeypatch.setattr(sweep, "_start_helper", lambda jobs: helped.append(len(jobs)) or
+                        start(jobs))
+    images = {}
+    for name, cores, executable in (("alone", {0}, sys.executable),
+                                    ("helped", {0, 1}, sys.executable),
+                                    ("failed", {0, 1}, "false")):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, cores=cores: cores)
+        monkeypatch.setattr(sys, "executable", executable)
+        writer = Writer()
+        writer.images = []
+        sweep.draw(jobs, writer, str(tmp_path / name))
+        images[name] = writer.images
+    assert helped == [1, 1]  # job b, in the runs with two cores
+    for name in ("helped", "failed"):
+        assert [tag for tag, _ in images[name]] == ["a", "b", "c"]
+        for (_, x), (_, y) in zip(images["alone"], images[name], strict=True):
+            assert np.array_equal(x, y)
+        for file in ("curves", "gaps", "attention"):
+            with open(tmp_path / "alone" / "figures" / f"{file}.png", "rb") as a, \
+                    open(tmp_path / name / "figures" / f"{file}.png", "rb") as b:
+                assert a.read() == b.read()

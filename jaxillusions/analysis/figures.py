@@ -13,8 +13,10 @@ diverged in training have no rows, so they are never drawn.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import pickle
 from collections.abc import Sequence
 
 import numpy as np
@@ -123,6 +125,18 @@ def _title(fig, text: str) -> None:
     fig.suptitle(text, fontsize=size)
 
 
+def tight_layout(fig, rect: tuple[float, float, float, float]) -> None:
+    """fig.tight_layout(rect=rect), measuring each axes once: given a rect, matplotlib measures
+    every axes (ticks and labels: most of its cost) twice over, unchanged in between."""
+    for ax in fig.axes:
+        ax.get_tightbbox = functools.cache(ax.get_tightbbox)
+    try:
+        fig.tight_layout(rect=rect)
+    finally:
+        for ax in fig.axes:
+            del ax.get_tightbbox  # later drawing measures afresh
+
+
 def _num_seeds(rows: Sequence[dict]) -> int:
     return len({r["seed"] for r in rows})
 
@@ -174,7 +188,7 @@ def faithfulness_curves(rows: Sequence[dict], method: str, splits: Sequence[str]
             "original, not drawn" if hidden else "")
     _title(fig, f"{method}: faithfulness to the original model (mean, 95% CI over "
                 f"{_num_seeds(rows)} seeds{same})")
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    tight_layout(fig, rect=(0, 0.05, 1, 1))
     return fig
 
 
@@ -247,7 +261,7 @@ def accuracy_by_bin(rows: Sequence[dict], site: str, method: str, splits: Sequen
             "original, not drawn" if exact else "")
     _title(fig, f"{method} on {site}: accuracy by {breakdown} (mean, 95% CI over "
                 f"{_num_seeds(rows)} seeds{same})")
-    fig.tight_layout(rect=(0, 0 if inside else 0.1, 1, 1))
+    tight_layout(fig, rect=(0, 0 if inside else 0.1, 1, 1))
     return fig
 
 
@@ -302,7 +316,7 @@ def gap_vs_size(gaps: Sequence[dict], method: str, splits: Sequence[str],
     baseline = gaps[0].get("baseline", "iid") if gaps else "iid"
     _title(fig, f"{method}: paired gap, {baseline} vs split (> 0: less faithful on the split), "
                 f"mean, 95% t CI over {n} seeds")
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    tight_layout(fig, rect=(0, 0.06, 1, 1))
     return fig
 
 
@@ -334,7 +348,7 @@ def gaps_by_split(gaps: Sequence[dict], methods: Sequence[str], splits: Sequence
     n = max((g.get("n_seeds", 0) for g in gaps), default=0)
     _title(fig, f"Attention proxies: paired gap (> 0: less faithful on the split), "
                 f"95% t CI, {n} seeds")
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    tight_layout(fig, rect=(0, 0.08, 1, 1))
     return fig
 
 
@@ -344,10 +358,30 @@ def draw(plots: dict) -> dict:
     return {name: globals()[kind](*args) for name, (kind, args) in plots.items()}
 
 
-def save(fig, path: str) -> None:
+def render(function, args: Sequence, path: str) -> np.ndarray:
+    """function(*args), a figure function of this module, saved as `path` (`save`)."""
+    return save(function(*args), path)
+
+
+def render_file(jobs_path: str) -> None:
+    """`render` of each (function, arguments, path) pickled in `jobs_path` (sweep.draw's helper
+    process)."""
+    with open(jobs_path, "rb") as f:
+        jobs = pickle.load(f)
+    for function, args, path in jobs:
+        render(function, args, path)
+
+
+def save(fig, path: str) -> np.ndarray:
+    """Writes `fig` as a PNG at DPI and closes it; returns the pixels it drew [H, W, 4]."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    # tight_layout leaves a placeholder layout engine, for which savefig draws the whole figure
+    # once more before the draw it saves; the layout is done, so none is needed.
+    fig.set_layout_engine(None)
     fig.savefig(path, dpi=DPI)
+    pixels = np.array(fig.canvas.buffer_rgba())  # savefig's draw (no second one)
     _pyplot().close(fig)
+    return pixels
 
 
 def attention_patterns(patterns: np.ndarray, labels: Sequence[str], seeds: Sequence[int],
@@ -366,7 +400,7 @@ def attention_patterns(patterns: np.ndarray, labels: Sequence[str], seeds: Seque
         ax.set_xlabel("key")
         ax.set_ylabel("query")
     _title(fig, f"{site}: attention weights on {shown}")
-    fig.tight_layout(rect=(0, 0, 0.9, 1))
+    tight_layout(fig, rect=(0, 0, 0.9, 1))
     cax = fig.add_axes((0.92, 0.15, 0.02, 0.7))
     fig.colorbar(image, cax=cax, label="attention weight")
     return fig
@@ -455,5 +489,5 @@ def faithfulness_by_label(rows: Sequence[dict], method: str, splits: Sequence[st
     inside = _legend_below(fig, handles, labels_)
     _title(fig, f"{method}: {metric} by {breakdown} (mean, 95% CI, {_num_seeds(rows)} seeds; "
                 f"grey: positions per bin and seed on {splits[0]})")
-    fig.tight_layout(rect=(0, 0 if inside else 0.08, 1, 1))
+    tight_layout(fig, rect=(0, 0 if inside else 0.08, 1, 1))
     return fig
