@@ -54,8 +54,8 @@ def evaluate(params: dict, split, model_cfg: model_lib.ModelConfig, *, batch_siz
     totals = None
     for chunk in padded_chunks([view.tokens, view.evaluated, bins], batch_size):
         out = _eval_batch(params, *chunk, model_cfg=model_cfg, num_depths=num_depths)
-        totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
-    totals = distributed.to_host(totals)
+        out = distributed.to_host(out)  # summed on the host: no jit(add) per shape
+        totals = out if totals is None else jax.tree.map(np.add, totals, out)
     count, correct = totals["count_by_depth"], totals["correct_by_depth"][:num_seeds]
     with np.errstate(invalid="ignore", divide="ignore"):
         return {

@@ -191,7 +191,8 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
         for (tokens,) in padded_chunks([train.tokens], batch_size):
             moments, vectors = _collect_chunk(
                 params, tokens, **dict(static, with_vectors=sampling and kept < num_samples))
-            totals = moments if totals is None else jax.tree.map(jnp.add, totals, moments)
+            moments = distributed.to_host(moments)  # summed on the host: no jit(add) per shape
+            totals = moments if totals is None else jax.tree.map(np.add, totals, moments)
             if vectors:
                 valid = (tokens != tasks.PAD).reshape(-1)
                 take = np.flatnonzero(valid)[: num_samples - kept]

@@ -262,7 +262,8 @@ def length_generalization(params, cfg: model_lib.ModelConfig, tokens: np.ndarray
     for chunk, ok in padded_chunks([tokens, evaluate], batch_size):
         out = _length_scores(params, chunk, ok, threshold, cfg=cfg,
                              members_per_call=members_per_call)
-        total = out if total is None else jax.tree.map(jnp.add, total, out)
+        out = jax.device_get(out)  # summed on the host: no jit(add) per shape
+        total = out if total is None else jax.tree.map(np.add, total, out)
     count = evaluate.sum()
     return {"acc": np.asarray(total["share_correct"]) / count,
             "argmax_acc": np.asarray(total["argmax_correct"]) / count,
