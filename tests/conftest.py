@@ -77,6 +77,25 @@ def tiny_sweep(tmp_path_factory, cache_dir) -> str:
     return workdir
 
 
+@pytest.fixture(scope="session")
+def sae_sweep(tmp_path_factory, cache_dir) -> str:
+    """The workdir of a finished main job of tiny_sweep_config with SVD and the SAE proxy
+    (widths 4, 8) on the last layer's keys, two heads (d_head 8), on iid and unseen_depth, the
+    seed-match analysis on the first seed; shared by test_dictionaries and test_export. Read it;
+    copy it to change it."""
+    from jaxillusions import sweep
+
+    config = tiny_sweep_config(cache_dir)
+    config.model.n_heads = 2
+    config.proxies.methods = ("svd", "sae")
+    config.proxies.sae_sizes = (4, 8)
+    config.proxies.eval_splits = ("iid", "unseen_depth")
+    config.proxies.dictionary_match_seeds = 1
+    workdir = str(tmp_path_factory.mktemp("sae_sweep") / "run")
+    sweep.run(config, workdir, verbose=False)
+    return workdir
+
+
 def planted_dictionary(n: int = 4096, f: int = 16, num_dirs: int = 32, k: int = 3,
                        seed: int = 0):
     """x = 0.3 + codes @ dirs: k-sparse positive codes over num_dirs known unit directions.

@@ -4,6 +4,7 @@ XLA's, and its PyTorch baseline is the same model as jaxillusions.model."""
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -151,17 +152,27 @@ def test_benchmark_bad_input_is_one_line(args, message, tmp_path):
     assert not os.path.exists(tmp_path / "b.json")
 
 
-def test_benchmark_keeps_an_earlier_report(tmp_path, cache_dir):
+def test_benchmark_keeps_an_earlier_report(tmp_path, cache_dir, monkeypatch, capsys):
     # Was: a rerun to the same --out replaced a finished report at its first row.
+    # In this process (the launcher's main; its one-line errors are tested as subprocesses
+    # above): the training step is then the one test_benchmark_smoke compiled.
+    from launch import benchmark
+
     config = tiny_config_file(tmp_path / "tiny.py", cache_dir)
     out = tmp_path / "b.json"
     out.write_text('{"earlier": true}')
-    proc = _benchmark(f"--config={config}", "--seeds=2", "--steps=2", "--repeats=1",
-                      "--loop_max_seeds=0", "--proxy_seeds=2", "--no_torch", "--no_kmeans",
-                      "--no_sae",
-                      f"--out={out}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    monkeypatch.setattr(sys, "argv", [
+        "benchmark", f"--config={config}", "--seeds=2", "--steps=2", "--repeats=1",
+        "--loop_max_seeds=0", "--proxy_seeds=2", "--no_torch", "--no_kmeans", "--no_sae",
+        f"--out={out}"])
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        benchmark.main()  # exits (SystemExit) on an error
+    finally:
+        for signum, handler in handlers.items():  # main installs its own
+            signal.signal(signum, handler)
+    stdout = capsys.readouterr().out
     (kept,) = [p for p in tmp_path.iterdir() if p.name.startswith("b.2")]
     assert json.loads(kept.read_text()) == {"earlier": True}
-    assert f"note: the earlier report {out} is kept as {kept}" in proc.stdout
+    assert f"note: the earlier report {out} is kept as {kept}" in stdout
     assert [r["num_seeds"] for r in json.loads(out.read_text())["training"]] == [2]

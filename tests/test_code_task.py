@@ -2,10 +2,12 @@
 the unigram baseline, its config checks, and an end-to-end tiny sweep on a corpus of Python and
 JavaScript files written by the test."""
 
+import copy
 import csv
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -136,10 +138,18 @@ def test_validate_refuses_dyck_only_options_and_bad_values(tmp_path):
         validate.validate(bad)
 
 
-def test_tiny_code_sweep_end_to_end(tmp_path):
-    config = code_config(tmp_path)
-    workdir = str(tmp_path / "run")
+@pytest.fixture(scope="module")
+def code_sweep(tmp_path_factory) -> tuple[ConfigDict, str]:
+    """(its config, a copy for each test; the workdir) of a finished sweep of code_config,
+    shared by the module: read the workdir; copy it to change it."""
+    root = tmp_path_factory.mktemp("code_sweep")
+    config, workdir = code_config(root), str(root / "run")
     sweep.run(config, workdir, verbose=False)
+    return config, workdir
+
+
+def test_tiny_code_sweep_end_to_end(code_sweep):
+    config, workdir = copy.deepcopy(code_sweep[0]), code_sweep[1]
     with open(os.path.join(workdir, "results.csv")) as f:
         rows = list(csv.DictReader(f))
     assert {r["breakdown"] for r in rows} == {"all", "category", "bracket_depth"}
@@ -256,16 +266,16 @@ def test_codesearchnet_directory_through_the_launcher(tmp_path):
 
 
 
-def test_sweep_probes_induction_heads_once_and_again_when_its_settings_change(tmp_path):
+def test_sweep_probes_induction_heads_once_and_again_when_its_settings_change(code_sweep,
+                                                                             tmp_path):
     """The main job's induction stage: induction.csv per seed/layer/head, the per-seed best head
     and loss drop, identifier_repeat vs identifier_first accuracy, TensorBoard scalars and a
     headline line; a relaunch keeps the stage, a changed induction.* setting on a finished sweep
     recomputes only the probe (the earlier CSVs go to superseded/, the proxy stages are kept)."""
     from jaxillusions.logging import read_scalars  # noqa: PLC0415
 
-    config = code_config(tmp_path)
-    workdir = str(tmp_path / "run")
-    sweep.run(config, workdir, verbose=False)
+    config, workdir = copy.deepcopy(code_sweep[0]), str(tmp_path / "run")
+    shutil.copytree(code_sweep[1], workdir)
     heads = tables.read_csv(os.path.join(workdir, "induction.csv"))
     # 2 seeds x 2 layers x 2 heads (code_small's model), each a score in [0, 1].
     assert sorted((r["seed"], r["layer"], r["head"]) for r in heads) == [

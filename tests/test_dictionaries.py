@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import planted_dictionary, tiny_sweep_config
+from conftest import planted_dictionary
 
 from jaxillusions import settings as run_settings
 from jaxillusions.analysis import dictionaries, load_results, stats
@@ -167,19 +167,13 @@ def test_seed_match_summary_averages_heads_then_seeds():
         stats.t_interval(np.array([0.75, 0.25, 0.75])))
 
 
-def test_a_sweep_with_sae_writes_the_dictionary_tables(tmp_path, cache_dir, tiny_sweep):
-    from jaxillusions import sweep
-
+def test_a_sweep_with_sae_writes_the_dictionary_tables(tiny_sweep, sae_sweep):
     # Without sae (the shared tiny sweep: svd and one-hot attention) there is none.
     assert not [f for f in os.listdir(tiny_sweep) if f.startswith("dictionaries")]
-    config = tiny_sweep_config(cache_dir)
-    config.model.n_heads = 2  # d_head 8, two heads
-    config.proxies.methods = ("svd", "sae")
-    config.proxies.sae_sizes = (4, 8)
-    config.proxies.eval_splits = ("iid", "unseen_depth")
-    config.proxies.dictionary_match_seeds = 1
-    workdir = str(tmp_path / "run")
-    sweep.run(config, workdir, verbose=False)
+    # With it (conftest.sae_sweep: svd and sae of widths 4 and 8 on iid and unseen_depth, two
+    # heads, dictionary_match_seeds=1).
+    workdir = sae_sweep
+
     def read(name):
         return pd.read_csv(os.path.join(workdir, f"dictionaries_{name}.csv")).to_dict("records")
 

@@ -249,23 +249,6 @@ def test_sae_to_saelens_files_reconstruct_like_sae_apply(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["w5", "w8"]
 
 
-@pytest.fixture(scope="module")
-def sae_sweep(tmp_path_factory, cache_dir):
-    """A finished tiny sweep with the SAE proxy (width 8) on the last layer's keys, two heads."""
-    from conftest import tiny_sweep_config
-
-    from jaxillusions import sweep
-
-    config = tiny_sweep_config(cache_dir)
-    config.model.n_heads = 2  # d_head 8: one SAE per seed and head
-    config.proxies.methods = ("sae",)
-    config.proxies.sae_sizes = (8,)
-    config.proxies.eval_splits = ("iid",)
-    workdir = str(tmp_path_factory.mktemp("sae_sweep") / "run")
-    sweep.run(config, workdir, verbose=False)
-    return workdir
-
-
 def _site_values(workdir, seed, site, head):
     """That seed's activations at `site` (one head) on the iid split, valid positions only."""
     run = load_run(workdir)
@@ -297,7 +280,7 @@ def test_saelens_from_workdir(sae_sweep, tmp_path):
           f"{np.max(np.abs(got - ours)):.2e} over {len(x)} positions")
     with pytest.raises(ValueError, match="pass head="):
         export.sae_params(sae_sweep, seed, site, 8)
-    with pytest.raises(ValueError, match=r"fitted \(width, k\) are \[\(8, 4\)\]"):
+    with pytest.raises(ValueError, match=r"fitted \(width, k\) are \[\(4, 4\), \(8, 4\)\]"):
         export.sae_params(sae_sweep, seed, site, 16, head=0)
     with pytest.raises(ValueError, match="0 SAE families"):
         export.sae_params(sae_sweep, seed, "blocks.0.attn.k", 8, head=0)
