@@ -352,12 +352,6 @@ def gaps_by_split(gaps: Sequence[dict], methods: Sequence[str], splits: Sequence
     return fig
 
 
-def draw(plots: dict) -> dict:
-    """{name: (a figure function of this module, its arguments)} -> {name: figure}: how a task
-    asks for its activation figures (tasks/__init__.py, activation_plots)."""
-    return {name: globals()[kind](*args) for name, (kind, args) in plots.items()}
-
-
 def render(function, args: Sequence, path: str) -> np.ndarray:
     """function(*args), a figure function of this module, saved as `path` (`save`)."""
     return save(function(*args), path)
