@@ -23,6 +23,7 @@ from configs import dyck_small
 
 def get_config() -> ConfigDict:
     config = dyck_small.get_config()
+    config.cpu_devices = 0  # as JAX starts (meant for a GPU, where it has no effect)
 
     # Data: Dyck-(20, 10) as in the paper (Hewitt et al. sampler).
     config.data.num_types = 20

@@ -23,6 +23,7 @@ from configs import dyck_small
 
 def get_config() -> ConfigDict:
     config = dyck_small.get_config()
+    config.cpu_devices = 0  # as JAX starts (the documented numbers' layout: one CPU device)
 
     # Data: the demo's Dyck-(8, 6); fewer evaluation sentences per split (7 splits x 300).
     config.data.num_eval = 300

@@ -28,6 +28,9 @@ def get_config() -> ConfigDict:
     config = ConfigDict()
     config.task = "dyck"
     config.seed = 0  # seed s of the sweep is config.seed + s
+    # The 4 seeds as 2 shards, one per core of a 2-core CPU: 1.6x faster training than one
+    # device; the numbers differ in the last bits from a 1-device run (docs/speed.md).
+    config.cpu_devices = 2
 
     # Data: Dyck-(k, m) with generalization splits (docs/friedman_dyck.md, "The Dyck task").
     config.data = ConfigDict()
@@ -106,7 +109,9 @@ def get_config() -> ConfigDict:
     config.proxies.kmeans_samples = 20_000  # vectors per seed used to fit k-means
     config.proxies.kmeans_iters = 25
     config.proxies.collect_batch_size = 512  # training sentences per activation-collection chunk
-    config.proxies.eval_batch_size = 256
+    # Sentences per evaluation chunk: on a CPU a chunk's per-size activations then stay in the
+    # core's cache (evaluation 23 s against 28 s at 256; docs/speed.md). GPUs want larger.
+    config.proxies.eval_batch_size = 64
     # Splits every data-dependent proxy is also fitted on (each on one half of its sentences,
     # evaluated on the other half): the fit x evaluate table and the gap decomposition
     # (fit_x_eval.csv, gap_decomposition.csv). "train" alone: today's analysis, nothing more.

@@ -31,6 +31,7 @@ def get_config(arg: str = "minimal") -> ConfigDict:
     if arg not in VARIANTS:
         raise ValueError(f"configs/wen_attention_variation.py:{arg}: expected one of {VARIANTS}")
     config = dyck_small.get_config()
+    config.cpu_devices = 0  # as JAX starts (the documented numbers' layout: one CPU device)
 
     # Data: Dyck-(2, 4) (Wen et al.), training sentences of up to 24 brackets.
     config.data.num_types = 2

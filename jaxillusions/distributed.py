@@ -1,6 +1,7 @@
 """Devices and processes: one mesh with a `seed` axis over every device of every process.
 
     initialize(...)            # joins a multi-host run (jax.distributed); no-op for one process
+    use_cpu_devices(2)         # the CPU as two devices (config.cpu_devices), before any JAX work
     tree = shard_seeds(tree)   # leading seed axis padded to a multiple of the device count, sharded
     host = to_host(tree, num)  # numpy, gathered from all processes, the first `num` seeds
 
@@ -148,6 +149,27 @@ def lost_peer_line(err: BaseException) -> str | None:
     return (f"error: lost {who} of {count} (this is process {me}; it stopped or cannot be "
             f"reached: {first}); relaunch all {count} processes with the same command to "
             "resume from the last checkpoint")
+
+
+def use_cpu_devices(count: int) -> None:
+    """Splits the CPU into `count` JAX devices (the setting cpu_devices; 0: leaves JAX as it
+    starts). It takes effect only before JAX's first operation in the process; later, a process
+    already on `count` CPU devices (or on an accelerator) passes, any other is a one-line
+    ValueError, so that a run never computes on another layout than its config names."""
+    if count == 0:
+        return
+    requested = os.environ.get("JAX_NUM_CPU_DEVICES", "").strip()
+    if requested and requested != str(count):
+        raise ValueError(f"cpu_devices={count}, but JAX_NUM_CPU_DEVICES={requested}: unset the "
+                         f"variable, or set --config.cpu_devices={requested} (0 follows it)")
+    try:
+        jax.config.update("jax_num_cpu_devices", count)
+    except RuntimeError:  # JAX has started in this process: its devices are fixed
+        if jax.default_backend() == "cpu" and jax.local_device_count() != count:
+            raise ValueError(
+                f"cpu_devices={count}, but JAX already runs on {jax.local_device_count()} CPU "
+                f"device(s) in this process: set jax.config.update('jax_num_cpu_devices', "
+                f"{count}) before any JAX operation, or use cpu_devices=0") from None
 
 
 def is_main() -> bool:

@@ -218,6 +218,10 @@ class Settings:
 
     task: str = setting("dyck", STR, *one_of(tasks.TASKS))
     seed: int = setting(0, INT, ">= 0", nonnegative)
+    cpu_devices: int = setting(
+        0, INT, ">= 0 (0: as JAX starts: $JAX_NUM_CPU_DEVICES, else 1)", nonnegative,
+        "JAX devices the CPU is split into, the seeds sharded over them (one per core); "
+        "ignored on a GPU. It changes the numbers' last bits")
     data: Any = None  # the task's Data
     model: Model = dataclasses.field(default_factory=Model)
     train: Train = dataclasses.field(default_factory=Train)

@@ -43,6 +43,7 @@ from jaxillusions import (
     interrupt,
     model,
     objective,
+    settings,
     stages,
     tasks,
     timing,
@@ -118,6 +119,8 @@ def run(config: Settings | Any, workdir: str, *, verbose: bool = True,
 
     With several processes (distributed.initialize) all of them compute, each on its devices'
     seeds, and process 0 alone writes the files; every process returns all rows."""
+    # The CPU's devices first: the checks below start JAX, which fixes them.
+    distributed.use_cpu_devices(settings.from_config(config).cpu_devices)
     config, _ = validate.check(config)  # the launchers show its notes
     with timing.Breakdown() as clock:
         rows = _run(config, workdir, verbose=verbose, start_over=start_over)

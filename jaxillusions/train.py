@@ -153,6 +153,7 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
     from jaxillusions import logging as log_lib  # noqa: PLC0415
 
     config = settings.from_config(config)  # a ConfigDict is read once, here
+    distributed.use_cpu_devices(config.cpu_devices)  # before JAX starts, or checked
     tc, task = config.train, tasks.get(config.task)
     say = print if verbose and distributed.is_main() else (lambda *a, **k: None)
     checkpointer = writer = None

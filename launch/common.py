@@ -205,13 +205,18 @@ def guard(job: Callable[..., None], workdir: str, configs: Sequence) -> None:
     """Runs job(*settings) after turning every config into checked settings (validate.check:
     the configs are read here, once) and taking the workdir lock, with SIGTERM/SIGINT caught
     (the job saves and exits 143/130); every error becomes one line on stderr."""
-    from jaxillusions import checkpoint, distributed, interrupt, validate  # noqa: PLC0415
+    from jaxillusions import checkpoint, distributed, interrupt, settings, validate  # noqa: PLC0415
 
     if not DEBUG.value:
         _quiet_background_errors(workdir)
         _own_warnings_on_one_line()
     lock = checkpoint.WorkdirLock(workdir)
     try:
+        # The CPU's devices are fixed by JAX's first operation: set them before anything runs.
+        counts = {settings.from_config(config).cpu_devices for config in configs}
+        if len(counts) > 1:
+            raise ValueError(f"the configs name different cpu_devices {sorted(counts)}")
+        distributed.use_cpu_devices(counts.pop())
         distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value,
                                JOIN_TIMEOUT.value)
         compile_cache = use_compilation_cache()

@@ -8,6 +8,7 @@ from configs import dyck_small
 def tiny_config(cache_dir: str = ""):
     """A config small enough that a few hundred steps take seconds on a 2-core CPU."""
     config = dyck_small.get_config()
+    config.cpu_devices = 0  # the test process's JAX (one CPU device unless a test says)
     config.data.num_types = 4
     config.data.max_depth = 4
     config.data.num_train = 2000

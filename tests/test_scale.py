@@ -344,3 +344,43 @@ def _two_processes(module: str, config_file, workdir, port: int) -> list[subproc
          f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i in range(2)]
+
+
+def test_config_cpu_devices_sets_the_launchers_devices(tmp_path, cache_dir):
+    # cpu_devices=2 (the Quickstart config's value): the launcher splits the CPU before JAX
+    # starts, and every seed-sharded computation runs on both devices.
+    config_file = tiny_config_file(tmp_path / "two.py", cache_dir,
+                                   {"cpu_devices": 2, "train.num_steps": 10})
+    env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
+    cmd = [sys.executable, "-m", "launch.train", f"--config={config_file}"]
+    [(code, stdout, stderr)] = _run_children([cmd + [f"--workdir={tmp_path / 'two'}"]], env)
+    assert code == 0, stderr[-3000:]
+    assert "on 2 cpu device(s)" in stdout
+    # A JAX_NUM_CPU_DEVICES that disagrees is a one-line error before any work.
+    [(code, stdout, stderr)] = _run_children(
+        [cmd + [f"--workdir={tmp_path / 'clash'}"]], {**env, "JAX_NUM_CPU_DEVICES": "3"})
+    assert code == 1
+    assert stderr.strip().splitlines() == [
+        "error: cpu_devices=2, but JAX_NUM_CPU_DEVICES=3: unset the variable, or set "
+        "--config.cpu_devices=3 (0 follows it)"]
+    assert not os.path.exists(tmp_path / "clash" / "config.json")
+
+
+def test_cpu_devices_after_jax_started_must_match(config, tmp_path, monkeypatch):
+    # In a process where JAX already runs (this one: 1 CPU device), a config asking for another
+    # count stops before any work instead of computing on another layout than it names.
+    assert jax.device_count() == 1
+    distributed.use_cpu_devices(0)
+    distributed.use_cpu_devices(1)
+    config.cpu_devices = 2
+    with pytest.raises(ValueError, match=r"already runs on 1 CPU device\(s\)"):
+        train.train_sweep(config, str(tmp_path / "run"), verbose=False)
+    assert not os.path.exists(tmp_path / "run")
+    from jaxillusions import sweep  # noqa: PLC0415
+
+    with pytest.raises(ValueError, match=r"already runs on 1 CPU device\(s\)"):
+        sweep.run(config, str(tmp_path / "run"), verbose=False)
+    assert not os.path.exists(tmp_path / "run")
+    monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "3")
+    with pytest.raises(ValueError, match="JAX_NUM_CPU_DEVICES=3"):
+        distributed.use_cpu_devices(2)
