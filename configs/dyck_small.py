@@ -9,15 +9,15 @@ Training only:
     python -m launch.train --config=configs/dyck_small.py --workdir=runs/dyck_small_train
 
 On the 2-core CPU machine (Intel Xeon, no GPU, nothing else running, data cached, compilation
-cache off) the sweep took 1 min 47 s (mean of 2 runs; 2 min 18 s before the evaluation shared one
-program per proxy method): 49 s of training (4 seeds x 3000 steps, with position offsets), then
-about 55 s for proxy fitting, evaluation on 6 splits, the reports and figures; the job's last line
-gives the breakdown. All 4 seeds pass 95% closing-bracket accuracy on `iid` (0.952-0.981; mean
-0.966, 95% logit-t interval [0.940, 0.983]). For conclusions use the 32-seed
-configs/dyck_population.py. With `JAX_NUM_CPU_DEVICES=2` in front (the seeds in two shards, one
-per core) the same machine took 1 min 58 s against 2 min 27 s in back-to-back runs of the earlier
-code; the numbers then differ from a one-device run within seed noise (iid 0.967 ± 0.019;
-docs/speed.md). Override any key on the command line, e.g.
+cache off) the sweep took 1 min 12 s (mean of 2 runs; 2 min 6 s for the code before the speed
+changes of docs/speed.md, commit 5fc6b14): 29 s of training (4 seeds x 3000 steps, with position
+offsets, as 2 shards on the config's 2 CPU devices), then 41 s for proxy fitting, evaluation on
+6 splits, the reports and figures; the job's last line gives the breakdown. All 4 seeds pass 95%
+closing-bracket accuracy on `iid` (0.953-0.982; mean 0.967, 95% logit-t interval [0.940,
+0.984]). For conclusions use the 32-seed configs/dyck_population.py. `--config.cpu_devices=1`
+trains on one device (training 1.6x slower here, numbers that differ from the 2-device run within
+seed noise: docs/speed.md).
+Override any key on the command line, e.g.
 `--config.train.num_seeds=8 --config.data.num_train=20000`.
 """
 
