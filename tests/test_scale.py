@@ -348,7 +348,7 @@ def _two_processes(module: str, config_file, workdir, port: int) -> list[subproc
 
 def test_config_cpu_devices_sets_the_launchers_devices(tmp_path, cache_dir):
     # cpu_devices=2 (the Quickstart config's value): the launcher splits the CPU before JAX
-    # starts, and every seed-sharded computation runs on both devices.
+    # starts, and training says it runs on both devices.
     config_file = tiny_config_file(tmp_path / "two.py", cache_dir,
                                    {"cpu_devices": 2, "train.num_steps": 10})
     env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
