@@ -7,9 +7,8 @@ One TensorBoard run per subdirectory of `logdir`:
   images/            images (default run of `SweepWriter.image`)
   hparams/           config + final metrics for the HPARAMS tab (`hparams(run=...)` can put a
                      session in any run, e.g. one per seed_<s>)
-  <run>/             curves, e.g. faithfulness/iid (analysis/board.py: x axis = log2 of the
-                     rank or number of clusters)
-  .                  (the logdir itself) the custom-scalars layout, if any
+  <run>/             what `curve` and `text` are given, e.g. the main job's reports
+                     (analysis/board.py: split/<split> and report)
 
 Scalars are stored as `simple_value`, i.e. float32.
 """
@@ -109,9 +108,9 @@ class SweepWriter:
         step going back as a restart and may show only the newest curve; `read_scalars` returns
         both. Put the training step in the run or tag to keep several curves.
         """
-        from tensorboardX.proto.summary_pb2 import Summary, SummaryMetadata
+        from tensorboardX.proto.summary_pb2 import Summary
 
-        meta = SummaryMetadata(summary_description=description) if description else None
+        meta = _scalar_metadata(description) if description else None
         for x, y in zip(xs, ys, strict=True):
             if np.isfinite(y):
                 value = Summary.Value(tag=tag, simple_value=float(y))
@@ -146,6 +145,8 @@ class SweepWriter:
         step: int = 0,
         metric_tags: Sequence[str] = (),
         varying: Sequence[str] = (),
+        display_names: Mapping[str, str] | None = None,
+        description: str = "",
     ) -> None:
         """Config + final metrics for the HPARAMS tab: experiment, session start/end and the
         metric scalars, all in `run` (the plugin reads a session's metrics from its own run).
@@ -155,6 +156,8 @@ class SweepWriter:
         experiment lists them first, in this order (TensorBoard shows the first 5 metrics by
         default). `varying`: hparams that differ between sessions (e.g. the seed), marked so in
         the experiment; TensorBoard shows those first (else the first 5 by name, constants).
+        `display_names`: {metric tag: the column title HPARAMS shows instead of the tag}.
+        `description`: shown with the metric scalars' cards (SCALARS' info).
         Call once per run: TensorBoard keeps the first hparams metadata it sees in a run.
         """
         from tensorboardX.proto.summary_pb2 import Summary
@@ -165,33 +168,33 @@ class SweepWriter:
         listed = {**{k: 0.0 for k in metric_tags}, **mt}
         # tensorboardX's add_hparams would put these in a timestamped sub-run; write them directly.
         summaries = hparams_summaries(hp, listed)
-        if varying:  # HParamInfo.differs: tensorboardX's proto has no such field; TensorBoard's
+        if varying or display_names:  # HParamInfo.differs, MetricInfo.display_name:
+            # tensorboardX's proto has no such fields; TensorBoard's has.
             from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
             value = summaries[0].value[0]  # the experiment
             data = HParamsPluginData.FromString(value.metadata.plugin_data.content)
             for info in data.experiment.hparam_infos:
                 info.differs = info.name in varying
+            for metric in data.experiment.metric_infos:
+                metric.display_name = (display_names or {}).get(metric.name.tag, "")
             value.metadata.plugin_data.content = data.SerializeToString()
         for summary in summaries:
             self._write(run, list(summary.value), step)
         if mt:
-            self._write(run, [Summary.Value(tag=k, simple_value=v) for k, v in mt.items()], step)
+            values = [Summary.Value(tag=k, simple_value=v) for k, v in mt.items()]
+            for value in values if description else ():
+                value.metadata.CopyFrom(_scalar_metadata(description))
+            self._write(run, values, step)
         self._maybe_flush()
 
-    def custom_scalars(self, layout: Any) -> None:
-        """A custom-scalars layout (tensorboardX `layout_pb2.Layout`) for the CUSTOM SCALARS
-        tab, in the root run (the plugin merges the layouts of all runs)."""
-        from tensorboardX.proto.summary_pb2 import Summary, SummaryMetadata
-        from tensorboardX.proto.tensor_pb2 import TensorProto
-        from tensorboardX.proto.tensor_shape_pb2 import TensorShapeProto
+    def text(self, run: str, tag: str, text: str, step: int = 0) -> None:
+        """Markdown `text` for the TEXT tab, as tag `tag` of run `run`."""
+        from tensorboardX.summary import text as text_summary
 
-        metadata = SummaryMetadata(
-            plugin_data=SummaryMetadata.PluginData(plugin_name="custom_scalars"))
-        tensor = TensorProto(dtype="DT_STRING", string_val=[layout.SerializeToString()],
-                             tensor_shape=TensorShapeProto())
-        self._write(".", [Summary.Value(tag="custom_scalars__config__", tensor=tensor,
-                                        metadata=metadata)], 0)
+        value = text_summary(tag, text).value[0]
+        value.tag = tag  # tensorboardX appends "/text_summary"
+        self._write(run, [value], step)
         self._maybe_flush()
 
     @staticmethod
@@ -229,6 +232,16 @@ class SweepWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _scalar_metadata(description: str) -> Any:
+    """A scalar's metadata with a description (markdown, shown with its card). Named as the
+    scalars plugin's, as TensorBoard's own scalar summaries are: TensorBoard's event readers
+    warn about metadata that names no plugin."""
+    from tensorboardX.proto.summary_pb2 import SummaryMetadata
+
+    return SummaryMetadata(summary_description=description,
+                           plugin_data=SummaryMetadata.PluginData(plugin_name="scalars"))
 
 
 def _image_array(image: Any) -> np.ndarray:

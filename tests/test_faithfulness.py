@@ -5,11 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.stats
+from tensorboard.backend.event_processing import event_accumulator as ea
 
 from jaxillusions import faithfulness as F
 from jaxillusions import logging as log_lib
 from jaxillusions import metrics, proxies, sweep, timing
-from jaxillusions.analysis import results, tables
+from jaxillusions.analysis import board, results, tables
 from jaxillusions.model import forward
 
 
@@ -247,12 +248,31 @@ def test_sweep_end_to_end_writes_table_figures_and_tensorboard(trained, tmp_path
                  "accuracy_by_depth_uniform_attention_blocks.1.attn.pattern.png",
                  "attention_patterns.png", "key_projection_seed0.png"):
         assert os.path.getsize(os.path.join(workdir, "figures", name)) > 1000
-    scalars = log_lib.read_scalars(os.path.join(workdir, "tensorboard"))
-    curve = scalars["faithfulness/iid"]["svd/blocks.1.attn.k/same_pred"]
-    assert [step for step, _ in curve] == [0, 1, 2, 3, 4]  # log2 of the ranks 1 .. 16
-    agg = tables.aggregate(back)
-    assert curve[-1][1] == pytest.approx(agg[("blocks.1.attn.k", "svd", 16, "iid", "")][
-        "same_pred"][0], rel=1e-6)
+    # TensorBoard: the Headline cards are gaps.csv's gaps of gap_table.txt's headline proxies,
+    # one point each at the last training step; every other tag starts with a lowercase
+    # letter, so that Headline is the first group (TensorBoard sorts uppercase first); the
+    # TEXT tab has the headline.
+    logdir = os.path.join(workdir, "tensorboard")
+    scalars = log_lib.read_scalars(logdir)
+    headline = {t: points for tags in scalars.values() for t, points in tags.items()
+                if t.startswith(board.HEADLINE + "/")}
+    by_key = {(g["method"], g["site"], g["size"], g["split"]): g["gap"] for g in gaps
+              if g["metric"] == "same_pred" and g["baseline"] == "iid"}
+    expected = {f"Headline/{board._proxy_name(i, m, site, size)}/gap_unseen_depth":
+                [(config.train.num_steps, pytest.approx(by_key[(m, site, size, "unseen_depth")],
+                                                        rel=1e-6))]  # float32 storage
+                for i, (m, site, size, _) in enumerate(board.headline_proxies(gaps, rows), 1)}
+    assert headline == expected and len(expected) == 3
+    tags, summary = set(), None
+    for root, _, files in os.walk(logdir):
+        if any("tfevents" in f for f in files):
+            acc = ea.EventAccumulator(root, size_guidance={ea.IMAGES: 1, ea.TENSORS: 1})
+            acc.Reload()
+            tags |= set(acc.Tags()["images"]) | set(acc.Tags()["scalars"])
+            if board.SUMMARY_TAG in acc.Tags()["tensors"]:
+                summary = acc.Tensors(board.SUMMARY_TAG)[0].tensor_proto.string_val[0].decode()
+    assert {t for t in tags if not t[0].islower()} == set(headline)
+    assert summary.replace("\n    ", "\n").strip() == tables.summary_of(gap)
 
 
 def test_available_proxies_include_the_four_methods():

@@ -1,5 +1,5 @@
-import json
 import os
+import re
 import subprocess
 import sys
 
@@ -223,72 +223,116 @@ def _gaps(rows):
                             (site, method, size, s)])
         gap = mean("iid") - mean(split)
         out.append({"site": site, "method": method, "size": size, "split": split,
-                    "metric": "same_pred", "gap": gap, "ci_low": gap - 0.01,
+                    "metric": "same_pred", "gap": gap, "baseline_mean": mean("iid"),
+                    "ci_low": gap - 0.01,
                     "ci_high": gap + 0.01, "n_seeds": 3, "seeds_positive": 3,
                     "baseline": "iid", "boot_low": gap - 0.01, "boot_high": gap + 0.01})
     return out
 
 
-def test_board_curves_use_log2_steps_and_reference_lines(tmp_path):
+def _board_config(splits=("iid", "seen_structure", "unseen_depth", "longer", "iid_with_train")):
+    from configs import dyck_small
+    from jaxillusions import settings
+
+    config = dyck_small.get_config()
+    config.proxies.eval_splits = splits
+    return settings.from_config(config)
+
+
+def test_board_headline_is_one_true_point_per_card_and_names_the_headline_proxies(tmp_path):
+    """The Headline cards: per proxy of gap_table.txt's headline (same order, same sizes) and
+    OOD split, one point (gaps.csv's mean) at the final training step, in run split/<split>,
+    and no card has a second run: nothing for smoothing or outlier clipping to move."""
     from jaxillusions.analysis import board
 
-    rows = _rows()
+    splits = ("iid", "seen_structure", "unseen_depth", "longer", "iid_with_train")
+    rows, config = _rows(splits=splits), _board_config(splits)
+    gaps = _gaps(rows)
     with SweepWriter(str(tmp_path), seeds=[0, 1, 2]) as w:
-        board.write_faithfulness(w, rows)
-        board.write_gaps(w, _gaps(rows))
+        tags = board.write_headline(w, gaps, rows, config, step=3000)
     runs = read_scalars(str(tmp_path))
-    svd = runs["faithfulness/iid"]["svd/blocks.1.attn.k/same_pred"]
-    assert [s for s, _ in svd] == [board.size_step(r) for r in (1, 2, 4, 8, 16)] == [0, 1, 2, 3, 4]
-    mean_rank4 = np.mean([1.0 - 0.1 / 5 - 0.001 * s for s in range(3)])
-    assert svd[2][1] == pytest.approx(mean_rank4, rel=1e-6)
-    kmeans = runs["faithfulness/longer"]["kmeans/blocks.1.attn.k/acc"]
-    assert [s for s, _ in kmeans] == [1, 2, 3]
-    # The attention proxy and the original model (one value per split): no flat cards.
-    assert not any(t.startswith(("onehot_attention/", "original/"))
-                   for run in runs.values() for t in run)
-    # Gap cards: the gap, and its interval bounds in their own group, per OOD split; none for
-    # the baseline.
-    assert not any(t.startswith("gap") for t in runs["faithfulness/iid"])
-    gap = runs["faithfulness/longer"]
-    tag, low, high = board.gap_tags("same_pred", "svd", "blocks.1.attn.k")
-    assert (low, high) == ("gap_interval/same_pred/svd/blocks.1.attn.k/low",
-                           "gap_interval/same_pred/svd/blocks.1.attn.k/high")
-    assert set(gap) >= {tag, low, high}
-    assert [s for s, _ in gap[tag]] == [0, 1, 2, 3, 4]
-    assert gap[tag][0][1] == pytest.approx(0.04, abs=1e-6)
-    assert gap[high][0][1] == pytest.approx(0.05, abs=1e-6)
+    # OOD splits only (iid_with_train is in-distribution for Dyck), in their own runs.
+    assert set(runs) == {"split/seen_structure", "split/unseen_depth", "split/longer"}
+    where = {}
+    for run, scalars in runs.items():
+        for tag, points in scalars.items():
+            assert tag not in where, f"{tag} in two runs"
+            where[tag] = (run, points)
+    assert sorted(where) == sorted(tags)
+    by_key = {(g["method"], g["site"], g["size"], g["split"]): g["gap"] for g in gaps}
+    # svd: ranks 1..16 reach 0.99 on iid from rank 16 (1 - 0.1/17 - 0.001*seed); kmeans
+    # never does (its largest size, 8); one-hot attention has no size.
+    proxies = board.headline_proxies(gaps, rows, "iid")
+    assert [p[:3] for p in proxies] == [("svd", "blocks.1.attn.k", 16),
+                                        ("kmeans", "blocks.1.attn.k", 8),
+                                        ("onehot_attention", "blocks.1.attn.pattern", 0)]
+    assert [p[3] for p in proxies] == [True, False, False]  # one-hot: 0.9 on iid
+    for method, site, size, _ in proxies:
+        name = {"svd": "1_svd_k_16", "kmeans": "2_kmeans_k_8",
+                "onehot_attention": "3_onehot_attention_pattern"}[method]
+        for split in ("seen_structure", "unseen_depth", "longer"):
+            run, points = where[f"Headline/{name}/gap_{split}"]
+            assert run == f"split/{split}"
+            assert points == [(3000, pytest.approx(by_key[(method, site, size, split)],
+                                                   abs=1e-7))]  # float32 storage
+    # The same proxies as the headline of gap_table.txt, in its order.
+    text, _ = tables_report(rows, splits)
+    rows_named = [m.group(1) for m in map(re.compile(r"^(\S+ \S+(?: \d+)?) \(\d\.\d{3}").match,
+                                          text.splitlines()[:15]) if m]
+    assert rows_named == ["svd k 16", "kmeans k 8", "onehot_attention pattern"]
+    # Every Headline tag sorts first in TensorBoard: it is the only tag group not starting
+    # with a lowercase letter (the job's other tags all do; see test_faithfulness).
+    assert all(t.startswith(board.HEADLINE + "/") for t in tags)
 
 
-def test_board_steps_of_sizes_that_are_not_powers_of_two():
+def tables_report(rows, splits):
+    from jaxillusions.analysis import tables
+
+    return tables.statistics_report(rows, list(splits), in_distribution=("iid", "iid_with_train"))
+
+
+def test_board_text_report_and_scalar_descriptions(tmp_path, caplog):
     from jaxillusions.analysis import board
 
-    assert [board.size_step(s) for s in (1, 2, 3, 24, 64)] == [0, 1, 2, 5, 6]
-    with pytest.warns(UserWarning, match="size 3 rounds to step 2"):
-        steps = board._steps([1, 2, 3, 4], "test")
-    assert steps == {1: 0, 2: 1, 4: 2}
-    with pytest.raises(ValueError, match="no step"):
-        board.size_step(0)
+    text = "SUMMARY, 3 seeds.\nproxy  a\n\n====\nall the tables"
+    with SweepWriter(str(tmp_path), seeds=[0]) as w:
+        board.write_report_text(w, text, step=7)
+        w.curve("split/x", "Headline/y", [7], [0.5], "what y is")
+    acc = ea.EventAccumulator(str(tmp_path / "report"), size_guidance={ea.TENSORS: 0})
+    acc.Reload()
+    shown = {t: acc.Tensors(t)[0] for t in acc.Tags()["tensors"]}
+    assert set(shown) == {board.SUMMARY_TAG, "gap_table"}
+    assert shown[board.SUMMARY_TAG].step == 7
+    # Indented: markdown shows a fixed-width block, so the columns stay aligned.
+    assert shown[board.SUMMARY_TAG].tensor_proto.string_val[0].decode() == (
+        "    SUMMARY, 3 seeds.\n    proxy  a")
+    assert acc.SummaryMetadata(board.SUMMARY_TAG).plugin_data.plugin_name == "text"
+    # A scalar's description is kept, and names the scalars plugin (TensorBoard's readers
+    # warn about metadata without a plugin).
+    with caplog.at_level("WARNING"):
+        acc = ea.EventAccumulator(str(tmp_path / "split" / "x"))
+        acc.Reload()
+    assert "oddly" not in caplog.text
+    meta = acc.SummaryMetadata("Headline/y")
+    assert (meta.summary_description, meta.plugin_data.plugin_name) == ("what y is", "scalars")
 
 
 def test_board_hparams_one_session_per_seed_and_few_tags(tmp_path):
     from tensorboard import context
     from tensorboard.plugins import base_plugin
-    from tensorboard.plugins.custom_scalar import custom_scalars_plugin
 
-    from configs import dyck_small
-    from jaxillusions import model, settings
+    from jaxillusions import model
     from jaxillusions.analysis import board
 
-    config = dyck_small.get_config()
-    config.proxies.eval_splits = ("iid", "unseen_depth", "longer")
-    config = settings.from_config(config)
+    splits = ("iid", "unseen_depth", "longer", "iid_with_train")
+    config = _board_config(splits)
     model_cfg = model.ModelConfig.from_settings(config.model, vocab_size=19, max_len=26)
-    rows, seeds = _rows(), [0, 1, 2]
+    rows, seeds = _rows(splits=splits), [0, 1, 2]
     with SweepWriter(str(tmp_path), seeds) as w:
         # What training logs (the final accuracy per split), then the reports.
         w.scalars(3000, {f"eval/{s}/acc": [0.9, 0.8, 0.7] for s in config.proxies.eval_splits})
         board.write_all(w, rows, config, model_cfg, seeds, [True, True, False], "runs/demo",
-                        gaps=_gaps(rows))
+                        gaps=_gaps(rows), report="SUMMARY\n\nthe rest")
 
     mux, provider, groups = _hparams_backend(tmp_path)
     groups = {g.name: g for g in groups}
@@ -301,20 +345,13 @@ def test_board_hparams_one_session_per_seed_and_few_tags(tmp_path):
     assert g2.hparams["seed"].number_value == 2
     assert len(g0.hparams) <= 25
     metrics = {m.name.tag: m.value for m in g0.metric_values}
-    # Final accuracy per split + the seed's same_pred gap per method (middle size) and OOD split.
-    # Gap metrics name the site of sized proxies.
-    assert set(metrics) == {"eval/iid/acc", "eval/unseen_depth/acc", "eval/longer/acc"} | {
-        f"hparams/gap_same_pred/{m}/{s}" for m in (
-            "svd_4/blocks.1.attn.k", "kmeans_4/blocks.1.attn.k", "onehot_attention")
-        for s in ("unseen_depth", "longer")}
-    assert metrics["eval/iid/acc"] == pytest.approx(0.9)
-    # seed 0, svd rank 4: iid minus longer = 0.02 * 2
-    assert metrics["hparams/gap_same_pred/svd_4/blocks.1.attn.k/longer"] == pytest.approx(
+    # seed 0, svd rank 16 (the headline's size): iid minus longer = 0.02 * 2
+    assert metrics["hparams/gap_same_pred/svd_16/blocks.1.attn.k/longer"] == pytest.approx(
         0.04, abs=1e-6)
+    assert metrics["eval/iid/acc"] == pytest.approx(0.9)
 
     # What HPARAMS shows by default: the first 5 hparams after TensorBoard's sort (differing
-    # ones first: the seed, and `healthy` here since seed 2 diverged) and the first 5 metrics:
-    # the gaps.
+    # ones first: the seed, and `healthy` here since seed 2 diverged) and the first 5 metrics.
     from tensorboard.plugins.hparams import backend_context
 
     ctx = backend_context.Context(base_plugin.TBContext(data_provider=provider))
@@ -324,29 +361,31 @@ def test_board_hparams_one_session_per_seed_and_few_tags(tmp_path):
                                               ctx.hparams_from_data_provider(request, "", 0))
     shown = [h.name for h in experiment.hparam_infos][:5]
     assert shown[:2] == ["healthy", "seed"]
-    assert all(m.name.tag.startswith("hparams/gap_same_pred/")
-               for m in list(experiment.metric_infos)[:5])
+    # Metrics: the headline proxies' gaps on the OOD splits (proxy by proxy, splits in the
+    # configured order), then the in-distribution control, then the final accuracies.
+    listed = [m.name.tag for m in experiment.metric_infos]
+    proxies = ("svd_16/blocks.1.attn.k", "kmeans_8/blocks.1.attn.k", "onehot_attention")
+    assert listed == [f"hparams/gap_same_pred/{p}/{s}" for p in proxies
+                      for s in ("unseen_depth", "longer")] + [
+        f"hparams/gap_same_pred/{p}/iid_with_train" for p in proxies] + [
+        f"eval/{s}/acc" for s in splits]
+    assert set(metrics) == set(listed)
+    names = [m.display_name for m in experiment.metric_infos]
+    assert names[:2] == ["gap iid-unseen_depth: svd 16 blocks.1.attn.k",
+                         "gap iid-longer: svd 16 blocks.1.attn.k"]
+    assert names[-1] == "accuracy on iid_with_train (end of training)"
 
-    # A small number of scalar tags: nothing per size or per bin.
-    tags = {t for run in read_scalars(str(tmp_path)).values() for t in run}
+    # A small number of scalar tags: nothing per size or per bin; every report tag is one
+    # point.
+    scalars = read_scalars(str(tmp_path))
+    tags = {t for run in scalars.values() for t in run}
     report = {t for t in tags if not t.startswith("eval/")}
-    # 2 sized methods x 3 curves (no flat reference cards), 2 sized methods + one-hot x (gap,
-    # low, high), and 3 methods x 2 OOD splits of HPARAMS gaps.
-    assert len(report) == 2 * 3 + 3 * 3 + 3 * 2
+    # 3 headline proxies x 2 OOD splits, and the 9 HPARAMS gaps.
+    assert len(report) == 3 * 2 + 3 * 3
+    assert all(len(points) == 1 for run in scalars.values() for t, points in run.items()
+               if t in report)
     assert not any(t.split("/")[-1].isdigit() for t in tags)
-
-    # The custom-scalars layout: gap cards first, as margin charts with the interval bounds.
-    plugin = custom_scalars_plugin.CustomScalarsPlugin(
-        base_plugin.TBContext(data_provider=provider, multiplexer=mux, logdir=str(tmp_path)))
-    layout = json.loads(plugin.layout_impl(context.RequestContext(), ""))
-    first = layout["category"][0]
-    assert first["title"].startswith("generalization gaps")
-    # Written last first: TensorBoard draws a category's charts in reverse, so svd shows first.
-    series = first["chart"][-1]["margin"]["series"][0]
-    assert series == {"value": "gap/same_pred/svd/blocks.1.attn.k",
-                      "lower": "gap_interval/same_pred/svd/blocks.1.attn.k/low",
-                      "upper": "gap_interval/same_pred/svd/blocks.1.attn.k/high"}
-    assert layout["category"][1]["title"].startswith("faithfulness")
+    assert os.path.isdir(tmp_path / "report")  # the TEXT tab
 
 
 def test_board_hparams_gaps_use_the_configured_baseline(tmp_path):
@@ -388,3 +427,38 @@ def test_board_hparams_sessions_for_sweep_members(tmp_path):
                      "seed_1_cw0": (1, 0, pytest.approx(0.8)),
                      "seed_0_cw0.5": (0, 0.5, pytest.approx(0.7)),
                      "seed_1_cw0.5": (1, 0.5, pytest.approx(0.6))}
+
+
+@pytest.mark.slow
+def test_tensorboard_in_a_browser_shows_the_headline_first(tmp_path):
+    """benchmarks/tensorboard_check on what the reports write: in TensorBoard at its defaults,
+    in headless Chromium, the Headline group comes first on the landing page and in SCALARS,
+    its cards show their logged value unsmoothed, HPARAMS' default metric columns are the
+    headline gaps, and TEXT starts with the summary. Skips without Playwright or Chromium
+    (CI has neither)."""
+    pytest.importorskip("playwright")
+    from benchmarks import tensorboard_check
+    from jaxillusions import model
+    from jaxillusions.analysis import board
+
+    chromium = tensorboard_check.find_chromium()
+    if chromium is None:
+        pytest.skip("no Chromium on PATH")
+    splits = ("iid", "unseen_depth", "longer", "iid_with_train")
+    config = _board_config(splits)
+    model_cfg = model.ModelConfig.from_settings(config.model, vocab_size=19, max_len=26)
+    rows, seeds = _rows(splits=splits), [0, 1, 2]
+    logdir = str(tmp_path / "tensorboard")
+    with SweepWriter(logdir, seeds) as w:
+        for step in (1000, 2000, 3000):  # training's curves, whose groups sort after Headline
+            w.scalars(step, {"train/loss": [1.0 / step] * 3,
+                             **{f"eval/{s}/acc": [0.9, 0.8, 0.7] for s in splits}})
+        w.image("accuracy_by_depth/svd", np.zeros((8, 8, 3), np.uint8))
+        board.write_all(w, rows, config, model_cfg, seeds, [True] * 3, "runs/demo",
+                        gaps=_gaps(rows), report="SUMMARY, 3 seeds.\n\nthe tables")
+    seen = tensorboard_check.check(logdir, str(tmp_path / "shots"), chromium, timeout=120)
+    assert seen["failures"] == []
+    assert [g for g in seen["landing"]["groups"] if g != "Pinned"][:3] == [
+        "Headline", "accuracy_by_depth", "eval"]
+    assert seen["hparams"]["metric_columns"][0] == "gap iid-unseen_depth: svd 16 blocks.1.attn.k"
+    assert os.path.getsize(tmp_path / "shots" / "landing.png") > 10_000

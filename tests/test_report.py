@@ -1,5 +1,5 @@
 """The report a reader sees: the headline summary, practical significance, statistics at small
-n, bounded intervals, figure panel order and split colours, TensorBoard against results.csv."""
+n, bounded intervals, figure panel order and split colours, TensorBoard against gaps.csv."""
 
 import math
 
@@ -139,53 +139,51 @@ def test_panel_order_and_split_colours_are_the_same_in_every_figure():
     assert len(drawn) > 2 and not drawn & {to_hex(c) for c in figures.OKABE_ITO[1:]}, drawn
 
 
-def test_tensorboard_curves_reproduce_results_csv(tmp_path):
-    import pandas as pd
+def test_tensorboard_headline_reproduces_gaps_from_results_csv(tmp_path):
+    """Through results.csv: the Headline cards are the paired gaps (stats.gaps) of the
+    headline's proxies, one point each, with the interval and seed count in the card's
+    description, and TEXT holds the report's headline."""
+    from tensorboard.backend.event_processing import event_accumulator
 
+    from configs import dyck_small
+    from jaxillusions import settings
     from jaxillusions.analysis import board, results
     from jaxillusions.logging import SweepWriter, read_scalars
 
-    rows = _rows()
-    results.write_csv(rows, str(tmp_path / "results.csv"))
-    df = results.load_results(str(tmp_path / "results.csv"))
+    splits = ("iid", "unseen_depth", "longer")
+    config = dyck_small.get_config()
+    config.proxies.eval_splits = splits
+    config = settings.from_config(config)
+    results.write_csv(_rows(), str(tmp_path / "results.csv"))
     back = results.read_csv(str(tmp_path / "results.csv"))
-    gaps = stats.gaps(back, metrics=("same_pred",))
+    text, stat_tables = tables.statistics_report(back, list(splits),
+                                                 in_distribution=dyck.IN_DISTRIBUTION)
+    gaps = [g for g in stat_tables["gaps"] if g["baseline"] == "iid"]
     with SweepWriter(str(tmp_path / "tb"), seeds=[0, 1, 2]) as w:
-        board.write_faithfulness(w, back)
-        board.write_gaps(w, gaps)
+        board.write_all(w, back, config, None, [0, 1, 2], [True] * 3, str(tmp_path),
+                        gaps=gaps, report=text)
     runs = read_scalars(str(tmp_path / "tb"))
-    means = df[(df.breakdown == "all") & (df["size"] > 0)].groupby(
-        ["split", "method", "site", "size"], observed=True)[["same_pred", "jsd", "acc"]].mean()
-    logged = {}
-    for run, tags in runs.items():
-        for tag, points in tags.items():
-            if tag.startswith("gap"):
-                continue
-            method, site, metric = tag.split("/")
-            for step, value in points:
-                logged[(run.split("/")[1], method, site, 2 ** step, metric)] = value
-    want = {(split, method, site, size, metric): v
-            for (split, method, site, size), r in means.iterrows()
-            for metric, v in r.items()}
-    assert set(logged) == set(want)  # every curve point, and nothing else (no flat cards)
-    for key, value in want.items():
-        assert logged[key] == pytest.approx(value, rel=1e-6, abs=1e-7), key
-    for g in gaps:
-        value, low, high = board.gap_tags("same_pred", g["method"], g["site"])
-        step = board.size_step(g["size"]) if g["size"] else 0
-        points = dict(runs[f"faithfulness/{g['split']}"][value])
-        assert points[step] == pytest.approx(g["gap"], abs=1e-6)
-        assert dict(runs[f"faithfulness/{g['split']}"][low])[step] == pytest.approx(
-            g["ci_low"], abs=1e-6)
-    assert isinstance(df, pd.DataFrame)
-    # Each card says how to read it at TensorBoard's defaults (smoothing, outlier clipping).
-    from tensorboard.backend.event_processing import event_accumulator
-
-    acc = event_accumulator.EventAccumulator(str(tmp_path / "tb" / "faithfulness" / "longer"))
+    by_key = {(g["method"], g["site"], g["size"], g["split"]): g for g in gaps
+              if g["metric"] == "same_pred"}
+    proxies = board.headline_proxies(gaps, back)
+    assert [p[:3] for p in proxies] == [("svd", "blocks.1.attn.k", 16),
+                                        ("kmeans", "blocks.1.attn.k", 8),
+                                        ("onehot_attention", "blocks.1.attn.pattern", 0)]
+    for i, (method, site, size, _) in enumerate(proxies, 1):
+        for split in ("unseen_depth", "longer"):
+            g = by_key[(method, site, size, split)]
+            tag = f"Headline/{board._proxy_name(i, method, site, size)}/gap_{split}"
+            assert runs[f"split/{split}"][tag] == [
+                (config.train.num_steps, pytest.approx(g["gap"], abs=1e-7))]  # float32
+            acc = event_accumulator.EventAccumulator(str(tmp_path / "tb" / "split" / split))
+            acc.Reload()
+            note = acc.SummaryMetadata(tag).summary_description
+            assert (f"[{g['ci_low']:+.4f}, {g['ci_high']:+.4f}] over {g['n_seeds']} seeds"
+                    in note), note
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "tb" / "report"))
     acc.Reload()
-    for tag in ("svd/blocks.1.attn.k/same_pred", "gap/same_pred/svd/blocks.1.attn.k"):
-        note = acc.SummaryMetadata(tag).summary_description
-        assert "x = log2(rank)" in note and "Smoothing to 0" in note, tag
+    summary = acc.Tensors(board.SUMMARY_TAG)[0].tensor_proto.string_val[0].decode()
+    assert summary.replace("\n    ", "\n").strip() == tables.summary_of(text)
 
 
 def test_key_projections_for_several_healthy_seeds():

@@ -1,45 +1,43 @@
-"""What the main job writes to TensorBoard after evaluation: faithfulness curves over proxy size,
-generalization-gap cards with their intervals, a custom-scalars layout that shows the gap cards
-first, and one HPARAMS session per seed.
+"""What the main job writes to TensorBoard after evaluation, so that TensorBoard at its defaults
+(a new reader's: smoothing 0.6, "Ignore outliers in chart scaling" on) shows true values, the
+headline first:
 
-**x axis = log2(size).** Curves over a proxy's size (SVD rank, number of k-means clusters) are
-written with step = `size_step(size)` = log2(size): rank 1 -> step 0, 2 -> 1, 4 -> 2, ...,
-64 -> 6. Sizes that are not powers of two are rounded to the nearest step; one that would land on
-a step already taken in the same curve is left out of TensorBoard with a warning (it is still in
-results.csv and the figures). Data-independent proxies (one-hot and uniform attention, size 0)
-have no curve (one value per split: see HPARAMS, the figures and gap_table.txt).
+    split/<split>   tag Headline/<i>_<method>_<site>[_<size>]/gap_<split>: the headline's
+                    paired gap (gaps.csv's mean; same_pred on the baseline minus on
+                    the split, > 0: less faithful on the split), one per headline proxy and OOD
+                    split, each a single point at the training step of the evaluated model
+    report          TEXT: Headline/summary (gap_table.txt's headline) and gap_table (all of it)
+    seed_<s>        HPARAMS session of seed s: headline hparams; metrics the seed's headline
+                    gaps (hparams/gap_same_pred/...) first, then eval/<split>/acc (training's)
 
-**Smoothing.** TensorBoard smooths every curve by default (0.6) and "ignore outliers" clips the
-y range, which here would mix ranks and hide the smallest sizes; the logged values are exact
-(the means of results.csv), so set smoothing to 0 and untick "ignore outliers" in the
-settings to read them.
-
-Runs and tags (a handful of tags; the runs are the lines of a card):
-
-    faithfulness/<split>   <method>/<site>/{same_pred,jsd,acc} of sized proxies (the seed means
-                           of results.csv); on OOD splits gap/<metric>/<method>/<site> (the
-                           paired gap) and gap_interval/<metric>/<method>/<site>/{low,high}
-                           (its 95% interval; CUSTOM SCALARS draws all three as one chart)
-    seed_<s>               HPARAMS session of seed s: headline hparams; metrics
-                           eval/<split>/acc (final accuracy, logged by training) and
-                           hparams/gap_same_pred/<method>/<split> (this seed's gap)
+Why so: TensorBoard groups cards by the tag's prefix before the first '/' and sorts tags with
+uppercase letters before lowercase ones (Time Series and SCALARS alike), so `Headline` is the
+first group. A single point is drawn as itself: smoothing leaves a constant series unchanged,
+and outlier clipping needs 3 points in a card (the split in the tag gives each card one run, one
+point). Sweeps over proxy size are not written as scalars: TensorBoard would draw them as time
+series (x labelled "Step", smoothed, clipped); they are figures (IMAGES, with labelled axes and
+the figures' split colours) and numbers (TEXT's gap_table). TensorBoard colours runs itself, so
+each split, being a run, keeps one colour in every card, but not the figures' colour.
 """
 
 from __future__ import annotations
 
-import math
 import os
-import warnings
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from jaxillusions.analysis import stats, tables
 
-CURVE_METRICS = {"same_pred": "same_pred", "jsd": "jsd", "acc_proxy": "acc"}  # row key -> tag
-GAP_METRICS = ("same_pred",)  # gap cards in TensorBoard (gaps.csv has every metric)
+# The first tag group of Time Series and SCALARS: both sort tags character by character with
+# '/' and digits first, then by character code, so an uppercase first letter sorts before every
+# lowercase tag the job writes (accuracy_by_depth, eval, train, ...).
+HEADLINE = "Headline"
+SUMMARY_TAG = f"{HEADLINE}/summary"  # TEXT: gap_table.txt's headline
+HPARAMS_GAP = "hparams/gap_same_pred/"  # the prefix of HPARAMS' per-seed gap metrics
+HEADLINE_METRIC = "same_pred"
 # Config keys shown in HPARAMS (when present), besides `seed`, `workdir` and `healthy`.
 HPARAM_KEYS = (
     "task", "data.num_types", "data.max_depth", "data.max_len", "data.num_train",
@@ -52,157 +50,86 @@ HPARAM_KEYS = (
 )
 
 
-def card_note(method: str, what: str) -> str:
-    """The description on a card: what it shows, the x axis, and how to read exact values."""
-    from jaxillusions import proxies
-
-    return (f"{what}. x = log2({proxies.size_label(method)}): step 0 = 1, 1 = 2, 2 = 4, ... "
-            "The logged points are exact (results.csv, gaps.csv); TensorBoard smooths curves "
-            "(0.6) and ignores outliers in the y range by default: set Smoothing to 0 and untick "
-            "'Ignore outliers in chart scaling' to read them.")
-
-
-def size_step(size: int) -> int:
-    """TensorBoard step of a proxy size: round(log2(size)); 1 -> 0, 4 -> 2, 64 -> 6."""
-    if size < 1:
-        raise ValueError(f"size {size} has no step (data-independent proxies have size 0)")
-    return round(math.log2(size))
-
-
-def _steps(sizes: Iterable[int], what: str) -> dict[int, int]:
-    """{size: step} for sizes whose step is not taken by an exact power of two or a smaller
-    size in the same curve."""
-    out: dict[int, int] = {}
-    taken: dict[int, int] = {}
-    # Exact powers of two first: they own their step.
-    for size in sorted(sizes, key=lambda s: (s & (s - 1) != 0, s)):
-        step = size_step(size)
-        if step in taken:
-            warnings.warn(f"TensorBoard {what}: size {size} rounds to step {step} "
-                          f"(log2) like size {taken[step]}; left out of TensorBoard "
-                          "(it is in results.csv and the figures)", stacklevel=3)
-            continue
-        taken[step] = size
-        out[size] = step
+def headline_proxies(gaps: Sequence[dict], rows: Sequence[dict],
+                     baseline: str = "iid") -> list[tuple[str, str, int, bool]]:
+    """[(method, site, size, reached)]: the proxies of gap_table.txt's headline, for every
+    method (the headline prints the first 5): methods as configured (the rows' order), each at
+    its first site in model order, at the smallest size whose mean same_pred on `baseline`
+    reaches tables.FAITHFUL (reached False: none does, the largest size), sizes at which the
+    proxy is the original model itself excluded; size 0 for data-independent proxies."""
+    gaps = [g for g in gaps if g["baseline"] == baseline and g["metric"] == HEADLINE_METRIC]
+    order = tables.row_order(list(dict.fromkeys(r["method"] for r in rows)))
+    families = sorted({(g["method"], g["site"]) for g in gaps},
+                      key=lambda f: order({"method": f[0], "site": f[1], "size": 0}))
+    out = []
+    for method in dict.fromkeys(m for m, _ in families):
+        site = next(s for m, s in families if m == method)
+        # The headline's own rule (tables.headline), so that both name the same proxy.
+        found = tables._faithful_size(gaps, method, site, baseline,
+                                      tables.identical_sizes(rows, site, method))
+        if found is not None:
+            out.append((method, site, found[0], found[2]))
     return out
 
 
-def _mean_by_size(agg: dict, metric: str) -> dict[tuple, dict[int, float]]:
-    """{(split, method, site): {size: mean over seeds}} from tables.aggregate's output."""
-    out: dict[tuple, dict[int, float]] = defaultdict(dict)
-    for (site, method, size, split, _), values in agg.items():
-        out[(split, method, site)][size] = values[metric][0]
-    return out
+def _proxy_name(i: int, method: str, site: str, size: int) -> str:
+    """'1_svd_q_16', '3_onehot_attention_pattern': the i-th headline proxy (tags then sort in
+    the configured order), its site as gap_table.txt's headline names it (the last part of each
+    joined site: one site per method, so no two share a name) and its size. Short, because
+    Time Series cuts a long card title in its middle."""
+    short = "+".join(part.split(".")[-1] for part in site.split("+"))
+    return f"{i}_{method}_{short}" + (f"_{size}" if size else "")
 
 
-def write_faithfulness(writer, rows: Sequence[dict]) -> None:
-    """Runs faithfulness/<split>: per sized (method, site) the seed mean of same_pred, jsd and the
-    proxy's accuracy against log2(size), exactly the means of results.csv. Data-independent
-    proxies and the original model have one value per split: no flat reference cards (their
-    values are in HPARAMS, the figures and gap_table.txt)."""
-    agg = tables.aggregate(rows)
-    for metric, tag in CURVE_METRICS.items():
-        for (split, method, site), by_size in sorted(_mean_by_size(agg, metric).items()):
-            if set(by_size) == {0}:
+def _ood(config, splits: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(OOD splits, in-distribution splits other than the gap baseline), in `splits`' order."""
+    from jaxillusions import tasks
+
+    inside = tasks.get(config).IN_DISTRIBUTION
+    baseline = config.proxies.gap_baseline
+    return ([s for s in splits if s not in inside and s != baseline],
+            [s for s in splits if s in inside and s != baseline])
+
+
+def write_headline(writer, gaps: Sequence[dict], rows: Sequence[dict], config,
+                   step: int) -> list[str]:
+    """The Headline group: per headline proxy (`headline_proxies`) and OOD split, its gap in
+    same_pred (gaps.csv's mean) as one point at `step` (the training step of the evaluated
+    model) in run split/<split>; the card's description gives the interval and seed count.
+    Returns the tags, in the order TensorBoard shows them."""
+    baseline = config.proxies.gap_baseline
+    ood, _ = _ood(config, list(config.proxies.eval_splits))
+    by_key = {(g["method"], g["site"], g["size"], g["split"]): g for g in gaps
+              if g["baseline"] == baseline and g["metric"] == HEADLINE_METRIC}
+    tags = []
+    for i, (method, site, size, reached) in enumerate(headline_proxies(gaps, rows, baseline), 1):
+        for split in ood:
+            g = by_key.get((method, site, size, split))
+            if g is None or not np.isfinite(g["gap"]):
                 continue
-            run, name = f"faithfulness/{split}", f"{method}/{site}/{tag}"
-            steps = _steps([s for s in by_size if s > 0], f"{run} {name}")
-            writer.curve(run, name, [steps[s] for s in sorted(steps)],
-                         [by_size[s] for s in sorted(steps)],
-                         card_note(method, f"{tag} of {method} on {site}, mean over seeds, "
-                                   "a line per split"))
+            tag = f"{HEADLINE}/{_proxy_name(i, method, site, size)}/gap_{split}"
+            chosen = ("data-independent" if size == 0 else
+                      f"the smallest size with same_pred >= {tables.FAITHFUL:g} on {baseline}"
+                      if reached else f"never {tables.FAITHFUL:g} on {baseline}: the largest size")
+            writer.curve(f"split/{split}", tag, [step], [float(g["gap"])], (
+                f"y = same_pred on {baseline} minus same_pred on {split} (> 0: the proxy is less "
+                f"faithful on {split}) of {method} on {site}" + (f" at size {size}" if size else "")
+                + f" ({chosen}): {g['gap']:+.4f}, 95% t interval [{g['ci_low']:+.4f}, "
+                f"{g['ci_high']:+.4f}] over {g['n_seeds']} seeds ({g['seeds_positive']} positive)"
+                f", as in gaps.csv. x = the training step of the evaluated model. One point: "
+                "smoothing and outlier clipping do not move it."))
+            tags.append(tag)
+    return tags
 
 
-def write_gaps(writer, gaps: Sequence[dict], metrics: Sequence[str] = GAP_METRICS) -> None:
-    """Tags gap/<metric>/<method>/<site> in runs faithfulness/<split>: the paired gap (baseline
-    minus split, signed so that positive = less faithful on the split) against log2(size), with
-    its 95% interval bounds as gap_interval/<metric>/<method>/<site>/{low,high} (gap_tags).
-    `gaps` are rows with columns site, method, size, split, metric, gap, ci_low, ci_high
-    (analysis/stats.py)."""
-    gaps = [g for g in gaps if g["metric"] in metrics]
-    sized = {g["size"] for g in gaps if g["size"] > 0}
-    all_steps = sorted({size_step(s) for s in sized}) or [0]
-    series: dict[tuple, dict[int, dict]] = defaultdict(dict)
-    for g in gaps:
-        series[(g["split"], g["metric"], g["method"], g["site"])][g["size"]] = g
-    for (split, metric, method, site), by_size in sorted(series.items()):
-        run, name = f"faithfulness/{split}", f"gap/{metric}/{method}/{site}"
-        if set(by_size) == {0}:
-            xs, points = all_steps, [by_size[0]] * len(all_steps)
-        else:
-            steps = _steps([s for s in by_size if s > 0], f"{run} {name}")
-            xs, points = [steps[s] for s in sorted(steps)], [by_size[s] for s in sorted(steps)]
-        for tag, column in zip(gap_tags(metric, method, site), ("gap", "ci_low", "ci_high"),
-                               strict=True):
-            writer.curve(run, tag, xs, [float(p[column]) for p in points],
-                         card_note(method, f"{column} of the paired {metric} gap (baseline "
-                                   "minus split, > 0: less faithful on the split) of "
-                                   f"{method} on {site}"))
+def write_report_text(writer, text: str, step: int = 0) -> None:
+    """TEXT tab, run `report`: gap_table.txt's headline (SUMMARY_TAG) and the whole table
+    (tag gap_table), as fixed-width blocks."""
+    def block(t: str) -> str:  # markdown: an indented block keeps the columns
+        return "\n".join("    " + line for line in t.splitlines())
 
-
-def gap_tags(metric: str, method: str, site: str) -> tuple[str, str, str]:
-    """(gap, interval low, interval high) tags of a gap: the bounds under their own group
-    `gap_interval/` so that SCALARS' `gap` group has one card per gap (CUSTOM SCALARS draws the
-    three as one margin chart)."""
-    return (f"gap/{metric}/{method}/{site}", f"gap_interval/{metric}/{method}/{site}/low",
-            f"gap_interval/{metric}/{method}/{site}/high")
-
-
-def layout(rows: Sequence[dict], gaps: Sequence[dict] = (),
-           metrics: Sequence[str] = GAP_METRICS) -> Any:
-    """The custom-scalars layout: gap cards first (one margin chart per metric, method and site,
-    a line per split with its 95% interval; as displayed: methods as configured, sites in the
-    rows' order), then faithfulness (one chart per method, site and
-    metric, a line per split, with the data-independent proxies and the original model's
-    accuracy as reference lines)."""
-    import re
-
-    from tensorboardX.proto import layout_pb2
-
-    def sized_first(keys):  # in the order of the rows (the config's), sized proxies first
-        keys = list(dict.fromkeys(keys))
-        return sorted(keys, key=lambda k: k[0] in unsized)
-
-    unsized = {r["method"] for r in rows if r["size"] == 0}
-    categories = []
-    keys = sized_first((r["method"], r["site"]) for r in rows)
-    have = {(g["method"], g["site"]) for g in gaps if g["metric"] in metrics}
-    gap_keys = [k for k in keys if k in have] + sized_first(have - set(keys))
-    if gap_keys:
-        baseline = gaps[0].get("baseline", "iid")
-        charts = []
-        for metric in metrics:
-            for method, site in gap_keys:
-                value, lower, upper = gap_tags(metric, method, site)
-                series = layout_pb2.MarginChartContent.Series(value=value, lower=lower,
-                                                              upper=upper)
-                charts.append(layout_pb2.Chart(
-                    title=f"gap in {metric}: {method} on {site}; x = log2(size)",
-                    margin=layout_pb2.MarginChartContent(series=[series])))
-        categories.append(layout_pb2.Category(
-            title=f"generalization gaps ({baseline} vs split, > 0: less faithful on the split; "
-                  "95% CI over seeds). Untick 'Ignore outliers in chart scaling' (on by "
-                  "default): it cuts off the largest gaps", chart=charts[::-1]))
-    charts = []
-    for tag in CURVE_METRICS.values():
-        for method, site in keys:
-            if method in unsized:
-                continue
-            charts.append(layout_pb2.Chart(
-                title=f"{tag}: {method} on {site} (a line per split); x = log2(size)",
-                multiline=layout_pb2.MultilineChartContent(
-                    tag=[rf"^{re.escape(f'{method}/{site}/{tag}')}$"])))
-    if not charts:  # only data-independent proxies
-        charts = [layout_pb2.Chart(title=f"{tag} (a line per split)",
-                                   multiline=layout_pb2.MultilineChartContent(tag=[f"/{tag}$"]))
-                  for tag in CURVE_METRICS.values()]
-    categories.append(layout_pb2.Category(
-        title="faithfulness to the original model (seed means). Set Smoothing to 0 (0.6 by "
-              "default) and untick 'Ignore outliers in chart scaling' to read exact values",
-        chart=charts[::-1]))
-    # Charts are written in reverse: TensorBoard 2.21's CUSTOM SCALARS draws a category's charts
-    # last first (seen in Chromium), so they appear in the order built above.
-    return layout_pb2.Layout(category=categories)
+    writer.text("report", SUMMARY_TAG, block(tables.summary_of(text)), step)
+    writer.text("report", "gap_table", block(text), step)
 
 
 def hparams(config, model_cfg) -> dict[str, Any]:
@@ -223,44 +150,65 @@ def hparams(config, model_cfg) -> dict[str, Any]:
     return out
 
 
-def headline_gaps(rows: Sequence[dict], target: str | None = None,
+def _middle_proxies(rows: Sequence[dict]) -> list[tuple[str, str, int]]:
+    """[(method, site, size)] without gap rows: each method at its middle size on the rows'
+    first sized site (data-independent proxies at size 0)."""
+    sized = [r["site"] for r in rows if r["size"] > 0]
+    target = sized[0] if sized else None
+    sizes: dict[tuple, set[int]] = defaultdict(set)
+    for r in rows:
+        if r["method"] != "original" and (r["site"] == target or r["size"] == 0):
+            sizes[(r["method"], r["site"])].add(r["size"])
+    return [(m, site, tables.middle_size(z)) for (m, site), z in sizes.items()]
+
+
+def gap_metric(method: str, site: str, size: int, split: str) -> str:
+    """HPARAMS' tag of a seed's gap: hparams/gap_same_pred/<method>_<size>/<site>/<split>
+    (data-independent proxies: hparams/gap_same_pred/<method>/<split>)."""
+    label = method if size == 0 else f"{method}_{size}/{site}"
+    return f"{HPARAMS_GAP}{label}/{split}"
+
+
+def headline_gaps(rows: Sequence[dict], proxies: Sequence[tuple] | None = None,
                   reference: str = "iid") -> dict[str, dict[int, float]]:
     """Per-seed gaps for HPARAMS (the seeds' values behind gaps.csv's means):
-    {"hparams/gap_same_pred/<method>_<size>/<site>/<split>": {seed: gap}} (data-independent
-    proxies: .../<method>/<split>), gap = same_pred on `reference` minus same_pred on the split
-    (stats.signed_gap), for `target` (default: the first site in the rows) at each method's
-    middle size (size 0 for data-independent proxies)."""
+    {gap_metric(method, site, size, split): {seed: gap}}, gap = same_pred on `reference` minus
+    same_pred on the split (stats.signed_gap), for `proxies` ([(method, site, size, ...)]; by
+    default each method's middle size on the first sized site, `_middle_proxies`), in their
+    order and the rows' split order."""
     rows = [r for r in rows if r["breakdown"] == "all"]
-    sized = [r["site"] for r in rows if r["size"] > 0]
-    target = target or (sized[0] if sized else None)
-    sizes: dict[str, set[int]] = defaultdict(set)
+    proxies = [p[:3] for p in (_middle_proxies(rows) if proxies is None else proxies)]
+    wanted = set(proxies)
+    values: dict[tuple, dict[int, float]] = defaultdict(dict)
     for r in rows:
-        if r["site"] == target or r["size"] == 0:
-            sizes[r["method"]].add(r["size"])
-    chosen = {m: tables.middle_size(s) for m, s in sizes.items()}
-    values: dict[tuple, float] = {}
-    for r in rows:
-        if chosen.get(r["method"]) == r["size"] and (r["site"] == target or r["size"] == 0):
-            values[(r["method"], r["split"], r["seed"])] = r["same_pred"]
-    out: dict[str, dict[int, float]] = defaultdict(dict)
-    for (method, split, seed), value in sorted(values.items()):
-        base = values.get((method, reference, seed))
-        if split != reference and base is not None:
-            size = chosen[method]
-            label = method if size == 0 else f"{method}_{size}/{target}"
-            out[f"hparams/gap_same_pred/{label}/{split}"][seed] = stats.signed_gap(
-                base, value, "same_pred")  # the sign convention of gaps.csv
-    return dict(out)
+        if (r["method"], r["site"], r["size"]) in wanted:
+            values[(r["method"], r["site"], r["size"], r["split"])][r["seed"]] = r["same_pred"]
+    splits = list(dict.fromkeys(r["split"] for r in rows))
+    out: dict[str, dict[int, float]] = {}
+    for method, site, size in proxies:
+        base = values.get((method, site, size, reference), {})
+        for split in splits:
+            per_seed = values.get((method, site, size, split), {})
+            gaps = {seed: stats.signed_gap(base[seed], v, "same_pred")  # gaps.csv's sign
+                    for seed, v in per_seed.items() if seed in base}
+            gaps = {seed: g for seed, g in gaps.items() if np.isfinite(g)}
+            if split != reference and gaps:
+                out[gap_metric(method, site, size, split)] = gaps
+    return out
 
 
 def write_hparams(writer, config, model_cfg, seeds: Sequence[int | str],
                   healthy: Sequence[bool], rows: Sequence[dict] = (), workdir: str = "",
                   splits: Sequence[str] | None = None,
-                  member_hparams: dict[str, Sequence] | None = None) -> None:
+                  member_hparams: dict[str, Sequence] | None = None,
+                  proxies: Sequence[tuple] | None = None, step: int = 0) -> None:
     """One HPARAMS session per seed, in its run seed_<s>: `hparams(config, model_cfg)` plus
-    `seed`, `healthy` and `workdir` (so sessions of several sweeps under one logdir compare),
-    with metrics eval/<split>/acc (the final accuracy, already logged by training) and, when
-    `rows` are given, the seed's headline gaps (`headline_gaps`, from proxies.gap_baseline).
+    `seed`, `healthy` and `workdir` (so sessions of several sweeps under one logdir compare).
+    Metrics, in the order HPARAMS lists them (it shows the first 5): when `rows` are given, the
+    seed's gap in same_pred (`headline_gaps`, from proxies.gap_baseline) of each of `proxies`
+    (the headline's, `headline_proxies`; default each method's middle size) on each OOD split,
+    then on the other in-distribution splits (the control), then eval/<split>/acc (the final
+    accuracy, logged by training). The gaps' scalars are written at `step`.
 
     `seeds` are the run labels (train.members(config).labels): seed numbers, or "<seed>_cw<w>"
     for members of a hyper-parameter sweep, whose per-member values `member_hparams` adds
@@ -270,10 +218,21 @@ def write_hparams(writer, config, model_cfg, seeds: Sequence[int | str],
         base["workdir"] = os.path.basename(os.path.normpath(workdir))
     if splits is None:
         splits = list(config.proxies.eval_splits)
-    final = [f"eval/{s}/acc" for s in splits]
-    # The gaps are measured from the same baseline as gaps.csv and gap_table.txt.
-    reference = config.proxies.gap_baseline
-    gaps = headline_gaps(rows, reference=reference) if rows else {}
+    names = {f"eval/{s}/acc": f"accuracy on {s} (end of training)" for s in splits}
+    if rows:
+        proxies = [p[:3] for p in (_middle_proxies(rows) if proxies is None else proxies)]
+        # The gaps are measured from the same baseline as gaps.csv and gap_table.txt.
+        reference = config.proxies.gap_baseline
+        gaps = headline_gaps(rows, proxies, reference=reference)
+        ood, inside = _ood(config, splits)
+        gap_names = {gap_metric(m, site, size, s): f"gap {reference}-{s}: {m}"
+                     + (f" {size} {site}" if size else "")
+                     for m, site, size in proxies for s in ood + inside}
+        gap_names = {t: n for t, n in gap_names.items() if t in gaps}
+        names = {**dict(sorted(gap_names.items(), key=lambda kv: kv[0].rsplit("/", 1)[1]
+                               in inside)), **names}  # OOD splits first (a stable sort)
+    else:
+        gaps = {}
     member_hparams = member_hparams or {}
     healthy = np.asarray(healthy, bool).tolist()
     # What differs between sessions, shown first by TensorBoard (then constants by name).
@@ -283,14 +242,29 @@ def write_hparams(writer, config, model_cfg, seeds: Sequence[int | str],
         values = {tag: per_seed[seed] for tag, per_seed in gaps.items() if seed in per_seed}
         extra = {k: v[i] for k, v in member_hparams.items()}
         writer.hparams({"seed": seed, **extra, **base, "healthy": bool(ok)}, values,
-                       run=f"seed_{label}", metric_tags=sorted(gaps) + final, varying=varying)
+                       run=f"seed_{label}", metric_tags=list(names), varying=varying,
+                       step=step, display_names=names, description=(
+                           "This seed's gap (one point per seed run; x: the training step of "
+                           "the evaluated model). 'Ignore outliers in chart scaling' (on by "
+                           "default) can leave the highest and lowest seed off a chart of 3 or "
+                           "more seeds: HPARAMS' table has every seed's value."))
 
 
 def write_all(writer, rows: Sequence[dict], config, model_cfg, seeds, healthy, workdir: str,
-              gaps: Sequence[dict] = ()) -> None:
-    """Everything above, in the order TensorBoard should list it."""
+              gaps: Sequence[dict] = (), report: str | None = None) -> None:
+    """Everything above: the Headline cards (from `gaps`), the TEXT report (`report`, by
+    default <workdir>/gap_table.txt when there is one, which the main job writes first) and
+    HPARAMS (with the headline's proxies when there are `gaps`). The reports are attached to
+    the training step of the evaluated model (config.train.num_steps)."""
+    step = int(config.train.num_steps)
+    proxies = headline_proxies(gaps, rows, config.proxies.gap_baseline) if gaps else None
     if gaps:
-        write_gaps(writer, gaps)
-    write_faithfulness(writer, rows)
-    writer.custom_scalars(layout(rows, gaps))
-    write_hparams(writer, config, model_cfg, seeds, healthy, rows, workdir)
+        write_headline(writer, gaps, rows, config, step)
+    path = os.path.join(workdir, "gap_table.txt")
+    if report is None and os.path.isfile(path):
+        with open(path) as f:
+            report = f.read()
+    if report:
+        write_report_text(writer, report, step)
+    write_hparams(writer, config, model_cfg, seeds, healthy, rows, workdir, proxies=proxies,
+                  step=step)
