@@ -13,6 +13,14 @@ far went to the Dyck measurements in docs/speed.md). Its training is 64 seeds x 
 batch 64 rows of up to 512 characters; on the 2-core CPU machine that would take weeks, so run it
 on a GPU. Override e.g.
 `--config.train.num_seeds=16` for a smaller one.
+
+Memory: the seeds train and are evaluated in 8 sequential chunks of 8 (train.seed_chunk_size).
+All 64 at once cannot fit one GPU: the memory plan (a lower bound) counts 136 GiB for one layer's
+attention scores of an evaluation batch of 64 seeds on `longer` (128 rows x 1024 characters x 4
+heads). At 8 seeds the plan counts 28.6 GiB per device and admits the config on an 80 GB GPU
+(59.4 GiB for JAX by default; tests/test_scale.py). XLA:CPU's compiled estimate at 8 seeds (not
+run; a GPU's XLA fuses more) is 27.3 GiB for the training step and 36.1 GiB for an evaluation
+batch, each within 59.4 GiB; at 16 seeds the evaluation batch would need 72 GiB.
 """
 
 from ml_collections import ConfigDict
@@ -43,6 +51,8 @@ def get_config() -> ConfigDict:
     config.train.eval_every = 2000
     config.train.checkpoint_every = 2000
     config.train.eval_batch_size = 128
+    # Seeds trained and evaluated at once: 8 fit an 80 GB GPU (see the docstring's Memory).
+    config.train.seed_chunk_size = 8
 
     # Proxies: ranks 1..d_head (64) and k-means on 100k vectors per seed.
     config.proxies.kmeans_sizes = (2, 4, 8, 16, 32, 64, 128, 256)

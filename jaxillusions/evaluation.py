@@ -1,9 +1,16 @@
 """Evaluation while training: accuracy and loss at the task's evaluated positions per split, and
-accuracy by the task's TRAIN_BREAKDOWN (Dyck: closing brackets by depth), batched over seeds."""
+accuracy by the task's TRAIN_BREAKDOWN (Dyck: closing brackets by depth), batched over seeds.
+
+The seeds are evaluated in the chunks that train them (`train.seed_chunk_size`): one chunk's
+activations are live at a time, which is what the memory plan (memory.plan) counts. A seed's
+numbers come from that seed's forward pass alone and are summed over the sentence batches on the
+host in the same order, whatever the chunk.
+"""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -36,40 +43,60 @@ def _eval_batch(params, tokens, is_close, depth, *, model_cfg, num_depths: int):
     return out
 
 
-def evaluate(params: dict, split, model_cfg: model_lib.ModelConfig, *, batch_size: int,
-             num_depths: int, task=None) -> dict[str, np.ndarray]:
+def seed_chunks(params: dict, chunk_size: int = 0) -> list[dict]:
+    """The members' params (leading seed axis) in the sequential chunks that training uses
+    (distributed.seed_chunks: `chunk_size` seeds, 0: all; the last chunk padded)."""
+    num = jax.tree.leaves(params)[0].shape[0]
+    return [jax.tree.map(lambda x, i=index: x[i], params)
+            for index in distributed.seed_chunks(num, chunk_size)]
+
+
+def evaluate(chunks: Sequence[dict], split, model_cfg: model_lib.ModelConfig, *,
+             num_seeds: int, batch_size: int, num_depths: int,
+             task=None) -> dict[str, np.ndarray]:
     """Accuracy [S] and loss [S] at the evaluated positions of a split (a task split; Dyck:
     closing brackets), and accuracy by the task's TRAIN_BREAKDOWN (Dyck: depth) [S, num_depths]
     as `acc_by_<breakdown>`, with the counts as `count_by_<breakdown>`.
 
-    Bins with no evaluated position are NaN. Chunks over sentences are padded to a fixed batch
-    size so the evaluation compiles once per sequence length. `task`: a tasks module (Dyck).
+    `chunks`: the members' params in chunks of seeds (leading seed axis; `seed_chunks`, or
+    train_sweep's placed chunks), evaluated one after the other and joined; the first
+    `num_seeds` are kept (a last chunk's padding is dropped). Bins with no evaluated position
+    are NaN. Chunks over sentences are padded to a fixed batch size so the evaluation compiles
+    once per sequence length. `task`: a tasks module (Dyck).
     """
     task = task or tasks.get("dyck")
     breakdown = task.TRAIN_BREAKDOWN
     view = task.view(split)
     bins = np.clip(view.bins[breakdown], 0, None)
-    num_seeds = jax.tree.leaves(params)[0].shape[0]
-    params = distributed.shard_seeds(params)  # seeds sharded over the devices (padded)
-    totals = None
-    for chunk in padded_chunks([view.tokens, view.evaluated, bins], batch_size):
-        out = _eval_batch(params, *chunk, model_cfg=model_cfg, num_depths=num_depths)
-        out = distributed.to_host(out)  # summed on the host: no jit(add) per shape
-        totals = out if totals is None else jax.tree.map(np.add, totals, out)
-    count, correct = totals["count_by_depth"], totals["correct_by_depth"][:num_seeds]
+    sums = []  # per chunk: {correct_by_depth [W, D], nll_sum [W], count_by_depth [D]}
+    for params in chunks:
+        width = jax.tree.leaves(params)[0].shape[0]
+        params = distributed.shard_seeds(params)  # seeds sharded over the devices (padded)
+        totals = None
+        for batch in padded_chunks([view.tokens, view.evaluated, bins], batch_size):
+            out = _eval_batch(params, *batch, model_cfg=model_cfg, num_depths=num_depths)
+            out = distributed.to_host(out)  # summed on the host: no jit(add) per shape
+            totals = out if totals is None else jax.tree.map(np.add, totals, out)
+        sums.append({k: v if k == "count_by_depth" else v[:width] for k, v in totals.items()})
+    count = sums[0]["count_by_depth"]  # of the data: the same in every chunk
+    correct, nll = (np.concatenate([t[k] for t in sums])[:num_seeds]
+                    for k in ("correct_by_depth", "nll_sum"))
     with np.errstate(invalid="ignore", divide="ignore"):
         return {
             "acc": correct.sum(-1) / count.sum(),
-            "loss": totals["nll_sum"][:num_seeds] / count.sum(),
+            "loss": nll / count.sum(),
             f"acc_by_{breakdown}": correct / count,
             f"count_by_{breakdown}": count,
         }
 
 
-def evaluate_splits(params, splits, model_cfg: model_lib.ModelConfig,
+def evaluate_splits(chunks: Sequence[dict], num_seeds: int, splits,
+                    model_cfg: model_lib.ModelConfig,
                     settings: Settings) -> dict[str, dict[str, np.ndarray]]:
+    """`evaluate` of the chunks of seeds on every non-empty split."""
     task = tasks.get(settings.task)
-    return {name: evaluate(params, split, model_cfg, batch_size=settings.train.eval_batch_size,
+    return {name: evaluate(chunks, split, model_cfg, num_seeds=num_seeds,
+                           batch_size=settings.train.eval_batch_size,
                            num_depths=task.train_num_bins(settings), task=task)
             for name, split in splits.items() if len(split.tokens)}  # (empty: none to score)
 

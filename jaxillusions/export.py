@@ -15,8 +15,13 @@ Both run our weights unprocessed (no LayerNorm folding or centering), so every h
 site. Our model maps onto a standard TransformerLens config: pre-LayerNorm blocks (eps 1e-5),
 tanh GELU (TL's `gelu_new`), attention scaled by 1/sqrt(d_head), no key bias (TL's b_K is set to
 zero), and `w_q/k/v` stored as [d_model, head, d_head] (TL: [head, d_model, d_head]). Every
-position encoding becomes TL's "standard" W_pos table: learned as is, sinusoidal and linear as the
-table they compute, none as zeros. Frozen one-hot token embeddings export as the table they are.
+additive position encoding becomes TL's "standard" W_pos table: learned as is, sinusoidal and
+linear as the table they compute, none as zeros. Rotary positions become TL's
+`positional_embedding_type="rotary"` over the whole head (rotary_dim = d_head) with our base and
+GPT-J's adjacent pairs (`rotary_adjacent_pairs=True`; 4.x's native model has only those); TL
+computes its own cos/sin table in float32 (ours is float64 rounded once), which differs from ours
+by float32 rounding of the angles, about position x 1e-7 radians. Frozen one-hot token embeddings
+export as the table they are.
 Layers with frozen uniform attention and the minimal first layer (Wen et al.) have no TL
 counterpart and are refused.
 
@@ -25,6 +30,9 @@ aliases of its own hooks (`blocks.0.attn.k.hook_out`); `site_name` reads both. T
 three sites: 4.x's `hook_attn_scores` holds the softmaxed pattern on this architecture, so
 `attn.scores` has no 4.x hook, while 4.x's `ln_final.hook_out` (after the LayerNorm's scale and
 bias, as ours) and `hook_unembed` (the logits) give `ln_final` and `logits` hooks that 3.9 lacks.
+With rotary positions `attn.q`/`attn.k` are before the rotation in both (hook_q/hook_k);
+`attn.rot_q`/`attn.rot_k` (after it) are 3.x's hook_rot_q/hook_rot_k, and have no 4.x hook (its
+native model turns the queries and keys inside the attention without firing them).
 
 Sparse dictionaries to SAELens: `sae_to_saelens` writes one seed's, one head's, one size's TopK
 SAE (proxies/sae.py) as a SAELens directory (`sae_weights.safetensors` and `cfg.json`,
@@ -52,6 +60,8 @@ _BLOCK_HOOKS = {
     "attn.q": "attn.hook_q",
     "attn.k": "attn.hook_k",
     "attn.v": "attn.hook_v",
+    "attn.rot_q": "attn.hook_rot_q",
+    "attn.rot_k": "attn.hook_rot_k",
     "attn.scores": "attn.hook_attn_scores",
     "attn.pattern": "attn.hook_pattern",
     "attn.z": "attn.hook_z",
@@ -66,7 +76,8 @@ _BLOCK_HOOKS = {
 _TOP_HOOKS = {"embed": "hook_embed", "pos_embed": "hook_pos_embed"}
 # TL 4.x: the hooks it adds (the aliases' targets are its own names; site_name reads them too).
 _TOP_HOOKS_4 = {**_TOP_HOOKS, "ln_final": "ln_final.hook_out", "logits": "hook_unembed"}
-_BLOCK_HOOKS_4 = {k: v for k, v in _BLOCK_HOOKS.items() if k != "attn.scores"}
+_BLOCK_HOOKS_4 = {k: v for k, v in _BLOCK_HOOKS.items()
+                  if k not in ("attn.scores", "attn.rot_q", "attn.rot_k")}
 _BRIDGE_TOP = {"embed.hook_out": "embed", "pos_embed.hook_out": "pos_embed",
                "unembed.hook_out": "logits"}
 _BRIDGE_BLOCK = {"hook_in": "resid_pre", "attn.q.hook_out": "attn.q", "attn.k.hook_out": "attn.k",
@@ -117,7 +128,8 @@ def tl_name(site: str, major: int | None = None) -> str:
     """Our site name -> the TransformerLens hook with the same value, for TL `major` (3 or 4;
     default the installed one, see `tl_major`), e.g. 'blocks.1.attn.out' ->
     'blocks.1.hook_attn_out', 'blocks.0.mlp.hidden' -> 'blocks.0.mlp.hook_post' in both. Only 3.x
-    has `attn.scores` (4.x's hook_attn_scores is the pattern); only 4.x has `ln_final`, `logits`."""
+    has `attn.scores` (4.x's hook_attn_scores is the pattern) and `attn.rot_q`/`attn.rot_k`; only
+    4.x has `ln_final`, `logits`."""
     top, block = _MAPS[_major(major)]
     return _translate(site, top, block, "site",
                       f"TransformerLens {_major(major)}.x hook with the same value")
@@ -132,7 +144,8 @@ def site_name(hook: str, major: int | None = None) -> str:
 
 def site_map(cfg: model_lib.ModelConfig, major: int | None = None) -> dict[str, str]:
     """{our site: TL hook} for every site of this model with an equal hook in TL `major` (default
-    the installed one): all but ln_final and logits in 3.x, all but attn.scores in 4.x; never
+    the installed one): all but ln_final and logits in 3.x, all but attn.scores (and the rotary
+    models' attn.rot_q/rot_k) in 4.x; never
     resid_mid of attention-only models (TL's attention-only blocks have no hook_resid_mid; ours
     equals resid_post there). Same shapes, except pos_embed: ours [pos, d_model], TL's
     [batch, pos, d_model]."""
@@ -156,8 +169,11 @@ def tl_config(cfg: model_lib.ModelConfig, device: str = "cpu") -> Any:
         n_layers=cfg.n_layers, d_model=cfg.d_model, n_ctx=cfg.max_len, d_head=cfg.head_dim,
         n_heads=cfg.n_heads, d_mlp=None if cfg.attn_only else cfg.d_mlp,
         d_vocab=cfg.vocab_size, act_fn="gelu_new", normalization_type="LN", eps=1e-5,
-        attn_only=cfg.attn_only, positional_embedding_type="standard",
-        default_prepend_bos=False, device=device, dtype=_torch().float32, seed=0)
+        attn_only=cfg.attn_only, default_prepend_bos=False, device=device,
+        dtype=_torch().float32, seed=0, positional_embedding_type="standard")
+    if cfg.pos_encoding == "rotary":
+        fields |= dict(positional_embedding_type="rotary", rotary_dim=cfg.head_dim,
+                       rotary_base=cfg.rotary_base, rotary_adjacent_pairs=True)
     if tl_major() == 3:
         from transformer_lens import HookedTransformerConfig
 
@@ -180,13 +196,13 @@ def state_dict(params: dict, cfg: model_lib.ModelConfig) -> dict[str, Any]:
     if np.ndim(p["embed"]) != 2:
         raise ValueError(f"params['embed'] has shape {np.shape(p['embed'])}: pass one seed's "
                          "params (e.g. Run.seed_params(seed)), not the sweep's seed axis")
-    if cfg.pos_encoding == "none":
-        w_pos = np.zeros((cfg.max_len, cfg.d_model), np.float32)
-    else:
-        w_pos = model_lib._position_embedding(params, cfg, cfg.max_len)
-    out = {"embed.W_E": p["embed"], "pos_embed.W_pos": w_pos,
+    out = {"embed.W_E": p["embed"],
            "ln_final.w": p["ln_final"]["scale"], "ln_final.b": p["ln_final"]["bias"],
            "unembed.W_U": p["unembed"]["w"], "unembed.b_U": p["unembed"]["b"]}
+    if cfg.pos_encoding == "none":
+        out["pos_embed.W_pos"] = np.zeros((cfg.max_len, cfg.d_model), np.float32)
+    elif cfg.pos_encoding != "rotary":  # rotary: TL computes its table from the config
+        out["pos_embed.W_pos"] = model_lib._position_embedding(params, cfg, cfg.max_len)
     for i, block in enumerate(p["blocks"]):
         a, name = block["attn"], f"blocks.{i}"
         out |= {f"{name}.ln1.w": block["ln1"]["scale"], f"{name}.ln1.b": block["ln1"]["bias"],
@@ -252,7 +268,8 @@ def from_workdir(workdir: str, seed: int | str, device: str = "cpu") -> Any:
 SAELENS_WEIGHTS = "sae_weights.safetensors"  # SAELens's file names (sae_lens.constants)
 SAELENS_CONFIG = "cfg.json"
 SAELENS_FORMAT = "6.54.12"  # the sae-lens release whose format this writes and was tested with
-_HEAD_SITES = ("q", "k", "v", "z")  # per-head sites: [batch, pos, head, d_head] in TL
+# per-head sites: [batch, pos, head, d_head] in TL
+_HEAD_SITES = ("q", "k", "v", "rot_q", "rot_k", "z")
 
 
 def _per_head(site: str) -> bool:

@@ -55,9 +55,9 @@ def resolve_site(site: str, cfg: model_lib.ModelConfig) -> str:
 
 
 def site_dim(cfg: model_lib.ModelConfig, site: str) -> int:
-    """Feature size of a vector site (per head for q/k/v/z)."""
+    """Feature size of a vector site (per head for q/k/v/z and the rotated rot_q/rot_k)."""
     name = site.split(".")[-1]
-    if name in ("q", "k", "v", "z"):
+    if name in ("q", "k", "v", "rot_q", "rot_k", "z"):
         return cfg.head_dim
     return cfg.d_mlp if name == "hidden" else cfg.vocab_size if name == "logits" else cfg.d_model
 

@@ -176,7 +176,28 @@ def describe(est: Estimate) -> str:
 # model.max_len=100000000 used to hang in the allocation of the initial state). So this plan
 # counts, from the config alone, the buffers every run must hold: the parameters with their
 # AdamW moments and gradients, the attention scores and activations of one batch, the data.
-# It is a lower bound (XLA adds temporaries), so a config it rejects cannot run.
+# It is a lower bound (XLA adds temporaries), so a config it rejects cannot run. Training and its
+# evaluation run chunk by chunk (train.seed_chunk_size; evaluation.py), so their activations
+# are counted for one chunk of seeds, while every member's parameters and moments stay on the
+# devices. The machine is a parameter (`Machine`): the plan of a GPU config can be checked on a
+# machine without one.
+
+
+@dataclasses.dataclass(frozen=True)
+class Machine:
+    """What a memory plan is checked against (`Machine.local()`: this process's)."""
+
+    platform: str  # "cpu" (device memory is host RAM: one pool), "gpu", "tpu"
+    num_devices: int  # devices the seeds are sharded over
+    device_bytes: int  # what one device can allocate (GPUs: JAX's bytes_limit, by default 75%)
+    host_bytes: int  # host RAM
+    kind: str = ""  # e.g. "NVIDIA H100 80GB HBM3", for the message
+
+    @classmethod
+    def local(cls) -> Machine:
+        devices, ram = jax.devices(), host_ram()
+        return cls(devices[0].platform, len(devices), capacity() or ram, ram,
+                   devices[0].device_kind)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,15 +231,18 @@ def _forward_bytes(batch: int, width: int, model_cfg, item: int, saved: bool = F
     return batch * width * (per_token + model_cfg.d_model) * item
 
 
-def plan(config, model_cfg) -> list[Term]:
-    """The memory terms of `config` (see above), with the config keys each one grows with."""
+def plan(config, model_cfg, num_devices: int | None = None) -> list[Term]:
+    """The memory terms of `config` (see above), with the config keys each one grows with, for
+    `num_devices` devices (default: this process's)."""
     from jaxillusions import model as model_lib  # noqa: PLC0415
     from jaxillusions import tasks  # noqa: PLC0415
 
     task, tc, mc = tasks.get(config), config.train, model_cfg
+    num_devices = num_devices or jax.device_count()
     members = tc.num_seeds * max(len(tc.contrastive_weights), 1)
-    chunk = min(tc.seed_chunk_size or members, members)  # 0: training, all at once
-    seeds = ("train.num_seeds", chunk)
+    chunk = min(tc.seed_chunk_size or members, members)  # 0: all at once
+    # the seeds trained and evaluated together, named by the key that sets their number
+    seeds = ("train.seed_chunk_size" if chunk < members else "train.num_seeds", chunk)
     item = 2 if mc.compute_dtype == "bfloat16" else 4
     def shapes_of(layers: int) -> list:  # built for at most 3 layers: n_layers may be huge
         return jax.tree.leaves(
@@ -243,9 +267,10 @@ def plan(config, model_cfg) -> list[Term]:
     widest = task.widest_width(config)
     rows = max(_get(config, "data.num_train"), 0)  # code: -1 (all functions) is not counted
     terms = [
-        # params, gradients, AdamW's two moments: 4 float32 copies per member
-        Term("parameters, gradients and AdamW moments", chunk * params * 16,
-             (seeds, ("model.n_layers", mc.n_layers), *dims), True),
+        # params and AdamW's two moments of every member stay on the devices (float32), the
+        # gradients exist for the chunk being trained
+        Term("parameters, gradients and AdamW moments", (members * 12 + chunk * 4) * params,
+             (("train.num_seeds", members), ("model.n_layers", mc.n_layers), *dims), True),
         Term("the attention scores and activations of a training batch",
              chunk * mc.n_layers * _forward_bytes(tc.batch_size, train_width - 1, mc, item,
                                                   saved=True),
@@ -262,7 +287,7 @@ def plan(config, model_cfg) -> list[Term]:
     ]
     pc = config.proxies
     # 0: the proxy stage plans its own chunks (plan_seed_chunk), down to 1 seed per device
-    pchunk = min(pc.seed_chunk_size or jax.device_count(), members)
+    pchunk = min(pc.seed_chunk_size or num_devices, members)
     sites = sum(len(t.split("+")) for t in pc.targets)
     pseeds = ("train.num_seeds", pchunk)
     terms += [
@@ -298,19 +323,19 @@ def _get(config, key: str):
     return node
 
 
-def check_config(config, model_cfg) -> None:
-    """ValueError (one line) when the plan's buffers exceed what the machine has: the device's
-    memory (plus the host's RAM for host buffers), or on a CPU, where device memory is host
-    RAM, the host's RAM for both. It names the key that the largest term grows with most."""
-    terms = plan(config, model_cfg)
-    ram, devices = host_ram(), jax.devices()
-    if devices[0].platform == "cpu":  # one pool: device memory is host RAM
+def check_config(config, model_cfg, machine: Machine | None = None) -> None:
+    """ValueError (one line) when the plan's buffers exceed what the machine has (default:
+    this one): the device's memory (plus the host's RAM for host buffers), or on a CPU, where
+    device memory is host RAM, the host's RAM for both. It names the key that the largest term
+    grows with most."""
+    m = machine or Machine.local()
+    terms, ram = plan(config, model_cfg, m.num_devices), m.host_bytes
+    if m.platform == "cpu":  # one pool: device memory is host RAM
         groups = [(terms, 1, ram, f"this machine's {_size(ram)} of RAM (CPU: device memory is "
                    "host RAM)")]
     else:  # the device terms are shared by the devices (seeds sharded over them)
-        device = capacity() or ram
-        groups = [([t for t in terms if t.on_device], len(devices), device,
-                    f"the {_size(device)} of memory of each device ({devices[0].device_kind})"),
+        groups = [([t for t in terms if t.on_device], m.num_devices, m.device_bytes,
+                    f"the {_size(m.device_bytes)} of memory of each device ({m.kind})"),
                   ([t for t in terms if not t.on_device], 1, ram,
                    f"this machine's {_size(ram)} of host RAM")]
     for group, share, limit, what in groups:

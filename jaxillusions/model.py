@@ -7,6 +7,7 @@ Every intermediate value passes through a named *site* (TransformerLens-style na
 
     embed, pos_embed,
     blocks.{i}.resid_pre, blocks.{i}.attn.{q,k,v}            [batch, pos, head, d_head]
+    blocks.{i}.attn.{rot_q,rot_k} (rotary positions only)    [batch, pos, head, d_head]
     blocks.{i}.attn.scores, blocks.{i}.attn.pattern           [batch, head, query, key]
     blocks.{i}.attn.z [batch, pos, head, d_head], blocks.{i}.attn.out, blocks.{i}.resid_mid,
     blocks.{i}.mlp.hidden, blocks.{i}.mlp.out, blocks.{i}.resid_post, ln_final, logits
@@ -15,6 +16,16 @@ With `first_layer="minimal"` (Wen et al., Assumption 1) block 0 has no attention
 every position is a fixed feature vector of (token, depth) only, with the sites
 `blocks.0.minimal.out` and `blocks.0.resid_post` (no `embed`). Depth is the bracket depth after the
 token, computed inside `forward` from `open_ids` / `close_ids` (a cumulative sum).
+
+With `pos_encoding="rotary"` (Su et al.'s RoPE) nothing is added to the residual stream: every
+layer rotates its queries and keys by angles proportional to their positions, so an attention
+score depends on the query's and key's positions only through their difference. `attn.q` and
+`attn.k` are the vectors before the rotation (TransformerLens's hook_q/hook_k), `attn.rot_q` and
+`attn.rot_k` after it (hook_rot_q/hook_rot_k); a proxy at `attn.k` is rotated like the keys it
+replaces. Each adjacent pair (2i, 2i+1) of a head's dimensions turns by position * base^(-2i/d_head)
+(GPT-J's pairing, TransformerLens's `rotary_adjacent_pairs=True`, the only one of its 4.x native
+model); the cos/sin table is computed in float64 on the host and rounded to float32 once, so it
+is the same on every backend.
 
 An *intervention* is a function `(site_name, value) -> value` called at every site; it is how
 proxies replace activations. Site names are static Python strings, so an intervention that ignores
@@ -29,11 +40,12 @@ from collections.abc import Callable, Iterable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Params = dict
 Intervention = Callable[[str, jax.Array], jax.Array]
 
-POS_ENCODINGS = ("none", "learned", "sinusoidal", "linear")
+POS_ENCODINGS = ("none", "learned", "sinusoidal", "linear", "rotary")
 FIRST_LAYERS = ("standard", "minimal")
 # Wen et al. eqs. 19-21: one-hot of (token, depth); one-hot token ++ one-hot depth; Yao et al.'s
 # one-hot token ++ (cos theta_d, sin theta_d), theta_d = arctan(d / (D + 2 - d)).
@@ -44,21 +56,25 @@ EMBEDDINGS = ("learned", "onehot")  # onehot: frozen one-hot token embeddings
 # parameters and optimizer state are f32 (mixed precision).
 COMPUTE_DTYPES = ("float32", "bfloat16")
 _BLOCK_SITES = (
-    "resid_pre", "attn.q", "attn.k", "attn.v", "attn.scores", "attn.pattern", "attn.z",
-    "attn.out", "resid_mid", "mlp.hidden", "mlp.out", "resid_post",
+    "resid_pre", "attn.q", "attn.k", "attn.v", "attn.rot_q", "attn.rot_k", "attn.scores",
+    "attn.pattern", "attn.z", "attn.out", "resid_mid", "mlp.hidden", "mlp.out", "resid_post",
 )
+_ROTARY_SITES = ("attn.rot_q", "attn.rot_k")  # only with pos_encoding="rotary"
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int
-    max_len: int  # number of positions the model supports (sequence length incl. BOS/EOS)
+    # Number of positions the model supports (sequence length incl. BOS/EOS); rotary positions
+    # have no table and run any length (max_len is then TransformerLens's n_ctx on export).
+    max_len: int
     n_layers: int = 2
     n_heads: int = 1
     d_model: int = 64
     d_head: int = 0  # 0: d_model // n_heads
     d_mlp: int = 256
     pos_encoding: str = "learned"
+    rotary_base: int = 10_000  # pos_encoding="rotary": pair i turns by base^(-2i/d_head) a step
     attn_only: bool = False  # attention-only blocks (no MLP)
     uniform_attention_layers: tuple[int, ...] = ()  # layers whose attention is frozen uniform
     embedding: str = "learned"  # "onehot": frozen one-hot token embeddings (d_model >= vocab)
@@ -86,6 +102,10 @@ class ModelConfig:
         if self.d_head == 0 and self.d_model % self.n_heads:
             raise ValueError(f"model.d_model={self.d_model} is not divisible by "
                              f"model.n_heads={self.n_heads}; set model.d_head explicitly")
+        if self.pos_encoding == "rotary" and (self.head_dim % 2 or self.rotary_base < 2):
+            raise ValueError(f"model.pos_encoding='rotary' turns pairs of dimensions: needs an "
+                             f"even d_head (got {self.head_dim}) and model.rotary_base >= 2 "
+                             f"(got {self.rotary_base})")
         if not self.attn_only and self.d_mlp < 1:
             raise ValueError(f"model.d_mlp={self.d_mlp}: must be >= 1 (or set model.attn_only)")
         bad = [i for i in self.uniform_attention_layers if not 0 <= i < self.n_layers]
@@ -140,17 +160,19 @@ class ModelConfig:
                    minimal_embedding=m.minimal_embedding, compute_dtype=m.compute_dtype, **data,
                    vocab_size=vocab_size, max_len=max_len, n_layers=m.n_layers,
                    n_heads=m.n_heads, d_model=m.d_model, d_head=m.d_head, d_mlp=m.d_mlp,
-                   pos_encoding=m.pos_encoding, attn_only=m.attn_only,
+                   pos_encoding=m.pos_encoding, rotary_base=m.rotary_base,
+                   attn_only=m.attn_only,
                    uniform_attention_layers=tuple(m.uniform_attention_layers))
 
 
 def site_names(cfg: ModelConfig) -> tuple[str, ...]:
     """All activation sites of the model, in forward order."""
-    names = ["embed"] + (["pos_embed"] if cfg.pos_encoding != "none" else [])
+    names = ["embed"] + (["pos_embed"] if cfg.pos_encoding not in ("none", "rotary") else [])
     if cfg.first_layer == "minimal":
         names = ["blocks.0.minimal.out", "blocks.0.resid_post"]
     for i in range(_first_attention_layer(cfg), cfg.n_layers):
-        block = [s for s in _BLOCK_SITES if not (cfg.attn_only and s.startswith("mlp."))]
+        block = [s for s in _BLOCK_SITES if not (cfg.attn_only and s.startswith("mlp."))
+                 and (cfg.pos_encoding == "rotary" or s not in _ROTARY_SITES)]
         names += [f"blocks.{i}.{s}" for s in block]
     return tuple(names + ["ln_final", "logits"])
 
@@ -295,6 +317,23 @@ def _sinusoidal(num_pos: int, d: int) -> jax.Array:
     return table.at[:, 1::2].set(jnp.cos(pos * freq[: d // 2]))
 
 
+def rotary_table(num_pos: int, head_dim: int, base: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [num_pos, head_dim // 2] float32 of the rotary angles p * base^(-2i/head_dim)
+    (position p, pair i), computed in float64 and rounded once: the same bits on every backend."""
+    inv_freq = float(base) ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    angles = np.arange(num_pos, dtype=np.float64)[:, None] * inv_freq
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x [batch, pos, head, d_head] with each adjacent pair (x[2i], x[2i+1]) turned by the angle
+    whose cos/sin [(batch,) pos, d_head // 2] are given; the same products and sums, in the same
+    order, as TransformerLens's x * cos + rotate_every_two(x) * sin."""
+    cos, sin = cos[..., None, :], sin[..., None, :]  # the same angle for every head
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return jnp.stack([even * cos + -odd * sin, odd * cos + even * sin], -1).reshape(x.shape)
+
+
 def _position_embedding(params: Params, cfg: ModelConfig, positions: jax.Array | int
                         ) -> jax.Array:
     """Position embeddings for integer positions [..., T] -> [..., T, d_model] (an int n:
@@ -343,17 +382,22 @@ def forward(
                           preferred_element_type=jnp.float32).astype(out)
 
     seq_len = tokens.shape[-1]
-    if seq_len > cfg.max_len:
+    rotary = cfg.pos_encoding == "rotary"
+    if seq_len > cfg.max_len and not rotary:
         raise ValueError(f"sequence length {seq_len} exceeds the model's max_len {cfg.max_len}")
     if cfg.first_layer == "minimal":
         x = site("blocks.0.minimal.out", _minimal_layer(params, tokens, cfg))
         x = site("blocks.0.resid_post", x)
     else:
         x = site("embed", params["embed"][tokens])
-    if cfg.pos_encoding != "none":
-        positions = jnp.arange(seq_len)
-        if position_offset is not None:  # caller keeps offset + seq_len <= max_len
-            positions = position_offset[:, None] + positions
+    positions = jnp.arange(seq_len)
+    if position_offset is not None:  # caller keeps offset + seq_len <= max_len
+        positions = position_offset[:, None] + positions
+    if rotary:  # [(batch,) pos, d_head // 2], for every layer's queries and keys
+        cos, sin = rotary_table(max(cfg.max_len, seq_len), cfg.head_dim, cfg.rotary_base)
+        cos, sin = ((cos[:seq_len], sin[:seq_len]) if position_offset is None
+                    else (jnp.asarray(cos)[positions], jnp.asarray(sin)[positions]))
+    elif cfg.pos_encoding != "none":
         x = x + site("pos_embed", _position_embedding(params, cfg, positions))
     causal = jnp.tril(jnp.ones((seq_len, seq_len), bool))
     for i in range(_first_attention_layer(cfg), cfg.n_layers):
@@ -364,6 +408,9 @@ def forward(
         q = site(f"{name}.attn.q", mm("btd,dhe->bthe", h, a["w_q"]) + a["b_q"].astype(cdt))
         k = site(f"{name}.attn.k", mm("btd,dhe->bthe", h, a["w_k"]))
         v = site(f"{name}.attn.v", mm("btd,dhe->bthe", h, a["w_v"]) + a["b_v"].astype(cdt))
+        if rotary:  # turned in float32 (a no-op cast in float32 compute)
+            q = site(f"{name}.attn.rot_q", _rotate(q.astype(jnp.float32), cos, sin).astype(cdt))
+            k = site(f"{name}.attn.rot_k", _rotate(k.astype(jnp.float32), cos, sin).astype(cdt))
         scores = mm("bqhe,bkhe->bhqk", q, k, jnp.float32) / math.sqrt(cfg.head_dim)
         scores = site(f"{name}.attn.scores", jnp.where(causal, scores, -jnp.inf))
         if i in cfg.uniform_attention_layers:

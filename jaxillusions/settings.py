@@ -71,7 +71,10 @@ class Model:
     d_model: int = setting(32, INT, ">= 1", positive)
     d_head: int = setting(0, INT, ">= 0 (0: d_model // n_heads)", nonnegative)
     d_mlp: int = setting(64, INT, ">= 0", nonnegative)
-    pos_encoding: str = setting("learned", STR, *one_of(model.POS_ENCODINGS))
+    pos_encoding: str = setting("learned", STR, *one_of(model.POS_ENCODINGS),
+                                doc="rotary: queries and keys turned by position in every layer")
+    rotary_base: int = setting(10_000, INT, ">= 2", lambda v, s: v >= 2,
+                               "rotary only: pair i of a head turns by base^(-2i/d_head) a step")
     attn_only: bool = setting(False, BOOL, "true or false")
     uniform_attention_layers: tuple[int, ...] = setting(
         (), INTS, "layer indices in [0, model.n_layers)", _below_layers,

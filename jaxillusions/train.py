@@ -140,7 +140,7 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
     aside and train from step 0 (otherwise that is an error).
 
     The members are sharded over all devices (of all processes, see distributed.py), padded to
-    a multiple of the device count, and trained in sequential chunks of
+    a multiple of the device count, and trained and evaluated in sequential chunks of
     `train.seed_chunk_size` members (0: all at once) to bound device memory. Padding never
     reaches results, logs, health reports or checkpoints; with several processes, process 0
     writes the files.
@@ -184,10 +184,8 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
     def host_state() -> SweepState:  # every member, no padding, as numpy
         return distributed.concat_host([s for s, _ in placed], num)
 
-    def final_params():  # for evaluation: no host round trip unless padded or chunked
-        if len(placed) == 1 and len(chunks[0]) == num:
-            return placed[0][0].params
-        return distributed.concat_host([s.params for s, _ in placed], num)
+    def evaluate() -> dict:  # chunk by chunk where they live, as they train (no host round trip)
+        return evaluate_splits([s.params for s, _ in placed], num, splits, model_cfg, config)
 
     step = int(state.step[0])
     end = tc.num_steps if stop_at_step is None else min(stop_at_step, tc.num_steps)
@@ -235,7 +233,7 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
                     f"(min {np.nanmin(last):.4f}) | {num} seeds | {rate:.1f} steps/s | "
                     f"ETA {_format_eta((end - step) / rate)}", flush=True)
             if (tc.eval_every > 0 and step % tc.eval_every == 0) or step == tc.num_steps:
-                results = evaluate_splits(final_params(), splits, model_cfg, config)
+                results = evaluate()
                 say(f"  eval {task.EVALUATED} acc (mean over healthy seeds): " + ", ".join(
                     f"{k} {np.nanmean(np.where(healthy, v['acc'], np.nan)):.3f}"
                     for k, v in results.items()))
@@ -257,7 +255,7 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
                                            "the same command to resume" if workdir else
                                            "nothing saved (no workdir)"), signum)
         if results is None and step == tc.num_steps:  # resumed a finished run
-            results = evaluate_splits(final_params(), splits, model_cfg, config)
+            results = evaluate()
         state = host_state()
     except BaseException:
         for closable in (writer, checkpointer):  # the error in flight is the one to report

@@ -52,9 +52,9 @@ def _compare(tl_model, params, cfg, tokens, atol=1e-4):
     np.testing.assert_allclose(logits.detach().numpy(), np.asarray(ours), rtol=0, atol=atol)
     diffs = {"logits": float(np.max(np.abs(logits.detach().numpy() - np.asarray(ours))))}
     sites = export.site_map(cfg)
-    # 3.x: all but ln_final and logits; 4.x: all but attn.scores (and never resid_mid of
-    # attention-only blocks).
-    unmapped = 2 if major == 3 else cfg.n_layers
+    # 3.x: all but ln_final and logits; 4.x: all but attn.scores and a rotary model's
+    # attn.rot_q/rot_k (and never resid_mid of attention-only blocks).
+    unmapped = 2 if major == 3 else cfg.n_layers * (3 if cfg.pos_encoding == "rotary" else 1)
     assert len(sites) == len(model.site_names(cfg)) - unmapped - cfg.attn_only * cfg.n_layers
     hooks = dict(sites.items())
     for hook in tl_cache.keys():
@@ -99,7 +99,8 @@ def test_export_matches_the_jax_forward(workdir):
 @pytest.mark.parametrize("options", [dict(pos_encoding="none"),
                                      dict(pos_encoding="sinusoidal", n_heads=2),
                                      dict(pos_encoding="linear", attn_only=True, n_layers=1),
-                                     dict(embedding="onehot")])
+                                     dict(embedding="onehot"),
+                                     dict(pos_encoding="rotary", n_heads=2, rotary_base=100)])
 def test_export_every_position_encoding(options):
     pytest.importorskip("transformer_lens")
     from jaxillusions import export
@@ -113,7 +114,12 @@ def test_export_every_position_encoding(options):
     params = jax.tree.unflatten(treedef, [x + 0.1 * jax.random.normal(k, x.shape)
                                           for x, k in zip(leaves, keys, strict=True)])
     tokens = np.asarray(jax.random.randint(jax.random.PRNGKey(5), (4, 12), 0, 11))
-    _compare(export.to_transformer_lens(params, cfg), params, cfg, tokens)
+    tl_model = export.to_transformer_lens(params, cfg)
+    if cfg.pos_encoding == "rotary":  # TL's rotary, our base, GPT-J's adjacent pairs
+        tl_cfg = tl_model.cfg
+        assert (tl_cfg.positional_embedding_type, tl_cfg.rotary_dim, tl_cfg.rotary_base,
+                tl_cfg.rotary_adjacent_pairs) == ("rotary", cfg.head_dim, 100, True)
+    _compare(tl_model, params, cfg, tokens)
 
 
 def test_site_names_both_ways_and_refusals():
@@ -140,6 +146,11 @@ def test_site_names_both_ways_and_refusals():
         export.site_name("blocks.2.attn.k.hook_out", 3)
     with pytest.raises(ValueError, match="no TransformerLens 3.x hook"):
         export.tl_name("logits", 3)
+    # Rotary queries and keys after the turn: 3.x's hook_rot_q/k; 4.x's native model fires none.
+    assert export.tl_name("blocks.1.attn.rot_k", 3) == "blocks.1.attn.hook_rot_k"
+    assert export.site_name("blocks.1.attn.hook_rot_q", 3) == "blocks.1.attn.rot_q"
+    with pytest.raises(ValueError, match="no TransformerLens 4.x hook"):
+        export.tl_name("blocks.1.attn.rot_k", 4)
     with pytest.raises(ValueError, match="major=5"):
         export.tl_name("embed", 5)
     cfg = model.ModelConfig(vocab_size=11, max_len=12, n_layers=3)

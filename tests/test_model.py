@@ -76,7 +76,10 @@ def test_vmap_over_seed_axis_matches_single_models():
 
 def test_bad_model_config_errors():
     with pytest.raises(ValueError, match="pos_encoding"):
-        model_lib.ModelConfig(vocab_size=5, max_len=4, pos_encoding="rotary")
+        model_lib.ModelConfig(vocab_size=5, max_len=4, pos_encoding="alibi")
+    with pytest.raises(ValueError, match="needs an even d_head"):
+        model_lib.ModelConfig(vocab_size=5, max_len=4, d_model=6, d_head=3,
+                              pos_encoding="rotary")
     with pytest.raises(ValueError, match="uniform_attention_layers"):
         model_lib.ModelConfig(vocab_size=5, max_len=4, uniform_attention_layers=(3,))
     cfg = model_lib.ModelConfig(vocab_size=5, max_len=4)
@@ -130,3 +133,56 @@ def test_bfloat16_compute_dtype_is_mixed_precision():
     assert {g.dtype for g in jax.tree.leaves(grads)} == {jnp.dtype(jnp.float32)}
     with pytest.raises(ValueError, match="compute_dtype='float16'"):
         model_lib.ModelConfig(vocab_size=11, max_len=12, compute_dtype="float16")
+
+
+def test_rotary_scores_depend_on_relative_positions_only():
+    # Every position shifted by 40: the same scores up to float32 rounding, in every layer.
+    cfg = model_lib.ModelConfig(vocab_size=11, max_len=64, d_model=16, d_mlp=32, n_heads=2,
+                                pos_encoding="rotary", rotary_base=100)
+    params = model_lib.init_params(jax.random.PRNGKey(0), cfg)
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 20), 0, 11)
+    sites = model_lib.site_names(cfg)
+    assert "pos_embed" not in sites and "blocks.1.attn.rot_k" in sites
+    runs = [model_lib.forward(params, tokens, cfg, cache=sites,
+                              position_offset=jnp.full((3,), shift))[1] for shift in (0, 40)]
+    u, e = 2.0**-24, cfg.head_dim  # float32 unit roundoff; terms of a score's dot product
+    # Nothing but the rotation sees positions: the first layer's q and k are the same bits.
+    np.testing.assert_array_equal(runs[0]["blocks.0.attn.k"], runs[1]["blocks.0.attn.k"])
+    for layer in range(cfg.n_layers):
+        q, k = (np.asarray(runs[0][f"blocks.{layer}.attn.{n}"], np.float64) for n in "qk")
+        dq, dk = (np.asarray(runs[1][f"blocks.{layer}.attn.{n}"], np.float64)
+                  - np.asarray(runs[0][f"blocks.{layer}.attn.{n}"]) for n in "qk")
+        s0, s1 = (np.asarray(r[f"blocks.{layer}.attn.scores"]) for r in runs)
+        # The rounding of a turned pair (x_a cos - x_b sin, x_b cos + x_a sin): cos and sin
+        # rounded to float32, two products and a sum, each a relative error u, so each turned
+        # component is within 3u (|x_a| + |x_b|) of the exact one, and bounded by |x_a| + |x_b|.
+        # A score adds e products (error e u of the sum of |terms|) and is divided by sqrt(e)
+        # (u), and the exact rotated dot products of the two runs are equal, so the runs differ
+        # by at most 2 (e + 3 + 3 + 1) u S / sqrt(e), S = sum over pairs of
+        # 2 (|q_a| + |q_b|)(|k_a| + |k_b|): the "+ 3 + 3" for the rotation of q and of k.
+        qa, ka = np.abs(q[..., 0::2]) + np.abs(q[..., 1::2]), np.abs(k[..., 0::2]) + np.abs(
+            k[..., 1::2])
+        terms = 2 * np.einsum("bqhi,bkhi->bhqk", qa, ka)
+        bound = 1.01 * 2 * (e + 7) * u * terms / np.sqrt(e)  # 1.01: the u^2 terms
+        # From the second layer on q and k differ by what the layers below let through; the
+        # rotation keeps lengths, so that adds (|dq| |k| + |q + dq| |dk|) / sqrt(e).
+        norm = np.linalg.norm
+        bound += np.einsum("bqh,bkh->bhqk", norm(dq, axis=-1), norm(k, axis=-1)) / np.sqrt(e)
+        bound += np.einsum("bqh,bkh->bhqk", norm(q + dq, axis=-1), norm(dk, axis=-1)) / np.sqrt(e)
+        causal = np.isfinite(s0)
+        assert np.array_equal(causal, np.isfinite(s1))
+        diff = np.abs(np.where(causal, s1, 0) - np.where(causal, s0, 0))
+        assert (diff <= np.where(causal, bound, 0)).all(), (layer, (diff - bound).max())
+        # The bound is far below the scores' own size: absolute positions would break it.
+        assert bound[causal].max() < 1e-4 * np.abs(s0[causal]).max(), layer
+
+
+def test_rotary_runs_past_max_len_and_a_position_table_does_not():
+    # Rotary positions have no table to run out of: max_len is only the export's n_ctx.
+    cfg, params, tokens = _setup(pos_encoding="rotary")
+    longer = jnp.concatenate([tokens, tokens], axis=1)  # 20 tokens, max_len 12
+    logits, _ = model_lib.forward(params, longer, cfg)
+    assert logits.shape == (3, 20, 11) and np.isfinite(np.asarray(logits)).all()
+    cfg, params, _ = _setup(pos_encoding="learned")
+    with pytest.raises(ValueError, match="exceeds the model's max_len 12"):
+        model_lib.forward(params, longer, cfg)
