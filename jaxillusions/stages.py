@@ -110,16 +110,17 @@ class Stages:
 
     def load(self, path: str, stamp: str, read, check: Callable | None = None):
         """The stage's value if the file exists and carries `stamp`; a stale or unreadable one
-        is moved aside (and computed again), and so is one whose value `check(value)` finds
-        wrong (it returns why, or None): valid JSON of the wrong shape is as damaged as
-        garbage."""
+        is moved aside (and computed again), and so is one whose value is not what a stage
+        writes (rows: a list of dicts; fitted arrays or moments: a dict), or that
+        `check(value)` finds wrong (it returns why, or None): valid JSON of the wrong shape is
+        as damaged as garbage."""
         if not os.path.exists(path):
             return None
         try:
             content = read(path)
             stale = content["stamp"] != stamp
             value = content["value"]
-            wrong = None if stale or check is None else check(value)
+            wrong = None if stale else _container(value) or (check and check(value))
         except Exception as err:  # noqa: BLE001 - truncated or damaged: recompute, keep a copy
             self.move_aside(path, f"is unreadable ({checkpoint.error_line(err)})")
             return None
@@ -130,6 +131,14 @@ class Stages:
         else:
             return value
         return None
+
+
+def _container(value) -> str | None:
+    """Why `value` is not a stage's value of any kind (rows, or a dict of arrays), or None."""
+    if isinstance(value, dict) or (isinstance(value, list)
+                                   and all(isinstance(row, dict) for row in value)):
+        return None
+    return f"its value is a {type(value).__name__}, not rows or arrays"
 
 
 def read_msgpack(path: str) -> dict:

@@ -197,10 +197,12 @@ def test_a_truncated_checkpoint_warning_keeps_the_whole_reason(trained, tmp_path
 def test_checkpoint_of_another_model_is_refused_and_nothing_is_moved(trained, tmp_path):
     # Was: every checkpoint moved to corrupt_checkpoints/ and training restarted from 0.
     workdir = _copy(trained, tmp_path)
-    os.remove(os.path.join(workdir, checkpoint.CONFIG_FILE))  # as if config.json were lost
     before = _listing(os.path.join(workdir, "checkpoints"))
     trained["config"].model.d_model = 24
     try:
+        # config.json agrees (as after a code change to the model's shapes): the checkpoint not.
+        with open(os.path.join(workdir, checkpoint.CONFIG_FILE), "w") as f:
+            json.dump(settings.from_config(trained["config"]).to_dict(), f)
         with pytest.raises(checkpoint.CheckpointMismatch,
                            match=r"params\.blocks\.0\.attn\.b_o: checkpoint \(2, 16\) float32 "
                                  r"vs config \(2, 24\) float32"):
