@@ -139,14 +139,18 @@ def claim_workdir(workdir: str, config, may_change=lambda key: False,
     new = json.loads(json.dumps(config.to_dict()))  # Settings (or a ConfigDict)
     text = json.dumps(new, indent=2, sort_keys=True)
     if not os.path.exists(path):
+        if has_checkpoints(workdir):  # trained under a config nobody can check any more
+            raise ValueError(
+                f"{path} is missing, but {checkpoints} holds checkpoints: the config they were "
+                "trained with is unknown, so they are not resumed; put that config.json back, "
+                "or use another --workdir")
         if not record:
             return []
         os.makedirs(workdir, exist_ok=True)
         write_atomic(path, text)
         _append_history(workdir, {"time": _now(), "event": "created"})
         return []
-    with open(path) as f:
-        old = json.load(f)
+    old = _read_config_file(path)
     # A key missing on one side counts as its default (`defaults`: settings' own).
     old_flat = {**(defaults or {}), **flatten_config(old)}
     new_flat = {**(defaults or {}), **flatten_config(new)}
@@ -166,6 +170,28 @@ def claim_workdir(workdir: str, config, may_change=lambda key: False,
     write_atomic(path, text)
     return [f"note: {k} changed from {a!r} to {b!r} (analysis setting; recorded in "
             f"{HISTORY_FILE})" for k, (a, b) in changes.items()]
+
+
+def has_checkpoints(workdir: str) -> bool:
+    """True when <workdir>/checkpoints holds a checkpoint step, finished or not."""
+    directory = os.path.join(workdir, CHECKPOINT_DIR)
+    return os.path.isdir(directory) and any(
+        name.split(".", 1)[0].isdigit() for name in os.listdir(directory))
+
+
+def _read_config_file(path: str) -> dict:
+    """A workdir's config.json; ValueError naming it if it is not a JSON object of sections."""
+    try:
+        with open(path) as f:
+            old = json.load(f)
+    except (OSError, ValueError) as err:
+        why = error_line(err)
+    else:
+        if isinstance(old, dict):
+            return old
+        why = f"valid JSON, but a {type(old).__name__}, not a config"
+    raise ValueError(f"{path} is unreadable ({why}); it records the config this workdir's run "
+                     "was trained with: restore it from a copy, or use another --workdir")
 
 
 def _append_history(workdir: str, record: dict) -> None:

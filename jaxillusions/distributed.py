@@ -21,6 +21,7 @@ import math
 import os
 import socket
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -155,9 +156,20 @@ def use_cpu_devices(count: int) -> None:
     """Splits the CPU into `count` JAX devices (the setting cpu_devices; 0: leaves JAX as it
     starts). It takes effect only before JAX's first operation in the process; later, a process
     already on `count` CPU devices (or on an accelerator) passes, any other is a one-line
-    ValueError, so that a run never computes on another layout than its config names."""
+    ValueError, so that a run never computes on another layout than its config names.
+
+    More devices than the cores this process may use is allowed (the layout, and with it the
+    numbers' last bits, follows the config, not the machine) but warned about: each device then
+    gets a share of a core, and the run is that much slower (cpu_devices=1000 on 2 cores trained
+    400x slower)."""
     if count == 0:
         return
+    cores = cpu_cores()
+    if count > cores:  # stacklevel 1: one place, so the several calls of a run warn once
+        warnings.warn(f"cpu_devices={count} is more than the {cores} CPU core(s) this process "
+                      "may use: on a CPU each device gets a share of a core, and training is "
+                      f"slower; --config.cpu_devices={cores} or 0 runs at full speed, with "
+                      "numbers that differ in the last bits", stacklevel=1)
     requested = os.environ.get("JAX_NUM_CPU_DEVICES", "").strip()
     if requested and requested != str(count):
         raise ValueError(f"cpu_devices={count}, but JAX_NUM_CPU_DEVICES={requested}: unset the "
@@ -170,6 +182,14 @@ def use_cpu_devices(count: int) -> None:
                 f"cpu_devices={count}, but JAX already runs on {jax.local_device_count()} CPU "
                 f"device(s) in this process: set jax.config.update('jax_num_cpu_devices', "
                 f"{count}) before any JAX operation, or use cpu_devices=0") from None
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask: a container's or taskset's
+    share, not the whole machine's)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def is_main() -> bool:

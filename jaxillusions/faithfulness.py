@@ -85,8 +85,9 @@ def specs_from_config(proxy_cfg, cfg: model_lib.ModelConfig) -> list[ProxySpec]:
             else:
                 sizes, options = tuple(getattr(proxy_cfg, proxies.sizes_key(module), ())), ()
             if not sizes:
-                raise ValueError(f"proxy {method!r} needs config.proxies."
-                                 f"{proxies.sizes_key(module)} (its sizes)")
+                key = proxies.sizes_key(module)
+                raise ValueError(f"proxy {method!r} needs config.proxies.{key} (its sizes; "
+                                 f"none by default), e.g. --config.proxies.{key}='(32,64)'")
             # Sorted and deduplicated: a repeated size would give duplicate rows that aggregates
             # count twice (ml_collections joins repeated tuple overrides, so this happens).
             specs.append(ProxySpec(method, sites, tuple(sorted(set(sizes))), options))

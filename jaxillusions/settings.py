@@ -352,6 +352,18 @@ def flat(settings: Settings) -> dict[str, Any]:
     return {key: value for key, value, _ in _leaves(settings)}
 
 
+def defaults(task: str = "dyck") -> dict[str, Any]:
+    """Every key of a run of `task` at its default, nested as a config is ({"seed": 0, "train":
+    {"num_steps": 3000, ...}, ...}; tuples stay tuples). The launchers add the keys a config
+    file leaves out from here, so that any key can be overridden on the command line."""
+    run = Settings(task=task, data=tasks.get(task).Data(), proxies=proxies_class()())
+    nested: dict[str, Any] = {}
+    for key, value, _ in _leaves(run):
+        section, _, name = key.rpartition(".")
+        (nested.setdefault(section, {}) if section else nested)[name] = value
+    return nested
+
+
 def reference(task: str | None = None) -> str:
     """A markdown table of keys, types, defaults and rules: every section but data.* (None), or
     a task's data.* section. docs/configs.md holds these tables (`python -m

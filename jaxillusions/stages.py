@@ -8,6 +8,7 @@ save and load through this module too.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -62,6 +63,15 @@ def read_json(path: str):
         return json.load(f)
 
 
+def sha256(path: str) -> str:
+    """The sha256 of a file's bytes (hex)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 STALE = "was computed with other analysis settings"
 
 
@@ -98,21 +108,37 @@ class Stages:
         name = f"{index:02d}_{spec.method}_{spec.target}".replace("+", "_and_")
         return os.path.join(self.dir, name + suffix)
 
-    def load(self, path: str, stamp: str, read):
-        """The stage's content if it exists and carries `stamp`; a stale or unreadable one is
-        moved aside (and computed again)."""
+    def load(self, path: str, stamp: str, read, check: Callable | None = None):
+        """The stage's value if the file exists and carries `stamp`; a stale or unreadable one
+        is moved aside (and computed again), and so is one whose value is not what a stage
+        writes (rows: a list of dicts; fitted arrays or moments: a dict), or that
+        `check(value)` finds wrong (it returns why, or None): valid JSON of the wrong shape is
+        as damaged as garbage."""
         if not os.path.exists(path):
             return None
         try:
             content = read(path)
             stale = content["stamp"] != stamp
+            value = content["value"]
+            wrong = None if stale else _container(value) or (check and check(value))
         except Exception as err:  # noqa: BLE001 - truncated or damaged: recompute, keep a copy
             self.move_aside(path, f"is unreadable ({checkpoint.error_line(err)})")
             return None
-        if not stale:
-            return content["value"]
-        self.move_aside(path)
+        if stale:
+            self.move_aside(path)
+        elif wrong:
+            self.move_aside(path, f"is unreadable (its stamp is right, but {wrong})")
+        else:
+            return value
         return None
+
+
+def _container(value) -> str | None:
+    """Why `value` is not a stage's value of any kind (rows, or a dict of arrays), or None."""
+    if isinstance(value, dict) or (isinstance(value, list)
+                                   and all(isinstance(row, dict) for row in value)):
+        return None
+    return f"its value is a {type(value).__name__}, not rows or arrays"
 
 
 def read_msgpack(path: str) -> dict:

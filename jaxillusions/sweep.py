@@ -11,14 +11,16 @@ and the hparams view, and the training checkpoints.
 Each stage is saved as it finishes, so a relaunch of the same command resumes where the last
 one stopped: training from its newest checkpoint, then each proxy family's fitted parameters
 (proxies/<i>_<method>_<target>.msgpack) and its evaluation rows (..._rows.json), then the
-reports; a finished sweep (sweep_done.json) is left as it is. A stage file records the settings
-it was computed with; if an analysis setting changed since, the stale file is moved to
-superseded/<time>/ (with the results it produced) and recomputed.
+reports; a finished sweep (sweep_done.json, with the sha256 of every report it wrote) is left as
+it is while its reports match their checksums, and has them written again from the stage files
+otherwise. A stage file records the settings it was computed with; if an analysis setting changed
+since, the stale file is moved to superseded/<time>/ (with the results it produced) and
+recomputed. A damaged stage file, or one of valid JSON whose content is not what its stage
+writes, is moved aside the same way and recomputed.
 """
 
 from __future__ import annotations
 
-import csv
 import glob
 import json
 import os
@@ -82,31 +84,76 @@ def _stop_in_reports(workdir: str) -> None:
         "relaunch the same command to write the reports")
 
 
+def _reports(config, workdir: str) -> list[str]:
+    """The report files and directories (REPORTS) in the workdir and its weight groups."""
+    dirs = dict.fromkeys([workdir] + [d for _, d in _weight_groups(config, workdir)])
+    return [path for directory in dirs for pattern in REPORTS
+            for path in sorted(glob.glob(os.path.join(glob.escape(directory), pattern)))]
+
+
 def _mark_done(config, workdir: str) -> None:
+    """sweep_done.json: when, with which analysis settings, and the sha256 of every report file
+    (by path under the workdir; a directory's files one by one), which a relaunch verifies."""
+    if not distributed.is_main():  # process 0 writes the files
+        return
+    files = []
+    for path in _reports(config, workdir):
+        files += ([os.path.join(d, f) for d, _, names in os.walk(path) for f in names]
+                  if os.path.isdir(path) else [path])
     stages.write(os.path.join(workdir, DONE_FILE), json.dumps(
-        {"time": checkpoint._now(), "analysis": _analysis_settings(config)},  # noqa: SLF001
+        {"time": checkpoint._now(), "analysis": _analysis_settings(config),  # noqa: SLF001
+         "reports": {os.path.relpath(f, workdir): stages.sha256(f) for f in files}},
         indent=2, sort_keys=True), "final")
 
 
+def _done_shape(done) -> str | None:
+    """Why parsed JSON is not a record _mark_done writes (None if it is one)."""
+    if not isinstance(done, dict) or not isinstance(done.get("analysis"), dict) \
+            or not isinstance(done.get("time"), str):
+        return (f"valid JSON, but a {type(done).__name__} without the time and analysis "
+                "settings of a finished sweep")
+    reports = done.get("reports", {})  # absent in files written before the checksums
+    if not isinstance(reports, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in reports.items()):
+        return "valid JSON, but its reports are not {file: sha256}"
+    return None
+
+
 def _read_done(workdir: str, move_aside) -> dict | None:
-    """sweep_done.json, or None if the sweep has not finished. An unreadable one is moved aside
-    and read as a finished sweep of unknown analysis settings ({"analysis": None})."""
+    """sweep_done.json, or None if the sweep has not finished. An unreadable one, or valid JSON
+    of another shape, is moved aside and read as a finished sweep of unknown analysis settings
+    ({"analysis": None}: the analysis is done again from the saved stages)."""
     path = os.path.join(workdir, DONE_FILE)
     try:
-        return stages.read_json(path)
+        done = stages.read_json(path)
+        why = None if done is None else _done_shape(done)
     except (OSError, ValueError) as err:
-        move_aside(path, f"is unreadable ({checkpoint.error_line(err)}); the reports are "
-                   "written again")
-        return {"analysis": None}
+        why = checkpoint.error_line(err)
+    if why is None:
+        return done
+    move_aside(path, f"is unreadable ({why}); the reports are written again")
+    return {"analysis": None}
+
+
+def _unverified(done: dict, workdir: str) -> str | None:
+    """Why the reports of a finished sweep are not those sweep_done.json vouches for (a file
+    missing, emptied or changed since), or None when every one matches its sha256."""
+    if "reports" not in done:
+        return f"its {DONE_FILE} predates the checksums of the reports, so they are unverified"
+    for name, digest in sorted(done["reports"].items()):
+        path = os.path.join(workdir, name)
+        if not os.path.isfile(path):
+            return f"its {name} is missing"
+        if stages.sha256(path) != digest:
+            return (f"its {name} is empty" if os.path.getsize(path) == 0 else
+                    f"its {name} differs from the sha256 recorded in {DONE_FILE}")
+    return None
 
 
 def _move_reports_aside(config, workdir: str, move_aside) -> None:
     """The reports of the earlier analysis (workdir and weight groups) go to superseded/."""
-    dirs = dict.fromkeys([workdir] + [d for _, d in _weight_groups(config, workdir)])
-    for directory in dirs:
-        for pattern in REPORTS:
-            for path in sorted(glob.glob(os.path.join(glob.escape(directory), pattern))):
-                move_aside(path)
+    for path in _reports(config, workdir):
+        move_aside(path)
 
 
 def run(config: Settings | Any, workdir: str, *, verbose: bool = True,
@@ -139,18 +186,23 @@ def _run(config: Settings, workdir: str, *, verbose: bool, start_over: bool) -> 
     move_aside = stages.mover(workdir, say)
     done = _read_done(workdir, move_aside)
     if done is not None and done["analysis"] == _analysis_settings(config):
-        try:
+        why = _unverified(done, workdir)
+        if why is None:
             rows = [row for _, group_dir in _weight_groups(config, workdir) if pc.methods
                     for row in results.read_csv(os.path.join(group_dir, "results.csv"))]
-        except (OSError, ValueError, TypeError, KeyError, csv.Error) as err:
-            say(f"warning: the sweep in {workdir} finished, but its results.csv is unreadable "
-                f"({checkpoint.error_line(err)}); the reports are written again from the saved "
-                "stages")
-        else:
             where = f"{workdir}/results.csv" if pc.methods else workdir
             say(f"the sweep in {workdir} is finished (finished {done['time']}); nothing to do. "
                 f"Results: {where}. Change a proxies.* or wen.* setting to redo the analysis.")
             return rows
+        if not checkpoint.has_checkpoints(workdir):  # rewriting would mean training again
+            raise ValueError(
+                f"the sweep in {workdir} finished, but {why}, and {workdir}/"
+                f"{checkpoint.CHECKPOINT_DIR} holds no checkpoint to write the reports again "
+                "from: restore the file from a copy, or run the sweep again in a new "
+                "--workdir")
+        say(f"{'note' if 'reports' not in done else 'warning'}: the sweep in {workdir} "
+            f"finished, but {why}; the reports are written again from the saved stages (the "
+            "earlier ones are kept under superseded/)")
     elif done is not None and done["analysis"] is not None:
         say("analysis settings changed since the sweep finished: training is kept; proxy "
             "families are refitted and re-evaluated where their settings changed")
@@ -225,7 +277,8 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
                                sites=collected_sites.get(i, []), samples=pc.kmeans_samples,
                                batch=pc.collect_batch_size, **fit_shift.fit_stamp(config))
                   for i, spec in enumerate(specs)]
-    fitted = [files.load(files.path(i, spec, ".msgpack"), fit_stamps[i], stages.read_msgpack)
+    fitted = [files.load(files.path(i, spec, ".msgpack"), fit_stamps[i], stages.read_msgpack,
+                         lambda value, spec=spec: _fitted_shape(value, spec, len(seeds)))
               for i, spec in enumerate(specs)]
     todo = [i for i, f in enumerate(fitted) if f is None]
     if todo:
@@ -259,13 +312,15 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
     say(f"[{time.perf_counter() - start:.0f}s] evaluating on {', '.join(pc.eval_splits)} "
         f"({len(eval_set.tokens)} sentences)")
     rows = []
+    scored = {eval_set.split_names[k] for k in np.unique(eval_set.bins[..., 0][eval_set.evaluated])}
     # All families, so that those of one proxy method share one compiled program.
     shared = [faithfulness.FittedProxy(spec, f) for spec, f in zip(specs, fitted, strict=True)]
     for i, spec in enumerate(specs):
         stamp = stages.stamp(fit=fit_stamps[i], splits=list(pc.eval_splits),
                        batch=pc.eval_batch_size)
         path = files.path(i, spec, "_rows.json")
-        family = files.load(path, stamp, stages.read_json)
+        family = files.load(path, stamp, stages.read_json, lambda value, spec=spec: _rows_shape(
+            value, spec, seeds, healthy, scored))
         if family is None:
             with timing.stage("evaluation"):
                 family = faithfulness.evaluate(
@@ -311,6 +366,45 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
     say(f"[{time.perf_counter() - start:.0f}s] proxies done: {workdir}/results.csv, "
         f"{workdir}/figures/")
     return rows
+
+
+def _fitted_shape(value, spec, num_seeds: int) -> str | None:
+    """Why a saved fit cannot be `spec`'s (None if it can): {site: {name: array}} for each of
+    its sites, every array with a leading axis of num_seeds."""
+    if not isinstance(value, dict) or set(value) != set(spec.sites):
+        return f"it does not hold the sites {', '.join(spec.sites)}"
+    for leaf in jax.tree.leaves(value):
+        if not isinstance(leaf, np.ndarray) or leaf.ndim == 0 or len(leaf) != num_seeds:
+            return f"an array of it is not one per seed ({num_seeds})"
+    return None
+
+
+def _rows_shape(rows, spec, seeds, healthy, scored: set[str]) -> str | None:
+    """Why saved evaluation rows cannot be `spec`'s on this run (None if they can): rows of
+    this family only, each with the columns of results.csv, and for every healthy seed and size
+    the same bins, each once (every seed and size is scored on the same positions), among them
+    one over all positions per split with evaluated positions (`scored`)."""
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        return "it is not a list of rows"
+    need = (*results.KEYS, "acc_original", "acc_proxy")
+    cells: dict[tuple, list] = {  # (seed, size) -> its bins
+        (int(seed), int(size)): [] for seed, ok in zip(seeds, healthy, strict=True) if ok
+        for size in spec.sizes}
+    for row in rows:
+        missing = [key for key in need if key not in row]
+        if missing:
+            return f"a row has no {missing[0]}"
+        if (row["method"], row["site"]) != (spec.method, spec.target):
+            return f"a row is of {row['method']} on {row['site']}"
+        if (row["seed"], row["size"]) not in cells:
+            return f"a row is of seed {row['seed']}, size {row['size']}, not evaluated here"
+        cells[row["seed"], row["size"]].append((row["split"], row["breakdown"], row["bin"]))
+    first = set(next(iter(cells.values()), []))
+    if any(len(bins) != len(first) or set(bins) != first for bins in cells.values()):
+        return "its seeds and sizes do not have the same bins, each once"
+    if {split for split, breakdown, _ in first if breakdown == "all"} != scored:
+        return f"its splits are not {', '.join(sorted(scored))}"
+    return None
 
 
 def write_reports(rows, config, workdir: str, seeds, healthy, *, verbose: bool = True,

@@ -1,9 +1,10 @@
 """Flags and error handling shared by the launchers.
 
-Flags: --config (an ml-collections file with overrides), --workdir, --start_over (train from step
-0 when the workdir's checkpoints exist but none can be restored), --debug (show tracebacks), and
-for several hosts --coordinator_address, --num_processes, --process_id and --join_timeout
-(distributed.initialize).
+Flags: --config (an ml-collections file with overrides; every settings key the file leaves out is
+added at its default before the overrides apply, so any key can be overridden), --workdir,
+--start_over (train from step 0 when the workdir's checkpoints exist but none can be restored),
+--debug (show tracebacks), and for several hosts --coordinator_address, --num_processes,
+--process_id and --join_timeout (distributed.initialize).
 
 `run(main)` validates the whole config before any work, takes the workdir lock, turns on the
 persistent compilation cache, catches SIGTERM/SIGINT (the job saves and exits 143/130) and turns
@@ -22,10 +23,64 @@ import warnings
 from collections.abc import Callable, Sequence
 
 from absl import flags
-from ml_collections import config_flags
+from ml_collections import ConfigDict, config_flags
 
-CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file.",
-                                         lock_config=True)
+
+def with_defaults(config: ConfigDict) -> ConfigDict:
+    """`config` with every key of jaxillusions/settings.py that it leaves out added at its
+    default (settings.defaults of its task), so that `--config.<key>=` can override any key,
+    whatever the file states. It changes no setting: a key a config leaves out takes that same
+    default in settings.from_config. Keys the config sets keep their values and types; a bad task
+    or a section that is not a ConfigDict is left for validate to name."""
+    from jaxillusions import settings, tasks  # noqa: PLC0415 - JAX only once a config loads
+
+    task = config.get("task", "dyck")
+    if not isinstance(task, str) or task not in tasks.TASKS:
+        return config
+    for key, default in settings.defaults(task).items():
+        if not isinstance(default, dict):
+            if key not in config:
+                config[key] = default
+            continue
+        if key not in config:
+            config[key] = ConfigDict()
+        if isinstance(config[key], ConfigDict):
+            for name, value in default.items():
+                if name not in config[key]:
+                    config[key][name] = value
+    return config
+
+
+class _ConfigWithDefaults(flags.ArgumentParser):
+    """Loads the config file (with ml_collections' own parser, `loader`), adds the keys it leaves
+    out (with_defaults), then locks it: the overrides that ml_collections applies next may name
+    any key, and only known keys."""
+
+    def __init__(self, loader: flags.ArgumentParser):
+        self.loader = loader
+
+    def parse(self, argument):
+        config = self.loader.parse(argument)
+        if isinstance(config, ConfigDict):
+            with_defaults(config).lock()
+        return config
+
+    def flag_type(self) -> str:
+        return self.loader.flag_type()
+
+
+def define_config_flag(flag_values: flags.FlagValues = flags.FLAGS, sys_argv=None):
+    """The --config flag: ml_collections' config file flag, the file read by
+    _ConfigWithDefaults."""
+    holder = config_flags.DEFINE_config_file("config", None, "ml-collections config file.",
+                                             flag_values=flag_values, lock_config=False,
+                                             sys_argv=sys_argv)
+    flag = flag_values["config"]
+    flag.parser = _ConfigWithDefaults(flag.parser)
+    return holder
+
+
+CONFIG = define_config_flag()
 WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and results.")
 START_OVER = flags.DEFINE_bool(
     "start_over", False, "If the workdir has checkpoints but none can be restored, move them to "
@@ -57,7 +112,7 @@ def _unknown_key(argv: list[str], path: str) -> str | None:
     file, _, arg = path.partition(":")
     try:
         get_config = runpy.run_path(file)["get_config"]
-        config = get_config(arg) if arg else get_config()
+        config = with_defaults(get_config(arg) if arg else get_config())
     except Exception:  # noqa: BLE001 - fall back to the flag library's own message
         return None
     for a in argv:

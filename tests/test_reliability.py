@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import jax
@@ -196,10 +197,12 @@ def test_a_truncated_checkpoint_warning_keeps_the_whole_reason(trained, tmp_path
 def test_checkpoint_of_another_model_is_refused_and_nothing_is_moved(trained, tmp_path):
     # Was: every checkpoint moved to corrupt_checkpoints/ and training restarted from 0.
     workdir = _copy(trained, tmp_path)
-    os.remove(os.path.join(workdir, checkpoint.CONFIG_FILE))  # as if config.json were lost
     before = _listing(os.path.join(workdir, "checkpoints"))
     trained["config"].model.d_model = 24
     try:
+        # config.json agrees (as after a code change to the model's shapes): the checkpoint not.
+        with open(os.path.join(workdir, checkpoint.CONFIG_FILE), "w") as f:
+            json.dump(settings.from_config(trained["config"]).to_dict(), f)
         with pytest.raises(checkpoint.CheckpointMismatch,
                            match=r"params\.blocks\.0\.attn\.b_o: checkpoint \(2, 16\) float32 "
                                  r"vs config \(2, 24\) float32"):
@@ -251,6 +254,31 @@ def test_analysis_keys_may_change_on_resume_and_are_recorded(trained, tmp_path, 
         train.train_sweep(config, workdir, splits=trained["splits"], verbose=False)
     assert settings.is_analysis_key("proxies.kmeans_sizes")
     assert not settings.is_analysis_key("model.d_model")
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbage", "a_list"])
+def test_checkpoints_without_a_readable_config_json_are_refused(trained, tmp_path, damage):
+    # Was (missing): `launch.train --config.train.learning_rate=0.001` resumed a run trained at
+    # 0.003 and wrote 0.001 into config.json for the whole run; (garbage) "JSONDecodeError:
+    # Expecting value", naming no file; (a list) "AttributeError: 'list' object has no ...".
+    workdir = _copy(trained, tmp_path)
+    path = os.path.join(workdir, checkpoint.CONFIG_FILE)
+    if damage == "missing":
+        os.remove(path)
+    else:
+        Path(path).write_text("{\"train\": {\"learning" if damage == "garbage" else "[1]")
+    before = _listing(workdir)
+    config = _config(trained["config"].data.cache_dir)
+    config.train.learning_rate = 1e-3
+    expected = {"missing": f"{path} is missing, but {workdir}/checkpoints holds checkpoints",
+                "garbage": f"{path} is unreadable (JSONDecodeError: ",
+                "a_list": f"{path} is unreadable (valid JSON, but a list, not a config)"}
+    for run in (lambda: train.train_sweep(config, workdir, splits=trained["splits"]),
+                lambda: sweep.run(config, workdir)):
+        with pytest.raises(ValueError) as err:
+            run()
+        assert str(err.value).startswith(expected[damage]) and "\n" not in str(err.value)
+    assert _listing(workdir) == before  # nothing trained, written or moved
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,10 +344,26 @@ def test_shipped_configs_validate(monkeypatch):
             monkeypatch.setattr(memory, "check_config", lambda *a: None)
             assert validate.validate(config) == [], info.name
             monkeypatch.setattr(memory, "check_config", check)
-        # The keys the README and the memory planner's messages tell users to override on the
-        # command line, which can only override keys a config has.
-        assert "seed_chunk_size" in config.train and "compute_dtype" in config.model, info.name
-        assert "proxies" not in config or "seed_chunk_size" in config.proxies, info.name
+
+
+def test_more_cpu_devices_than_cores_is_a_one_line_warning(monkeypatch):
+    # Was: cpu_devices=1000 on a 2-core machine accepted without a word, training 400x slower.
+    from jaxillusions import distributed
+
+    jax.devices()  # JAX has started: use_cpu_devices can no longer change this process
+    monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)
+    monkeypatch.setattr(distributed, "cpu_cores", lambda: 2)
+    running = jax.local_device_count()
+    with pytest.warns(UserWarning) as warned, pytest.raises(ValueError, match="already runs"):
+        distributed.use_cpu_devices(running + 1000)
+    (line,) = [str(w.message) for w in warned]
+    assert line.startswith(f"cpu_devices={running + 1000} is more than the 2 CPU core(s) this "
+                           "process may use") and "\n" not in line
+    assert "--config.cpu_devices=2 or 0 runs at full speed" in line
+    monkeypatch.setattr(distributed, "cpu_cores", lambda: running)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # as many devices as cores: no warning
+        distributed.use_cpu_devices(running)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -563,12 +607,78 @@ def test_damaged_stage_files_are_recomputed_and_kept(swept, tmp_path, capsys):
     (aside,) = (workdir / "superseded").iterdir()
     assert sorted(p.relative_to(aside) for p in aside.rglob("*") if p.is_file()) == sorted(
         [p.relative_to(workdir) for p in damaged] + [Path("results.csv")])
-    # The finished sweep's results.csv, damaged: written again, the damaged one kept.
-    (workdir / "results.csv").write_text("seed,site\n0\n")
+
+
+def test_stage_files_of_valid_json_but_the_wrong_shape_are_recomputed_and_kept(swept, tmp_path,
+                                                                               capsys):
+    # Was: sweep_done.json holding [1] stopped every relaunch with "TypeError: list indices
+    # must be integers or slices, not str", naming no file; a _rows.json with the right stamp
+    # and a row less was reported as it was.
+    from flax import serialization
+
+    workdir = tmp_path / "run"
+    shutil.copytree(swept["workdir"], workdir)
+    files = sorted((workdir / stages.STAGE_DIR).iterdir())
+    rows, fit = files[3], files[0]  # 01_kmeans_..._rows.json, 00_svd_....msgpack
+    content = json.loads(rows.read_text())
+    content["value"] = content["value"][:-1]  # the last bin of the last seed and size
+    rows.write_text(json.dumps(content))
+    content = stages.read_msgpack(fit)
+    content["value"] = {site: {"basis": np.zeros(3)} for site in content["value"]}
+    fit.write_bytes(serialization.msgpack_serialize(content))
+    (workdir / sweep.DONE_FILE).write_text("[1]")
     sweep.run(swept["config"], str(workdir))
-    assert "its results.csv is unreadable" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert (f"note: {sweep.DONE_FILE} is unreadable (valid JSON, but a list without the time and "
+            "analysis settings of a finished sweep); the reports are written again") in out
+    assert (f"note: {rows.relative_to(workdir)} is unreadable (its stamp is right, but its seeds "
+            "and sizes do not have the same bins, each once)") in out
+    assert (f"note: {fit.relative_to(workdir)} is unreadable (its stamp is right, but an array "
+            "of it is not one per seed (2))") in out
     with open(workdir / "results.csv", "rb") as f:
         assert f.read() == swept["csv"]
+    (aside,) = (workdir / "superseded").iterdir()
+    assert sorted(p.relative_to(aside) for p in aside.rglob("*") if p.is_file()) == sorted(
+        [rows.relative_to(workdir), fit.relative_to(workdir), Path(sweep.DONE_FILE),
+         Path("results.csv")])
+
+
+def test_a_finished_sweeps_emptied_or_cut_report_is_written_again(swept, tmp_path, capsys):
+    # Was: "finished; nothing to do", keeping the damaged file. sweep_done.json records the
+    # sha256 of every report, and a relaunch checks them.
+    workdir = tmp_path / "run"
+    shutil.copytree(swept["workdir"], workdir)
+    done = json.loads((workdir / sweep.DONE_FILE).read_text())
+    assert set(done["reports"]) == {"results.csv"}  # this fixture writes no other report
+    results = workdir / "results.csv"
+    lines = swept["csv"].splitlines(keepends=True)
+    for damage, content, why in [
+            ("emptied", b"", "its results.csv is empty"),
+            ("cut at a row boundary", b"".join(lines[:len(lines) // 2]),
+             f"its results.csv differs from the sha256 recorded in {sweep.DONE_FILE}")]:
+        results.write_bytes(content)
+        sweep.run(swept["config"], str(workdir))
+        out = capsys.readouterr().out
+        assert (f"warning: the sweep in {workdir} finished, but {why}; the reports are written "
+                "again from the saved stages") in out, damage
+        assert "fitting" not in out  # from the stage files: nothing is fitted again
+        assert results.read_bytes() == swept["csv"], damage
+        kept = sorted((workdir / "superseded").rglob("results.csv*"))
+        assert kept[-1].read_bytes() == content, damage  # the damaged file, kept
+    sweep.run(swept["config"], str(workdir))
+    assert "is finished" in capsys.readouterr().out
+    # A sweep_done.json written before the checksums: its reports are unverified, so written
+    # again (with a note), as above.
+    del done["reports"]
+    assert "predates the checksums of the reports" in sweep._unverified(done, str(workdir))
+    # Without a checkpoint to write them from, one line says which file and what to do.
+    results.write_bytes(b"")
+    shutil.rmtree(workdir / checkpoint.CHECKPOINT_DIR)
+    with pytest.raises(ValueError, match=r"^the sweep in .* finished, but its results.csv is "
+                                         r"empty, and .*/checkpoints holds no checkpoint to "
+                                         r"write the reports again from: restore the file") as err:
+        sweep.run(swept["config"], str(workdir))
+    assert "\n" not in str(err.value)
 
 
 def test_sweep_stopped_during_proxy_work_resumes_with_identical_results(swept, tmp_path,

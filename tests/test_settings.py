@@ -92,3 +92,59 @@ def test_a_new_proxy_files_sizes_key_gets_a_field(monkeypatch):
     assert run.proxies.scaled_sizes == (5, 10)
     with pytest.raises(ValueError, match=r"proxies.scaled_sizes=\(0,\): must be scaled"):
         settings.from_config({"proxies": {"scaled_sizes": (0,)}})
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_launchers_add_every_key_a_config_leaves_out_and_change_no_setting(name):
+    from launch import common
+
+    config = _config(name)
+    completed = common.with_defaults(_config(name))
+    run = settings.from_config(config)
+    for key in settings.flat(settings.from_config({"task": run.task})):
+        section, _, field = key.rpartition(".")
+        assert field in (completed[section] if section else completed), key  # overridable
+    # The same settings (so the same numbers, config.json and stage stamps) as the file's own.
+    assert settings.from_config(completed) == run
+    assert settings.from_config(completed).to_dict() == run.to_dict()
+
+
+def _command_line(*overrides: str):
+    """The launchers' --config flag parsed from `overrides` on configs/dyck_small.py (a flag set
+    of its own, not the process's), as launch.sweep reads it."""
+    from absl import flags
+
+    from launch import common
+
+    argv = ["launch.sweep", "--config=configs/dyck_small.py", *overrides]
+    values = flags.FlagValues()
+    holder = common.define_config_flag(values, argv)
+    values(argv)
+    return holder.value
+
+
+def test_the_dictionary_keys_can_be_overridden_on_the_demo_config():
+    # Was: --config.proxies.sae_targets=... "unknown config key", because configs/dyck_small.py
+    # does not name the dictionary keys.
+    config = _command_line('--config.proxies.methods=("svd","sae","transcoder")',
+                           '--config.proxies.sae_targets=("blocks.-1.attn.k","blocks.0.resid_mid")',
+                           "--config.proxies.transcoder_sizes=(32,64)",
+                           '--config.proxies.transcoder_targets=("blocks.-1.mlp.out",)',
+                           "--config.proxies.sae_k=(4,8)", "--config.wen.enabled=False",
+                           "--config.train.num_steps=10")
+    run, notes = validate.check(config)
+    assert notes == []
+    assert run.proxies.methods == ("svd", "sae", "transcoder")
+    assert run.proxies.sae_targets == ("blocks.-1.attn.k", "blocks.0.resid_mid")
+    assert run.proxies.transcoder_sizes == (32, 64) and run.proxies.sae_k == (4, 8)
+    assert run.train.num_steps == 10 and run.train.batch_size == 32  # the file's own keys
+    assert config.is_locked  # an unknown key is still refused
+    # The methods alone: the transcoder has no default sizes, and the error says how to set them.
+    config = _command_line('--config.proxies.methods=("svd","sae","transcoder")')
+    with pytest.raises(ValueError, match=r"^proxy 'transcoder' needs config\.proxies\."
+                                         r"transcoder_sizes .*--config\.proxies\.transcoder_"
+                                         r"sizes='\(32,64\)'$"):
+        validate.check(config)

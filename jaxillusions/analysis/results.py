@@ -104,8 +104,12 @@ def _config(workdir: str):
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} not found: is {workdir} a jaxillusions workdir?")
-    with open(path) as f:
-        return settings.from_config(json.load(f))
+    try:
+        with open(path) as f:
+            return settings.from_config(json.load(f))
+    except (ValueError, TypeError) as err:  # garbage, or JSON that is not a config: name it
+        raise ValueError(f"{path} is unreadable ({type(err).__name__}: "
+                         f"{str(err).splitlines()[0] if str(err) else ''})") from None
 
 
 def load_results(workdir: str, splits: Sequence[str] | None = None) -> pd.DataFrame:
