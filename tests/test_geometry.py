@@ -138,7 +138,7 @@ def test_repair_table_shares_and_signs():
     (row,) = geometry.repair_table(repair, rows, metrics=("same_pred",))
     assert (row["variant"], row["sentences"], row["n_seeds"]) == ("refit", 16, 3)
     np.testing.assert_allclose(row["share"], 0.75, atol=1e-9)
-    np.testing.assert_allclose(row["gap"], 0.21, atol=1e-9)
+    np.testing.assert_allclose(row["gap_eval_half"], 0.21, atol=1e-9)
     assert row["n_seeds_share"] == 3 and row["seeds_positive"] == 3
 
 
