@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxillusions import dictionaries
 from jaxillusions.analysis import stats
 
 _HI = jax.lax.Precision.HIGHEST
@@ -89,7 +90,10 @@ def subspace_angles(a: jax.Array, b: jax.Array, rank: jax.Array) -> jax.Array:
 def outside_energy(moments: dict, mean: jax.Array, basis: jax.Array, rank: jax.Array
                    ) -> jax.Array:
     """Share of the energy of the activations (`moments`) about `mean` that lies outside the
-    span of the first `rank` columns of `basis`: E|(I - P)(x - mean)|^2 / E|x - mean|^2."""
+    span of the first `rank` columns of `basis`: E|(I - P)(x - mean)|^2 / E|x - mean|^2; NaN
+    where that energy (a centred proxy: the split's variance about the training mean) is not
+    dictionaries.DENOMINATOR_MARGIN times its float32 rounding, as fvu: the sums of squares
+    carry about eps * sqrt(n) of themselves, and subtracting the mean's terms cancels them."""
     count = jnp.maximum(moments["count"], 1.0)
     own = moments["total"] / count
     second = (moments["gram"] / count - jnp.outer(own, mean) - jnp.outer(mean, own)
@@ -98,7 +102,10 @@ def outside_energy(moments: dict, mean: jax.Array, basis: jax.Array, rank: jax.A
     inside = jnp.trace(jnp.matmul(kept.T, jnp.matmul(second, kept, precision=_HI),
                                   precision=_HI))
     total = jnp.trace(second)
-    return jnp.where(total > 0, 1.0 - inside / total, 0.0)
+    rounding = dictionaries.EPS32 * (3 * jnp.sqrt(count) + 1) * (
+        jnp.trace(moments["gram"]) / count + jnp.dot(mean, mean))
+    return jnp.where(total > dictionaries.DENOMINATOR_MARGIN * rounding, 1.0 - inside / total,
+                     jnp.nan)
 
 
 def _geometry_one(train: dict, split: dict, ranks: tuple[int, ...], center: bool) -> dict:
@@ -218,10 +225,11 @@ def geometry_predicts_gap(geometry_table: Sequence[dict], rows: Sequence[dict],
             known = ids.get((site, method, rank, split, metric), {})
             for quantity in QUANTITIES:
                 x = np.array([np.mean([g[quantity] for g in by_seed[s]]) for s in seeds])
-                rho, low, high, p = stats.spearman_interval(x, gap)
+                ok = np.isfinite(x) & np.isfinite(gap)  # energy_outside may be undefined
+                rho, low, high, p = stats.spearman_interval(x[ok], gap[ok])
                 out.append({"site": site, "method": method, "size": rank, "split": split,
                             "metric": metric, "predictor": quantity, "baseline": baseline,
-                            "n_seeds": len(seeds), "rho": rho, "rho_low": low,
+                            "n_seeds": int(ok.sum()), "rho": rho, "rho_low": low,
                             "rho_high": high, "p_value": p,
                             "id_predictor": known.get("predictor", ""),
                             **{f"id_{k}": known.get(k, math.nan)
