@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import tolerance as tol
 from conftest import planted_dictionary
 from scipy.optimize import linear_sum_assignment
 from scipy.special import log_softmax
@@ -247,8 +248,11 @@ def test_metrics_on_hand_built_cases():
 
     ce = (mean_ce(zero) - mean_ce(mixed)) / (mean_ce(zero) - mean_ce(logits))
     kl = (mean_kl(zero) - mean_kl(mixed)) / mean_kl(zero)
-    assert float(scores["ce_score"]) == pytest.approx(ce, rel=1e-4)
-    assert float(scores["kl_score"]) == pytest.approx(kl, rel=1e-4)
+    # float32 against float64: within the scores' rounding from their terms (tests/tolerance.py)
+    bound = tol.score_tolerances(float(w.sum()), mean_ce(logits), mean_ce(zero), mean_ce(mixed),
+                                 mean_kl(zero), mean_kl(mixed))
+    assert float(scores["ce_score"]) == pytest.approx(ce, rel=0, abs=bound["ce_score"])
+    assert float(scores["kl_score"]) == pytest.approx(kl, rel=0, abs=bound["kl_score"])
     assert 0.0 < kl < 1.0
 
 
@@ -308,11 +312,14 @@ def test_transcoder_intervention_replaces_one_mlp():
                                  cache=("blocks.1.resid_mid", site))
 
     replaced, cache2 = run(tc)
-    # (jit and eager forward round differently: 1e-5, not equality)
-    np.testing.assert_allclose(cache2["blocks.1.resid_mid"], cache["blocks.1.resid_mid"],
-                               atol=1e-5)
-    np.testing.assert_allclose(cache2[site].reshape(-1, 16), transcoder.apply(tc, mlp_in),
-                               atol=1e-5)
+    # jit and eager forward round differently: within twice an activation's rounding through
+    # matmuls of up to d_mlp terms (resid_mid), then the transcoder's encoder and decoder.
+    want = np.asarray(cache["blocks.1.resid_mid"], np.float64)
+    assert np.all(np.abs(cache2["blocks.1.resid_mid"] - want)
+                  <= tol.two_ways(tol.activation_error(want, cfg.d_mlp)))
+    want = np.asarray(transcoder.apply(tc, mlp_in), np.float64)
+    assert np.all(np.abs(cache2[site].reshape(-1, 16) - want)
+                  <= tol.two_ways(tol.activation_error(want, cfg.d_mlp + 2 * 64)))
     assert float(dictionary.fvu(stats["y"], cache2[site].reshape(-1, 16))) < 0.2
     zeroed, _ = model_lib.forward(params, tokens, cfg,
                                   intervention=lambda n, v: jnp.zeros_like(v) if n == site else v)
@@ -430,8 +437,6 @@ def test_engine_fits_and_scores_dictionaries(trained):
     "Equal" within float32 rounding estimated from the terms (tests/tolerance.py): activations
     through the model's matmuls (d_mlp = 32 terms at most), fvu and the scores from their sums
     and conditioning; latent counts exactly."""
-    import tolerance as tol
-
     from jaxillusions import dictionaries as engine_metrics
     from jaxillusions import faithfulness as F
     from jaxillusions import model as model_lib
