@@ -34,8 +34,8 @@ dictionary and OOD split). At about SVD rank 8's in-distribution same_pred (0.99
 has a smaller gap, though it reconstructs the keys twice as well (fvu 0.042 vs 0.087). The
 transcoder of the last MLP loses the most out of distribution (kl_score gap +0.170 [+0.144,
 +0.195] on unseen_depth, w64k8). k 8 beats k 4 at every width; at 200 steps width 128 is
-undertrained (up to 32% dead latents at k 4). ce_score is ill-defined on query/key sites
-(zeroing them barely changes the loss); read kl_score.
+undertrained (up to 32% dead latents at k 4). ce_score swings on query/key sites (zeroing
+them barely changes the loss: a small denominator); read kl_score.
 """
 
 from ml_collections import ConfigDict

@@ -19,6 +19,17 @@ definitions are proxies/_dictionary.py's (SAELens's for the downstream scores):
 Only on `all` rows (other breakdowns: NaN). Pattern proxies (onehot/uniform attention) get none
 of these columns. The program sums per split on the device; `columns` forms the ratios on the
 host in float64.
+
+Defined only where the denominator means something. fvu, ce_score and kl_score are ratios whose
+denominators (the site's variance; CE_zero - CE_original; KL_zero) are differences or sums of
+float32 sums over the split's positions. A ratio is reported only where its denominator is
+positive and at least DENOMINATOR_MARGIN (1000) times its estimated float32 rounding error
+(`mean_rounding`): rounding then moves the ratio by at most 0.1% of itself through the
+denominator (and by about as much through the numerator, whose error is of the same size), below
+the 1e-3 at which the report calls a difference of these metrics real (analysis/stats.py
+RESOLUTION). Elsewhere the cell is NaN (empty in results.csv) and no gap uses it. This drops
+ce_score where zeroing the site lowers the loss or barely raises it (a briefly trained model's
+last MLP, q/k sites of an untrained one), and fvu on a near-constant site.
 """
 
 from __future__ import annotations
@@ -32,6 +43,23 @@ from jaxillusions import tasks
 from jaxillusions.proxies import _dictionary
 
 COLUMNS = ("fvu", "l0", "dead", "ce_score", "kl_score")
+EPS32 = float(np.finfo(np.float32).eps)
+DENOMINATOR_MARGIN = 1e3  # a ratio's denominator must exceed its rounding error this many times
+
+
+def mean_rounding(mean: np.ndarray, n: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Estimated float32 rounding error of a mean over n positions of terms each computed from
+    numbers of magnitude `scale`: the sum's, about eps * sqrt(n) of it (float32 partial sums
+    over the positions whose rounding errors have random signs: the usual statistical estimate
+    of a sum's error, Higham, Accuracy and Stability of Numerical Algorithms, 4.2), plus one
+    term's own rounding, eps * scale (which averaging does not shrink if it is systematic)."""
+    return EPS32 * (np.sqrt(n) * np.abs(mean) + np.abs(scale))
+
+
+def defined(den: np.ndarray, den_error: np.ndarray) -> np.ndarray:
+    """Where a ratio with denominator `den` is reported: den > DENOMINATOR_MARGIN * den_error
+    (so den > 0)."""
+    return den > DENOMINATOR_MARGIN * den_error
 
 
 def enabled(module) -> bool:
@@ -135,11 +163,17 @@ def size_sums(module, size_params: dict, model_params, sites, active: dict, cach
 def columns(spec, params: dict, seed: dict, size: dict) -> np.ndarray:
     """A family's summed metrics (seed: leaves [S, K, ...]; size: [S, R, K, ...]) and fitted
     params ({site: leaves [S, G, R, ...]}) -> [S, R, K, len(COLUMNS)] float64, NaN where a
-    metric is undefined (no latents; zero variance; zeroing changes nothing)."""
+    metric is undefined: no latents (l0, dead of svd/pca), or a denominator that is not
+    positive or within DENOMINATOR_MARGIN of its float32 rounding (module docstring)."""
     f64 = {k: np.asarray(v, np.float64) for k, v in (*seed.items(), *size.items())}
     count = f64["count"]  # [S, K]
     total = sum((f64[f"sumsq/{s}"] - f64[f"sum/{s}"] ** 2 / np.maximum(count, 1)[..., None]
                  ).sum(-1) for s in spec.sites)  # [S, K]
+    # The variance's rounding: sumsq and sum^2/n each carry about eps * sqrt(n) * sumsq
+    # (Cauchy-Schwarz: sum^2 <= n * sumsq; the square doubles the sum's relative error), and
+    # each square its own eps: a site of large mean and small spread cancels them.
+    sumsq = sum(f64[f"sumsq/{s}"].sum(-1) for s in spec.sites)  # [S, K]
+    total_error = EPS32 * (3 * np.sqrt(count) + 1) * sumsq
     err = sum(f64[f"err/{s}"] for s in spec.sites)  # [S, R, K]
     nan = np.full(err.shape, np.nan)
     l0 = dead = nan
@@ -161,9 +195,21 @@ def columns(spec, params: dict, seed: dict, size: dict) -> np.ndarray:
         value = f64[name] / (evaluated if f64[name].ndim == 2 else evaluated[:, None])
         return value if value.ndim == 3 else value[:, None]
 
+    n = evaluated[:, None]
+    ce_original, ce_zero, ce_proxy = mean("ce_original"), mean("ce_zero"), mean("ce_proxy")
+    kl_zero = mean("kl_zero")
+    # _dictionary's definitions, each ratio's denominator checked against its rounding: CE
+    # terms are computed from log-probabilities of about the size of the loss itself; KL(p || q)
+    # from log p and log q, whose p-weighted sizes are H(p) and H(p) + KL, with H(p) about the
+    # original's loss (its expected value for a calibrated model).
+    ce_error = (mean_rounding(ce_zero, n, ce_zero)
+                + mean_rounding(ce_original, n, ce_original))
+    kl_error = mean_rounding(kl_zero, n, 2 * ce_original + kl_zero)
     with np.errstate(invalid="ignore", divide="ignore"):
-        fvu = err / total[:, None]
-        ce = _dictionary.ce_score(mean("ce_original"), mean("ce_proxy"), mean("ce_zero"))
-        kl = _dictionary.kl_score(mean("kl_proxy"), mean("kl_zero"))
+        fvu = np.where(defined(total, total_error)[:, None], err / total[:, None], np.nan)
+        ce = np.where(defined(ce_zero - ce_original, ce_error),
+                      _dictionary.ce_score(ce_original, ce_proxy, ce_zero), np.nan)
+        kl = np.where(defined(kl_zero, kl_error),
+                      _dictionary.kl_score(mean("kl_proxy"), kl_zero), np.nan)
     out = np.stack(np.broadcast_arrays(fvu, l0, dead, ce, kl), axis=-1)
     return np.where(np.isfinite(out), out, np.nan)

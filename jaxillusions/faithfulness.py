@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Sequence
 
 import jax
@@ -27,6 +28,10 @@ from jaxillusions.data import padded_chunks
 
 METRICS = ("jsd", "same_pred", "acc_original", "acc_proxy")
 JSD_QUANTILES = {"jsd_p95": 0.95, "jsd_p99": 0.99}  # of per-position JSD, on `all` rows only
+# A quantile q of n positions is reported only where n (1 - q) >= 1, so that at least one
+# position lies beyond it: below, np.quantile interpolates between the largest values, the
+# split's maximum under another name (p95: 20 positions, p99: 100). Elsewhere NaN.
+JSD_MIN_POSITIONS = {name: math.ceil(round(1 / (1 - q), 6)) for name, q in JSD_QUANTILES.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -467,7 +472,8 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
 
     Columns: seed, site, method, size, split, breakdown, bin, n, jsd, same_pred, acc_original,
     acc_proxy (means over the evaluated positions in that bin), and on `all` rows jsd_p95,
-    jsd_p99: exact quantiles (linear interpolation) of the per-position JSD (NaN on other rows),
+    jsd_p99: exact quantiles (linear interpolation) of the per-position JSD (NaN on other rows
+    and on splits of fewer than JSD_MIN_POSITIONS evaluated positions),
     and for data-dependent vector proxies the dictionary metrics fvu, l0, dead, ce_score and
     kl_score (jaxillusions/dictionaries.py; NaN on other rows and where undefined).
     Seeds marked unhealthy (diverged in training) are left out. Seeds run in sequential chunks
@@ -572,13 +578,14 @@ def _eval_batches(eval_set: EvalSet, batch_size: int, widths: Sequence[int] = ()
 
 
 def _jsd_quantiles(jsd: np.ndarray, split_ids: np.ndarray, num_splits: int) -> np.ndarray:
-    """jsd [S, R, n] at the evaluated positions -> quantiles [S, R, num_splits, Q] per split."""
+    """jsd [S, R, n] at the evaluated positions -> quantiles [S, R, num_splits, Q] per split,
+    NaN where the split has fewer than JSD_MIN_POSITIONS positions."""
     out = np.full(jsd.shape[:2] + (num_splits, len(JSD_QUANTILES)), np.nan)
     for k in range(num_splits):
         values = jsd[..., split_ids == k]
-        if values.shape[-1]:
-            out[:, :, k] = np.moveaxis(
-                np.quantile(values, list(JSD_QUANTILES.values()), axis=-1), 0, -1)
+        for i, (name, q) in enumerate(JSD_QUANTILES.items()):
+            if values.shape[-1] >= JSD_MIN_POSITIONS[name]:
+                out[:, :, k, i] = np.quantile(values, q, axis=-1)
     return out
 
 

@@ -1,6 +1,7 @@
 """Sparse dictionaries against low-rank proxies across seeds (analysis/dictionaries.py): equal
 in-distribution faithfulness, quality as a predictor of the gap, and seed dependence."""
 
+import math
 import os
 
 import jax
@@ -221,3 +222,131 @@ def test_results_tables_are_those_the_rows_allow():
     assert dictionaries.results_tables([r for r in rows if r["method"] == "svd"]) == {}
     sae_only = dictionaries.results_tables([r for r in with_quality if r["method"] == "sae"])
     assert list(sae_only) == ["dictionaries_quality"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Ratio metrics only where defined (jaxillusions/dictionaries.py, faithfulness.JSD_MIN_POSITIONS)
+
+SPLITS = ("iid", "unseen_depth", "longer")
+
+
+def _hand_built_sums():
+    """The device sums of dictionaries.seed_sums/size_sums for 3 seeds, one size, 3 splits of
+    1000 evaluated positions (and tokens), one site of 4 features, as float32 like the device's:
+      iid:          CE original 0.5, zero 1.5, proxy 0.7 (ce_score 0.8); KL zero 0.4, proxy 0.1
+      unseen_depth: zeroing the site LOWERS the loss (CE zero 0.45 < 0.5): ce_score undefined
+      longer:       seed 0's CE zero exceeds the original by 1e-6 nats (float32 rounding of a
+                    mean of 0.5 over 1000 positions is about 4e-6): undefined; seeds 1 and 2 as
+                    iid but CE proxy 0.9 (ce_score 0.6).
+    The site has mean 2 and variance 1 per feature (fvu = err / variance = 0.25), except on
+    longer for seed 2, where it is near-constant (variance 1e-6: below the float32 rounding of
+    its sums of squares, about 4000 * eps * sqrt(1000) = 0.015)."""
+    n, s, k, d = 1000.0, 3, 3, 4
+    ce_original = np.full((s, k), 0.5)
+    ce_zero = np.array([[1.5, 0.45, 0.5 + 1e-6], [1.5, 0.45, 1.5], [1.5, 0.45, 1.5]])
+    ce_proxy = np.array([[0.7, 0.6, 0.9]] * s)[:, None]
+    variance = np.ones((s, k))
+    variance[2, 2] = 1e-6
+    f32 = {"count": np.full((s, k), n), "evaluated": np.full((s, k), n),
+           "ce_original": ce_original * n, "ce_zero": ce_zero * n,
+           "kl_zero": np.full((s, k), 0.4 * n),
+           "sum/x": np.full((s, k, d), 2.0 * n),
+           "sumsq/x": ((4.0 + variance) * n)[..., None].repeat(d, -1)}
+    size = {"ce_proxy": ce_proxy * n, "kl_proxy": np.full((s, 1, k), 0.1 * n),
+            "err/x": np.full((s, 1, k), 0.25 * d * n)}
+    as32 = {key: np.asarray(v, np.float32) for key, v in f32.items()}
+    return as32, {key: np.asarray(v, np.float32) for key, v in size.items()}
+
+
+def _hand_built_rows():
+    from jaxillusions import dictionaries as metrics
+
+    spec = type("Spec", (), {"sites": ("x",)})()
+    seed, size = _hand_built_sums()
+    values = metrics.columns(spec, {}, seed, size)  # [S, R, K, C]
+    rows = []
+    for s in range(3):
+        for k, split in enumerate(SPLITS):
+            rows.append({"seed": s, "site": "blocks.1.mlp.out", "method": "transcoder",
+                         "size": 16, "split": split, "breakdown": "all", "bin": "", "n": 1000,
+                         "jsd": 0.01, "same_pred": 0.9, "acc_original": 0.8,
+                         "acc_proxy": 0.8, "jsd_p95": 0.05, "jsd_p99": 0.1,
+                         **dict(zip(metrics.COLUMNS, values[s, 0, k].tolist(), strict=True))})
+    return rows
+
+
+def test_a_negative_or_tiny_zero_ablation_denominator_leaves_the_cell_empty(tmp_path):
+    """ce_score = (CE_zero - CE_proxy) / (CE_zero - CE_original) with a negative or
+    rounding-sized denominator (and fvu of a constant site): the cell is empty in results.csv,
+    gap_table.txt says why, and gaps.csv has no row built from it."""
+    from jaxillusions.analysis import results, tables
+
+    rows = _hand_built_rows()
+    cell = {(r["seed"], r["split"]): r for r in rows}
+    for s in range(3):
+        assert cell[(s, "iid")]["ce_score"] == pytest.approx(0.8)
+        assert cell[(s, "iid")]["kl_score"] == pytest.approx(0.75)
+        assert math.isnan(cell[(s, "unseen_depth")]["ce_score"])  # denominator -0.05 nats
+        assert cell[(s, "unseen_depth")]["kl_score"] == pytest.approx(0.75)
+    assert math.isnan(cell[(0, "longer")]["ce_score"])  # denominator 1e-6 nats
+    assert [cell[(s, "longer")]["ce_score"] for s in (1, 2)] == pytest.approx([0.6, 0.6])
+    assert cell[(0, "longer")]["fvu"] == pytest.approx(0.25)
+    assert math.isnan(cell[(2, "longer")]["fvu"])  # near-constant: its variance is rounding
+    results.write_csv(rows, str(tmp_path / "results.csv"))
+    written = {(r["seed"], r["split"]): r for r in _read_csv(tmp_path / "results.csv")
+               if r["method"] == "transcoder"}
+    assert written[("0", "unseen_depth")]["ce_score"] == "" == written[("0", "longer")]["ce_score"]
+    assert written[("2", "longer")]["fvu"] == ""
+    assert written[("1", "longer")]["ce_score"] != ""
+
+    back = results.read_csv(str(tmp_path / "results.csv"))
+    text, stat_tables = tables.statistics_report(back, list(SPLITS))
+    assert ("  ce_score undefined in 4 of 9 cells (seed, proxy, size, split): "
+            f"{stats.UNDEFINED_WHY['ce_score']}; 1 gaps over fewer seeds, 1 comparisons without "
+            "a gap (no seed defined on both).") in text.splitlines()
+    assert (f"  fvu undefined in 1 of 9 cells (seed, proxy, size, split): "
+            f"{stats.UNDEFINED_WHY['fvu']}; 1 gaps over fewer seeds, 0 comparisons without a "
+            "gap (no seed defined on both).") in text.splitlines()
+    assert "kl_score undefined" not in text
+    tables.write_csv(stat_tables["gaps"], str(tmp_path / "gaps.csv"), stats.GAP_COLUMNS)
+    gaps = {(g["metric"], g["split"]): g for g in tables.read_csv(str(tmp_path / "gaps.csv"))
+            if g["baseline"] == "iid"}
+    assert ("ce_score", "unseen_depth") not in gaps  # no seed with a defined ce_score there
+    assert ("kl_score", "unseen_depth") in gaps
+    # On longer only the seeds defined on both sides: 1 and 2 (ce_score), 0 and 1 (fvu).
+    assert (gaps[("ce_score", "longer")]["n_seeds"], gaps[("ce_score", "longer")]["gap"]) == (
+        2, pytest.approx(0.8 - 0.6))
+    assert gaps[("ce_score", "longer")]["baseline_mean"] == pytest.approx(0.8)
+    assert gaps[("fvu", "longer")]["n_seeds"] == 2
+    assert gaps[("kl_score", "longer")]["n_seeds"] == 3
+
+
+def _read_csv(path):
+    import csv
+
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_jsd_quantiles_need_a_position_beyond_them():
+    """faithfulness._jsd_quantiles: p95 from 20 positions of a split, p99 from 100 (n (1 - q)
+    >= 1); below, the cell is NaN and the report names the rule."""
+    from jaxillusions import faithfulness
+    from jaxillusions.analysis import tables
+
+    assert faithfulness.JSD_MIN_POSITIONS == {"jsd_p95": 20, "jsd_p99": 100}
+    for name, n in faithfulness.JSD_MIN_POSITIONS.items():  # the report's reason says so
+        assert f"fewer than {n} evaluated positions" in stats.UNDEFINED_WHY[name]
+    jsd = np.linspace(0.0, 1.0, 19 + 99 + 100, dtype=np.float32)[None, None]  # [S, R, n]
+    split_ids = np.repeat([0, 1, 2], [19, 99, 100])
+    q = faithfulness._jsd_quantiles(jsd, split_ids, 3)[0, 0]  # [split, (p95, p99)]
+    assert np.isnan(q[0]).all()  # 19 positions: neither
+    assert np.isfinite(q[1, 0]) and np.isnan(q[1, 1])  # 99: p95 only
+    assert q[2] == pytest.approx(np.quantile(jsd[0, 0, 118:], [0.95, 0.99]))  # 100: both
+    rows = [{**r, "jsd_p99": math.nan if r["split"] == "longer" else r["jsd_p99"]}
+            for r in _hand_built_rows()]
+    text, stat_tables = tables.statistics_report(rows, list(SPLITS))
+    assert any(line.startswith("  jsd_p99 undefined in 3 of 9 cells") and
+               stats.UNDEFINED_WHY["jsd_p99"] in line for line in text.splitlines())
+    assert not [g for g in stat_tables["gaps"] if g["metric"] == "jsd_p99"
+                and g["split"] == "longer"]

@@ -163,7 +163,7 @@ def test_the_decomposition_adds_up_per_seed_and_in_the_report(shifted):
     per_seed = report.decomposition_per_seed(rows)
     assert {r["split"] for r in per_seed} == {"unseen_depth", "longer"}
     for r in per_seed:
-        assert r["gap"] == pytest.approx(r["distribution"] + r["capacity"], abs=1e-12)
+        assert r["halved_gap"] == pytest.approx(r["distribution"] + r["capacity"], abs=1e-12)
         if r["method"] == "uniform_attention":
             assert r["distribution"] == 0.0
     table = tables.read_csv(os.path.join(shifted, "gap_decomposition.csv"))
@@ -173,7 +173,7 @@ def test_the_decomposition_adds_up_per_seed_and_in_the_report(shifted):
                           {})[r["part"]] = r
     assert groups
     for parts in groups.values():
-        assert parts["gap"]["mean"] == pytest.approx(
+        assert parts["halved_gap"]["mean"] == pytest.approx(
             parts["distribution"]["mean"] + parts["capacity"]["mean"], abs=1e-12)
         assert {p["n_seeds"] for p in parts.values()} == {2}
     assert os.path.exists(os.path.join(shifted, "figures", "gap_decomposition.png"))
@@ -197,19 +197,36 @@ def test_decomposition_and_table_on_known_numbers():
                  _row(seed, "ood", "iid", 0.7, 0.3), _row(seed, "ood", "ood", 0.8 + noise, 0.25)]
     parts = {(r["metric"], r["part"]): r for r in report.decomposition(
         report.decomposition_per_seed(rows, "iid"))}
-    assert parts[("same_pred", "gap")]["mean"] == pytest.approx(0.3)
+    assert parts[("same_pred", "halved_gap")]["mean"] == pytest.approx(0.3)
     assert parts[("same_pred", "distribution")]["mean"] == pytest.approx(0.2)
     assert parts[("same_pred", "capacity")]["mean"] == pytest.approx(0.1)
-    assert parts[("same_pred", "distribution")]["share"] == pytest.approx(2 / 3)
+    assert parts[("same_pred", "distribution")]["share_of_halved_gap"] == pytest.approx(2 / 3)
     assert parts[("jsd", "distribution")]["mean"] == pytest.approx(0.15)
     assert parts[("jsd", "capacity")]["mean"] == pytest.approx(0.15)
-    assert parts[("same_pred", "gap")]["n_seeds"] == 3
+    assert parts[("same_pred", "halved_gap")]["n_seeds"] == 3
     table = {(r["fit_split"], r["split"], r["metric"]): r for r in report.fit_x_eval(rows)}
     assert table[("ood", "ood", "same_pred")]["vs_train"] == pytest.approx(0.2)
     assert table[("ood", "iid", "same_pred")]["vs_train"] == pytest.approx(-0.2)
     assert table[("ood", "iid", "jsd")]["vs_train"] == pytest.approx(-0.2)
     assert table[("train", "ood", "same_pred")]["vs_train"] == 0.0
     assert table[("ood", "ood", "same_pred")]["seeds_positive"] == 3
+
+
+def test_share_of_a_gap_within_resolution_of_zero_is_empty():
+    """share_of_halved_gap is a ratio over the mean halved gap: where that mean is within the
+    metric's resolution of 0 (here 0.0005 < 0.001 in same_pred) the cell is NaN, the parts
+    themselves are still reported."""
+    rows = []
+    for seed, noise in enumerate((0.0, 0.001, -0.001)):
+        rows += [_row(seed, "train", "iid", 0.9, 0.1),
+                 _row(seed, "train", "ood", 0.8995 + noise, 0.1),
+                 _row(seed, "ood", "ood", 0.9 + noise, 0.1)]
+    parts = {(r["metric"], r["part"]): r for r in report.decomposition(
+        report.decomposition_per_seed(rows, "iid"))}
+    assert parts[("same_pred", "halved_gap")]["mean"] == pytest.approx(0.0005)
+    assert all(math.isnan(parts[("same_pred", p)]["share_of_halved_gap"])
+               for p in report.PARTS)
+    assert parts[("same_pred", "distribution")]["mean"] == pytest.approx(0.0005)
 
 
 def test_changing_the_fit_splits_refits_only_what_changed(shifted, tmp_path):

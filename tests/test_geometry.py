@@ -71,6 +71,33 @@ def test_principal_angles_and_outside_energy_equal_their_closed_forms(center):
         assert abs(got["energy_outside"][s, 0, 0, 3]) < 1e-5
 
 
+def test_outside_energy_of_a_near_constant_site_is_undefined():
+    """energy_outside is a ratio over the split's energy about the (training) mean: for a site
+    that is constant up to 1e-4 (variance 1e-8 against a squared mean of 4 per feature: below
+    the float32 rounding of its sums of squares over 10,000 rows) it is NaN, not a number made
+    of rounding; geometry_predicts_gap then leaves that seed out."""
+    rng = np.random.default_rng(0)
+    x = (2.0 + 1e-4 * rng.normal(size=(10_000, F))).astype(np.float32)
+    moments = jax.device_get(svd.moments(jnp.asarray(x), jnp.ones(len(x), bool)))
+    mean = jnp.asarray(moments["total"] / moments["count"])
+    basis = jnp.eye(F)
+    assert np.isnan(float(geometry.outside_energy(moments, mean, basis, 1)))
+    spread = (2.0 + rng.normal(size=(10_000, F))).astype(np.float32)  # variance 1: defined
+    wide = jax.device_get(svd.moments(jnp.asarray(spread), jnp.ones(len(x), bool)))
+    wide_mean = jnp.asarray(wide["total"] / wide["count"])
+    assert 0.0 < float(geometry.outside_energy(wide, wide_mean, basis, 1)) < 1.0
+    geo = [{"seed": s, "site": "k", "head": 0, "method": "svd", "split": "longer", "rank": 1,
+            "angle_max": 0.1 * s, "sin2_mean": 0.01 * s,
+            "energy_outside": np.nan if s == 0 else 0.1 * s} for s in range(4)]
+    rows = [{"seed": s, "site": "k", "method": "svd", "size": 1, "split": split,
+             "breakdown": "all", "same_pred": 0.9 - (0.05 * s if split == "longer" else 0),
+             "jsd": 0.1} for s in range(4) for split in ("iid", "longer")]
+    table = {r["predictor"]: r for r in geometry.geometry_predicts_gap(geo, rows, metrics=(
+        "same_pred",))}
+    assert table["energy_outside"]["n_seeds"] == 3 and table["energy_outside"]["rho"] == 1.0
+    assert table["angle_max"]["n_seeds"] == 4
+
+
 def test_procrustes_recovers_a_rotation_as_scipy_does():
     rng = np.random.default_rng(1)
     a = rng.normal(size=(50, F))
@@ -138,7 +165,7 @@ def test_repair_table_shares_and_signs():
     (row,) = geometry.repair_table(repair, rows, metrics=("same_pred",))
     assert (row["variant"], row["sentences"], row["n_seeds"]) == ("refit", 16, 3)
     np.testing.assert_allclose(row["share"], 0.75, atol=1e-9)
-    np.testing.assert_allclose(row["gap"], 0.21, atol=1e-9)
+    np.testing.assert_allclose(row["gap_eval_half"], 0.21, atol=1e-9)
     assert row["n_seeds_share"] == 3 and row["seeds_positive"] == 3
 
 

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import tolerance as tol
 
 from jaxillusions import proxies
 from jaxillusions.proxies import kmeans, onehot_attention, svd, uniform_attention
@@ -129,8 +130,12 @@ def test_moments_chunks_add_and_ignore_padding():
     summed = jax.tree.map(jnp.add, *[moments(c, v) for c, v in zip(chunks, valids, strict=True)])
     assert float(summed["count"]) == 94.0
     x64 = x.astype(np.float64)
-    np.testing.assert_allclose(summed["total"], x64.sum(0), rtol=1e-5, atol=1e-4)
-    np.testing.assert_allclose(summed["gram"], x64.T @ x64, rtol=1e-5, atol=1e-4)
+    # float32 sums of n terms (and their products' rounding) against float64 (tolerance.py).
+    n, magnitude = len(x), np.abs(x64)
+    assert np.all(np.abs(summed["total"] - x64.sum(0))
+                  <= tol.sum_error(n, magnitude.sum(0)) + tol.EPS32 * magnitude.sum(0))
+    assert np.all(np.abs(summed["gram"] - x64.T @ x64)
+                  <= tol.EPS32 * (np.sqrt(n) + 2) * (magnitude.T @ magnitude))
 
 
 # ----------------------------------------------------------------------------- k-means
@@ -172,6 +177,13 @@ def test_kmeans_mask_limits_centroids():
     assert len(np.unique(np.asarray(kmeans.apply(k2, jnp.asarray(x))), axis=0)) == 2
 
 
+def _centroid_bound(x: np.ndarray) -> float:
+    """Two computations of k-means centroids with the same assignments (float32 and another
+    program, or float64): each centroid a mean of at most len(x) points, within its float32
+    summation's rounding plus one point's (tests/tolerance.py)."""
+    return float(tol.two_ways(tol.EPS32 * (np.sqrt(len(x)) + 1) * np.abs(x).max()))
+
+
 def _lloyd_numpy(x, c, num_iters):
     c = c.astype(np.float64)
     for _ in range(num_iters):
@@ -188,10 +200,10 @@ def test_kmeans_batched_sizes_equal_single_and_reference():
     # Same key: the k-means++ sequence for k = 5 is a prefix of the one for K_max = 8, and the
     # masked Lloyd of the batch equals a fit of k = 5 alone.
     single = _fit(x, sizes=(5,))["centroids"][0]
-    np.testing.assert_allclose(batched["centroids"][2, :5], single, atol=1e-4)
+    np.testing.assert_allclose(batched["centroids"][2, :5], single, atol=_centroid_bound(x))
     for i, k in enumerate(SIZES):
         ref = _lloyd_numpy(x, np.asarray(init["centroids"][i, :k]), 10)
-        np.testing.assert_allclose(batched["centroids"][i, :k], ref, atol=1e-4)
+        np.testing.assert_allclose(batched["centroids"][i, :k], ref, atol=_centroid_bound(x))
         # Masked entries keep the k-means++ centres.
         np.testing.assert_array_equal(batched["centroids"][i, k:], init["centroids"][i, k:])
 
@@ -214,7 +226,8 @@ def test_kmeans_vmap_over_seeds_equals_loop():
     batched = jax.jit(jax.vmap(_fitter(), in_axes=(0, None, 0)))(xs, valid, keys)
     for s in range(3):
         one = _fitter()(xs[s], valid, keys[s])
-        np.testing.assert_allclose(batched["centroids"][s], one["centroids"], atol=1e-4)
+        np.testing.assert_allclose(batched["centroids"][s], one["centroids"],
+                                   atol=_centroid_bound(np.asarray(xs[s])[valid]))
 
 
 # ----------------------------------------------------------------------------- attention

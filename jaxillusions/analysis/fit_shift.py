@@ -11,14 +11,18 @@ than it (stats.paired_summary columns).
 
 gap_decomposition.csv: per seed, proxy, size and OOD split F that proxies were also fitted on,
 with B the gap baseline (proxies.gap_baseline) and stats.signed_gap's sign (> 0: less
-faithful),
-    gap          = signed_gap(train-fitted on B, train-fitted on F)
+faithful), every term measured on the halved evaluation set (F: its evaluation half),
+    halved_gap   = signed_gap(train-fitted on B, train-fitted on F)
     distribution = signed_gap(F-fitted on F,     train-fitted on F)   what refitting on F removes
     capacity     = signed_gap(train-fitted on B, F-fitted on F)       what remains
-so gap = distribution + capacity for every seed, exactly. Each part: paired mean, Student-t and
-bootstrap intervals, seeds and seeds > 0 (stats.paired_summary), and `share`: the mean part over
-the mean gap. A data-independent proxy (one-hot, uniform attention) is the same whatever it is
-fitted on: its distribution part is 0 and its capacity part is its whole gap.
+so halved_gap = distribution + capacity for every seed, exactly. halved_gap is the gap of
+gaps.csv measured on other sentences (half of F, and of B when B is a fit split too): it
+differs from gaps.csv's `gap` (whole splits) by sampling noise, hence its own name. Each part:
+paired mean, Student-t and bootstrap intervals, seeds and seeds > 0 (stats.paired_summary), and
+`share_of_halved_gap`: the mean part over the mean halved_gap, left empty where that mean is
+within the metric's resolution (stats.RESOLUTION) of 0, where the ratio is the noise's. A
+data-independent proxy (one-hot, uniform attention) is the same whatever it is fitted on: its
+distribution part is 0 and its capacity part is its whole gap.
 """
 
 from __future__ import annotations
@@ -41,9 +45,9 @@ ROW_COLUMNS = ("fit_split", "seed", "site", "method", "size", "split", "breakdow
                "acc_original", "acc_proxy", "jsd", "same_pred", "jsd_p95", "jsd_p99")
 FIT_X_EVAL_COLUMNS = ("site", "method", "size", "fit_split", "split", "metric", "mean", "low",
                       "high", "vs_train") + SUMMARY
-PARTS = ("gap", "distribution", "capacity")
+PARTS = ("halved_gap", "distribution", "capacity")
 DECOMPOSITION_COLUMNS = ("site", "method", "size", "split", "metric", "baseline", "part",
-                         "mean", "share") + SUMMARY
+                         "mean", "share_of_halved_gap") + SUMMARY
 
 
 def _fit_independent(method: str) -> bool:
@@ -90,8 +94,8 @@ def fit_x_eval(rows: Iterable[dict], metrics: Sequence[str] = METRICS) -> list[d
 
 def decomposition_per_seed(rows: Iterable[dict], baseline: str = "iid",
                            metrics: Sequence[str] = METRICS) -> list[dict]:
-    """One row per (seed, site, method, size, split, metric) with the gap and its two parts
-    (module docstring), for every split that is both a fit split and evaluated."""
+    """One row per (seed, site, method, size, split, metric) with the halved gap and its two
+    parts (module docstring), for every split that is both a fit split and evaluated."""
     table, out = by_seed(rows), []
     for (site, method, size, fit, split), refit in sorted(table.items()):
         if fit != split or split in (REFERENCE, baseline):
@@ -108,7 +112,8 @@ def decomposition_per_seed(rows: Iterable[dict], baseline: str = "iid",
             for i, seed in enumerate(seeds):
                 out.append({"seed": seed, "site": site, "method": method, "size": size,
                             "split": split, "metric": metric, "baseline": baseline,
-                            "gap": gap[i], "distribution": dist[i], "capacity": cap[i]})
+                            "halved_gap": gap[i], "distribution": dist[i],
+                            "capacity": cap[i]})
     return out
 
 
@@ -120,13 +125,14 @@ def decomposition(per_seed: Iterable[dict]) -> list[dict]:
                ].append(r)
     out = []
     for (site, method, size, split, metric, baseline), group in sorted(groups.items()):
-        gap = float(np.mean([r["gap"] for r in group]))
+        gap = float(np.mean([r["halved_gap"] for r in group]))
+        real = abs(gap) > stats.RESOLUTION.get(metric, 0.0)  # else the share is noise over noise
         for part in PARTS:
             summary = stats.paired_summary(np.array([r[part] for r in group]))
-            share = summary["mean"] / gap if gap != 0 else math.nan
             out.append({"site": site, "method": method, "size": size, "split": split,
                         "metric": metric, "baseline": baseline, "part": part,
-                        "mean": summary["mean"], "share": share,
+                        "mean": summary["mean"],
+                        "share_of_halved_gap": summary["mean"] / gap if real else math.nan,
                         **{k: summary[k] for k in SUMMARY}})
     return out
 
@@ -182,8 +188,9 @@ def fit_x_eval_figure(table: Sequence[dict], method: str, splits: Sequence[str],
 
 def decomposition_figure(table: Sequence[dict], splits: Sequence[str],
                          metric: str = "same_pred"):
-    """Across methods: one panel per OOD split; per (method, site) at its middle size, the gap
-    and its distribution and capacity parts side by side, with paired 95% t intervals."""
+    """Across methods: one panel per OOD split; per (method, site) at its middle size, the
+    halved gap and its distribution and capacity parts side by side, with paired 95% t
+    intervals."""
     rows = [r for r in table if r["metric"] == metric]
     shown = [s for s in splits if any(r["split"] == s for r in rows)]
     fig, axes = figures._grid(len(shown), (4.6, 3.2))  # noqa: SLF001
@@ -191,7 +198,7 @@ def decomposition_figure(table: Sequence[dict], splits: Sequence[str],
                       key=lambda f: (tables.site_key(f[1]), f[0]))
     middle = {f: tables.middle_size({r["size"] for r in rows if (r["method"], r["site"]) == f})
               for f in families}
-    shades = ("0.15", "0.6", "0.9")  # gap, distribution, capacity
+    shades = ("0.15", "0.6", "0.9")  # halved_gap, distribution, capacity
     for ax, split in zip(axes, shown, strict=True):
         ax.axhline(0, color="0.4", lw=0.8)
         for p, part in enumerate(PARTS):
@@ -213,8 +220,9 @@ def decomposition_figure(table: Sequence[dict], splits: Sequence[str],
     handles, labels = axes[0].get_legend_handles_labels()
     figures._legend_below(fig, handles, labels)  # noqa: SLF001
     n = max((r["n_seeds"] for r in rows), default=0)
-    figures._title(fig, "Gap = distribution (removed by refitting on the split) + capacity "  # noqa: SLF001
-                   f"(remains), middle sizes, paired 95% t CI, {n} seeds")
+    figures._title(fig, "Gap on the halved evaluation set = distribution (removed by "  # noqa: SLF001
+                   "refitting on the split) + capacity (remains), middle sizes, paired 95% t "
+                   f"CI, {n} seeds")
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig
 

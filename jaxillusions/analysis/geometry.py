@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxillusions import dictionaries
 from jaxillusions.analysis import stats
 
 _HI = jax.lax.Precision.HIGHEST
@@ -43,9 +44,9 @@ PREDICTS_COLUMNS = ("site", "method", "size", "split", "metric", "predictor", "b
                     "n_seeds", "rho", "rho_low", "rho_high", "p_value", "id_predictor",
                     "id_rho", "id_rho_low", "id_rho_high", "id_p_value")
 REPAIR_COLUMNS = ("site", "method", "size", "split", "variant", "sentences", "metric", "baseline",
-                  "gap", "gap_repaired", "closed", "closed_low", "closed_high", "n_seeds",
-                  "seeds_positive", "share", "share_low", "share_high", "share_boot_low",
-                  "share_boot_high", "n_seeds_share")
+                  "gap_eval_half", "gap_eval_half_repaired", "closed", "closed_low",
+                  "closed_high", "n_seeds", "seeds_positive", "share", "share_low", "share_high",
+                  "share_boot_low", "share_boot_high", "n_seeds_share")
 CENTERED = {"svd": None, "pca": True}  # None: proxies.svd_center decides
 
 
@@ -89,7 +90,10 @@ def subspace_angles(a: jax.Array, b: jax.Array, rank: jax.Array) -> jax.Array:
 def outside_energy(moments: dict, mean: jax.Array, basis: jax.Array, rank: jax.Array
                    ) -> jax.Array:
     """Share of the energy of the activations (`moments`) about `mean` that lies outside the
-    span of the first `rank` columns of `basis`: E|(I - P)(x - mean)|^2 / E|x - mean|^2."""
+    span of the first `rank` columns of `basis`: E|(I - P)(x - mean)|^2 / E|x - mean|^2; NaN
+    where that energy (a centred proxy: the split's variance about the training mean) is not
+    dictionaries.DENOMINATOR_MARGIN times its float32 rounding, as fvu: the sums of squares
+    carry about eps * sqrt(n) of themselves, and subtracting the mean's terms cancels them."""
     count = jnp.maximum(moments["count"], 1.0)
     own = moments["total"] / count
     second = (moments["gram"] / count - jnp.outer(own, mean) - jnp.outer(mean, own)
@@ -98,7 +102,10 @@ def outside_energy(moments: dict, mean: jax.Array, basis: jax.Array, rank: jax.A
     inside = jnp.trace(jnp.matmul(kept.T, jnp.matmul(second, kept, precision=_HI),
                                   precision=_HI))
     total = jnp.trace(second)
-    return jnp.where(total > 0, 1.0 - inside / total, 0.0)
+    rounding = dictionaries.EPS32 * (3 * jnp.sqrt(count) + 1) * (
+        jnp.trace(moments["gram"]) / count + jnp.dot(mean, mean))
+    return jnp.where(total > dictionaries.DENOMINATOR_MARGIN * rounding, 1.0 - inside / total,
+                     jnp.nan)
 
 
 def _geometry_one(train: dict, split: dict, ranks: tuple[int, ...], center: bool) -> dict:
@@ -218,10 +225,11 @@ def geometry_predicts_gap(geometry_table: Sequence[dict], rows: Sequence[dict],
             known = ids.get((site, method, rank, split, metric), {})
             for quantity in QUANTITIES:
                 x = np.array([np.mean([g[quantity] for g in by_seed[s]]) for s in seeds])
-                rho, low, high, p = stats.spearman_interval(x, gap)
+                ok = np.isfinite(x) & np.isfinite(gap)  # energy_outside may be undefined
+                rho, low, high, p = stats.spearman_interval(x[ok], gap[ok])
                 out.append({"site": site, "method": method, "size": rank, "split": split,
                             "metric": metric, "predictor": quantity, "baseline": baseline,
-                            "n_seeds": len(seeds), "rho": rho, "rho_low": low,
+                            "n_seeds": int(ok.sum()), "rho": rho, "rho_low": low,
                             "rho_high": high, "p_value": p,
                             "id_predictor": known.get("predictor", ""),
                             **{f"id_{k}": known.get(k, math.nan)
@@ -235,10 +243,12 @@ def repair_table(repair_rows: Sequence[dict], rows: Sequence[dict], baseline: st
 
     `repair_rows`: faithfulness rows on the split's evaluation half, with the extra columns
     variant ("train" for the train-fitted proxy, "refit", "rotate") and sentences (M; 0 for
-    "train"). Per seed, gap = signed_gap(baseline faithfulness of the train-fitted proxy in
-    results.csv, faithfulness on the evaluation half) for the train-fitted and the repaired
-    proxy; closed = gap - gap_repaired (stats.paired_summary: t and bootstrap intervals); share =
-    closed / gap per seed, on the seeds whose gap exceeds stats.RESOLUTION (n_seeds_share)."""
+    "train"). Per seed, gap_eval_half = signed_gap(baseline faithfulness of the train-fitted
+    proxy in results.csv, faithfulness on the split's evaluation half) for the train-fitted
+    proxy, gap_eval_half_repaired the same for the repaired one (named apart from gaps.csv's
+    `gap`, which is on whole splits); closed = their difference (stats.paired_summary: t and
+    bootstrap intervals); share = closed / gap_eval_half per seed, on the seeds whose
+    gap_eval_half exceeds stats.RESOLUTION (n_seeds_share)."""
     table = stats.by_seed(rows)
     halves: dict[tuple, dict[int, dict]] = defaultdict(dict)
     for r in repair_rows:
@@ -262,8 +272,9 @@ def repair_table(repair_rows: Sequence[dict], rows: Sequence[dict], baseline: st
                                                   np.nan))
             out.append({"site": site, "method": method, "size": size, "split": split,
                         "variant": variant, "sentences": m, "metric": metric,
-                        "baseline": baseline, "gap": float(np.mean(gap)) if seeds else math.nan,
-                        "gap_repaired": float(np.mean(fixed)) if seeds else math.nan,
+                        "baseline": baseline,
+                        "gap_eval_half": float(np.mean(gap)) if seeds else math.nan,
+                        "gap_eval_half_repaired": float(np.mean(fixed)) if seeds else math.nan,
                         "closed": closed["mean"], "closed_low": closed["ci_low"],
                         "closed_high": closed["ci_high"], "n_seeds": closed["n_seeds"],
                         "seeds_positive": closed["seeds_positive"], "share": share["mean"],
@@ -283,7 +294,7 @@ def repair_figure(table: Sequence[dict], method: str, splits: Sequence[str],
 
     table = [t for t in table if t["method"] == method and t["metric"] == metric]
     real = stats.RESOLUTION.get(metric, 0.0)
-    panels = sorted({(t["site"], t["size"]) for t in table if t["gap"] > real},
+    panels = sorted({(t["site"], t["size"]) for t in table if t["gap_eval_half"] > real},
                     key=lambda p: (figures.ordered_sites([t["site"] for t in table]).index(p[0]),
                                    p[1]))
     fig, axes = figures._grid(max(len(panels), 1), (3.6, 2.9))  # noqa: SLF001 - same grid

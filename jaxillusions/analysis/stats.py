@@ -53,6 +53,17 @@ _LOGIT_EPS = 1e-6  # per-seed proportions are clipped to [eps, 1 - eps] before t
 # The dictionary metrics (jaxillusions/dictionaries.py) last: only vector proxies have them.
 GAP_METRICS = ("same_pred", "jsd", "jsd_p95", "jsd_p99", "fvu", "ce_score", "kl_score")
 LOWER_IS_FAITHFUL = ("jsd", "jsd_p95", "jsd_p99", "fvu")  # gap = split - baseline for these
+# Why a cell of a derived metric is left empty (NaN) on an `all` row that should have it: the
+# rules of faithfulness.JSD_MIN_POSITIONS and dictionaries.DENOMINATOR_MARGIN (x 1000).
+UNDEFINED_WHY = {
+    "jsd_p95": "the split has fewer than 20 evaluated positions (none would lie beyond p95)",
+    "jsd_p99": "the split has fewer than 100 evaluated positions (none would lie beyond p99)",
+    "fvu": "the site's variance on the split is not 1000x its float32 rounding (near-constant)",
+    "ce_score": "the zero-ablation denominator CE_zero - CE_original is not positive or not "
+                "1000x its float32 rounding",
+    "kl_score": "the zero-ablation denominator KL_zero is not 1000x its float32 rounding",
+}
+DICTIONARY_METRICS = ("fvu", "l0", "dead", "ce_score", "kl_score")  # jaxillusions/dictionaries.py
 SUMMARY_COLUMNS = ("ci_low", "ci_high", "n_seeds", "seeds_positive", "boot_low", "boot_high")
 GAP_COLUMNS = ("site", "method", "size", "split", "metric", "gap") + SUMMARY_COLUMNS[:4] + (
     "baseline", "baseline_mean") + SUMMARY_COLUMNS[4:]
@@ -167,10 +178,11 @@ def by_seed(rows: Iterable[dict]) -> dict[tuple, dict[int, dict]]:
 
 def _paired(base: dict[int, dict], other: dict[int, dict], metric: str
             ) -> tuple[np.ndarray, np.ndarray]:
-    """Values of `metric` on the seeds present in both, in seed order."""
+    """Values of `metric` on the seeds present in both, in seed order (NaN where a row lacks
+    it)."""
     seeds = sorted(set(base) & set(other))
-    return (np.array([base[s][metric] for s in seeds], np.float64),
-            np.array([other[s][metric] for s in seeds], np.float64))
+    return (np.array([base[s].get(metric, math.nan) for s in seeds], np.float64),
+            np.array([other[s].get(metric, math.nan) for s in seeds], np.float64))
 
 
 def signed_gap(baseline: np.ndarray, split: np.ndarray, metric: str) -> np.ndarray:
@@ -181,9 +193,15 @@ def signed_gap(baseline: np.ndarray, split: np.ndarray, metric: str) -> np.ndarr
 def gaps(rows: Iterable[dict], baseline: str = "iid",
          metrics: Sequence[str] = GAP_METRICS) -> list[dict]:
     """One row per (site, method, size, split, metric) with split != baseline: the paired gap
-    over seeds (columns GAP_COLUMNS; `gap` is the mean per-seed gap). A metric that the rows
-    do not have, or have as NaN only (the dictionary metrics of a pattern proxy), is left
-    out."""
+    over seeds (columns GAP_COLUMNS; `gap` is the mean per-seed gap, baseline_mean the
+    baseline's mean on the same seeds).
+
+    Only seeds where the metric is defined (not NaN) on both the baseline and the split enter
+    (n_seeds counts them): a cell left undefined (a ratio metric whose denominator is
+    rounding, a JSD quantile of too few positions, see jaxillusions/dictionaries.py and
+    faithfulness.py) contributes to no gap. A comparison with no such seed has no row: a metric
+    that the rows do not have, or have as NaN only (the dictionary metrics of a pattern proxy),
+    is left out."""
     table = by_seed(rows)
     out = []
     for (site, method, size, split), per_seed in sorted(table.items()):
@@ -191,14 +209,50 @@ def gaps(rows: Iterable[dict], baseline: str = "iid",
         if split == baseline or base is None:
             continue
         for metric in metrics:
-            if not any(math.isfinite(r.get(metric, math.nan)) for r in per_seed.values()):
-                continue
             b, s = _paired(base, per_seed, metric)
+            both = np.isfinite(b) & np.isfinite(s)
+            if not both.any():
+                continue
+            b, s = b[both], s[both]
             summary = paired_summary(signed_gap(b, s, metric))
             out.append({"site": site, "method": method, "size": size, "split": split,
                         "metric": metric, "gap": summary["mean"], "baseline": baseline,
-                        "baseline_mean": float(np.nanmean(b)) if len(b) else math.nan,
+                        "baseline_mean": float(b.mean()),
                         **{k: summary[k] for k in SUMMARY_COLUMNS}})
+    return out
+
+
+def undefined_cells(rows: Iterable[dict], gap_rows: Sequence[dict], baseline: str = "iid"
+                    ) -> dict[str, dict]:
+    """Per metric of UNDEFINED_WHY that some `all` row leaves empty: {"cells": `all` rows
+    (seed, proxy, size, split) of the proxies that report the metric, "undefined": those NaN,
+    "fewer_seeds": gaps against `baseline` over fewer seeds than the population,
+    "no_gap": (proxy, size, split) with rows on both sides but no seed defined on both, hence
+    no gap}. A proxy reports a dictionary metric when any of its rows has one (pattern
+    proxies have none); every proxy reports the JSD quantiles. Metrics without undefined
+    cells are left out."""
+    table = by_seed(rows)
+    num_seeds = len({seed for per_seed in table.values() for seed in per_seed})
+    columns = {k for per_seed in table.values() for r in per_seed.values() for k in r}
+    out = {}
+    for metric in UNDEFINED_WHY:
+        if metric not in columns:  # rows without the column (hand-made tables) say nothing
+            continue
+        families = {key[:2] for key, per_seed in table.items()
+                    if metric not in DICTIONARY_METRICS or any(
+                        math.isfinite(r.get(m, math.nan)) for r in per_seed.values()
+                        for m in DICTIONARY_METRICS)}
+        cells = [r for key, per_seed in table.items() if key[:2] in families
+                 for r in per_seed.values()]
+        undefined = sum(not math.isfinite(r.get(metric, math.nan)) for r in cells)
+        if not undefined:
+            continue
+        mine = [g for g in gap_rows if g["metric"] == metric and g["baseline"] == baseline]
+        have = {(g["site"], g["method"], g["size"], g["split"]) for g in mine}
+        no_gap = sum(1 for key in table if key[:2] in families and key[3] != baseline
+                     and (*key[:3], baseline) in table and key not in have)
+        out[metric] = {"cells": len(cells), "undefined": undefined, "no_gap": no_gap,
+                       "fewer_seeds": sum(g["n_seeds"] < num_seeds for g in mine)}
     return out
 
 

@@ -416,6 +416,14 @@ def statistics_report(rows: Sequence[dict], splits: Sequence[str], baseline: str
         text[-1:-1] = ["Data-only baselines (from training-split counts): " + ", ".join(
             f"{s} " + " ".join(f"{m} {data_baselines[s][m]:.3f}" for m in names)
             for s in splits if s in data_baselines)]
+    undefined = stats.undefined_cells(rows, gap_rows, baseline)
+    if undefined:
+        text += ["Undefined cells, empty in results.csv: no gap uses them; a gap pairs only "
+                 "the seeds defined on both sides (its n_seeds in gaps.csv):"] + [
+            f"  {metric} undefined in {u['undefined']} of {u['cells']} cells (seed, proxy, "
+            f"size, split): {stats.UNDEFINED_WHY[metric]}; {u['fewer_seeds']} gaps over fewer "
+            f"seeds, {u['no_gap']} comparisons without a gap (no seed defined on both)."
+            for metric, u in undefined.items()] + [""]
     for metric, sign in (("same_pred", f"{baseline} minus split"),
                          ("jsd", f"split minus {baseline}"),
                          ("jsd_p99", f"split minus {baseline}")):
