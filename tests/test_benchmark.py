@@ -21,6 +21,7 @@ from jaxillusions import settings, train, validate
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_benchmark_smoke(config):
     saved = []  # what launch.benchmark would have written after each row and section
     report = suite.run(config, seed_counts=[2, 3], steps=2, repeats=1, loop_max_seeds=2,

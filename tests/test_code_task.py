@@ -224,6 +224,7 @@ def write_codesearchnet(root, n_python: int = 300, n_js: int = 60) -> tuple[str,
             str(root / "javascript" / "final" / "jsonl" / "**" / "*.jsonl.gz"))
 
 
+@pytest.mark.slow
 def test_codesearchnet_directory_through_the_launcher(tmp_path):
     """The documented CodeSearchNet command (launch.sweep with data.source and
     data.other_source overrides) on a generated directory of 360 functions: every function is

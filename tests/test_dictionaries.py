@@ -168,6 +168,7 @@ def test_seed_match_summary_averages_heads_then_seeds():
         stats.t_interval(np.array([0.75, 0.25, 0.75])))
 
 
+@pytest.mark.slow
 def test_a_sweep_with_sae_writes_the_dictionary_tables(tiny_sweep, sae_sweep):
     # Without sae (the shared tiny sweep: svd and one-hot attention) there is none.
     assert not [f for f in os.listdir(tiny_sweep) if f.startswith("dictionaries")]

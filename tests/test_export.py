@@ -279,6 +279,7 @@ def _site_values(workdir, seed, site, head):
     return np.asarray(cache[site][:, :, head])[np.asarray(tokens) != tasks.PAD], tokens
 
 
+@pytest.mark.slow
 def test_saelens_from_workdir(sae_sweep, tmp_path):
     pytest.importorskip("safetensors")
     from jaxillusions import export
@@ -310,6 +311,7 @@ def test_saelens_from_workdir(sae_sweep, tmp_path):
         export.sae_params(sae_sweep, 7, site, 8, head=0)
 
 
+@pytest.mark.slow
 def test_saelens_loads_and_reconstructs(sae_sweep, tmp_path):
     """SAELens itself (skipped without it): SAE.load_from_disk of the export reconstructs the
     seed's activations as sae.apply does, read from our forward and from the TL export's hook."""

@@ -66,6 +66,7 @@ def test_specs_from_config_resolve_last_layer_and_sizes(trained):
         F.specs_from_config(config.proxies, model_cfg)
 
 
+@pytest.mark.slow
 def test_batched_evaluation_equals_item_by_item(trained):
     config, splits, model_cfg, params = trained
     specs = [F.ProxySpec("svd", ("blocks.1.attn.k",), (1, 4, 16), (("center", False),)),
@@ -151,6 +152,7 @@ def test_batched_evaluation_equals_item_by_item(trained):
                                                                abs=tol.EPS32)
 
 
+@pytest.mark.slow
 def test_demo_families_compile_once_per_method_at_any_width(trained):
     """The demo's 8 families (svd and k-means on q, k and q+k; one-hot and uniform attention)
     on splits of two widths: one compilation of the evaluation per proxy method (it was one
@@ -218,6 +220,7 @@ def test_unhealthy_seed_rows_are_left_out(trained):
         F.make_eval_set(splits, ["iid", "nonsense"])
 
 
+@pytest.mark.slow
 def test_sweep_end_to_end_writes_table_figures_and_tensorboard(trained, tmp_path):
     config = trained[0]
     config.proxies.methods = ("svd", "kmeans", "uniform_attention")

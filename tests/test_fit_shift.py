@@ -71,6 +71,7 @@ def shifted(tmp_path_factory):
     return workdir
 
 
+@pytest.mark.slow
 def test_extra_fits_leave_results_csv_as_the_dyck_regression_fixture(shifted):
     """Fitting on OOD splits too changes no number of results.csv (the train fit, evaluated on
     whole splits): the same comparison as test_tasks' regression test."""

@@ -199,6 +199,7 @@ def _read(path):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_a_tiny_sweep_writes_geometry_and_repair(tiny_sweep, tmp_path, cache_dir):
     """Geometry and repair switched on for a finished tiny sweep: training and the proxy stages
     are reused; the new CSVs and the figure are written; a second M list recomputes only the

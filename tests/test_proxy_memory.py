@@ -181,6 +181,7 @@ def _assert_same_rows(a, b, sums, setup):
     assert all(compared.values()), compared  # each ratio is compared where it is defined
 
 
+@pytest.mark.slow
 def test_seed_chunks_equal_one_call(setup, one_call):
     # Chunks of 2 seeds (3 seeds: 2 + 1 padded) for collection, fitting and evaluation.
     stats, fitted, rows, _ = _run(setup, 2)

@@ -444,6 +444,7 @@ def test_a_model_that_cannot_fit_is_a_one_line_error_before_any_work(config_file
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_the_resumed_run_is_bit_identical(tmp_path, cache_dir):
     # Was: exit 143 with nothing saved (up to checkpoint_every steps lost).
     steps = 60
@@ -919,6 +920,7 @@ def _env_without_jax_settings():
     return {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_FLAGS"))}
 
 
+@pytest.mark.slow
 def test_compiled_programs_are_reused_and_an_unreadable_entry_is_rewritten(tmp_path, cache_dir):
     # Was: every launch compiled every program again (on a GPU, minutes of the Quickstart job).
     config_file, xla = _config_file(tmp_path, cache_dir), tmp_path / "cache" / "xla"
@@ -954,6 +956,7 @@ def test_compiled_programs_are_reused_and_an_unreadable_entry_is_rewritten(tmp_p
     assert err == ""
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs unprivileged mounts (unshare -rm)")
 def test_compilation_cache_on_a_full_disk_is_one_warning(tmp_path, cache_dir):
     config_file, disk = _config_file(tmp_path, cache_dir), tmp_path / "disk"
@@ -969,6 +972,7 @@ def test_compilation_cache_on_a_full_disk_is_one_warning(tmp_path, cache_dir):
     assert "No space left on device" in line and "not cached; the run goes on" in line
 
 
+@pytest.mark.slow
 def test_a_cache_path_that_is_a_file_is_two_warning_lines(tmp_path):
     # Was: the data cache's warning on two lines (shown twice: launch.train loaded the data a
     # second time) and a read error of the compilation cache reported as if an entry were bad.

@@ -429,6 +429,7 @@ def _fvu_terms(x, x_hat, valid) -> dict:
             "total": float(((x - x.mean(0)) ** 2).sum()), "err": float(((x - x_hat) ** 2).sum())}
 
 
+@pytest.mark.slow
 def test_engine_fits_and_scores_dictionaries(trained):
     """The engine collects the transcoder's (MLP input, MLP output) pairs, fits SAEs and
     transcoders per seed, and its results carry fvu, l0, dead, ce_score and kl_score equal to

@@ -189,6 +189,7 @@ def _assert_close(result: dict, reference: dict, prefix: str = "") -> None:
             assert np.array_equal(got, value, equal_nan=value.dtype.kind == "f"), key
 
 
+@pytest.mark.slow
 def test_sharded_sweep_equals_one_device(one_device, cache_dir, tmp_path):
     # 6 seeds on 4 devices (2 padding seeds), stopped at step 10 and resumed from the sharded
     # checkpoint; then the same seeds in 2 chunks of 4. The one-device numbers up to float32
@@ -234,6 +235,7 @@ def test_seed_chunks_equal_one_chunk(one_device, cache_dir):
     assert distributed.seed_chunks(6, 4)[1].tolist() == [4, 5, 5, 5]
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one(one_device, cache_dir, tmp_path):
     # Two processes with one CPU device each, joined with jax.distributed over 127.0.0.1
     # (gloo collectives): each trains and evaluates its 3 seeds; process 0 gathers them and
@@ -264,6 +266,7 @@ def test_missing_process_is_named(tmp_path, cache_dir):
         f"error: process 1 of 2 did not join the coordinator at 127.0.0.1:{port} within 3 s")
 
 
+@pytest.mark.slow
 def test_a_signal_to_one_process_stops_all_at_the_same_proxy_family(tmp_path, cache_dir):
     # Was: the signalled process left after its family, and process 0 failed in the next
     # collective with "error: JaxRuntimeError: ... Gloo AllGather failed ..." (exit 1).
@@ -400,6 +403,7 @@ def test_memory_plan_admits_configs_code_on_one_80gb_gpu_and_not_on_8gb():
         memory.check_config(whole, model_cfg, gpu(59.4))
 
 
+@pytest.mark.slow
 def test_a_killed_peer_is_named_in_one_line(tmp_path, cache_dir):
     # Was: "error: UNKNOWN: Gloo AllGather failed ... Connection reset by peer" on the survivor.
     config_file = tiny_config_file(tmp_path / "config.py", cache_dir, {
@@ -434,6 +438,7 @@ def _two_processes(module: str, config_file, workdir, port: int) -> list[subproc
         for i in range(2)]
 
 
+@pytest.mark.slow
 def test_config_cpu_devices_sets_the_launchers_devices(tmp_path, cache_dir):
     # cpu_devices=2 (the Quickstart config's value): the launcher splits the CPU before JAX
     # starts, and training says it runs on both devices.

@@ -33,6 +33,7 @@ def _read(path: str) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_dyck_results_unchanged_by_the_task_interface_and_by_adding_dictionaries(tmp_path):
     """Same rows (keys and position counts exactly) and metrics as before the refactor, with
     an SAE and a transcoder added to the run (they change no number of the other proxies);

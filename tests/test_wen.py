@@ -181,6 +181,7 @@ def test_contrastive_regularizer_is_zero_iff_logits_ignore_balanced_prefixes():
     assert float(dyck_task.contrastive_loss(blind, x, logits_x, key, cfg, D)) == 0.0
 
 
+@pytest.mark.slow
 def test_vmapped_lambda_sweep_equals_single_runs(config):
     config.train.contrastive_weights = (0.0, 0.5)
     config.train.loss_on = "closing"
@@ -366,6 +367,7 @@ def test_length_prefixes_are_valid_and_scoring_matches_numpy():
 # ----------------------------------------------------------------------------- the main job
 
 
+@pytest.mark.slow
 def test_sweep_runs_the_wen_stage_and_proxies_with_a_lambda_axis(config, tmp_path):
     import pandas as pd
 
