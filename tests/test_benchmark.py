@@ -116,6 +116,7 @@ def test_compute_dtype_is_a_validated_training_key(config):
     assert train.model_config(config).compute_dtype == "bfloat16"
 
 
+@pytest.mark.slow
 def test_benchmark_sweep_runs_on_every_device(cache_dir):
     # With 4 CPU devices, 3 seeds run as launch.train runs them: padded to 4, one per device;
     # the reported rate counts the 3 real seeds.

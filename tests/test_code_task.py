@@ -148,6 +148,7 @@ def code_sweep(tmp_path_factory) -> tuple[ConfigDict, str]:
     return config, workdir
 
 
+@pytest.mark.slow
 def test_tiny_code_sweep_end_to_end(code_sweep):
     config, workdir = copy.deepcopy(code_sweep[0]), code_sweep[1]
     with open(os.path.join(workdir, "results.csv")) as f:
@@ -267,6 +268,7 @@ def test_codesearchnet_directory_through_the_launcher(tmp_path):
 
 
 
+@pytest.mark.slow
 def test_sweep_probes_induction_heads_once_and_again_when_its_settings_change(code_sweep,
                                                                              tmp_path):
     """The main job's induction stage: induction.csv per seed/layer/head, the per-seed best head

@@ -22,6 +22,7 @@ def trained(tmp_path_factory):
     return trained_tiny(tiny_config(str(tmp_path_factory.mktemp("cache"))))
 
 
+@pytest.mark.slow
 def test_collect_streams_exact_moments_and_samples(trained):
     config, splits, model_cfg, params = trained
     spec = F.ProxySpec("kmeans", ("blocks.1.attn.k", "blocks.1.resid_mid"), (2,))

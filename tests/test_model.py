@@ -116,6 +116,7 @@ def test_position_offset_shifts_positions(pos):
     np.testing.assert_array_equal(plain[0], shifted[0])
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_dtype_is_mixed_precision():
     cfg32, params, tokens = _setup(n_heads=2)
     cfg16 = model_lib.ModelConfig(**{**cfg32.__dict__, "compute_dtype": "bfloat16"})

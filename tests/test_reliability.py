@@ -99,6 +99,7 @@ def _resume(trained, workdir, **kwargs):
 # 1, 2: checkpoint recovery.
 
 
+@pytest.mark.slow
 def test_broken_newest_checkpoint_falls_back_to_the_older_one(trained, tmp_path, capsys):
     # Was: checkpoints 20 and 10 both moved aside ("Must provide `args` of type `Composite`"),
     # the next relaunch trained from 0. Now a fresh manager restores 10.
@@ -506,6 +507,7 @@ def test_second_launch_is_refused_and_a_dead_holder_is_taken_over(tmp_path, cach
 # 8: every seed diverged.
 
 
+@pytest.mark.slow
 def test_all_seeds_diverged_stops_with_an_error(config):
     # Was: trained to the end, fitted proxies on nothing, wrote an empty table, exited 0.
     config.train.learning_rate = 1e30
@@ -542,6 +544,7 @@ def swept(tmp_path_factory, cache_dir, no_reports):
         return {"config": config, "workdir": workdir, "csv": f.read()}
 
 
+@pytest.mark.slow
 def test_finished_sweep_is_left_as_it_is(swept, tmp_path, capsys):
     # Was: all proxy work redone, results rewritten, hparams and images duplicated.
     workdir = str(tmp_path / "run")
@@ -844,6 +847,7 @@ def test_split_checks_refuse_one_class_and_no_evaluated_positions(config):
         train.build(config, none)
 
 
+@pytest.mark.slow
 def test_a_data_error_leaves_a_fresh_workdir_unclaimed(tmp_path, cache_dir):
     # Was: config.json written before the data error, so the relaunch with the fixed data config
     # was refused as "a different config". (Dyck-1 with these sizes: the data cannot be made.)

@@ -84,6 +84,7 @@ def test_auxk_loss_trains_dead_latents_only():
     assert not g["W_enc"][:, 7].any() and not g["W_dec"][7].any()
 
 
+@pytest.mark.slow
 def test_vmapped_fit_equals_per_seed_and_width_fits():
     """Seeds x widths in one program (vmap over seeds, padding to the widest) equals each
     (seed, width) fitted alone. Tolerance 1e-5: the padded and batched matmuls may round
@@ -287,6 +288,7 @@ def test_transcoder_fits_a_known_sparse_relu_map():
     assert proxies.get("transcoder") is transcoder  # a method: adding the file registered it
 
 
+@pytest.mark.slow
 def test_transcoder_intervention_replaces_one_mlp():
     """Fitted on one block's (MLP input, MLP output) pairs of a small model, the transcoder
     replaces that MLP inside forward: the site holds the transcoder's output of the block's

@@ -320,6 +320,7 @@ def test_memory_estimate_suggests_a_chunk_size_that_fits():
     assert fits.fits and "WARNING" not in memory.describe(fits)
 
 
+@pytest.mark.slow
 def test_chunked_evaluation_equals_one_call(config):
     # Evaluation runs in the chunks that training uses: 5 seeds in chunks of 2 (the last one
     # padded) against one call for all 5. Each seed's numbers come from its own forward pass,

@@ -18,6 +18,7 @@ def _leaves(tree):
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
+@pytest.mark.slow
 def test_seeds_trained_together_equal_seeds_trained_alone(config):
     splits, _, _ = train.build(config)
     together, _ = train.train_sweep(config, splits=splits, seeds=[3, 7], verbose=False)
@@ -40,6 +41,7 @@ def test_interrupted_then_resumed_run_ends_with_same_parameters(config, tmp_path
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_tiny_config_learns_closing_brackets(config):
     config.train.num_steps = 400
     config.train.learning_rate = 1e-2
@@ -53,6 +55,7 @@ def test_tiny_config_learns_closing_brackets(config):
     assert np.isfinite(by_depth[:, 1]).all()
 
 
+@pytest.mark.slow
 def test_position_offset_trains_positions_past_the_training_length(config):
     splits, model_cfg, tx = train.build(config)
     width = splits["train"].tokens.shape[1] - 1  # training inputs: positions 0 .. width - 1
@@ -77,6 +80,7 @@ def test_position_offset_trains_positions_past_the_training_length(config):
         train.build(config, splits)
 
 
+@pytest.mark.slow
 def test_nan_seed_is_isolated_and_flagged(config):
     splits, model_cfg, tx = train.build(config)
     tokens = jnp.asarray(splits["train"].tokens)

@@ -98,6 +98,7 @@ def test_bad_minimal_configs_are_one_line_errors():
         _cfg(embedding="onehot", d_model=4)
 
 
+@pytest.mark.slow
 def test_frozen_tables_do_not_move_and_the_rest_trains(config):
     config.model.update(first_layer="minimal", pos_encoding="none", d_model=64, attn_only=True)
     _, model_cfg, tx = train.build(config)
@@ -165,6 +166,7 @@ def test_contrastive_prefixes_are_balanced_with_exactly_one_extra_pair():
     assert shapes == {(n, j) for n in range(D + 1) for j in range(min(n, D - 1) + 1)}
 
 
+@pytest.mark.slow
 def test_contrastive_regularizer_is_zero_iff_logits_ignore_balanced_prefixes():
     cfg = _cfg(max_len=60)
     params = model_lib.init_params(jax.random.PRNGKey(2), cfg)
