@@ -36,8 +36,9 @@ COLUMNS = ("fvu", "l0", "dead", "ce_score", "kl_score")
 
 def enabled(module) -> bool:
     """Whether a proxy module's families get the dictionary metrics: data-dependent vector
-    proxies."""
-    return module.SITE == "vector" and module.STATISTIC is not None
+    proxies, but not a lens (it writes another site than it reads: no reconstruction)."""
+    return (module.SITE == "vector" and module.STATISTIC is not None
+            and not hasattr(module, "output_site"))
 
 
 def cache_sites(module, sites) -> tuple[str, ...]:
