@@ -27,9 +27,8 @@ Columns of probes.csv (one row per seed, site, concept, evaluation split):
                    erasure? At the fit data this is chance by construction; on another split
                    erasure fitted in distribution may leave the concept decodable
   refit_chance_acc the fit half's most frequent class, scored on the evaluation half
-probes.txt: per site and concept, means with 95% intervals over seeds and paired differences
-(analysis/stats.py): probe_acc on each split against the gap baseline, and erased_refit_acc -
-refit_chance_acc (what erasure leaves) against refit_acc - refit_chance_acc (what was there).
+probes.txt (analysis/probes.py): per site and concept, means with 95% intervals over seeds and
+paired differences: probe_acc on each split against the gap baseline, and what erasure leaves.
 """
 
 from __future__ import annotations
@@ -44,7 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxillusions import distributed, faithfulness, fit_shift, stages, tasks
-from jaxillusions.analysis import stats, tables
+from jaxillusions.analysis import probes as probes_report
+from jaxillusions.analysis import tables
 from jaxillusions.proxies import erasure
 
 COLUMNS = ("seed", "site", "concept", "split", "n", "n_seen", "probe_acc", "probe_acc_seen",
@@ -247,7 +247,7 @@ def run(params, healthy, seeds, splits, model_cfg, config, workdir: str, files, 
         return
     with stages.writing("report", os.path.join(workdir, "probes.csv")):
         tables.write_csv(rows, os.path.join(workdir, "probes.csv"), COLUMNS)
-    text = report(rows, pc.gap_baseline)
+    text = probes_report.report(rows, pc.gap_baseline)
     with stages.writing("report", os.path.join(workdir, "probes.txt")), \
             open(os.path.join(workdir, "probes.txt"), "w") as f:
         f.write(text + "\n")
@@ -260,64 +260,3 @@ def report_lines(config, workdir: str) -> list[str]:
         return []
     with open(path) as f:
         return ["", *f.read().rstrip("\n").split("\n")]
-
-
-# ---------------------------------------------------------------------------------------------
-# probes.txt
-
-
-def _by(rows, *keys) -> dict:
-    out: dict = {}
-    for r in rows:
-        out.setdefault(tuple(r[k] for k in keys), {})[r["seed"]] = r
-    return out
-
-
-def _paired(a: dict, b: dict, f) -> np.ndarray:
-    """f(row of a, row of b) on the seeds in both."""
-    return np.array([f(a[s], b[s]) for s in sorted(set(a) & set(b))], np.float64)
-
-
-def _interval(summary: dict) -> str:
-    return (f"{summary['mean']:+.3f} [{summary['ci_low']:+.3f},{summary['ci_high']:+.3f}] "
-            f"{summary['seeds_positive']}/{summary['n_seeds']}")
-
-
-def report(rows: list[dict], baseline: str) -> str:
-    """The text of probes.txt (module docstring): intervals are 95% over seeds, Student-t on
-    (paired) per-seed differences; accuracies' intervals on the logit scale."""
-    lines = ["Linear probes and concept erasure (probes.csv; docs/lenses.md): means over seeds "
-             "[95% interval] and seeds > 0 / seeds."]
-    table = _by(rows, "site", "concept", "split")
-    header = (f"  {'split':<18}{'probe_acc':<22}{'gap':<28}{'left':<28}"
-              f"{'left - left on ' + baseline:<28}decodable")
-    for site, concept in dict.fromkeys((k[0], k[1]) for k in table):
-        splits = [k[2] for k in table if k[:2] == (site, concept)]
-        base = table.get((site, concept, baseline), {})
-        lines += ["", f"{site}, concept {concept} ({len(base)} seeds):", header]
-        for split in splits:
-            per_seed = table[(site, concept, split)]
-            mean, low, high = stats.bounded_interval(
-                np.array([r["probe_acc"] for r in per_seed.values()]))
-            gap = more = ""
-            if split != baseline:
-                gap = _interval(stats.paired_summary(_paired(
-                    base, per_seed, lambda b, s: b["probe_acc"] - s["probe_acc"])))
-                more = _interval(stats.paired_summary(_paired(
-                    base, per_seed, lambda b, s: _left(s) - _left(b))))
-            left = _interval(stats.paired_summary(np.array([_left(r) for r in per_seed.values()])))
-            there = _interval(stats.paired_summary(np.array(
-                [r["refit_acc"] - r["refit_chance_acc"] for r in per_seed.values()])))
-            lines.append(f"  {split:<18}{f'{mean:.3f} [{low:.3f},{high:.3f}]':<22}{gap:<28}"
-                         f"{left:<28}{more:<28}{there}")
-    lines += ["", f"gap: probe_acc on {baseline} minus on the split (> 0: the train-fitted probe "
-              "is less right there). left: erased_refit_acc - refit_chance_acc, the accuracy "
-              "above chance of a probe fitted on the split's fit half after the train-fitted "
-              "LEACE, scored on its evaluation half (> 0: erasure left the concept decodable); "
-              f"left - left on {baseline}: paired, what erasure leaves beyond what it leaves in "
-              "distribution; decodable: refit_acc - refit_chance_acc, the same without erasure."]
-    return "\n".join(lines)
-
-
-def _left(row: dict) -> float:
-    return row["erased_refit_acc"] - row["refit_chance_acc"]

@@ -274,3 +274,22 @@ def test_a_tiny_sweep_with_lenses_erasure_and_probes(tiny_sweep, tmp_path, cache
         assert 0 <= r["refit_chance_acc"] <= 1 and r["n_seen"] <= r["n"]
     deep = [r for r in table if (r["concept"], r["split"]) == ("depth", "unseen_depth")]
     assert all(r["n_seen"] < r["n"] for r in deep)  # depths beyond training's
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"methods": ("erasure",)}, "proxy 'erasure' needs config.proxies.concepts"),
+    ({"concepts": ("category",)}, "'category' is not a concept of task dyck"),
+    ({"concepts": ("depth",), "probe_sites": ("blocks.0.attn.pattern",)}, "not a vector site"),
+    ({"probe_sites": ("blocks.0.resid_mid",)}, "needs proxies.concepts"),
+    ({"methods": ("tuned_lens",), "tuned_lens_targets": ("blocks.0.resid_mid",),
+      "tuned_lens_ranks": (17,)}, r"ranks \[17\] exceed d_model 16"),
+    ({"methods": ("logit_lens",)}, "must be one residual-stream site"),  # proxies.targets: k
+])
+def test_bad_lens_probe_and_erasure_settings_are_one_line_errors(config, keys, message):
+    from jaxillusions import validate
+
+    for key, value in keys.items():
+        setattr(config.proxies, key, value)
+    with pytest.raises(ValueError, match=message) as err:
+        validate.check(config)
+    assert "\n" not in str(err.value)

@@ -45,12 +45,6 @@ def settings(proxy_cfg, dim: int) -> tuple[tuple[int, ...], tuple]:
     return tuple(range(len(proxy_cfg.concepts))), ()
 
 
-def check(sizes: tuple[int, ...], proxy_cfg, dim: int, target: str) -> None:
-    if not proxy_cfg.concepts:
-        raise ValueError(f"erasure on {target}: needs the concepts to erase in proxies.concepts "
-                         "(the task's CONCEPTS, e.g. ('depth', 'bracket') for dyck)")
-
-
 def leace(x: jax.Array, z: jax.Array, valid: jax.Array, *, num_classes: int = MAX_CONCEPT_CLASSES,
           tol: float = TOL) -> dict:
     """x [N, F], classes z int [N] (< 0: undefined), valid bool [N] -> the LEACE eraser of the
