@@ -12,8 +12,14 @@ of the training sentences):
     eigenvalue), predicting the argmax; closed form, batched over seeds. Least squares, not
     logistic regression: it is exact, deterministic and LEACE's own notion of linear (after
     LEACE the least-squares probe is constant);
-  - the eraser: erasure.leace, the erasure proxy's (all heads of a site at once here).
+  - the eraser: the erasure proxy's (erasure.leace, fitted by faithfulness.fit_one), per head;
+    a site's probe reads all its heads at once.
+Closed form, batched over seeds, on the host in float64 (the eraser in float32, as the proxy's).
 Every position of a split where the concept is defined counts (not only evaluated ones).
+Besides the evaluation splits, rows of split `train_heldout`: training sentences after those
+the fit sample reads, as many as the largest evaluation split, drawn from the training
+distribution itself (Dyck's `iid` is not: it holds sentences absent from train, so longer ones
+than train's average).
 
 Columns of probes.csv (one row per seed, site, concept, evaluation split):
   n, n_seen        positions with the concept defined; those of a class seen in the fit sample
@@ -33,25 +39,24 @@ paired differences: probe_acc on each split against the gap baseline, and what e
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxillusions import distributed, faithfulness, fit_shift, stages, tasks
 from jaxillusions.analysis import probes as probes_report
 from jaxillusions.analysis import tables
-from jaxillusions.proxies import erasure
 
+# A reference row: training sentences the probes and the eraser were not fitted on, as many as
+# the largest evaluation split (the measure's in-distribution floor).
+HELDOUT = "train_heldout"
 COLUMNS = ("seed", "site", "concept", "split", "n", "n_seen", "probe_acc", "probe_acc_seen",
            "chance_acc", "refit_acc", "erased_refit_acc", "refit_chance_acc")
 ROWS_FILE = "probes_rows.json"
 REPORTS = ("probes.csv", "probes.txt")
-_HI = jax.lax.Precision.HIGHEST
 
 
 def enabled(config) -> bool:
@@ -84,75 +89,71 @@ def check_config(config, model_cfg) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The closed-form pieces, for one seed (vmapped over seeds).
+# The closed-form pieces, batched over leading axes (seeds), on the host in float64: small
+# linear algebra that needs no compilation (and a jitted program of nested vmaps over seeds and
+# splits of these solves wedged XLA:CPU's Eigen thread pool on the 2-core machine).
 
 
-def fit_probe(x: jax.Array, z: jax.Array, weight: jax.Array, ridge: float,
-              num_classes: int = tasks.MAX_CONCEPT_CLASSES) -> dict:
-    """Ridge least squares of the one-hot class on x [N, F] over the rows with weight > 0 and
-    z >= 0 -> {"coef": [F, K], "bias": [K]}; predict with `predict`."""
+def fit_probe(x: np.ndarray, z: np.ndarray, weight: np.ndarray, ridge: float,
+              num_classes: int | None = None) -> dict:
+    """Ridge least squares of the one-hot class on x [..., N, F] (leading axes: seeds) over
+    the rows with weight > 0 and z >= 0 (z [N], weight [N], shared by the leading axes) ->
+    {"coef": [..., F, K], "bias": [..., K]}; predict with `predict`."""
+    x = np.asarray(x, np.float64)
     f = x.shape[-1]
-    w = (weight * (z >= 0)).astype(jnp.float32)
-    n = jnp.maximum(w.sum(), 1.0)
-    x = jnp.where(w[:, None] > 0, x.astype(jnp.float32), 0.0)
-    mean = (w @ x) / n
-    xc = (x - mean) * w[:, None]
-    y = jax.nn.one_hot(z, num_classes, dtype=jnp.float32) * w[:, None]
+    k = num_classes or int(max(z.max(initial=0), 0)) + 1
+    w = (np.asarray(weight, np.float64) * (z >= 0))[:, None]
+    n = max(w.sum(), 1.0)
+    mean = (w * x).sum(-2) / n
+    xc = (x - mean[..., None, :]) * w
+    y = np.eye(k)[np.maximum(z, 0)] * w
     mean_y = y.sum(0) / n
-    cov = jnp.matmul(xc.T, xc, precision=_HI) / n
+    cov = np.swapaxes(xc, -1, -2) @ xc / n
     # Relative ridge; the floor keeps a constant x (every feature erased) solvable.
-    lam = ridge * jnp.maximum(jnp.trace(cov) / f, jnp.finfo(jnp.float32).tiny)
-    coef = jnp.linalg.solve(cov + lam * jnp.eye(f),
-                            jnp.matmul(xc.T, (y - mean_y) * w[:, None], precision=_HI) / n)
-    return {"coef": coef, "bias": mean_y - jnp.matmul(mean, coef, precision=_HI)}
+    lam = ridge * np.maximum(np.trace(cov, axis1=-2, axis2=-1) / f, np.finfo(np.float64).tiny)
+    coef = np.linalg.solve(cov + lam[..., None, None] * np.eye(f),
+                           np.swapaxes(xc, -1, -2) @ ((y - mean_y) * w) / n)
+    return {"coef": coef, "bias": mean_y - (mean[..., None, :] @ coef)[..., 0, :]}
 
 
-def predict(probe: dict, x: jax.Array) -> jax.Array:
-    """The probe's class for x [..., F]: the argmax of its scores. A class absent from the fit
-    data scores 0 while the scores sum to 1, so it is never predicted."""
-    return jnp.argmax(jnp.matmul(x.astype(jnp.float32), probe["coef"], precision=_HI)
-                      + probe["bias"], axis=-1)
+def predict(probe: dict, x: np.ndarray) -> np.ndarray:
+    """The probe's class for x [..., N, F]: the argmax of its scores. A class absent from the
+    fit data scores 0 while the scores sum to 1, so it is never predicted."""
+    return np.argmax(np.asarray(x, np.float64) @ probe["coef"] + probe["bias"][..., None, :],
+                     axis=-1)
 
 
-def _majority(z: jax.Array, weight: jax.Array, num_classes: int) -> jax.Array:
-    counts = (jax.nn.one_hot(z, num_classes) * (weight * (z >= 0))[:, None]).sum(0)
-    return jnp.argmax(counts)
+def erase(eraser: dict, x: np.ndarray) -> np.ndarray:
+    """erasure.erase on the host: one eraser per seed and head (leaves [S, G, ...]), x
+    [S, G, N, F]."""
+    delta = (x - eraser["mean"][..., None, :]) @ np.swapaxes(eraser["right"], -1, -2)
+    return x - delta @ np.swapaxes(eraser["left"], -1, -2)
 
 
-@functools.partial(jax.jit, static_argnames=("ridge",))
-def _table(x_fit, z_fit, x_ev, z_ev, fit_half, *, ridge: float) -> dict:
-    """One site and concept. x_fit [S, N, F], z_fit [N] (the fit sample; z < 0: undefined),
-    x_ev [S, P, M, F], z_ev [P, M] (P splits padded to M positions with z = -1), fit_half
-    [P, M] -> sums [S, P] per metric (COLUMNS' counts and correct predictions)."""
-    k = tasks.MAX_CONCEPT_CLASSES
-    ones = jnp.ones(z_fit.shape, jnp.float32)
-    seen = jnp.zeros(k, jnp.int32).at[jnp.maximum(z_fit, 0)].add(z_fit >= 0) > 0
-    chance = _majority(z_fit, ones, k)
+def _majority(z: np.ndarray, weight: np.ndarray) -> int:
+    return int(np.argmax(np.bincount(z[(z >= 0) & (weight > 0)], minlength=1)))
 
-    def one_seed(x, xs):
-        probe = fit_probe(x, z_fit, ones, ridge)
-        eraser = erasure.leace(x, z_fit, jnp.ones(z_fit.shape, bool))
 
-        def one_split(xs, z, half):
-            defined = z >= 0
-            on_seen = defined & seen[jnp.maximum(z, 0)]
-            right = predict(probe, xs) == z
-            fit_w = (half & defined).astype(jnp.float32)
-            held = ~half & defined
+def _split_sums(probe, eraser, chance: int, seen: np.ndarray, x: np.ndarray, z: np.ndarray,
+                half: np.ndarray, ridge: float) -> dict:
+    """One split: x [S, G, M, F] (every position), z [M], half [M] (in the fit half) -> counts
+    [S] of COLUMNS' positions and correct predictions."""
+    whole = _whole_site(x)
+    defined = z >= 0
+    on_seen = defined & seen[np.maximum(z, 0)]
+    right = predict(probe, whole) == z
+    fit_w = (half & defined).astype(np.float64)
+    held = ~half & defined
 
-            def refit(values):
-                return (predict(fit_probe(values, z, fit_w, ridge), values) == z) & held
+    def refit(values):
+        return ((predict(fit_probe(values, z, fit_w, ridge), values) == z) & held).sum(-1)
 
-            return {"n": defined.sum(), "n_seen": on_seen.sum(),
-                    "probe": (right & defined).sum(), "probe_seen": (right & on_seen).sum(),
-                    "chance": ((z == chance) & defined).sum(), "held": held.sum(),
-                    "refit": refit(xs).sum(),
-                    "erased_refit": refit(erasure.erase(eraser, xs)).sum(),
-                    "refit_chance": ((z == _majority(z, fit_w, k)) & held).sum()}
-
-        return jax.vmap(one_split)(xs, z_ev, fit_half)
-
-    return jax.vmap(one_seed)(x_fit, x_ev)
+    return {"n": np.full(len(x), defined.sum()), "n_seen": np.full(len(x), on_seen.sum()),
+            "probe": (right & defined).sum(-1), "probe_seen": (right & on_seen).sum(-1),
+            "chance": np.full(len(x), ((z == chance) & defined).sum()),
+            "held": np.full(len(x), held.sum()), "refit": refit(whole),
+            "erased_refit": refit(_whole_site(erase(eraser, x))),
+            "refit_chance": np.full(len(x), ((z == _majority(z, fit_w)) & held).sum())}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,10 +165,22 @@ def _whole_site(x: np.ndarray) -> np.ndarray:
     return np.moveaxis(x, 1, 2).reshape(x.shape[0], x.shape[2], -1)
 
 
+def heldout_train(train, num_samples: int, size: int):
+    """The `size` training sentences after those the fit sample reads (its first num_samples
+    positions), or fewer if train ends first; None if none is left."""
+    ends = np.cumsum((train.tokens != tasks.PAD).sum(1))  # positions up to each sentence
+    used = int(np.searchsorted(ends, num_samples)) + 1
+    if used >= len(ends):
+        return None
+    return fit_shift.subset(train, np.arange(used, min(used + size, len(ends))))
+
+
 def compute(params, healthy, seeds, splits, model_cfg, config, say=print) -> list[dict]:
     """The rows of probes.csv (module docstring)."""
     pc, task = config.proxies, tasks.get(config)
     sites = tuple(faithfulness.resolve_site(s, model_cfg) for s in pc.probe_sites)
+    # The erasure proxy on the probe sites: its sample, and its erasers (fitted as the
+    # proxy's, per head).
     spec = faithfulness.ProxySpec("erasure", sites, tuple(range(len(pc.concepts))))
     chunking = dict(seed_chunk_size=pc.seed_chunk_size, say=say)
 
@@ -179,31 +192,33 @@ def compute(params, healthy, seeds, splits, model_cfg, config, say=print) -> lis
 
     train = fit_shift.fit_data(splits, "train", config)
     fit = sample(train, pc.kmeans_samples)
-    names = list(pc.eval_splits)
-    evals, sentence = {}, {}
-    for name in names:
-        valid = splits[name].tokens != tasks.PAD
-        evals[name] = sample(splits[name], int(valid.sum()))  # every position
-        # The collected positions are every valid one in row-major order: their sentences.
-        sentence[name] = np.nonzero(valid)[0]
-    width = max(len(sentence[n]) for n in names)
-    fit_half = np.zeros((len(names), width), bool)
-    for p, name in enumerate(names):
-        first = fit_shift.halves(len(splits[name].tokens), config.seed)[0]
-        fit_half[p, :len(sentence[name])] = np.isin(sentence[name], first)
-    rows = []
+    erasers = faithfulness.fit_one(spec, 0, fit, jax.random.PRNGKey(config.seed), len(seeds),
+                                   **chunking).params
+    sets = {n: splits[n] for n in pc.eval_splits}
+    heldout = heldout_train(train, pc.kmeans_samples, max(len(v.tokens) for v in sets.values()))
+    if heldout is not None:  # the in-distribution reference of erasure: unseen training rows
+        sets = {HELDOUT: heldout, **sets}
+    names, rows = list(sets), []
+    halves = {n: fit_shift.halves(len(sets[n].tokens), config.seed)[0] for n in names}
+    sentence = {n: np.nonzero(sets[n].tokens != tasks.PAD)[0] for n in names}
+    # Every position of each split, in row-major order (whose sentences `sentence` lists).
+    evals = {n: sample(sets[n], len(sentence[n])) for n in names}
     for site in sites:
         x_fit = _whole_site(fit[site]["labelled"]["x"])
         z_fit = fit[site]["labelled"]["z"][0, 0]  # [N, C], the same for every seed and head
-        x_ev = np.stack([np.pad(_whole_site(evals[n][site]["labelled"]["x"]),
-                                ((0, 0), (0, width - len(sentence[n])), (0, 0))) for n in names],
-                        axis=1)
         for c, concept in enumerate(pc.concepts):
-            z_ev = np.stack([np.pad(evals[n][site]["labelled"]["z"][0, 0, :, c],
-                                    (0, width - len(sentence[n])), constant_values=-1)
-                             for n in names])
-            sums = jax.device_get(_table(x_fit, z_fit[:, c], x_ev, z_ev, fit_half,
-                                         ridge=pc.probe_ridge))
+            z = z_fit[:, c]
+            probe = fit_probe(x_fit, z, np.ones(len(z)), pc.probe_ridge,
+                              tasks.MAX_CONCEPT_CLASSES)
+            seen = np.bincount(z[z >= 0], minlength=tasks.MAX_CONCEPT_CLASSES) > 0
+            eraser = jax.tree.map(lambda a, c=c: np.asarray(a[:, :, c], np.float64),
+                                  erasers[site])
+            sums = [_split_sums(probe, eraser, _majority(z, np.ones(len(z))), seen,
+                                evals[n][site]["labelled"]["x"].astype(np.float64),
+                                evals[n][site]["labelled"]["z"][0, 0, :, c],
+                                np.isin(sentence[n], halves[n]), pc.probe_ridge)
+                    for n in names]
+            sums = {key: np.stack([s[key] for s in sums], axis=1) for key in sums[0]}  # [S, P]
             rows += _rows(sums, seeds, healthy, site, concept, names)
     return rows
 
@@ -233,7 +248,7 @@ def run(params, healthy, seeds, splits, model_cfg, config, workdir: str, files, 
     """The stage: rows (one stage file, proxies/probes_rows.json, stamped with the settings it
     used), then probes.csv and probes.txt in `workdir`."""
     pc = config.proxies
-    stamp = stages.stamp(sites=list(pc.probe_sites), concepts=list(pc.concepts),
+    stamp = stages.stamp(sites=list(pc.probe_sites), concepts=list(pc.concepts), heldout=True,
                          ridge=pc.probe_ridge, splits=list(pc.eval_splits), seed=config.seed,
                          samples=pc.kmeans_samples, batch=pc.collect_batch_size,
                          **fit_shift.fit_stamp(config))
@@ -247,7 +262,7 @@ def run(params, healthy, seeds, splits, model_cfg, config, workdir: str, files, 
         return
     with stages.writing("report", os.path.join(workdir, "probes.csv")):
         tables.write_csv(rows, os.path.join(workdir, "probes.csv"), COLUMNS)
-    text = probes_report.report(rows, pc.gap_baseline)
+    text = probes_report.report(rows, pc.gap_baseline, HELDOUT)
     with stages.writing("report", os.path.join(workdir, "probes.txt")), \
             open(os.path.join(workdir, "probes.txt"), "w") as f:
         f.write(text + "\n")

@@ -29,8 +29,8 @@ def _labelled(n: int = 3000, f: int = 6, k: int = 4, seed: int = 0, strength: fl
 def _accuracy(x, z, fit_x=None):
     """A ridge probe fitted on (fit_x or x, z), its accuracy on (x, z)."""
     fit_x = x if fit_x is None else fit_x
-    probe = probes.fit_probe(jnp.asarray(fit_x), jnp.asarray(z), jnp.ones(len(z)), 1e-6)
-    return float((np.asarray(probes.predict(probe, jnp.asarray(x))) == z).mean())
+    probe = probes.fit_probe(fit_x, z, np.ones(len(z)), 1e-6)
+    return float((probes.predict(probe, x) == z).mean())
 
 
 # ----------------------------------------------------------------------------- LEACE
@@ -283,13 +283,15 @@ def test_a_tiny_sweep_with_lenses_erasure_and_probes(tiny_sweep, tmp_path, cache
     with open(os.path.join(workdir, "probes.csv")) as f:
         header, *lines = f.read().splitlines()
     assert header.split(",") == list(probes.COLUMNS)
-    assert len(lines) == 2 * 2 * 3  # seeds x concepts x splits
+    # seeds x concepts x (splits and train_heldout, training sentences the fit did not read)
+    assert len(lines) == 2 * 2 * 4
     with open(os.path.join(workdir, "gap_table.txt")) as f:
         assert "Linear probes and concept erasure" in f.read()
     with open(os.path.join(workdir, "proxies", probes.ROWS_FILE)) as f:
         table = json.load(f)["value"]
     for r in table:
         assert 0 <= r["refit_chance_acc"] <= 1 and r["n_seen"] <= r["n"]
+    assert {r["split"] for r in table} == {"train_heldout", "iid", "unseen_depth", "longer"}
     deep = [r for r in table if (r["concept"], r["split"]) == ("depth", "unseen_depth")]
     assert all(r["n_seen"] < r["n"] for r in deep)  # depths beyond training's
 
@@ -311,3 +313,27 @@ def test_bad_lens_probe_and_erasure_settings_are_one_line_errors(config, keys, m
     with pytest.raises(ValueError, match=message) as err:
         validate.check(config)
     assert "\n" not in str(err.value)
+
+
+def test_heldout_training_sentences_follow_the_fit_sample(config):
+    """The fit sample reads the first num_samples positions; the held-out reference starts at
+    the first sentence it did not touch."""
+    train = tasks.get("dyck").load(config, verbose=False)["train"]
+    counts = (train.tokens != tasks.PAD).sum(1)
+    held = probes.heldout_train(train, int(counts[:10].sum()) + 1, 5)  # 1 position of row 10
+    np.testing.assert_array_equal(held.tokens, train.tokens[11:16])
+    assert probes.heldout_train(train, int(counts.sum()), 5) is None
+
+
+def test_probe_fit_batched_over_seeds_equals_a_loop():
+    xs, zs = zip(*[_labelled(n=400, seed=s) for s in range(3)], strict=True)
+    z = zs[0]  # shared labels, as at the same positions of every seed
+    weight = (np.arange(400) % 3 > 0).astype(np.float64)
+    batched = probes.fit_probe(np.stack(xs), z, weight, 1e-3)
+    for s in range(3):
+        one = probes.fit_probe(xs[s], z, weight, 1e-3)
+        # float64 throughout: a solve of 6 x 6 (condition ~1e2), far below 1e-9.
+        for key in ("coef", "bias"):
+            np.testing.assert_allclose(batched[key][s], one[key], rtol=1e-9, atol=1e-12)
+        np.testing.assert_array_equal(probes.predict(batched, np.stack(xs))[s],
+                                      probes.predict(one, xs[s]))
