@@ -49,28 +49,36 @@ def leace(x: jax.Array, z: jax.Array, valid: jax.Array, *, num_classes: int = MA
           tol: float = TOL) -> dict:
     """x [N, F], classes z int [N] (< 0: undefined), valid bool [N] -> the LEACE eraser of the
     rows that are valid and labelled: {"mean": [F], "left": [F, M], "right": [M, F]}, M =
-    min(F, num_classes), with erase(x) = x - ((x - mean) @ right.T) @ left.T."""
+    min(F, num_classes), with erase(x) = x - ((x - mean) @ right.T) @ left.T. With z [N, C]
+    (C concepts): one eraser per concept, leaves [C, ...], from ONE batched eigendecomposition
+    and ONE batched SVD: two LAPACK calls that XLA:CPU may run at once can deadlock its thread
+    pool (each waits for its batch's work, queued behind the other's, on a 2-core machine)."""
+    single = z.ndim == 1
+    z = z[:, None] if single else z
     f = x.shape[-1]
-    w = (valid & (z >= 0)).astype(jnp.float32)
-    n = jnp.maximum(w.sum(), 1.0)
-    x = jnp.where(w[:, None] > 0, x.astype(jnp.float32), 0.0)  # padding cannot leak in
-    mean = (w @ x) / n
-    xc = (x - mean) * w[:, None]
-    onehot = jax.nn.one_hot(z, num_classes, dtype=jnp.float32) * w[:, None]
-    zc = (onehot - onehot.sum(0) / n) * w[:, None]
-    sxx = jnp.matmul(xc.T, xc, precision=_HI) / n
-    sxz = jnp.matmul(xc.T, zc, precision=_HI) / n
-    lam, vecs = jnp.linalg.eigh(0.5 * (sxx + sxx.T))
+    x = jnp.where(valid[:, None], x.astype(jnp.float32), 0.0)  # padding cannot leak in
+    w = (valid[:, None] & (z >= 0)).astype(jnp.float32).T  # [C, N]
+    n = jnp.maximum(w.sum(1), 1.0)[:, None, None]
+    mean = jnp.matmul(w, x, precision=_HI) / n[:, 0]  # [C, F]
+    xc = (x - mean[:, None, :]) * w[..., None]  # [C, N, F]
+    onehot = jax.nn.one_hot(z.T, num_classes, dtype=jnp.float32) * w[..., None]  # [C, N, K]
+    zc = (onehot - onehot.sum(1, keepdims=True) / n) * w[..., None]
+    sxx = jnp.einsum("cnf,cng->cfg", xc, xc, precision=_HI) / n
+    sxz = jnp.einsum("cnf,cnk->cfk", xc, zc, precision=_HI) / n
+    lam, vecs = jnp.linalg.eigh(0.5 * (sxx + jnp.swapaxes(sxx, 1, 2)))
     # Pseudo-inverse square root, with the threshold of numpy's / torch's pinv.
-    keep = lam > lam[-1] * f * jnp.finfo(jnp.float32).eps
+    keep = lam > lam[:, -1:] * f * jnp.finfo(jnp.float32).eps
     lam = jnp.maximum(lam, 0.0)
-    whiten = jnp.matmul(vecs * jnp.where(keep, jax.lax.rsqrt(jnp.where(keep, lam, 1.0)), 0.0),
-                        vecs.T, precision=_HI)
-    unwhiten = jnp.matmul(vecs * jnp.where(keep, jnp.sqrt(lam), 0.0), vecs.T, precision=_HI)
+    root = jnp.where(keep, jnp.sqrt(jnp.where(keep, lam, 1.0)), 0.0)
+    inv_root = jnp.where(keep, 1.0 / jnp.where(keep, root, 1.0), 0.0)
+    vt = jnp.swapaxes(vecs, 1, 2)
+    whiten = jnp.matmul(vecs * inv_root[:, None, :], vt, precision=_HI)
+    unwhiten = jnp.matmul(vecs * root[:, None, :], vt, precision=_HI)
     u, s, _ = jnp.linalg.svd(jnp.matmul(whiten, sxz, precision=_HI), full_matrices=False)
-    u = u * (s > tol)
-    return {"mean": mean, "left": jnp.matmul(unwhiten, u, precision=_HI),
-            "right": jnp.matmul(u.T, whiten, precision=_HI)}
+    u = u * (s > tol)[:, None, :]
+    out = {"mean": mean, "left": jnp.matmul(unwhiten, u, precision=_HI),
+           "right": jnp.matmul(jnp.swapaxes(u, 1, 2), whiten, precision=_HI)}
+    return jax.tree.map(lambda a: a[0], out) if single else out
 
 
 def erase(params: dict, x: jax.Array) -> jax.Array:
@@ -84,8 +92,7 @@ def fit(stats: dict, sizes: tuple[int, ...], *, key: jax.Array | None = None) ->
     """{"x": [N, F], "z": int [N, C] (every concept's class), "valid": [N]} -> one eraser per
     size (concept index c < C), leaves [R, ...]."""
     del key  # deterministic
-    erasers = [leace(stats["x"], stats["z"][:, c], stats["valid"]) for c in sizes]
-    return jax.tree.map(lambda *a: jnp.stack(a), *erasers)
+    return leace(stats["x"], stats["z"][:, jnp.asarray(sizes)], stats["valid"])
 
 
 def apply(params: dict, x: jax.Array) -> jax.Array:
