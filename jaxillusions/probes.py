@@ -203,20 +203,22 @@ def compute(params, healthy, seeds, splits, model_cfg, config, say=print) -> lis
     sentence = {n: np.nonzero(sets[n].tokens != tasks.PAD)[0] for n in names}
     # Every position of each split, in row-major order (whose sentences `sentence` lists).
     evals = {n: sample(sets[n], len(sentence[n])) for n in names}
+    labels = {n: evals[n][sites[0]]["labelled"]["z"][0, 0] for n in names}  # [M, C]
+    z_fit = fit[sites[0]]["labelled"]["z"][0, 0]  # [N, C], the same for every seed and head
     for site in sites:
         x_fit = _whole_site(fit[site]["labelled"]["x"])
-        z_fit = fit[site]["labelled"]["z"][0, 0]  # [N, C], the same for every seed and head
+        x_eval = {n: evals[n][site]["labelled"]["x"].astype(np.float64) for n in names}
         for c, concept in enumerate(pc.concepts):
             z = z_fit[:, c]
-            probe = fit_probe(x_fit, z, np.ones(len(z)), pc.probe_ridge,
-                              tasks.MAX_CONCEPT_CLASSES)
-            seen = np.bincount(z[z >= 0], minlength=tasks.MAX_CONCEPT_CLASSES) > 0
+            # One-hot columns for the classes that occur (an absent class is never predicted).
+            k = 1 + max(int(v[:, c].max(initial=0)) for v in (z_fit, *labels.values()))
+            probe = fit_probe(x_fit, z, np.ones(len(z)), pc.probe_ridge, k)
+            seen = np.bincount(z[z >= 0], minlength=k) > 0
             eraser = jax.tree.map(lambda a, c=c: np.asarray(a[:, :, c], np.float64),
                                   erasers[site])
-            sums = [_split_sums(probe, eraser, _majority(z, np.ones(len(z))), seen,
-                                evals[n][site]["labelled"]["x"].astype(np.float64),
-                                evals[n][site]["labelled"]["z"][0, 0, :, c],
-                                np.isin(sentence[n], halves[n]), pc.probe_ridge)
+            sums = [_split_sums(probe, eraser, _majority(z, np.ones(len(z))), seen, x_eval[n],
+                                labels[n][:, c], np.isin(sentence[n], halves[n]),
+                                pc.probe_ridge)
                     for n in names]
             sums = {key: np.stack([s[key] for s in sums], axis=1) for key in sums[0]}  # [S, P]
             rows += _rows(sums, seeds, healthy, site, concept, names)
