@@ -64,8 +64,9 @@ def defined(den: np.ndarray, den_error: np.ndarray) -> np.ndarray:
 
 def enabled(module) -> bool:
     """Whether a proxy module's families get the dictionary metrics: data-dependent vector
-    proxies."""
-    return module.SITE == "vector" and module.STATISTIC is not None
+    proxies, but not a lens (it writes another site than it reads: no reconstruction)."""
+    return (module.SITE == "vector" and module.STATISTIC is not None
+            and not hasattr(module, "output_site"))
 
 
 def cache_sites(module, sites) -> tuple[str, ...]:

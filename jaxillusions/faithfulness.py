@@ -99,7 +99,16 @@ def specs_from_config(proxy_cfg, cfg: model_lib.ModelConfig) -> list[ProxySpec]:
     return specs
 
 
+def labels_for(specs: Sequence[ProxySpec], config, split) -> np.ndarray | None:
+    """The concept labels `collect` needs for `specs` on `split` (settings `config`: its task
+    and proxies.concepts); None when no spec's statistic is "labelled"."""
+    if not any(s.module.STATISTIC == "labelled" for s in specs):
+        return None
+    return tasks.concept_labels(tasks.get(config), split, config.proxies.concepts)
+
+
 PAIR_INPUT = "input:"  # prefix of a "pairs" site's sampled inputs in _collect_chunk
+PAIR_OUTPUT = "output:"  # prefix of a lens's sampled output site (the final residual stream)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,17 +129,21 @@ def _collect_chunk(params, tokens, *, model_cfg, sites: tuple[str, ...], with_ve
     transcoder's MLP input) is sampled too, as vectors[PAIR_INPUT + site]."""
     valid = (tokens != tasks.PAD).reshape(-1)
     svd = proxies.get("svd")
-    inputs = {s: proxies.get(m).input_site(s) for s, m in pairs}
+    inputs = {s: proxies.get(m).input_site(s) for s, m in pairs
+              if hasattr(proxies.get(m), "input_site")}
+    outputs = {s: proxies.get(m).output_site(s, model_cfg.n_layers) for s, m in pairs
+               if hasattr(proxies.get(m), "output_site")}
 
     def one_seed(p):
-        _, cache = model_lib.forward(p, tokens, model_cfg,
-                                     cache=tuple(dict.fromkeys(sites + tuple(inputs.values()))))
+        _, cache = model_lib.forward(p, tokens, model_cfg, cache=tuple(dict.fromkeys(
+            sites + tuple(inputs.values()) + tuple(outputs.values()))))
         vectors = {s: _grouped(cache[s]) for s in sites}
         moments = {s: jax.vmap(svd.moments, in_axes=(1, None))(v, valid)
                    for s, v in vectors.items()}
         if with_vectors:
             vectors |= {PAIR_INPUT + s: _grouped(proxies.get(m).input_of(p, s, cache[inputs[s]]))
-                        for s, m in pairs}
+                        for s, m in pairs if s in inputs}
+            vectors |= {PAIR_OUTPUT + s: _grouped(cache[o]) for s, o in outputs.items()}
         # Vectors leave the device only while k-means samples are still being gathered.
         return moments, vectors if with_vectors else {}
 
@@ -158,11 +171,14 @@ def collection_groups(specs: Sequence[ProxySpec]) -> list[list[int]]:
 
 def collect(params, train, model_cfg: model_lib.ModelConfig,
             specs: Sequence[ProxySpec], *, num_samples: int, batch_size: int,
-            seed_chunk_size: int = 0, say=print) -> dict:
+            seed_chunk_size: int = 0, say=print, labels: np.ndarray | None = None) -> dict:
     """Statistics of every site that a data-dependent spec needs, from the training split.
 
     Returns {site: {"moments": {...} [S, G, ...], "samples": {"x": [S, G, N, F], "valid": ...},
-    "pairs": {"x": inputs, "y": the site's values, "valid"}}} (samples and pairs where needed).
+    "pairs": {"x": inputs, "y": the site's values, "valid"}}} (samples and pairs where needed;
+    a lens's pairs: {"x": the site's values, "y": its output site's}; "labelled": the sample
+    with "z" [S, G, N, C], the classes of `labels` (int [sentences, T, C], the task's concepts
+    of train's tokens: tasks.concept_labels) at the sampled positions).
     Moments stream over all training sentences in fixed-size chunks (memory stays bounded);
     samples are the first `num_samples` non-PAD positions of the training sentences, which are
     i.i.d. draws, so this is a random sample of sentences (all positions of each).
@@ -178,9 +194,13 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
                     pairs[site] = spec.method
     if not needs:
         return {}
+    labelled = any("labelled" in n for n in needs.values())
+    if labelled and (labels is None or labels.shape[:2] != train.tokens.shape):
+        raise ValueError("collect: a labelled statistic (erasure) needs `labels` of the "
+                         "training tokens' positions (tasks.concept_labels)")
     sites = tuple(sorted(needs))
     num_seeds = jax.tree.leaves(params)[0].shape[0]
-    sampling = any(n & {"samples", "pairs"} for n in needs.values())
+    sampling = any(n & {"samples", "pairs", "labelled"} for n in needs.values())
     static = dict(model_cfg=model_cfg, sites=sites, with_vectors=sampling and num_samples > 0)
     if pairs:  # (the collection program of configs without a transcoder is unchanged)
         static["pairs"] = tuple(sorted(pairs.items()))
@@ -191,10 +211,15 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
         num_seeds, seed_chunk_size, say, what="activation collection",
         lower=f"proxies.collect_batch_size (now {batch_size})")
 
+    reads = [s for s, m in pairs.items() if hasattr(proxies.get(m), "input_site")]
+    writes = [s for s, m in pairs.items() if hasattr(proxies.get(m), "output_site")]
+
     def one_chunk(params):  # params: one chunk of seeds, placed
-        totals, kept = None, 0
-        samples = {s: [] for s in (*sites, *(PAIR_INPUT + s for s in pairs))}
-        for (tokens,) in padded_chunks([train.tokens], batch_size):
+        totals, kept, classes = None, 0, []
+        samples = {s: [] for s in (*sites, *(PAIR_INPUT + s for s in reads),
+                                   *(PAIR_OUTPUT + s for s in writes))}
+        chunks = [train.tokens] + ([labels] if labelled else [])
+        for tokens, *chunk_labels in padded_chunks(chunks, batch_size):
             moments, vectors = _collect_chunk(
                 params, tokens, **dict(static, with_vectors=sampling and kept < num_samples))
             moments = distributed.to_host(moments)  # summed on the host: no jit(add) per shape
@@ -203,8 +228,11 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
                 valid = (tokens != tasks.PAD).reshape(-1)
                 take = np.flatnonzero(valid)[: num_samples - kept]
                 for s in samples:
-                    if s in vectors and needs.get(s, {"pairs"}) & {"samples", "pairs"}:
+                    if s in vectors and needs.get(s, {"pairs"}) & {"samples", "pairs",
+                                                                   "labelled"}:
                         samples[s].append(distributed.to_host(vectors[s])[:, take])
+                if labelled:
+                    classes.append(chunk_labels[0].reshape(len(valid), -1)[take])
                 kept += len(take)
         def sample(s: str) -> dict:
             x = np.concatenate(samples[s], axis=1).transpose(0, 2, 1, 3)  # [S, G, N, F]
@@ -216,8 +244,13 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
             if "samples" in needs[s]:
                 stats[s]["samples"] = sample(s)
             if "pairs" in needs[s]:
-                y = sample(s)
-                stats[s]["pairs"] = {**y, "x": sample(PAIR_INPUT + s)["x"], "y": y["x"]}
+                y = sample(PAIR_OUTPUT + s if s in writes else s)
+                x = sample(PAIR_INPUT + s if s in reads else s)
+                stats[s]["pairs"] = {**y, "x": x["x"], "y": y["x"]}
+            if "labelled" in needs[s]:
+                x = sample(s)
+                z = np.concatenate(classes)  # the same positions for every seed and head
+                stats[s]["labelled"] = {**x, "z": np.broadcast_to(z, (*x["x"].shape[:2], *z.shape))}
         return stats
 
     return over_seed_chunks(one_chunk, [params], num_seeds, chunk_size)
@@ -323,7 +356,9 @@ def make_intervention(module, site_params: dict, active: dict | None = None,
     `active` ({site: traced bool}, optional): a site whose flag is False passes through
     unchanged, so one compiled program serves every family of a proxy method (see `evaluate`).
     A proxy with `input_site` (the transcoder) maps the value of input_site(site), kept when
-    forward visits it, to the site's value; it needs the seed's `model_params`.
+    forward visits it, to the site's value; it needs the seed's `model_params`. A proxy with
+    `output_site` (a lens) leaves its site unchanged and writes the proxy of the site's value
+    at output_site (visited later); it needs `model_params` too (for the number of layers).
     """
     reads_input = hasattr(module, "input_site")
     input_for = {module.input_site(s): s for s in site_params} if reads_input else {}
@@ -333,6 +368,22 @@ def make_intervention(module, site_params: dict, active: dict | None = None,
         if module.STATISTIC is None:
             return module.apply(site_params[name], value)
         return dictionaries.apply_grouped(module, site_params[name], x, value)
+
+    if hasattr(module, "output_site"):
+        n_layers = len(model_params["blocks"])
+        writers = {s: module.output_site(s, n_layers) for s in site_params}
+        written = {}  # site -> the lens of its value, until its output site is visited
+
+        def lens(name: str, value: jax.Array) -> jax.Array:
+            if name in writers:
+                written[name] = replace(name, value, value)
+            for site in [s for s, out in writers.items() if out == name and s in written]:
+                # At most one family's flag is on: the others pass the value on.
+                value = written.pop(site) if active is None else jnp.where(
+                    active[site], written.pop(site), value)
+            return value
+
+        return lens
 
     def intervention(name: str, value: jax.Array) -> jax.Array:
         if name in input_for:

@@ -175,7 +175,9 @@ def _fit(params, data, model_cfg, specs, dependent, stamps, config, directory, f
         with timing.stage("collection"):
             stats = faithfulness.collect(params, data, model_cfg, [specs[i] for i in todo],
                                          num_samples=pc.kmeans_samples,
-                                         batch_size=pc.collect_batch_size, **chunking)
+                                         batch_size=pc.collect_batch_size, **chunking,
+                                         labels=faithfulness.labels_for(
+                                             [specs[i] for i in todo], config, data))
         for i in todo:
             with timing.stage("fitting"):
                 # The train fit's random keys (spec index i): only the data differ.

@@ -177,6 +177,21 @@ class Proxies:
         (), INTS, "distinct sentence counts >= 1, or () for no repair",
         lambda v, s: all(m >= 1 for m in v) and len(set(v)) == len(v),
         "refit / rotate each proxy with M unlabelled OOD sentences")
+    # Lenses, probes and concept erasure (docs/lenses.md).
+    concepts: tuple[str, ...] = setting(
+        (), STRS, "distinct concepts of the task (dyck: depth, bracket; code: category)",
+        lambda v, s: len(set(v)) == len(v),
+        "what erasure erases (its size c: concepts[c]) and the probe table probes")
+    tuned_lens_ranks: tuple[int, ...] = setting(
+        (), INTS, "ranks >= 0, or () for d_model", lambda v, s: all(r >= 0 for r in v),
+        "ranks of the tuned lens's correction to the identity (0: mean shift only)")
+    tuned_lens_ridge: float = setting(1e-4, NUMBER, ">= 0", nonnegative,
+                                      "ridge of the tuned lens, times Cov's mean eigenvalue")
+    probe_sites: tuple[str, ...] = setting(
+        (), STRS, "vector sites, or () for no probe table",
+        doc="sites of the linear-probe table (probes.csv, probes.txt)")
+    probe_ridge: float = setting(1e-3, NUMBER, "> 0", lambda v, s: v > 0,
+                                 "ridge of the probes, times Cov's mean eigenvalue")
     collect_batch_size: int = setting(512, INT, ">= 1", positive,
                                       "training sentences per activation-collection chunk")
     eval_batch_size: int = setting(256, INT, ">= 1", positive)

@@ -45,6 +45,7 @@ from jaxillusions import (
     interrupt,
     model,
     objective,
+    probes,
     settings,
     stages,
     tasks,
@@ -65,7 +66,7 @@ REPORTS = ("results.csv", "gap_table.txt", "gaps.csv", "proxy_vs_original.csv",
            "id_predicts_gap.csv", "min_size.csv", "baselines.csv", "gaps_by_*.csv", "figures",
            "wen_results.csv", "wen_attention.csv", "wen_summary.txt", "identifier_gap.csv",
            "dictionaries_*.csv", "geometry.csv", "geometry_predicts_gap.csv", "repair.csv",
-           *fit_shift_report.REPORTS)
+           *fit_shift_report.REPORTS, *probes.REPORTS)
 
 
 def _analysis_settings(config) -> dict:
@@ -291,10 +292,12 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
         stats = {}
         if specs[group[0]].module.STATISTIC is not None:  # the whole group, as in one run
             with timing.stage("collection"):
-                stats = faithfulness.collect(params, fit_shift.fit_data(splits, "train", config),
-                                             model_cfg, [specs[i] for i in group],
-                                             num_samples=pc.kmeans_samples,
-                                             batch_size=pc.collect_batch_size, **chunking)
+                data = fit_shift.fit_data(splits, "train", config)
+                stats = faithfulness.collect(
+                    params, data, model_cfg, [specs[i] for i in group],
+                    num_samples=pc.kmeans_samples, batch_size=pc.collect_batch_size,
+                    labels=faithfulness.labels_for([specs[i] for i in group], config, data),
+                    **chunking)
         for i in (i for i in group if i in todo):
             with timing.stage("fitting"):
                 proxy = faithfulness.fit_one(specs[i], i, stats, jax.random.PRNGKey(config.seed),
@@ -343,6 +346,9 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
         with timing.stage("geometry"):
             geometry_stage.run(params, healthy, seeds, splits, model_cfg, shared, fit_stamps,
                                rows, config, workdir, files, say)
+    if probes.enabled(config):  # linear probes and erasure per split (proxies.probe_sites)
+        with timing.stage("probes"):
+            probes.run(params, healthy, seeds, splits, model_cfg, config, workdir, files, say)
     # Proxies fitted on other splits too (proxies.fit_splits; nothing at the default).
     shift_rows = fit_shift.run_stage(params, healthy, seeds, splits, model_cfg, specs, fitted,
                                      fit_stamps, config, files, chunking, say)
@@ -425,6 +431,7 @@ def write_reports(rows, config, workdir: str, seeds, healthy, *, verbose: bool =
     if mechanism:
         head, sep, rest = text.partition("\n\n")
         text = "\n".join([head, *mechanism]) + sep + rest
+    text = "\n".join([text, *probes.report_lines(config, workdir)])  # with proxies.probe_sites
     if data_baselines:
         names = list(dict.fromkeys(m for b in data_baselines.values() for m in b))
         with stages.writing("report", os.path.join(workdir, "baselines.csv")):

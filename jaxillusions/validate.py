@@ -18,6 +18,7 @@ from jaxillusions import (
     fit_shift,
     geometry_stage,
     memory,
+    probes,
     proxies,
     settings,
     tasks,
@@ -87,6 +88,7 @@ def _proxy_checks(config: Settings, model_cfg) -> list[str]:
         raise ValueError(f"proxies.pattern_site={pc.pattern_site!r}: must be an attention "
                          "pattern site, blocks.<layer>.attn.pattern")
     fit_shift.check_config(config)
+    probes.check_config(config, model_cfg)
     specs = faithfulness.specs_from_config(pc, model_cfg)
     _geometry_checks(config, specs)
     for spec in specs:

@@ -53,6 +53,9 @@ def test_available_and_get():
         "uniform_attention",
         "sae",
         "transcoder",
+        "logit_lens",
+        "tuned_lens",
+        "erasure",
     }
     assert proxies.get("svd") is svd
     with pytest.raises(ValueError, match="nope.*kmeans.*svd"):
@@ -63,13 +66,15 @@ def test_available_and_get():
 def test_contract(name):
     """Every proxy: leaves have a leading size axis, apply keeps shape and dtype under jit."""
     mod = proxies.get(name)
-    assert mod.STATISTIC in ("moments", "samples", "pairs", None)
+    assert mod.STATISTIC in ("moments", "samples", "pairs", "labelled", None)
     assert mod.SITE in ("vector", "pattern")
     x = _blobs(64, F)
     stats = {
         "moments": lambda: svd.moments(jnp.asarray(x), jnp.ones(len(x), bool)),
         "samples": lambda: _samples(x),
         "pairs": lambda: {**_samples(x), "y": _samples(x)["x"][:, ::-1]},  # input -> target
+        # classes of 5 concepts (sizes index them), one undefined (-1) in ten
+        "labelled": lambda: {**_samples(x), "z": np.arange(len(x) * 5).reshape(-1, 5) % 11 - 1},
         None: lambda: None,
     }[mod.STATISTIC]()
     sizes = (1, 2, 4)

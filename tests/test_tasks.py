@@ -102,8 +102,9 @@ def test_every_task_provides_the_interface(name):
     task = tasks.get(name)
     for attr in ("check_config", "load", "view", "model_fields", "train_width",
                  "widest_width", "train_num_bins", "bounds", "bin_labels", "baselines",
-                 "activation_plots"):
+                 "activation_plots", "concepts"):
         assert callable(getattr(task, attr)), attr
+    assert task.CONCEPTS and len(set(task.CONCEPTS)) == len(task.CONCEPTS)
     assert task.NAME == name and task.SPLITS[0] == "train"
     assert set(task.DEFAULT_EVAL_SPLITS) <= set(task.SPLITS) and "iid" in task.DEFAULT_EVAL_SPLITS
     assert task.TRAIN_BREAKDOWN in task.BREAKDOWNS and "all" not in task.BREAKDOWNS

@@ -1,10 +1,12 @@
 """Simplified proxies for activations, one module per proxy (adding one = adding one file).
 
 Each proxy module defines:
-  STATISTIC: "moments" | "samples" | "pairs" | None
+  STATISTIC: "moments" | "samples" | "pairs" | "labelled" | None
                                            what fit() consumes (svd.moments sums, a
              {"x": [N, F], "valid": bool [N]} sample, a sample of (input, site value) pairs
-             {"x", "y", "valid"} at the same positions, or nothing).
+             {"x", "y", "valid"} at the same positions, the sample with the task's concept
+             classes at its positions {"x", "valid", "z": int [N, C]} (C = len(proxies.concepts),
+             < 0 where a concept is undefined; tasks.concept_labels), or nothing).
   SITE: "vector" | "pattern"               [..., F] activations or [..., T, T] attention.
   fit(stats, sizes, *, key, **options)     -> pytree, every leaf with leading axis len(sizes).
   apply(params, x)                         one size's params (leading axis removed) -> x's
@@ -14,6 +16,12 @@ Sizes are python ints (static); fit/apply are pure and work under jax.vmap / jax
 A "pairs" proxy (the transcoder) replaces a site by a function of another site's value:
   input_site(site) -> str                  the site it reads (visited earlier by forward).
   input_of(model_params, site, value)      that site's value -> apply()'s input.
+A lens (logit_lens, tuned_lens) reads its site and writes another one, visited later:
+  output_site(site, n_layers) -> str       the site it replaces (the final residual stream) by
+                                           apply(params, the site's value); the site itself is
+                                           left unchanged. Its "pairs" are {"x": the site's
+                                           values, "y": the output site's}. Lenses get no
+                                           dictionary metrics (nothing is reconstructed).
 A proxy with latents (sae, transcoder, kmeans) may define, for the dictionary metrics l0, dead:
   latents(params, x) -> (indices [..., K] int, active [..., K] bool)   its sparse code.
 Every vector proxy may have its own targets, config.proxies.<name>_targets.

@@ -11,6 +11,10 @@ and reporting are shared and call only what a task module defines:
   BREAKDOWNS                   names of the per-position breakdowns besides "all", in row order
   TRAIN_BREAKDOWN              the breakdown logged while training (eval_by_<name>/<split>/...);
                                it must cover every evaluated position
+  CONCEPTS                     names of its per-position concepts (what linear probes decode and
+                               the erasure proxy erases; proxies.concepts picks among them)
+  concepts(split)              -> {name: int32 [N, T]}: each position's class of every concept
+                               (< 0 where undefined, e.g. PAD), classes < MAX_CONCEPT_CLASSES
   train_num_bins(config)       its number of bins (Dyck: depths up to the deepest split)
   EVALUATED                    what an evaluated position predicts, for messages and axis labels
   WIDTH_KEYS, VOCAB_KEY        the data.* keys that set the splits' widths and the vocabulary
@@ -50,6 +54,9 @@ import numpy as np
 
 TASKS = ("dyck", "code")
 PAD = 0  # every task pads with token 0
+# Classes per concept (static one-hot width of the probes and of erasure): a concept with more
+# classes is refused by `concept_labels` with a one-line error.
+MAX_CONCEPT_CLASSES = 64
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -106,3 +113,21 @@ def check_data(config, splits: dict) -> None:
                              f"{split_name} is token {int(first)}, so any model scores accuracy "
                              "1.0 by always predicting it; check the data.* settings; nothing "
                              "was trained")
+
+
+def concept_labels(task: types.ModuleType, split, names) -> np.ndarray:
+    """int32 [N, T, len(names)]: the task's concepts `names` (task.CONCEPTS) of each position
+    of `split`, < 0 where undefined (PAD included); ValueError for an unknown concept or one
+    with classes >= MAX_CONCEPT_CLASSES."""
+    unknown = [n for n in names if n not in task.CONCEPTS]
+    if unknown:
+        raise ValueError(f"proxies.concepts: unknown concept {unknown[0]!r} of task "
+                         f"{task.NAME}; available: {', '.join(task.CONCEPTS)}")
+    labels = task.concepts(split)
+    out = np.stack([labels[n] for n in names], axis=-1).astype(np.int32)
+    out = np.where((split.tokens != PAD)[..., None], out, -1)
+    if out.size and out.max() >= MAX_CONCEPT_CLASSES:
+        bad = names[int(np.argmax(out.reshape(-1, len(names)).max(0)))]
+        raise ValueError(f"concept {bad!r} has class {int(out.max())}; probes and erasure "
+                         f"support classes 0..{MAX_CONCEPT_CLASSES - 1}")
+    return out

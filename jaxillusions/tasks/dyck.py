@@ -27,6 +27,9 @@ DEFAULT_EVAL_SPLITS = ("iid", "seen_structure", "unseen_structure", "unseen_dept
                        "iid_with_train")
 BREAKDOWNS = ("depth", "distance", "position")
 TRAIN_BREAKDOWN = "depth"
+# Concepts per position (probes, erasure): the stack depth after the token, and the type of the
+# innermost open bracket (the bracket to close next; undefined at depth 0).
+CONCEPTS = ("depth", "bracket")
 EVALUATED = "closing-bracket"
 WIDTH_KEYS = ("data.max_len", "data.longer_max_len")  # set the splits' widths
 VOCAB_KEY = "data.num_types"  # sets the vocabulary size
@@ -69,6 +72,26 @@ def view(split: dyck.Split) -> View:
                       "position": positions(split.tokens)},
                 num_bins={"depth": 1 + int(split.depth.max()), "distance": width,
                           "position": width})
+
+
+def concepts(split: dyck.Split) -> dict[str, np.ndarray]:
+    """{"depth": stack depth after each token, "bracket": type of the innermost open bracket
+    after it (-1 at depth 0)}, int32 [N, T]; PAD positions get depth 0 (tasks.concept_labels
+    marks them undefined)."""
+    tokens, depth = split.tokens, split.depth
+    # An open bracket raises the depth (its type is its id - open_id(0)); the split does not
+    # carry k, which tells open from close ids, but the depth does.
+    is_open = np.diff(depth, axis=1, prepend=0) > 0
+    # The innermost open bracket after token t is the last open bracket s <= t whose depth
+    # after it equals the depth after t (a later one at that depth would have replaced it).
+    rows, width = np.arange(len(tokens)), tokens.shape[1]
+    last = np.full((len(tokens), int(depth.max(initial=0)) + 1), -1, np.int32)  # type per depth
+    bracket = np.full(tokens.shape, -1, np.int32)
+    for t in range(width):  # a scan over positions, vectorized over sentences
+        opened = is_open[:, t]
+        last[rows[opened], depth[opened, t]] = tokens[opened, t] - dyck.open_id(0, 0)
+        bracket[:, t] = np.where(depth[:, t] > 0, last[rows, depth[:, t]], -1)
+    return {"depth": depth.astype(np.int32), "bracket": bracket}
 
 
 def model_fields(config, splits=None) -> dict:

@@ -26,6 +26,7 @@ IN_DISTRIBUTION = ("iid",)  # splits from the training distribution (see tasks/_
 DEFAULT_EVAL_SPLITS = ("iid", "longer", "deeper", "other_language")
 BREAKDOWNS = ("category", "bracket_depth")
 TRAIN_BREAKDOWN = "category"
+CONCEPTS = ("category",)  # per position (probes, erasure): the next character's category
 EVALUATED = "next-character"
 WIDTH_KEYS = ("data.context", "data.longer_context")  # set the splits' widths
 VOCAB_KEY = "data.max_vocab"  # bounds the vocabulary size
@@ -136,6 +137,12 @@ def view(split) -> View:
                       "bracket_depth": depth.astype(np.int32)},
                 num_bins={"category": len(categories()),
                           "bracket_depth": 1 + int(depth.max(initial=0))})
+
+
+def concepts(split) -> dict[str, np.ndarray]:
+    """{"category": CATEGORIES index of the next character}, int32 [N, T], -1 where there is
+    none (the EOS and PAD targets)."""
+    return {"category": split.category.astype(np.int32)}
 
 
 def vocab_size(config, splits=None) -> int:
