@@ -299,7 +299,8 @@ class FittedProxy:
     def intervention(self, seed_index: int, size_index: int,
                      model_params: dict | None = None) -> model_lib.Intervention:
         """This proxy for one seed at one size, as an intervention for `model.forward`
-        (model_params: that seed's, for a proxy that reads another site, the transcoder)."""
+        (model_params: that seed's, for a proxy that reads or writes another site: the
+        transcoder, the lenses)."""
         if self.spec.module.STATISTIC is None:
             params = jax.tree.map(lambda x: x[size_index], self.params)
         else:
@@ -370,6 +371,8 @@ def make_intervention(module, site_params: dict, active: dict | None = None,
         return dictionaries.apply_grouped(module, site_params[name], x, value)
 
     if hasattr(module, "output_site"):
+        if model_params is None:
+            raise ValueError(f"{module.__name__}: a lens needs the seed's model_params")
         n_layers = len(model_params["blocks"])
         writers = {s: module.output_site(s, n_layers) for s in site_params}
         written = {}  # site -> the lens of its value, until its output site is visited
