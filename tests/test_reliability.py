@@ -297,7 +297,7 @@ def test_checkpoints_without_a_readable_config_json_are_refused(trained, tmp_pat
     ("proxies.pattern_site", "blocks.1.attn.k", "must be an attention pattern site"),
     ("proxies.pattern_site", "blocks.7.attn.pattern", "unknown activation site"),
     ("proxies.targets", ("blocks.-1.attn.q+blocks.0.mlp.nope",), "proxies.targets: unknown"),
-    ("proxies.methods", ("svd", "lasso"), "unknown method 'lasso'; available: kmeans"),
+    ("proxies.methods", ("svd", "lasso"), "unknown method 'lasso'; available: erasure, kmeans"),
     ("proxies.eval_splits", ("longer",), "must include 'iid'"),
     ("proxies.eval_splits", ("iid", "ood"), "unknown split 'ood'"),
     ("train.learning_rate", float("nan"), "train.learning_rate=nan: must be a finite number"),
