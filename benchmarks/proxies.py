@@ -183,18 +183,26 @@ def bench_fit_and_evaluate(config, num_seeds: int, repeats: int = 3,
     with timing.stage("proxy fit"):  # compile (counted by the caller's timing.Breakdown)
         (fitted,) = fit()
 
-    def evaluate():
+    def evaluate(share_prefix: bool = True):
         return faithfulness.evaluate(params, model_cfg, eval_set, [fitted],
                                      batch_size=pc.eval_batch_size,
-                                     seeds=list(range(num_seeds)))
+                                     seeds=list(range(num_seeds)), share_prefix=share_prefix)
 
     with timing.stage("proxy evaluate"):  # compile
         evaluate()
-    seconds = times({"fit": lambda: fit()[0].params, "evaluate": evaluate}, repeats)
-    fit_s, eval_s = min(seconds["fit"]), min(seconds["evaluate"])
+    evaluate(share_prefix=False)  # compile the whole-pass program too (not counted above)
+    # The sweep's evaluation (each size's pass from the first replaced block) and whole passes
+    # per size (before prefix sharing), interleaved in one run.
+    seconds = times({"fit": lambda: fit()[0].params, "evaluate": evaluate,
+                     "evaluate_whole": lambda: evaluate(share_prefix=False)}, repeats)
+    fit_s, eval_s, whole_s = (min(seconds[k]) for k in ("fit", "evaluate", "evaluate_whole"))
     work = num_seeds * len(ranks)
+    sentences = int(len(eval_set.tokens))
     return {"num_seeds": num_seeds, "ranks": len(ranks), "site": site,
             "fit_sentences": int(len(train_part.tokens)), "rank_list": list(ranks),
-            "eval_sentences": int(len(eval_set.tokens)),
-            "fit_s": fit_s, "evaluate_s": eval_s,
-            "fit_seed_ranks_per_s": work / fit_s, "evaluate_seed_ranks_per_s": work / eval_s}
+            "eval_sentences": sentences,
+            "fit_s": fit_s, "evaluate_s": eval_s, "evaluate_whole_passes_s": whole_s,
+            "fit_seed_ranks_per_s": work / fit_s, "evaluate_seed_ranks_per_s": work / eval_s,
+            "evaluate_seed_rank_sentences_per_s": work * sentences / eval_s,
+            "evaluate_whole_passes_seed_rank_sentences_per_s": work * sentences / whole_s,
+            "prefix_sharing_speedup": whole_s / eval_s}

@@ -148,6 +148,10 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
                 f"{pf['evaluate_s']:.2f} s ({pf['evaluate_seed_ranks_per_s']:.0f} seed-ranks/s, "
                 f"{pf['eval_sentences']} sentences; compiled "
                 f"{_compiled(pf['evaluate_compiles'], pf['evaluate_compile_s'])})")
+            say(f"  evaluation throughput, seed x rank x sentence per s: "
+                f"{pf['evaluate_seed_rank_sentences_per_s']:.0f} with each rank's pass from "
+                f"the replaced block vs {pf['evaluate_whole_passes_seed_rank_sentences_per_s']:.0f}"
+                f" with whole passes per rank ({pf['prefix_sharing_speedup']:.2f}x)")
         save(report)
         if with_kmeans:
             try:

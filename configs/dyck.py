@@ -49,7 +49,10 @@ def get_config() -> ConfigDict:
     config.train.checkpoint_every = 5000
     config.train.eval_batch_size = 512
 
-    # Proxies and evaluation: same methods and targets; k-means fitted on 100k vectors per seed.
+    # Proxies and evaluation: same methods and targets at every size (SVD ranks 1, 2, 4, ...
+    # d_head; k-means k = 2 ... 64); k-means fitted on 100k vectors per seed.
+    config.proxies.svd_ranks = ()
+    config.proxies.kmeans_sizes = (2, 4, 8, 16, 32, 64)
     config.proxies.kmeans_samples = 100_000
     config.proxies.collect_batch_size = 2048
     config.proxies.eval_batch_size = 512

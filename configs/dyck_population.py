@@ -35,5 +35,8 @@ def get_config() -> ConfigDict:
     config.train.eval_every = 0  # evaluate once, at the end
     config.train.checkpoint_every = 500
 
-    # Proxies: every method, target and split of the demo (configs/dyck_small.py).
+    # Proxies: every method, target and split of the demo (configs/dyck_small.py), at every
+    # size: SVD ranks 1, 2, 4, ... d_head, k-means k = 2 ... 64.
+    config.proxies.svd_ranks = ()
+    config.proxies.kmeans_sizes = (2, 4, 8, 16, 32, 64)
     return config

@@ -455,16 +455,19 @@ def make_eval_set(splits: dict, names: Sequence[str], task=None) -> EvalSet:
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "method", "num_sizes", "num_bins",
-                                             "widths"))
+                                             "widths", "start_layer"))
 def _eval_chunk(params, proxy_params, active, tokens, evaluated, bins, width_index, *,
                 model_cfg, method: str, num_sizes: int, num_bins: tuple[int, ...],
-                widths: tuple[int, ...]):
+                widths: tuple[int, ...], start_layer: int | None):
     """One chunk [B, T] of every seed and size. The program holds one branch per width of
     `widths`; `width_index` picks the one that runs, on the chunk's first `width` columns
     (the rest are padding: a causal model's values before them do not depend on them).
+    `start_layer`: the sizes' passes start at this block from the original pass's residual
+    stream (nothing before it is replaced: model.first_block); None: each runs the whole model.
     Returns ((binned sums, dictionary metric sums: {} for pattern proxies), per-position JSD)."""
     module = proxies.get(method)
     extra = dictionaries.enabled(module)  # dictionary metrics (fvu, l0, dead, ce/kl_score)
+    resume = () if start_layer is None else (model_lib.residual_site(model_cfg, start_layer),)
 
     def at_width(width: int, tokens, evaluated, bins):
         tokens, evaluated, bins = tokens[:, :width], evaluated[:, :width], bins[:, :width]
@@ -478,20 +481,21 @@ def _eval_chunk(params, proxy_params, active, tokens, evaluated, bins, width_ind
                     for i, nb in enumerate(num_bins)]
 
         def one_seed(p, site_params):
-            if extra:  # the sites' original values too, for the dictionary metrics
-                logits, cache = model_lib.forward(
-                    p, tokens, model_cfg, cache=dictionaries.cache_sites(module, active))
+            # The sites' original values too for the dictionary metrics, and the residual
+            # stream where the sizes' passes start.
+            sites = dictionaries.cache_sites(module, active) if extra else ()
+            logits, cache = model_lib.forward(p, tokens, model_cfg, cache=sites + resume)
+            if extra:
                 where = dict(tokens=tokens, evaluated=evaluated, split_ids=bins[..., 0],
                              num_splits=num_bins[0], logits=logits, targets=targets)
                 seed_sums = dictionaries.seed_sums(module, p, model_cfg, tuple(active),
                                                    active, cache, **where)
-            else:
-                logits, _ = model_lib.forward(p, tokens, model_cfg)
             acc_original = metrics.correct(logits, targets)
+            start_at = (start_layer, cache[resume[0]]) if resume else None
 
             def one_size(size_params):
                 proxy_logits, _ = model_lib.forward(
-                    p, tokens, model_cfg,
+                    p, tokens, model_cfg, start_at=start_at,
                     intervention=make_intervention(module, size_params, active, p))
                 values = jnp.stack([jnp.ones_like(weight), metrics.jsd(logits, proxy_logits),
                                     metrics.same_pred(logits, proxy_logits), acc_original,
@@ -521,7 +525,7 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
              fitted: Sequence[FittedProxy], *, batch_size: int, seeds: Sequence[int],
              healthy: np.ndarray | None = None, seed_chunk_size: int = 0,
              shared: Sequence[FittedProxy] = (), one_width: bool | None = None,
-             say=print) -> list[dict]:
+             share_prefix: bool = True, say=print) -> list[dict]:
     """Tidy rows: one per (seed, target, method, size, split, breakdown, bin).
 
     Columns: seed, site, method, size, split, breakdown, bin, n, jsd, same_pred, acc_original,
@@ -542,6 +546,14 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     width and runs a chunk at the narrowest that holds it (default on CPU, where padding the
     Dyck demo's five short splits to `longer` made the evaluation 1.5x slower). The numbers
     of the two agree within float32 rounding (sums over more, zero, terms).
+
+    Per seed and chunk the model runs once; each size's pass then starts at the first block
+    that a family of the program replaces, from that pass's residual stream. This saves less
+    than it seems: under vmap over sizes, whole passes already compute what does not depend on
+    the size once (vmap batches only what reads the size's parameters), so what remains is the
+    duplicate of the original pass's prefix (docs/speed.md: 1.0-1.1x on the Dyck demo).
+    `share_prefix=False` runs whole passes per size (the same rows within float32 rounding; for
+    tests and benchmarks).
     """
     rows, num_seeds = [], jax.tree.leaves(params)[0].shape[0]
     params = distributed.shard_seeds(params)  # placed once for all families (padded)
@@ -554,7 +566,8 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     for proxy in fitted:
         (totals, dict_sums), jsd = _evaluate_family(
             params, num_seeds, model_cfg, eval_set, widths, proxy,
-            programs[_program_key(proxy.spec)], batch_size, seed_chunk_size, say)
+            programs[_program_key(proxy.spec)], batch_size, seed_chunk_size, say,
+            share_prefix)
         quantiles = _jsd_quantiles(jsd, split_ids, len(eval_set.split_names))
         extra = dictionaries.columns(proxy.spec, proxy.params, **dict_sums) if dict_sums \
             else None
@@ -579,7 +592,7 @@ def _program_sites(families: Sequence[FittedProxy]) -> dict[tuple, dict]:
 
 def _evaluate_family(params, num_seeds: int, model_cfg, eval_set: EvalSet,
                      widths: tuple[int, ...], proxy: FittedProxy, program: dict,
-                     batch_size: int, seed_chunk_size: int, say
+                     batch_size: int, seed_chunk_size: int, say, share_prefix: bool
                      ) -> tuple[tuple[list[np.ndarray], dict], np.ndarray]:
     """One family's summed metrics per breakdown [S, R, bins, 5] with its dictionary metric
     sums (dictionaries.seed_sums/size_sums, {} for pattern proxies), and per-position JSD at the
@@ -593,8 +606,9 @@ def _evaluate_family(params, num_seeds: int, model_cfg, eval_set: EvalSet,
                    else jax.tree.map(lambda x: np.zeros(np.shape(x), x.dtype), p)
                    for s, p in program.items()}
     active = {s: np.bool_(s in proxy.params) for s in program}
+    start_layer = model_lib.first_block(model_cfg, program) if share_prefix else None
     static = dict(model_cfg=model_cfg, method=spec.method, num_sizes=len(spec.sizes),
-                  num_bins=eval_set.num_bins, widths=widths)
+                  num_bins=eval_set.num_bins, widths=widths, start_layer=start_layer)
     widest = [jax.ShapeDtypeStruct((batch_size, *a.shape[1:]), a.dtype)
               for a in (eval_set.tokens, eval_set.evaluated, eval_set.bins)]
     chunk_size = seed_chunk(

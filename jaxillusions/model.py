@@ -30,6 +30,12 @@ is the same on every backend.
 An *intervention* is a function `(site_name, value) -> value` called at every site; it is how
 proxies replace activations. Site names are static Python strings, so an intervention that ignores
 a site costs nothing after tracing. `cache` names the sites whose values `forward` returns.
+
+`start_at=(layer, residual)` runs only the rest of the model: block `layer` onwards, from the
+residual stream entering it (`residual_site(cfg, layer)`, cached from an earlier pass). An
+intervention that changes nothing before block `layer` (`first_block` of its sites) gives the
+same logits from there as from the tokens, so a proxy evaluated at many sizes shares the prefix
+of one pass (faithfulness.evaluate).
 """
 
 from __future__ import annotations
@@ -182,6 +188,33 @@ def check_site(cfg: ModelConfig, site: str) -> str:
         raise ValueError(f"unknown activation site {site!r}; this model has: "
                          f"{', '.join(site_names(cfg))}")
     return site
+
+
+def first_block(cfg: ModelConfig, sites: Iterable[str]) -> int | None:
+    """The earliest attention block any of `sites` is in ('blocks.3.attn.k' -> 3; ln_final and
+    logits: n_layers, after the last), or None where one precedes every attention block (the
+    embeddings, the minimal first layer) or there are no sites."""
+    layers = []
+    for site in sites:
+        parts = site.split(".")
+        if parts[0] == "blocks" and int(parts[1]) >= _first_attention_layer(cfg):
+            layers.append(int(parts[1]))
+        elif site in ("ln_final", "logits"):
+            layers.append(cfg.n_layers)
+        else:
+            return None
+    return min(layers, default=None)
+
+
+def residual_site(cfg: ModelConfig, layer: int) -> str:
+    """The site holding the residual stream that enters block `layer` (after the last block: the
+    last block's resid_post), to cache for `forward(start_at=(layer, value))`."""
+    first = _first_attention_layer(cfg)
+    if not first <= layer <= cfg.n_layers:
+        raise ValueError(f"start_at layer {layer}: the model's attention blocks are "
+                         f"{first}..{cfg.n_layers - 1} (or {cfg.n_layers}: after the last)")
+    return f"blocks.{layer}.resid_pre" if layer < cfg.n_layers else \
+        f"blocks.{layer - 1}.resid_post"
 
 
 def _first_attention_layer(cfg: ModelConfig) -> int:
@@ -356,11 +389,15 @@ def forward(
     intervention: Intervention | None = None,
     cache: Iterable[str] = (),
     position_offset: jax.Array | None = None,
+    start_at: tuple[int, jax.Array] | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Logits [batch, pos, vocab] for tokens [batch, pos], and the cached sites.
 
     `position_offset` (int [batch], default 0) shifts each sentence's positions: token t sits at
     position offset + t. Training with random offsets trains positions past the sentence length.
+    `start_at=(layer, residual)`: skip the embeddings and the blocks before `layer`, whose
+    output is `residual` [batch, pos, d_model] (the value of `residual_site(cfg, layer)`); the
+    sites before block `layer` are not visited.
     """
     cache = frozenset(cache)
     cached: dict[str, jax.Array] = {}
@@ -385,7 +422,11 @@ def forward(
     rotary = cfg.pos_encoding == "rotary"
     if seq_len > cfg.max_len and not rotary:
         raise ValueError(f"sequence length {seq_len} exceeds the model's max_len {cfg.max_len}")
-    if cfg.first_layer == "minimal":
+    first = _first_attention_layer(cfg)
+    if start_at is not None:
+        residual_site(cfg, start_at[0])  # checks the layer
+        first, x = start_at
+    elif cfg.first_layer == "minimal":
         x = site("blocks.0.minimal.out", _minimal_layer(params, tokens, cfg))
         x = site("blocks.0.resid_post", x)
     else:
@@ -397,10 +438,10 @@ def forward(
         cos, sin = rotary_table(max(cfg.max_len, seq_len), cfg.head_dim, cfg.rotary_base)
         cos, sin = ((cos[:seq_len], sin[:seq_len]) if position_offset is None
                     else (jnp.asarray(cos)[positions], jnp.asarray(sin)[positions]))
-    elif cfg.pos_encoding != "none":
+    elif cfg.pos_encoding != "none" and start_at is None:
         x = x + site("pos_embed", _position_embedding(params, cfg, positions))
     causal = jnp.tril(jnp.ones((seq_len, seq_len), bool))
-    for i in range(_first_attention_layer(cfg), cfg.n_layers):
+    for i in range(first, cfg.n_layers):
         block, name = params["blocks"][i], f"blocks.{i}"
         x = site(f"{name}.resid_pre", x)
         a = block["attn"]

@@ -60,6 +60,10 @@ def test_benchmark_smoke(config):
     assert rows[1]["xla_flops_per_seed_step"] is None
     pf = report["proxy_fit_and_evaluate"]
     assert pf["num_seeds"] == 2 and pf["fit_seed_ranks_per_s"] > 0
+    # Both evaluations side by side: each rank's pass from the replaced block, and whole passes.
+    assert pf["evaluate_seed_rank_sentences_per_s"] > 0
+    assert pf["prefix_sharing_speedup"] == pytest.approx(
+        pf["evaluate_whole_passes_s"] / pf["evaluate_s"])
     # Compilations per stage beside the rates: the first row compiles the training step; the
     # proxy stages compile their programs (at least one each) in their warm-up calls.
     assert rows[0]["compiles"] >= 1 and rows[0]["compile_s"] > 0

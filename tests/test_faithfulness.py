@@ -1,3 +1,4 @@
+import dataclasses
 import os
 
 import jax
@@ -307,3 +308,58 @@ def test_sweep_end_to_end_writes_table_figures_and_tensorboard(trained, tmp_path
 def test_available_proxies_include_the_four_methods():
     assert {"svd", "pca", "kmeans", "onehot_attention", "uniform_attention"} <= set(
         proxies.available())
+
+
+def test_prefix_sharing_gives_the_rows_of_whole_passes_for_every_proxy_method(trained):
+    """Each size's pass starts at the first block a family replaces, from the original pass's
+    residual stream (faithfulness.evaluate): the rows of every proxy method equal those of
+    whole passes per size within float32 rounding. The blocks from the start on compute the
+    same values from the same residual stream, so the proxy logits agree to a few ulps of the
+    logits (XLA may fuse the shorter program differently): JSD within a mean's rounding of
+    per-position values from entropies of up to log2 V bits, a prediction flips only at a
+    near-tie (counted below), and the dictionary metrics within a few ulps of their sums."""
+    from jaxillusions import model as model_lib
+    from jaxillusions import settings, tasks
+
+    config, splits, model_cfg, params = trained
+    config = settings.from_config(config)
+    proxy_cfg = dataclasses.replace(
+        config.proxies, methods=proxies.available(), targets=("blocks.-1.attn.k",),
+        svd_ranks=(1, 4), kmeans_sizes=(4,), sae_targets=("blocks.-1.attn.k",), sae_sizes=(8,),
+        sae_k=(2,), sae_steps=20, transcoder_targets=("blocks.-1.mlp.out",),
+        transcoder_sizes=(8,), logit_lens_targets=("blocks.1.resid_mid", "blocks.0.resid_post"),
+        tuned_lens_targets=("blocks.1.resid_pre",), tuned_lens_ranks=(0, 4),
+        concepts=("depth",), erasure_targets=("blocks.1.resid_pre",))
+    specs = F.specs_from_config(proxy_cfg, model_cfg)
+    assert {s.method for s in specs} == set(proxies.available())
+    starts = {model_lib.first_block(model_cfg, s.sites) for s in specs}
+    assert starts == {0, 1}  # a family in block 0 (nothing shared) and families in block 1
+    labels = tasks.concept_labels(tasks.get("dyck"), splits["train"], proxy_cfg.concepts)
+    stats = F.collect(params, splits["train"], model_cfg, specs, num_samples=500,
+                      batch_size=256, labels=labels)
+    fitted = F.fit(specs, stats, jax.random.PRNGKey(0), num_seeds=2, say=None)
+    eval_set = F.make_eval_set(splits, ["iid", "longer"])
+    rows = {share: [row for proxy in fitted for row in F.evaluate(
+        params, model_cfg, eval_set, [proxy], batch_size=64, seeds=[0, 1], shared=fitted,
+        share_prefix=share)] for share in (True, False)}
+    keys = ("seed", "site", "method", "size", "split", "breakdown", "bin", "n")
+    assert [[r[k] for k in keys] for r in rows[True]] == [[r[k] for k in keys]
+                                                          for r in rows[False]]
+    bits = 3 * np.log2(model_cfg.vocab_size)
+    flips = 0
+    for shared, whole in zip(rows[True], rows[False], strict=True):
+        assert shared["acc_original"] == whole["acc_original"]  # the same original pass
+        for column in ("same_pred", "acc_proxy"):  # counts: a near-tie may flip one
+            flips += shared[column] != whole[column]
+            assert abs(shared[column] - whole[column]) * whole["n"] <= 1 + 1e-6, (column, whole)
+        assert shared["jsd"] == pytest.approx(whole["jsd"], rel=0, abs=tol.two_ways(
+            tol.mean_error(whole["n"], whole["jsd"], bits))), whole
+        for column in ("jsd_p95", "jsd_p99", "fvu", "l0", "dead", "kl_score", "ce_score"):
+            if column in whole:
+                a, b = shared[column], whole[column]
+                assert np.isnan(a) == np.isnan(b), (column, whole)
+                if not np.isnan(b):
+                    assert a == pytest.approx(b, rel=tol.two_ways(tol.TERM_ULPS * tol.EPS32
+                                                                  * bits), abs=tol.EPS32)
+    # A near-tie of two logits within their rounding is rare: at most a few in the whole table.
+    assert flips <= len(rows[True]) // 100, flips

@@ -65,6 +65,42 @@ def test_intervention_identity_and_effect():
                                causal / causal.sum(-1, keepdims=True), rtol=1e-5)
 
 
+@pytest.mark.parametrize("overrides", [{}, {"pos_encoding": "rotary", "n_heads": 2},
+                                       {"n_layers": 3, "attn_only": True}])
+def test_start_at_a_block_gives_the_logits_of_the_whole_pass(overrides):
+    """forward(start_at=(layer, residual)) from the residual stream a whole pass had there
+    visits only the sites from block `layer` on and gives that pass's logits, with or without
+    an intervention there (within the rounding of two float32 programs)."""
+    cfg, params, tokens = _setup(**overrides)
+    for layer in range(cfg.n_layers + 1):
+        later = [n for n in model_lib.site_names(cfg)
+                 if model_lib.first_block(cfg, [n]) is not None
+                 and model_lib.first_block(cfg, [n]) >= layer]
+
+        def halve_later_keys(name, x, later=later):
+            return x / 2 if name.endswith("attn.k") and name in later else x
+
+        site = model_lib.residual_site(cfg, layer)
+        for intervention in (None, halve_later_keys):
+            whole, cache = model_lib.forward(params, tokens, cfg, cache=(site,),
+                                             intervention=intervention)
+            seen = []
+
+            def visit(name, x, intervention=intervention, seen=seen):
+                seen.append(name)
+                return x if intervention is None else intervention(name, x)
+
+            part, _ = model_lib.forward(params, tokens, cfg, start_at=(layer, cache[site]),
+                                        intervention=visit)
+            _within(part, whole, cfg)
+            assert seen == later
+    assert model_lib.first_block(cfg, ["blocks.1.attn.k", "blocks.0.attn.out"]) == 0
+    assert model_lib.first_block(cfg, ["logits"]) == cfg.n_layers
+    assert model_lib.first_block(cfg, ["embed", "blocks.1.attn.k"]) is None
+    with pytest.raises(ValueError, match="start_at layer"):
+        model_lib.residual_site(cfg, cfg.n_layers + 1)
+
+
 def test_frozen_uniform_attention_and_attn_only():
     cfg, params, tokens = _setup(uniform_attention_layers=(0,), attn_only=True)
     _, cache = model_lib.forward(params, tokens, cfg, cache=("blocks.0.attn.pattern",))

@@ -271,8 +271,11 @@ def proxy_vs_original(rows: Iterable[dict]) -> list[dict]:
 
 def _spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Spearman correlation of each row pair of x, y [B, n] (NaN where a row is constant)."""
-    rx = scipy.stats.rankdata(x, axis=-1)
-    ry = scipy.stats.rankdata(y, axis=-1)
+    return _pearson_rows(scipy.stats.rankdata(x, axis=-1), scipy.stats.rankdata(y, axis=-1))
+
+
+def _pearson_rows(rx: np.ndarray, ry: np.ndarray) -> np.ndarray:
+    """Pearson correlation of each row pair of rx, ry [B, n] (NaN where a row is constant)."""
     rx = rx - rx.mean(-1, keepdims=True)
     ry = ry - ry.mean(-1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -281,20 +284,23 @@ def _spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 def spearman_p(x: np.ndarray, y: np.ndarray) -> float:
     """Two-sided permutation p-value of Spearman rho: exact (all n! pairings) when
-    n! <= NUM_PERMUTATIONS, else NUM_PERMUTATIONS random pairings (fixed seed)."""
+    n! <= NUM_PERMUTATIONS, else NUM_PERMUTATIONS random pairings (fixed seed). Ranks
+    commute with permutations, so each pairing's rho is the Pearson r of the ranks so paired:
+    the data are ranked once, not per pairing (the same values; ranking was 90% of the time)."""
     result = scipy.stats.permutation_test(
-        (np.asarray(x, np.float64), np.asarray(y, np.float64)),
-        lambda a, b, axis: _spearman_rows(a, b), permutation_type="pairings", vectorized=True,
+        tuple(scipy.stats.rankdata(np.asarray(v, np.float64)) for v in (x, y)),
+        lambda a, b, axis: _pearson_rows(a, b), permutation_type="pairings", vectorized=True,
         n_resamples=NUM_PERMUTATIONS, alternative="two-sided",
         rng=np.random.default_rng(BOOTSTRAP_SEED))
     return float(result.pvalue)
 
 
-def spearman_interval(x: np.ndarray, y: np.ndarray, confidence: float = CONFIDENCE
-                      ) -> tuple[float, float, float, float]:
+def spearman_interval(x: np.ndarray, y: np.ndarray, confidence: float = CONFIDENCE,
+                      with_p: bool = True) -> tuple[float, float, float, float]:
     """(rho, low, high, p): Spearman rho across seeds, a percentile-bootstrap interval (seeds
     resampled; resamples where either variable is constant are dropped; NaN below
-    MIN_BOOTSTRAP_SEEDS seeds) and the permutation p-value (`spearman_p`)."""
+    MIN_BOOTSTRAP_SEEDS seeds) and the permutation p-value (`spearman_p`; NaN if not
+    `with_p`)."""
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return math.nan, math.nan, math.nan, math.nan
@@ -307,7 +313,7 @@ def spearman_interval(x: np.ndarray, y: np.ndarray, confidence: float = CONFIDEN
         tail = (1 - confidence) / 2
         if len(boot):
             low, high = (float(q) for q in np.quantile(boot, [tail, 1 - tail]))
-    return rho, low, high, spearman_p(x, y)
+    return rho, low, high, spearman_p(x, y) if with_p else math.nan
 
 
 def id_predicts_gap(rows: Iterable[dict], baseline: str = "iid", predictor: str | None = None,
@@ -339,7 +345,7 @@ def id_predicts_gap(rows: Iterable[dict], baseline: str = "iid", predictor: str 
             x, b, s = (np.array([t[seed][metric] for seed in seeds], np.float64)
                        for t in (pred, base, per_seed))
             rho, low, high, p = spearman_interval(x, signed_gap(b, s, metric))
-            rho_ood, ood_low, ood_high, _ = spearman_interval(x, s)
+            rho_ood, ood_low, ood_high, _ = spearman_interval(x, s, with_p=False)
             out.append({"site": site, "method": method, "size": size, "split": split,
                         "metric": metric, "predictor": predictor, "baseline": baseline,
                         "n_seeds": len(seeds), "rho": rho, "rho_low": low, "rho_high": high,
