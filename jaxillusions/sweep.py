@@ -615,7 +615,7 @@ def complete_figures(config: Settings | Any, workdir: str, say=print) -> list[st
             "figures are left out")
     complete &= run is not None
     baseline, seeds_of = config.proxies.gap_baseline, train.members(config).seeds
-    drawn = []
+    drawn, figure_files = [], []
     for idx, group_dir in groups:
         rows = results.read_csv(os.path.join(group_dir, "results.csv"))
         gaps_path = os.path.join(group_dir, "gaps.csv")
@@ -650,8 +650,11 @@ def complete_figures(config: Settings | Any, workdir: str, say=print) -> list[st
                     os.remove(path)
             raise
         drawn += paths
-    if done is not None:  # the finished sweep's marker vouches for the new figures too
-        done["reports"].update({os.path.relpath(p, workdir): stages.sha256(p) for p in drawn})
+        figure_files += [_figure_path(group_dir, job[1]) for job in jobs]
+    if done is not None:  # the finished sweep's marker vouches for the new figures too (and
+        # for those an earlier, stopped call drew: the others are verified, the same sha256)
+        done["reports"].update({os.path.relpath(p, workdir): stages.sha256(p)
+                                for p in figure_files})
         done["figures"] = "all" if complete else done.get("figures", "summary")
         stages.write(done_path, json.dumps(done, indent=2, sort_keys=True), "final")
     return drawn
