@@ -42,6 +42,7 @@ from jaxillusions.proxies import sae
 
 # Keys (fnmatch patterns) that may change on resume: analysis, evaluation and logging settings.
 ANALYSIS_KEYS = (
+    "figures",
     "proxies.*",
     "wen.*",
     "induction.*",
@@ -226,6 +227,9 @@ class Induction:
     batch: int = setting(64, INT, ">= 1", positive, "sequences")
 
 
+# Which figures the main job draws (figures/ and TensorBoard IMAGES; sweep.figure_jobs).
+FIGURES = ("summary", "all")
+
 SECTIONS = {"model": Model, "train": Train, "proxies": Proxies, "wen": Wen,
             "induction": Induction}
 
@@ -240,6 +244,12 @@ class Settings:
         0, INT, ">= 0 (0: as JAX starts: $JAX_NUM_CPU_DEVICES, else 1)", nonnegative,
         "JAX devices the CPU is split into, the seeds sharded over them (one per core); "
         "ignored on a GPU. It changes the numbers' last bits")
+    figures: str = setting(
+        "summary", STR, *one_of(FIGURES),
+        doc="which figures the main job draws (docs/configs.md, Figures): summary (gaps, "
+        "faithfulness, categories, attention patterns, one key projection) or all (also "
+        "accuracy per bin of every proxy family, every key projection); `python -m "
+        "launch.figures W` draws the rest later")
     data: Any = None  # the task's Data
     model: Model = dataclasses.field(default_factory=Model)
     train: Train = dataclasses.field(default_factory=Train)

@@ -5,8 +5,9 @@ proxy_vs_original.csv, id_predicts_gap.csv and min_size.csv (analysis/stats.py),
 dictionaries_*.csv (analysis/dictionaries.py), with proxies.fit_splits beyond train
 fit_shift_results.csv, fit_x_eval.csv and gap_decomposition.csv (fit_shift.py,
 analysis/fit_shift.py), with proxies.geometry or proxies.repair_sentences geometry.csv,
-geometry_predicts_gap.csv and repair.csv (geometry_stage.py), figures/*.png, TensorBoard curves
-and the hparams view, and the training checkpoints.
+geometry_predicts_gap.csv and repair.csv (geometry_stage.py), figures/*.png (those the setting
+`figures` chooses: the summary set by default; `complete_figures`, i.e. python -m launch.figures,
+draws the rest later), TensorBoard curves and the hparams view, and the training checkpoints.
 
 Each stage is saved as it finishes, so a relaunch of the same command resumes where the last
 one stopped: training from its newest checkpoint, then each proxy family's fitted parameters
@@ -103,6 +104,7 @@ def _mark_done(config, workdir: str) -> None:
                   if os.path.isdir(path) else [path])
     stages.write(os.path.join(workdir, DONE_FILE), json.dumps(
         {"time": checkpoint._now(), "analysis": _analysis_settings(config),  # noqa: SLF001
+         "figures": config.figures,  # which were drawn; complete_figures draws the rest
          "reports": {os.path.relpath(f, workdir): stages.sha256(f) for f in files}},
         indent=2, sort_keys=True), "final")
 
@@ -192,7 +194,15 @@ def _run(config: Settings, workdir: str, *, verbose: bool, start_over: bool) -> 
             rows = [row for _, group_dir in _weight_groups(config, workdir) if pc.methods
                     for row in results.read_csv(os.path.join(group_dir, "results.csv"))]
             where = f"{workdir}/results.csv" if pc.methods else workdir
-            say(f"the sweep in {workdir} is finished (finished {done['time']}); nothing to do. "
+            # figures=all on a sweep that drew the summary: the rest, as launch.figures draws
+            # them (a marker without "figures" predates the setting: every figure was drawn).
+            todo = ("nothing to do" if not pc.methods or config.figures == "summary"
+                    or done.get("figures", "all") == "all" else "")
+            if not todo and distributed.is_main():
+                with timing.stage("figures"):
+                    todo = (f"drew the {len(complete_figures(config, workdir, say))} figures "
+                            "it had left out (figures=all)")
+            say(f"the sweep in {workdir} is finished (finished {done['time']}); {todo}. "
                 f"Results: {where}. Change a proxies.* or wen.* setting to redo the analysis.")
             return rows
         if not checkpoint.has_checkpoints(workdir):  # rewriting would mean training again
@@ -245,6 +255,9 @@ def _run(config: Settings, workdir: str, *, verbose: bool, start_over: bool) -> 
     logdir = os.path.join(workdir, "tensorboard") if len(groups) == 1 else workdir
     say(f"[{time.perf_counter() - start:.0f}s] done: {workdir}, TensorBoard: "
         f"tensorboard --logdir {logdir}")
+    if config.figures == "summary":
+        say(f"figures: the summary set (setting figures); python -m launch.figures {workdir} "
+            "draws the rest")
     return rows
 
 
@@ -466,17 +479,28 @@ def _write_tables(workdir: str, named: dict) -> None:
 
 def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,
                 gaps=()) -> None:
-    """Figures (figures/*.png, also under TensorBoard's IMAGES) and the TensorBoard reports
-    (analysis/board.py) from the result rows and, when given, the paired gaps (analysis/stats)."""
+    """Figures (figures/*.png, also under TensorBoard's IMAGES; those of `figure_jobs` that the
+    setting `figures` chooses) and the TensorBoard reports (analysis/board.py) from the result
+    rows and, when given, the paired gaps (analysis/stats)."""
+    jobs = figure_jobs(rows, config, gaps, config.figures)
+    with stages.writing("report", os.path.join(workdir, "tensorboard")), \
+            log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
+        draw(jobs, writer, workdir)
+        board.write_all(writer, rows, config, model_cfg, seeds, healthy, workdir, gaps)
+
+
+def figure_jobs(rows, config: Settings, gaps=(), which: str = "all") -> list[tuple]:
+    """The figures of the result rows and the paired gaps (those of the gap baseline), as jobs of
+    `draw`. `which`="summary" (settings.FIGURES): the paired gaps per split (gap_vs_size_<method>,
+    gaps_attention_proxies; with `gaps`), faithfulness against size (faithfulness_<method>) and
+    the task's categorical breakdowns (same_pred_by_<breakdown>_<method>); "all": also accuracy
+    per bin of every breakdown with a training bound, one figure per proxy family
+    (accuracy_by_<breakdown>_<method>_<site>)."""
     splits = list(config.proxies.eval_splits)
     methods = list(dict.fromkeys(r["method"] for r in rows))
     sized = [m for m in methods if any(r["method"] == m and r["size"] > 0 for r in rows)]
     unsized = [m for m in methods if m not in sized]
     task = tasks.get(config)
-    bounds = task.bounds(config)  # the largest bin seen in training, per breakdown
-    if "position" in bounds:  # position offsets (train.max_position_offset) train later ones
-        bounds["position"] += objective.from_settings(config).max_position_offset
-    breakdowns = [b for b in bounds if any(r["breakdown"] == b for r in rows)]
     labelled = {b: task.bin_labels(b) for b in task.BREAKDOWNS
                 if task.bin_labels(b) and any(r["breakdown"] == b for r in rows)}
     jobs = []  # (TensorBoard tag, file name, figure function, its arguments)
@@ -494,6 +518,12 @@ def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,
             jobs.append((f"same_pred_by_{breakdown}/{method}",
                          f"same_pred_by_{breakdown}_{method}", figures.faithfulness_by_label,
                          (rows, method, splits, breakdown, labels)))
+    if which == "summary":
+        return jobs
+    bounds = task.bounds(config)  # the largest bin seen in training, per breakdown
+    if "position" in bounds:  # position offsets (train.max_position_offset) train later ones
+        bounds["position"] += objective.from_settings(config).max_position_offset
+    breakdowns = [b for b in bounds if any(r["breakdown"] == b for r in rows)]
     for site, method in dict.fromkeys((r["site"], r["method"]) for r in rows):
         # The family's rows, all that the figure reads: it aggregates every row it is
         # given (over seeds, per bin), the most costly part of the reports on all rows.
@@ -503,21 +533,32 @@ def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,
                          f"accuracy_by_{breakdown}_{method}_{site.replace('+', '_and_')}",
                          figures.accuracy_by_bin,
                          (family, site, method, splits, breakdown, bounds[breakdown])))
-    with stages.writing("report", os.path.join(workdir, "tensorboard")), \
-            log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
-        draw(jobs, writer, workdir)
-        board.write_all(writer, rows, config, model_cfg, seeds, healthy, workdir, gaps)
+    return jobs
 
 
 def write_activation_figures(params, splits, model_cfg, config, workdir: str, seeds,
                              healthy=None, max_seeds: int = 4) -> None:
-    """The task's figures of activations (Dyck: last-layer attention patterns on one iid
-    sentence for the first healthy seeds, and the 2-D SVD projection of the last layer's keys at
-    training positions of the first 3 healthy seeds, one figure each), under figures/ and
-    TensorBoard IMAGES."""
+    """The activation figures of `activation_jobs` that the setting `figures` chooses, under
+    figures/ and TensorBoard IMAGES."""
+    jobs = activation_jobs(params, splits, model_cfg, config, seeds, healthy, config.figures,
+                           max_seeds)
+    if not jobs:
+        return
+    with stages.writing("report", os.path.join(workdir, "tensorboard")), \
+            log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
+        draw(jobs, writer, workdir)
+
+
+def activation_jobs(params, splits, model_cfg, config: Settings, seeds, healthy=None,
+                    which: str = "all", max_seeds: int = 4) -> list[tuple]:
+    """The task's figures of activations, as jobs of `draw` (Dyck: last-layer attention patterns
+    on one iid sentence for the first healthy seeds, and the 2-D SVD projection of the last
+    layer's keys at training positions of the first 3 healthy seeds, one figure each).
+    `which`="summary": the first figure of each kind (the attention patterns, the first healthy
+    seed's key projection); "all": every one."""
     healthy = np.ones(len(seeds), bool) if healthy is None else np.asarray(healthy, bool)
     if not healthy.any():
-        return
+        return []
     index = np.flatnonzero(healthy)[:max_seeds]  # diverged seeds are not drawn
     shown = [seeds[i] for i in index]
     pattern_site = faithfulness.resolve_site("blocks.-1.attn.pattern", model_cfg)
@@ -530,13 +571,121 @@ def write_activation_figures(params, splits, model_cfg, config, workdir: str, se
 
     plots = tasks.get(config.task).activation_plots(run, splits, config, shown, pattern_site,
                                                     key_site)
-    if not plots:
-        return
-    jobs = [(f"activations/{name}", name, getattr(figures, kind), args)
+    if which == "summary":
+        first: dict[str, str] = {}  # figure function -> the first figure drawn with it
+        for name, (kind, _) in plots.items():
+            first.setdefault(kind, name)
+        plots = {name: plots[name] for name in first.values()}
+    return [(f"activations/{name}", name, getattr(figures, kind), args)
             for name, (kind, args) in plots.items()]
-    with stages.writing("report", os.path.join(workdir, "tensorboard")), \
-            log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
-        draw(jobs, writer, workdir)
+
+
+def complete_figures(config: Settings | Any, workdir: str, say=print) -> list[str]:
+    """Draws every figure of the main job (`figure_jobs` and `activation_jobs`, "all") that
+    `workdir` (and each weight group's directory) lacks, from its stored results: results.csv,
+    gaps.csv, and for the activation figures its newest checkpoint (results.load_run). A figure
+    already there is kept as it is; each new one also goes to TensorBoard's IMAGES once. On a
+    finished sweep, sweep_done.json must vouch for the reports first, and then vouches for the
+    new figures too, so that a relaunch still finds the sweep finished. Returns the paths drawn.
+    A workdir without results, or with reports that its sweep_done.json does not vouch for, is a
+    one-line ValueError before any drawing (python -m launch.figures WORKDIR)."""
+    config = settings.from_config(config)
+    done_path = os.path.join(workdir, DONE_FILE)
+    done = _verified_done(config, workdir)
+    if not config.proxies.methods:
+        raise ValueError(f"the run in {workdir} has no proxies (proxies.methods is empty), so "
+                         "no figures of results to draw")
+    every = _weight_groups(config, workdir)
+    groups = [(idx, d) for idx, d in every if os.path.isfile(os.path.join(d, "results.csv"))]
+    if not groups:
+        raise ValueError(f"{workdir} has no results yet (no results.csv: its sweep has not "
+                         "finished evaluating the proxies); run or relaunch python -m "
+                         "launch.sweep on it first")
+    for _, group_dir in every:
+        if not os.path.isfile(os.path.join(group_dir, "results.csv")):
+            say(f"note: {group_dir} has no results.csv yet; its figures are left out")
+    run, complete = None, len(groups) == len(every)
+    if checkpoint.has_checkpoints(workdir):
+        try:
+            run = results.load_run(workdir)
+        except FileNotFoundError as err:
+            say(f"note: {err}; the activation figures are left out")
+    else:
+        say(f"note: {workdir}/{checkpoint.CHECKPOINT_DIR} holds no checkpoint; the activation "
+            "figures are left out")
+    complete &= run is not None
+    baseline, seeds_of = config.proxies.gap_baseline, train.members(config).seeds
+    drawn, figure_files = [], []
+    for idx, group_dir in groups:
+        rows = results.read_csv(os.path.join(group_dir, "results.csv"))
+        gaps_path = os.path.join(group_dir, "gaps.csv")
+        gaps = []
+        if os.path.isfile(gaps_path):  # as write_reports passes them: the chosen baseline's
+            gaps = [g for g in tables.read_csv(gaps_path)
+                    if g["baseline"] == baseline and g["split"] != baseline]
+        else:
+            complete = False
+            say(f"note: {group_dir} has no gaps.csv (its reports were stopped before it); the "
+                "gap figures are left out: relaunch the sweep to write the reports")
+        seeds = [int(s) for s in seeds_of[idx]]
+        jobs = figure_jobs(rows, config, gaps)
+        if run is not None:
+            jobs += activation_jobs(jax.tree.map(lambda x, idx=idx: x[idx], run.params),
+                                    run.splits, run.model_config, config, seeds,
+                                    run.healthy[idx])
+        todo = [job for job in jobs if not os.path.exists(_figure_path(group_dir, job[1]))]
+        say(f"{group_dir}: drawing {len(todo)} figures ({len(jobs) - len(todo)} of {len(jobs)} "
+            "are there and kept)" if todo else f"{group_dir}: all {len(jobs)} figures are "
+            "there; nothing to draw", flush=True)
+        paths = [_figure_path(group_dir, job[1]) for job in todo]
+        try:
+            if todo:
+                with stages.writing("report", os.path.join(group_dir, "tensorboard")), \
+                        log_lib.SweepWriter(os.path.join(group_dir, "tensorboard"),
+                                            seeds) as writer:
+                    draw(todo, writer, group_dir)
+        except BaseException:  # a stop: draw sends its figures to TensorBoard at its end, so
+            for path in paths:  # the ones drawn here are drawn again, with their images, next time
+                if os.path.exists(path):
+                    os.remove(path)
+            raise
+        drawn += paths
+        figure_files += [_figure_path(group_dir, job[1]) for job in jobs]
+    if done is not None:  # the finished sweep's marker vouches for the new figures too (and
+        # for those an earlier, stopped call drew: the others are verified, the same sha256)
+        done["reports"].update({os.path.relpath(p, workdir): stages.sha256(p)
+                                for p in figure_files})
+        done["figures"] = "all" if complete else done.get("figures", "summary")
+        stages.write(done_path, json.dumps(done, indent=2, sort_keys=True), "final")
+    return drawn
+
+
+def _figure_path(directory: str, name: str) -> str:
+    return os.path.join(directory, "figures", name + ".png")
+
+
+def _verified_done(config: Settings, workdir: str) -> dict | None:
+    """sweep_done.json, or None if the sweep has not finished; a ValueError (one line) if it is
+    unreadable, or records other analysis settings than the run's, or its reports do not match
+    their checksums: figures drawn now could not be vouched for."""
+    path = os.path.join(workdir, DONE_FILE)
+    try:
+        done = stages.read_json(path)
+        why = None if done is None else _done_shape(done)
+    except (OSError, ValueError) as err:
+        why = f"its {DONE_FILE} is unreadable ({checkpoint.error_line(err)})"
+    else:
+        if why is not None:
+            why = f"its {DONE_FILE} is unreadable ({why})"
+        elif done is not None and done["analysis"] != _analysis_settings(config):
+            why = f"its {DONE_FILE} records other analysis settings than its config.json"
+        elif done is not None:
+            why = _unverified(done, workdir)
+    if why is not None:
+        raise ValueError(f"the sweep in {workdir} finished, but {why}; relaunch its "
+                         "python -m launch.sweep command to write the reports again, then "
+                         "draw the figures")
+    return done
 
 
 def draw(jobs, writer, workdir: str) -> None:

@@ -140,12 +140,13 @@ def _last_override_wins(argv: list[str]) -> list[str]:
             if not key or last[key] == i]
 
 
-def parse_flags(argv: list[str]) -> None:
+def parse_flags(argv: list[str]) -> list[str]:
     """Parses the flags; a bad flag or config override is a one-line error, not a traceback.
-    A repeated `--config.<key>=` override: the last one wins."""
+    A repeated `--config.<key>=` override: the last one wins. Returns the arguments that are not
+    flags (after the program's name)."""
     argv = _last_override_wins(argv)
     try:
-        flags.FLAGS(argv)
+        return flags.FLAGS(argv)[1:]
     except (flags.Error, KeyError, AttributeError, ValueError, TypeError) as err:
         path = _flag_value(argv, "config")
         message = _unknown_key(argv, path) if path else None

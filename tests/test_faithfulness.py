@@ -228,6 +228,7 @@ def test_sweep_end_to_end_writes_table_figures_and_tensorboard(trained, tmp_path
     config.proxies.methods = ("svd", "kmeans", "uniform_attention")
     config.proxies.targets = ("blocks.-1.attn.q", "blocks.-1.attn.k")
     config.proxies.eval_splits = ("iid", "unseen_depth")
+    config.figures = "all"  # every figure (the default draws the summary: test_figures.py)
     workdir = str(tmp_path / "run")
     F._eval_chunk.clear_cache()  # count its compilations; other programs stay compiled
     with timing.Breakdown() as clock:
@@ -274,9 +275,15 @@ def test_sweep_end_to_end_writes_table_figures_and_tensorboard(trained, tmp_path
             assert (g["ci_low"], g["ci_high"]) == pytest.approx((low, high), abs=1e-9)
     for name in ("proxy_vs_original", "id_predicts_gap", "min_size"):
         assert os.path.exists(os.path.join(workdir, f"{name}.csv"))
-    for name in ("faithfulness_svd.png", "faithfulness_kmeans.png",
-                 "accuracy_by_depth_uniform_attention_blocks.1.attn.pattern.png",
-                 "attention_patterns.png", "key_projection_seed0.png"):
+    families = ["svd_blocks.1.attn.q", "svd_blocks.1.attn.k", "kmeans_blocks.1.attn.q",
+                "kmeans_blocks.1.attn.k", "uniform_attention_blocks.1.attn.pattern"]
+    assert sorted(os.listdir(os.path.join(workdir, "figures"))) == sorted(
+        [f"{name}.png" for name in ("faithfulness_svd", "faithfulness_kmeans", "gap_vs_size_svd",
+                                    "gap_vs_size_kmeans", "gaps_attention_proxies",
+                                    "attention_patterns", "key_projection_seed0",
+                                    "key_projection_seed1")]
+        + [f"accuracy_by_{b}_{f}.png" for b in ("depth", "position") for f in families])
+    for name in os.listdir(os.path.join(workdir, "figures")):
         assert os.path.getsize(os.path.join(workdir, "figures", name)) > 1000
     # TensorBoard: the Headline cards are gaps.csv's gaps of gap_table.txt's headline proxies,
     # one point each at the last training step; every other tag starts with a lowercase

@@ -1,7 +1,15 @@
+import json
+import os
+import shutil
+import subprocess
+import sys
+
 import numpy as np
 import pytest
+from conftest import tiny_sweep_config
 from test_logging import _gaps, _rows
 
+from jaxillusions import sweep
 from jaxillusions.analysis import figures
 
 SPLITS = ("iid", "unseen_depth", "longer")
@@ -120,11 +128,6 @@ def test_a_helper_process_draws_every_other_figure_into_the_same_files(tmp_path,
     # With two cores a helper process draws every other figure (drawing is single-threaded);
     # the files and TensorBoard's images (in order) are those of one process drawing them all,
     # and a helper that fails leaves its figures to this process.
-    import os
-    import sys
-
-    from jaxillusions import sweep
-
     rows, gaps = _rows(), _gaps(_rows())
     jobs = [("a", "curves", figures.faithfulness_curves, (rows, "svd", SPLITS)),
             ("b", "gaps", figures.gap_vs_size, (gaps, "kmeans", SPLITS)),
@@ -156,3 +159,133 @@ def test_a_helper_process_draws_every_other_figure_into_the_same_files(tmp_path,
             with open(tmp_path / "alone" / "figures" / f"{file}.png", "rb") as a, \
                     open(tmp_path / name / "figures" / f"{file}.png", "rb") as b:
                 assert a.read() == b.read()
+
+
+# ---------------------------------------------------------------------------------------------
+# Which figures the main job draws (the setting `figures`), and launch.figures for the rest.
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# conftest.tiny_sweep_config: svd (sized) and onehot_attention (not) on blocks.1.attn.k, seeds
+# 0 and 1; Dyck's training bounds are depth and position.
+SUMMARY = {"gap_vs_size_svd", "faithfulness_svd", "gaps_attention_proxies", "attention_patterns",
+           "key_projection_seed0"}
+REST = {f"accuracy_by_{b}_{family}" for b in ("depth", "position")
+        for family in ("svd_blocks.1.attn.k", "onehot_attention_blocks.1.attn.pattern")
+        } | {"key_projection_seed1"}
+
+
+def _figures(workdir) -> dict[str, bytes]:
+    """figures/: {name without .png: its bytes}."""
+    directory = os.path.join(workdir, "figures")
+    out = {}
+    for name in os.listdir(directory):
+        with open(os.path.join(directory, name), "rb") as f:
+            out[name.removesuffix(".png")] = f.read()
+    return out
+
+
+def _images(workdir) -> dict[str, int]:
+    """TensorBoard IMAGES: how many images each tag has."""
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    acc = ea.EventAccumulator(os.path.join(workdir, "tensorboard", "images"),
+                              size_guidance={ea.IMAGES: 0})
+    acc.Reload()
+    return {tag: len(acc.Images(tag)) for tag in acc.Tags()["images"]}
+
+
+def test_the_main_job_draws_the_summary_and_launch_figures_the_rest(tiny_sweep, tmp_path,
+                                                                    cache_dir, capsys):
+
+    # The default (figures="summary"): the summary set, each figure once in TensorBoard.
+    summary = _figures(tiny_sweep)
+    assert set(summary) == SUMMARY
+    tags = _images(tiny_sweep)
+    assert len(tags) == len(SUMMARY) and set(tags.values()) == {1}
+    workdir = tmp_path / "run"
+    shutil.copytree(tiny_sweep, workdir)
+    done = json.loads((workdir / sweep.DONE_FILE).read_text())
+    assert done["figures"] == "summary"
+
+    proc = subprocess.run([sys.executable, "-m", "launch.figures", str(workdir)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (f"{workdir}: drawing {len(REST)} figures ({len(SUMMARY)} of "
+            f"{len(SUMMARY) + len(REST)} are there and kept)") in proc.stdout
+    figs = _figures(workdir)
+    assert set(figs) == SUMMARY | REST
+    assert {name: figs[name] for name in SUMMARY} == summary  # byte for byte
+    images = _images(workdir)  # the new figures added, none twice
+    assert len(images) == len(SUMMARY | REST) and set(images.values()) == {1}
+    # The finished marker still verifies, and vouches for the new figures too.
+    done = json.loads((workdir / sweep.DONE_FILE).read_text())
+    assert sweep._unverified(done, str(workdir)) is None and done["figures"] == "all"
+    assert {f"figures/{name}.png" for name in REST} <= set(done["reports"])
+    # A relaunch of the sweep finds it finished (with either setting), and changes nothing.
+    before = {p: p.stat().st_mtime_ns for p in workdir.rglob("*") if p.is_file()}
+    config = tiny_sweep_config(cache_dir)
+    for which in ("summary", "all"):
+        config.figures = which
+        sweep.run(config, str(workdir))
+        assert "is finished (finished " in capsys.readouterr().out
+    assert {p: p.stat().st_mtime_ns for p in workdir.rglob("*") if p.is_file()} == before
+
+
+def test_figures_all_on_a_finished_sweep_draws_the_rest_as_the_sweep_draws_them(
+        tiny_sweep, tmp_path, cache_dir, capsys):
+    # The relaunch with figures="all" draws what the summary left out (from results.csv,
+    # gaps.csv and the checkpoint), and a sweep that writes its reports again with "all" draws
+    # every figure itself, from its rows in memory: the same bytes.
+
+    workdir = tmp_path / "run"
+    shutil.copytree(tiny_sweep, workdir)
+    config = tiny_sweep_config(cache_dir)
+    config.figures = "all"
+    sweep.run(config, str(workdir))
+    assert f"drew the {len(REST)} figures it had left out (figures=all)" in (
+        capsys.readouterr().out)
+    drawn = _figures(workdir)
+    assert set(drawn) == SUMMARY | REST
+    done = json.loads((workdir / sweep.DONE_FILE).read_text())
+    assert sweep._unverified(done, str(workdir)) is None and done["figures"] == "all"
+    os.remove(workdir / sweep.DONE_FILE)  # as if stopped in the report stage: written again
+    sweep.run(config, str(workdir), verbose=False)
+    assert _figures(workdir) == drawn
+    done = json.loads((workdir / sweep.DONE_FILE).read_text())
+    assert sweep._unverified(done, str(workdir)) is None and done["figures"] == "all"
+
+
+def test_launch_figures_refuses_what_is_not_a_run_with_results_in_one_line(tmp_path, tiny_sweep,
+                                                                           cache_dir):
+
+    (tmp_path / "empty").mkdir()
+    for args, message in [([str(tmp_path / "nope")], f"error: {tmp_path / 'nope'} is not a "
+                           "directory (python -m launch.figures WORKDIR"),
+                          ([str(tmp_path / "empty")], f"error: {tmp_path / 'empty'} is not the "
+                           "workdir of a run: it has no config.json"),
+                          ([], "error: give one workdir (python -m launch.figures WORKDIR"),
+                          (["--config=configs/dyck_small.py", tiny_sweep],
+                           "error: launch.figures takes no --config")]:
+        proc = subprocess.run([sys.executable, "-m", "launch.figures", *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 1 and proc.stderr.startswith(message), proc.stderr
+        assert proc.stderr.count("\n") == 1
+    # A run without results yet (training only), and a finished one whose reports changed
+    # since: one line each, before anything is drawn.
+    config = tiny_sweep_config(cache_dir)
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    shutil.copy(os.path.join(tiny_sweep, "config.json"), trained)
+    with pytest.raises(ValueError, match=r"^.*trained has no results yet \(no results.csv"):
+        sweep.complete_figures(config, str(trained))
+    changed = tmp_path / "changed"
+    shutil.copytree(tiny_sweep, changed)
+    with open(changed / "gaps.csv", "a") as f:
+        f.write("\n")
+    with pytest.raises(ValueError) as err:
+        sweep.complete_figures(config, str(changed))
+    assert str(err.value).startswith(
+        f"the sweep in {changed} finished, but its gaps.csv differs from the sha256 recorded in "
+        f"{sweep.DONE_FILE}; relaunch") and "\n" not in str(err.value)
+    assert json.loads((changed / sweep.DONE_FILE).read_text())["figures"] == "summary"
+    assert set(_figures(changed)) == SUMMARY

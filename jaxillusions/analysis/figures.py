@@ -14,6 +14,7 @@ diverged in training have no rows, so they are never drawn.
 from __future__ import annotations
 
 import functools
+import io
 import math
 import os
 import pickle
@@ -367,12 +368,26 @@ def render_file(jobs_path: str) -> None:
 
 
 def save(fig, path: str) -> np.ndarray:
-    """Writes `fig` as a PNG at DPI and closes it; returns the pixels it drew [H, W, 4]."""
+    """Writes `fig` as a PNG at DPI and closes it; returns the pixels it drew [H, W, 4]. The file
+    appears whole or not at all (a temporary file, then a rename): a run killed while saving
+    leaves no cut figure, which launch.figures would take for a drawn one."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     # tight_layout leaves a placeholder layout engine, for which savefig draws the whole figure
     # once more before the draw it saves; the layout is done, so none is needed.
     fig.set_layout_engine(None)
-    fig.savefig(path, dpi=DPI)
+    data = io.BytesIO()
+    fig.savefig(data, dpi=DPI, format=os.path.splitext(path)[1][1:] or "png")
+    # Not checkpoint.write_atomic: importing orbax would slow sweep.draw's helper process by
+    # more than a figure takes to draw.
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.getvalue())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
     pixels = np.array(fig.canvas.buffer_rgba())  # savefig's draw (no second one)
     _pyplot().close(fig)
     return pixels
