@@ -31,7 +31,6 @@ stamped with what it was computed with.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import zlib
@@ -58,22 +57,14 @@ def halves(num_sentences: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return order[0::2], np.sort(order[1::2])
 
 
-def subset(split, index: np.ndarray):
-    """The sentences `index` of a task's split (every array field with a sentence axis)."""
-    n = len(split.tokens)
-    return dataclasses.replace(split, **{
-        f.name: getattr(split, f.name)[index] for f in dataclasses.fields(split)
-        if isinstance(getattr(split, f.name), np.ndarray) and len(getattr(split, f.name)) == n})
-
-
 def fit_data(splits: dict, name: str, config):
     """The sentences proxies are fitted on for fit split `name`: train as it is unless capped,
     another split's fit half (capped by proxies.fit_sentences)."""
     split, cap, seed = splits[name], config.proxies.fit_sentences, config.seed
     if name == REFERENCE:
-        return split if not cap else subset(split, permutation(len(split.tokens), seed)[:cap])
+        return split if not cap else tasks.subset(split, permutation(len(split.tokens), seed)[:cap])
     index = halves(len(split.tokens), seed)[0]
-    return subset(split, index[:cap] if cap else index)
+    return tasks.subset(split, index[:cap] if cap else index)
 
 
 def fit_stamp(config) -> dict:
@@ -114,7 +105,7 @@ def run_stage(params, healthy, seeds, splits: dict, model_cfg, specs, fitted, fi
     if not others:
         return []
     pc, seed = config.proxies, config.seed
-    halved = {n: subset(splits[n], halves(len(splits[n].tokens), seed)[1])
+    halved = {n: tasks.subset(splits[n], halves(len(splits[n].tokens), seed)[1])
               for n in pc.eval_splits if n in others}
     eval_set = faithfulness.make_eval_set({**splits, **halved}, pc.eval_splits,
                                           tasks.get(config))

@@ -160,7 +160,7 @@ def _repair_family(params, healthy, seeds, splits, model_cfg, proxy, moments, co
             (v, m, r) for v in variants for m in counts for r in sizes]
         wide = faithfulness.ProxySpec(spec.method, spec.sites, tuple(range(len(labels))),
                                       spec.options)
-        half = fit_shift.subset(splits[split], halves[split][1])
+        half = tasks.subset(splits[split], halves[split][1])
         eval_set = faithfulness.make_eval_set({split: half}, [split], task)
         got = faithfulness.evaluate(params, model_cfg, eval_set,
                                     [faithfulness.FittedProxy(wide, per_site)],

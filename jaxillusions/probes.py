@@ -172,7 +172,7 @@ def heldout_train(train, num_samples: int, size: int):
     used = int(np.searchsorted(ends, num_samples)) + 1
     if used >= len(ends):
         return None
-    return fit_shift.subset(train, np.arange(used, min(used + size, len(ends))))
+    return tasks.subset(train, np.arange(used, min(used + size, len(ends))))
 
 
 def compute(params, healthy, seeds, splits, model_cfg, config, say=print) -> list[dict]:

@@ -49,6 +49,7 @@ ANALYSIS_KEYS = (
     "train.eval_batch_size",
     "train.log_every",
     "train.eval_every",
+    "train.eval_train_sentences",
     "train.checkpoint_every",
     "data.cache_dir",
 )
@@ -116,6 +117,9 @@ class Train:
     eval_every: int = setting(1000, INT, ">= 0 (0: only at the end)", nonnegative)
     checkpoint_every: int = setting(1000, INT, ">= 0 (0: only at the end)", nonnegative)
     eval_batch_size: int = setting(256, INT, ">= 1", positive)
+    eval_train_sentences: int = setting(
+        0, INT, ">= 0 (0: all)", nonnegative,
+        "training sentences scored by the evaluations during training (the first N)")
     # A training key: the seeds a device batches together can change XLA's rounding
     # (docs/scaling_out.md). 1 is refused: a one-seed chunk would run the unbatched step.
     seed_chunk_size: int = setting(0, INT, "0 (all at once) or >= 2",

@@ -84,6 +84,14 @@ def get(config_or_name) -> types.ModuleType:
     return importlib.import_module(f"{__name__}.{task}")
 
 
+def subset(split, index: np.ndarray):
+    """The sentences `index` of a task's split (every array field with a sentence axis)."""
+    n = len(split.tokens)
+    return dataclasses.replace(split, **{
+        f.name: getattr(split, f.name)[index] for f in dataclasses.fields(split)
+        if isinstance(getattr(split, f.name), np.ndarray) and len(getattr(split, f.name)) == n})
+
+
 def positions(tokens: np.ndarray) -> np.ndarray:
     """The position breakdown: bin t at position t."""
     return np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32), tokens.shape)
