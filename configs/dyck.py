@@ -51,6 +51,8 @@ def get_config() -> ConfigDict:
 
     # Proxies and evaluation: same methods and targets at every size (SVD ranks 1, 2, 4, ...
     # d_head; k-means k = 2 ... 64); k-means fitted on 100k vectors per seed.
+    config.proxies.targets = ("blocks.-1.attn.q", "blocks.-1.attn.k",
+                              "blocks.-1.attn.q+blocks.-1.attn.k")
     config.proxies.svd_ranks = ()
     config.proxies.kmeans_sizes = (2, 4, 8, 16, 32, 64)
     config.proxies.kmeans_samples = 100_000
