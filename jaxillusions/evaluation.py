@@ -98,7 +98,7 @@ def evaluate_splits(chunks: Sequence[dict], num_seeds: int, splits,
     evaluation's work: 20,000 sentences against 300 per split in the Dyck demo)."""
     task = tasks.get(settings.task)
     cap = settings.train.eval_train_sentences
-    if cap and len(splits["train"].tokens) > cap:
+    if cap and "train" in splits and len(splits["train"].tokens) > cap:
         splits = {**splits, "train": tasks.subset(splits["train"], np.arange(cap))}
     return {name: evaluate(chunks, split, model_cfg, num_seeds=num_seeds,
                            batch_size=settings.train.eval_batch_size,

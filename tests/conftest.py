@@ -27,6 +27,10 @@ def tiny_config(cache_dir: str = ""):
     config.train.eval_every = 10
     config.train.checkpoint_every = 10
     config.train.eval_batch_size = 64
+    # The targets and ranks of the tests written before the demo left some out.
+    config.proxies.targets = ("blocks.-1.attn.q", "blocks.-1.attn.k",
+                              "blocks.-1.attn.q+blocks.-1.attn.k")
+    config.proxies.svd_ranks = ()
     config.proxies.kmeans_sizes = (2, 4, 8)
     config.proxies.kmeans_samples = 1000
     config.proxies.kmeans_iters = 5

@@ -236,6 +236,7 @@ def _board_config(splits=("iid", "seen_structure", "unseen_depth", "longer", "ii
 
     config = dyck_small.get_config()
     config.proxies.eval_splits = splits
+    config.proxies.svd_ranks = ()  # the default, resolved to 1, 2, 4, ... d_head
     return settings.from_config(config)
 
 

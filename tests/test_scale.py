@@ -7,6 +7,7 @@ same job in this (one-device) process. XLA flags and jax.distributed must be set
 starts, so the sharded and multi-process cases run in child processes (`_child`).
 """
 
+import dataclasses
 import json
 import os
 import signal
@@ -478,3 +479,30 @@ def test_cpu_devices_after_jax_started_must_match(config, tmp_path, monkeypatch)
     monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "3")
     with pytest.raises(ValueError, match="JAX_NUM_CPU_DEVICES=3"):
         distributed.use_cpu_devices(2)
+
+
+def test_evaluation_during_training_scores_the_first_training_sentences(config):
+    """train.eval_train_sentences = N: the evaluations during training score the training
+    split's first N sentences (the same numbers as evaluating that subset), the other splits
+    whole; 0 scores all of them."""
+    from jaxillusions import settings, tasks  # noqa: PLC0415
+    from jaxillusions.step import init_state  # noqa: PLC0415
+
+    config.train.eval_train_sentences = 100
+    checked = settings.from_config(config)
+    splits, model_cfg, tx = train.build(checked)
+    params = init_state(np.arange(2), model_cfg, tx).params
+    some = {"train": splits["train"], "iid": splits["iid"]}
+    capped = evaluation.evaluate_splits([params], 2, some, model_cfg, checked)
+    first = tasks.subset(splits["train"], np.arange(100))
+    alone = evaluation.evaluate_splits([params], 2, {"train": first, "iid": splits["iid"]},
+                                       model_cfg, checked)
+    whole = evaluation.evaluate_splits([params], 2, some, model_cfg, dataclasses.replace(
+        checked, train=dataclasses.replace(checked.train, eval_train_sentences=0)))
+    for name in ("train", "iid"):
+        for key, value in capped[name].items():
+            np.testing.assert_array_equal(value, alone[name][key])
+    np.testing.assert_array_equal(capped["iid"]["acc"], whole["iid"]["acc"])
+    assert capped["train"]["count_by_depth"].sum() == first.is_close.sum()
+    assert whole["train"]["count_by_depth"].sum() == splits["train"].is_close.sum() > \
+        capped["train"]["count_by_depth"].sum()
