@@ -91,7 +91,7 @@ def get_config() -> ConfigDict:
     config.train.checkpoint_every = 1000
     config.train.eval_batch_size = 256
     # The evaluations during training score the first 2,000 training sentences (all 20,000
-    # took 15 s of the demo's 2-minute job at each evaluation); 0: all.
+    # took about 14 s of the demo's 2-minute job per evaluation); 0: all.
     config.train.eval_train_sentences = 2000
     # Each training sentence starts at a random position in [0, max_position_offset], so the
     # positions the `longer` split uses are trained too. -1: as far as the model's positions
