@@ -3,7 +3,6 @@ the sweep state, and small atomically written files for finished stages of the m
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import fcntl
 import hashlib
@@ -18,6 +17,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxillusions import distributed
+from jaxillusions.data.cache import write_atomic
 from jaxillusions.logging import flatten_config
 
 CONFIG_FILE = "config.json"
@@ -30,21 +30,6 @@ _ORBAX_COMMITTED = "_CHECKPOINT_METADATA"  # orbax writes it when it commits a s
 
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def write_atomic(path: str, data: bytes | str) -> None:
-    """Writes a file so that a reader (or a relaunch after a kill) sees all of it or none."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):  # a full disk leaves no partial temp file behind
-            os.remove(tmp)
-        raise
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import numpy as np
 
 from jaxillusions import proxies
 from jaxillusions.analysis import tables
+from jaxillusions.data import cache
 
 # Okabe & Ito (2008), black first; ordered so that neighbours differ in hue (sky blue and blue
 # apart: the 3rd and 6th split were hard to tell apart); yellow last (weak on white).
@@ -377,17 +378,7 @@ def save(fig, path: str) -> np.ndarray:
     fig.set_layout_engine(None)
     data = io.BytesIO()
     fig.savefig(data, dpi=DPI, format=os.path.splitext(path)[1][1:] or "png")
-    # Not checkpoint.write_atomic: importing orbax would slow sweep.draw's helper process by
-    # more than a figure takes to draw.
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data.getvalue())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    cache.write_atomic(path, data.getvalue())  # (not via checkpoint: no orbax import here)
     pixels = np.array(fig.canvas.buffer_rgba())  # savefig's draw (no second one)
     _pyplot().close(fig)
     return pixels

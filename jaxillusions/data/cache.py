@@ -8,6 +8,7 @@ directory that cannot be written only warns.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -25,6 +26,21 @@ def path(name: str, *dirs: str | None) -> str:
     """name in the first non-empty of dirs, else in $JAXILLUSIONS_CACHE, else in DEFAULT_DIR."""
     d = next((d for d in dirs if d), None) or os.environ.get("JAXILLUSIONS_CACHE") or DEFAULT_DIR
     return os.path.join(os.path.expanduser(d), name)
+
+
+def write_atomic(path: str, data: bytes | str) -> None:
+    """Writes a file so that a reader (or a relaunch after a kill) sees all of it or none."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):  # a full disk leaves no partial temp file behind
+            os.remove(tmp)
+        raise
 
 
 def save_npz(file: str, arrays: Mapping[str, np.ndarray], *, compressed: bool = False) -> None:
