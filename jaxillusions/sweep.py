@@ -580,7 +580,7 @@ def activation_jobs(params, splits, model_cfg, config: Settings, seeds, healthy=
             for name, (kind, args) in plots.items()]
 
 
-def complete_figures(config: Settings | Any, workdir: str, say=print) -> list[str]:
+def complete_figures(config: Settings, workdir: str, say=print) -> list[str]:
     """Draws every figure of the main job (`figure_jobs` and `activation_jobs`, "all") that
     `workdir` (and each weight group's directory) lacks, from its stored results: results.csv,
     gaps.csv, and for the activation figures its newest checkpoint (results.load_run). A figure
@@ -589,7 +589,6 @@ def complete_figures(config: Settings | Any, workdir: str, say=print) -> list[st
     new figures too, so that a relaunch still finds the sweep finished. Returns the paths drawn.
     A workdir without results, or with reports that its sweep_done.json does not vouch for, is a
     one-line ValueError before any drawing (python -m launch.figures WORKDIR)."""
-    config = settings.from_config(config)
     done_path = os.path.join(workdir, DONE_FILE)
     done = _verified_done(config, workdir)
     if not config.proxies.methods:

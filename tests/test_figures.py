@@ -9,7 +9,7 @@ import pytest
 from conftest import tiny_sweep_config
 from test_logging import _gaps, _rows
 
-from jaxillusions import sweep
+from jaxillusions import settings, sweep
 from jaxillusions.analysis import figures
 
 SPLITS = ("iid", "unseen_depth", "longer")
@@ -272,7 +272,7 @@ def test_launch_figures_refuses_what_is_not_a_run_with_results_in_one_line(tmp_p
         assert proc.stderr.count("\n") == 1
     # A run without results yet (training only), and a finished one whose reports changed
     # since: one line each, before anything is drawn.
-    config = tiny_sweep_config(cache_dir)
+    config = settings.from_config(tiny_sweep_config(cache_dir))
     trained = tmp_path / "trained"
     trained.mkdir()
     shutil.copy(os.path.join(tiny_sweep, "config.json"), trained)
