@@ -111,6 +111,26 @@ def test_spearman_and_bootstrap_interval():
     assert corr["same_pred"]["n_seeds"] == 20
 
 
+def test_bootstrap_ranks_and_stacked_p_values_equal_one_pair_at_a_time():
+    """The report's shortcuts give the very same floats: bootstrap ranks from draw counts equal
+    scipy's rankdata of each resample (ties included), and p-values of stacked pairs equal one
+    call per pair (the same permutations pair every row)."""
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 6, size=20).astype(float)  # many ties, as resamples always have
+    idx = stats._bootstrap_indices(20)
+    np.testing.assert_array_equal(stats._resampled_ranks(x, idx),
+                                  scipy.stats.rankdata(x[idx], axis=-1))
+    pairs = [(rng.normal(size=n), rng.normal(size=n)) for n in (20, 20, 5, 20)]
+    pairs[1] = (pairs[1][0], pairs[1][0] + 0.1 * pairs[1][1])  # a strong one: small p
+    want = [stats.spearman_p(a, b) for a, b in pairs]
+    assert stats._spearman_ps(pairs, chunk=2) == want
+    assert want[1] < 0.01 < max(want)
+    rho, low, high, _ = stats.spearman_interval(*pairs[0], with_p=False)
+    boot = stats._spearman_rows(pairs[0][0][idx], pairs[0][1][idx])  # the former way
+    tail = (1 - stats.CONFIDENCE) / 2
+    assert (low, high) == tuple(np.quantile(boot[np.isfinite(boot)], [tail, 1 - tail]))
+
+
 def test_min_size_per_seed_and_distribution():
     rows = []
     for seed, curve in enumerate([(0.9, 0.995, 1.0), (0.99, 1.0, 1.0), (0.9, 0.95, 0.98)]):

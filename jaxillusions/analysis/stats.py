@@ -142,10 +142,14 @@ def verdict(row: dict, metric: str | None = None) -> int:
     return 1 if row["ci_low"] > res else -1 if row["ci_high"] < -res else 0
 
 
+@functools.lru_cache(maxsize=8)
 def _bootstrap_indices(n: int, num: int = NUM_BOOTSTRAP, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
     """[num, n] resampled seed indices; the same for every call with the same n (reproducible
-    and independent of the order in which groups are summarised)."""
-    return np.random.default_rng([seed, n]).integers(n, size=(num, n))
+    and independent of the order in which groups are summarised). Drawn once per n (a report
+    summarises thousands of groups of the same seeds), read-only."""
+    idx = np.random.default_rng([seed, n]).integers(n, size=(num, n))
+    idx.flags.writeable = False
+    return idx
 
 
 def paired_summary(diffs: np.ndarray, confidence: float = CONFIDENCE) -> dict:
@@ -203,7 +207,7 @@ def gaps(rows: Iterable[dict], baseline: str = "iid",
     that the rows do not have, or have as NaN only (the dictionary metrics of a pattern proxy),
     is left out."""
     table = by_seed(rows)
-    out = []
+    out, tested = [], []  # tested: (row index, predictor, gap) of each defined rho
     for (site, method, size, split), per_seed in sorted(table.items()):
         base = table.get((site, method, size, baseline))
         if split == baseline or base is None:
@@ -274,6 +278,20 @@ def _spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return _pearson_rows(scipy.stats.rankdata(x, axis=-1), scipy.stats.rankdata(y, axis=-1))
 
 
+def _resampled_ranks(v: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """scipy.stats.rankdata(v[idx], axis=-1) (average ranks of ties) for finite v [n] and
+    resamples idx [B, n], from how often each value is drawn instead of a sort per resample:
+    a value drawn c times with b draws below it ranks b + (c + 1) / 2, the same float64 as
+    rankdata's (sums of small integers and halves are exact)."""
+    values, group = np.unique(v, return_inverse=True)
+    drawn = group[idx]  # [B, n] the rank group of each draw
+    rows = np.arange(len(idx))[:, None] * len(values)
+    counts = np.bincount((rows + drawn).ravel(), minlength=len(idx) * len(values)).reshape(
+        len(idx), len(values)).astype(np.float64)
+    ranks = np.cumsum(counts, -1) - counts + (counts + 1) / 2
+    return np.take_along_axis(ranks, drawn, -1)
+
+
 def _pearson_rows(rx: np.ndarray, ry: np.ndarray) -> np.ndarray:
     """Pearson correlation of each row pair of rx, ry [B, n] (NaN where a row is constant)."""
     rx = rx - rx.mean(-1, keepdims=True)
@@ -282,17 +300,38 @@ def _pearson_rows(rx: np.ndarray, ry: np.ndarray) -> np.ndarray:
         return (rx * ry).sum(-1) / np.sqrt((rx**2).sum(-1) * (ry**2).sum(-1))
 
 
-def spearman_p(x: np.ndarray, y: np.ndarray) -> float:
+def spearman_p(x: np.ndarray, y: np.ndarray) -> float | np.ndarray:
     """Two-sided permutation p-value of Spearman rho: exact (all n! pairings) when
     n! <= NUM_PERMUTATIONS, else NUM_PERMUTATIONS random pairings (fixed seed). Ranks
     commute with permutations, so each pairing's rho is the Pearson r of the ranks so paired:
-    the data are ranked once, not per pairing (the same values; ranking was 90% of the time)."""
+    the data are ranked once, not per pairing (the same values; ranking was 90% of the time).
+    x, y [n] -> a float; [B, n] -> the B p-values [B], each as its own call would give (every
+    row is paired by the same permutations, drawn once: a report tests hundreds of pairs)."""
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     result = scipy.stats.permutation_test(
-        tuple(scipy.stats.rankdata(np.asarray(v, np.float64)) for v in (x, y)),
+        tuple(scipy.stats.rankdata(v, axis=-1) for v in (x, y)),
         lambda a, b, axis: _pearson_rows(a, b), permutation_type="pairings", vectorized=True,
-        n_resamples=NUM_PERMUTATIONS, alternative="two-sided",
+        n_resamples=NUM_PERMUTATIONS, alternative="two-sided", axis=-1,
         rng=np.random.default_rng(BOOTSTRAP_SEED))
-    return float(result.pvalue)
+    return float(result.pvalue) if x.ndim == 1 else np.asarray(result.pvalue, np.float64)
+
+
+def _spearman_ps(pairs: Sequence[tuple[np.ndarray, np.ndarray]], chunk: int = 8
+                 ) -> list[float]:
+    """spearman_p of each (x, y) pair, those of one length stacked into one call per `chunk`
+    pairs (the null distribution of a chunk: NUM_PERMUTATIONS x chunk x n floats)."""
+    out = [math.nan] * len(pairs)
+    by_length: dict[int, list[int]] = defaultdict(list)
+    for i, (x, _) in enumerate(pairs):
+        by_length[len(x)].append(i)
+    for index in by_length.values():
+        for start in range(0, len(index), chunk):
+            part = index[start:start + chunk]
+            ps = spearman_p(np.stack([pairs[i][0] for i in part]),
+                            np.stack([pairs[i][1] for i in part]))
+            for i, p in zip(part, ps, strict=True):
+                out[i] = float(p)
+    return out
 
 
 def spearman_interval(x: np.ndarray, y: np.ndarray, confidence: float = CONFIDENCE,
@@ -308,7 +347,9 @@ def spearman_interval(x: np.ndarray, y: np.ndarray, confidence: float = CONFIDEN
     low = high = math.nan
     if len(x) >= MIN_BOOTSTRAP_SEEDS:
         idx = _bootstrap_indices(len(x))
-        boot = _spearman_rows(x[idx], y[idx])
+        finite = np.isfinite(x).all() and np.isfinite(y).all()  # (rankdata propagates NaN)
+        boot = (_pearson_rows(_resampled_ranks(x, idx), _resampled_ranks(y, idx)) if finite
+                else _spearman_rows(x[idx], y[idx]))
         boot = boot[np.isfinite(boot)]
         tail = (1 - confidence) / 2
         if len(boot):
@@ -334,7 +375,7 @@ def id_predicts_gap(rows: Iterable[dict], baseline: str = "iid", predictor: str 
     splits = {k[3] for k in table}
     if predictor is None:
         predictor = next((s for s in in_distribution if s != baseline and s in splits), baseline)
-    out = []
+    out, tested = [], []  # tested: (row index, predictor, gap) of each defined rho
     for (site, method, size, split), per_seed in sorted(table.items()):
         base = table.get((site, method, size, baseline))
         pred = table.get((site, method, size, predictor))
@@ -344,13 +385,18 @@ def id_predicts_gap(rows: Iterable[dict], baseline: str = "iid", predictor: str 
         for metric in metrics:
             x, b, s = (np.array([t[seed][metric] for seed in seeds], np.float64)
                        for t in (pred, base, per_seed))
-            rho, low, high, p = spearman_interval(x, signed_gap(b, s, metric))
+            gap = signed_gap(b, s, metric)
+            rho, low, high, _ = spearman_interval(x, gap, with_p=False)
             rho_ood, ood_low, ood_high, _ = spearman_interval(x, s, with_p=False)
+            if not math.isnan(rho):  # its p-value below, with the others of its length
+                tested.append((len(out), x, gap))
             out.append({"site": site, "method": method, "size": size, "split": split,
                         "metric": metric, "predictor": predictor, "baseline": baseline,
                         "n_seeds": len(seeds), "rho": rho, "rho_low": low, "rho_high": high,
-                        "p_value": p, "rho_ood": rho_ood, "rho_ood_low": ood_low,
+                        "p_value": math.nan, "rho_ood": rho_ood, "rho_ood_low": ood_low,
                         "rho_ood_high": ood_high})
+    for (i, _, _), p in zip(tested, _spearman_ps([(x, g) for _, x, g in tested]), strict=True):
+        out[i]["p_value"] = p
     return out
 
 
