@@ -48,8 +48,8 @@ def get_config() -> ConfigDict:
     # Proxies: every method, target and split of the demo (configs/dyck_small.py), at every
     # size: SVD ranks 1, 2, 4, ... d_head, k-means k = 2 ... 64. The demo's targets, the last
     # layer's queries and keys; the two together (the default third target, a third of the
-    # proxy work: 0.8 of 5 min) on request:
-    # --config.proxies.targets='("blocks.-1.attn.q","blocks.-1.attn.k","blocks.-1.attn.q+blocks.-1.attn.k")'
+    # proxy work: 0.8 of 5 min) on request, with --config.proxies.targets='("blocks.-1.attn.q",
+    # "blocks.-1.attn.k","blocks.-1.attn.q+blocks.-1.attn.k")' (one word for the shell).
     config.proxies.svd_ranks = ()
     # 16 seeds per device: chunks of 32 sentences keep a chunk's per-size activations nearer the
     # cache (16 seeds on one device: 6.7 s against 7.5 s at the demo's 64 for one SVD family).

@@ -207,7 +207,7 @@ def gaps(rows: Iterable[dict], baseline: str = "iid",
     that the rows do not have, or have as NaN only (the dictionary metrics of a pattern proxy),
     is left out."""
     table = by_seed(rows)
-    out, tested = [], []  # tested: (row index, predictor, gap) of each defined rho
+    out = []
     for (site, method, size, split), per_seed in sorted(table.items()):
         base = table.get((site, method, size, baseline))
         if split == baseline or base is None:
