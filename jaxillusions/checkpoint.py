@@ -17,7 +17,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxillusions import distributed
-from jaxillusions.data.cache import write_atomic
+from jaxillusions.data.cache import error_line, first_line, write_atomic
 from jaxillusions.logging import flatten_config
 
 CONFIG_FILE = "config.json"
@@ -282,7 +282,7 @@ class Checkpointer:
         try:
             metadata = self._manager.item_metadata(step)
         except Exception as err:  # noqa: BLE001
-            raise RuntimeError(f"metadata unreadable: {_first_line(err)}") from err
+            raise RuntimeError(f"metadata unreadable: {first_line(err)}") from err
         if metadata is None:
             raise RuntimeError("metadata missing")
         mismatch = _first_mismatch(metadata, target)
@@ -369,22 +369,3 @@ def root_cause(err: BaseException) -> str:
         if "No space left on device" in str(e):
             return "No space left on device"
     return error_line(chain[0])
-
-
-def error_line(err: BaseException) -> str:
-    """'<exception type>: <the first line of its message>', for one-line reports."""
-    return f"{type(err).__name__}: {_first_line(err)}"
-
-
-def _first_line(err: BaseException, limit: int = 1000) -> str:
-    """The first line of the message, whole: a cut would end mid-sentence (e.g. orbax's
-    "Requested byte range ... is not valid for value of size ..."). Only a line longer than
-    `limit` is shortened, at the end of its last sentence that fits."""
-    lines = str(err).strip().splitlines()
-    if not lines:
-        return type(err).__name__
-    line = lines[0]
-    if len(line) <= limit:
-        return line
-    end = line.rfind(". ", 0, limit)
-    return line[:end + 1] if end > 0 else line[:limit] + " ..."

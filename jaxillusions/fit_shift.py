@@ -40,6 +40,7 @@ import numpy as np
 from flax import serialization
 
 from jaxillusions import faithfulness, proxies, stages, tasks, timing
+from jaxillusions.analysis import fit_shift as fit_shift_report
 
 _STREAM = zlib.crc32(b"jaxillusions.fit_shift.halves")  # names the halves' random stream
 REFERENCE = "train"
@@ -96,15 +97,21 @@ def check_config(config) -> None:
                              f"at least {-(-largest // width)} sentences, or 0 (all)")
 
 
-def run_stage(params, healthy, seeds, splits: dict, model_cfg, specs, fitted, fit_stamps,
-              config, files, chunking: dict, say) -> list[dict]:
-    """Rows of every proxy fitted on every split of proxies.fit_splits (column fit_split),
-    evaluated on the halved evaluation set; [] when only train is fitted (nothing runs).
-    `fitted`, `fit_stamps`: the train fit's params and stage stamps, per spec."""
+def enabled(config) -> bool:
+    return any(s != REFERENCE for s in config.proxies.fit_splits)
+
+
+def run(ctx: stages.Context) -> stages.Context:
+    """The stage, on a weight group's context: adds `shift_rows`, the rows of every proxy fitted
+    on every split of proxies.fit_splits (column fit_split), evaluated on the halved evaluation
+    set, from the proxy stage's train fits (`specs`, `fitted`, `fit_stamps`); the report stage
+    writes their tables."""
+    config, params, splits, say = ctx.settings, ctx.params, ctx.splits, ctx.say
+    specs, fitted, fit_stamps = (ctx.results[k] for k in ("specs", "fitted", "fit_stamps"))
     others = [s for s in config.proxies.fit_splits if s != REFERENCE]
-    if not others:
-        return []
     pc, seed = config.proxies, config.seed
+    chunking = dict(seed_chunk_size=pc.seed_chunk_size, say=say)
+    files, model_cfg, seeds, healthy = ctx.files, ctx.model_cfg, ctx.seeds, ctx.healthy
     halved = {n: tasks.subset(splits[n], halves(len(splits[n].tokens), seed)[1])
               for n in pc.eval_splits if n in others}
     eval_set = faithfulness.make_eval_set({**splits, **halved}, pc.eval_splits,
@@ -146,7 +153,7 @@ def run_stage(params, healthy, seeds, splits: dict, model_cfg, specs, fitted, fi
                 f"while evaluating proxies fitted on {name}; the finished families are saved "
                 f"in {directory}; relaunch the same command to resume")
         say(f"  fit on {name}: {len(stamps)} families evaluated", flush=True)
-    return rows
+    return ctx.produced(shift_rows=rows)
 
 
 def _fit(params, data, model_cfg, specs, dependent, stamps, config, directory, files,
@@ -181,3 +188,14 @@ def _fit(params, data, model_cfg, specs, dependent, stamps, config, directory, f
     for i in dependent:
         out[i] = faithfulness.FittedProxy(specs[i], loaded[i])
     return out
+
+
+def _check(settings, model_cfg) -> None:
+    del model_cfg
+    check_config(settings)
+
+
+# The main job's stage (sweep.PIPELINE): per weight group, after the proxies; the report stage
+# writes its tables (analysis/fit_shift.py).
+STAGE = stages.Stage("fit_shift", run, enabled=enabled, check=_check, keys=("proxies.*",),
+                     outputs=fit_shift_report.REPORTS)

@@ -39,16 +39,20 @@ def enabled(config) -> bool:
     return bool(pc.geometry or pc.repair_sentences)
 
 
-def run(params, healthy, seeds, splits, model_cfg, shared, fit_stamps, rows, config,
-        workdir: str, files, say) -> None:
-    """The stage (module docstring). `shared`: the run's FittedProxy list; `fit_stamps` their
-    stage stamps; `rows` the evaluation rows; `files`: the sweep's stage files (stages.Stages)."""
+def run(ctx: stages.Context) -> stages.Context:
+    """The stage (module docstring), on a weight group's context: its parameters and the proxy
+    stage's results (`shared`: the FittedProxy list, `fit_stamps` their stage stamps, `rows`
+    the evaluation rows). Writes geometry.csv, geometry_predicts_gap.csv and repair.csv."""
+    params, healthy, seeds, splits = ctx.params, ctx.healthy, ctx.seeds, ctx.splits
+    model_cfg, config, workdir, files, say = (ctx.model_cfg, ctx.settings, ctx.directory,
+                                              ctx.files, ctx.say)
+    shared, fit_stamps, rows = (ctx.results[k] for k in ("shared", "fit_stamps", "rows"))
     pc, task = config.proxies, tasks.get(config)
     baseline = pc.gap_baseline
     counts = pc.repair_sentences
     families = [(i, p) for i, p in enumerate(shared) if p.spec.method in METHODS]
     if not families:
-        return
+        return ctx
     sites = tuple(sorted({s for _, p in families for s in p.spec.sites}))
     evals = list(pc.eval_splits)
     ood = geometry.ood_splits(evals, baseline, task.IN_DISTRIBUTION)
@@ -120,7 +124,7 @@ def run(params, healthy, seeds, splits, model_cfg, shared, fit_stamps, rows, con
         table = geometry.repair_table(repair_rows, rows, baseline)
         reports["repair"] = (table, geometry.REPAIR_COLUMNS)
     if not distributed.is_main():
-        return
+        return ctx
     for name, (table_rows, columns) in reports.items():
         tables.write_csv(table_rows, os.path.join(workdir, f"{name}.csv"), columns)
     if counts:
@@ -130,6 +134,7 @@ def run(params, healthy, seeds, splits, model_cfg, shared, fit_stamps, rows, con
     best = _headline(reports["geometry_predicts_gap"][0])
     if best:
         say(best)
+    return ctx
 
 
 def _repair_family(params, healthy, seeds, splits, model_cfg, proxy, moments, counts, ood,
@@ -188,3 +193,7 @@ def _headline(table: list[dict]) -> str:
     return ("geometry vs in-distribution faithfulness as a predictor of a seed's gap "
             f"(|Spearman rho| larger): {', '.join(parts)} (geometry_predicts_gap.csv)")
 
+
+# The main job's stage (sweep.PIPELINE): per weight group, after the proxies.
+STAGE = stages.Stage("geometry", run, enabled=enabled, keys=("proxies.*",),
+                     outputs=("geometry.csv", "geometry_predicts_gap.csv", "repair.csv"))

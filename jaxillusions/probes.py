@@ -246,9 +246,10 @@ def _rows(sums: dict, seeds, healthy, site: str, concept: str, names) -> list[di
     return out
 
 
-def run(params, healthy, seeds, splits, model_cfg, config, workdir: str, files, say) -> None:
-    """The stage: rows (one stage file, proxies/probes_rows.json, stamped with the settings it
-    used), then probes.csv and probes.txt in `workdir`."""
+def run(ctx: stages.Context) -> stages.Context:
+    """The stage, on a weight group's context: rows (one stage file, proxies/probes_rows.json,
+    stamped with the settings it used), then probes.csv and probes.txt in its directory."""
+    config, workdir, files, say = ctx.settings, ctx.directory, ctx.files, ctx.say
     pc = config.proxies
     stamp = stages.stamp(sites=list(pc.probe_sites), concepts=list(pc.concepts), heldout=True,
                          ridge=pc.probe_ridge, splits=list(pc.eval_splits), seed=config.seed,
@@ -258,16 +259,18 @@ def run(params, healthy, seeds, splits, model_cfg, config, workdir: str, files, 
     rows = files.load(path, stamp, stages.read_json)
     if rows is None:
         say(f"probes: {', '.join(pc.concepts)} at {', '.join(pc.probe_sites)}")
-        rows = compute(params, healthy, seeds, splits, model_cfg, config, say)
+        rows = compute(ctx.params, ctx.healthy, ctx.seeds, ctx.splits, ctx.model_cfg, config,
+                       say)
         stages.write(path, json.dumps({"stamp": stamp, "value": rows}), "probes")
     if not distributed.is_main():
-        return
+        return ctx
     with stages.writing("report", os.path.join(workdir, "probes.csv")):
         tables.write_csv(rows, os.path.join(workdir, "probes.csv"), COLUMNS)
     text = probes_report.report(rows, pc.gap_baseline, HELDOUT)
     with stages.writing("report", os.path.join(workdir, "probes.txt")), \
             open(os.path.join(workdir, "probes.txt"), "w") as f:
         f.write(text + "\n")
+    return ctx
 
 
 def report_lines(config, workdir: str) -> list[str]:
@@ -277,3 +280,8 @@ def report_lines(config, workdir: str) -> list[str]:
         return []
     with open(path) as f:
         return ["", *f.read().rstrip("\n").split("\n")]
+
+
+# The main job's stage (sweep.PIPELINE): per weight group, after the proxies.
+STAGE = stages.Stage("probes", run, enabled=enabled, check=check_config, keys=("proxies.*",),
+                     outputs=REPORTS)

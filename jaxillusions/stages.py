@@ -1,32 +1,113 @@
-"""Stage files of the main job: each stage's result is saved as it finishes, stamped with the
-settings it was computed with, so a relaunch resumes where a run stopped and a changed analysis
-setting recomputes only what it affects (a stale file is moved to superseded/, never
-overwritten). `sweep.py` orders the stages; the stage modules (fit_shift.py, geometry_stage.py)
-save and load through this module too.
+"""The stages of the main job, and their stage files.
+
+A `Stage` is one step of the pipeline (`sweep.PIPELINE` lists them in order): a name, when it
+runs (`enabled`), its own checks, `run` (a `Context` in, the same context with what the stage
+produced out), the settings its results depend on (`keys`) and the report files it writes
+(`outputs`). A stage with `stamped=True` is saved whole: the runner skips it on a relaunch while
+its stage file (proxies/stage_<name>.json, stamped with the values of its `keys`) and its outputs
+are there, and moves them aside when a key changed. Stages with finer-grained work (a proxy
+family at a time) save each piece in a stamped stage file of their own (`Stages`), so a relaunch
+resumes where a run stopped and a changed analysis setting recomputes only what it affects (a
+stale file is moved to superseded/, never overwritten).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
 import shutil
 import time
 from collections.abc import Callable
+from typing import Any
 
 from flax import serialization
 
-from jaxillusions import checkpoint, distributed, interrupt
+from jaxillusions import distributed, interrupt
+from jaxillusions.data.cache import error_line, write_atomic
 
 STAGE_DIR = "proxies"
 
 
+def _always(settings) -> bool:
+    del settings
+    return True
+
+
+def _no_check(settings, model_cfg) -> None:
+    del settings, model_cfg
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One step of the main job.
+
+    `scope`: "run" (once per run, in the workdir) or "group" (once per weight group, in its
+    directory: the workdir itself unless train.contrastive_weights sweeps several weights).
+    `keys`: fnmatch patterns of the settings keys (as settings.flatten names them) that define
+    the stage's results: analysis keys (settings.ANALYSIS_KEYS); a change redoes the analysis.
+    `outputs`: glob patterns of the report files it writes in its directory: moved aside before
+    an analysis with other settings, checksummed in sweep_done.json. `clocks`: the names its
+    time is counted under in the timing line (default: its name). `check(settings, model_cfg)`:
+    one-line ValueErrors before any work (validate.check runs every stage's)."""
+
+    name: str
+    run: Callable[[Context], Context]
+    enabled: Callable[[Any], bool] = _always
+    check: Callable[[Any, Any], None] = _no_check
+    scope: str = "group"
+    keys: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    clocks: tuple[str, ...] = ()
+    stamped: bool = False
+
+    def __post_init__(self):
+        if self.scope not in ("run", "group"):
+            raise ValueError(f"stage {self.name}: scope must be 'run' or 'group', got "
+                             f"{self.scope!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What the stages share, by name: the run (settings, workdir, data, model), what training
+    produced, and, in a weight group's stages, the group (its directory, members, stage files)
+    and what its stages produced. A stage returns `dataclasses.replace(ctx, field=...)`; nothing
+    travels by position."""
+
+    settings: Any
+    workdir: str
+    say: Callable[..., None]
+    verbose: bool
+    move_aside: Callable[..., None]
+    splits: dict
+    model_cfg: Any
+    start: float = 0.0  # time.perf_counter() at the start of the job (progress lines)
+    start_over: bool = False
+    # Training.
+    state: Any = None  # the trained TrainState (params, healthy, step; leading member axis)
+    final_eval: dict | None = None  # the final evaluation per split (evaluation.evaluate_splits)
+    # A weight group (scope "group").
+    directory: str = ""
+    members: Any = None  # member indices of the group
+    params: Any = None
+    healthy: Any = None  # [members] bool
+    seeds: tuple[int, ...] = ()
+    files: Stages | None = None
+    # What the group's stages produced.
+    results: dict = dataclasses.field(default_factory=dict)
+
+    def produced(self, **values) -> Context:
+        """The context with `values` added to `results` (by the stage that computed them)."""
+        return dataclasses.replace(self, results={**self.results, **values})
+
+
 def write(path: str, data: str | bytes, stage: str) -> None:
-    """checkpoint.write_atomic in process 0, which writes the run's files (a no-op elsewhere)."""
+    """data.cache.write_atomic in process 0, which writes the run's files (a no-op elsewhere)."""
     if distributed.is_main():
         with writing(stage, path):
-            checkpoint.write_atomic(path, data)
+            write_atomic(path, data)
 
 
 class StageWriteError(OSError):
@@ -44,7 +125,7 @@ def writing(stage: str, path: str):
     except OSError as err:
         raise StageWriteError(
             f"the {stage} stage could not write {path}: "
-            f"{err.strerror or checkpoint.error_line(err)}; what was saved before is intact: "
+            f"{err.strerror or error_line(err)}; what was saved before is intact: "
             "free space and relaunch the same command to resume") from err
 
 
@@ -122,7 +203,7 @@ class Stages:
             value = content["value"]
             wrong = None if stale else _container(value) or (check and check(value))
         except Exception as err:  # noqa: BLE001 - truncated or damaged: recompute, keep a copy
-            self.move_aside(path, f"is unreadable ({checkpoint.error_line(err)})")
+            self.move_aside(path, f"is unreadable ({error_line(err)})")
             return None
         if stale:
             self.move_aside(path)
@@ -148,3 +229,8 @@ def read_msgpack(path: str) -> dict:
 
 def stamp(**settings) -> str:
     return json.dumps(settings, sort_keys=True, default=str)
+
+
+def stage_file(directory: str, name: str) -> str:
+    """A whole stage's stage file (Stage.stamped) in `directory`."""
+    return os.path.join(directory, STAGE_DIR, f"stage_{name}.json")

@@ -1,5 +1,17 @@
 """The main job: train a sweep of seeds, fit every proxy, evaluate faithfulness on every split.
 
+The order of the work is one tuple, `PIPELINE`: each `stages.Stage` has a name, when it runs,
+its checks, what it computes (a `stages.Context` in, the context with its results out), the
+settings its results depend on and the report files it writes:
+
+    training -> wen -> induction -> proxies -> dictionaries -> geometry -> probes -> fit_shift
+             -> reports -> figures
+
+The first three run once per run; the rest once per weight group (one group, the workdir
+itself, unless train.contrastive_weights sweeps several weights: then each weight's members go
+to <workdir>/contrastive_weight_<w>, so that aggregates over seeds never mix weights), and only
+with proxies (proxies.methods). A new study is a module with a `STAGE` and one line here.
+
 Writes into the workdir: results.csv (tidy rows), gap_table.txt with gaps.csv,
 proxy_vs_original.csv, id_predicts_gap.csv and min_size.csv (analysis/stats.py), with method sae
 dictionaries_*.csv (analysis/dictionaries.py), with proxies.fit_splits beyond train
@@ -10,7 +22,8 @@ geometry_predicts_gap.csv and repair.csv (geometry_stage.py), figures/*.png (tho
 draws the rest later), TensorBoard curves and the hparams view, and the training checkpoints.
 
 Each stage is saved as it finishes, so a relaunch of the same command resumes where the last
-one stopped: training from its newest checkpoint, then each proxy family's fitted parameters
+one stopped: training from its newest checkpoint, a stage saved whole (Stage.stamped: Wen et
+al.'s, induction) from its stage file, then each proxy family's fitted parameters
 (proxies/<i>_<method>_<target>.msgpack) and its evaluation rows (..._rows.json), then the
 reports; a finished sweep (sweep_done.json, with the sha256 of every report it wrote) is left as
 it is while its reports match their checksums, and has them written again from the stage files
@@ -22,6 +35,8 @@ writes, is moved aside the same way and recomputed.
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 import glob
 import json
 import os
@@ -30,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -59,23 +75,11 @@ from jaxillusions.analysis import board, dictionaries, figures, induction, resul
 from jaxillusions.analysis import fit_shift as fit_shift_report
 from jaxillusions.experiments import wen
 from jaxillusions.settings import Settings
+from jaxillusions.stages import Context, Stage
 
 DONE_FILE = "sweep_done.json"
-# What the analysis writes into a workdir (or a weight group's directory): moved to
-# superseded/<time>/ before an analysis with other settings writes its own.
-REPORTS = ("results.csv", "gap_table.txt", "gaps.csv", "proxy_vs_original.csv",
-           "id_predicts_gap.csv", "min_size.csv", "baselines.csv", "gaps_by_*.csv", "figures",
-           "wen_results.csv", "wen_attention.csv", "wen_summary.txt", "identifier_gap.csv",
-           "dictionaries_*.csv", "geometry.csv", "geometry_predicts_gap.csv", "repair.csv",
-           *fit_shift_report.REPORTS, *probes.REPORTS)
-
-
-def _analysis_settings(config) -> dict:
-    """The settings that define the analysis' results (not proxies.seed_chunk_size: how many
-    seeds run at once changes no number)."""
-    return {k: v for k, v in log_lib.flatten_config(config).items()
-            if k.startswith(("proxies.", "wen.", "induction."))
-            and k != "proxies.seed_chunk_size"}
+# Settings of how the work runs, not of what it computes: a change redoes nothing.
+ENGINE_KEYS = ("proxies.seed_chunk_size",)
 
 
 def _stop_in_reports(workdir: str) -> None:
@@ -86,27 +90,235 @@ def _stop_in_reports(workdir: str) -> None:
         "relaunch the same command to write the reports")
 
 
-def _reports(config, workdir: str) -> list[str]:
-    """The report files and directories (REPORTS) in the workdir and its weight groups."""
+# --- The stages of the job itself (the studies' are in their modules) -------------------------
+
+def _train(ctx: Context) -> Context:
+    """Trains every member (train.train_sweep: resumes from the newest checkpoint)."""
+    state, final_eval = train.train_sweep(ctx.settings, ctx.workdir, splits=ctx.splits,
+                                          verbose=ctx.verbose, start_over=ctx.start_over)
+    return dataclasses.replace(ctx, state=state, final_eval=final_eval)
+
+
+def _proxies(ctx: Context) -> Context:
+    """Fits every proxy on the training split (resumable per family) and evaluates its
+    faithfulness on every evaluation split (resumable per family). Adds `specs`, `fitted`,
+    `fit_stamps`, `shared` (the FittedProxy list), `eval_set` and the result `rows`."""
+    pc = ctx.settings.proxies
+    specs = faithfulness.specs_from_config(pc, ctx.model_cfg)
+    fitted, fit_stamps = _fit(ctx, specs)
+    shared = [faithfulness.FittedProxy(spec, f) for spec, f in zip(specs, fitted, strict=True)]
+    eval_set = faithfulness.make_eval_set(ctx.splits, pc.eval_splits, tasks.get(ctx.settings))
+    ctx = ctx.produced(specs=specs, fitted=fitted, fit_stamps=fit_stamps, shared=shared,
+                       eval_set=eval_set)
+    return ctx.produced(rows=_evaluate(ctx))
+
+
+def _fit(ctx: Context, specs: list) -> tuple[list, list[str]]:
+    """(fitted params per family, their stage stamps): one stage file per proxy family.
+    Statistics are collected together for the families of a collection group
+    (faithfulness.collection_groups) whenever one of them still needs fitting; a family's stamp
+    names its group's sites, so adding a method with its own targets (proxies.<method>_targets)
+    refits only that method."""
+    config, files, say, pc = ctx.settings, ctx.files, ctx.say, ctx.settings.proxies
+    chunking = dict(seed_chunk_size=pc.seed_chunk_size, say=say)  # seeds per call
+    groups = faithfulness.collection_groups(specs)
+    collected_sites = {i: sorted({s for j in group for s in specs[j].sites})
+                       for group in groups for i in group}
+    fit_stamps = [stages.stamp(spec=spec, index=i, seed=config.seed,
+                               sites=collected_sites.get(i, []), samples=pc.kmeans_samples,
+                               batch=pc.collect_batch_size, **fit_shift.fit_stamp(config))
+                  for i, spec in enumerate(specs)]
+    fitted = [files.load(files.path(i, spec, ".msgpack"), fit_stamps[i], stages.read_msgpack,
+                         lambda value, spec=spec: _fitted_shape(value, spec, len(ctx.seeds)))
+              for i, spec in enumerate(specs)]
+    todo = [i for i, f in enumerate(fitted) if f is None]
+    if todo:
+        say(f"[{time.perf_counter() - ctx.start:.0f}s] training done; fitting {len(todo)} proxy "
+            f"families on the training split ({len(ctx.splits['train'].tokens)} sentences)")
+    done = 0
+    for group in [[i for i, s in enumerate(specs) if s.module.STATISTIC is None], *groups]:
+        if not set(group) & set(todo):
+            continue
+        stats = {}
+        if specs[group[0]].module.STATISTIC is not None:  # the whole group, as in one run
+            with timing.stage("collection"):
+                data = fit_shift.fit_data(ctx.splits, "train", config)
+                stats = faithfulness.collect(
+                    ctx.params, data, ctx.model_cfg, [specs[i] for i in group],
+                    num_samples=pc.kmeans_samples, batch_size=pc.collect_batch_size,
+                    labels=faithfulness.labels_for([specs[i] for i in group], config, data),
+                    **chunking)
+        for i in (i for i in group if i in todo):
+            with timing.stage("fitting"):
+                proxy = faithfulness.fit_one(specs[i], i, stats, jax.random.PRNGKey(config.seed),
+                                             len(ctx.seeds), **chunking)
+                fitted[i] = jax.tree.map(np.asarray, proxy.params)
+            stages.write(files.path(i, specs[i], ".msgpack"), serialization.msgpack_serialize(
+                {"stamp": fit_stamps[i], "value": fitted[i]}), "proxy fitting")
+            done += 1
+            stages.stop_if_signalled(
+                f"while fitting proxies; {done} of {len(todo)} families fitted and saved in "
+                f"{files.dir}; relaunch the same command to resume")
+        del stats
+    return fitted, fit_stamps
+
+
+def _evaluate(ctx: Context) -> list[dict]:
+    """The rows of every family: one stage file of rows per proxy family."""
+    pc, files, say, r = ctx.settings.proxies, ctx.files, ctx.say, ctx.results
+    specs, eval_set = r["specs"], r["eval_set"]
+    say(f"[{time.perf_counter() - ctx.start:.0f}s] evaluating on {', '.join(pc.eval_splits)} "
+        f"({len(eval_set.tokens)} sentences)")
+    rows = []
+    scored = {eval_set.split_names[k] for k in np.unique(eval_set.bins[..., 0][eval_set.evaluated])}
+    for i, spec in enumerate(specs):
+        stamp = stages.stamp(fit=r["fit_stamps"][i], splits=list(pc.eval_splits),
+                             batch=pc.eval_batch_size)
+        path = files.path(i, spec, "_rows.json")
+        family = files.load(path, stamp, stages.read_json, lambda value, spec=spec: _rows_shape(
+            value, spec, ctx.seeds, ctx.healthy, scored))
+        if family is None:
+            with timing.stage("evaluation"):
+                # All families shared, so that those of one proxy method share one program.
+                family = faithfulness.evaluate(
+                    ctx.params, ctx.model_cfg, eval_set, [r["shared"][i]],
+                    batch_size=pc.eval_batch_size, seeds=ctx.seeds, healthy=ctx.healthy,
+                    shared=r["shared"], seed_chunk_size=pc.seed_chunk_size, say=say)
+            stages.write(path, json.dumps({"stamp": stamp, "value": family}), "proxy evaluation")
+        say(f"  [{i + 1}/{len(specs)}] {spec.method} on {spec.target}: sizes "
+            f"{list(spec.sizes)}", flush=True)
+        rows += family
+        stages.stop_if_signalled(
+            f"while evaluating proxies; {i + 1} of {len(specs)} families evaluated and saved "
+            f"in {files.dir}; relaunch the same command to resume")
+    return rows
+
+
+def _report(ctx: Context) -> Context:
+    """results.csv, the statistics and tables (write_reports), the fit-shift tables; process 0."""
+    if not distributed.is_main():  # process 0 writes the reports
+        return ctx
+    config, workdir, rows = ctx.settings, ctx.directory, ctx.results["rows"]
+    with stages.writing("report", os.path.join(workdir, "results.csv")):
+        results.write_csv(rows, os.path.join(workdir, "results.csv"))
+    _stop_in_reports(workdir)
+    data_baselines = tasks.get(config).baselines(ctx.splits, list(config.proxies.eval_splits))
+    write_reports(rows, config, workdir, ctx.seeds, ctx.healthy, verbose=ctx.verbose,
+                  model_cfg=ctx.model_cfg, data_baselines=data_baselines)
+    if ctx.results.get("shift_rows"):
+        with stages.writing("report", workdir):
+            fit_shift_report.write_reports(ctx.results["shift_rows"], config, workdir,
+                                           say=ctx.say)
+    return ctx
+
+
+def _figures(ctx: Context) -> Context:
+    """The activation figures (the result figures are the report's); process 0."""
+    if not distributed.is_main():
+        return ctx
+    _stop_in_reports(ctx.directory)
+    write_activation_figures(ctx.params, ctx.splits, ctx.model_cfg, ctx.settings, ctx.directory,
+                             ctx.seeds, ctx.healthy)
+    ctx.say(f"[{time.perf_counter() - ctx.start:.0f}s] proxies done: {ctx.directory}/results.csv, "
+            f"{ctx.directory}/figures/")
+    return ctx
+
+
+TRAINING = Stage("training", _train, scope="run")
+PROXIES = Stage("proxies", _proxies, keys=("proxies.*",),
+                clocks=("collection", "fitting", "evaluation", "proxies"))
+REPORTS = Stage("reports", _report, keys=("proxies.*",), clocks=("reports", "figures"), outputs=(
+    "results.csv", "gap_table.txt", "gaps.csv", "proxy_vs_original.csv", "id_predicts_gap.csv",
+    "min_size.csv", "baselines.csv", "gaps_by_*.csv", "identifier_gap.csv"))
+# Which figures (the setting `figures`) is not an analysis key: complete_figures draws the rest.
+FIGURES = Stage("figures", _figures, outputs=("figures",))
+
+PIPELINE: tuple[Stage, ...] = (
+    TRAINING, wen.STAGE, induction.STAGE, PROXIES, dictionaries.STAGE, geometry_stage.STAGE,
+    probes.STAGE, fit_shift.STAGE, REPORTS, FIGURES)
+
+
+# --- The runner ---------------------------------------------------------------------------------
+
+def clocks(pipeline: Sequence[Stage] = PIPELINE) -> tuple[str, ...]:
+    """The timing line's stage names, in the pipeline's order."""
+    return tuple(dict.fromkeys(c for s in pipeline for c in (s.clocks or (s.name,))))
+
+
+def _analysis_settings(config, pipeline: Sequence[Stage] = PIPELINE) -> dict:
+    """The settings that define the analysis' results: those some stage's `keys` name (not
+    ENGINE_KEYS, e.g. proxies.seed_chunk_size: how many seeds run at once changes no number)."""
+    patterns = [k for stage in pipeline if stage.scope == "group" or stage.stamped
+                for k in stage.keys]
+    return {k: v for k, v in log_lib.flatten_config(config).items()
+            if any(fnmatch.fnmatchcase(k, p) for p in patterns) and k not in ENGINE_KEYS}
+
+
+def _stage_stamp(stage: Stage, ctx: Context) -> str:
+    """A stage saved whole depends on its keys and on the trained step."""
+    values = {k: v for k, v in log_lib.flatten_config(ctx.settings).items()
+              if any(fnmatch.fnmatchcase(k, p) for p in stage.keys) and k not in ENGINE_KEYS}
+    return stages.stamp(step=int(np.max(ctx.state.step)) if ctx.state is not None else 0,
+                        **values)
+
+
+def _run_stage(stage: Stage, ctx: Context) -> Context:
+    """Runs one enabled stage on its context, timed; a stage saved whole (Stage.stamped) is
+    skipped while its stage file carries the same stamp and its outputs are there, and otherwise
+    moves them aside before it runs, and saves its stage file after."""
+    directory = ctx.directory or ctx.workdir
+    path, stamp = stages.stage_file(directory, stage.name), None
+    if stage.stamped:
+        stamp = _stage_stamp(stage, ctx)
+        outputs = [os.path.join(directory, o) for o in stage.outputs]
+        try:
+            saved = stages.read_json(path)
+            current = isinstance(saved, dict) and saved.get("stamp") == stamp
+        except (OSError, ValueError):
+            current = False
+        if current and all(glob.glob(glob.escape(o) if "*" not in o else o) for o in outputs):
+            ctx.say(f"{stage.name}: done before (stage file {os.path.relpath(path, ctx.workdir)})")
+            return ctx
+        for p in [path, *outputs]:
+            for found in sorted(glob.glob(p)):
+                ctx.move_aside(found)
+    with timing.stage(stage.name):
+        ctx = stage.run(ctx)
+    if stage.stamped:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        stages.write(path, json.dumps({"stamp": stamp}), stage.name)
+    return ctx
+
+
+def _reports(config, workdir: str, pipeline: Sequence[Stage] = PIPELINE,
+             stamped: bool = True) -> list[str]:
+    """The report files and directories (the stages' outputs) in the workdir and its weight
+    groups; without `stamped`, not those of stages saved whole (their stage file decides)."""
     dirs = dict.fromkeys([workdir] + [d for _, d in _weight_groups(config, workdir)])
-    return [path for directory in dirs for pattern in REPORTS
+    patterns = [o for s in pipeline if stamped or not s.stamped for o in s.outputs]
+    return [path for directory in dirs for pattern in patterns
             for path in sorted(glob.glob(os.path.join(glob.escape(directory), pattern)))]
 
 
-def _mark_done(config, workdir: str) -> None:
+def _mark_done(config, workdir: str, pipeline: Sequence[Stage] = PIPELINE) -> None:
     """sweep_done.json: when, with which analysis settings, and the sha256 of every report file
     (by path under the workdir; a directory's files one by one), which a relaunch verifies."""
     if not distributed.is_main():  # process 0 writes the files
         return
     files = []
-    for path in _reports(config, workdir):
+    for path in _reports(config, workdir, pipeline):
         files += ([os.path.join(d, f) for d, _, names in os.walk(path) for f in names]
                   if os.path.isdir(path) else [path])
     stages.write(os.path.join(workdir, DONE_FILE), json.dumps(
-        {"time": checkpoint._now(), "analysis": _analysis_settings(config),  # noqa: SLF001
+        {"time": checkpoint._now(), "analysis": _analysis_settings(config, pipeline),  # noqa: SLF001
+         "stages": _enabled(config, pipeline),
          "figures": config.figures,  # which were drawn; complete_figures draws the rest
          "reports": {os.path.relpath(f, workdir): stages.sha256(f) for f in files}},
         indent=2, sort_keys=True), "final")
+
+
+def _enabled(config, pipeline: Sequence[Stage]) -> list[str]:
+    return [stage.name for stage in pipeline if stage.enabled(config)]
 
 
 def _done_shape(done) -> str | None:
@@ -119,6 +331,9 @@ def _done_shape(done) -> str | None:
     if not isinstance(reports, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in reports.items()):
         return "valid JSON, but its reports are not {file: sha256}"
+    ran = done.get("stages", [])  # absent in files written before the pipeline tuple
+    if not isinstance(ran, list) or not all(isinstance(s, str) for s in ran):
+        return "valid JSON, but its stages are not a list of names"
     return None
 
 
@@ -153,19 +368,14 @@ def _unverified(done: dict, workdir: str) -> str | None:
     return None
 
 
-def _move_reports_aside(config, workdir: str, move_aside) -> None:
-    """The reports of the earlier analysis (workdir and weight groups) go to superseded/."""
-    for path in _reports(config, workdir):
-        move_aside(path)
-
-
 def run(config: Settings | Any, workdir: str, *, verbose: bool = True,
-        start_over: bool = False) -> list[dict]:
+        start_over: bool = False, pipeline: Sequence[Stage] = PIPELINE) -> list[dict]:
     """The whole job, resumable stage by stage (see the module docstring). Returns the rows.
     `config`: Settings, or an ml-collections ConfigDict, checked and read once here
-    (validate.check: a one-line ValueError before any work).
-    Ends with one line saying where the time went: seconds per stage and compilations
-    (timing.Breakdown).
+    (validate.check: a one-line ValueError before any work). `pipeline`: the stages, in order
+    (PIPELINE; a test or an experiment may add its own).
+    Ends with one line saying where the time went: seconds per stage, in the pipeline's order,
+    and compilations (timing.Breakdown).
 
     With several processes (distributed.initialize) all of them compute, each on its devices'
     seeds, and process 0 alone writes the files; every process returns all rows."""
@@ -173,38 +383,50 @@ def run(config: Settings | Any, workdir: str, *, verbose: bool = True,
     distributed.use_cpu_devices(settings.from_config(config).cpu_devices)
     config, _ = validate.check(config)  # the launchers show its notes
     with timing.Breakdown() as clock:
-        rows = _run(config, workdir, verbose=verbose, start_over=start_over)
+        rows = _run(config, workdir, verbose=verbose, start_over=start_over, pipeline=pipeline)
     if clock.seconds and verbose and distributed.is_main():  # not when there was nothing to do
-        print(clock.line())
+        print(clock.line(clocks(pipeline)))
     return rows
 
 
-def _run(config: Settings, workdir: str, *, verbose: bool, start_over: bool) -> list[dict]:
+def _finished(config: Settings, workdir: str, done: dict, say) -> list[dict]:
+    """The rows of a finished sweep whose reports match their checksums; with figures=all on a
+    sweep that drew the summary, the rest, as launch.figures draws them (a marker without
+    "figures" predates the setting: every figure was drawn)."""
+    pc = config.proxies
+    rows = [row for _, group_dir in _weight_groups(config, workdir) if pc.methods
+            for row in results.read_csv(os.path.join(group_dir, "results.csv"))]
+    where = f"{workdir}/results.csv" if pc.methods else workdir
+    todo = ("nothing to do" if not pc.methods or config.figures == "summary"
+            or done.get("figures", "all") == "all" else "")
+    if not todo and distributed.is_main():
+        with timing.stage("figures"):
+            todo = (f"drew the {len(complete_figures(config, workdir, say))} figures "
+                    "it had left out (figures=all)")
+    say(f"the sweep in {workdir} is finished (finished {done['time']}); {todo}. "
+        f"Results: {where}. Change a proxies.* or wen.* setting to redo the analysis.")
+    return rows
+
+
+def _run(config: Settings, workdir: str, *, verbose: bool, start_over: bool,
+         pipeline: Sequence[Stage]) -> list[dict]:
     say = print if verbose and distributed.is_main() else (lambda *a, **k: None)
     start = time.perf_counter()
-    pc = config.proxies
     # Checked here; claimed (config.json written) by train_sweep once the data has loaded, so a
     # data error leaves a fresh workdir unclaimed.
     train.claim_workdir(workdir, config, record=False)
     move_aside = stages.mover(workdir, say)
     done = _read_done(workdir, move_aside)
-    if done is not None and done["analysis"] == _analysis_settings(config):
+    ran = done.get("stages", _enabled(config, pipeline)) if done else None  # (older: the same)
+    if done is not None and done["analysis"] == _analysis_settings(config, pipeline) \
+            and ran != _enabled(config, pipeline):
+        say(f"the sweep in {workdir} finished without the stages "
+            f"{', '.join(s for s in _enabled(config, pipeline) if s not in ran) or '(none)'} "
+            f"(it ran {', '.join(ran)}): they run now, the others resume from their stage files")
+    elif done is not None and done["analysis"] == _analysis_settings(config, pipeline):
         why = _unverified(done, workdir)
         if why is None:
-            rows = [row for _, group_dir in _weight_groups(config, workdir) if pc.methods
-                    for row in results.read_csv(os.path.join(group_dir, "results.csv"))]
-            where = f"{workdir}/results.csv" if pc.methods else workdir
-            # figures=all on a sweep that drew the summary: the rest, as launch.figures draws
-            # them (a marker without "figures" predates the setting: every figure was drawn).
-            todo = ("nothing to do" if not pc.methods or config.figures == "summary"
-                    or done.get("figures", "all") == "all" else "")
-            if not todo and distributed.is_main():
-                with timing.stage("figures"):
-                    todo = (f"drew the {len(complete_figures(config, workdir, say))} figures "
-                            "it had left out (figures=all)")
-            say(f"the sweep in {workdir} is finished (finished {done['time']}); {todo}. "
-                f"Results: {where}. Change a proxies.* or wen.* setting to redo the analysis.")
-            return rows
+            return _finished(config, workdir, done, say)
         if not checkpoint.has_checkpoints(workdir):  # rewriting would mean training again
             raise ValueError(
                 f"the sweep in {workdir} finished, but {why}, and {workdir}/"
@@ -218,38 +440,29 @@ def _run(config: Settings, workdir: str, *, verbose: bool, start_over: bool) -> 
         say("analysis settings changed since the sweep finished: training is kept; proxy "
             "families are refitted and re-evaluated where their settings changed")
     if done is not None:  # the earlier reports are kept, under superseded/
-        _move_reports_aside(config, workdir, move_aside)
+        for path in _reports(config, workdir, pipeline, stamped=False):
+            move_aside(path)
 
     splits, model_cfg, _ = train.build(config)
-    specs = faithfulness.specs_from_config(pc, model_cfg)
-    eval_set = faithfulness.make_eval_set(splits, pc.eval_splits, tasks.get(config))
-
-    with timing.stage("training"):
-        state, final_eval = train.train_sweep(config, workdir, splits=splits, verbose=verbose,
-                                              start_over=start_over)
-    if wen.enabled(config) and distributed.is_main():  # Wen et al. measurements (config.wen)
-        with timing.stage("wen"):
-            wen.run_stage(state, final_eval, model_cfg, config, workdir, verbose=verbose)
-    if induction.enabled(config) and distributed.is_main():  # induction heads (config.induction)
-        with timing.stage("induction"):
-            induction.sweep_stage(config, workdir, state.params, state.healthy,
-                                  train.members(config).labels, int(np.max(state.step)),
-                                  model_cfg, say, move_aside)
-    if not pc.methods:
-        _mark_done(config, workdir)
+    ctx = Context(settings=config, workdir=workdir, say=say, verbose=verbose,
+                  move_aside=move_aside, splits=splits, model_cfg=model_cfg, start=start,
+                  start_over=start_over)
+    groups = []
+    for stage in pipeline:
+        if not stage.enabled(config):
+            continue
+        if stage.scope == "run":
+            ctx = _run_stage(stage, ctx)
+            continue
+        if not config.proxies.methods:  # the group stages work on the proxies' results
+            break
+        if not groups:
+            groups = [_group(ctx, idx, directory)
+                      for idx, directory in _weight_groups(config, workdir)]
+        groups = [_run_stage(stage, group) for group in groups]
+    _mark_done(config, workdir, pipeline)
+    if not groups:
         return []
-    # Proxies per training hyper-parameter group (one group unless train.contrastive_weights
-    # sweeps several weights: then each weight's members go to <workdir>/contrastive_weight_<w>,
-    # so that aggregates over seeds never mix weights).
-    members, rows = train.members(config), []
-    groups = _weight_groups(config, workdir)
-    for idx, group_dir in groups:
-        os.makedirs(group_dir, exist_ok=True)
-        params = jax.tree.map(lambda x, idx=idx: x[idx], state.params)
-        rows += _proxy_stage(params, np.asarray(state.healthy)[idx],
-                             [int(s) for s in members.seeds[idx]], splits, model_cfg, specs,
-                             eval_set, config, group_dir, say, move_aside, start, verbose)
-    _mark_done(config, workdir)
     # One weight group: all its logs are in <workdir>/tensorboard (the README's logdir);
     # several: each group has its own under contrastive_weight_<w>/, so the workdir.
     logdir = os.path.join(workdir, "tensorboard") if len(groups) == 1 else workdir
@@ -258,7 +471,19 @@ def _run(config: Settings, workdir: str, *, verbose: bool, start_over: bool) -> 
     if config.figures == "summary":
         say(f"figures: the summary set (setting figures); python -m launch.figures {workdir} "
             "draws the rest")
-    return rows
+    return [row for group in groups for row in group.results.get("rows", [])]
+
+
+def _group(ctx: Context, idx: np.ndarray, directory: str) -> Context:
+    """The context of one weight group: its members' parameters, health and seeds, its
+    directory and stage files."""
+    os.makedirs(directory, exist_ok=True)
+    seeds = tuple(int(s) for s in train.members(ctx.settings).seeds[idx])
+    return dataclasses.replace(
+        ctx, directory=directory, members=idx, seeds=seeds,
+        params=jax.tree.map(lambda x: x[idx], ctx.state.params),
+        healthy=np.asarray(ctx.state.healthy)[idx],
+        files=stages.Stages(directory, ctx.move_aside), results={})
 
 
 def _weight_groups(config, workdir: str) -> list[tuple[np.ndarray, str]]:
@@ -269,122 +494,6 @@ def _weight_groups(config, workdir: str) -> list[tuple[np.ndarray, str]]:
         return [(np.arange(len(weights)), workdir)]
     return [(np.flatnonzero(weights == w), os.path.join(workdir, f"contrastive_weight_{w:g}"))
             for w in unique]
-
-
-def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, config, workdir,
-                 say, move_aside, start, verbose) -> list[dict]:
-    """Fits every proxy on the training split (resumable per family), evaluates faithfulness,
-    writes results.csv and the reports into `workdir`. Returns the rows."""
-    pc = config.proxies
-    files = stages.Stages(workdir, move_aside)
-    # Seeds per call (0: as many as fit the device; the same numbers either way).
-    chunking = dict(seed_chunk_size=pc.seed_chunk_size, say=say)
-
-    # Fitting: one stage file per proxy family. Statistics are collected together for the
-    # families of a collection group (faithfulness.collection_groups) whenever one of them still
-    # needs fitting; a family's stamp names its group's sites, so adding a method with its own
-    # targets (proxies.<method>_targets) refits only that method.
-    groups = faithfulness.collection_groups(specs)
-    collected_sites = {i: sorted({s for j in group for s in specs[j].sites})
-                       for group in groups for i in group}
-    fit_stamps = [stages.stamp(spec=spec, index=i, seed=config.seed,
-                               sites=collected_sites.get(i, []), samples=pc.kmeans_samples,
-                               batch=pc.collect_batch_size, **fit_shift.fit_stamp(config))
-                  for i, spec in enumerate(specs)]
-    fitted = [files.load(files.path(i, spec, ".msgpack"), fit_stamps[i], stages.read_msgpack,
-                         lambda value, spec=spec: _fitted_shape(value, spec, len(seeds)))
-              for i, spec in enumerate(specs)]
-    todo = [i for i, f in enumerate(fitted) if f is None]
-    if todo:
-        say(f"[{time.perf_counter() - start:.0f}s] training done; fitting {len(todo)} proxy "
-            f"families on the training split ({len(splits['train'].tokens)} sentences)")
-    done = 0
-    for group in [[i for i, s in enumerate(specs) if s.module.STATISTIC is None], *groups]:
-        if not set(group) & set(todo):
-            continue
-        stats = {}
-        if specs[group[0]].module.STATISTIC is not None:  # the whole group, as in one run
-            with timing.stage("collection"):
-                data = fit_shift.fit_data(splits, "train", config)
-                stats = faithfulness.collect(
-                    params, data, model_cfg, [specs[i] for i in group],
-                    num_samples=pc.kmeans_samples, batch_size=pc.collect_batch_size,
-                    labels=faithfulness.labels_for([specs[i] for i in group], config, data),
-                    **chunking)
-        for i in (i for i in group if i in todo):
-            with timing.stage("fitting"):
-                proxy = faithfulness.fit_one(specs[i], i, stats, jax.random.PRNGKey(config.seed),
-                                             len(seeds), **chunking)
-                fitted[i] = jax.tree.map(np.asarray, proxy.params)
-            stages.write(files.path(i, specs[i], ".msgpack"), serialization.msgpack_serialize(
-                {"stamp": fit_stamps[i], "value": fitted[i]}), "proxy fitting")
-            done += 1
-            stages.stop_if_signalled(
-                f"while fitting proxies; {done} of {len(todo)} families fitted and saved in "
-                f"{files.dir}; relaunch the same command to resume")
-        del stats
-
-    # Evaluation: one stage file of rows per proxy family.
-    say(f"[{time.perf_counter() - start:.0f}s] evaluating on {', '.join(pc.eval_splits)} "
-        f"({len(eval_set.tokens)} sentences)")
-    rows = []
-    scored = {eval_set.split_names[k] for k in np.unique(eval_set.bins[..., 0][eval_set.evaluated])}
-    # All families, so that those of one proxy method share one compiled program.
-    shared = [faithfulness.FittedProxy(spec, f) for spec, f in zip(specs, fitted, strict=True)]
-    for i, spec in enumerate(specs):
-        stamp = stages.stamp(fit=fit_stamps[i], splits=list(pc.eval_splits),
-                       batch=pc.eval_batch_size)
-        path = files.path(i, spec, "_rows.json")
-        family = files.load(path, stamp, stages.read_json, lambda value, spec=spec: _rows_shape(
-            value, spec, seeds, healthy, scored))
-        if family is None:
-            with timing.stage("evaluation"):
-                family = faithfulness.evaluate(
-                    params, model_cfg, eval_set, [shared[i]], batch_size=pc.eval_batch_size,
-                    seeds=seeds, healthy=healthy, shared=shared, **chunking)
-            stages.write(path, json.dumps({"stamp": stamp, "value": family}), "proxy evaluation")
-        say(f"  [{i + 1}/{len(specs)}] {spec.method} on {spec.target}: sizes "
-            f"{list(spec.sizes)}", flush=True)
-        rows += family
-        stages.stop_if_signalled(
-            f"while evaluating proxies; {i + 1} of {len(specs)} families evaluated and saved "
-            f"in {files.dir}; relaunch the same command to resume")
-
-    matched = {}  # SAE seed dependence (analysis/dictionaries.py), only with method sae
-    if any(spec.method == "sae" for spec in specs):
-        with timing.stage("dictionaries"):
-            matched = dictionaries.seed_match_tables(params, healthy, seeds, splits["train"],
-                                                     model_cfg, specs, fitted, config, say=say)
-    if geometry_stage.enabled(config):  # subspace geometry and repair (proxies.geometry, ...)
-        with timing.stage("geometry"):
-            geometry_stage.run(params, healthy, seeds, splits, model_cfg, shared, fit_stamps,
-                               rows, config, workdir, files, say)
-    if probes.enabled(config):  # linear probes and erasure per split (proxies.probe_sites)
-        with timing.stage("probes"):
-            probes.run(params, healthy, seeds, splits, model_cfg, config, workdir, files, say)
-    # Proxies fitted on other splits too (proxies.fit_splits; nothing at the default).
-    shift_rows = fit_shift.run_stage(params, healthy, seeds, splits, model_cfg, specs, fitted,
-                                     fit_stamps, config, files, chunking, say)
-
-    if not distributed.is_main():  # process 0 writes the reports
-        return rows
-    with timing.stage("reports"):  # write_reports' figures count to "figures"
-        with stages.writing("report", os.path.join(workdir, "results.csv")):
-            results.write_csv(rows, os.path.join(workdir, "results.csv"))
-        _write_tables(workdir, matched)
-        _stop_in_reports(workdir)
-        data_baselines = tasks.get(config).baselines(splits, list(pc.eval_splits))
-        write_reports(rows, config, workdir, seeds, healthy, verbose=verbose,
-                      model_cfg=model_cfg, data_baselines=data_baselines)
-        if shift_rows:
-            with stages.writing("report", workdir):
-                fit_shift_report.write_reports(shift_rows, config, workdir, say=say)
-    _stop_in_reports(workdir)
-    with timing.stage("figures"):
-        write_activation_figures(params, splits, model_cfg, config, workdir, seeds, healthy)
-    say(f"[{time.perf_counter() - start:.0f}s] proxies done: {workdir}/results.csv, "
-        f"{workdir}/figures/")
-    return rows
 
 
 def _fitted_shape(value, spec, num_seeds: int) -> str | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 
 import jax
 
@@ -22,9 +23,6 @@ import jax
 # (also recorded, with the read time, when the persistent cache has it), and those cache hits.
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
-
-# The main job's stages, in the order `line` lists them.
-STAGES = ("training", "wen", "collection", "fitting", "evaluation", "reports", "figures")
 
 _active: list[Breakdown] = []
 
@@ -74,11 +72,12 @@ class Breakdown:
     def compile_seconds(self) -> float:
         return self.compiles[""][1]
 
-    def line(self) -> str:
-        """One line: the total, the seconds of each stage that ran, the rest, compilation."""
+    def line(self, order: Sequence[str] = ()) -> str:
+        """One line: the total, the seconds of each stage that ran (those of `order` in its
+        order, e.g. the main job's pipeline, then the others by name), the rest, compilation."""
         total = self.total or time.perf_counter() - self._start
         parts = [f"{name} {self.seconds[name]:.0f} s" for name in
-                 [*STAGES, *sorted(set(self.seconds) - set(STAGES))] if name in self.seconds]
+                 [*order, *sorted(set(self.seconds) - set(order))] if name in self.seconds]
         rest = total - sum(self.seconds.values())
         cached = f", {self.cache_hits} read from the cache" if self.cache_hits else ""
         return (f"time {total:.0f} s: {', '.join([*parts, f'other {rest:.0f} s'])}; of which "

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from ml_collections import ConfigDict
 
-from jaxillusions import faithfulness, sweep, tasks, validate
+from jaxillusions import faithfulness, stages, sweep, tasks, validate
 from jaxillusions.analysis import induction, load_results, tables
 from jaxillusions.tasks import code as code_task
 from jaxillusions.tasks.code import splits as code_data
@@ -315,11 +315,12 @@ def test_sweep_probes_induction_heads_once_and_again_when_its_settings_change(co
     assert "induction/score/layer1_head0" in board["seed_0"]
 
     # A relaunch after the sweep's end marker is gone: the stage is kept, not probed again.
-    stage = os.path.join(workdir, induction.STAGE_FILE)
+    stage = stages.stage_file(workdir, "induction")  # the stage saved whole (Stage.stamped)
     before = {name: os.stat(os.path.join(workdir, name)).st_mtime_ns
-              for name in (induction.STAGE_FILE, "induction.csv")}
+              for name in (stage, "induction.csv")}
     proxy_files = {p: os.stat(os.path.join(workdir, "proxies", p)).st_mtime_ns
-                   for p in os.listdir(os.path.join(workdir, "proxies"))}
+                   for p in os.listdir(os.path.join(workdir, "proxies"))
+                   if p != "stage_induction.json"}
     os.remove(os.path.join(workdir, sweep.DONE_FILE))
     sweep.run(config, workdir, verbose=False)
     assert {name: os.stat(os.path.join(workdir, name)).st_mtime_ns for name in before} == before
@@ -327,7 +328,7 @@ def test_sweep_probes_induction_heads_once_and_again_when_its_settings_change(co
     # A changed analysis key on the finished sweep: the probe alone runs again.
     config.induction.batch = 8
     sweep.run(config, workdir, verbose=False)
-    assert os.stat(stage).st_mtime_ns != before[induction.STAGE_FILE]
+    assert os.stat(stage).st_mtime_ns != before[stage]
     assert {p: os.stat(os.path.join(workdir, "proxies", p)).st_mtime_ns
             for p in proxy_files} == proxy_files
     moved = [os.path.relpath(os.path.join(d, f), workdir)

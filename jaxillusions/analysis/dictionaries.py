@@ -38,7 +38,8 @@ import numpy as np
 import pandas as pd
 import scipy.optimize
 
-from jaxillusions.analysis import stats
+from jaxillusions import stages
+from jaxillusions.analysis import stats, tables
 from jaxillusions.proxies import sae, svd
 
 THRESHOLD = 0.9  # a matched pair "agrees" above this cosine (Paulo & Belrose 2025)
@@ -399,3 +400,32 @@ def seed_match_tables(params, healthy, seeds: Sequence[int], train_split, model_
                          for r in rows]
     return {"dictionaries_seed_match": (seed_match_summary(per_seed), SEED_MATCH_COLUMNS),
             "dictionaries_seed_match_per_seed": (per_seed, SEED_MATCH_SEED_COLUMNS)}
+
+
+def run(ctx):
+    """The main job's stage (stages.Context in and out): the SAE seed-match tables of
+    `seed_match_tables`, written by process 0 (dictionaries_seed_match*.csv)."""
+    import os  # noqa: PLC0415
+
+    from jaxillusions import distributed  # noqa: PLC0415
+
+    r = ctx.results
+    matched = seed_match_tables(ctx.params, ctx.healthy, ctx.seeds, ctx.splits["train"],
+                                ctx.model_cfg, r["specs"], r["fitted"], ctx.settings,
+                                say=ctx.say)
+    if distributed.is_main():
+        for name, (table, columns) in matched.items():
+            path = os.path.join(ctx.directory, f"{name}.csv")
+            with stages.writing("report", path):
+                tables.write_csv(table, path, columns)
+    return ctx
+
+
+def enabled(settings) -> bool:
+    """With the SAE proxy (proxies.methods has "sae")."""
+    return "sae" in settings.proxies.methods
+
+
+# The main job's stage (sweep.PIPELINE): per weight group, after the proxies.
+STAGE = stages.Stage("dictionaries", run, enabled=enabled, keys=("proxies.*",),
+                     outputs=("dictionaries_*.csv",))

@@ -22,8 +22,8 @@ task's mechanism-facing accuracy contrast: per seed and split, accuracy on `iden
 minus `identifier_first` (from results.csv, as loaded by `analysis.load_results`).
 
 In the main job (jaxillusions/sweep.py) the config section `induction` (`enabled`, `length`,
-`batch`; analysis keys) runs `sweep_stage` after training: the probe on the trained
-parameters, with a stage file (STAGE_FILE) so that a relaunch does not probe again, and
+`batch`; analysis keys) runs the stage `STAGE` after training: the probe on the trained
+parameters, saved whole (a stamped stage file, so that a relaunch does not probe again), and
 `report_lines` adds its headline lines and identifier_gap.csv to the reports.
 """
 
@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxillusions import model as model_lib
+from jaxillusions import stages
 from jaxillusions.analysis import tables
 
 if TYPE_CHECKING:
@@ -47,8 +48,7 @@ if TYPE_CHECKING:
 ROW_COLUMNS = ("seed", "layer", "head", "induction_score")
 GAP_COLUMNS = ("seed", "site", "size", "split", "acc_first", "acc_repeat", "n_first", "n_repeat",
                "repeat_minus_first")
-STAGE_FILE = "induction_stage.json"
-OUTPUTS = ("induction.csv", "induction_seeds.csv", "identifier_gap.csv")
+OUTPUTS = ("induction.csv", "induction_seeds.csv")  # the stage's; identifier_gap.csv: the report's
 # "A seed has an induction head" (docs/code_completion.md): its best head puts >= 0.3 of its
 # attention on the token after the earlier occurrence (20x chance at L = 48), and the model's
 # loss on the repeat is >= 1 nat lower than on the first copy (more than the ln 2 that knowing
@@ -279,52 +279,35 @@ def check_config(config, model_cfg: model_lib.ModelConfig) -> None:
                          f"({pool} drawable tokens, {model_cfg.max_len} positions)")
 
 
-def sweep_stage(config, workdir: str, params, healthy, labels, step: int,
-                model_cfg: model_lib.ModelConfig, say=print, move_aside=None) -> Induction | None:
-    """The main job's induction stage (config section `induction`): probes the trained `params`
-    (leading member axis, labelled `labels`; diverged members are NaN) and writes
-    induction.csv, induction_seeds.csv and TensorBoard scalars at `step`, once: a stage file
-    stamped with the settings says it is done. A stale stage (other settings) and its CSVs are
-    moved aside with `move_aside(path)` (stages.mover) before the probe runs again."""
-    import json  # noqa: PLC0415
-
-    from jaxillusions import checkpoint  # noqa: PLC0415 - orbax is slow to import for readers
+def run(ctx) -> object:
+    """The main job's induction stage (stages.Context in and out; process 0 alone): probes the
+    trained parameters (leading member axis; diverged members are NaN) and writes
+    induction.csv, induction_seeds.csv and TensorBoard scalars at the trained step. The pipeline
+    saves it whole (stages.Stage.stamped): a relaunch with the same settings does not probe
+    again, one with other induction.* settings moves the CSVs aside first."""
+    from jaxillusions import distributed, train  # noqa: PLC0415
     from jaxillusions import logging as log_lib  # noqa: PLC0415
 
-    if not enabled(config):
-        return None
-    ic = config.induction
-    special = task_tokens(config.task)
+    if not distributed.is_main():
+        return ctx
+    config, model_cfg, workdir, state = ctx.settings, ctx.model_cfg, ctx.workdir, ctx.state
+    ic, special = config.induction, task_tokens(config.task)
     length = ic.length or default_length(model_cfg, **special)
-    stamp = json.dumps({"length": length, "batch": ic.batch, "key": config.seed, "step": step},
-                       sort_keys=True)
-    path = os.path.join(workdir, STAGE_FILE)
-    if os.path.exists(path):
-        try:
-            with open(path) as f:
-                done = json.load(f)["stamp"] == stamp
-        except (OSError, ValueError, KeyError, TypeError):
-            done = False
-        if done and all(os.path.exists(os.path.join(workdir, o)) for o in OUTPUTS[:2]):
-            return None
-        for name in (STAGE_FILE, *OUTPUTS[:2]):
-            if move_aside is not None and os.path.exists(os.path.join(workdir, name)):
-                move_aside(os.path.join(workdir, name))
-    found = induction(params, model_cfg, jax.random.key(config.seed), length=length,
+    labels, step = train.members(config).labels, int(np.max(state.step))
+    found = induction(state.params, model_cfg, jax.random.key(config.seed), length=length,
                       batch=ic.batch, seeds=labels, **special)
-    bad = ~np.asarray(healthy, bool)
+    bad = ~np.asarray(state.healthy, bool)
     found = dataclasses.replace(
         found, score=np.where(bad[:, None, None], np.nan, found.score),
         loss_first=np.where(bad, np.nan, found.loss_first),
         loss_second=np.where(bad, np.nan, found.loss_second))
     with log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), labels) as writer:
         write(found, workdir, writer, step)
-    checkpoint.write_atomic(path, json.dumps({"stamp": stamp}))
     heads = has_head(found.max_score, found.loss_drop)
-    say(f"induction: {int(heads.sum())} of {int((~bad).sum())} seeds have an induction head "
-        f"(score >= {MIN_SCORE}, loss drop >= {MIN_LOSS_DROP:g} nat; L={length}); "
-        f"{workdir}/induction_seeds.csv")
-    return found
+    ctx.say(f"induction: {int(heads.sum())} of {int((~bad).sum())} seeds have an induction "
+            f"head (score >= {MIN_SCORE}, loss drop >= {MIN_LOSS_DROP:g} nat; L={length}); "
+            f"{workdir}/induction_seeds.csv")
+    return ctx.produced(induction=found)
 
 
 def report_lines(config, workdir: str) -> list[str]:
@@ -415,3 +398,10 @@ def head_predicts_gap(df: pd.DataFrame, per_seed: pd.DataFrame, baseline: str = 
                         "metric": metric, "category": category, "n_seeds": len(both),
                         "rho": rho, "rho_low": low, "rho_high": high, "p_value": p})
     return pd.DataFrame(out, columns=list(HEAD_GAP_COLUMNS))
+
+
+
+
+# The main job's stage (sweep.PIPELINE): after training, once per run, saved whole.
+STAGE = stages.Stage("induction", run, enabled=enabled, check=check_config, scope="run",
+                     keys=("induction.*",), outputs=OUTPUTS, stamped=True)

@@ -84,3 +84,22 @@ def load_or_make(file: str, load: Callable[[str], T], make: Callable[[], T],
     if verbose:
         print(f"{what}: generated in {dt:.1f}s, {where}", flush=True)
     return data
+
+
+def error_line(err: BaseException) -> str:
+    """'<exception type>: <the first line of its message>', for one-line reports."""
+    return f"{type(err).__name__}: {first_line(err)}"
+
+
+def first_line(err: BaseException, limit: int = 1000) -> str:
+    """The first line of the message, whole: a cut would end mid-sentence (e.g. orbax's
+    "Requested byte range ... is not valid for value of size ..."). Only a line longer than
+    `limit` is shortened, at the end of its last sentence that fits."""
+    lines = str(err).strip().splitlines()
+    if not lines:
+        return type(err).__name__
+    line = lines[0]
+    if len(line) <= limit:
+        return line
+    end = line.rfind(". ", 0, limit)
+    return line[:end + 1] if end > 0 else line[:limit] + " ..."

@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
+from jaxillusions import distributed, stages, train
 from jaxillusions import model as model_lib
-from jaxillusions import train
 from jaxillusions.analysis import figures, tables
 from jaxillusions.analysis import stats as interval_stats
 from jaxillusions.data import dyck, padded_chunks
@@ -314,15 +314,24 @@ def _member_rows(state, results, config) -> list[dict]:
     return rows
 
 
-def run_stage(state, results, model_cfg: model_lib.ModelConfig, config, workdir: str, *,
-              verbose: bool = True) -> tuple[list[dict], list[dict]]:
+def run(ctx) -> object:
+    """The main job's stage (stages.Context in and out; process 0 alone): `measure` on the trained
+    state, its rows added as `wen_rows` and `wen_attention`."""
+    if not distributed.is_main():
+        return ctx
+    rows, attention = measure(ctx.state, ctx.final_eval, ctx.model_cfg, ctx.settings,
+                              ctx.workdir, say=ctx.say)
+    return ctx.produced(wen_rows=rows, wen_attention=attention)
+
+
+def measure(state, results, model_cfg: model_lib.ModelConfig, config, workdir: str, *,
+            say=print) -> tuple[list[dict], list[dict]]:
     """The Wen et al. measurements of a trained sweep (config.wen), written to the workdir:
     wen_results.csv (one row per member: seed, contrastive_weight, accuracies, length
     generalization, balance violation), wen_attention.csv (attention variation per weight
     group, layer and head, with the random baseline), wen_summary.txt, figures/wen_*.png and
     TensorBoard. Returns (member rows, attention rows)."""
     from jaxillusions import logging as log_lib  # noqa: PLC0415
-    say = print if verbose else (lambda *a, **k: None)
     wc, k, depth = config.wen, config.data.num_types, config.data.max_depth
     params, healthy = state.params, np.asarray(state.healthy)
     rows = _member_rows(state, results, config)
@@ -515,3 +524,9 @@ def _patterns_figure(patterns: dict, prefix: np.ndarray, k: int, labels, healthy
             ax.set_yticks(range(len(ticks)), ticks, fontsize=5)
     fig.tight_layout()
     return fig
+
+
+# The main job's stage (sweep.PIPELINE): after training, once per run, saved whole.
+STAGE = stages.Stage(
+    "wen", run, enabled=enabled, check=check_config, scope="run", keys=("wen.*",),
+    outputs=("wen_results.csv", "wen_attention.csv", "wen_summary.txt"), stamped=True)
