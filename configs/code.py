@@ -36,8 +36,7 @@ def get_config() -> ConfigDict:
     config.data.longer_context = 1024
     config.data.num_eval = 1000
 
-    # Model: 2 layers as in the paper, wider than the CPU demo.
-    config.model.n_layers = 2
+    # Model: 2 layers as in the paper (the demo's), wider than the CPU demo.
     config.model.n_heads = 4
     config.model.d_model = 256
     config.model.d_mlp = 1024

@@ -76,9 +76,7 @@ def get_config() -> ConfigDict:
     config.data.num_eval = 500
     config.data.ood_from_train_files = True
 
-    config.model.n_layers = 2
-    config.model.n_heads = 2
-    config.model.d_model = 32
+    config.model.d_model = 32  # 2 layers of 2 heads, as in the demo
     config.model.d_mlp = 0
     config.model.attn_only = True
     config.model.pos_encoding = "sinusoidal"
@@ -92,6 +90,5 @@ def get_config() -> ConfigDict:
     config.train.log_every = 50
 
     config.proxies.eval_splits = ("iid", "deeper", "other_language")
-    config.proxies.svd_ranks = (1, 4, 16)
-    config.proxies.kmeans_sizes = (4, 16, 64)
+    config.proxies.svd_ranks = (1, 4, 16)  # k-means: the demo's 4, 16, 64
     return config

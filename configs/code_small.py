@@ -20,76 +20,47 @@ Override any key on the command line, e.g.
 
 from ml_collections import ConfigDict
 
-from jaxillusions.tasks.code import splits as code_data
+from configs import defaults
 
 
 def get_config() -> ConfigDict:
-    config = ConfigDict()
-    config.task = "code"
-    config.seed = 0  # seed s of the sweep is config.seed + s
+    # Every key at its default (jaxillusions/settings.py; data.*: jaxillusions/tasks/code/
+    # splits.py, every key in splits.DATA_DOCS); the lines below set what the demo changes.
+    config = defaults("code")
 
-    # Data (jaxillusions/tasks/code/splits.py; every key: splits.DATA_DOCS). Functions of at most
-    # context - 2 characters, one per row; `longer` up to longer_context - 2.
-    config.data = ConfigDict(dict(code_data.DATA_DEFAULTS))
+    # Data: functions of at most context - 2 characters, one per row; `longer` up to
+    # longer_context - 2.
     config.data.context = 128
     config.data.longer_context = 256
     config.data.num_eval = 200
 
-    # Model: a standard decoder-only transformer with learned embeddings and positions.
-    config.model = ConfigDict()
-    config.model.n_layers = 2
+    # Model: a standard decoder-only transformer with learned embeddings and positions, 2 layers
+    # of 2 heads.
     config.model.n_heads = 2
     config.model.d_model = 64
-    config.model.d_head = 0  # 0 -> d_model // n_heads
     config.model.d_mlp = 128
-    config.model.pos_encoding = "learned"
-    config.model.attn_only = False
-    config.model.uniform_attention_layers = ()
-    config.model.embedding = "learned"
-    config.model.max_len = 0  # 0 -> the widest split (longer_context)
-    config.model.compute_dtype = "float32"  # bfloat16: bf16 matmuls (docs/speed.md)
 
     # Optimizer and training loop (next-character loss on every character).
-    config.train = ConfigDict()
-    config.train.num_seeds = 4
     config.train.num_steps = 1500
-    config.train.batch_size = 32
-    config.train.learning_rate = 3e-3
     config.train.warmup_steps = 100
-    config.train.weight_decay = 0.01
-    config.train.grad_clip = 1.0
-    config.train.log_every = 100
     config.train.eval_every = 500
     config.train.checkpoint_every = 500
     config.train.eval_batch_size = 64
     # Rows of `longer` reach positions past any training row: offsets train them (-1: as far as
     # the model's positions allow), as in the Dyck configs.
     config.train.max_position_offset = -1
-    # Seeds trained at once; the others wait in sequential chunks (docs/scaling_out.md). 0: all.
-    config.train.seed_chunk_size = 0
 
-    # Proxies and faithfulness evaluation: the last layer's queries and keys, as for Dyck.
-    config.proxies = ConfigDict()
-    config.proxies.targets = ("blocks.-1.attn.q", "blocks.-1.attn.k",
-                              "blocks.-1.attn.q+blocks.-1.attn.k")
+    # Proxies and faithfulness evaluation: every method on the last layer's queries, keys and
+    # both, as for Dyck; SVD at ranks 1, 2, 4, ... up to d_head.
     config.proxies.eval_splits = ("iid", "longer", "deeper", "other_language")
-    config.proxies.gap_baseline = "iid"
-    config.proxies.pattern_site = "blocks.-1.attn.pattern"
-    config.proxies.methods = ("svd", "kmeans", "onehot_attention", "uniform_attention")
-    config.proxies.svd_ranks = ()  # () -> 1, 2, 4, ... up to d_head
-    config.proxies.svd_center = False  # True -> PCA
     config.proxies.kmeans_sizes = (4, 16, 64)
     config.proxies.kmeans_samples = 10_000
     config.proxies.kmeans_iters = 20
     config.proxies.collect_batch_size = 128
     config.proxies.eval_batch_size = 64
-    # Seeds per call of the proxy stage; 0: as many as fit the device's memory.
-    config.proxies.seed_chunk_size = 0
 
     # Induction heads after training (jaxillusions/analysis/induction.py): a random sequence of
-    # `length` characters repeated once (0: half the vocabulary's characters), `batch` of them.
-    config.induction = ConfigDict()
+    # induction.length characters repeated once (0: half the vocabulary's characters),
+    # induction.batch of them.
     config.induction.enabled = True
-    config.induction.length = 0
-    config.induction.batch = 64
     return config

@@ -52,8 +52,7 @@ def get_config() -> ConfigDict:
     pc.sae_targets = ("blocks.-1.attn.q", "blocks.-1.attn.k", "blocks.0.resid_mid",
                       "blocks.1.resid_mid")
     pc.transcoder_targets = ("blocks.0.mlp.out", "blocks.1.mlp.out")
-    pc.sae_sizes = (32, 64, 128)
-    pc.transcoder_sizes = (32, 64, 128)
+    pc.transcoder_sizes = (32, 64, 128)  # the SAE's widths (its default sae_sizes)
     pc.sae_k = (4, 8)
     pc.sae_steps = 200
     pc.sae_batch = 128

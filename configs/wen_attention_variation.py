@@ -33,54 +33,39 @@ def get_config(arg: str = "minimal") -> ConfigDict:
     config = dyck_small.get_config()
     config.cpu_devices = 0  # as JAX starts (the documented numbers' layout: one CPU device)
 
-    # Data: Dyck-(2, 4) (Wen et al.), training sentences of up to 24 brackets.
+    # Data: Dyck-(2, 4) (Wen et al.); the demo's 20,000 training sentences of up to 24 brackets.
     config.data.num_types = 2
     config.data.max_depth = 4
-    config.data.max_len = 24
     config.data.longer_max_len = 48
     config.data.depth_extra = 1
-    config.data.num_train = 20_000
     config.data.num_eval = 500
 
-    # Model: 2 layers, 1 head, width 50. "minimal": layer 0 is the minimal first layer (eq. 19,
-    # a one-hot of (bracket, depth)); the others are standard layers without / with the linear
-    # position encoding. model.max_len fixes the linear position scale t / max_len and admits
-    # the length-generalization prefixes (16x the training length).
-    config.model.n_layers = 2
-    config.model.n_heads = 1
+    # Model: 2 layers, 1 head (the demo's), width 50. "minimal": layer 0 is the minimal first
+    # layer (eq. 19, a one-hot of (bracket, depth)); the others are standard layers without /
+    # with the linear position encoding. model.max_len fixes the linear position scale
+    # t / max_len and admits the length-generalization prefixes (16x the training length).
     config.model.d_model = 50
     config.model.d_mlp = 100
     config.model.first_layer = "minimal" if arg == "minimal" else "standard"
-    config.model.minimal_embedding = "onehot"
     config.model.pos_encoding = "linear" if arg == "standard_linear" else "none"
     config.model.max_len = 385
 
-    # Optimizer: next-token loss on closing brackets only (Wen et al.).
+    # Optimizer (the demo's: batch 32, learning rate 3e-3, 200 warmup steps): next-token loss on
+    # closing brackets only (Wen et al.).
     config.train.num_seeds = 32
     config.train.num_steps = 1000
-    config.train.batch_size = 32
-    config.train.learning_rate = 3e-3
-    config.train.warmup_steps = 200
     config.train.loss_on = "closing"
-    # No random position offsets (the dyck_small default): Wen et al. train every sentence at
+    # No random position offsets (dyck_small's -1 trains them): Wen et al. train every sentence at
     # positions 0.., and the linear position encoding is part of what is compared.
     config.train.max_position_offset = 0
-    config.train.log_every = 100
     config.train.eval_every = 1000
     config.train.checkpoint_every = 500
 
     # Wen et al. measurements (jaxillusions/experiments/wen.py), written as wen_*.csv and
-    # wen_summary.txt.
-    config.wen = ConfigDict()
+    # wen_summary.txt; the other wen.* keys at their defaults.
     config.wen.enabled = True
     config.wen.label = arg
-    config.wen.length_min_len = 25  # length generalization: prefixes of 25..384 brackets (16x)
-    config.wen.length_max_len = 384
-    config.wen.length_num_prefixes = 16
-    config.wen.length_threshold = 0.8  # correct close's share of the closing-bracket probability
-    config.wen.length_seed = 0
-    config.wen.length_batch_size = 8
-    config.wen.members_per_call = 8
+    config.wen.length_max_len = 384  # length generalization: prefixes of 25..384 brackets (16x)
 
     # Proxies (Friedman et al.): off; one line turns the bridge on (see the docstring).
     config.proxies.methods = ()
