@@ -98,6 +98,7 @@ def check_config(config) -> None:
 
 
 def enabled(config) -> bool:
+    """With proxies.fit_splits beyond train (proxies fitted on other splits too)."""
     return any(s != REFERENCE for s in config.proxies.fit_splits)
 
 
@@ -133,8 +134,7 @@ def run(ctx: stages.Context) -> stages.Context:
             stamps = {i: stages.stamp(train=fit_stamps[i], fit_split=name,
                                       sentences=len(data.tokens), seed=seed)
                       for i in dependent}
-            family_fits = _fit(params, data, model_cfg, specs, dependent, stamps, config,
-                               directory, files, chunking, say, family_fits)
+            family_fits = _fit(ctx, data, dependent, stamps, directory, family_fits)
         for i in sorted(stamps):
             spec = specs[i]
             path = os.path.join(directory, os.path.basename(files.path(i, spec, "_rows.json")))
@@ -156,11 +156,14 @@ def run(ctx: stages.Context) -> stages.Context:
     return ctx.produced(shift_rows=rows)
 
 
-def _fit(params, data, model_cfg, specs, dependent, stamps, config, directory, files,
-         chunking, say, family_fits):
-    """family_fits with the data-dependent families fitted on `data` (loaded from their stage
-    files where those carry the same stamp). Collected once for all families that need it."""
-    pc, out = config.proxies, list(family_fits)
+def _fit(ctx: stages.Context, data, dependent: list[int], stamps: dict, directory: str,
+         family_fits: list) -> list:
+    """family_fits with the data-dependent families (indices `dependent` of the proxy stage's
+    specs) fitted on `data` by the group of `ctx` (loaded from their stage files under
+    `directory` where those carry `stamps`). Collected once for all families that need it."""
+    config, params, model_cfg, files = ctx.settings, ctx.params, ctx.model_cfg, ctx.files
+    specs, pc, out = ctx.results["specs"], config.proxies, list(family_fits)
+    chunking = dict(seed_chunk_size=pc.seed_chunk_size, say=ctx.say)
     paths = {i: os.path.join(directory, os.path.basename(files.path(i, specs[i], ".msgpack")))
              for i in dependent}
     loaded = {i: files.load(paths[i], stamps[i], stages.read_msgpack)

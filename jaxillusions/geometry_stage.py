@@ -35,6 +35,7 @@ MOMENTS_FILE = "geometry_moments.msgpack"
 
 
 def enabled(config) -> bool:
+    """With proxies.geometry or proxies.repair_sentences (subspace geometry, repair)."""
     pc = config.proxies
     return bool(pc.geometry or pc.repair_sentences)
 
@@ -115,8 +116,7 @@ def run(ctx: stages.Context) -> stages.Context:
             path = files.path(i, spec, "_repair_rows.json")
             family = files.load(path, stamp, stages.read_json)
             if family is None:
-                family = _repair_family(params, healthy, seeds, splits, model_cfg, proxy,
-                                        moments, counts, ood, halves, config, chunking)
+                family = _repair_family(ctx, proxy, moments, ood, halves)
                 stages.write(path, json.dumps({"stamp": stamp, "value": family}), "repair")
             say(f"  repair [{n}/{len(families)}] {spec.method} on {spec.target}: M "
                 f"{list(counts)} on the evaluation halves of {', '.join(ood)}", flush=True)
@@ -137,11 +137,14 @@ def run(ctx: stages.Context) -> stages.Context:
     return ctx
 
 
-def _repair_family(params, healthy, seeds, splits, model_cfg, proxy, moments, counts, ood,
-                   halves, config, chunking) -> list[dict]:
+def _repair_family(ctx: stages.Context, proxy, moments: dict, ood: list[str],
+                   halves: dict) -> list[dict]:
     """Rows of the train-fitted proxy and of its refits and rotations on each OOD split's
-    evaluation half; the variants go on the size axis of one evaluation per split."""
+    evaluation half (the group of `ctx`); the variants go on the size axis of one evaluation
+    per split."""
+    config, splits = ctx.settings, ctx.splits
     pc, spec, task = config.proxies, proxy.spec, tasks.get(config)
+    counts = pc.repair_sentences
     center = geometry.center_of(spec.method, pc.svd_center)
     # Uncentred, the rotated basis spans the refit's subspace with the same (zero) mean: the
     # same proxy (analysis/geometry.py), so only the refit is evaluated.
@@ -167,10 +170,11 @@ def _repair_family(params, healthy, seeds, splits, model_cfg, proxy, moments, co
                                       spec.options)
         half = tasks.subset(splits[split], halves[split][1])
         eval_set = faithfulness.make_eval_set({split: half}, [split], task)
-        got = faithfulness.evaluate(params, model_cfg, eval_set,
+        got = faithfulness.evaluate(ctx.params, ctx.model_cfg, eval_set,
                                     [faithfulness.FittedProxy(wide, per_site)],
-                                    batch_size=pc.eval_batch_size, seeds=seeds, healthy=healthy,
-                                    **chunking)
+                                    batch_size=pc.eval_batch_size, seeds=ctx.seeds,
+                                    healthy=ctx.healthy, seed_chunk_size=pc.seed_chunk_size,
+                                    say=ctx.say)
         for row in got:
             if row["breakdown"] != "all":
                 continue

@@ -60,6 +60,7 @@ REPORTS = ("probes.csv", "probes.txt")
 
 
 def enabled(config) -> bool:
+    """With proxies.probe_sites (linear probes and concept erasure per split)."""
     return bool(config.proxies.probe_sites)
 
 

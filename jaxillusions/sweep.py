@@ -225,13 +225,18 @@ def _figures(ctx: Context) -> Context:
 
 
 TRAINING = Stage("training", _train, scope="run")
-PROXIES = Stage("proxies", _proxies, keys=("proxies.*",),
+def _with_proxies(settings) -> bool:
+    """With proxies (proxies.methods): the weight groups' stages work on their results."""
+    return bool(settings.proxies.methods)
+
+
+PROXIES = Stage("proxies", _proxies, enabled=_with_proxies, keys=("proxies.*",),
                 clocks=("collection", "fitting", "evaluation", "proxies"))
-REPORTS = Stage("reports", _report, keys=("proxies.*",), clocks=("reports", "figures"), outputs=(
+REPORTS = Stage("reports", _report, enabled=_with_proxies, keys=("proxies.*",), clocks=("reports", "figures"), outputs=(
     "results.csv", "gap_table.txt", "gaps.csv", "proxy_vs_original.csv", "id_predicts_gap.csv",
     "min_size.csv", "baselines.csv", "gaps_by_*.csv", "identifier_gap.csv"))
 # Which figures (the setting `figures`) is not an analysis key: complete_figures draws the rest.
-FIGURES = Stage("figures", _figures, outputs=("figures",))
+FIGURES = Stage("figures", _figures, enabled=_with_proxies, outputs=("figures",))
 
 PIPELINE: tuple[Stage, ...] = (
     TRAINING, wen.STAGE, induction.STAGE, PROXIES, dictionaries.STAGE, geometry_stage.STAGE,
@@ -846,3 +851,33 @@ def _start_helper(jobs: list) -> subprocess.Popen:
         [sys.executable, "-c", "import sys; from jaxillusions.analysis import figures; "
          "figures.render_file(sys.argv[1])", path],
         env=env, stdout=subprocess.DEVNULL, start_new_session=True)
+
+
+def picture(pipeline: Sequence[Stage] = PIPELINE) -> str:
+    """docs/design.md's picture (a test keeps the page equal to it): the folders, layer by
+    layer from the bottom, each with the first line of its docstring, then the main job's
+    stages in order with when each runs and what it writes."""
+    import importlib  # noqa: PLC0415
+
+    import jaxillusions  # noqa: PLC0415
+
+    lines = ["jaxillusions/   (layers, lowest first; each imports only from its own or lower)"]
+    for rank, prefixes in enumerate(jaxillusions.LAYERS):
+        for prefix in prefixes:
+            doc = importlib.import_module(f"jaxillusions.{prefix}").__doc__ or ""
+            first = " ".join(doc.strip().split("\n\n")[0].split())
+            folder = prefix.replace(".", "/") + (".py" if "." in prefix else "/")
+            lines.append(f"  {rank} {folder:<17}{first}")
+    lines += ["", "The main job, sweep.PIPELINE, in order (run: once; group: per weight group):"]
+    for stage in pipeline:
+        when = stage.enabled.__doc__ or "always"
+        when = " ".join(when.strip().split("\n\n")[0].split())
+        lines.append(f"  {stage.name:<13}{stage.scope:<6} {when}")
+        if stage.outputs:
+            lines.append(f"  {'':<13}{'':<6} writes {', '.join(stage.outputs)}"
+                         + ("; saved whole" if stage.stamped else ""))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # docs/design.md's picture
+    print(picture())

@@ -261,6 +261,7 @@ def has_head(max_score: np.ndarray, loss_drop: np.ndarray) -> np.ndarray:
 
 
 def enabled(config) -> bool:
+    """With induction.enabled (the repeated-random-tokens probe of the trained members)."""
     return config.induction.enabled
 
 

@@ -280,6 +280,7 @@ def _mean_and_half_width(values: np.ndarray) -> tuple[float, float]:
 
 
 def enabled(config) -> bool:
+    """With wen.enabled (Wen et al.'s measurements of the trained members)."""
     return config.wen.enabled
 
 
