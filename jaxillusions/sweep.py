@@ -232,7 +232,8 @@ def _with_proxies(settings) -> bool:
 
 PROXIES = Stage("proxies", _proxies, enabled=_with_proxies, keys=("proxies.*",),
                 clocks=("collection", "fitting", "evaluation", "proxies"))
-REPORTS = Stage("reports", _report, enabled=_with_proxies, keys=("proxies.*",), clocks=("reports", "figures"), outputs=(
+REPORTS = Stage("reports", _report, enabled=_with_proxies, keys=("proxies.*",),
+                clocks=("reports", "figures"), outputs=(
     "results.csv", "gap_table.txt", "gaps.csv", "proxy_vs_original.csv", "id_predicts_gap.csv",
     "min_size.csv", "baselines.csv", "gaps_by_*.csv", "identifier_gap.csv"))
 # Which figures (the setting `figures`) is not an analysis key: complete_figures draws the rest.
