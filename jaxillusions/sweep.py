@@ -486,7 +486,8 @@ def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,
     with stages.writing("report", os.path.join(workdir, "tensorboard")), \
             log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
         draw(jobs, writer, workdir)
-        board.write_all(writer, rows, config, model_cfg, seeds, healthy, workdir, gaps)
+        board.write_all(writer, rows, config, model_cfg, board.Sessions(seeds, healthy),
+                        workdir, gaps)
 
 
 def figure_jobs(rows, config: Settings, gaps=(), which: str = "all") -> list[tuple]:

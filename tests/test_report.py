@@ -160,8 +160,8 @@ def test_tensorboard_headline_reproduces_gaps_from_results_csv(tmp_path):
                                                  in_distribution=dyck.IN_DISTRIBUTION)
     gaps = [g for g in stat_tables["gaps"] if g["baseline"] == "iid"]
     with SweepWriter(str(tmp_path / "tb"), seeds=[0, 1, 2]) as w:
-        board.write_all(w, back, config, None, [0, 1, 2], [True] * 3, str(tmp_path),
-                        gaps=gaps, report=text)
+        board.write_all(w, back, config, None, board.Sessions([0, 1, 2], [True] * 3),
+                        str(tmp_path), gaps=gaps, report=text)
     runs = read_scalars(str(tmp_path / "tb"))
     by_key = {(g["method"], g["site"], g["size"], g["split"]): g for g in gaps
               if g["metric"] == "same_pred"}
