@@ -138,7 +138,8 @@ def run_stage(params, healthy, seeds, splits: dict, model_cfg, specs, fitted, fi
                     family = faithfulness.evaluate(
                         params, model_cfg, eval_set, [family_fits[i]],
                         batch_size=pc.eval_batch_size, seeds=seeds, healthy=healthy,
-                        shared=family_fits, **chunking)
+                        options=faithfulness.EvalOptions(shared=family_fits,
+                                                         chunking=chunking))
                 stages.write(path, json.dumps({"stamp": stamp, "value": family}),
                              "fit-shift evaluation")
             rows += [{"fit_split": name, **row} for row in family]
@@ -166,14 +167,16 @@ def _fit(params, data, model_cfg, specs, dependent, stamps, config, directory, f
         with timing.stage("collection"):
             stats = faithfulness.collect(params, data, model_cfg, [specs[i] for i in todo],
                                          num_samples=pc.kmeans_samples,
-                                         batch_size=pc.collect_batch_size, **chunking,
+                                         batch_size=pc.collect_batch_size,
+                                         chunking=chunking,
                                          labels=faithfulness.labels_for(
                                              [specs[i] for i in todo], config, data))
         for i in todo:
             with timing.stage("fitting"):
                 # The train fit's random keys (spec index i): only the data differ.
                 proxy = faithfulness.fit_one(specs[i], i, stats, jax.random.PRNGKey(config.seed),
-                                             jax.tree.leaves(params)[0].shape[0], **chunking)
+                                             jax.tree.leaves(params)[0].shape[0],
+                                             chunking=chunking)
                 loaded[i] = jax.tree.map(np.asarray, proxy.params)
             stages.write(paths[i], serialization.msgpack_serialize(
                 {"stamp": stamps[i], "value": loaded[i]}), "fit-shift fitting")

@@ -278,7 +278,7 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
     pc = config.proxies
     files = stages.Stages(workdir, move_aside)
     # Seeds per call (0: as many as fit the device; the same numbers either way).
-    chunking = dict(seed_chunk_size=pc.seed_chunk_size, say=say)
+    chunking = faithfulness.Chunking(pc.seed_chunk_size, say)
 
     # Fitting: one stage file per proxy family. Statistics are collected together for the
     # families of a collection group (faithfulness.collection_groups) whenever one of them still
@@ -310,11 +310,11 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
                     params, data, model_cfg, [specs[i] for i in group],
                     num_samples=pc.kmeans_samples, batch_size=pc.collect_batch_size,
                     labels=faithfulness.labels_for([specs[i] for i in group], config, data),
-                    **chunking)
+                    chunking=chunking)
         for i in (i for i in group if i in todo):
             with timing.stage("fitting"):
                 proxy = faithfulness.fit_one(specs[i], i, stats, jax.random.PRNGKey(config.seed),
-                                             len(seeds), **chunking)
+                                             len(seeds), chunking=chunking)
                 fitted[i] = jax.tree.map(np.asarray, proxy.params)
             stages.write(files.path(i, specs[i], ".msgpack"), serialization.msgpack_serialize(
                 {"stamp": fit_stamps[i], "value": fitted[i]}), "proxy fitting")
@@ -341,7 +341,8 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
             with timing.stage("evaluation"):
                 family = faithfulness.evaluate(
                     params, model_cfg, eval_set, [shared[i]], batch_size=pc.eval_batch_size,
-                    seeds=seeds, healthy=healthy, shared=shared, **chunking)
+                    seeds=seeds, healthy=healthy,
+                    options=faithfulness.EvalOptions(shared=shared, chunking=chunking))
             stages.write(path, json.dumps({"stamp": stamp, "value": family}), "proxy evaluation")
         say(f"  [{i + 1}/{len(specs)}] {spec.method} on {spec.target}: sizes "
             f"{list(spec.sizes)}", flush=True)
@@ -354,7 +355,7 @@ def _proxy_stage(params, healthy, seeds, splits, model_cfg, specs, eval_set, con
     if any(spec.method == "sae" for spec in specs):
         with timing.stage("dictionaries"):
             matched = dictionaries.seed_match_tables(params, healthy, seeds, splits["train"],
-                                                     model_cfg, specs, fitted, config, say=say)
+                                                     model_cfg, shared, config, say=say)
     if geometry_stage.enabled(config):  # subspace geometry and repair (proxies.geometry, ...)
         with timing.stage("geometry"):
             geometry_stage.run(params, healthy, seeds, splits, model_cfg, shared, fit_stamps,
