@@ -186,7 +186,8 @@ def bench_fit_and_evaluate(config, num_seeds: int, repeats: int = 3,
     def evaluate(share_prefix: bool = True):
         return faithfulness.evaluate(params, model_cfg, eval_set, [fitted],
                                      batch_size=pc.eval_batch_size,
-                                     seeds=list(range(num_seeds)), share_prefix=share_prefix)
+                                     seeds=list(range(num_seeds)),
+                                     options=faithfulness.EvalOptions(share_prefix=share_prefix))
 
     with timing.stage("proxy evaluate"):  # compile
         evaluate()

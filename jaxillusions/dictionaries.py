@@ -34,6 +34,8 @@ last MLP, q/k sites of an untrained one), and fvu on a near-constant site.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -83,25 +85,40 @@ def apply_grouped(module, params: dict, x: jax.Array, like: jax.Array) -> jax.Ar
     return out.reshape(like.shape)
 
 
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """One chunk of the evaluation as one seed's metric sums read it (traced arrays, built
+    inside the evaluation program): the tokens [B, T], which positions are `evaluated` [B, T],
+    each position's split `split_ids` [B, T] (of `num_splits`), the original model's `logits`
+    [B, T, V] and the next tokens `targets` [B, T]."""
+
+    tokens: jax.Array
+    evaluated: jax.Array
+    split_ids: jax.Array
+    num_splits: int
+    logits: jax.Array
+    targets: jax.Array
+
+
 def _proxy_input(module, model_params, site: str, cache: dict) -> jax.Array:
     if hasattr(module, "input_site"):
         return module.input_of(model_params, site, cache[module.input_site(site)])
     return cache[site]
 
 
-def _weights(tokens: jax.Array, evaluated: jax.Array, split_ids: jax.Array, num_splits: int):
-    onehot = jax.nn.one_hot(split_ids, num_splits, dtype=jnp.float32)  # [B, T, K]
-    valid = (tokens != tasks.PAD).astype(jnp.float32)
-    return onehot * valid[..., None], onehot * evaluated.astype(jnp.float32)[..., None]
+def _weights(batch: Batch):
+    onehot = jax.nn.one_hot(batch.split_ids, batch.num_splits, dtype=jnp.float32)  # [B, T, K]
+    valid = (batch.tokens != tasks.PAD).astype(jnp.float32)
+    return onehot * valid[..., None], onehot * batch.evaluated.astype(jnp.float32)[..., None]
 
 
-def seed_sums(module, model_params, model_cfg, sites, active: dict, cache: dict,
-              tokens: jax.Array, evaluated: jax.Array, split_ids: jax.Array, num_splits: int,
-              logits: jax.Array, targets: jax.Array) -> dict:
+def seed_sums(model_params, model_cfg, active: dict, cache: dict, batch: Batch) -> dict:
     """One seed's sums per split [K, ...] that do not depend on the proxy's size: token counts,
-    the sites' sums and sums of squares (for the variance in fvu), and the original's and the
-    zero ablation's CE and KL at the evaluated positions."""
-    per_token, per_eval = _weights(tokens, evaluated, split_ids, num_splits)
+    the sums and sums of squares of the sites of `active` (its keys: the program's sites; for
+    the variance in fvu), and the original's and the zero ablation's CE and KL at the evaluated
+    positions. `cache`: the original pass's site values."""
+    tokens, logits, targets = batch.tokens, batch.logits, batch.targets
+    per_token, per_eval = _weights(batch)
 
     def zero(name: str, value: jax.Array) -> jax.Array:
         return jnp.where(active[name], 0.0, value) if name in active else value
@@ -114,26 +131,28 @@ def seed_sums(module, model_params, model_cfg, sites, active: dict, cache: dict,
                                  per_eval),
            "kl_zero": jnp.einsum("bt,btk->k", _dictionary.kl_divergence(logits, zero_logits),
                                  per_eval)}
-    for site in sites:
+    for site in active:
         x = cache[site].reshape(*tokens.shape, -1).astype(jnp.float32)
         out[f"sum/{site}"] = jnp.einsum("btd,btk->kd", x, per_token)
         out[f"sumsq/{site}"] = jnp.einsum("btd,btk->kd", x * x, per_token)
     return out
 
 
-def size_sums(module, size_params: dict, model_params, sites, active: dict, cache: dict,
-              tokens: jax.Array, evaluated: jax.Array, split_ids: jax.Array, num_splits: int,
-              logits: jax.Array, proxy_logits: jax.Array, targets: jax.Array) -> dict:
+def size_sums(module, size_params: dict, model_params, active: dict, cache: dict,
+              batch: Batch, proxy_logits: jax.Array) -> dict:
     """One seed's, one size's sums per split: the squared reconstruction error per site [K],
     how often each latent fired per site [K, G, W] (proxies with `latents`), and the proxy's CE
-    and KL [K]. Sites whose flag in `active` is False contribute zeros."""
-    per_token, per_eval = _weights(tokens, evaluated, split_ids, num_splits)
+    and KL [K], for the sites of `active` (its keys); those whose flag is False contribute
+    zeros. `proxy_logits`: the pass with this size's proxy."""
+    tokens, logits, targets = batch.tokens, batch.logits, batch.targets
+    split_ids, num_splits = batch.split_ids, batch.num_splits
+    per_token, per_eval = _weights(batch)
     out = {"ce_proxy": jnp.einsum("bt,btk->k", _dictionary.cross_entropy(proxy_logits, targets),
                                   per_eval),
            "kl_proxy": jnp.einsum("bt,btk->k", _dictionary.kl_divergence(logits, proxy_logits),
                                   per_eval)}
     valid = tokens != tasks.PAD
-    for site in sites:
+    for site in active:
         params, value = size_params[site], cache[site]
 
         def site_sums(params=params, value=value, site=site) -> dict:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -107,6 +107,17 @@ def labels_for(specs: Sequence[ProxySpec], config, split) -> np.ndarray | None:
     return tasks.concept_labels(tasks.get(config), split, config.proxies.concepts)
 
 
+@dataclasses.dataclass(frozen=True)
+class Chunking:
+    """How a proxy-stage call (collect, fit, fit_one, evaluate) runs the seed axis: in
+    sequential chunks of `seed_chunk_size` seeds (0: as many as fit the device, planned per call
+    by memory.plan_seed_chunk), the plan's line printed with `say` (None: not printed). A seed's
+    numbers depend on that seed alone, so the chunks change none of them."""
+
+    seed_chunk_size: int = 0
+    say: Callable[[str], object] | None = print
+
+
 PAIR_INPUT = "input:"  # prefix of a "pairs" site's sampled inputs in _collect_chunk
 PAIR_OUTPUT = "output:"  # prefix of a lens's sampled output site (the final residual stream)
 
@@ -171,7 +182,7 @@ def collection_groups(specs: Sequence[ProxySpec]) -> list[list[int]]:
 
 def collect(params, train, model_cfg: model_lib.ModelConfig,
             specs: Sequence[ProxySpec], *, num_samples: int, batch_size: int,
-            seed_chunk_size: int = 0, say=print, labels: np.ndarray | None = None) -> dict:
+            labels: np.ndarray | None = None, chunking: Chunking = Chunking()) -> dict:
     """Statistics of every site that a data-dependent spec needs, from the training split.
 
     Returns {site: {"moments": {...} [S, G, ...], "samples": {"x": [S, G, N, F], "valid": ...},
@@ -182,8 +193,8 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
     Moments stream over all training sentences in fixed-size chunks (memory stays bounded);
     samples are the first `num_samples` non-PAD positions of the training sentences, which are
     i.i.d. draws, so this is a random sample of sentences (all positions of each).
-    Seeds run in sequential chunks of `seed_chunk_size` (0: as many as fit the device, see
-    `seed_chunk`); a seed's statistics depend on that seed alone.
+    Seeds run in sequential chunks (`chunking`, see `Chunking` and `seed_chunk`); a seed's
+    statistics depend on that seed alone.
     """
     needs, pairs = {}, {}
     for spec in specs:
@@ -208,7 +219,7 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
     chunk_size = seed_chunk(
         lambda w: memory.compiled_bytes(_collect_chunk, memory.seed_shapes(params, w), tokens,
                                         **static),
-        num_seeds, seed_chunk_size, say, what="activation collection",
+        num_seeds, chunking, what="activation collection",
         lower=f"proxies.collect_batch_size (now {batch_size})")
 
     reads = [s for s, m in pairs.items() if hasattr(proxies.get(m), "input_site")]
@@ -256,16 +267,16 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
     return over_seed_chunks(one_chunk, [params], num_seeds, chunk_size)
 
 
-def seed_chunk(bytes_for, num_seeds: int, seed_chunk_size: int, say, *, what: str,
-               lower: str) -> int:
-    """Seeds per chunk of a proxy-stage call: `seed_chunk_size` when set (> 0), else all of
-    them, or as many as fit the device's memory (memory.plan_seed_chunk; printed with `say`)."""
-    if seed_chunk_size > 0:
-        return seed_chunk_size
+def seed_chunk(bytes_for, num_seeds: int, chunking: Chunking, *, what: str, lower: str) -> int:
+    """Seeds per chunk of a proxy-stage call: chunking.seed_chunk_size when set (> 0), else all
+    of them, or as many as fit the device's memory (memory.plan_seed_chunk; printed with
+    chunking.say)."""
+    if chunking.seed_chunk_size > 0:
+        return chunking.seed_chunk_size
     chunk, line = memory.plan_seed_chunk(bytes_for, num_seeds, what=what, lower=lower,
                                          force="proxies.seed_chunk_size")
-    if line and say is not None:
-        say(line)
+    if line and chunking.say is not None:
+        chunking.say(line)
     return chunk
 
 
@@ -315,14 +326,14 @@ def _fit_seeds_and_heads(stats, keys, *, method: str, sizes: tuple[int, ...], op
 
 
 def fit(specs: Sequence[ProxySpec], stats: dict, key: jax.Array, num_seeds: int, *,
-        seed_chunk_size: int = 0, say=print) -> list[FittedProxy]:
+        chunking: Chunking = Chunking()) -> list[FittedProxy]:
     """Fits every spec for every seed and head (one batched call per spec and site)."""
-    return [fit_one(spec, index, stats, key, num_seeds, seed_chunk_size=seed_chunk_size,
-                    say=say) for index, spec in enumerate(specs)]
+    return [fit_one(spec, index, stats, key, num_seeds, chunking=chunking)
+            for index, spec in enumerate(specs)]
 
 
 def fit_one(spec: ProxySpec, spec_index: int, stats: dict, key: jax.Array, num_seeds: int, *,
-            seed_chunk_size: int = 0, say=print) -> FittedProxy:
+            chunking: Chunking = Chunking()) -> FittedProxy:
     """fit() of the spec at position `spec_index` of its list alone (same random keys). Seeds
     run in sequential chunks as in `collect`; each seed's fit uses its own statistics and
     keys."""
@@ -340,7 +351,7 @@ def fit_one(spec: ProxySpec, spec_index: int, stats: dict, key: jax.Array, num_s
             lambda w, st=site_stats, k=keys: memory.compiled_bytes(
                 _fit_seeds_and_heads, memory.seed_shapes(st, w), memory.seed_shapes(k, w),
                 **static),
-            num_seeds, seed_chunk_size, say, what=f"fitting {spec.method} on {site}",
+            num_seeds, chunking, what=f"fitting {spec.method} on {site}",
             lower="proxies.kmeans_samples" if module.STATISTIC in ("samples", "pairs")
             else "the number of seeds")
         per_site[site] = over_seed_chunks(
@@ -426,6 +437,40 @@ class EvalSet:
     widths: tuple[int, ...]  # the splits' own widths, sorted (see _eval_batches)
 
 
+@dataclasses.dataclass(frozen=True)
+class EvalOptions:
+    """How `evaluate` lays out and runs its compiled programs (its docstring says why each);
+    the rows agree within float32 rounding whatever these are.
+
+    shared: the run's other families, when the caller evaluates one family at a time: a proxy
+        method's program holds the sites of every family of the method here and in `fitted`.
+    one_width: every chunk padded to the widest split (True), or a branch per split width
+        (False); None: True on accelerators, False on CPU.
+    share_prefix: each size's pass starts from the original pass's residual stream at the first
+        replaced block (False: whole passes per size; for tests and benchmarks).
+    chunking: the seed chunks and where their plan is said (`Chunking`)."""
+
+    shared: Sequence[FittedProxy] = ()
+    one_width: bool | None = None
+    share_prefix: bool = True
+    chunking: Chunking = Chunking()
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalProgram:
+    """What one compiled evaluation program is: _eval_chunk's static argument (hashable; each
+    distinct value compiles once). `num_sizes` sizes of proxy `method`; `num_bins` per breakdown
+    (EvalSet.num_bins); one branch per width of `widths`; the sizes' passes start at block
+    `start_layer` (None: each runs the whole model)."""
+
+    model_cfg: model_lib.ModelConfig
+    method: str
+    num_sizes: int
+    num_bins: tuple[int, ...]
+    widths: tuple[int, ...]
+    start_layer: int | None
+
+
 def make_eval_set(splits: dict, names: Sequence[str], task=None) -> EvalSet:
     """The splits `names` of a task's `splits` (task: a tasks module; default Dyck)."""
     task = task or tasks.get("dyck")
@@ -454,18 +499,18 @@ def make_eval_set(splits: dict, names: Sequence[str], task=None) -> EvalSet:
                    breakdowns, per_split, tuple(sorted({v.tokens.shape[1] for v in views})))
 
 
-@functools.partial(jax.jit, static_argnames=("model_cfg", "method", "num_sizes", "num_bins",
-                                             "widths", "start_layer"))
+@functools.partial(jax.jit, static_argnames=("program",))
 def _eval_chunk(params, proxy_params, active, tokens, evaluated, bins, width_index, *,
-                model_cfg, method: str, num_sizes: int, num_bins: tuple[int, ...],
-                widths: tuple[int, ...], start_layer: int | None):
+                program: EvalProgram):
     """One chunk [B, T] of every seed and size. The program holds one branch per width of
-    `widths`; `width_index` picks the one that runs, on the chunk's first `width` columns
+    program.widths; `width_index` picks the one that runs, on the chunk's first `width` columns
     (the rest are padding: a causal model's values before them do not depend on them).
-    `start_layer`: the sizes' passes start at this block from the original pass's residual
-    stream (nothing before it is replaced: model.first_block); None: each runs the whole model.
+    program.start_layer: the sizes' passes start at this block from the original pass's
+    residual stream (nothing before it is replaced: model.first_block); None: each runs the
+    whole model.
     Returns ((binned sums, dictionary metric sums: {} for pattern proxies), per-position JSD)."""
-    module = proxies.get(method)
+    model_cfg, num_bins, start_layer = program.model_cfg, program.num_bins, program.start_layer
+    module = proxies.get(program.method)
     extra = dictionaries.enabled(module)  # dictionary metrics (fvu, l0, dead, ce/kl_score)
     resume = () if start_layer is None else (model_lib.residual_site(model_cfg, start_layer),)
 
@@ -486,10 +531,10 @@ def _eval_chunk(params, proxy_params, active, tokens, evaluated, bins, width_ind
             sites = dictionaries.cache_sites(module, active) if extra else ()
             logits, cache = model_lib.forward(p, tokens, model_cfg, cache=sites + resume)
             if extra:
-                where = dict(tokens=tokens, evaluated=evaluated, split_ids=bins[..., 0],
-                             num_splits=num_bins[0], logits=logits, targets=targets)
-                seed_sums = dictionaries.seed_sums(module, p, model_cfg, tuple(active),
-                                                   active, cache, **where)
+                batch = dictionaries.Batch(tokens=tokens, evaluated=evaluated,
+                                           split_ids=bins[..., 0], num_splits=num_bins[0],
+                                           logits=logits, targets=targets)
+                seed_sums = dictionaries.seed_sums(p, model_cfg, active, cache, batch)
             acc_original = metrics.correct(logits, targets)
             start_at = (start_layer, cache[resume[0]]) if resume else None
 
@@ -503,12 +548,11 @@ def _eval_chunk(params, proxy_params, active, tokens, evaluated, bins, width_ind
                 if not extra:
                     return binned(values), values[..., 1], {}  # and per-position JSD [B, T]
                 return binned(values), values[..., 1], dictionaries.size_sums(
-                    module, size_params, p, tuple(active), active, cache,
-                    proxy_logits=proxy_logits, **where)
+                    module, size_params, p, active, cache, batch, proxy_logits)
 
             size_axis = 0 if module.STATISTIC is None else 1  # see FittedProxy
             sums, jsd, size_sums = jax.vmap(one_size, in_axes=size_axis,
-                                            axis_size=num_sizes)(site_params)
+                                            axis_size=program.num_sizes)(site_params)
             return sums, jsd, {"seed": seed_sums, "size": size_sums} if extra else {}
 
         seed_axis = None if module.STATISTIC is None else 0
@@ -517,15 +561,14 @@ def _eval_chunk(params, proxy_params, active, tokens, evaluated, bins, width_ind
         return (sums, dict_sums), jnp.pad(jsd, pad)  # one shape for every branch
 
     tokens_width = tokens.shape[1]
-    branches = [functools.partial(at_width, w) for w in widths]
+    branches = [functools.partial(at_width, w) for w in program.widths]
     return jax.lax.switch(width_index, branches, tokens, evaluated, bins)
 
 
 def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
              fitted: Sequence[FittedProxy], *, batch_size: int, seeds: Sequence[int],
-             healthy: np.ndarray | None = None, seed_chunk_size: int = 0,
-             shared: Sequence[FittedProxy] = (), one_width: bool | None = None,
-             share_prefix: bool = True, say=print) -> list[dict]:
+             healthy: np.ndarray | None = None, options: EvalOptions = EvalOptions()
+             ) -> list[dict]:
     """Tidy rows: one per (seed, target, method, size, split, breakdown, bin).
 
     Columns: seed, site, method, size, split, breakdown, bin, n, jsd, same_pred, acc_original,
@@ -534,17 +577,19 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     and on splits of fewer than JSD_MIN_POSITIONS evaluated positions),
     and for data-dependent vector proxies the dictionary metrics fvu, l0, dead, ce_score and
     kl_score (jaxillusions/dictionaries.py; NaN on other rows and where undefined).
-    Seeds marked unhealthy (diverged in training) are left out. Seeds run in sequential chunks
-    of `seed_chunk_size` (0: as many as fit the device, planned per proxy family).
+    Seeds marked unhealthy (diverged in training) are left out. `options` (`EvalOptions`) sets
+    how the programs are laid out and run; none of it changes what is measured. Seeds run in
+    sequential chunks (options.chunking; the plan is made per proxy family).
 
     Compilations: one program per proxy method (and list of sizes), whatever the families and
-    split widths. Its sites are those of every family of the method in `fitted` and `shared`
-    (the run's other families, when the caller evaluates one family at a time); a family
-    passes the sites it does not simplify through unchanged (a traced flag). `one_width`: the
-    program runs every chunk padded to the widest split (default on accelerators, where a
-    compilation costs more than the padding's extra work); else it holds one branch per split
-    width and runs a chunk at the narrowest that holds it (default on CPU, where padding the
-    Dyck demo's five short splits to `longer` made the evaluation 1.5x slower). The numbers
+    split widths. Its sites are those of every family of the method in `fitted` and
+    options.shared (the run's other families, when the caller evaluates one family at a time);
+    a family passes the sites it does not simplify through unchanged (a traced flag).
+    options.one_width: the program runs every chunk padded to the widest split (default on
+    accelerators, where a compilation costs more than the padding's extra work); else it holds
+    one branch per split width and runs a chunk at the narrowest that holds it (default on CPU,
+    where padding the Dyck demo's five short splits to `longer` made the evaluation 1.5x
+    slower). The numbers
     of the two agree within float32 rounding (sums over more, zero, terms).
 
     Per seed and chunk the model runs once; each size's pass then starts at the first block
@@ -552,22 +597,26 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     than it seems: under vmap over sizes, whole passes already compute what does not depend on
     the size once (vmap batches only what reads the size's parameters), so what remains is the
     duplicate of the original pass's prefix (docs/speed.md: 1.0-1.1x on the Dyck demo).
-    `share_prefix=False` runs whole passes per size (the same rows within float32 rounding; for
-    tests and benchmarks).
+    options.share_prefix=False runs whole passes per size (the same rows within float32
+    rounding; for tests and benchmarks).
     """
     rows, num_seeds = [], jax.tree.leaves(params)[0].shape[0]
     params = distributed.shard_seeds(params)  # placed once for all families (padded)
     # The split of each evaluated position, in the order of the per-position JSD.
     split_ids = np.concatenate([c[2][..., 0][c[1]] for c in _eval_batches(eval_set, batch_size)])
+    one_width = options.one_width
     if one_width is None:
         one_width = jax.default_backend() != "cpu"
     widths = eval_set.widths[-1:] if one_width else eval_set.widths
-    programs = _program_sites([*fitted, *shared])
+    programs = _program_sites([*fitted, *options.shared])
     for proxy in fitted:
-        (totals, dict_sums), jsd = _evaluate_family(
-            params, num_seeds, model_cfg, eval_set, widths, proxy,
-            programs[_program_key(proxy.spec)], batch_size, seed_chunk_size, say,
-            share_prefix)
+        sites = programs[_program_key(proxy.spec)]
+        program = EvalProgram(model_cfg, proxy.spec.method, len(proxy.spec.sizes),
+                              eval_set.num_bins, widths,
+                              model_lib.first_block(model_cfg, sites) if options.share_prefix
+                              else None)
+        (totals, dict_sums), jsd = _evaluate_family(params, num_seeds, eval_set, proxy, sites,
+                                                    program, batch_size, options.chunking)
         quantiles = _jsd_quantiles(jsd, split_ids, len(eval_set.split_names))
         extra = dictionaries.columns(proxy.spec, proxy.params, **dict_sums) if dict_sums \
             else None
@@ -590,40 +639,36 @@ def _program_sites(families: Sequence[FittedProxy]) -> dict[tuple, dict]:
     return {key: dict(sorted(sites.items())) for key, sites in programs.items()}
 
 
-def _evaluate_family(params, num_seeds: int, model_cfg, eval_set: EvalSet,
-                     widths: tuple[int, ...], proxy: FittedProxy, program: dict,
-                     batch_size: int, seed_chunk_size: int, say, share_prefix: bool
-                     ) -> tuple[tuple[list[np.ndarray], dict], np.ndarray]:
+def _evaluate_family(params, num_seeds: int, eval_set: EvalSet, proxy: FittedProxy,
+                     program_sites: dict, program: EvalProgram, batch_size: int,
+                     chunking: Chunking) -> tuple[tuple[list[np.ndarray], dict], np.ndarray]:
     """One family's summed metrics per breakdown [S, R, bins, 5] with its dictionary metric
     sums (dictionaries.seed_sums/size_sums, {} for pattern proxies), and per-position JSD at the
     evaluated positions [S, R, n], for the first `num_seeds` seeds of `params` (placed, maybe
-    padded), in chunks (see `evaluate`), by the program replacing the sites of `program`
-    with a branch per width of `widths`."""
+    padded), in chunks (see `evaluate`), by `program`, which replaces the sites of
+    `program_sites` ({site: one family's fitted params}, _program_sites)."""
     spec = proxy.spec
     per_seed = spec.module.STATISTIC is not None  # else one proxy for all seeds
     # Sites of the program that this family does not simplify get zeros (never applied).
     site_params = {s: proxy.params[s] if s in proxy.params
                    else jax.tree.map(lambda x: np.zeros(np.shape(x), x.dtype), p)
-                   for s, p in program.items()}
-    active = {s: np.bool_(s in proxy.params) for s in program}
-    start_layer = model_lib.first_block(model_cfg, program) if share_prefix else None
-    static = dict(model_cfg=model_cfg, method=spec.method, num_sizes=len(spec.sizes),
-                  num_bins=eval_set.num_bins, widths=widths, start_layer=start_layer)
+                   for s, p in program_sites.items()}
+    active = {s: np.bool_(s in proxy.params) for s in program_sites}
     widest = [jax.ShapeDtypeStruct((batch_size, *a.shape[1:]), a.dtype)
               for a in (eval_set.tokens, eval_set.evaluated, eval_set.bins)]
     chunk_size = seed_chunk(
         lambda w: memory.compiled_bytes(
             _eval_chunk, memory.seed_shapes(params, w),
             memory.seed_shapes(site_params, w) if per_seed else site_params, active, *widest,
-            np.int32(0), **static),
-        num_seeds, seed_chunk_size, say, what=f"evaluating {spec.method} on {spec.target}",
+            np.int32(0), program=program),
+        num_seeds, chunking, what=f"evaluating {spec.method} on {spec.target}",
         lower=f"proxies.eval_batch_size (now {batch_size})")
 
     def one_chunk(params, proxy_params=site_params):
         totals, jsd = None, []
-        for *chunk, width_index in _eval_batches(eval_set, batch_size, widths):
+        for *chunk, width_index in _eval_batches(eval_set, batch_size, program.widths):
             out, jsd_chunk = _eval_chunk(params, proxy_params, active, *chunk, width_index,
-                                         **static)
+                                         program=program)
             # Summed on the host (the same float32 sums): jnp.add compiled a program per shape.
             out = distributed.to_host(out)
             totals = out if totals is None else jax.tree.map(np.add, totals, out)

@@ -120,7 +120,7 @@ def _fit(ctx: Context, specs: list) -> tuple[list, list[str]]:
     names its group's sites, so adding a method with its own targets (proxies.<method>_targets)
     refits only that method."""
     config, files, say, pc = ctx.settings, ctx.files, ctx.say, ctx.settings.proxies
-    chunking = dict(seed_chunk_size=pc.seed_chunk_size, say=say)  # seeds per call
+    chunking = faithfulness.Chunking(pc.seed_chunk_size, say)  # seeds per call
     groups = faithfulness.collection_groups(specs)
     collected_sites = {i: sorted({s for j in group for s in specs[j].sites})
                        for group in groups for i in group}
@@ -147,11 +147,11 @@ def _fit(ctx: Context, specs: list) -> tuple[list, list[str]]:
                     ctx.params, data, ctx.model_cfg, [specs[i] for i in group],
                     num_samples=pc.kmeans_samples, batch_size=pc.collect_batch_size,
                     labels=faithfulness.labels_for([specs[i] for i in group], config, data),
-                    **chunking)
+                    chunking=chunking)
         for i in (i for i in group if i in todo):
             with timing.stage("fitting"):
                 proxy = faithfulness.fit_one(specs[i], i, stats, jax.random.PRNGKey(config.seed),
-                                             len(ctx.seeds), **chunking)
+                                             len(ctx.seeds), chunking=chunking)
                 fitted[i] = jax.tree.map(np.asarray, proxy.params)
             stages.write(files.path(i, specs[i], ".msgpack"), serialization.msgpack_serialize(
                 {"stamp": fit_stamps[i], "value": fitted[i]}), "proxy fitting")
@@ -183,7 +183,8 @@ def _evaluate(ctx: Context) -> list[dict]:
                 family = faithfulness.evaluate(
                     ctx.params, ctx.model_cfg, eval_set, [r["shared"][i]],
                     batch_size=pc.eval_batch_size, seeds=ctx.seeds, healthy=ctx.healthy,
-                    shared=r["shared"], seed_chunk_size=pc.seed_chunk_size, say=say)
+                    options=faithfulness.EvalOptions(shared=r["shared"], chunking=faithfulness.
+                                                     Chunking(pc.seed_chunk_size, say)))
             stages.write(path, json.dumps({"stamp": stamp, "value": family}), "proxy evaluation")
         say(f"  [{i + 1}/{len(specs)}] {spec.method} on {spec.target}: sizes "
             f"{list(spec.sizes)}", flush=True)
@@ -601,7 +602,8 @@ def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,
     with stages.writing("report", os.path.join(workdir, "tensorboard")), \
             log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
         draw(jobs, writer, workdir)
-        board.write_all(writer, rows, config, model_cfg, seeds, healthy, workdir, gaps)
+        board.write_all(writer, rows, config, model_cfg, board.Sessions(seeds, healthy),
+                        workdir, gaps)
 
 
 def figure_jobs(rows, config: Settings, gaps=(), which: str = "all") -> list[tuple]:

@@ -19,8 +19,8 @@ def main(config, workdir: str, start_over: bool = False) -> None:
     model_cfg = train.model_config(config)  # for the HPARAMS view: no second data load
     member_hparams = sweep.hparams if len(train.contrastive_weights(config)) > 1 else None
     with log_lib.SweepWriter(f"{workdir}/tensorboard", sweep.labels) as writer:
-        board.write_hparams(writer, config, model_cfg, sweep.labels, np.asarray(state.healthy),
-                            workdir=workdir, member_hparams=member_hparams)
+        sessions = board.Sessions(sweep.labels, np.asarray(state.healthy), member_hparams)
+        board.write_hparams(writer, config, model_cfg, sessions, workdir=workdir)
 
 
 if __name__ == "__main__":

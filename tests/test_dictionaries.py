@@ -207,9 +207,10 @@ def test_dictionary_match_seeds_is_a_validated_analysis_key(config):
     validate.validate(config)
     assert run_settings.is_analysis_key("proxies.dictionary_match_seeds")
     # 0: no seed-match analysis, before any collection (nothing else is looked at).
-    spec = type("Spec", (), {"method": "sae"})()
-    assert dictionaries.seed_match_tables(None, None, [0, 1], None, None, [spec], [None],
-                                          config) == {}
+    from jaxillusions import faithfulness
+
+    sae = faithfulness.FittedProxy(faithfulness.ProxySpec("sae", ("blocks.1.attn.k",)), {})
+    assert dictionaries.seed_match_tables(None, None, [0, 1], None, None, [sae], config) == {}
 
 
 def test_results_tables_are_those_the_rows_allow():

@@ -180,7 +180,7 @@ def test_demo_families_compile_once_per_method_at_any_width(trained):
         with timing.Breakdown() as clock:  # one family at a time, as the sweep does
             rows[one_width] = [row for proxy in fitted for row in F.evaluate(
                 params, model_cfg, eval_set, [proxy], batch_size=64, seeds=[0, 1],
-                shared=fitted, one_width=one_width)]
+                options=F.EvalOptions(shared=fitted, one_width=one_width))]
         assert clock.programs["jit(_eval_chunk)"] == 4, (one_width, clock.programs)
         assert "jit(add)" not in clock.programs  # chunk sums on the host: was one per shape
     keys = ("seed", "site", "method", "size", "split", "breakdown", "bin", "n")
@@ -345,11 +345,12 @@ def test_prefix_sharing_gives_the_rows_of_whole_passes_for_every_proxy_method(tr
     labels = tasks.concept_labels(tasks.get("dyck"), splits["train"], proxy_cfg.concepts)
     stats = F.collect(params, splits["train"], model_cfg, specs, num_samples=500,
                       batch_size=256, labels=labels)
-    fitted = F.fit(specs, stats, jax.random.PRNGKey(0), num_seeds=2, say=None)
+    fitted = F.fit(specs, stats, jax.random.PRNGKey(0), num_seeds=2,
+                   chunking=F.Chunking(say=None))
     eval_set = F.make_eval_set(splits, ["longer"])  # one width: one branch per program
     rows = {share: [row for proxy in fitted for row in F.evaluate(
-        params, model_cfg, eval_set, [proxy], batch_size=64, seeds=[0, 1], shared=fitted,
-        share_prefix=share)] for share in (True, False)}
+        params, model_cfg, eval_set, [proxy], batch_size=64, seeds=[0, 1],
+        options=F.EvalOptions(shared=fitted, share_prefix=share))] for share in (True, False)}
     keys = ("seed", "site", "method", "size", "split", "breakdown", "bin", "n")
     assert [[r[k] for k in keys] for r in rows[True]] == [[r[k] for k in keys]
                                                           for r in rows[False]]

@@ -14,6 +14,7 @@ from jaxillusions.tasks.code import lexer
 
 V, L, BOS = 12, 8, 1  # vocab, repeat length, BOS token (tokens 0..2 are special)
 SPECIAL = (0, 1, 2)
+TOKENS = induction.SpecialTokens(exclude=SPECIAL, bos=BOS)
 
 
 def copier(max_len: int = 1 + 2 * L) -> tuple[model.ModelConfig, dict]:
@@ -79,7 +80,7 @@ def stack(*trees):
 
 def measure(cfg, params, **kw):
     return induction.induction(params, cfg, jax.random.key(7), length=L, batch=16,
-                               exclude=SPECIAL, bos=BOS, **kw)
+                               special=TOKENS, **kw)
 
 
 def test_copier_has_an_induction_head_in_layer_1_and_uses_it():
@@ -154,8 +155,8 @@ def test_an_off_by_one_pattern_scores_zero():
 
 
 def test_repeated_tokens_are_distinct_deterministic_and_exclude_special():
-    a = induction.repeated_tokens(jax.random.key(3), V, L, 5, SPECIAL, BOS)
-    b = induction.repeated_tokens(jax.random.key(3), V, L, 5, SPECIAL, BOS)
+    a = induction.repeated_tokens(jax.random.key(3), V, L, 5, TOKENS)
+    b = induction.repeated_tokens(jax.random.key(3), V, L, 5, TOKENS)
     np.testing.assert_array_equal(a, b)
     assert a.shape == (5, 1 + 2 * L)
     assert (a[:, 0] == BOS).all()
@@ -164,7 +165,7 @@ def test_repeated_tokens_are_distinct_deterministic_and_exclude_special():
     assert all(len(set(row)) == L for row in body)
     assert not np.isin(body, SPECIAL).any()
     with pytest.raises(ValueError, match="length=10"):
-        induction.repeated_tokens(jax.random.key(3), V, 10, 5, SPECIAL, BOS)
+        induction.repeated_tokens(jax.random.key(3), V, 10, 5, TOKENS)
 
 
 def test_too_long_for_the_model_is_refused():
@@ -203,7 +204,7 @@ def test_random_models_vmapped_over_seeds_and_the_minimal_first_layer():
     cfg = model.ModelConfig(vocab_size=40, max_len=64, n_layers=2, n_heads=3, d_model=24)
     params = jax.vmap(lambda k: model.init_params(k, cfg))(jax.random.split(jax.random.key(1), 3))
     run = [induction.induction(params, cfg, jax.random.key(2), length=20, batch=4,
-                               exclude=SPECIAL, bos=BOS) for _ in range(2)]
+                               special=TOKENS) for _ in range(2)]
     np.testing.assert_array_equal(run[0].score, run[1].score)  # deterministic in the key
     assert run[0].score.shape == (3, 2, 3) and ((run[0].score >= 0) & (run[0].score <= 1)).all()
     assert len(run[0].rows()) == 18 and run[0].seeds == (0, 1, 2)
@@ -213,10 +214,10 @@ def test_random_models_vmapped_over_seeds_and_the_minimal_first_layer():
                             max_depth=2, depth_bins=4)
     params = jax.vmap(lambda k: model.init_params(k, cfg))(jax.random.split(jax.random.key(1), 2))
     out = induction.induction(params, cfg, jax.random.key(2), length=4, batch=4,
-                              **induction.task_tokens("dyck"))
+                              special=induction.task_tokens("dyck"))
     assert np.isnan(out.score[:, 0]).all() and not np.isnan(out.score[:, 1]).any()
     assert {r["layer"] for r in out.rows()} == {1}
-    assert induction.task_tokens("code") == {"exclude": (0, 1, 2, 3), "bos": 1}
+    assert induction.task_tokens("code") == induction.SpecialTokens((0, 1, 2, 3), bos=1)
 
 
 def test_a_diverged_seed_has_nan_scores_and_no_best_head():
@@ -233,10 +234,11 @@ def test_a_diverged_seed_has_nan_scores_and_no_best_head():
 
 def test_default_length_is_half_the_pool_and_fits_the_model():
     cfg, _ = copier()  # vocab 12, 3 special: a pool of 9; max_len 17
-    assert induction.default_length(cfg, SPECIAL, BOS) == 4
+    assert induction.default_length(cfg, TOKENS) == 4
     short = model.ModelConfig(**{**cfg.__dict__, "max_len": 7})
-    assert induction.default_length(short, SPECIAL, BOS) == 3  # 1 + 2 * 3 <= 7
-    assert induction.default_length(short, SPECIAL) == 3 and induction.default_length(cfg) == 6
+    assert induction.default_length(short, TOKENS) == 3  # 1 + 2 * 3 <= 7
+    no_bos = induction.SpecialTokens(exclude=SPECIAL)
+    assert induction.default_length(short, no_bos) == 3 and induction.default_length(cfg) == 6
 
 
 def test_head_strength_predicts_the_identifier_repeat_gap_across_seeds(tmp_path):

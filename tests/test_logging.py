@@ -332,8 +332,8 @@ def test_board_hparams_one_session_per_seed_and_few_tags(tmp_path):
     with SweepWriter(str(tmp_path), seeds) as w:
         # What training logs (the final accuracy per split), then the reports.
         w.scalars(3000, {f"eval/{s}/acc": [0.9, 0.8, 0.7] for s in config.proxies.eval_splits})
-        board.write_all(w, rows, config, model_cfg, seeds, [True, True, False], "runs/demo",
-                        gaps=_gaps(rows), report="SUMMARY\n\nthe rest")
+        board.write_all(w, rows, config, model_cfg, board.Sessions(seeds, [True, True, False]),
+                        "runs/demo", gaps=_gaps(rows), report="SUMMARY\n\nthe rest")
 
     mux, provider, groups = _hparams_backend(tmp_path)
     groups = {g.name: g for g in groups}
@@ -399,7 +399,7 @@ def test_board_hparams_gaps_use_the_configured_baseline(tmp_path):
     config.proxies.eval_splits = ("iid", "unseen_depth", "longer")
     config.proxies.gap_baseline = "longer"
     with SweepWriter(str(tmp_path), [0]) as w:
-        board.write_hparams(w, config, None, [0], [True], _rows(seeds=(0,)))
+        board.write_hparams(w, config, None, board.Sessions([0], [True]), _rows(seeds=(0,)))
     _, _, groups = _hparams_backend(tmp_path)
     metrics = {m.name.tag: m.value for m in groups[0].metric_values}
     # seed 0, svd rank 4: same_pred on longer minus on iid = -0.02 * 2
@@ -414,12 +414,12 @@ def test_board_hparams_sessions_for_sweep_members(tmp_path):
     from jaxillusions.analysis import board
 
     config = dyck_small.get_config()
+    config.proxies.eval_splits = ("iid",)
     labels = ["0_cw0", "1_cw0", "0_cw0.5", "1_cw0.5"]
     with SweepWriter(str(tmp_path), labels) as w:
         w.scalars(10, {"eval/iid/acc": [0.9, 0.8, 0.7, 0.6]})
-        board.write_hparams(w, config, None, labels, [True] * 4, splits=["iid"],
-                            member_hparams={"contrastive_weight": np.array([0, 0, 0.5, 0.5],
-                                                                           np.float32)})
+        board.write_hparams(w, config, None, board.Sessions(labels, [True] * 4, {
+            "contrastive_weight": np.array([0, 0, 0.5, 0.5], np.float32)}))
     _, _, groups = _hparams_backend(tmp_path)
     found = {g.name: (g.hparams["seed"].number_value,
                       g.hparams["contrastive_weight"].number_value,
@@ -455,8 +455,8 @@ def test_tensorboard_in_a_browser_shows_the_headline_first(tmp_path):
             w.scalars(step, {"train/loss": [1.0 / step] * 3,
                              **{f"eval/{s}/acc": [0.9, 0.8, 0.7] for s in splits}})
         w.image("accuracy_by_depth/svd", np.zeros((8, 8, 3), np.uint8))
-        board.write_all(w, rows, config, model_cfg, seeds, [True] * 3, "runs/demo",
-                        gaps=_gaps(rows), report="SUMMARY, 3 seeds.\n\nthe tables")
+        board.write_all(w, rows, config, model_cfg, board.Sessions(seeds, [True] * 3),
+                        "runs/demo", gaps=_gaps(rows), report="SUMMARY, 3 seeds.\n\nthe tables")
     seen = tensorboard_check.check(logdir, str(tmp_path / "shots"), chromium, timeout=120)
     assert seen["failures"] == []
     assert [g for g in seen["landing"]["groups"] if g != "Pinned"][:3] == [

@@ -40,12 +40,11 @@ def _run(setup, chunk: int, say=None):
     """(stats, fitted params, rows, the dictionary metrics' sums per family): the sums that
     dictionaries.columns forms its ratios from, kept to derive the ratios' tolerances."""
     config, splits, model_cfg, params, specs, eval_set = setup
-    pc = config.proxies
+    pc, chunking = config.proxies, faithfulness.Chunking(chunk, say)
     stats = faithfulness.collect(params, splits["train"], model_cfg, specs,
                                  num_samples=pc.kmeans_samples, batch_size=pc.collect_batch_size,
-                                 seed_chunk_size=chunk, say=say)
-    fitted = faithfulness.fit(specs, stats, jax.random.PRNGKey(0), NUM_SEEDS,
-                              seed_chunk_size=chunk, say=say)
+                                 chunking=chunking)
+    fitted = faithfulness.fit(specs, stats, jax.random.PRNGKey(0), NUM_SEEDS, chunking=chunking)
     sums, columns = {}, dictionaries.columns
 
     def keep(spec, params, seed, size):
@@ -56,7 +55,7 @@ def _run(setup, chunk: int, say=None):
         patch.setattr(dictionaries, "columns", keep)
         rows = faithfulness.evaluate(params, model_cfg, eval_set, fitted,
                                      batch_size=pc.eval_batch_size, seeds=SEEDS,
-                                     seed_chunk_size=chunk, say=say)
+                                     options=faithfulness.EvalOptions(chunking=chunking))
     return stats, [f.params for f in fitted], rows, sums
 
 
@@ -208,7 +207,7 @@ def test_planner_picks_the_largest_chunk_that_fits(setup, one_call, monkeypatch)
     stats = faithfulness.collect(params, splits["train"], model_cfg, specs,
                                  num_samples=config.proxies.kmeans_samples,
                                  batch_size=config.proxies.collect_batch_size,
-                                 say=lines.append)
+                                 chunking=faithfulness.Chunking(say=lines.append))
     assert len(lines) == 1 and "3 seeds at once need" in lines[0]
     assert "running 2 seeds per chunk" in lines[0] and "2 chunks" in lines[0]
     _assert_close_stats(stats, one_call[0])

@@ -160,8 +160,8 @@ def test_tensorboard_headline_reproduces_gaps_from_results_csv(tmp_path):
                                                  in_distribution=dyck.IN_DISTRIBUTION)
     gaps = [g for g in stat_tables["gaps"] if g["baseline"] == "iid"]
     with SweepWriter(str(tmp_path / "tb"), seeds=[0, 1, 2]) as w:
-        board.write_all(w, back, config, None, [0, 1, 2], [True] * 3, str(tmp_path),
-                        gaps=gaps, report=text)
+        board.write_all(w, back, config, None, board.Sessions([0, 1, 2], [True] * 3),
+                        str(tmp_path), gaps=gaps, report=text)
     runs = read_scalars(str(tmp_path / "tb"))
     by_key = {(g["method"], g["site"], g["size"], g["split"]): g for g in gaps
               if g["metric"] == "same_pred"}
@@ -231,7 +231,8 @@ def test_headline_wraps_the_accuracy_line_between_splits():
     splits = ["iid", "seen_structure", "unseen_structure", "unseen_depth", "longer",
               "iid_with_train"]
     accuracy = {s: (0.9, 0.85, 0.95) for s in splits}
-    lines = [line for line in tables.headline([], [], [], accuracy, splits, [])
+    empty = dict.fromkeys(("gaps", "proxy_vs_original", "id_predicts_gap"), [])
+    lines = [line for line in tables.headline(empty, accuracy, splits, [])
              if line.startswith("  ")]  # the accuracy line(s)
     assert len(lines) > 1  # wider than one line
     assert all(line.rstrip(",").endswith("]") for line in lines), lines

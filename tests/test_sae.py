@@ -477,7 +477,8 @@ def test_engine_fits_and_scores_dictionaries(trained):
     with timing.Breakdown() as clock, pytest.MonkeyPatch.context() as patch:
         patch.setattr(engine_metrics, "columns", keep)
         rows = [r for proxy in fitted for r in F.evaluate(  # one family at a time, as the sweep
-            params, model_cfg, eval_set, [proxy], batch_size=64, seeds=[0, 1], shared=fitted)]
+            params, model_cfg, eval_set, [proxy], batch_size=64, seeds=[0, 1],
+            options=F.EvalOptions(shared=fitted))]
     assert clock.programs["jit(_eval_chunk)"] == 4, clock.programs  # svd, sae, transcoder, km
     alls = [r for r in rows if r["breakdown"] == "all"]
     assert {r["method"] for r in alls} == {"svd", "kmeans", "sae", "transcoder"}

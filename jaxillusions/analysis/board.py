@@ -22,9 +22,10 @@ each split, being a run, keeps one colour in every card, but not the figures' co
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -197,27 +198,35 @@ def headline_gaps(rows: Sequence[dict], proxies: Sequence[tuple] | None = None,
     return out
 
 
-def write_hparams(writer, config, model_cfg, seeds: Sequence[int | str],
-                  healthy: Sequence[bool], rows: Sequence[dict] = (), workdir: str = "",
-                  splits: Sequence[str] | None = None,
-                  member_hparams: dict[str, Sequence] | None = None,
-                  proxies: Sequence[tuple] | None = None, step: int = 0) -> None:
-    """One HPARAMS session per seed, in its run seed_<s>: `hparams(config, model_cfg)` plus
-    `seed`, `healthy` and `workdir` (so sessions of several sweeps under one logdir compare).
+@dataclasses.dataclass(frozen=True)
+class Sessions:
+    """The HPARAMS sessions to write, one per member of the run, each list in the members'
+    order: `labels`, the run labels (train.members(config).labels: seed numbers, or
+    "<seed>_cw<w>" for members of a hyper-parameter sweep); `healthy` (False: diverged in
+    training); `hparams`, per-member hyper-parameters of a sweep ({name: [M]}, e.g.
+    {"contrastive_weight": [...]}; None: none)."""
+
+    labels: Sequence[int | str]
+    healthy: Sequence[bool]
+    hparams: Mapping[str, Sequence] | None = None
+
+
+def write_hparams(writer, config, model_cfg, sessions: Sessions, rows: Sequence[dict] = (),
+                  workdir: str = "", proxies: Sequence[tuple] | None = None,
+                  step: int = 0) -> None:
+    """One HPARAMS session per member of `sessions`, in its run seed_<label>:
+    `hparams(config, model_cfg)` plus `seed`, the member's own hyper-parameters, `healthy` and
+    `workdir` (so sessions of several sweeps under one logdir compare).
     Metrics, in the order HPARAMS lists them (it shows the first 5): when `rows` are given, the
     seed's gap in same_pred (`headline_gaps`, from proxies.gap_baseline) of each of `proxies`
     (the headline's, `headline_proxies`; default each method's middle size) on each OOD split,
-    then on the other in-distribution splits (the control), then eval/<split>/acc (the final
-    accuracy, logged by training). The gaps' scalars are written at `step`.
-
-    `seeds` are the run labels (train.members(config).labels): seed numbers, or "<seed>_cw<w>"
-    for members of a hyper-parameter sweep, whose per-member values `member_hparams` adds
-    (e.g. {"contrastive_weight": [...]})."""
+    then on the other in-distribution splits (the control), then eval/<split>/acc for the
+    splits of proxies.eval_splits (the final accuracy, logged by training). The gaps' scalars
+    are written at `step`."""
     base = hparams(config, model_cfg)
     if workdir:
         base["workdir"] = os.path.basename(os.path.normpath(workdir))
-    if splits is None:
-        splits = list(config.proxies.eval_splits)
+    splits = list(config.proxies.eval_splits)
     names = {f"eval/{s}/acc": f"accuracy on {s} (end of training)" for s in splits}
     if rows:
         proxies = [p[:3] for p in (_middle_proxies(rows) if proxies is None else proxies)]
@@ -233,11 +242,11 @@ def write_hparams(writer, config, model_cfg, seeds: Sequence[int | str],
                                in inside)), **names}  # OOD splits first (a stable sort)
     else:
         gaps = {}
-    member_hparams = member_hparams or {}
-    healthy = np.asarray(healthy, bool).tolist()
+    member_hparams = sessions.hparams or {}
+    healthy = np.asarray(sessions.healthy, bool).tolist()
     # What differs between sessions, shown first by TensorBoard (then constants by name).
     varying = ["seed", *member_hparams] + (["healthy"] if len(set(healthy)) > 1 else [])
-    for i, (label, ok) in enumerate(zip(seeds, healthy, strict=True)):
+    for i, (label, ok) in enumerate(zip(sessions.labels, healthy, strict=True)):
         seed = int(str(label).split("_")[0])
         values = {tag: per_seed[seed] for tag, per_seed in gaps.items() if seed in per_seed}
         extra = {k: v[i] for k, v in member_hparams.items()}
@@ -250,12 +259,12 @@ def write_hparams(writer, config, model_cfg, seeds: Sequence[int | str],
                            "more seeds: HPARAMS' table has every seed's value."))
 
 
-def write_all(writer, rows: Sequence[dict], config, model_cfg, seeds, healthy, workdir: str,
-              gaps: Sequence[dict] = (), report: str | None = None) -> None:
+def write_all(writer, rows: Sequence[dict], config, model_cfg, sessions: Sessions,
+              workdir: str, gaps: Sequence[dict] = (), report: str | None = None) -> None:
     """Everything above: the Headline cards (from `gaps`), the TEXT report (`report`, by
     default <workdir>/gap_table.txt when there is one, which the main job writes first) and
-    HPARAMS (with the headline's proxies when there are `gaps`). The reports are attached to
-    the training step of the evaluated model (config.train.num_steps)."""
+    HPARAMS (`sessions`; with the headline's proxies when there are `gaps`). The reports are
+    attached to the training step of the evaluated model (config.train.num_steps)."""
     step = int(config.train.num_steps)
     proxies = headline_proxies(gaps, rows, config.proxies.gap_baseline) if gaps else None
     if gaps:
@@ -266,5 +275,5 @@ def write_all(writer, rows: Sequence[dict], config, model_cfg, seeds, healthy, w
             report = f.read()
     if report:
         write_report_text(writer, report, step)
-    write_hparams(writer, config, model_cfg, seeds, healthy, rows, workdir, proxies=proxies,
+    write_hparams(writer, config, model_cfg, sessions, rows, workdir, proxies=proxies,
                   step=step)

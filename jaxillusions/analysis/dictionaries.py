@@ -31,6 +31,7 @@ import functools
 import math
 import types
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +42,9 @@ import scipy.optimize
 from jaxillusions import stages
 from jaxillusions.analysis import stats, tables
 from jaxillusions.proxies import sae, svd
+
+if TYPE_CHECKING:
+    from jaxillusions.faithfulness import FittedProxy
 
 THRESHOLD = 0.9  # a matched pair "agrees" above this cosine (Paulo & Belrose 2025)
 EQUAL_ID_COLUMNS = ("site", "rank", "split", "metric", "reference", "dictionary", "matched_on",
@@ -356,12 +360,12 @@ def _first_sentences(tokens: np.ndarray, num_samples: int, pad: int) -> np.ndarr
 
 
 def seed_match_tables(params, healthy, seeds: Sequence[int], train_split, model_cfg,
-                      specs: Sequence, fitted: Sequence[dict], config, say=print
+                      families: Sequence[FittedProxy], config, say=print
                       ) -> dict[str, tuple[list[dict], tuple[str, ...]]]:
     """dictionaries_seed_match (summary) and dictionaries_seed_match_per_seed for the first
-    proxies.dictionary_match_seeds healthy seeds (0: none): each SAE family
-    (spec i, fitted[i] = {site: params [S, G, R, ...]}, the sweep's fit) against a second fit on
-    the same training sample with other keys, and the SVD bases of the sample's two halves (at
+    proxies.dictionary_match_seeds healthy seeds (0: none): each SAE family of `families` (the
+    sweep's fit: family i's spec and params {site: [S, G, R, ...]}) against a second fit on the
+    same training sample with other keys, and the SVD bases of the sample's two halves (at
     svd.settings' ranks, clipped to the site's dimension). The sample is collected again
     (faithfulness.collect, the same first proxies.kmeans_samples positions) for those seeds in
     one batched call."""
@@ -370,25 +374,25 @@ def seed_match_tables(params, healthy, seeds: Sequence[int], train_split, model_
     pc = config.proxies
     wanted = pc.dictionary_match_seeds
     indices = [i for i in range(len(seeds)) if healthy is None or healthy[i]][:wanted]
-    families = [(i, spec) for i, spec in enumerate(specs) if spec.method == "sae"]
-    if not families or not indices:
+    saes = [(i, f.spec) for i, f in enumerate(families) if f.spec.method == "sae"]
+    if not saes or not indices:
         return {}
     pick = np.asarray(indices)
     sub = jax.tree.map(lambda x: x[pick], params)
     tokens = _first_sentences(np.asarray(train_split.tokens), pc.kmeans_samples, tasks.PAD)
     collected = faithfulness.collect(
-        sub, types.SimpleNamespace(tokens=tokens), model_cfg, [s for _, s in families],
+        sub, types.SimpleNamespace(tokens=tokens), model_cfg, [s for _, s in saes],
         num_samples=pc.kmeans_samples, batch_size=pc.collect_batch_size,
-        seed_chunk_size=pc.seed_chunk_size, say=say)
+        chunking=faithfulness.Chunking(pc.seed_chunk_size, say))
     key = jax.random.fold_in(jax.random.PRNGKey(config.seed), MATCH_SALT)
     per_seed, svd_done = [], set()
-    for i, spec in families:
+    for i, spec in saes:
         for j, site in enumerate(spec.sites):
             samples = collected[site]["samples"]
             num_seeds, num_groups = samples["x"].shape[:2]
             keys = jax.random.split(jax.random.fold_in(key, 1000 * i + j),
                                     num_seeds * num_groups).reshape(num_seeds, num_groups, -1)
-            params_a = jax.tree.map(lambda x: np.asarray(x)[pick], fitted[i][site])
+            params_a = jax.tree.map(lambda x: np.asarray(x)[pick], families[i].params[site])
             rows = sae_seed_match(samples, spec.sizes, spec.options, keys, params_a=params_a)
             if site not in svd_done:  # one SVD comparison per site
                 dim = samples["x"].shape[-1]
@@ -411,8 +415,7 @@ def run(ctx):
 
     r = ctx.results
     matched = seed_match_tables(ctx.params, ctx.healthy, ctx.seeds, ctx.splits["train"],
-                                ctx.model_cfg, r["specs"], r["fitted"], ctx.settings,
-                                say=ctx.say)
+                                ctx.model_cfg, r["shared"], ctx.settings, say=ctx.say)
     if distributed.is_main():
         for name, (table, columns) in matched.items():
             path = os.path.join(ctx.directory, f"{name}.csv")

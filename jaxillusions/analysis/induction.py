@@ -59,10 +59,22 @@ SEED_COLUMNS = ("seed", "max_induction_score", "best_layer", "best_head", "loss_
                 "loss_second", "loss_drop")
 
 
+@dataclasses.dataclass(frozen=True)
+class SpecialTokens:
+    """A task's special tokens as the test needs them (`task_tokens`): `exclude`, the ids never
+    drawn (PAD, BOS, EOS, UNK), and `bos`, the token every training row starts with (None: the
+    rows have none)."""
+
+    exclude: tuple[int, ...] = ()
+    bos: int | None = None
+
+
 def repeated_tokens(key: jax.Array, vocab_size: int, length: int, batch: int,
-                    exclude: Sequence[int] = (), bos: int | None = None) -> jax.Array:
+                    special: SpecialTokens = SpecialTokens()) -> jax.Array:
     """int32 [batch, (bos) + 2*length]: per row, `length` distinct tokens from range(vocab_size)
-    minus `exclude`, repeated once, after `bos` when given. Deterministic in `key`."""
+    minus special.exclude, repeated once, after special.bos when given. Deterministic in
+    `key`."""
+    exclude, bos = special.exclude, special.bos
     pool = np.setdiff1d(np.arange(vocab_size), np.asarray(exclude, dtype=np.int64))
     if not 2 <= length <= len(pool):
         raise ValueError(f"induction length={length}: must be in [2, {len(pool)}] (the tokens "
@@ -146,15 +158,17 @@ def write(result: Induction, workdir: str, writer=None, step: int = 0) -> None:
 
 
 def induction(params: model_lib.Params, cfg: model_lib.ModelConfig, key: jax.Array, *,
-              length: int, batch: int = 32, exclude: Sequence[int] = (),
-              bos: int | None = None, seeds: Sequence | None = None,
+              length: int, batch: int = 32, special: SpecialTokens = SpecialTokens(),
+              seeds: Sequence | None = None,
               intervention: model_lib.Intervention | None = None) -> Induction:
     """Induction scores of every head and the loss drop on the repeat, per seed.
 
-    `params` has a leading seed axis on every leaf. `exclude`: token ids never drawn (the task's
-    special tokens: PAD, BOS, EOS, UNK); `bos`: the token every training row starts with.
-    `intervention` is passed to `model.forward` (e.g. to probe a proxy-replaced model).
+    `params` has a leading seed axis on every leaf. `special`: the task's special tokens
+    (`task_tokens(config.task)`): special.exclude are never drawn, and the sequences start with
+    special.bos when there is one. `intervention` is passed to `model.forward` (e.g. to probe a
+    proxy-replaced model).
     """
+    bos = special.bos
     width = (bos is not None) + 2 * length
     if width > cfg.max_len:
         raise ValueError(f"induction length={length}: the repeated sequence has {width} tokens, "
@@ -166,7 +180,7 @@ def induction(params: model_lib.Params, cfg: model_lib.ModelConfig, key: jax.Arr
     seeds = tuple(range(num_seeds)) if seeds is None else tuple(seeds)
     if len(seeds) != num_seeds:
         raise ValueError(f"seeds: {len(seeds)} labels for {num_seeds} seeds of params")
-    tokens = repeated_tokens(key, cfg.vocab_size, length, batch, exclude, bos)
+    tokens = repeated_tokens(key, cfg.vocab_size, length, batch, special)
     layers = range(1 if cfg.first_layer == "minimal" else 0, cfg.n_layers)
     sites = [f"blocks.{i}.attn.pattern" for i in layers]
     offset = 0 if bos is None else 1
@@ -193,13 +207,13 @@ def induction(params: model_lib.Params, cfg: model_lib.ModelConfig, key: jax.Arr
                      chance=chance_score(length, offset))
 
 
-def default_length(cfg: model_lib.ModelConfig, exclude: Sequence[int] = (),
-                   bos: int | None = None) -> int:
+def default_length(cfg: model_lib.ModelConfig,
+                   special: SpecialTokens = SpecialTokens()) -> int:
     """Half the tokens that can be drawn (so a model that only learned "tokens already in the
     context are likely" gains at most ln 2 nats on the repeat: see the threshold in the docs),
-    capped so that the repeated sequence fits the model."""
-    pool = cfg.vocab_size - len(set(exclude) & set(range(cfg.vocab_size)))
-    return max(2, min(pool // 2, (cfg.max_len - (bos is not None)) // 2))
+    capped so that the repeated sequence fits the model (after special.bos)."""
+    pool = cfg.vocab_size - len(set(special.exclude) & set(range(cfg.vocab_size)))
+    return max(2, min(pool // 2, (cfg.max_len - (special.bos is not None)) // 2))
 
 
 def probe(workdir: str, length: int | None = None, batch: int = 64, key: int = 0) -> Induction:
@@ -211,21 +225,21 @@ def probe(workdir: str, length: int | None = None, batch: int = 64, key: int = 0
     run = results.load_run(workdir)
     special = task_tokens(run.config.task)
     if length is None:
-        length = default_length(run.model_config, **special)
+        length = default_length(run.model_config, special)
     return induction(run.params, run.model_config, jax.random.key(key), length=length,
-                     batch=batch, seeds=run.labels, **special)
+                     batch=batch, special=special, seeds=run.labels)
 
 
-def task_tokens(name: str) -> dict:
-    """The `exclude` and `bos` arguments of `induction` for a task (its special tokens)."""
+def task_tokens(name: str) -> SpecialTokens:
+    """The `special` argument of `induction` for a task (its special tokens)."""
     if name == "code":
         from jaxillusions.tasks.code import splits  # noqa: PLC0415
 
-        return {"exclude": tuple(range(splits.NUM_SPECIAL)), "bos": splits.BOS}
+        return SpecialTokens(exclude=tuple(range(splits.NUM_SPECIAL)), bos=splits.BOS)
     if name == "dyck":
         from jaxillusions.data import dyck  # noqa: PLC0415
 
-        return {"exclude": (dyck.PAD, dyck.BOS, dyck.EOS), "bos": dyck.BOS}
+        return SpecialTokens(exclude=(dyck.PAD, dyck.BOS, dyck.EOS), bos=dyck.BOS)
     raise ValueError(f"task={name!r}: no special tokens known for the induction test")
 
 
@@ -270,13 +284,13 @@ def check_config(config, model_cfg: model_lib.ModelConfig) -> None:
     if not enabled(config):
         return
     special = task_tokens(config.task)
-    length = config.induction.length or default_length(model_cfg, **special)
-    pool = model_cfg.vocab_size - len(set(special["exclude"]) & set(range(model_cfg.vocab_size)))
-    width = (special["bos"] is not None) + 2 * length
+    length = config.induction.length or default_length(model_cfg, special)
+    pool = model_cfg.vocab_size - len(set(special.exclude) & set(range(model_cfg.vocab_size)))
+    width = (special.bos is not None) + 2 * length
     if not 2 <= length <= pool or width > model_cfg.max_len:
         raise ValueError(f"induction.length={config.induction.length}: must be 0 (the default, "
-                         f"{default_length(model_cfg, **special)} here) or in [2, "
-                         f"{min(pool, (model_cfg.max_len - (special['bos'] is not None)) // 2)}] "
+                         f"{default_length(model_cfg, special)} here) or in [2, "
+                         f"{min(pool, (model_cfg.max_len - (special.bos is not None)) // 2)}] "
                          f"({pool} drawable tokens, {model_cfg.max_len} positions)")
 
 
@@ -293,10 +307,10 @@ def run(ctx) -> object:
         return ctx
     config, model_cfg, workdir, state = ctx.settings, ctx.model_cfg, ctx.workdir, ctx.state
     ic, special = config.induction, task_tokens(config.task)
-    length = ic.length or default_length(model_cfg, **special)
+    length = ic.length or default_length(model_cfg, special)
     labels, step = train.members(config).labels, int(np.max(state.step))
     found = induction(state.params, model_cfg, jax.random.key(config.seed), length=length,
-                      batch=ic.batch, seeds=labels, **special)
+                      batch=ic.batch, special=special, seeds=labels)
     bad = ~np.asarray(state.healthy, bool)
     found = dataclasses.replace(
         found, score=np.where(bad[:, None, None], np.nan, found.score),

@@ -279,7 +279,7 @@ def _join(names: Sequence[str]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def headline(gap_rows: Sequence[dict], versus: Sequence[dict], correlation: Sequence[dict],
+def headline(stat_tables: dict[str, Sequence[dict]],
              accuracy: dict[str, tuple[float, float, float]], splits: Sequence[str],
              methods: Sequence[str], baseline: str = "iid", evaluated: str = "closing-bracket",
              identical: dict[tuple[str, str], set[int]] | None = None,
@@ -289,7 +289,13 @@ def headline(gap_rows: Sequence[dict], versus: Sequence[dict], correlation: Sequ
     same_pred gap at the smallest size faithful on `baseline` (seed-mean same_pred >= FAITHFUL;
     the largest size, marked 'never 0.99', when none is) on each OOD split, and one sentence
     per method saying where a gap is detected and where not, and on how many seeds.
-    `in_distribution`: the task's in-distribution splits (not reported as OOD)."""
+    `stat_tables`: statistics_report's tables "gaps", "proxy_vs_original" and
+    "id_predicts_gap" (by those names). `identical`: {(method, site): sizes whose rows equal
+    the original's} (identical_sizes). `in_distribution`: the task's in-distribution splits
+    (not reported as OOD)."""
+    gap_rows, versus = stat_tables["gaps"], stat_tables["proxy_vs_original"]
+    correlation = stat_tables["id_predicts_gap"]
+    identical = identical or {}
     ood = [s for s in splits if s not in in_distribution]
     res = stats.RESOLUTION["same_pred"]
     rows = [g for g in gap_rows if g["baseline"] == baseline]
@@ -389,6 +395,8 @@ def statistics_report(rows: Sequence[dict], splits: Sequence[str], baseline: str
                                                in_distribution=in_distribution),
                          key=lambda c: (order(c), c["metric"]))
     min_size = stats.min_sizes(rows)
+    tables = {"gaps": gap_rows, "proxy_vs_original": versus, "id_predicts_gap": correlation,
+              "min_size": min_size}
     ood = [s for s in splits if s not in in_distribution]
     seeds = sorted({r["seed"] for r in rows})
     accuracy = original_accuracy(rows)
@@ -396,8 +404,8 @@ def statistics_report(rows: Sequence[dict], splits: Sequence[str], baseline: str
 
     identical = {(m, s): identical_sizes(rows, s, m)
                  for m, s in {(r["method"], r["site"]) for r in rows if r["size"] > 0}}
-    text = headline(gap_rows, versus, correlation, accuracy, splits, methods, baseline,
-                    evaluated, identical, in_distribution)
+    text = headline(tables, accuracy, splits, methods, baseline, evaluated, identical,
+                    in_distribution)
     text += ["", "=" * 100, "",
              f"Population: {len(seeds)} seeds. Every comparison is paired over the seeds present "
              "in both conditions: [lo,hi] is the Student-t 95% interval of the mean per-seed "
@@ -491,8 +499,6 @@ def statistics_report(rows: Sequence[dict], splits: Sequence[str], baseline: str
         counts = " ".join(f"{k}:{v}" for k, v in d["counts"].items())
         median = "never" if np.isinf(d["median"]) else f"{d['median']:g}"
         text.append(f"  {method:<8} {site:<34} {split:<17} lower median {median:>5}  {counts}")
-    tables = {"gaps": gap_rows, "proxy_vs_original": versus, "id_predicts_gap": correlation,
-              "min_size": min_size}
     for breakdown, labels in (by_bin or {}).items():
         table = bin_gaps(rows, breakdown, labels, baseline)
         tables[f"gaps_by_{breakdown}"] = table

@@ -31,6 +31,8 @@ learning rate suits every site). Training uses proxies.kmeans_samples vectors (t
 statistic), in minibatches drawn with replacement.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -44,6 +46,18 @@ K_BASE = 100_000  # a size code k * K_BASE + width; a plain width (< K_BASE) use
 DEFAULTS = {"sae_k": (4,), "sae_steps": 1000, "sae_lr": 1e-3, "sae_batch": 256}
 
 _HI = jax.lax.Precision.HIGHEST  # full float32 matmuls on accelerators too (TF32 by default)
+
+
+@dataclasses.dataclass(frozen=True)
+class AuxK:
+    """The dead-latent loss (module docstring): a latent that has not fired for `dead_steps`
+    steps is dead; the top `k` dead latents (None: F // 2 of the target's F features, as Gao et
+    al.'s d_model / 2; at most the width) reconstruct the residual, weighted by `coeff` (alpha).
+    Static settings (hashable), not config keys."""
+
+    k: int | None = None
+    coeff: float = 1.0 / 32.0
+    dead_steps: int = 50
 
 
 def size_code(width: int, k: int) -> int:
@@ -175,28 +189,27 @@ def fit(
     steps: int = DEFAULTS["sae_steps"],
     lr: float = DEFAULTS["sae_lr"],
     batch_size: int = DEFAULTS["sae_batch"],
-    k_aux: int | None = None,
-    aux_coeff: float = 1.0 / 32.0,
-    dead_steps: int = 50,
+    aux: AuxK = AuxK(),
 ) -> dict:
     """{"x": [N, F], "valid": [N]} -> {"W_enc": [R, F, W], "b_enc": [R, W], "W_dec": [R, W, F],
     "b_dec": [R, F], "mask": [R, W] bool, "kmask": [R, K] bool}, W = max width, K = max k.
 
     Sizes are widths or size codes (see width_and_k); k is clipped to the width, as svd clips
-    ranks to F (validate's check rejects k > width in a config). k_aux: dead latents used by
-    AuxK (default F // 2, as Gao et al.'s d_model / 2); dead_steps: steps without firing after
-    which a latent counts as dead; aux_coeff: AuxK's alpha."""
-    return train(stats["x"], None, stats["valid"], sizes, key=key, k=k, steps=steps, lr=lr,
-                 batch_size=batch_size, k_aux=k_aux, aux_coeff=aux_coeff, dead_steps=dead_steps)
+    ranks to F (validate's check rejects k > width in a config). `aux`: the AuxK dead-latent
+    loss's settings."""
+    return train({"x": stats["x"], "valid": stats["valid"]}, sizes, key=key, k=k, steps=steps,
+                 lr=lr, batch_size=batch_size, aux=aux)
 
 
-def train(x: jax.Array, y: jax.Array | None, valid: jax.Array, sizes: tuple[int, ...], *,
-          key: jax.Array, k: int, steps: int, lr: float, batch_size: int, k_aux: int | None,
-          aux_coeff: float, dead_steps: int) -> dict:
-    """fit() of a dictionary from x [N, F_in] to y [N, F_out] (y None: to x itself, an
-    autoencoder with the pre-encoder bias b_dec). With a target y (a transcoder) the input has
-    its own bias b_in (started at the mean of x) and the encoder columns start as unit random
-    directions; params then also hold "b_in" [R, F_in]."""
+def train(stats: dict, sizes: tuple[int, ...], *, key: jax.Array, k: int, steps: int,
+          lr: float, batch_size: int, aux: AuxK) -> dict:
+    """fit() of a dictionary from stats["x"] [N, F_in] to stats["y"] [N, F_out] at the rows
+    where stats["valid"] [N] (no "y": to x itself, an autoencoder with the pre-encoder bias
+    b_dec). With a target y (a transcoder) the input has its own bias b_in (started at the mean
+    of x) and the encoder columns start as unit random directions; params then also hold
+    "b_in" [R, F_in]."""
+    x, y, valid = stats["x"], stats.get("y"), stats["valid"]
+    k_aux, aux_coeff, dead_steps = aux.k, aux.coeff, aux.dead_steps
     pairs = [width_and_k(s, k) for s in sizes]
     _check([(w, min(kk, w)) for w, kk in pairs], steps, lr, batch_size)
     pairs = [(w, min(kk, w)) for w, kk in pairs]

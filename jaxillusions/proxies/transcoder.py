@@ -71,16 +71,13 @@ def fit(
     steps: int = sae.DEFAULTS["sae_steps"],
     lr: float = sae.DEFAULTS["sae_lr"],
     batch_size: int = sae.DEFAULTS["sae_batch"],
-    k_aux: int | None = None,
-    aux_coeff: float = 1.0 / 32.0,
-    dead_steps: int = 50,
+    aux: sae.AuxK = sae.AuxK(),  # noqa: B008 - frozen (immutable), as in sae.fit
 ) -> dict:
     """{"x": MLP inputs [N, F_in], "y": MLP outputs [N, F_out], "valid": [N]} -> sae.fit's
     params with W_enc [R, F_in, W], W_dec [R, W, F_out] and the input bias "b_in" [R, F_in].
     Sizes and options as sae.fit."""
-    return sae.train(stats["x"], stats["y"], stats["valid"], sizes, key=key, k=k, steps=steps,
-                     lr=lr, batch_size=batch_size, k_aux=k_aux, aux_coeff=aux_coeff,
-                     dead_steps=dead_steps)
+    return sae.train({"x": stats["x"], "y": stats["y"], "valid": stats["valid"]}, sizes,
+                     key=key, k=k, steps=steps, lr=lr, batch_size=batch_size, aux=aux)
 
 
 def apply(params: dict, x: jax.Array) -> jax.Array:

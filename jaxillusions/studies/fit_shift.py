@@ -373,7 +373,7 @@ def run(ctx: stages.Context) -> stages.Context:
     specs, fitted, fit_stamps = (ctx.results[k] for k in ("specs", "fitted", "fit_stamps"))
     others = [s for s in config.proxies.fit_splits if s != REFERENCE]
     pc, seed = config.proxies, config.seed
-    chunking = dict(seed_chunk_size=pc.seed_chunk_size, say=say)
+    chunking = faithfulness.Chunking(pc.seed_chunk_size, say)
     files, model_cfg, seeds, healthy = ctx.files, ctx.model_cfg, ctx.seeds, ctx.healthy
     halved = {n: tasks.subset(splits[n], halves(len(splits[n].tokens), seed)[1])
               for n in pc.eval_splits if n in others}
@@ -407,7 +407,8 @@ def run(ctx: stages.Context) -> stages.Context:
                     family = faithfulness.evaluate(
                         params, model_cfg, eval_set, [family_fits[i]],
                         batch_size=pc.eval_batch_size, seeds=seeds, healthy=healthy,
-                        shared=family_fits, **chunking)
+                        options=faithfulness.EvalOptions(shared=family_fits,
+                                                         chunking=chunking))
                 stages.write(path, json.dumps({"stamp": stamp, "value": family}),
                              "fit-shift evaluation")
             rows += [{"fit_split": name, **row} for row in family]
@@ -425,7 +426,7 @@ def _fit(ctx: stages.Context, data, dependent: list[int], stamps: dict, director
     `directory` where those carry `stamps`). Collected once for all families that need it."""
     config, params, model_cfg, files = ctx.settings, ctx.params, ctx.model_cfg, ctx.files
     specs, pc, out = ctx.results["specs"], config.proxies, list(family_fits)
-    chunking = dict(seed_chunk_size=pc.seed_chunk_size, say=ctx.say)
+    chunking = faithfulness.Chunking(pc.seed_chunk_size, ctx.say)
     paths = {i: os.path.join(directory, os.path.basename(files.path(i, specs[i], ".msgpack")))
              for i in dependent}
     loaded = {i: files.load(paths[i], stamps[i], stages.read_msgpack)
@@ -438,14 +439,16 @@ def _fit(ctx: stages.Context, data, dependent: list[int], stamps: dict, director
         with timing.stage("collection"):
             stats = faithfulness.collect(params, data, model_cfg, [specs[i] for i in todo],
                                          num_samples=pc.kmeans_samples,
-                                         batch_size=pc.collect_batch_size, **chunking,
+                                         batch_size=pc.collect_batch_size,
+                                         chunking=chunking,
                                          labels=faithfulness.labels_for(
                                              [specs[i] for i in todo], config, data))
         for i in todo:
             with timing.stage("fitting"):
                 # The train fit's random keys (spec index i): only the data differ.
                 proxy = faithfulness.fit_one(specs[i], i, stats, jax.random.PRNGKey(config.seed),
-                                             jax.tree.leaves(params)[0].shape[0], **chunking)
+                                             jax.tree.leaves(params)[0].shape[0],
+                                             chunking=chunking)
                 loaded[i] = jax.tree.map(np.asarray, proxy.params)
             stages.write(paths[i], serialization.msgpack_serialize(
                 {"stamp": stamps[i], "value": loaded[i]}), "fit-shift fitting")

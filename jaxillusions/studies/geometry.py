@@ -389,7 +389,7 @@ def run(ctx: stages.Context) -> stages.Context:
     if short:  # a task whose split sizes validate could not know (code: num_eval -1)
         raise ValueError(f"proxies.repair_sentences={counts}: split {short[0]} has "
                          f"{len(halves[short[0]][0])} sentences in its fit half; at most that")
-    chunking = dict(seed_chunk_size=pc.seed_chunk_size, say=say)
+    chunking = faithfulness.Chunking(pc.seed_chunk_size, say)
 
     # 1. Moments.
     sets = {"train": task.view(splits["train"]).tokens}
@@ -406,7 +406,7 @@ def run(ctx: stages.Context) -> stages.Context:
         say(f"geometry: collecting moments of {len(sites)} sites on {len(sets)} sentence sets")
         moments = {name: {s: v["moments"] for s, v in faithfulness.collect(
             params, types.SimpleNamespace(tokens=tokens), model_cfg, [spec], num_samples=0,
-            batch_size=pc.collect_batch_size, **chunking).items()}
+            batch_size=pc.collect_batch_size, chunking=chunking).items()}
             for name, tokens in sets.items()}
         stages.write(path, serialization.msgpack_serialize(
             {"stamp": moments_stamp, "value": moments}), "geometry")
@@ -498,8 +498,9 @@ def _repair_family(ctx: stages.Context, proxy, moments: dict, ood: list[str],
         got = faithfulness.evaluate(ctx.params, ctx.model_cfg, eval_set,
                                     [faithfulness.FittedProxy(wide, per_site)],
                                     batch_size=pc.eval_batch_size, seeds=ctx.seeds,
-                                    healthy=ctx.healthy, seed_chunk_size=pc.seed_chunk_size,
-                                    say=ctx.say)
+                                    healthy=ctx.healthy, options=faithfulness.EvalOptions(
+                                        chunking=faithfulness.Chunking(pc.seed_chunk_size,
+                                                                       ctx.say)))
         for row in got:
             if row["breakdown"] != "all":
                 continue

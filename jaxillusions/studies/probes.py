@@ -243,18 +243,18 @@ def compute(params, healthy, seeds, splits, model_cfg, config, say=print) -> lis
     # The erasure proxy on the probe sites: its sample, and its erasers (fitted as the
     # proxy's, per head).
     spec = faithfulness.ProxySpec("erasure", sites, tuple(range(len(pc.concepts))))
-    chunking = dict(seed_chunk_size=pc.seed_chunk_size, say=say)
+    chunking = faithfulness.Chunking(pc.seed_chunk_size, say)
 
     def sample(split, num_samples: int) -> dict:
         return faithfulness.collect(params, split, model_cfg, [spec], num_samples=num_samples,
                                     batch_size=pc.collect_batch_size,
                                     labels=tasks.concept_labels(task, split, pc.concepts),
-                                    **chunking)
+                                    chunking=chunking)
 
     train = fit_shift.fit_data(splits, "train", config)
     fit = sample(train, pc.kmeans_samples)
     erasers = faithfulness.fit_one(spec, 0, fit, jax.random.PRNGKey(config.seed), len(seeds),
-                                   **chunking).params
+                                   chunking=chunking).params
     sets = {n: splits[n] for n in pc.eval_splits}
     heldout = heldout_train(train, pc.kmeans_samples, max(len(v.tokens) for v in sets.values()))
     if heldout is not None:  # the in-distribution reference of erasure: unseen training rows
