@@ -25,7 +25,7 @@ import numpy as np
 
 from benchmarks import suite
 from jaxillusions import objective as objective_lib
-from jaxillusions import settings, train
+from jaxillusions import settings, train, validate
 from jaxillusions.step import init_state, train_steps
 
 
@@ -60,11 +60,11 @@ def _fusion_kinds(hlo: str) -> dict[str, tuple[str, str]]:
     return kinds
 
 
-def profile(config, num_seeds: int, steps: int = 10) -> dict:
+def profile(config: settings.Settings, num_seeds: int, steps: int = 10) -> dict:
     splits, model_cfg, tx = train.build(config)
     tokens = jnp.asarray(splits["train"].tokens)
     run = dict(num_steps=steps, model_cfg=model_cfg, tx=tx, batch_size=config.train.batch_size,
-               objective=objective_lib.from_settings(settings.from_config(config)))
+               objective=objective_lib.from_settings(config))
     state = init_state(np.arange(num_seeds), model_cfg, tx)
     hlo = train_steps.lower(state, tokens, **run).compile().as_text()
     jax.block_until_ready(train_steps(jax.tree.map(jnp.copy, state), tokens, **run))
@@ -104,7 +104,8 @@ def main() -> None:
     parser.add_argument("--config", default=None)
     parser.add_argument("--seeds", type=int, default=8)
     args = parser.parse_args()
-    out = profile(suite.load_config(args.config), args.seeds)
+    config, _ = validate.check(suite.load_config(args.config))
+    out = profile(config, args.seeds)
     print(f"{out['num_seeds']} seeds: {out['thunk_ms_per_step']:.1f} ms of thunk time per step "
           f"(summed over threads; kernel time on a GPU), {out['wall_ms_per_step']:.1f} ms wall "
           "(traced)")

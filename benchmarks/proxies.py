@@ -163,7 +163,7 @@ def bench_fit_and_evaluate(config, num_seeds: int, repeats: int = 3,
     streams the first `fit_sentences` training sentences (the sweep streams all of them)."""
     from jaxillusions import faithfulness, settings, tasks, timing, train  # noqa: PLC0415
 
-    config = settings.from_config(config)
+    config = settings.require(config, "benchmarks.proxies.bench_fit_and_evaluate")
     splits, model_cfg, tx = train.build(config)
     params = init_state(np.arange(num_seeds), model_cfg, tx).params
     site = faithfulness.resolve_site("blocks.-1.attn.k", model_cfg)

@@ -29,8 +29,8 @@ done
 echo "machine: $(lscpu | grep 'Model name' | sed 's/.*: *//'), $(nproc) cores"
 
 # The data, once, untimed (both commits read the same cache file).
-(cd "$out/after" && python -c "import runpy, sys; from jaxillusions import train; \
-train.build(runpy.run_path(sys.argv[1])['get_config']())" "$config" > /dev/null)
+(cd "$out/after" && python -c "import runpy, sys; from jaxillusions import train, validate; \
+train.build(validate.check(runpy.run_path(sys.argv[1])['get_config']())[0])" "$config" > /dev/null)
 
 printf '%-7s %-6s %9s\n' side repeat seconds | tee "$out/times.txt"
 for repeat in $(seq "$repeats"); do

@@ -51,8 +51,8 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
     the XLA compilations of that stage, count and seconds (timing.Breakdown; a stage times
     its calls after warm-up calls, so its compilations do not count in its rates).
     sae_options: keyword arguments of proxies.bench_sae (default: its real size). `config`:
-    settings.Settings or a ConfigDict (read once, here)."""
-    config = settings.from_config(config)
+    settings.Settings (validate.check, as launch.benchmark calls it)."""
+    config = settings.require(config, "benchmarks.suite.run")
     with timing.Breakdown() as clock:
         start = time.perf_counter()
         splits, model_cfg, tx = train.build(config)

@@ -102,7 +102,7 @@ def evaluate_splits(chunks: Sequence[dict], num_seeds: int, splits,
         splits = {**splits, "train": tasks.subset(splits["train"], np.arange(cap))}
     return {name: evaluate(chunks, split, model_cfg, num_seeds=num_seeds,
                            batch_size=settings.train.eval_batch_size,
-                           num_depths=task.train_num_bins(settings), task=task)
+                           num_depths=task.train_num_bins(settings.data), task=task)
             for name, split in splits.items() if len(split.tokens)}  # (empty: none to score)
 
 

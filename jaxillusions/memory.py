@@ -263,8 +263,8 @@ def plan(config, model_cfg, num_devices: int | None = None) -> list[Term]:
              mc.head_dim: "model.d_head" if config.model.d_head else "model.d_model",
              mc.n_heads: "model.n_heads", mc.d_model: "model.d_model"}
     dims = tuple((names.get(n, "model.d_model"), n) for n in biggest)
-    train_width = task.train_width(config)
-    widest = task.widest_width(config)
+    train_width = task.train_width(config.data)
+    widest = task.widest_width(config.data)
     rows = max(_get(config, "data.num_train"), 0)  # code: -1 (all functions) is not counted
     terms = [
         # params and AdamW's two moments of every member stay on the devices (float32), the

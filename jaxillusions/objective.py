@@ -39,7 +39,7 @@ def from_settings(settings: Settings) -> Objective:
     tc, task = settings.train, tasks.get(settings.task)
     offset = tc.max_position_offset
     if offset == -1:  # a training input (width - 1 tokens) then reaches the widest split's last
-        offset = task.widest_width(settings) - task.train_width(settings) + 1
+        offset = task.widest_width(settings.data) - task.train_width(settings.data) + 1
     # The contrastive loss is computed whenever weights are given (also for weight 0), so that a
     # member of a weight sweep and the single run with its weight share one code path and equal
     # results.

@@ -4,11 +4,14 @@ default, rule and what is allowed (jaxillusions/fields.py). The data.* section i
 
     settings = from_config(config)   # ml-collections ConfigDict -> Settings, checked key by key
 
-The launchers and `sweep.run` call this once, through `validate.check`, which adds the checks
-that need the resolved model (proxy sites, memory); the library then reads typed settings only.
-A key missing from a config takes its default; an unknown key, a value of the wrong kind or one
-its rule refuses is a one-line ValueError naming the key. docs/configs.md's reference is
-`reference()`, and a test keeps the two equal.
+Two doors call it, and nothing below them: `validate.check` (the launchers, and a notebook,
+call it once per run; it adds the checks that need the resolved model: proxy sites, memory)
+and `read_stored` (a stored run's config.json). The library takes Settings, or one section of
+them, only (`require` turns a ConfigDict into a one-line TypeError;
+tests/test_architecture.py fails on a from_config elsewhere). A key missing from a config takes
+its default; an unknown key, a value of the wrong kind or one its rule refuses is a one-line
+ValueError naming the key. docs/configs.md's reference is `reference()`, and a test keeps the
+two equal.
 
 `ANALYSIS_KEYS` lists the keys that only change what is measured or logged, not the trained
 parameters: they may change between a run and its resumption (the change is recorded in the
@@ -20,6 +23,8 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import functools
+import json
+import os
 from typing import Any
 
 from jaxillusions import model, tasks
@@ -365,6 +370,37 @@ def from_config(config: Any) -> Settings:
     return settings
 
 
+def require(config: Any, where: str) -> Settings:
+    """`config` if it is Settings, else a one-line TypeError: the library takes checked settings,
+    never a ConfigDict or a mapping (those are read at the door, validate.check)."""
+    if not isinstance(config, Settings):
+        raise TypeError(f"{where} takes Settings, not a {type(config).__name__}: call "
+                        "`settings, _ = validate.check(config)` first and pass those")
+    return config
+
+
+def read_stored(workdir: str) -> Settings:
+    """The Settings of a stored run: its workdir's config.json (written when the run claimed the
+    workdir), read key by key as from_config reads a config. The door for everything that
+    loads a stored run; the checks against the machine (validate.check) are not repeated.
+    FileNotFoundError if there is no config.json; ValueError (one line, naming the file) if it
+    is unreadable or not a config this version reads."""
+    path = os.path.join(workdir, "config.json")  # checkpoint.CONFIG_FILE (a module with orbax)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} not found: is {workdir} a jaxillusions workdir?")
+    try:
+        with open(path) as f:
+            stored = json.load(f)
+        if not isinstance(stored, dict):
+            raise ValueError(f"valid JSON, but a {type(stored).__name__}, not a config")
+        return from_config(stored)
+    except (OSError, ValueError) as err:  # garbage, or JSON that is not a config: name the file
+        line = str(err).splitlines()[0] if str(err) else ""
+        raise ValueError(f"{path} is unreadable ("
+                         + (line if type(err) is ValueError else f"{type(err).__name__}: {line}")
+                         + ")") from None
+
+
 def _leaves(settings: Settings):
     """(dotted key, value, field) of every setting."""
     for field in dataclasses.fields(settings):
@@ -381,13 +417,17 @@ def flat(settings: Settings) -> dict[str, Any]:
     return {key: value for key, value, _ in _leaves(settings)}
 
 
+def default_settings(task: str = "dyck") -> Settings:
+    """A run of `task` with every key at its default (what a config of `task` alone reads as)."""
+    return Settings(task=task, data=tasks.get(task).Data(), proxies=proxies_class()())
+
+
 def defaults(task: str = "dyck") -> dict[str, Any]:
     """Every key of a run of `task` at its default, nested as a config is ({"seed": 0, "train":
     {"num_steps": 3000, ...}, ...}; tuples stay tuples). The launchers add the keys a config
     file leaves out from here, so that any key can be overridden on the command line."""
-    run = Settings(task=task, data=tasks.get(task).Data(), proxies=proxies_class()())
     nested: dict[str, Any] = {}
-    for key, value, _ in _leaves(run):
+    for key, value, _ in _leaves(default_settings(task)):
         section, _, name = key.rpartition(".")
         (nested.setdefault(section, {}) if section else nested)[name] = value
     return nested
@@ -398,8 +438,7 @@ def reference(task: str | None = None) -> str:
     a task's data.* section. docs/configs.md holds these tables (`python -m
     jaxillusions.settings` prints them; a test keeps the page equal to them)."""
     lines = ["| key | type | default | allowed | notes |", "|---|---|---|---|---|"]
-    defaults = Settings(task=task or "dyck", data=tasks.get(task or "dyck").Data(),
-                        proxies=proxies_class()())
+    defaults = default_settings(task or "dyck")
     for key, value, field in _leaves(defaults):
         if (task is None) == key.startswith("data."):
             continue

@@ -13,19 +13,20 @@ from jaxillusions import distributed, memory, objective, settings, tasks
 from jaxillusions import model as model_lib
 from jaxillusions.evaluation import evaluate_splits
 from jaxillusions.evaluation import log as log_eval
-from jaxillusions.settings import Settings
+from jaxillusions.settings import Settings, Train
 from jaxillusions.step import SweepState, init_state, place_on_devices, train_steps
 
 
 def seed_list(config: Settings) -> np.ndarray:
     """The sweep's seeds: config.seed, config.seed + 1, ..., num_seeds of them."""
-    config = settings.from_config(config)
+    config = settings.require(config, "train.seed_list")
     return config.seed + np.arange(config.train.num_seeds)
 
 
-def contrastive_weights(config: Settings) -> tuple[float, ...]:
-    """The swept contrastive-regularization weights (train.contrastive_weights; () -> (0,))."""
-    return tuple(float(w) for w in config.train.contrastive_weights) or (0.0,)
+def contrastive_weights(tc: Train) -> tuple[float, ...]:
+    """The swept contrastive-regularization weights of the train.* settings `tc`
+    (train.contrastive_weights; () -> (0,))."""
+    return tuple(float(w) for w in tc.contrastive_weights) or (0.0,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,10 +43,10 @@ class Members:
 
 
 def members(config: Settings, seeds=None) -> Members:
-    """The members of a run (`config`: Settings, or a ConfigDict read by settings.from_config)."""
-    config = settings.from_config(config)
+    """The members of a run (`seeds`: the sweep's own, seed_list, unless given)."""
+    config = settings.require(config, "train.members")
     seeds = np.asarray(seed_list(config) if seeds is None else seeds)
-    weights = contrastive_weights(config)
+    weights = contrastive_weights(config.train)
     labels = ([int(s) for s in seeds] if len(weights) == 1 else
               [f"{int(s)}_cw{w:g}" for w in weights for s in seeds])
     return Members(seeds=np.tile(seeds, len(weights)),
@@ -59,10 +60,10 @@ def members(config: Settings, seeds=None) -> Members:
 
 def build(config: Settings, splits: dict | None = None):
     """Data (the task's splits), model config and optimizer of a run (shared by training and
-    the proxy sweep). `config`: Settings, or a ConfigDict (read by settings.from_config)."""
-    config = settings.from_config(config)
+    the proxy sweep)."""
+    config = settings.require(config, "train.build")
     if splits is None:
-        splits = tasks.get(config.task).load(config)
+        splits = tasks.get(config.task).load(config.data)
     tasks.check_data(config, splits)  # degenerate data is refused before any training
     model_cfg = model_config(config, max(s.tokens.shape[1] for s in splits.values()), splits)
     return splits, model_cfg, objective.make_optimizer(config.train,
@@ -72,21 +73,20 @@ def build(config: Settings, splits: dict | None = None):
 def model_config(config: Settings, widest_split: int | None = None,
                  splits: dict | None = None) -> model_lib.ModelConfig:
     """The model config; `widest_split`: the longest split's token width and `splits` the data
-    (None: from the data config, as validate does before any data exists). `config`: Settings,
-    or a ConfigDict (read by settings.from_config)."""
-    config = settings.from_config(config)
+    (None: from the data config, as validate does before any data exists)."""
+    config = settings.require(config, "train.model_config")
     task = tasks.get(config.task)
     goal = objective.from_settings(config)
     if widest_split is None:
-        widest_split = task.widest_width(config)
-    fields = task.model_fields(config, splits)
+        widest_split = task.widest_width(config.data)
+    fields = task.model_fields(config.data, splits)
     max_len = max([widest_split]
                   # BOS + a contrastive prefix (<= 2D+2 tokens) + a training sentence + EOS
-                  + [task.train_width(config) + 2 * fields.get("max_depth", 0) + 2]
+                  + [task.train_width(config.data) + 2 * fields.get("max_depth", 0) + 2]
                   * goal.contrastive
                   + [config.model.max_len])
     model_cfg = model_lib.ModelConfig.from_settings(config.model, max_len=max_len, **fields)
-    used = task.train_width(config) - 1 + goal.max_position_offset  # BOS ... EOS-1
+    used = task.train_width(config.data) - 1 + goal.max_position_offset  # BOS ... EOS-1
     if used > max_len:
         raise ValueError(f"train.max_position_offset={goal.max_position_offset}: training "
                          f"inputs would reach position {used - 1}, but the model has {max_len} "
@@ -107,7 +107,8 @@ def claim_workdir(workdir: str, config: Settings, record: bool = True) -> list[s
     from jaxillusions import checkpoint as ckpt_lib  # noqa: PLC0415 - keeps orbax off pure use
     from jaxillusions import logging as log_lib  # noqa: PLC0415
 
-    defaults = log_lib.flatten_config(settings.from_config({"task": config.task}).to_dict())
+    config = settings.require(config, "train.claim_workdir")
+    defaults = log_lib.flatten_config(settings.default_settings(config.task))
     return distributed.on_main(lambda: ckpt_lib.claim_workdir(
         workdir, config, settings.is_analysis_key, defaults, record),
         "checking the workdir") or []
@@ -152,7 +153,7 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
     from jaxillusions import interrupt  # noqa: PLC0415
     from jaxillusions import logging as log_lib  # noqa: PLC0415
 
-    config = settings.from_config(config)  # a ConfigDict is read once, here
+    config = settings.require(config, "train.train_sweep")  # checked at the door
     distributed.use_cpu_devices(config.cpu_devices)  # before JAX starts, or checked
     tc, task = config.train, tasks.get(config.task)
     say = print if verbose and distributed.is_main() else (lambda *a, **k: None)

@@ -1,7 +1,11 @@
-"""The checks of a whole run before any work: each key on its own (settings.from_config, with the
-rules of jaxillusions/settings.py), then what needs the resolved model and the machine.
+"""The door: a config becomes checked Settings here, once per run, before any work. Each key on
+its own (settings.from_config, with the rules of jaxillusions/settings.py), then what needs the
+resolved model and the machine.
 
     settings, notes = check(config)   # ValueError "key=value: must be ..." (one line)
+
+The launchers call it once and pass the Settings on; so does a notebook before train.train_sweep
+or sweep.run, which take Settings only (a ConfigDict there is a one-line TypeError).
 
 After the keys: the task's own checks (tasks.<name>.check_config), the model config
 (model.ModelConfig checks the combinations), the memory plan (memory.check_config: sizes that
@@ -14,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from jaxillusions import (
+    distributed,
     faithfulness,
     fit_shift,
     geometry_stage,
@@ -30,9 +35,13 @@ from jaxillusions.settings import Settings
 
 
 def check(config: Any) -> tuple[Settings, list[str]]:
-    """Settings of a ConfigDict (or Settings), every check passed, and notes to show; raises
-    ValueError (one line: key, value, what is allowed) for the first bad setting."""
+    """Settings of a ConfigDict (or a nested mapping, or Settings), every check passed, and
+    notes to show; raises ValueError (one line: key, value, what is allowed) for the first bad
+    setting. It splits the CPU into the config's cpu_devices first (distributed.use_cpu_devices):
+    the checks after the keys start JAX (memory.check_config reads the devices), which fixes
+    them for the process."""
     config = settings.from_config(config)
+    distributed.use_cpu_devices(config.cpu_devices)
     notes = tasks.get(config.task).check_config(config)
     if config.train.contrastive_weights and not hasattr(tasks.get(config.task),
                                                         "contrastive_loss"):
@@ -43,7 +52,7 @@ def check(config: Any) -> tuple[Settings, list[str]]:
     # before the checks below build per-layer lists.
     memory.check_config(config, model_cfg)
     if config.wen.enabled:
-        wen.check_config(config, model_cfg)
+        wen.check_config(config.wen, model_cfg)
     induction.check_config(config, model_cfg)
     return config, notes + _proxy_checks(config, model_cfg)
 

@@ -6,9 +6,10 @@ added at its default before the overrides apply, so any key can be overridden), 
 --debug (show tracebacks), and for several hosts --coordinator_address, --num_processes,
 --process_id and --join_timeout (distributed.initialize).
 
-`run(main)` validates the whole config before any work, takes the workdir lock, turns on the
-persistent compilation cache, catches SIGTERM/SIGINT (the job saves and exits 143/130) and turns
-every error into one line on stderr.
+`run(main)` is the door: it turns the config into Settings and checks the whole of it once
+(validate.check) before any work, and hands main those Settings. It also takes the workdir lock,
+turns on the persistent compilation cache, catches SIGTERM/SIGINT (the job saves and exits
+143/130) and turns every error into one line on stderr.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ def with_defaults(config: ConfigDict) -> ConfigDict:
     """`config` with every key of jaxillusions/settings.py that it leaves out added at its
     default (settings.defaults of its task), so that `--config.<key>=` can override any key,
     whatever the file states. It changes no setting: a key a config leaves out takes that same
-    default in settings.from_config. Keys the config sets keep their values and types; a bad task
-    or a section that is not a ConfigDict is left for validate to name."""
+    default in validate.check. Keys the config sets keep their values and types; a bad task or
+    a section that is not a ConfigDict is left for validate to name."""
     from jaxillusions import settings, tasks  # noqa: PLC0415 - JAX only once a config loads
 
     task = config.get("task", "dyck")
@@ -177,8 +178,8 @@ def parse(argv: list[str]):
 
 def run(main) -> None:
     """Runs main(settings, workdir, start_over=...) after turning the config into checked
-    settings and taking the workdir lock; every error becomes one line on stderr (--debug shows
-    the traceback)."""
+    Settings (guard: validate.check, once) and taking the workdir lock; every error becomes one
+    line on stderr (--debug shows the traceback)."""
     config, workdir = parse(sys.argv)
     guard(lambda settings: main(settings, workdir, start_over=START_OVER.value), workdir,
           [config])
@@ -258,34 +259,33 @@ def _own_warnings_on_one_line() -> None:
 
 
 def guard(job: Callable[..., None], workdir: str, configs: Sequence) -> None:
-    """Runs job(*settings) after turning every config into checked settings (validate.check:
-    the configs are read here, once) and taking the workdir lock, with SIGTERM/SIGINT caught
-    (the job saves and exits 143/130); every error becomes one line on stderr."""
-    from jaxillusions import checkpoint, distributed, interrupt, settings, validate  # noqa: PLC0415
+    """Runs job(*settings) after turning every config into checked Settings (validate.check:
+    the configs are read here, once, and the job gets Settings only) and taking the workdir
+    lock, with SIGTERM/SIGINT caught (the job saves and exits 143/130); every error becomes one
+    line on stderr."""
+    from jaxillusions import checkpoint, distributed, interrupt, validate  # noqa: PLC0415
 
     if not DEBUG.value:
         _quiet_background_errors(workdir)
         _own_warnings_on_one_line()
     lock = checkpoint.WorkdirLock(workdir)
     try:
-        # The CPU's devices are fixed by JAX's first operation: set them before anything runs.
-        counts = {settings.from_config(config).cpu_devices for config in configs}
-        if len(counts) > 1:
-            raise ValueError(f"the configs name different cpu_devices {sorted(counts)}")
-        distributed.use_cpu_devices(counts.pop())
+        # Nothing here starts JAX before validate.check, which sets the config's cpu_devices
+        # first (JAX's first operation fixes them); jax.distributed must start before it too.
         distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value,
                                JOIN_TIMEOUT.value)
         compile_cache = use_compilation_cache()
-        if compile_cache and distributed.is_main():
-            print(f"compiled programs: cached in {compile_cache} (JAX_ENABLE_COMPILATION_CACHE"
-                  "=false turns this off)")
-        checked = []
-        for config in configs:
-            settings, notes = validate.check(config)
+        checked, notes = [], []
+        for config in configs:  # a second config naming other cpu_devices is refused here
+            settings, config_notes = validate.check(config)
             checked.append(settings)
+            notes += config_notes
+        if distributed.is_main():  # (which starts JAX: asked only once the checks are done)
+            if compile_cache:
+                print(f"compiled programs: cached in {compile_cache} "
+                      "(JAX_ENABLE_COMPILATION_CACHE=false turns this off)")
             for note in notes:
-                if distributed.is_main():
-                    print(note)
+                print(note)
         note = lock.acquire() if distributed.is_main() else None  # process 0 writes the files
         if note:
             print(note)

@@ -11,7 +11,6 @@ relaunch of the sweep still finds it finished (sweep.complete_figures). Like the
 launchers it locks the workdir, and every error is one line (--debug shows the traceback).
 """
 
-import json
 import os
 import sys
 import time
@@ -21,23 +20,19 @@ from launch import common
 USAGE = "python -m launch.figures WORKDIR, e.g. python -m launch.figures runs/dyck_small"
 
 
-def read_config(workdir: str) -> dict:
-    """The run's config.json; a one-line SystemExit for a workdir that is not a run."""
+def read_settings(workdir: str):
+    """The run's Settings, from its config.json (settings.read_stored, the door of stored runs);
+    a one-line SystemExit for a workdir that is not a run."""
     if not os.path.isdir(workdir):
         sys.exit(f"error: {workdir} is not a directory ({USAGE})")
-    path = os.path.join(workdir, "config.json")
-    if not os.path.isfile(path):
+    if not os.path.isfile(os.path.join(workdir, "config.json")):
         sys.exit(f"error: {workdir} is not the workdir of a run: it has no config.json ({USAGE})")
+    from jaxillusions import settings  # noqa: PLC0415 - JAX loads only for a workdir of a run
+
     try:
-        with open(path) as f:
-            config = json.load(f)
+        return settings.read_stored(workdir)
     except (OSError, ValueError) as err:
-        sys.exit(f"error: {path} is unreadable ({type(err).__name__}: "
-                 f"{str(err).splitlines()[0] if str(err) else ''})")
-    if not isinstance(config, dict):
-        sys.exit(f"error: {path} is unreadable (valid JSON, but a {type(config).__name__}, not "
-                 "a config)")
-    return config
+        sys.exit(f"error: {str(err).splitlines()[0]}")
 
 
 def main() -> None:
@@ -49,7 +44,7 @@ def main() -> None:
     if len(workdirs) != 1:
         sys.exit(f"error: give one workdir ({USAGE})")
     workdir = workdirs[0]
-    config = read_config(workdir)
+    stored = read_settings(workdir)
 
     def job(settings) -> None:
         from jaxillusions import sweep  # noqa: PLC0415 - after the checks above: JAX is slow
@@ -59,7 +54,7 @@ def main() -> None:
         print(f"[{time.perf_counter() - start:.0f}s] drew {len(drawn)} figures in {workdir} "
               "(figures/*.png, and TensorBoard's IMAGES)")
 
-    common.guard(job, workdir, [config])
+    common.guard(job, workdir, [stored])  # checked against this machine there
 
 
 if __name__ == "__main__":

@@ -4,11 +4,12 @@
 """
 
 from jaxillusions import sweep
+from jaxillusions.settings import Settings
 from launch import common
 
 
-def main(config, workdir: str, start_over: bool = False) -> None:
-    sweep.run(config, workdir, start_over=start_over)
+def main(settings: Settings, workdir: str, start_over: bool = False) -> None:
+    sweep.run(settings, workdir, start_over=start_over)  # checked once, by common.run
 
 
 if __name__ == "__main__":

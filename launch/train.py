@@ -8,19 +8,20 @@ import numpy as np
 from jaxillusions import distributed, train
 from jaxillusions import logging as log_lib
 from jaxillusions.analysis import board
+from jaxillusions.settings import Settings
 from launch import common
 
 
-def main(config, workdir: str, start_over: bool = False) -> None:
-    state, _ = train.train_sweep(config, workdir, start_over=start_over)
+def main(settings: Settings, workdir: str, start_over: bool = False) -> None:
+    state, _ = train.train_sweep(settings, workdir, start_over=start_over)  # checked: common.run
     if not distributed.is_main():  # process 0 writes the files
         return
-    sweep = train.members(config)
-    model_cfg = train.model_config(config)  # for the HPARAMS view: no second data load
-    member_hparams = sweep.hparams if len(train.contrastive_weights(config)) > 1 else None
+    sweep = train.members(settings)
+    model_cfg = train.model_config(settings)  # for the HPARAMS view: no second data load
+    member_hparams = sweep.hparams if len(train.contrastive_weights(settings.train)) > 1 else None
     with log_lib.SweepWriter(f"{workdir}/tensorboard", sweep.labels) as writer:
         sessions = board.Sessions(sweep.labels, np.asarray(state.healthy), member_hparams)
-        board.write_hparams(writer, config, model_cfg, sessions, workdir=workdir)
+        board.write_hparams(writer, settings, model_cfg, sessions, workdir=workdir)
 
 
 if __name__ == "__main__":

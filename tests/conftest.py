@@ -39,6 +39,14 @@ def tiny_config(cache_dir: str = ""):
     return config
 
 
+def checked(config):
+    """The Settings of a test's ConfigDict, read and checked once at the door as the launchers
+    and a notebook do (validate.check); the library takes Settings only."""
+    from jaxillusions import validate
+
+    return validate.check(config)[0]
+
+
 def tiny_config_file(path, cache_dir: str, settings: dict | None = None) -> str:
     """Writes a config file for the launchers (--config=path): tiny_config(cache_dir) with
     `settings` ({"train.num_steps": 20, ...}) applied. Returns the path."""
@@ -48,6 +56,18 @@ def tiny_config_file(path, cache_dir: str, settings: dict | None = None) -> str:
                     f"\n\n\ndef get_config():\n    config = tiny_config({cache_dir!r})\n"
                     + "".join(lines) + "    return config\n")
     return str(path)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def jax_started():
+    """JAX starts before any test, as the test process has it (one CPU device unless
+    JAX_NUM_CPU_DEVICES says): validate.check applies a config's cpu_devices before JAX starts,
+    so the first check of a session must not lay out the devices of every test after it. From
+    here on a config naming another count is refused, and configs checked in this process set
+    cpu_devices = 0 (as tiny_config does)."""
+    import jax
+
+    return jax.devices()
 
 
 @pytest.fixture(scope="session")
@@ -78,7 +98,7 @@ def tiny_sweep(tmp_path_factory, cache_dir) -> str:
     from jaxillusions import sweep
 
     workdir = str(tmp_path_factory.mktemp("tiny_sweep") / "run")
-    sweep.run(tiny_sweep_config(cache_dir), workdir, verbose=False)
+    sweep.run(checked(tiny_sweep_config(cache_dir)), workdir, verbose=False)
     return workdir
 
 
@@ -97,7 +117,7 @@ def sae_sweep(tmp_path_factory, cache_dir) -> str:
     config.proxies.eval_splits = ("iid", "unseen_depth")
     config.proxies.dictionary_match_seeds = 1
     workdir = str(tmp_path_factory.mktemp("sae_sweep") / "run")
-    sweep.run(config, workdir, verbose=False)
+    sweep.run(checked(config), workdir, verbose=False)
     return workdir
 
 
@@ -117,12 +137,14 @@ def planted_dictionary(n: int = 4096, f: int = 16, num_dirs: int = 32, k: int = 
 
 
 def trained_tiny(config):
-    """(config, splits, model_cfg, params) of a 100-step sweep of a tiny config."""
+    """(config, splits, model_cfg, params) of a 100-step sweep of a tiny config (the
+    ConfigDict, which a test may change and check again)."""
     from jaxillusions import train
 
     config.train.num_steps = 100
     config.train.eval_every = 100
     config.train.learning_rate = 1e-2
-    splits, model_cfg, _ = train.build(config)
-    state, _ = train.train_sweep(config, splits=splits, verbose=False)
+    settings = checked(config)
+    splits, model_cfg, _ = train.build(settings)
+    state, _ = train.train_sweep(settings, splits=splits, verbose=False)
     return config, splits, model_cfg, state.params

@@ -1,12 +1,12 @@
 """The package's shape: no import cycle, imports run one way between layers, and the library
-reads typed settings, never an ml-collections config. Every import counts, also one inside a
-function (a lazy import hides a cycle; it does not remove it)."""
+reads typed settings, never an ml-collections config: configs are read at two doors only. Every
+import counts, also one inside a function (a lazy import hides a cycle; it does not remove
+it)."""
 
 import ast
 import pathlib
 
 import numpy as np
-import pytest
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
@@ -111,8 +111,60 @@ def test_imports_run_one_way_between_layers():
     assert not upward, f"a lower layer imports a higher one: {upward}"
 
 
-@pytest.mark.parametrize("name", sorted(_modules()))
-def test_the_library_never_reads_an_ml_collections_config(name):
-    # Configs become settings.Settings once, at the entry (settings.from_config).
-    source = _modules()[name].read_text()
-    assert "import ml_collections" not in source and "from ml_collections" not in source
+# The doors: the only functions of the package that read a config (settings.from_config). A
+# config becomes Settings in validate.check (the launchers, and a notebook, once per run) and a
+# stored run's config.json in settings.read_stored; every other function takes Settings or a
+# section of them. No module of the package names ml_collections or its ConfigDict at all: the
+# doors read any mapping (a ConfigDict through its to_dict).
+DOORS = {("jaxillusions.validate", "check"), ("jaxillusions.settings", "read_stored")}
+CONFIG_NAMES = {"from_config", "ConfigDict", "FrozenConfigDict", "ml_collections"}
+
+
+def _config_uses(name: str, source: str) -> list[str]:
+    """'module:line function: what' for every use of from_config (a call, a reference, an
+    import), ConfigDict or ml_collections in `source`, outside the DOORS' from_config calls."""
+    found = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            function = node.name
+        used = (node.id if isinstance(node, ast.Name) else node.attr
+                if isinstance(node, ast.Attribute) else None)
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            modules = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+            used = next((n for a in node.names for n in CONFIG_NAMES if a.name == n), None) or (
+                "ml_collections" if any(m.split(".")[0] == "ml_collections" for m in modules)
+                else None)
+        if used in CONFIG_NAMES and not (used == "from_config" and (name, function) in DOORS):
+            found.append(f"{name}:{node.lineno} {function or '<module>'}: {used}")
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+
+    visit(ast.parse(source), "")
+    return found
+
+
+def test_the_config_check_finds_planted_uses():
+    # The check can fail: each way a config could flow below the doors is found, and a door
+    # is allowed only its own function.
+    planted = ("import ml_collections\nfrom ml_collections import config_dict\n"
+               "from jaxillusions.settings import from_config\n"
+               "def f(c):\n    return settings.from_config(c)\n"
+               "def g(c):\n    read = settings.from_config\n    return isinstance(c, ConfigDict)\n"
+               "def check(c):\n    return settings.from_config(c)\n")
+    assert _config_uses("jaxillusions.train", planted) == [
+        "jaxillusions.train:1 <module>: ml_collections",
+        "jaxillusions.train:2 <module>: ml_collections",
+        "jaxillusions.train:3 <module>: from_config",
+        "jaxillusions.train:5 f: from_config",
+        "jaxillusions.train:7 g: from_config",
+        "jaxillusions.train:8 g: ConfigDict",
+        "jaxillusions.train:10 check: from_config"]
+    assert _config_uses("jaxillusions.validate", planted)[-1].endswith("g: ConfigDict")
+
+
+def test_settings_are_read_only_at_the_doors():
+    # Configs become Settings once, at a door (DOORS); the library below takes Settings only.
+    found = [use for name, path in sorted(_modules().items())
+             for use in _config_uses(name, path.read_text())]
+    assert not found, f"{len(found)} uses of a config below the doors {sorted(DOORS)}: {found}"

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 import tolerance as tol
-from conftest import tiny_config_file
+from conftest import checked, tiny_config_file
 
 from benchmarks import reference, suite
 from jaxillusions import model as model_lib
@@ -27,7 +27,7 @@ def test_benchmark_smoke(config):
     # process (a program another test compiled would be a cache hit, no compilation).
     jax.clear_caches()
     saved = []  # what launch.benchmark would have written after each row and section
-    report = suite.run(config, seed_counts=[2, 3], steps=2, repeats=1, loop_max_seeds=2,
+    report = suite.run(checked(config), seed_counts=[2, 3], steps=2, repeats=1, loop_max_seeds=2,
                        proxy_seeds=2, with_torch=True, with_kmeans=False, bfloat16=True, peak_n=256,
                        sae_options=dict(num_seeds=2, widths=(4, 8), dim=4, num_points=64,
                                         steps=3), say=lambda *a, **k: None,
@@ -120,7 +120,7 @@ def test_compute_dtype_is_a_validated_training_key(config):
         validate.validate(config)
     config.model.compute_dtype = "bfloat16"
     validate.validate(config)
-    assert train.model_config(config).compute_dtype == "bfloat16"
+    assert train.model_config(checked(config)).compute_dtype == "bfloat16"
 
 
 @pytest.mark.slow

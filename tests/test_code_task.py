@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import checked
 from ml_collections import ConfigDict
 
 from jaxillusions import faithfulness, stages, sweep, tasks, validate
@@ -144,7 +145,7 @@ def code_sweep(tmp_path_factory) -> tuple[ConfigDict, str]:
     shared by the module: read the workdir; copy it to change it."""
     root = tmp_path_factory.mktemp("code_sweep")
     config, workdir = code_config(root), str(root / "run")
-    sweep.run(config, workdir, verbose=False)
+    sweep.run(checked(config), workdir, verbose=False)
     return config, workdir
 
 
@@ -155,7 +156,7 @@ def test_tiny_code_sweep_end_to_end(code_sweep):
         rows = list(csv.DictReader(f))
     assert {r["breakdown"] for r in rows} == {"all", "category", "bracket_depth"}
     assert {r["split"] for r in rows} == set(config.proxies.eval_splits)
-    data = code_task.load(config, verbose=False)
+    data = code_task.load(checked(config).data, verbose=False)
     for name in config.proxies.eval_splits:
         # Every character target of the split is evaluated, for every seed and proxy...
         n = {int(r["n"]) for r in rows if r["split"] == name and r["breakdown"] == "all"}
@@ -254,7 +255,7 @@ def test_codesearchnet_directory_through_the_launcher(tmp_path):
         rows = list(csv.DictReader(f))
     assert {r["split"] for r in rows} == {"iid", "longer", "deeper", "other_language"}
     config = tiny_code_small(settings, source=py_glob, other_source=js_glob)
-    data = code_task.load(config, verbose=False)  # the launcher's cached data
+    data = code_task.load(checked(config).data, verbose=False)  # the launcher's cached data
     assert data["other_language"].language == "javascript" and len(data["other_language"].tokens)
     n = {int(r["n"]) for r in rows if r["split"] == "other_language" and r["breakdown"] == "all"}
     assert n == {int((data["other_language"].category >= 0).sum())}
@@ -322,12 +323,12 @@ def test_sweep_probes_induction_heads_once_and_again_when_its_settings_change(co
                    for p in os.listdir(os.path.join(workdir, "proxies"))
                    if p != "stage_induction.json"}
     os.remove(os.path.join(workdir, sweep.DONE_FILE))
-    sweep.run(config, workdir, verbose=False)
+    sweep.run(checked(config), workdir, verbose=False)
     assert {name: os.stat(os.path.join(workdir, name)).st_mtime_ns for name in before} == before
 
     # A changed analysis key on the finished sweep: the probe alone runs again.
     config.induction.batch = 8
-    sweep.run(config, workdir, verbose=False)
+    sweep.run(checked(config), workdir, verbose=False)
     assert os.stat(stage).st_mtime_ns != before[stage]
     assert {p: os.stat(os.path.join(workdir, "proxies", p)).st_mtime_ns
             for p in proxy_files} == proxy_files

@@ -28,9 +28,12 @@ TRIED = {"cases": 0, "accepted": 0}
 
 def _config(name: str) -> ConfigDict:
     # Not type-safe: values of the wrong type reach validation (ml_collections would refuse
-    # some at assignment, the command-line flags others at parsing).
-    return ConfigDict(importlib.import_module(f"configs.{name}").get_config().to_dict(),
-                      type_safe=False)
+    # some at assignment, the command-line flags others at parsing). cpu_devices 0: the test
+    # process's devices (validate.check refuses another count once JAX runs; fuzzed too).
+    config = ConfigDict(importlib.import_module(f"configs.{name}").get_config().to_dict(),
+                        type_safe=False)
+    config.cpu_devices = 0
+    return config
 
 
 def _flat(config: ConfigDict) -> dict:

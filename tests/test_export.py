@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import tolerance as tol
+from conftest import checked
 
 from jaxillusions import model, tasks, train
 from jaxillusions.analysis import load_run
@@ -17,7 +18,7 @@ def workdir(tmp_path_factory, cache_dir):
     config = tiny_config(cache_dir)
     config.seed = 5  # seeds 5, 6: seed numbers are not indices
     workdir = str(tmp_path_factory.mktemp("export") / "run")
-    state, _ = train.train_sweep(config, workdir, verbose=False)
+    state, _ = train.train_sweep(checked(config), workdir, verbose=False)
     return workdir, state
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import scipy.stats
 import tolerance as tol
+from conftest import checked
 from tensorboard.backend.event_processing import event_accumulator as ea
 
 from jaxillusions import faithfulness as F
@@ -232,7 +233,7 @@ def test_sweep_end_to_end_writes_table_figures_and_tensorboard(trained, tmp_path
     workdir = str(tmp_path / "run")
     F._eval_chunk.clear_cache()  # count its compilations; other programs stay compiled
     with timing.Breakdown() as clock:
-        rows = sweep.run(config, workdir, verbose=False)
+        rows = sweep.run(checked(config), workdir, verbose=False)
     # The families of a method share one compiled evaluation (5 families, 3 methods).
     assert clock.programs["jit(_eval_chunk)"] == 3, clock.programs
     assert {"training", "collection", "fitting", "evaluation", "reports",

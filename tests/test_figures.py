@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import tiny_sweep_config
+from conftest import checked, tiny_sweep_config
 from test_logging import _gaps, _rows
 
 from jaxillusions import settings, sweep
@@ -226,7 +226,7 @@ def test_the_main_job_draws_the_summary_and_launch_figures_the_rest(tiny_sweep, 
     config = tiny_sweep_config(cache_dir)
     for which in ("summary", "all"):
         config.figures = which
-        sweep.run(config, str(workdir))
+        sweep.run(checked(config), str(workdir))
         assert "is finished (finished " in capsys.readouterr().out
     assert {p: p.stat().st_mtime_ns for p in workdir.rglob("*") if p.is_file()} == before
 
@@ -241,7 +241,7 @@ def test_figures_all_on_a_finished_sweep_draws_the_rest_as_the_sweep_draws_them(
     shutil.copytree(tiny_sweep, workdir)
     config = tiny_sweep_config(cache_dir)
     config.figures = "all"
-    sweep.run(config, str(workdir))
+    sweep.run(checked(config), str(workdir))
     assert f"drew the {len(REST)} figures it had left out (figures=all)" in (
         capsys.readouterr().out)
     drawn = _figures(workdir)
@@ -249,7 +249,7 @@ def test_figures_all_on_a_finished_sweep_draws_the_rest_as_the_sweep_draws_them(
     done = json.loads((workdir / sweep.DONE_FILE).read_text())
     assert sweep._unverified(done, str(workdir)) is None and done["figures"] == "all"
     os.remove(workdir / sweep.DONE_FILE)  # as if stopped in the report stage: written again
-    sweep.run(config, str(workdir), verbose=False)
+    sweep.run(checked(config), str(workdir), verbose=False)
     assert _figures(workdir) == drawn
     done = json.loads((workdir / sweep.DONE_FILE).read_text())
     assert sweep._unverified(done, str(workdir)) is None and done["figures"] == "all"

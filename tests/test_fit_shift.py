@@ -8,6 +8,7 @@ import shutil
 import jax
 import numpy as np
 import pytest
+from conftest import checked
 from flax import serialization
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -240,7 +241,7 @@ def test_changing_the_fit_splits_refits_only_what_changed(shifted, tmp_path):
     fits = sorted(p for d in ("proxies", "proxies/fit_unseen_depth")
                   for p in _files(os.path.join(workdir, d), ".msgpack"))
     before = {p: os.stat(p).st_mtime_ns for p in fits}
-    sweep.run(config, workdir, verbose=False)
+    sweep.run(checked(config), workdir, verbose=False)
     assert {p: os.stat(p).st_mtime_ns for p in fits} == before
     moved = [p for p in _files(os.path.join(workdir, "superseded"), "")]
     assert moved and not [p for p in moved if p.endswith(".msgpack")]
@@ -273,8 +274,8 @@ def test_a_bad_fit_setting_is_a_one_line_error_before_any_work(config, tmp_path,
     for key, value in settings_.items():
         config.proxies[key] = value
     with pytest.raises(ValueError) as err:
-        sweep.run(config, str(tmp_path / "run"), verbose=False)
-    message = message.format(width=tasks.get(config).widest_width(config))  # BOS..EOS
+        sweep.run(checked(config), str(tmp_path / "run"), verbose=False)
+    message = message.format(width=tasks.get(config).widest_width(config.data))  # BOS..EOS
     assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
     assert not os.path.exists(tmp_path / "run" / "config.json")  # nothing was started
 

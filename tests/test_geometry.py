@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.linalg
+from conftest import checked
 
 from jaxillusions import fit_shift, sweep, validate
 from jaxillusions.analysis import geometry
@@ -215,7 +216,7 @@ def test_a_tiny_sweep_writes_geometry_and_repair(tiny_sweep, tmp_path, cache_dir
     config.proxies.repair_sentences = (4, 16)
     stage = os.path.join(workdir, "proxies", "00_svd_blocks.1.attn.k_rows.json")
     before = os.path.getmtime(stage)
-    sweep.run(config, workdir, verbose=False)
+    sweep.run(checked(config), workdir, verbose=False)
     assert os.path.getmtime(stage) == before  # the proxy evaluation was not redone
 
     geo = _read(os.path.join(workdir, "geometry.csv"))
@@ -236,7 +237,7 @@ def test_a_tiny_sweep_writes_geometry_and_repair(tiny_sweep, tmp_path, cache_dir
     assert os.path.getsize(os.path.join(workdir, "figures", "repair_svd.png")) > 10_000
 
     config.proxies.repair_sentences = (8,)
-    sweep.run(config, workdir, verbose=False)
+    sweep.run(checked(config), workdir, verbose=False)
     assert {r["sentences"] for r in _read(os.path.join(workdir, "repair.csv"))} == {"8"}
     assert os.path.getmtime(stage) == before
     # The earlier tables were kept, under superseded/.

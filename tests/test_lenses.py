@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import checked
 
 from jaxillusions import faithfulness, probes, sweep, tasks
 from jaxillusions import model as model_lib
@@ -226,7 +227,7 @@ def test_lens_targets_must_be_residual_sites():
 def test_dyck_concepts_match_a_stack(config):
     from jaxillusions.data import dyck
 
-    split = tasks.get("dyck").load(config, verbose=False)["unseen_depth"]
+    split = tasks.get("dyck").load(checked(config).data, verbose=False)["unseen_depth"]
     labels = tasks.concept_labels(tasks.get("dyck"), split, ("depth", "bracket"))
     k = config.data.num_types
     for row, sentence in enumerate(split.tokens[:40]):
@@ -265,7 +266,7 @@ def test_a_tiny_sweep_with_lenses_erasure_and_probes(tiny_sweep, tmp_path, cache
     config.proxies.probe_sites = ("blocks.0.resid_post",)
     stage = os.path.join(workdir, "proxies", "00_svd_blocks.1.attn.k_rows.json")
     before = os.path.getmtime(stage)
-    rows = sweep.run(config, workdir, verbose=False)
+    rows = sweep.run(checked(config), workdir, verbose=False)
     assert os.path.getmtime(stage) == before  # the earlier families were not redone
 
     def all_rows(method, site):
@@ -318,7 +319,7 @@ def test_bad_lens_probe_and_erasure_settings_are_one_line_errors(config, keys, m
 def test_heldout_training_sentences_follow_the_fit_sample(config):
     """The fit sample reads the first num_samples positions; the held-out reference starts at
     the first sentence it did not touch."""
-    train = tasks.get("dyck").load(config, verbose=False)["train"]
+    train = tasks.get("dyck").load(checked(config).data, verbose=False)["train"]
     counts = (train.tokens != tasks.PAD).sum(1)
     held = probes.heldout_train(train, int(counts[:10].sum()) + 1, 5)  # 1 position of row 10
     np.testing.assert_array_equal(held.tokens, train.tokens[11:16])

@@ -8,8 +8,8 @@ import shutil
 
 import numpy as np
 import pytest
-
 from conftest import tiny_sweep_config
+
 from jaxillusions import stages, sweep
 
 

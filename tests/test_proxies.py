@@ -279,7 +279,7 @@ def apply(params, x):
 def test_a_new_proxy_is_one_file(tmp_path, monkeypatch):
     """A module dropped into the proxies package is a method: its sizes key is checked, its
     specs built and its figures labelled, with no other change."""
-    from conftest import tiny_config
+    from conftest import checked, tiny_config
 
     from jaxillusions import faithfulness, train, validate
 
@@ -293,7 +293,7 @@ def test_a_new_proxy_is_one_file(tmp_path, monkeypatch):
     with config.unlocked():
         config.proxies.scaled_sizes = (5, 10)
     assert validate.validate(config) == []
-    _, model_cfg, _ = train.build(config)
+    _, model_cfg, _ = train.build(checked(config))
     specs = faithfulness.specs_from_config(config.proxies, model_cfg)
     assert {s.method for s in specs} == {"scaled"} and {s.sizes for s in specs} == {(5, 10)}
     assert proxies.size_label("scaled") == "size" and proxies.size_label("svd") == "rank"

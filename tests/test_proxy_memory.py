@@ -12,9 +12,9 @@ import jax
 import numpy as np
 import pytest
 import tolerance as tol
-from conftest import tiny_config
+from conftest import checked, tiny_config
 
-from jaxillusions import dictionaries, faithfulness, memory, sweep, train, validate
+from jaxillusions import checkpoint, dictionaries, faithfulness, memory, sweep, train, validate
 from jaxillusions.step import init_state
 
 NUM_SEEDS = 3  # not a multiple of the chunk of 2: the last chunk is padded
@@ -29,7 +29,7 @@ def setup(tmp_path_factory):
     config.proxies.kmeans_sizes = (2, 4)
     config.proxies.kmeans_samples = 300
     config.proxies.eval_splits = ("iid", "longer")
-    splits, model_cfg, tx = train.build(config)
+    splits, model_cfg, tx = train.build(checked(config))
     params = jax.tree.map(np.asarray, init_state(range(NUM_SEEDS), model_cfg, tx).params)
     specs = faithfulness.specs_from_config(config.proxies, model_cfg)
     eval_set = faithfulness.make_eval_set(splits, config.proxies.eval_splits)
@@ -267,11 +267,11 @@ def test_seed_chunk_size_key(config, tmp_path):
     # An analysis key: a finished training may be resumed with another value (a note, not an
     # error), and a workdir whose config predates the key matches the default 0.
     del config.proxies["seed_chunk_size"]
-    train.claim_workdir(str(tmp_path), config)
+    checkpoint.claim_workdir(str(tmp_path), config)  # the config.json of a run before the key
     config.proxies.seed_chunk_size = 0
-    assert train.claim_workdir(str(tmp_path), config) == []
+    assert train.claim_workdir(str(tmp_path), checked(config)) == []
     config.proxies.seed_chunk_size = 4
-    notes = train.claim_workdir(str(tmp_path), config)
+    notes = train.claim_workdir(str(tmp_path), checked(config))
     assert notes and "proxies.seed_chunk_size changed from 0 to 4" in notes[0]
     # It changes no result, so a finished sweep's analysis is not redone for it.
     assert "proxies.seed_chunk_size" not in sweep._analysis_settings(config)  # noqa: SLF001

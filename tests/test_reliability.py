@@ -22,7 +22,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import tiny_config, tiny_config_file
+from conftest import checked, tiny_config, tiny_config_file
 
 from jaxillusions import (
     checkpoint,
@@ -69,7 +69,7 @@ def trained(tmp_path_factory, cache_dir):
     """A finished 20-step run (checkpoints 10 and 20), the TensorBoard steps on disk at each
     checkpoint save, and the final state."""
     config = _config(cache_dir)
-    splits, _, _ = train.build(config)
+    splits, _, _ = train.build(checked(config))
     workdir = str(tmp_path_factory.mktemp("trained") / "run")
     on_disk_at_save = {}
     save = checkpoint.Checkpointer.save
@@ -80,7 +80,7 @@ def trained(tmp_path_factory, cache_dir):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(checkpoint.Checkpointer, "save", save_and_look)
-        state, _ = train.train_sweep(config, workdir, splits=splits, verbose=False)
+        state, _ = train.train_sweep(checked(config), workdir, splits=splits, verbose=False)
     return {"config": config, "splits": splits, "workdir": workdir, "state": state,
             "on_disk_at_save": on_disk_at_save}
 
@@ -92,7 +92,8 @@ def _copy(trained, tmp_path):
 
 
 def _resume(trained, workdir, **kwargs):
-    return train.train_sweep(trained["config"], workdir, splits=trained["splits"], **kwargs)[0]
+    return train.train_sweep(checked(trained["config"]), workdir, splits=trained["splits"],
+                             **kwargs)[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,7 +208,7 @@ def test_checkpoint_of_another_model_is_refused_and_nothing_is_moved(trained, tm
         with pytest.raises(checkpoint.CheckpointMismatch,
                            match=r"params\.blocks\.0\.attn\.b_o: checkpoint \(2, 16\) float32 "
                                  r"vs config \(2, 24\) float32"):
-            train.train_sweep(trained["config"], workdir, verbose=False)
+            train.train_sweep(checked(trained["config"]), workdir, verbose=False)
     finally:
         trained["config"].model.d_model = 16
     assert _listing(os.path.join(workdir, "checkpoints")) == before
@@ -241,7 +242,7 @@ def test_analysis_keys_may_change_on_resume_and_are_recorded(trained, tmp_path, 
     config = _config(trained["config"].data.cache_dir)
     config.proxies.eval_batch_size = 32
     config.train.eval_batch_size = 32
-    state = train.train_sweep(config, workdir, splits=trained["splits"])[0]
+    state = train.train_sweep(checked(config), workdir, splits=trained["splits"])[0]
     assert "proxies.eval_batch_size changed from 64 to 32" in capsys.readouterr().out
     _assert_same(state, trained["state"])
     with open(os.path.join(workdir, checkpoint.HISTORY_FILE)) as f:
@@ -252,7 +253,7 @@ def test_analysis_keys_may_change_on_resume_and_are_recorded(trained, tmp_path, 
         assert json.load(f)["proxies"]["eval_batch_size"] == 32
     config.train.learning_rate = 1e-3
     with pytest.raises(ValueError, match="train.learning_rate: 0.003 there vs 0.001 now"):
-        train.train_sweep(config, workdir, splits=trained["splits"], verbose=False)
+        train.train_sweep(checked(config), workdir, splits=trained["splits"], verbose=False)
     assert settings.is_analysis_key("proxies.kmeans_sizes")
     assert not settings.is_analysis_key("model.d_model")
 
@@ -274,8 +275,8 @@ def test_checkpoints_without_a_readable_config_json_are_refused(trained, tmp_pat
     expected = {"missing": f"{path} is missing, but {workdir}/checkpoints holds checkpoints",
                 "garbage": f"{path} is unreadable (JSONDecodeError: ",
                 "a_list": f"{path} is unreadable (valid JSON, but a list, not a config)"}
-    for run in (lambda: train.train_sweep(config, workdir, splits=trained["splits"]),
-                lambda: sweep.run(config, workdir)):
+    for run in (lambda: train.train_sweep(checked(config), workdir, splits=trained["splits"]),
+                lambda: sweep.run(checked(config), workdir)):
         with pytest.raises(ValueError) as err:
             run()
         assert str(err.value).startswith(expected[damage]) and "\n" not in str(err.value)
@@ -323,7 +324,7 @@ def test_unknown_key_and_duplicate_sizes(config):
     config.proxies.kmeans_sizes = (8, 2, 4, 2)  # e.g. two overrides joined by ml_collections
     (note,) = validate.validate(config)
     assert "proxies.kmeans_sizes=(8, 2, 4, 2) has duplicates" in note
-    _, model_cfg, _ = train.build(config)
+    _, model_cfg, _ = train.build(checked(config))
     specs = faithfulness.specs_from_config(config.proxies, model_cfg)
     assert {s.sizes for s in specs if s.method == "kmeans"} == {(2, 4, 8)}
 
@@ -338,6 +339,7 @@ def test_shipped_configs_validate(monkeypatch):
     check = memory.check_config
     for info in pkgutil.iter_modules(configs.__path__):
         config = importlib.import_module(f"configs.{info.name}").get_config()
+        config.cpu_devices = 0  # the test process's devices (conftest.jax_started)
         try:
             assert validate.validate(config) == [], info.name
         except ValueError as err:  # a GPU config on a smaller machine: only the memory plan
@@ -466,7 +468,7 @@ def test_sigterm_saves_and_the_resumed_run_is_bit_identical(tmp_path, cache_dir)
     config = tiny_config(cache_dir)  # the same chunks of jitted steps as the launched runs
     config.train.num_steps, config.train.log_every = steps, 1
     config.train.eval_every = config.train.checkpoint_every = 0
-    straight, _ = train.train_sweep(config, verbose=False)
+    straight, _ = train.train_sweep(checked(config), verbose=False)
     ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
     step, resumed = ckpt.restore_latest(straight)
     ckpt.close()
@@ -514,7 +516,7 @@ def test_all_seeds_diverged_stops_with_an_error(config):
     config.train.warmup_steps = 0
     with pytest.raises(interrupt.Stopped, match=r"all 2 seeds diverged .* by step 10; stopped") \
             as err:
-        train.train_sweep(config, verbose=False)
+        train.train_sweep(checked(config), verbose=False)
     assert err.value.exit_code != 0
 
 
@@ -539,7 +541,7 @@ def swept(tmp_path_factory, cache_dir, no_reports):
     config.proxies.methods = ("svd", "kmeans", "uniform_attention")  # 3 proxy families
     config.proxies.eval_splits = ("iid", "unseen_depth", "longer")
     workdir = str(tmp_path_factory.mktemp("swept") / "run")
-    sweep.run(config, workdir, verbose=False)
+    sweep.run(checked(config), workdir, verbose=False)
     with open(os.path.join(workdir, "results.csv"), "rb") as f:
         return {"config": config, "workdir": workdir, "csv": f.read()}
 
@@ -550,7 +552,7 @@ def test_finished_sweep_is_left_as_it_is(swept, tmp_path, capsys):
     workdir = str(tmp_path / "run")
     shutil.copytree(swept["workdir"], workdir)
     before = _listing(workdir)
-    sweep.run(swept["config"], workdir)
+    sweep.run(checked(swept["config"]), workdir)
     assert "is finished" in capsys.readouterr().out
     assert _listing(workdir) == before
     # A changed analysis setting redoes only the analysis: fitted proxies are reused, and the
@@ -560,7 +562,7 @@ def test_finished_sweep_is_left_as_it_is(swept, tmp_path, capsys):
     config.proxies.methods = swept["config"].proxies.methods
     config.proxies.eval_splits = ("iid", "longer")
     fitted_before = [f for f in before if f[0].endswith(".msgpack")]
-    rows = sweep.run(config, workdir, verbose=False)
+    rows = sweep.run(checked(config), workdir, verbose=False)
     assert {r["split"] for r in rows} == {"iid", "longer"}
     after = _listing(workdir)
     assert [f for f in after if f[0].endswith(".msgpack")] == fitted_before
@@ -582,7 +584,7 @@ def test_every_report_of_an_earlier_analysis_is_kept(swept, tmp_path):
     config.proxies.targets = swept["config"].proxies.targets
     config.proxies.methods = swept["config"].proxies.methods
     config.proxies.eval_splits = ("iid", "longer")
-    sweep.run(config, str(workdir), verbose=False)
+    sweep.run(checked(config), str(workdir), verbose=False)
     (aside,) = (workdir / "superseded").iterdir()
     for name in reports + ["results.csv"]:
         assert (aside / name).exists(), name
@@ -602,7 +604,7 @@ def test_damaged_stage_files_are_recomputed_and_kept(swept, tmp_path, capsys):
                workdir / sweep.DONE_FILE]
     for path in damaged:
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    sweep.run(swept["config"], str(workdir))
+    sweep.run(checked(swept["config"]), str(workdir))
     out = capsys.readouterr().out
     for path in damaged:
         assert f"note: {path.relative_to(workdir)} is unreadable (" in out
@@ -631,7 +633,7 @@ def test_stage_files_of_valid_json_but_the_wrong_shape_are_recomputed_and_kept(s
     content["value"] = {site: {"basis": np.zeros(3)} for site in content["value"]}
     fit.write_bytes(serialization.msgpack_serialize(content))
     (workdir / sweep.DONE_FILE).write_text("[1]")
-    sweep.run(swept["config"], str(workdir))
+    sweep.run(checked(swept["config"]), str(workdir))
     out = capsys.readouterr().out
     assert (f"note: {sweep.DONE_FILE} is unreadable (valid JSON, but a list without the time and "
             "analysis settings of a finished sweep); the reports are written again") in out
@@ -661,7 +663,7 @@ def test_a_finished_sweeps_emptied_or_cut_report_is_written_again(swept, tmp_pat
             ("cut at a row boundary", b"".join(lines[:len(lines) // 2]),
              f"its results.csv differs from the sha256 recorded in {sweep.DONE_FILE}")]:
         results.write_bytes(content)
-        sweep.run(swept["config"], str(workdir))
+        sweep.run(checked(swept["config"]), str(workdir))
         out = capsys.readouterr().out
         assert (f"warning: the sweep in {workdir} finished, but {why}; the reports are written "
                 "again from the saved stages") in out, damage
@@ -669,7 +671,7 @@ def test_a_finished_sweeps_emptied_or_cut_report_is_written_again(swept, tmp_pat
         assert results.read_bytes() == swept["csv"], damage
         kept = sorted((workdir / "superseded").rglob("results.csv*"))
         assert kept[-1].read_bytes() == content, damage  # the damaged file, kept
-    sweep.run(swept["config"], str(workdir))
+    sweep.run(checked(swept["config"]), str(workdir))
     assert "is finished" in capsys.readouterr().out
     # A sweep_done.json written before the checksums: its reports are unverified, so written
     # again (with a note), as above.
@@ -681,7 +683,7 @@ def test_a_finished_sweeps_emptied_or_cut_report_is_written_again(swept, tmp_pat
     with pytest.raises(ValueError, match=r"^the sweep in .* finished, but its results.csv is "
                                          r"empty, and .*/checkpoints holds no checkpoint to "
                                          r"write the reports again from: restore the file") as err:
-        sweep.run(swept["config"], str(workdir))
+        sweep.run(checked(swept["config"]), str(workdir))
     assert "\n" not in str(err.value)
 
 
@@ -702,7 +704,7 @@ def test_sweep_stopped_during_proxy_work_resumes_with_identical_results(swept, t
     (line,) = err.strip().splitlines()
     assert line.startswith("stopped by SIGINT while") and "saved in" in line, err
     assert not os.path.exists(os.path.join(workdir, "results.csv"))
-    sweep.run(swept["config"], workdir, verbose=False)
+    sweep.run(checked(swept["config"]), workdir, verbose=False)
     with open(os.path.join(workdir, "results.csv"), "rb") as f:
         assert f.read() == swept["csv"]
 
@@ -762,7 +764,7 @@ def test_a_full_disk_in_the_proxy_or_report_stage_names_the_file(swept, tmp_path
     monkeypatch.setattr(checkpoint, "write_atomic", full)
     monkeypatch.setattr(sweep.results, "write_csv", lambda rows, path: full(path, rows))
     with pytest.raises(OSError) as err:
-        sweep.run(swept["config"], workdir, verbose=False)
+        sweep.run(checked(swept["config"]), workdir, verbose=False)
     message = str(err.value)
     assert message.startswith(f"the {stage} stage could not write {workdir}/"), message
     assert f"{target}: No space left on device; what was saved before is intact" in message
@@ -824,13 +826,13 @@ def test_degenerate_code_data_is_refused_before_training(tmp_path):
     config.data.min_char_count = 1_000_000_000
     with pytest.raises(ValueError, match=r"^data: split train has an UNK rate of 1\.000 .*"
                                          r"lower data\.min_char_count \(now 1000000000\)") as err:
-        train.train_sweep(config, str(tmp_path / "run"), verbose=False)
+        train.train_sweep(checked(config), str(tmp_path / "run"), verbose=False)
     assert "\n" not in str(err.value)
     assert not (tmp_path / "run" / checkpoint.CONFIG_FILE).exists()
 
 
 def test_split_checks_refuse_one_class_and_no_evaluated_positions(config):
-    splits, _, _ = train.build(config)
+    splits, _, _ = train.build(checked(config))
     one_class = dict(splits)  # every closing bracket of `iid` made the same type
     iid = splits["iid"]
     close = iid.tokens[:, 1:][iid.is_close[:, :-1]].max()
@@ -839,12 +841,12 @@ def test_split_checks_refuse_one_class_and_no_evaluated_positions(config):
     one_class["iid"] = dataclasses.replace(iid, tokens=tokens)
     with pytest.raises(ValueError, match=r"every one of the \d+ evaluated targets of split iid "
                                          rf"is token {close}, so any model scores accuracy 1\.0"):
-        train.build(config, one_class)
+        train.build(checked(config), one_class)
     none = dict(splits)
     none["longer"] = dataclasses.replace(splits["longer"],
                                          is_close=np.zeros_like(splits["longer"].is_close))
     with pytest.raises(ValueError, match=r"split longer has \d+ rows but no evaluated position"):
-        train.build(config, none)
+        train.build(checked(config), none)
 
 
 @pytest.mark.slow

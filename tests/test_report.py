@@ -204,7 +204,7 @@ def test_key_projections_for_several_healthy_seeds():
             return rng.random((len(shown), batch.shape[0], 1, 12, 12))
         return rng.normal(size=(len(shown), batch.shape[0], 12, 1, 8))
 
-    plots = dyck.activation_plots(run, {"iid": split, "train": split}, config, shown,
+    plots = dyck.activation_plots(run, {"iid": split, "train": split}, config.data, shown,
                                   "blocks.1.attn.pattern", "blocks.1.attn.k")
     figs = {name: getattr(figures, kind)(*args) for name, (kind, args) in plots.items()}
     assert set(figs) == {"attention_patterns", "key_projection_seed1", "key_projection_seed3",

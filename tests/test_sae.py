@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import tolerance as tol
-from conftest import planted_dictionary
+from conftest import checked, planted_dictionary
 from scipy.optimize import linear_sum_assignment
 from scipy.special import log_softmax
 
@@ -195,7 +195,7 @@ def test_sae_is_available_but_never_enabled_by_default(config):
 
     assert "sae" in proxies.available() and proxies.get("sae") is sae
     assert "sae" not in config.proxies.methods
-    _, model_cfg, _ = train.build(config)
+    _, model_cfg, _ = train.build(checked(config))
     assert all(s.method != "sae" for s in faithfulness.specs_from_config(config.proxies,
                                                                            model_cfg))
 
@@ -381,7 +381,7 @@ def test_every_bad_dictionary_option_is_a_one_line_error_before_any_work(
         config.proxies[key] = value
     workdir = tmp_path / "run"
     with pytest.raises(ValueError, match=message) as err:
-        sweep.run(config, str(workdir), verbose=False)
+        sweep.run(checked(config), str(workdir), verbose=False)
     assert "\n" not in str(err.value)
     assert not workdir.exists() or not any(workdir.iterdir())
 

@@ -18,7 +18,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import tiny_config, tiny_config_file
+from conftest import checked, tiny_config, tiny_config_file
 
 from jaxillusions import checkpoint, distributed, evaluation, faithfulness, train, validate
 from jaxillusions import model as model_lib
@@ -42,7 +42,7 @@ def job(cache_dir: str, workdir: str | None = None, chunk: int = 0, proxies: boo
         resume: bool = False) -> dict:
     """Trains the sweep (stopping once at step 10 and resuming when `resume`), then collects,
     fits and evaluates the proxies. Returns numpy arrays and the rows (as JSON text)."""
-    config = _config(cache_dir, chunk)
+    config = checked(_config(cache_dir, chunk))
     splits = train.build(config)[0]
     splits, model_cfg, _ = train.build(config, {k: splits[k] for k in ("train", "iid", "longer")})
     if resume:
@@ -296,12 +296,12 @@ def test_seed_chunk_size_is_a_checked_training_key(config, tmp_path):
         validate.validate(config)
     # A workdir whose config.json predates the key matches the default (0), not another value.
     del config.train["seed_chunk_size"]
-    train.claim_workdir(str(tmp_path), config)
+    checkpoint.claim_workdir(str(tmp_path), config)  # the config.json of a run before the key
     config.train.seed_chunk_size = 0
-    assert train.claim_workdir(str(tmp_path), config) == []
+    assert train.claim_workdir(str(tmp_path), checked(config)) == []
     config.train.seed_chunk_size = 4
     with pytest.raises(ValueError, match="train.seed_chunk_size: 0 there vs 4 now"):
-        train.claim_workdir(str(tmp_path), config)
+        train.claim_workdir(str(tmp_path), checked(config))
 
 
 def test_memory_estimate_suggests_a_chunk_size_that_fits():
@@ -331,8 +331,8 @@ def test_chunked_evaluation_equals_one_call(config):
     from jaxillusions.step import init_state  # noqa: PLC0415
 
     config.train.eval_batch_size = 16  # several sentence batches per split
-    checked = settings.from_config(config)
-    splits, model_cfg, tx = train.build(checked)
+    parsed = settings.from_config(config)
+    splits, model_cfg, tx = train.build(parsed)
     params = init_state(np.arange(5), model_cfg, tx).params
     leaves, tree = jax.tree.flatten(params)  # far from init: five clearly different models
     keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
@@ -344,7 +344,7 @@ def test_chunked_evaluation_equals_one_call(config):
     for name in ("iid", "longer"):
         tokens = splits[name].tokens
         one, chunked = (evaluation.evaluate_splits(p, 5, {name: splits[name]}, model_cfg,
-                                                   checked)[name] for p in ([params], chunks))
+                                                   parsed)[name] for p in ([params], chunks))
         assert one.keys() == chunked.keys() and one["acc"].shape == (5,)
         np.testing.assert_array_equal(chunked["count_by_depth"], one["count_by_depth"])
         # Argmaxes agree unless a top-2 logit gap is below the logits' rounding (~1e-5).
@@ -357,7 +357,7 @@ def test_chunked_evaluation_equals_one_call(config):
         # position's loss, logsumexp minus the target's logit, moves by at most twice a
         # logit's change; and the mean over N positions sums N float32 terms (N u relative).
         k, n = 6 * m.n_layers + 1, max(m.d_model, m.d_mlp, tokens.shape[1])
-        positions = checked.train.eval_batch_size * tokens.shape[1] + len(tokens)
+        positions = parsed.train.eval_batch_size * tokens.shape[1] + len(tokens)
         tol = (2 * 2 * k * n * u * float(np.abs(np.asarray(logits)).max())
                + 2 * positions * u * one["loss"])
         assert (np.abs(chunked["loss"] - one["loss"]) <= tol).all(), (name, tol)
@@ -371,24 +371,24 @@ def test_memory_plan_admits_configs_code_on_one_80gb_gpu_and_not_on_8gb():
     from jaxillusions import memory, settings  # noqa: PLC0415
 
     gib = 2**30
-    checked = settings.from_config(code.get_config())
-    model_cfg = train.model_config(checked)
+    parsed = settings.from_config(code.get_config())
+    model_cfg = train.model_config(parsed)
 
     def gpu(device_gib: float):  # one GPU, 128 GiB of host RAM
         return memory.Machine("gpu", 1, int(device_gib * gib), 128 * gib, "test GPU")
 
     # JAX's share of an 80 GB H100 (its default 75% preallocation), as measured in
     # docs/scaling_out.md: 59.4 GiB. An 8 GB GPU gives it 6 GiB.
-    memory.check_config(checked, model_cfg, gpu(59.4))
+    memory.check_config(parsed, model_cfg, gpu(59.4))
     with pytest.raises(ValueError, match=r"needs an estimated 28.6 GiB at least .* more than "
                                          r"the 6.0 GiB of memory of each device \(test GPU\)"):
-        memory.check_config(checked, model_cfg, gpu(6))
+        memory.check_config(parsed, model_cfg, gpu(6))
     # The arithmetic: activations of one chunk of 8 seeds (train.seed_chunk_size), float32.
     # Training: 2 layers x 64 rows x 511 inputs x (4 heads x 511 scores + 1024 MLP units + 256
     # residual) kept for the backward pass; evaluation: one layer of 128 rows x 1024 positions x
     # (4 x 1024 scores + 256); parameters and both AdamW moments of all 64 seeds stay on the
     # device, gradients for the chunk's 8.
-    terms = {t.what: t for t in memory.plan(checked, model_cfg, num_devices=1)}
+    terms = {t.what: t for t in memory.plan(parsed, model_cfg, num_devices=1)}
     train_batch = terms["the attention scores and activations of a training batch"]
     eval_batch = terms["one layer's attention scores of an evaluation batch"]
     assert train_batch.num_bytes == 8 * 2 * 64 * 511 * (4 * 511 + 1024 + 256) * 4
@@ -399,7 +399,7 @@ def test_memory_plan_admits_configs_code_on_one_80gb_gpu_and_not_on_8gb():
     assert terms["parameters, gradients and AdamW moments"].num_bytes == (64 * 12 + 8 * 4) * params
     # All 64 seeds at once (the config before the chunking): the evaluation batch alone is
     # 136 GiB, which no 80 GB GPU holds.
-    whole = checked.replace(train={"seed_chunk_size": 0})
+    whole = parsed.replace(train={"seed_chunk_size": 0})
     with pytest.raises(ValueError, match=r"\(136.0 GiB for one layer's attention scores of an "
                                          r"evaluation batch\), more than the 59.4 GiB"):
         memory.check_config(whole, model_cfg, gpu(59.4))
@@ -469,12 +469,16 @@ def test_cpu_devices_after_jax_started_must_match(config, tmp_path, monkeypatch)
     distributed.use_cpu_devices(1)
     config.cpu_devices = 2
     with pytest.raises(ValueError, match=r"already runs on 1 CPU device\(s\)"):
-        train.train_sweep(config, str(tmp_path / "run"), verbose=False)
-    assert not os.path.exists(tmp_path / "run")
-    from jaxillusions import sweep  # noqa: PLC0415
+        validate.check(config)  # the door sets the devices, or refuses
+    # Settings read without the door's check (as a notebook could) are refused by the jobs too.
+    from jaxillusions import settings, sweep  # noqa: PLC0415
 
+    unchecked = settings.from_config(config)
     with pytest.raises(ValueError, match=r"already runs on 1 CPU device\(s\)"):
-        sweep.run(config, str(tmp_path / "run"), verbose=False)
+        train.train_sweep(unchecked, str(tmp_path / "run"), verbose=False)
+    assert not os.path.exists(tmp_path / "run")
+    with pytest.raises(ValueError, match=r"already runs on 1 CPU device\(s\)"):
+        sweep.run(unchecked, str(tmp_path / "run"), verbose=False)
     assert not os.path.exists(tmp_path / "run")
     monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "3")
     with pytest.raises(ValueError, match="JAX_NUM_CPU_DEVICES=3"):
@@ -489,16 +493,16 @@ def test_evaluation_during_training_scores_the_first_training_sentences(config):
     from jaxillusions.step import init_state  # noqa: PLC0415
 
     config.train.eval_train_sentences = 100
-    checked = settings.from_config(config)
-    splits, model_cfg, tx = train.build(checked)
+    parsed = settings.from_config(config)
+    splits, model_cfg, tx = train.build(parsed)
     params = init_state(np.arange(2), model_cfg, tx).params
     some = {"train": splits["train"], "iid": splits["iid"]}
-    capped = evaluation.evaluate_splits([params], 2, some, model_cfg, checked)
+    capped = evaluation.evaluate_splits([params], 2, some, model_cfg, parsed)
     first = tasks.subset(splits["train"], np.arange(100))
     alone = evaluation.evaluate_splits([params], 2, {"train": first, "iid": splits["iid"]},
-                                       model_cfg, checked)
+                                       model_cfg, parsed)
     whole = evaluation.evaluate_splits([params], 2, some, model_cfg, dataclasses.replace(
-        checked, train=dataclasses.replace(checked.train, eval_train_sentences=0)))
+        parsed, train=dataclasses.replace(parsed.train, eval_train_sentences=0)))
     for name in ("train", "iid"):
         for key, value in capped[name].items():
             np.testing.assert_array_equal(value, alone[name][key])

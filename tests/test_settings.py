@@ -3,6 +3,7 @@ every key checked with a one-line error, defaults for keys a config leaves out."
 
 import dataclasses
 import importlib
+import json
 import pkgutil
 import types
 
@@ -74,6 +75,7 @@ def test_the_code_task_has_its_own_data_settings():
 
 def test_check_gives_settings_and_the_cross_checks_need_the_model():
     config = _config("dyck_small")
+    config.cpu_devices = 0  # the test process's devices (conftest.jax_started)
     run, notes = validate.check(config)
     assert isinstance(run, settings.Settings) and notes == []
     config.proxies.targets = ("blocks.5.attn.k",)  # the demo model has 2 layers
@@ -115,12 +117,14 @@ def test_the_launchers_add_every_key_a_config_leaves_out_and_change_no_setting(n
 
 def _command_line(*overrides: str):
     """The launchers' --config flag parsed from `overrides` on configs/dyck_small.py (a flag set
-    of its own, not the process's), as launch.sweep reads it."""
+    of its own, not the process's), as launch.sweep reads it; cpu_devices 0: the test
+    process's devices (conftest.jax_started)."""
     from absl import flags
 
     from launch import common
 
-    argv = ["launch.sweep", "--config=configs/dyck_small.py", *overrides]
+    argv = ["launch.sweep", "--config=configs/dyck_small.py", "--config.cpu_devices=0",
+            *overrides]
     values = flags.FlagValues()
     holder = common.define_config_flag(values, argv)
     values(argv)
@@ -149,3 +153,47 @@ def test_the_dictionary_keys_can_be_overridden_on_the_demo_config():
                                          r"transcoder_sizes .*--config\.proxies\.transcoder_"
                                          r"sizes='\(32,64\)'$"):
         validate.check(config)
+
+
+def test_the_library_takes_settings_and_names_the_door_for_a_config():
+    # Below the door a ConfigDict (or a mapping) is a one-line TypeError before any work,
+    # saying how to get Settings; the Settings of validate.check are taken as they are.
+    from jaxillusions import train
+
+    config = _config("dyck_small")
+    config.cpu_devices = 0  # the test process's devices (conftest.jax_started)
+    calls = {"train.seed_list": lambda c: train.seed_list(c),
+             "train.members": lambda c: train.members(c),
+             "train.model_config": lambda c: train.model_config(c),
+             "train.build": lambda c: train.build(c, splits={}),
+             "train.claim_workdir": lambda c: train.claim_workdir("unused", c, record=False),
+             "train.train_sweep": lambda c: train.train_sweep(c, "unused")}
+    for name, call in calls.items():
+        for wrong in (config, config.to_dict()):
+            with pytest.raises(TypeError) as err:
+                call(wrong)
+            assert str(err.value) == (
+                f"{name} takes Settings, not a {type(wrong).__name__}: call `settings, _ = "
+                "validate.check(config)` first and pass those")
+    run, _ = validate.check(config)
+    assert len(train.seed_list(run)) == run.train.num_seeds
+    assert train.model_config(run).d_model == run.model.d_model
+
+
+def test_a_stored_run_is_read_at_its_own_door(tmp_path):
+    # settings.read_stored: a workdir's config.json (lists for tuples) gives the Settings it
+    # was written from; a missing, garbled or foreign file is one line naming it.
+    run = settings.from_config(_config("dyck_small"))
+    path = tmp_path / "config.json"
+    with pytest.raises(FileNotFoundError, match=f"^{path} not found: is {tmp_path} a "):
+        settings.read_stored(str(tmp_path))
+    path.write_text(json.dumps(run.to_dict()))
+    assert settings.read_stored(str(tmp_path)) == run
+    for text, why in [('{"train": {"lear', "JSONDecodeError: "),
+                      ("[1]", "valid JSON, but a list, not a config"),
+                      ('{"train": {"foo": 1}}', "unknown config key train.foo; allowed in train:")]:
+        path.write_text(text)
+        with pytest.raises(ValueError) as err:
+            settings.read_stored(str(tmp_path))
+        assert str(err.value).startswith(f"{path} is unreadable ({why}"), str(err.value)
+        assert "\n" not in str(err.value)

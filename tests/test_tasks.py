@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 import tolerance as tol
+from conftest import checked
 
 from jaxillusions import dictionaries, sweep, tasks
 
@@ -60,7 +61,7 @@ def test_dyck_results_unchanged_by_the_task_interface_and_by_adding_dictionaries
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(dictionaries, "columns", keep)
-        sweep.run(config, str(tmp_path / "run"), verbose=False)
+        sweep.run(checked(config), str(tmp_path / "run"), verbose=False)
     want, got = _read(FIXTURE), _read(str(tmp_path / "run" / "results.csv"))
     new = [r for r in got if r["method"] in ("sae", "transcoder")]
     got = [r for r in got if r["method"] not in ("sae", "transcoder")]
@@ -117,7 +118,7 @@ def test_unknown_task_is_a_one_line_error():
 
 
 def test_dyck_view_is_the_closing_bracket_positions(config):
-    splits = tasks.get(config).load(config, verbose=False)
+    splits = tasks.get(config).load(checked(config).data, verbose=False)
     view = tasks.get("dyck").view(splits["iid"])
     np.testing.assert_array_equal(view.evaluated, splits["iid"].is_close)
     np.testing.assert_array_equal(view.bins["depth"], splits["iid"].depth)

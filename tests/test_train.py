@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import checked
 
 from jaxillusions import logging as log_lib
 from jaxillusions import objective as objective_lib
@@ -20,21 +21,21 @@ def _leaves(tree):
 
 @pytest.mark.slow
 def test_seeds_trained_together_equal_seeds_trained_alone(config):
-    splits, _, _ = train.build(config)
-    together, _ = train.train_sweep(config, splits=splits, seeds=[3, 7], verbose=False)
+    splits, _, _ = train.build(checked(config))
+    together, _ = train.train_sweep(checked(config), splits=splits, seeds=[3, 7], verbose=False)
     for i, seed in enumerate([3, 7]):
-        alone, _ = train.train_sweep(config, splits=splits, seeds=[seed], verbose=False)
+        alone, _ = train.train_sweep(checked(config), splits=splits, seeds=[seed], verbose=False)
         for a, b in zip(_leaves(together.params), _leaves(alone.params), strict=True):
             np.testing.assert_allclose(a[i], b[0], rtol=1e-5, atol=1e-6)
 
 
 def test_interrupted_then_resumed_run_ends_with_same_parameters(config, tmp_path, capsys):
-    splits, _, _ = train.build(config)
-    straight, _ = train.train_sweep(config, str(tmp_path / "straight"), splits=splits,
+    splits, _, _ = train.build(checked(config))
+    straight, _ = train.train_sweep(checked(config), str(tmp_path / "straight"), splits=splits,
                                     verbose=False)
     workdir = str(tmp_path / "interrupted")
-    train.train_sweep(config, workdir, splits=splits, stop_at_step=10, verbose=False)
-    resumed, _ = train.train_sweep(config, workdir, splits=splits)
+    train.train_sweep(checked(config), workdir, splits=splits, stop_at_step=10, verbose=False)
+    resumed, _ = train.train_sweep(checked(config), workdir, splits=splits)
     assert "resumed from checkpoint at step 10" in capsys.readouterr().out
     assert int(resumed.step[0]) == config.train.num_steps
     for a, b in zip(_leaves(straight), _leaves(resumed), strict=True):
@@ -46,7 +47,7 @@ def test_tiny_config_learns_closing_brackets(config):
     config.train.num_steps = 400
     config.train.learning_rate = 1e-2
     config.train.eval_every = 400
-    _, results = train.train_sweep(config, verbose=False)
+    _, results = train.train_sweep(checked(config), verbose=False)
     # Chance for the closing bracket's type is 1/num_types = 0.25.
     assert np.all(results["iid"]["acc"] > 0.8), results["iid"]["acc"]
     assert np.all(results["train"]["acc"] > 0.8)
@@ -57,7 +58,7 @@ def test_tiny_config_learns_closing_brackets(config):
 
 @pytest.mark.slow
 def test_position_offset_trains_positions_past_the_training_length(config):
-    splits, model_cfg, tx = train.build(config)
+    splits, model_cfg, tx = train.build(checked(config))
     width = splits["train"].tokens.shape[1] - 1  # training inputs: positions 0 .. width - 1
     goal = objective_lib.from_settings(settings.from_config(config))
     assert goal.max_position_offset == model_cfg.max_len - width
@@ -77,12 +78,12 @@ def test_position_offset_trains_positions_past_the_training_length(config):
     assert (without[:width] > 0).all() and (without[width:] == 0).all()
     config.train.max_position_offset = model_cfg.max_len - width + 1
     with pytest.raises(ValueError, match="max_position_offset"):
-        train.build(config, splits)
+        train.build(checked(config), splits)
 
 
 @pytest.mark.slow
 def test_nan_seed_is_isolated_and_flagged(config):
-    splits, model_cfg, tx = train.build(config)
+    splits, model_cfg, tx = train.build(checked(config))
     tokens = jnp.asarray(splits["train"].tokens)
     run = dict(num_steps=5, model_cfg=model_cfg, tx=tx, batch_size=16)
     clean, _ = train_steps(init_state([0, 1, 2], model_cfg, tx), tokens, **run)
@@ -99,7 +100,7 @@ def test_nan_seed_is_isolated_and_flagged(config):
 
 def test_tensorboard_events_read_back(config, tmp_path):
     workdir = str(tmp_path / "run")
-    _, results = train.train_sweep(config, workdir, verbose=False)
+    _, results = train.train_sweep(checked(config), workdir, verbose=False)
     scalars = log_lib.read_scalars(os.path.join(workdir, "tensorboard"))
     assert {"seed_0", "seed_1", "mean", "min", "max"} <= set(scalars)
     steps = [s for s, _ in scalars["seed_0"]["train/loss"]]
@@ -113,29 +114,29 @@ def test_tensorboard_events_read_back(config, tmp_path):
 
 
 def test_workdir_with_a_different_config_is_refused(config, tmp_path):
-    splits, _, _ = train.build(config)
-    train.train_sweep(config, str(tmp_path), splits=splits, stop_at_step=10, verbose=False)
+    splits, _, _ = train.build(checked(config))
+    train.train_sweep(checked(config), str(tmp_path), splits=splits, stop_at_step=10, verbose=False)
     config.model.d_model = 8
     with pytest.raises(ValueError, match="model.d_model: 16 there vs 8 now"):
-        train.train_sweep(config, str(tmp_path), splits=splits, verbose=False)
+        train.train_sweep(checked(config), str(tmp_path), splits=splits, verbose=False)
 
 
 def test_corrupt_checkpoint_falls_back_to_older_and_is_kept(config, tmp_path, capsys):
-    splits, _, _ = train.build(config)
+    splits, _, _ = train.build(checked(config))
     workdir = tmp_path / "run"
-    train.train_sweep(config, str(workdir), splits=splits, verbose=False)
+    train.train_sweep(checked(config), str(workdir), splits=splits, verbose=False)
     steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert steps == [10, 20]
     for f in (workdir / "checkpoints" / "20").rglob("*"):
         if f.is_file():
             f.write_bytes(b"garbage")
     capsys.readouterr()
-    state, _ = train.train_sweep(config, str(workdir), splits=splits)
+    state, _ = train.train_sweep(checked(config), str(workdir), splits=splits)
     out = capsys.readouterr().out
     assert "checkpoint 20" in out and "unreadable" in out
     assert "resumed from checkpoint at step 10" in out
     assert (workdir / "corrupt_checkpoints").exists()
-    straight, _ = train.train_sweep(config, str(tmp_path / "straight"), splits=splits,
+    straight, _ = train.train_sweep(checked(config), str(tmp_path / "straight"), splits=splits,
                                     verbose=False)
     for a, b in zip(_leaves(straight), _leaves(state), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -158,6 +159,6 @@ def test_launcher_bad_input_is_a_one_line_error(override, message, tmp_path, cac
 
 
 def test_splits_share_the_model_max_len(config):
-    splits, model_cfg, _ = train.build(config)
+    splits, model_cfg, _ = train.build(checked(config))
     assert model_cfg.max_len == splits["longer"].tokens.shape[1]
     assert model_cfg.vocab_size == dyck.vocab_size(config.data.num_types)

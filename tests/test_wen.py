@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import checked
 
 from jaxillusions import model as model_lib
 from jaxillusions import objective as objective_lib
@@ -101,10 +102,10 @@ def test_bad_minimal_configs_are_one_line_errors():
 @pytest.mark.slow
 def test_frozen_tables_do_not_move_and_the_rest_trains(config):
     config.model.update(first_layer="minimal", pos_encoding="none", d_model=64, attn_only=True)
-    _, model_cfg, tx = train.build(config)
+    _, model_cfg, tx = train.build(checked(config))
     assert model_lib.frozen_paths(model_cfg) == ("blocks/0/minimal/table",)
     config.model.update(first_layer="standard", embedding="onehot")
-    _, onehot_cfg, onehot_tx = train.build(config)
+    _, onehot_cfg, onehot_tx = train.build(checked(config))
     assert model_lib.frozen_paths(onehot_cfg) == ("embed",)
     np.testing.assert_array_equal(model_lib.init_params(jax.random.PRNGKey(0), onehot_cfg)[
         "embed"], np.eye(onehot_cfg.vocab_size, 64))
@@ -188,9 +189,9 @@ def test_vmapped_lambda_sweep_equals_single_runs(config):
     config.train.contrastive_weights = (0.0, 0.5)
     config.train.loss_on = "closing"
     config.model.update(n_layers=1, attn_only=True)  # small graphs: two compilations
-    splits, model_cfg, tx = train.build(config)
+    splits, model_cfg, tx = train.build(checked(config))
     objective = objective_lib.from_settings(settings.from_config(config))
-    members = train.members(config)
+    members = train.members(checked(config))
     assert list(members.seeds) == [0, 1, 0, 1]
     np.testing.assert_array_equal(members.hparams["contrastive_weight"], [0, 0, 0.5, 0.5])
     tokens = jnp.asarray(splits["train"].tokens)
@@ -210,11 +211,11 @@ def test_vmapped_lambda_sweep_equals_single_runs(config):
 def test_bad_objective_options_are_one_line_errors(config):
     config.train.loss_on = "opening"
     with pytest.raises(ValueError, match="train.loss_on='opening'"):
-        train.build(config)
+        train.build(checked(config))
     config.train.loss_on = "all"
     config.train.contrastive_weights = (0.3, -1.0)
     with pytest.raises(ValueError, match="contrastive_weights"):
-        train.build(config)
+        train.build(checked(config))
 
 
 # ----------------------------------------------------------------------------- measurements
@@ -385,13 +386,13 @@ def test_sweep_runs_the_wen_stage_and_proxies_with_a_lambda_axis(config, tmp_pat
     # The bridge: proxies on the same models, one directory per weight.
     config.proxies.update(methods=("svd",), targets=("blocks.-1.attn.k",),
                           eval_splits=("iid", "unseen_depth"))
-    proxy_rows = sweep.run(config, str(tmp_path), verbose=False)
+    proxy_rows = sweep.run(checked(config), str(tmp_path), verbose=False)
     assert {r["seed"] for r in proxy_rows} == {0, 1, 2}
     for weight in ("0", "0.5"):
         table = pd.read_csv(tmp_path / f"contrastive_weight_{weight}" / "results.csv")
         assert set(table.seed) == {0, 1, 2} and set(table.split) == {"iid", "unseen_depth"}
     # A finished sweep is not redone; its rows are read back from every weight's directory.
-    assert len(sweep.run(config, str(tmp_path), verbose=False)) == len(proxy_rows)
+    assert len(sweep.run(checked(config), str(tmp_path), verbose=False)) == len(proxy_rows)
     rows = pd.read_csv(tmp_path / "wen_results.csv")
     assert list(rows.seed) == [0, 1, 2, 0, 1, 2]
     assert list(rows.contrastive_weight) == [0, 0, 0, 0.5, 0.5, 0.5]

@@ -22,7 +22,6 @@ DataFrame columns (one row per seed, site, method, size, split, breakdown, bin):
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -98,20 +97,6 @@ def read_csv(path: str) -> list[dict]:
     return from_csv_rows(table)
 
 
-def _config(workdir: str):
-    from jaxillusions import settings
-
-    path = os.path.join(workdir, "config.json")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} not found: is {workdir} a jaxillusions workdir?")
-    try:
-        with open(path) as f:
-            return settings.from_config(json.load(f))
-    except (ValueError, TypeError) as err:  # garbage, or JSON that is not a config: name it
-        raise ValueError(f"{path} is unreadable ({type(err).__name__}: "
-                         f"{str(err).splitlines()[0] if str(err) else ''})") from None
-
-
 def load_results(workdir: str, splits: Sequence[str] | None = None) -> pd.DataFrame:
     """results.csv of a workdir as a typed DataFrame (see the module docstring for columns).
 
@@ -128,10 +113,12 @@ def load_results(workdir: str, splits: Sequence[str] | None = None) -> pd.DataFr
     if "acc_proxy" in df:  # a table written before the original model had rows of its own
         df = _with_original_rows(df)
     if splits is None:  # the config of the workdir, or of its parent (contrastive_weight_<w>/)
+        from jaxillusions import settings
+
         here = os.path.dirname(os.path.abspath(path))
         for directory in (here, os.path.dirname(here)):
             try:
-                splits = list(_config(directory).proxies.eval_splits)
+                splits = list(settings.read_stored(directory).proxies.eval_splits)
                 break
             except (FileNotFoundError, AttributeError, KeyError):
                 continue
@@ -216,11 +203,12 @@ def load_run(workdir: str, *, verbose: bool = False) -> Run:
     import jax
 
     from jaxillusions import checkpoint as ckpt_lib
+    from jaxillusions import settings, tasks, train
     from jaxillusions import step as step_lib
-    from jaxillusions import tasks, train
 
-    config = _config(workdir)
-    splits, model_cfg, tx = train.build(config, tasks.get(config).load(config, verbose=verbose))
+    config = settings.read_stored(workdir)
+    splits, model_cfg, tx = train.build(config, tasks.get(config).load(config.data,
+                                                                      verbose=verbose))
     members = train.members(config)
     # The checkpoint's tree has the shapes of a fresh state (no compute: eval_shape).
     target = jax.eval_shape(lambda: step_lib.init_state(members.seeds, model_cfg, tx))

@@ -28,6 +28,7 @@ from jaxillusions import model as model_lib
 from jaxillusions.analysis import figures, tables
 from jaxillusions.analysis import stats as interval_stats
 from jaxillusions.data import dyck, padded_chunks
+from jaxillusions.settings import Wen
 from jaxillusions.tasks import dyck as dyck_task
 
 # ------------------------------------------------------------------------- attention variation
@@ -284,10 +285,9 @@ def enabled(config) -> bool:
     return config.wen.enabled
 
 
-def check_config(config, model_cfg: model_lib.ModelConfig) -> None:
-    """One-line errors for wen settings that cannot work with the model (before training; each
-    key's own range is checked in settings.py)."""
-    wc = config.wen
+def check_config(wc: Wen, model_cfg: model_lib.ModelConfig) -> None:
+    """One-line errors for the wen.* settings `wc` that cannot work with the model (before
+    training; each key's own range is checked in settings.py)."""
     if wc.length_max_len > 0:
         if not wc.length_min_len <= wc.length_max_len:
             raise ValueError(f"wen.length_min_len={wc.length_min_len}: must be in [1, "

@@ -1,7 +1,9 @@
 """Tasks: the testbeds (one module or package each; adding one = adding one module).
 
 `config.task` picks one ("dyck" when the key is absent). Training, proxies, evaluation, statistics
-and reporting are shared and call only what a task module defines:
+and reporting are shared and call only what a task module defines. A hook is handed what it
+reads: `data` is the task's data.* settings (settings.data, an instance of its `Data`), and only
+check_config, which also refuses other sections' options, gets the whole settings.
 
   NAME, SPLITS                 its name and every split it can make ("train" first)
   IN_DISTRIBUTION              its splits drawn from the training distribution (gap baselines,
@@ -15,28 +17,28 @@ and reporting are shared and call only what a task module defines:
                                the erasure proxy erases; proxies.concepts picks among them)
   concepts(split)              -> {name: int32 [N, T]}: each position's class of every concept
                                (< 0 where undefined, e.g. PAD), classes < MAX_CONCEPT_CLASSES
-  train_num_bins(config)       its number of bins (Dyck: depths up to the deepest split)
+  train_num_bins(data)         its number of bins (Dyck: depths up to the deepest split)
   EVALUATED                    what an evaluated position predicts, for messages and axis labels
   WIDTH_KEYS, VOCAB_KEY        the data.* keys that set the splits' widths and the vocabulary
                                size (named by memory.check_config when a size cannot fit)
   Data                         the frozen dataclass of its data.* settings (fields.setting)
   check_config(settings)       the task's combined checks (one-line ValueError) -> notes
   contrastive_loss(...)        (optional) the regularizer of train.contrastive_weights
-  load(config, verbose)        -> {split name: split}, built or read from the cache
+  load(data, verbose)          -> {split name: split}, built or read from the cache
   view(split)                  -> View: the generic per-position arrays of one split
-  model_fields(config, splits) -> keyword arguments of model.ModelConfig the data decides
-                                  (vocab_size, ...); splits None: from the config alone
-  train_width(config), widest_width(config)  tokens per training row and per row of the widest
-                                  split, BOS and EOS included (from the config alone)
-  bounds(config)               {breakdown: largest bin value seen in training, or None}: these
+  model_fields(data, splits)   -> keyword arguments of model.ModelConfig the data decides
+                                  (vocab_size, ...); splits None: from the settings alone
+  train_width(data), widest_width(data)  tokens per training row and per row of the widest
+                                  split, BOS and EOS included (from the settings alone)
+  bounds(data)                 {breakdown: largest bin value seen in training, or None}: these
                                breakdowns get accuracy-by-bin figures (the bound marked)
   bin_labels(breakdown)        names of a breakdown's bins, or None for numbers
-  activation_plots(run, splits, config, shown, pattern_site, key_site)
+  activation_plots(run, splits, data, shown, pattern_site, key_site)
                                -> {name: (function of analysis/figures.py, its arguments)}:
                                   figures of activations (may be empty); run(tokens, site)
                                   gives the site's values for the seeds `shown`
   baselines(splits, names)     -> {split: {metric: value}} of data-only predictors, or {}
-  data_problems(splits, config) (optional) -> one-line problems of the loaded data that make
+  data_problems(splits, data)  (optional) -> one-line problems of the loaded data that make
                                results meaningless (code: an UNK rate above MAX_UNK_RATE)
 
 `check_data` refuses degenerate data before any training (train.build calls it): a split with rows
@@ -102,7 +104,7 @@ def check_data(config, splits: dict) -> None:
     empty split other than train is left to the task (code: other_language without its
     source, which it warns about)."""
     task = get(config)
-    for problem in getattr(task, "data_problems", lambda s, c: [])(splits, config):
+    for problem in getattr(task, "data_problems", lambda s, d: [])(splits, config.data):
         raise ValueError(f"data: {problem}; nothing was trained")
     for split_name, split in splits.items():
         if not len(split.tokens):

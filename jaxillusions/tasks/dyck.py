@@ -61,8 +61,8 @@ def check_config(config) -> list[str]:
     return []
 
 
-def load(config, verbose: bool = True) -> dict[str, dyck.Split]:
-    return dyck.load_or_make(config.data, verbose=verbose)
+def load(data: Data, verbose: bool = True) -> dict[str, dyck.Split]:
+    return dyck.load_or_make(data, verbose=verbose)
 
 
 def view(split: dyck.Split) -> View:
@@ -94,30 +94,30 @@ def concepts(split: dyck.Split) -> dict[str, np.ndarray]:
     return {"depth": depth.astype(np.int32), "bracket": bracket}
 
 
-def model_fields(config, splits=None) -> dict:
-    k = config.data.num_types
+def model_fields(data: Data, splits=None) -> dict:
+    k = data.num_types
     return {"vocab_size": dyck.vocab_size(k),
             "open_ids": tuple(int(dyck.open_id(t, k)) for t in range(k)),
             "close_ids": tuple(int(dyck.close_id(t, k)) for t in range(k)),
-            "max_depth": int(config.data.max_depth), "depth_bins": train_num_bins(config)}
+            "max_depth": int(data.max_depth), "depth_bins": train_num_bins(data)}
 
 
-def train_width(config) -> int:
-    return config.data.max_len + 2  # BOS ... EOS
+def train_width(data: Data) -> int:
+    return data.max_len + 2  # BOS ... EOS
 
 
-def widest_width(config) -> int:
-    return max(config.data.max_len, config.data.longer_max_len) + 2  # BOS ... EOS of `longer`
+def widest_width(data: Data) -> int:
+    return max(data.max_len, data.longer_max_len) + 2  # BOS ... EOS of `longer`
 
 
-def train_num_bins(config) -> int:
+def train_num_bins(data: Data) -> int:
     """Depth bins of the training-time evaluation (and of the minimal first layer)."""
-    return config.data.max_depth + config.data.depth_extra + 1
+    return data.max_depth + data.depth_extra + 1
 
 
-def bounds(config) -> dict[str, int]:
+def bounds(data: Data) -> dict[str, int]:
     # The largest bin seen in training: depth, and the position predicting the last bracket.
-    return {"depth": config.data.max_depth, "position": config.data.max_len - 1}
+    return {"depth": data.max_depth, "position": data.max_len - 1}
 
 
 def bin_labels(breakdown: str) -> None:
@@ -134,7 +134,7 @@ def token_label(token: int, num_types: int) -> str:
                      + str((int(token) - 3) % num_types))
 
 
-def activation_plots(run, splits, config, shown, pattern_site: str, key_site: str,
+def activation_plots(run, splits, data: Data, shown, pattern_site: str, key_site: str,
                      num_sentences: int = 200, key_seeds: int = 3) -> dict:
     """Last-layer attention patterns on one long iid sentence (the seeds `shown`), and the 2-D
     SVD projection of the last layer's keys at training positions of the first `key_seeds` of
@@ -144,7 +144,7 @@ def activation_plots(run, splits, config, shown, pattern_site: str, key_site: st
     iid = splits["iid"]
     sentence = iid.tokens[int(np.argmax(iid.lengths[:100]))][None]  # a long one, for structure
     train_tokens = splits["train"].tokens[:num_sentences]
-    k = config.data.num_types
+    k = data.num_types
     length = int((sentence[0] != 0).sum())
     patterns = run(sentence, pattern_site)[:, 0, 0, :length, :length]  # head 0
     labels = [token_label(t, k) for t in sentence[0, :length]]

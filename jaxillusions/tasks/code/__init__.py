@@ -92,26 +92,27 @@ def check_config(config) -> list[str]:
     return []
 
 
-def load(config, verbose: bool = True) -> Splits:
-    """Every split of SPLITS (one that the corpus cannot give, e.g. other_language without
-    JavaScript files, is an empty split: it has no rows in the results)."""
-    data = _data()
-    made = data.load_or_make(config.data, verbose=verbose)
+def load(data, verbose: bool = True) -> Splits:
+    """Every split of SPLITS from the data.* settings `data` (one that the corpus cannot give,
+    e.g. other_language without JavaScript files, is an empty split: it has no rows in the
+    results)."""
+    code_data = _data()
+    made = code_data.load_or_make(data, verbose=verbose)
     out = Splits()
     for name in SPLITS:
         out[name] = made.splits[name] if name in made.splits else _empty(
-            data.width(config.data, name))
+            code_data.width(data, name))
     out.vocab = made.vocab
     out.unk_rates = dict(made.unk_rates)
     return out
 
 
-def data_problems(splits, config) -> list[str]:
+def data_problems(splits, data) -> list[str]:
     """A split whose UNK rate is above MAX_UNK_RATE (see tasks.check_data)."""
     return [f"split {name} has an UNK rate of {rate:.3f} (characters outside the training "
             f"vocabulary of {splits.vocab.size if splits.vocab else '?'} ids), above "
-            f"{_max_unk(name)}; lower data.min_char_count (now {config.data.min_char_count}) or "
-            f"raise data.max_vocab (now {config.data.max_vocab})"
+            f"{_max_unk(name)}; lower data.min_char_count (now {data.min_char_count}) or "
+            f"raise data.max_vocab (now {data.max_vocab})"
             for name, rate in getattr(splits, "unk_rates", {}).items() if rate > _max_unk(name)]
 
 
@@ -145,34 +146,34 @@ def concepts(split) -> dict[str, np.ndarray]:
     return {"category": split.category.astype(np.int32)}
 
 
-def vocab_size(config, splits=None) -> int:
-    """The vocabulary of the data; from the config alone (validation, before any data), the
-    bound data.max_vocab."""
+def vocab_size(data, splits=None) -> int:
+    """The vocabulary of the data; from the data.* settings `data` alone (validation, before
+    any data), the bound data.max_vocab."""
     if splits is not None:
         vocab = getattr(splits, "vocab", None)
         if vocab is not None:
             return int(vocab.size)
         return 1 + max(int(s.tokens.max(initial=0)) for s in splits.values())
-    return int(config.data.max_vocab)
+    return int(data.max_vocab)
 
 
-def model_fields(config, splits=None) -> dict:
-    return {"vocab_size": vocab_size(config, splits)}
+def model_fields(data, splits=None) -> dict:
+    return {"vocab_size": vocab_size(data, splits)}
 
 
-def train_width(config) -> int:
-    return _data().width(config.data, "train")
+def train_width(data) -> int:
+    return _data().width(data, "train")
 
 
-def widest_width(config) -> int:
-    return max(_data().width(config.data, s) for s in SPLITS)
+def widest_width(data) -> int:
+    return max(_data().width(data, s) for s in SPLITS)
 
 
-def train_num_bins(config) -> int:
+def train_num_bins(data) -> int:
     return len(categories())
 
 
-def bounds(config) -> dict:
+def bounds(data) -> dict:
     return {"bracket_depth": None}  # accuracy by bracket depth, no training bound drawn
 
 
@@ -203,7 +204,7 @@ def baselines(splits, names) -> dict[str, dict[str, float]]:
     return {k: v for k, v in out.items() if v}
 
 
-def activation_plots(run, splits, config, shown, pattern_site: str, key_site: str,
+def activation_plots(run, splits, data, shown, pattern_site: str, key_site: str,
                      max_chars: int = 48) -> dict:
     """Last-layer attention patterns (seeds `shown`) on the first `max_chars` characters of
     the first iid function, characters as labels (see tasks/__init__.py)."""
