@@ -46,7 +46,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import jax
 import numpy as np
@@ -63,12 +62,10 @@ from jaxillusions import (
     model,
     objective,
     probes,
-    settings,
     stages,
     tasks,
     timing,
     train,
-    validate,
 )
 from jaxillusions import logging as log_lib
 from jaxillusions.analysis import board, dictionaries, figures, induction, results, tables
@@ -375,20 +372,21 @@ def _unverified(done: dict, workdir: str) -> str | None:
     return None
 
 
-def run(config: Settings | Any, workdir: str, *, verbose: bool = True,
-        start_over: bool = False, pipeline: Sequence[Stage] = PIPELINE) -> list[dict]:
+def run(config: Settings, workdir: str, *, verbose: bool = True, start_over: bool = False,
+        pipeline: Sequence[Stage] = PIPELINE) -> list[dict]:
     """The whole job, resumable stage by stage (see the module docstring). Returns the rows.
-    `config`: Settings, or an ml-collections ConfigDict, checked and read once here
-    (validate.check: a one-line ValueError before any work). `pipeline`: the stages, in order
-    (PIPELINE; a test or an experiment may add its own).
+    `config`: Settings that passed the door's check, `settings, notes = validate.check(config)`
+    (the launchers call it; it also splits the CPU into config.cpu_devices before JAX starts).
+    `pipeline`: the stages, in order (PIPELINE; a test or an experiment may add its own).
     Ends with one line saying where the time went: seconds per stage, in the pipeline's order,
     and compilations (timing.Breakdown).
 
     With several processes (distributed.initialize) all of them compute, each on its devices'
     seeds, and process 0 alone writes the files; every process returns all rows."""
-    # The CPU's devices first: the checks below start JAX, which fixes them.
-    distributed.use_cpu_devices(settings.from_config(config).cpu_devices)
-    config, _ = validate.check(config)  # the launchers show its notes
+    if not isinstance(config, Settings):
+        raise TypeError(f"sweep.run takes checked Settings, not a {type(config).__name__}: "
+                        "call `settings, notes = validate.check(config)` first")
+    distributed.use_cpu_devices(config.cpu_devices)  # the check's devices, or a one-line error
     with timing.Breakdown() as clock:
         rows = _run(config, workdir, verbose=verbose, start_over=start_over, pipeline=pipeline)
     if clock.seconds and verbose and distributed.is_main():  # not when there was nothing to do

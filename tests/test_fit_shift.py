@@ -68,7 +68,7 @@ def shifted(tmp_path_factory):
     """A finished sweep of _shift_config (read it; copy it to change it)."""
     tmp = tmp_path_factory.mktemp("fit_shift")
     workdir = str(tmp / "run")
-    sweep.run(_shift_config(str(tmp / "cache")), workdir, verbose=False)
+    sweep.run(checked(_shift_config(str(tmp / "cache"))), workdir, verbose=False)
     return workdir
 
 
@@ -91,7 +91,7 @@ def test_extra_fits_leave_results_csv_byte_identical(shifted, tmp_path):
     run of the default proxies.fit_splits=("train",) (which test_tasks compares with the
     fixture)."""
     cache = os.path.join(os.path.dirname(shifted), "cache")
-    sweep.run(regression_config(cache), str(tmp_path / "run"), verbose=False)
+    sweep.run(checked(regression_config(cache)), str(tmp_path / "run"), verbose=False)
     with open(os.path.join(shifted, "results.csv"), "rb") as a, \
             open(tmp_path / "run" / "results.csv", "rb") as b:
         assert a.read() == b.read()

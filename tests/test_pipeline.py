@@ -8,7 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import tiny_sweep_config
+from conftest import checked, tiny_sweep_config
 
 from jaxillusions import stages, sweep
 
@@ -55,13 +55,13 @@ def test_a_toy_stage_runs_resumes_from_its_stage_file_and_is_timed(tiny_sweep, t
     config = tiny_sweep_config(cache_dir)
 
     with pytest.raises(RuntimeError, match="stops once"):
-        sweep.run(config, workdir, pipeline=pipeline)
+        sweep.run(checked(config), workdir, pipeline=pipeline)
     assert calls == {"count": 1, "group": 1}
     assert open(os.path.join(workdir, "toy.txt")).read() == "2\n"
     assert os.path.isfile(stages.stage_file(workdir, "toy"))
     capsys.readouterr()
 
-    sweep.run(config, workdir, pipeline=pipeline)  # resumes: toy from its stage file
+    sweep.run(checked(config), workdir, pipeline=pipeline)  # resumes: toy from its stage file
     out = capsys.readouterr().out
     assert calls == {"count": 1, "group": 2}
     assert "toy: done before (stage file proxies/stage_toy.json)" in out
@@ -72,7 +72,7 @@ def test_a_toy_stage_runs_resumes_from_its_stage_file_and_is_timed(tiny_sweep, t
 
     # A key of the toy stage changes: it runs again, its earlier output kept under superseded/.
     config.proxies.svd_ranks = (1, 2)
-    sweep.run(config, workdir, verbose=False, pipeline=pipeline)
+    sweep.run(checked(config), workdir, verbose=False, pipeline=pipeline)
     assert calls["count"] == 2
     moved = [f for _, _, files in os.walk(os.path.join(workdir, "superseded")) for f in files]
     assert "toy.txt" in moved and "stage_toy.json" in moved
