@@ -635,7 +635,7 @@ def figure_jobs(rows, config: Settings, gaps=(), which: str = "all") -> list[tup
                          (rows, method, splits, breakdown, labels)))
     if which == "summary":
         return jobs
-    bounds = task.bounds(config)  # the largest bin seen in training, per breakdown
+    bounds = task.bounds(config.data)  # the largest bin seen in training, per breakdown
     if "position" in bounds:  # position offsets (train.max_position_offset) train later ones
         bounds["position"] += objective.from_settings(config).max_position_offset
     breakdowns = [b for b in bounds if any(r["breakdown"] == b for r in rows)]
@@ -684,7 +684,7 @@ def activation_jobs(params, splits, model_cfg, config: Settings, seeds, healthy=
             return model.forward(p, tokens, model_cfg, cache=(site,))[1][site]
         return np.asarray(jax.jit(jax.vmap(one))(jax.tree.map(lambda x: x[index], params)))
 
-    plots = tasks.get(config.task).activation_plots(run, splits, config, shown, pattern_site,
+    plots = tasks.get(config.task).activation_plots(run, splits, config.data, shown, pattern_site,
                                                     key_site)
     if which == "summary":
         first: dict[str, str] = {}  # figure function -> the first figure drawn with it

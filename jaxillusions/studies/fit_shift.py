@@ -349,7 +349,7 @@ def check_config(config) -> None:
     if REFERENCE not in names or len(set(names)) != len(names):
         raise ValueError(f"proxies.fit_splits={names}: must list {REFERENCE!r} (the reference "
                          "of every paired comparison) and each split once")
-    cap, width = config.proxies.fit_sentences, task.widest_width(config)
+    cap, width = config.proxies.fit_sentences, task.widest_width(config.data)
     for method in [m for m in pc.methods if m in SAMPLE_BOUNDED] if cap else ():
         # A fit on `cap` sentences sees at most cap * width positions (vectors to cluster).
         largest = max(getattr(pc, proxies.sizes_key(proxies.get(method))))
