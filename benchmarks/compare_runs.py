@@ -15,7 +15,7 @@ import argparse
 import numpy as np
 import pandas as pd
 
-from jaxillusions.analysis import load_results, stats
+from jaxillusions.report import load_results, stats
 
 
 def _table(workdir: str) -> pd.DataFrame:

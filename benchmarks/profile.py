@@ -24,9 +24,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import suite
-from jaxillusions import objective as objective_lib
-from jaxillusions import settings, train, validate
-from jaxillusions.step import init_state, train_steps
+from jaxillusions.config import settings
+from jaxillusions.pipeline import validate
+from jaxillusions.training import objective as objective_lib
+from jaxillusions.training import train
+from jaxillusions.training.step import init_state, train_steps
 
 
 def _fusion_kinds(hlo: str) -> dict[str, tuple[str, str]]:

@@ -13,7 +13,7 @@ import numpy as np
 
 from benchmarks.training import times
 from jaxillusions.proxies import kmeans, sae
-from jaxillusions.step import init_state
+from jaxillusions.training.step import init_state
 
 
 def _blobs(num_seeds: int, num_points: int, dim: int, num_blobs: int = 32) -> np.ndarray:
@@ -161,7 +161,10 @@ def bench_fit_and_evaluate(config, num_seeds: int, repeats: int = 3,
     seeds and ranks in one call each (what the sweep does), on the `iid` split; in seeds x ranks
     per second. The models are untrained (throughput does not depend on the weights); the fit
     streams the first `fit_sentences` training sentences (the sweep streams all of them)."""
-    from jaxillusions import faithfulness, settings, tasks, timing, train  # noqa: PLC0415
+    from jaxillusions import faithfulness, tasks  # noqa: PLC0415
+    from jaxillusions.config import settings  # noqa: PLC0415
+    from jaxillusions.runtime import timing  # noqa: PLC0415
+    from jaxillusions.training import train  # noqa: PLC0415
 
     config = settings.require(config, "benchmarks.proxies.bench_fit_and_evaluate")
     splits, model_cfg, tx = train.build(config)

@@ -12,8 +12,10 @@ import time
 import jax
 
 from benchmarks import proxies, reference, training
-from jaxillusions import objective as objective_lib
-from jaxillusions import settings, timing, train
+from jaxillusions.config import settings
+from jaxillusions.runtime import timing
+from jaxillusions.training import objective as objective_lib
+from jaxillusions.training import train
 
 
 def load_config(path: str | None, compute_dtype: str | None = None):

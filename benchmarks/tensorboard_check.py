@@ -9,7 +9,7 @@ Playwright, saves landing.png, scalars.png, hparams.png, hparams_metrics.png (th
 to its metric columns) and text.png under --out, prints what it read from the pages as JSON
 (also written to --out/check.json) and checks:
 
-- landing page and SCALARS: the first card group is analysis/board.py's HEADLINE;
+- landing page and SCALARS: the first card group is report/board.py's HEADLINE;
 - landing page: each Headline card drawn shows its point unsmoothed (the data table's Smoothed
   equals its Value) at the training step the report names;
 - HPARAMS: the metric columns shown by default are the first metrics the logs list, in that
@@ -40,8 +40,8 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-from jaxillusions.analysis import board
-from jaxillusions.logging import read_scalars
+from jaxillusions.report import board
+from jaxillusions.runtime.tensorboard import read_scalars
 
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
 

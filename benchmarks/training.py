@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import reference
-from jaxillusions import distributed
-from jaxillusions import objective as objective_lib
-from jaxillusions.step import init_state, place_on_devices, train_steps
+from jaxillusions.runtime import distributed
+from jaxillusions.training import objective as objective_lib
+from jaxillusions.training.step import init_state, place_on_devices, train_steps
 
 
 def times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:

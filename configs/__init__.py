@@ -4,9 +4,9 @@ values differ (tests/test_config_files.py fails on a key set to the value it alr
 
 from ml_collections import ConfigDict
 
-from jaxillusions import settings
+from jaxillusions.config import settings
 
 
 def defaults(task: str) -> ConfigDict:
-    """Every settings key of `task` at its default (jaxillusions/settings.py), in its section."""
+    """Every settings key of `task` at its default (config/settings.py), in its section."""
     return ConfigDict(settings.defaults(task))

@@ -32,7 +32,7 @@ took 60 min (3,599 s; 0.6 steps/s for the 8 seeds), fitting the proxies 2.6 min 
 the 3 SVD families 8.7 min (the k-means and attention families were fitted, their evaluation
 stopped for time), so the 40-minute budget of issue 24 was not met on the shared machine.
 Accuracy on `iid` (mean [min, max] over the 8 seeds) and the induction test
-(`jaxillusions.analysis.induction`, L = 48, chance score 0.014, batch 64) on the checkpoints:
+(`jaxillusions.studies.induction`, L = 48, chance score 0.014, batch 64) on the checkpoints:
 
 | step | iid accuracy | best-head score | loss drop (nats) | seeds with a head |
 |---|---|---|---|---|

@@ -24,7 +24,7 @@ from configs import defaults
 
 
 def get_config() -> ConfigDict:
-    # Every key at its default (jaxillusions/settings.py; data.*: jaxillusions/tasks/code/
+    # Every key at its default (config/settings.py; data.*: jaxillusions/tasks/code_completion/
     # splits.py, every key in splits.DATA_DOCS); the lines below set what the demo changes.
     config = defaults("code")
 
@@ -59,7 +59,7 @@ def get_config() -> ConfigDict:
     config.proxies.collect_batch_size = 128
     config.proxies.eval_batch_size = 64
 
-    # Induction heads after training (jaxillusions/analysis/induction.py): a random sequence of
+    # Induction heads after training (jaxillusions/studies/induction.py): a random sequence of
     # induction.length characters repeated once (0: half the vocabulary's characters),
     # induction.batch of them.
     config.induction.enabled = True

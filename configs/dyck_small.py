@@ -35,7 +35,7 @@ from configs import defaults
 
 
 def get_config() -> ConfigDict:
-    # Every key at its default (jaxillusions/settings.py, tabled in docs/configs.md); the lines
+    # Every key at its default (config/settings.py, tabled in docs/configs.md); the lines
     # below set what the demo changes. Data: Dyck-(8, 6) with generalization splits
     # (docs/friedman_dyck.md, "The Dyck task"); model: 2 layers, 1 head, d_model 32.
     config = defaults("dyck")

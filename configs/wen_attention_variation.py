@@ -61,7 +61,7 @@ def get_config(arg: str = "minimal") -> ConfigDict:
     config.train.eval_every = 1000
     config.train.checkpoint_every = 500
 
-    # Wen et al. measurements (jaxillusions/experiments/wen.py), written as wen_*.csv and
+    # Wen et al. measurements (jaxillusions/studies/wen.py), written as wen_*.csv and
     # wen_summary.txt; the other wen.* keys at their defaults.
     config.wen.enabled = True
     config.wen.label = arg

@@ -54,7 +54,7 @@ def _checked(args) -> tuple[list[int], object]:
             sys.exit(f"error: --{name}={value}: must be >= {low}")
     if os.path.isdir(args.out):
         sys.exit(f"error: --out={args.out} is a directory; give the JSON file to write")
-    from jaxillusions import validate  # noqa: PLC0415
+    from jaxillusions.pipeline import validate  # noqa: PLC0415
 
     try:
         config = suite.load_config(args.config, args.compute_dtype)
@@ -65,7 +65,7 @@ def _checked(args) -> tuple[list[int], object]:
         for note in notes:
             print(note)
     except Exception as err:  # noqa: BLE001 - a missing or bad config file is one line
-        from jaxillusions import checkpoint  # noqa: PLC0415
+        from jaxillusions.runtime import checkpoint  # noqa: PLC0415
 
         sys.exit(f"error: config {args.config or 'benchmarks/reference.py'}: "
                  f"{checkpoint.error_line(err)}")
@@ -111,7 +111,7 @@ def main() -> None:
     parser.add_argument("--debug", action="store_true", help="tracebacks instead of one line")
     args = parser.parse_args()
     seeds, config = _checked(args)
-    from jaxillusions import checkpoint  # noqa: PLC0415
+    from jaxillusions.runtime import checkpoint  # noqa: PLC0415
 
     def save(report: dict) -> None:  # after every row: a stopped run keeps what it measured
         checkpoint.write_atomic(args.out, json.dumps({**report, "args": vars(args)}, indent=2))

@@ -28,12 +28,13 @@ from ml_collections import ConfigDict, config_flags
 
 
 def with_defaults(config: ConfigDict) -> ConfigDict:
-    """`config` with every key of jaxillusions/settings.py that it leaves out added at its
+    """`config` with every key of jaxillusions/config/settings.py that it leaves out added at its
     default (settings.defaults of its task), so that `--config.<key>=` can override any key,
     whatever the file states. It changes no setting: a key a config leaves out takes that same
     default in validate.check. Keys the config sets keep their values and types; a bad task or
     a section that is not a ConfigDict is left for validate to name."""
-    from jaxillusions import settings, tasks  # noqa: PLC0415 - JAX only once a config loads
+    from jaxillusions import tasks  # noqa: PLC0415 - JAX only once a config loads
+    from jaxillusions.config import settings  # noqa: PLC0415 - JAX only once a config loads
 
     task = config.get("task", "dyck")
     if not isinstance(task, str) or task not in tasks.TASKS:
@@ -197,7 +198,7 @@ def use_compilation_cache() -> str | None:
     writes. Returns the directory, or None when the cache is off."""
     import jax  # noqa: PLC0415
 
-    from jaxillusions.data import cache  # noqa: PLC0415
+    from jaxillusions.runtime import cache  # noqa: PLC0415
 
     if not jax.config.jax_enable_compilation_cache:
         return None
@@ -263,7 +264,12 @@ def guard(job: Callable[..., None], workdir: str, configs: Sequence) -> None:
     the configs are read here, once, and the job gets Settings only) and taking the workdir
     lock, with SIGTERM/SIGINT caught (the job saves and exits 143/130); every error becomes one
     line on stderr."""
-    from jaxillusions import checkpoint, distributed, interrupt, validate  # noqa: PLC0415
+    from jaxillusions.pipeline import validate  # noqa: PLC0415
+    from jaxillusions.runtime import (
+        checkpoint,  # noqa: PLC0415
+        distributed,  # noqa: PLC0415
+        interrupt,  # noqa: PLC0415
+    )
 
     if not DEBUG.value:
         _quiet_background_errors(workdir)

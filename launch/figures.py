@@ -27,7 +27,7 @@ def read_settings(workdir: str):
         sys.exit(f"error: {workdir} is not a directory ({USAGE})")
     if not os.path.isfile(os.path.join(workdir, "config.json")):
         sys.exit(f"error: {workdir} is not the workdir of a run: it has no config.json ({USAGE})")
-    from jaxillusions import settings  # noqa: PLC0415 - JAX loads only for a workdir of a run
+    from jaxillusions.config import settings  # noqa: PLC0415 - JAX loads only for a workdir of a run
 
     try:
         return settings.read_stored(workdir)
@@ -47,7 +47,7 @@ def main() -> None:
     stored = read_settings(workdir)
 
     def job(settings) -> None:
-        from jaxillusions import sweep  # noqa: PLC0415 - after the checks above: JAX is slow
+        from jaxillusions.pipeline import sweep  # noqa: PLC0415 - after the checks above: JAX is slow
 
         start = time.perf_counter()
         drawn = sweep.complete_figures(settings, workdir)

@@ -3,8 +3,8 @@
     python -m launch.sweep --config=configs/dyck_small.py --workdir=runs/dyck_small
 """
 
-from jaxillusions import sweep
-from jaxillusions.settings import Settings
+from jaxillusions.config.settings import Settings
+from jaxillusions.pipeline import sweep
 from launch import common
 
 

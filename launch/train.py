@@ -5,10 +5,11 @@
 
 import numpy as np
 
-from jaxillusions import distributed, train
-from jaxillusions import logging as log_lib
-from jaxillusions.analysis import board
-from jaxillusions.settings import Settings
+from jaxillusions.config.settings import Settings
+from jaxillusions.report import board
+from jaxillusions.runtime import distributed
+from jaxillusions.runtime import tensorboard as log_lib
+from jaxillusions.training import train
 from launch import common
 
 

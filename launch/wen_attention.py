@@ -14,9 +14,10 @@ import sys
 from absl import flags
 
 from configs import wen_attention_variation
-from jaxillusions import distributed, sweep
-from jaxillusions.analysis import figures, tables
-from jaxillusions.experiments import wen
+from jaxillusions.pipeline import sweep
+from jaxillusions.report import figures, tables
+from jaxillusions.runtime import distributed
+from jaxillusions.studies import wen
 from launch import common
 
 VARIANTS = flags.DEFINE_list("variants", list(wen_attention_variation.VARIANTS),

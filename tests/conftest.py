@@ -42,7 +42,7 @@ def tiny_config(cache_dir: str = ""):
 def checked(config):
     """The Settings of a test's ConfigDict, read and checked once at the door as the launchers
     and a notebook do (validate.check); the library takes Settings only."""
-    from jaxillusions import validate
+    from jaxillusions.pipeline import validate
 
     return validate.check(config)[0]
 
@@ -95,7 +95,7 @@ def tiny_sweep_config(cache_dir: str = ""):
 def tiny_sweep(tmp_path_factory, cache_dir) -> str:
     """The workdir of a finished main job (sweep.run) of tiny_sweep_config, shared by the whole
     session: tables, figures, TensorBoard and checkpoints. Read it; copy it to change it."""
-    from jaxillusions import sweep
+    from jaxillusions.pipeline import sweep
 
     workdir = str(tmp_path_factory.mktemp("tiny_sweep") / "run")
     sweep.run(checked(tiny_sweep_config(cache_dir)), workdir, verbose=False)
@@ -108,7 +108,7 @@ def sae_sweep(tmp_path_factory, cache_dir) -> str:
     (widths 4, 8) on the last layer's keys, two heads (d_head 8), on iid and unseen_depth, the
     seed-match analysis on the first seed; shared by test_dictionaries and test_export. Read it;
     copy it to change it."""
-    from jaxillusions import sweep
+    from jaxillusions.pipeline import sweep
 
     config = tiny_sweep_config(cache_dir)
     config.model.n_heads = 2
@@ -139,7 +139,7 @@ def planted_dictionary(n: int = 4096, f: int = 16, num_dirs: int = 32, k: int = 
 def trained_tiny(config):
     """(config, splits, model_cfg, params) of a 100-step sweep of a tiny config (the
     ConfigDict, which a test may change and check again)."""
-    from jaxillusions import train
+    from jaxillusions.training import train
 
     config.train.num_steps = 100
     config.train.eval_every = 100

@@ -10,17 +10,14 @@ import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
+import jaxillusions
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "jaxillusions"
 
-# Lower layers never import higher ones (launch -> sweep -> train / proxies / analysis / ... ->
-# model / data / tasks). A module not named here sits in the middle layer.
-LAYERS = {
-    "top": ("jaxillusions.sweep", "jaxillusions.validate", "jaxillusions.export"),
-    "bottom": ("jaxillusions.fields", "jaxillusions.model", "jaxillusions.data",
-               "jaxillusions.tasks", "jaxillusions.metrics", "jaxillusions.distributed",
-               "jaxillusions.interrupt", "jaxillusions.timing"),
-}
+# The folders are the layers (jaxillusions.LAYERS, lowest first): a module imports only from its
+# own layer or lower ones; launch/, outside the package, sits above them all.
+LAYERS = jaxillusions.LAYERS
 
 
 def _module(path: pathlib.Path) -> str:
@@ -71,17 +68,26 @@ def _edges() -> set[tuple[str, str]]:
 
 
 def _layer(module: str) -> int:
-    for rank, layer in ((2, "top"), (0, "bottom")):
-        if any(module == m or module.startswith(m + ".") for m in LAYERS[layer]):
-            return rank
-    return 1
+    """The rank of a module's layer: its longest matching prefix in LAYERS (the package's own
+    __init__, which holds LAYERS and no code, is at the bottom)."""
+    if module == "jaxillusions":
+        return 0
+    best, rank = -1, None
+    for r, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            full = f"jaxillusions.{prefix}"
+            if (module == full or module.startswith(full + ".")) and len(full) > best:
+                best, rank = len(full), r
+    assert rank is not None, f"{module} is in no folder of jaxillusions.LAYERS"
+    return rank
 
 
 def test_the_graph_sees_imports_inside_functions():
     # The check can fail: a lazy import inside a function is an edge of the graph.
     edges = _edges()
-    assert ("jaxillusions.sweep", "jaxillusions.experiments.wen") in edges
-    assert ("jaxillusions.tasks.code", "jaxillusions.tasks.code.splits") in edges  # lazy
+    assert ("jaxillusions.pipeline.sweep", "jaxillusions.studies.wen") in edges
+    assert ("jaxillusions.tasks.code_completion",
+            "jaxillusions.tasks.code_completion.splits") in edges  # lazy
 
 
 def _cycles(edges: set[tuple[str, str]]) -> list[list[str]]:
@@ -111,12 +117,37 @@ def test_imports_run_one_way_between_layers():
     assert not upward, f"a lower layer imports a higher one: {upward}"
 
 
+def test_the_layer_check_sees_an_upward_import():
+    # The check can fail: a study above the report, the runtime below everything.
+    assert _layer("jaxillusions.runtime.stages") < _layer("jaxillusions.studies.wen")
+    assert _layer("jaxillusions.config.fields") < _layer("jaxillusions.tasks.dyck")
+    assert _layer("jaxillusions.config.settings") > _layer("jaxillusions.tasks.dyck")
+    assert _layer("jaxillusions.report.tables") < _layer("jaxillusions.studies.fit_shift")
+
+
+def test_every_module_is_in_a_layer_folder_and_no_name_twice():
+    """The package's top holds folders only, each a layer; no module or folder name is taken
+    twice or by the standard library (jaxillusions/logging.py once shadowed `logging`, the code
+    task's package `code`)."""
+    import sys
+
+    modules = [m for m in _modules() if m != "jaxillusions"]
+    assert all(_layer(m) >= 0 for m in modules)
+    names = [p.stem for p in PACKAGE.rglob("*.py") if p.stem != "__init__"]
+    names += [p.name for p in PACKAGE.rglob("*") if p.is_dir() and p.name != "__pycache__"]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    assert not twice, f"module or folder names taken twice: {twice}"
+    assert not set(names) & sys.stdlib_module_names, set(names) & sys.stdlib_module_names
+    assert not [p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py"]
+
+
 # The doors: the only functions of the package that read a config (settings.from_config). A
 # config becomes Settings in validate.check (the launchers, and a notebook, once per run) and a
 # stored run's config.json in settings.read_stored; every other function takes Settings or a
 # section of them. No module of the package names ml_collections or its ConfigDict at all: the
 # doors read any mapping (a ConfigDict through its to_dict).
-DOORS = {("jaxillusions.validate", "check"), ("jaxillusions.settings", "read_stored")}
+DOORS = {("jaxillusions.pipeline.validate", "check"),
+         ("jaxillusions.config.settings", "read_stored")}
 CONFIG_NAMES = {"from_config", "ConfigDict", "FrozenConfigDict", "ml_collections"}
 
 
@@ -148,19 +179,19 @@ def test_the_config_check_finds_planted_uses():
     # The check can fail: each way a config could flow below the doors is found, and a door
     # is allowed only its own function.
     planted = ("import ml_collections\nfrom ml_collections import config_dict\n"
-               "from jaxillusions.settings import from_config\n"
+               "from jaxillusions.config.settings import from_config\n"
                "def f(c):\n    return settings.from_config(c)\n"
                "def g(c):\n    read = settings.from_config\n    return isinstance(c, ConfigDict)\n"
                "def check(c):\n    return settings.from_config(c)\n")
-    assert _config_uses("jaxillusions.train", planted) == [
-        "jaxillusions.train:1 <module>: ml_collections",
-        "jaxillusions.train:2 <module>: ml_collections",
-        "jaxillusions.train:3 <module>: from_config",
-        "jaxillusions.train:5 f: from_config",
-        "jaxillusions.train:7 g: from_config",
-        "jaxillusions.train:8 g: ConfigDict",
-        "jaxillusions.train:10 check: from_config"]
-    assert _config_uses("jaxillusions.validate", planted)[-1].endswith("g: ConfigDict")
+    assert _config_uses("jaxillusions.training.train", planted) == [
+        "jaxillusions.training.train:1 <module>: ml_collections",
+        "jaxillusions.training.train:2 <module>: ml_collections",
+        "jaxillusions.training.train:3 <module>: from_config",
+        "jaxillusions.training.train:5 f: from_config",
+        "jaxillusions.training.train:7 g: from_config",
+        "jaxillusions.training.train:8 g: ConfigDict",
+        "jaxillusions.training.train:10 check: from_config"]
+    assert _config_uses("jaxillusions.pipeline.validate", planted)[-1].endswith("g: ConfigDict")
 
 
 def test_settings_are_read_only_at_the_doors():

@@ -16,7 +16,9 @@ from conftest import checked, tiny_config_file
 
 from benchmarks import reference, suite
 from jaxillusions import model as model_lib
-from jaxillusions import settings, train, validate
+from jaxillusions.config import settings
+from jaxillusions.pipeline import validate
+from jaxillusions.training import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

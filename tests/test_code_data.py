@@ -10,8 +10,8 @@ import warnings
 import numpy as np
 import pytest
 
-from jaxillusions.tasks.code import corpus, lexer, splits
-from jaxillusions.tasks.code.lexer import CATEGORIES
+from jaxillusions.tasks.code_completion import corpus, lexer, splits
+from jaxillusions.tasks.code_completion.lexer import CATEGORIES
 
 C = {name: i for i, name in enumerate(CATEGORIES)}
 

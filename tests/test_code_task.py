@@ -1,4 +1,4 @@
-"""The code-completion task's wiring (jaxillusions/tasks/code/__init__.py): its view of a split,
+"""The code-completion task's wiring (tasks/code_completion/__init__.py): its view of a split,
 the unigram baseline, its config checks, and an end-to-end tiny sweep on a corpus of Python and
 JavaScript files written by the test."""
 
@@ -16,10 +16,13 @@ import pytest
 from conftest import checked
 from ml_collections import ConfigDict
 
-from jaxillusions import faithfulness, stages, sweep, tasks, validate
-from jaxillusions.analysis import induction, load_results, tables
-from jaxillusions.tasks import code as code_task
-from jaxillusions.tasks.code import splits as code_data
+from jaxillusions import faithfulness, tasks
+from jaxillusions.pipeline import sweep, validate
+from jaxillusions.report import load_results, tables
+from jaxillusions.runtime import stages
+from jaxillusions.studies import induction
+from jaxillusions.tasks import code_completion as code_task
+from jaxillusions.tasks.code_completion import splits as code_data
 
 CATS = code_data.CATEGORIES
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -279,7 +282,7 @@ def test_sweep_probes_induction_heads_once_and_again_when_its_settings_change(co
     and loss drop, identifier_repeat vs identifier_first accuracy, TensorBoard scalars and a
     headline line; a relaunch keeps the stage, a changed induction.* setting on a finished sweep
     recomputes only the probe (the earlier CSVs go to superseded/, the proxy stages are kept)."""
-    from jaxillusions.logging import read_scalars  # noqa: PLC0415
+    from jaxillusions.runtime.tensorboard import read_scalars  # noqa: PLC0415
 
     config, workdir = copy.deepcopy(code_sweep[0]), str(tmp_path / "run")
     shutil.copytree(code_sweep[1], workdir)

@@ -12,7 +12,7 @@ import pathlib
 import pytest
 
 import configs
-from jaxillusions import settings
+from jaxillusions.config import settings
 
 FILES = sorted(p for p in pathlib.Path(configs.__file__).parent.glob("*.py")
                if p.name != "__init__.py")

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from ml_collections import ConfigDict
 
 import configs
-from jaxillusions import memory, train, validate
+from jaxillusions.pipeline import validate
+from jaxillusions.training import memory, train
 
 NAMES = sorted(info.name for info in pkgutil.iter_modules(configs.__path__))
 # A case still running after this long has hung (validation alone takes about 0.003-0.07 s on

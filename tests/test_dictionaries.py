@@ -1,4 +1,4 @@
-"""Sparse dictionaries against low-rank proxies across seeds (analysis/dictionaries.py): equal
+"""Sparse dictionaries against low-rank proxies across seeds (studies/dictionaries.py): equal
 in-distribution faithfulness, quality as a predictor of the gap, and seed dependence."""
 
 import math
@@ -10,8 +10,9 @@ import pandas as pd
 import pytest
 from conftest import planted_dictionary
 
-from jaxillusions import settings as run_settings
-from jaxillusions.analysis import dictionaries, load_results, stats
+from jaxillusions.config import settings as run_settings
+from jaxillusions.report import load_results, stats
+from jaxillusions.studies import dictionaries
 from jaxillusions.tasks import dyck
 
 
@@ -198,7 +199,7 @@ def test_a_sweep_with_sae_writes_the_dictionary_tables(tiny_sweep, sae_sweep):
 
 
 def test_dictionary_match_seeds_is_a_validated_analysis_key(config):
-    from jaxillusions import validate
+    from jaxillusions.pipeline import validate
 
     config.proxies.dictionary_match_seeds = -1
     with pytest.raises(ValueError, match=r"proxies.dictionary_match_seeds=-1.*>= 0"):
@@ -227,7 +228,8 @@ def test_results_tables_are_those_the_rows_allow():
 
 
 # ---------------------------------------------------------------------------------------------
-# Ratio metrics only where defined (jaxillusions/dictionaries.py, faithfulness.JSD_MIN_POSITIONS)
+# Ratio metrics only where defined (faithfulness/dictionary_metrics.py,
+# faithfulness.JSD_MIN_POSITIONS)
 
 SPLITS = ("iid", "unseen_depth", "longer")
 
@@ -261,7 +263,7 @@ def _hand_built_sums():
 
 
 def _hand_built_rows():
-    from jaxillusions import dictionaries as metrics
+    from jaxillusions.faithfulness import dictionary_metrics as metrics
 
     spec = type("Spec", (), {"sites": ("x",)})()
     seed, size = _hand_built_sums()
@@ -281,7 +283,7 @@ def test_a_negative_or_tiny_zero_ablation_denominator_leaves_the_cell_empty(tmp_
     """ce_score = (CE_zero - CE_proxy) / (CE_zero - CE_original) with a negative or
     rounding-sized denominator (and fvu of a constant site): the cell is empty in results.csv,
     gap_table.txt says why, and gaps.csv has no row built from it."""
-    from jaxillusions.analysis import results, tables
+    from jaxillusions.report import results, tables
 
     rows = _hand_built_rows()
     cell = {(r["seed"], r["split"]): r for r in rows}
@@ -334,7 +336,7 @@ def test_jsd_quantiles_need_a_position_beyond_them():
     """faithfulness._jsd_quantiles: p95 from 20 positions of a split, p99 from 100 (n (1 - q)
     >= 1); below, the cell is NaN and the report names the rule."""
     from jaxillusions import faithfulness
-    from jaxillusions.analysis import tables
+    from jaxillusions.report import tables
 
     assert faithfulness.JSD_MIN_POSITIONS == {"jsd_p95": 20, "jsd_p99": 100}
     for name, n in faithfulness.JSD_MIN_POSITIONS.items():  # the report's reason says so

@@ -122,7 +122,7 @@ def _module_source(module: str) -> str:
 
 def _unknown_overrides(module: str, args: str) -> list[str]:
     """`--config.<key>=` overrides of a command whose key the command's config does not have."""
-    from jaxillusions import settings
+    from jaxillusions.config import settings
 
     keys = re.findall(r"--config\.([\w.]+)=", args)
     if not keys:
@@ -167,9 +167,11 @@ def test_the_project_cites_nothing_outside_itself():
 
 
 def test_the_config_reference_is_the_settings_code():
-    # docs/configs.md's key tables are `python -m jaxillusions.settings`: a key, default or rule
-    # changed in jaxillusions/settings.py (or a task's Data) without the page fails here.
-    from jaxillusions import settings, tasks
+    # docs/configs.md's key tables are `python -m jaxillusions.config.settings`: a key, default
+    # or rule
+    # changed in jaxillusions/config/settings.py (or a task's Data) without the page fails here.
+    from jaxillusions import tasks
+    from jaxillusions.config import settings
 
     page = _page(ROOT / "docs" / "configs.md")
     for table in [settings.reference()] + [settings.reference(t) for t in tasks.TASKS]:

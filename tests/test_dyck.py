@@ -8,7 +8,8 @@ import pytest
 import scipy.stats
 from ml_collections import ConfigDict
 
-from jaxillusions.data import cache, dyck
+from jaxillusions.runtime import cache
+from jaxillusions.tasks import dyck_sentences as dyck
 
 BASE = dict(num_types=3, max_depth=3, num_train=3000, num_eval=200, min_len=2, max_len=16,
             longer_max_len=28, depth_extra=2, seed=0, cache_dir="")

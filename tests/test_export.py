@@ -7,8 +7,9 @@ import pytest
 import tolerance as tol
 from conftest import checked
 
-from jaxillusions import model, tasks, train
-from jaxillusions.analysis import load_run
+from jaxillusions import model, tasks
+from jaxillusions.report import load_run
+from jaxillusions.training import train
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,7 @@ def _compare(tl_model, params, cfg, tokens):
     each within float32 rounding (`_within`; the widest matmul: the MLP's or the vocabulary)."""
     import torch
 
-    from jaxillusions import export
+    from jaxillusions.report import export
 
     major = export.tl_major()
     assert type(tl_model).__name__ == {3: "HookedTransformer", 4: "TransformerBridge"}[major]
@@ -97,7 +98,7 @@ def _compare(tl_model, params, cfg, tokens):
 
 def test_export_matches_the_jax_forward(workdir):
     pytest.importorskip("transformer_lens")
-    from jaxillusions import export
+    from jaxillusions.report import export
 
     path, _ = workdir
     run = load_run(path)
@@ -115,7 +116,7 @@ def test_export_matches_the_jax_forward(workdir):
                                      dict(pos_encoding="rotary", n_heads=2, rotary_base=100)])
 def test_export_every_position_encoding(options):
     pytest.importorskip("transformer_lens")
-    from jaxillusions import export
+    from jaxillusions.report import export
 
     cfg = dataclasses.replace(model.ModelConfig(vocab_size=11, max_len=12, d_model=16, d_mlp=32),
                               **options)
@@ -135,7 +136,7 @@ def test_export_every_position_encoding(options):
 
 
 def test_site_names_both_ways_and_refusals():
-    from jaxillusions import export
+    from jaxillusions.report import export
 
     for major in (3, 4):  # HookedTransformer's names: 4.x keeps them as aliases
         assert export.tl_name("blocks.1.attn.out", major) == "blocks.1.hook_attn_out"
@@ -197,7 +198,7 @@ def _saelens_files(path):
 
     from safetensors.numpy import load_file
 
-    from jaxillusions import export
+    from jaxillusions.report import export
 
     assert sorted(os.listdir(path)) == sorted([export.SAELENS_WEIGHTS, export.SAELENS_CONFIG])
     with open(os.path.join(path, export.SAELENS_CONFIG)) as f:
@@ -223,8 +224,8 @@ def test_sae_to_saelens_files_reconstruct_like_sae_apply(tmp_path):
     """Always runs (SAELens cannot be installed beside TransformerLens 4): the written weights
     and cfg.json, read directly and run with SAELens's TopK semantics, equal sae.apply."""
     pytest.importorskip("safetensors")
-    from jaxillusions import export
     from jaxillusions.proxies import sae
+    from jaxillusions.report import export
 
     x = jax.random.normal(jax.random.PRNGKey(0), (512, 6)) * jnp.arange(1.0, 7.0) + 0.5
     stats = {"x": x, "valid": jnp.arange(512) < 500}
@@ -283,8 +284,8 @@ def _site_values(workdir, seed, site, head):
 @pytest.mark.slow
 def test_saelens_from_workdir(sae_sweep, tmp_path):
     pytest.importorskip("safetensors")
-    from jaxillusions import export
     from jaxillusions.proxies import sae
+    from jaxillusions.report import export
 
     site, seed, head = "blocks.1.attn.k", 1, 1  # the tiny config's seeds are 0 and 1
     params = export.sae_params(sae_sweep, seed, site, 8, head=head)
@@ -319,8 +320,8 @@ def test_saelens_loads_and_reconstructs(sae_sweep, tmp_path):
     sae_lens = pytest.importorskip("sae_lens")
     import torch
 
-    from jaxillusions import export
     from jaxillusions.proxies import sae
+    from jaxillusions.report import export
 
     site, seed, head = "blocks.1.attn.k", 1, 1
     params = export.sae_params(sae_sweep, seed, site, 8, head=head)

@@ -11,10 +11,13 @@ from conftest import checked
 from tensorboard.backend.event_processing import event_accumulator as ea
 
 from jaxillusions import faithfulness as F
-from jaxillusions import logging as log_lib
-from jaxillusions import metrics, proxies, sweep, timing
-from jaxillusions.analysis import board, results, tables
+from jaxillusions import proxies
+from jaxillusions.faithfulness import metrics
 from jaxillusions.model import forward
+from jaxillusions.pipeline import sweep
+from jaxillusions.report import board, results, tables
+from jaxillusions.runtime import tensorboard as log_lib
+from jaxillusions.runtime import timing
 
 
 @pytest.fixture(scope="module")
@@ -328,7 +331,8 @@ def test_prefix_sharing_gives_the_rows_of_whole_passes_for_every_proxy_method(tr
     per-position values from entropies of up to log2 V bits, a prediction flips only at a
     near-tie (counted below), and the dictionary metrics within a few ulps of their sums."""
     from jaxillusions import model as model_lib
-    from jaxillusions import settings, tasks
+    from jaxillusions import tasks
+    from jaxillusions.config import settings
 
     config, splits, model_cfg, params = trained
     config = settings.from_config(config)

@@ -9,8 +9,9 @@ import pytest
 from conftest import checked, tiny_sweep_config
 from test_logging import _gaps, _rows
 
-from jaxillusions import settings, sweep
-from jaxillusions.analysis import figures
+from jaxillusions.config import settings
+from jaxillusions.pipeline import sweep
+from jaxillusions.report import figures
 
 SPLITS = ("iid", "unseen_depth", "longer")
 

@@ -1,5 +1,5 @@
-"""Proxies fitted on other splits (jaxillusions/fit_shift.py) and the reports on them
-(analysis/fit_shift.py): the halves, the fits, the table, the decomposition, the settings."""
+"""Proxies fitted on other splits (jaxillusions/studies/fit_shift.py) and the reports on them
+(studies/fit_shift.py): the halves, the fits, the table, the decomposition, the settings."""
 
 import math
 import os
@@ -15,11 +15,13 @@ from hypothesis import strategies as st
 from ml_collections import ConfigDict
 from test_tasks import FIXTURE, _read, regression_config
 
-from jaxillusions import faithfulness, fit_shift, sweep, tasks
+from jaxillusions import faithfulness, tasks
 from jaxillusions import model as model_lib
-from jaxillusions import settings as run_settings
-from jaxillusions.analysis import fit_shift as report
-from jaxillusions.analysis import results, tables
+from jaxillusions.config import settings as run_settings
+from jaxillusions.pipeline import sweep
+from jaxillusions.report import results, tables
+from jaxillusions.studies import fit_shift
+from jaxillusions.studies import fit_shift as report
 
 FITS = ("train", "unseen_depth", "longer")
 

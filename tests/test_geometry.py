@@ -1,4 +1,4 @@
-"""Why proxies fail: subspace geometry, Procrustes repair and their stage (analysis/geometry.py,
+"""Why proxies fail: subspace geometry, Procrustes repair and their stage (studies/geometry.py,
 geometry_stage.py)."""
 
 import csv
@@ -11,9 +11,9 @@ import pytest
 import scipy.linalg
 from conftest import checked
 
-from jaxillusions import fit_shift, sweep, validate
-from jaxillusions.analysis import geometry
+from jaxillusions.pipeline import sweep, validate
 from jaxillusions.proxies import svd
+from jaxillusions.studies import fit_shift, geometry
 
 F, R = 8, 3  # feature size; rank of the planted subspaces
 TRAIN_VAR = np.array([9.0, 4.0, 1.0])

@@ -1,4 +1,4 @@
-"""The induction measure (analysis/induction.py) on hand-built models whose answer is known."""
+"""The induction measure (studies/induction.py) on hand-built models whose answer is known."""
 
 import math
 
@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from jaxillusions import model
-from jaxillusions.analysis import induction, load_results, results, tables
-from jaxillusions.logging import SweepWriter, read_scalars
-from jaxillusions.tasks.code import lexer
+from jaxillusions.report import load_results, results, tables
+from jaxillusions.runtime.tensorboard import SweepWriter, read_scalars
+from jaxillusions.studies import induction
+from jaxillusions.tasks.code_completion import lexer
 
 V, L, BOS = 12, 8, 1  # vocab, repeat length, BOS token (tokens 0..2 are special)
 SPECIAL = (0, 1, 2)

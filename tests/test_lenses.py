@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 from conftest import checked
 
-from jaxillusions import faithfulness, probes, sweep, tasks
+from jaxillusions import faithfulness, tasks
 from jaxillusions import model as model_lib
+from jaxillusions.pipeline import sweep
 from jaxillusions.proxies import erasure, logit_lens, tuned_lens
+from jaxillusions.studies import probes
 
 EPS = float(np.finfo(np.float32).eps)
 
@@ -225,7 +227,7 @@ def test_lens_targets_must_be_residual_sites():
 
 
 def test_dyck_concepts_match_a_stack(config):
-    from jaxillusions.data import dyck
+    from jaxillusions.tasks import dyck_sentences as dyck
 
     split = tasks.get("dyck").load(checked(config).data, verbose=False)["unseen_depth"]
     labels = tasks.concept_labels(tasks.get("dyck"), split, ("depth", "bracket"))
@@ -307,7 +309,7 @@ def test_a_tiny_sweep_with_lenses_erasure_and_probes(tiny_sweep, tmp_path, cache
     ({"methods": ("logit_lens",)}, "must be one residual-stream site"),  # proxies.targets: k
 ])
 def test_bad_lens_probe_and_erasure_settings_are_one_line_errors(config, keys, message):
-    from jaxillusions import validate
+    from jaxillusions.pipeline import validate
 
     for key, value in keys.items():
         setattr(config.proxies, key, value)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator as ea
 
-from jaxillusions.logging import SweepWriter, flatten_config, read_scalars
+from jaxillusions.runtime.tensorboard import SweepWriter, flatten_config, read_scalars
 
 NAN = float("nan")
 
@@ -176,7 +176,7 @@ def test_many_seeds_few_open_files(tmp_path):
 def test_import_is_light_and_tensorflow_free(tmp_path):
     code = f"""
 import sys
-import jaxillusions.logging as L
+import jaxillusions.runtime.tensorboard as L
 assert not any(m.startswith(("tensorboard", "matplotlib", "PIL")) for m in sys.modules)
 with L.SweepWriter({str(tmp_path)!r}, [0, 1]) as w:
     w.scalars(0, {{"x": [1.0, 2.0]}})
@@ -189,7 +189,7 @@ assert "tensorflow" not in sys.modules
 
 
 # ---------------------------------------------------------------------------------------------
-# The main job's TensorBoard reports (analysis/board.py), on synthetic result rows.
+# The main job's TensorBoard reports (report/board.py), on synthetic result rows.
 
 
 def _rows(seeds=(0, 1, 2), splits=("iid", "unseen_depth", "longer")):
@@ -213,7 +213,7 @@ def _rows(seeds=(0, 1, 2), splits=("iid", "unseen_depth", "longer")):
 
 
 def _gaps(rows):
-    """Gap rows with the columns of analysis/stats.py (values: per-seed mean differences)."""
+    """Gap rows with the columns of report/stats.py (values: per-seed mean differences)."""
     out = []
     keys = {(r["site"], r["method"], r["size"], r["split"]) for r in rows if r["split"] != "iid"}
     for site, method, size, split in sorted(keys):
@@ -232,7 +232,7 @@ def _gaps(rows):
 
 def _board_config(splits=("iid", "seen_structure", "unseen_depth", "longer", "iid_with_train")):
     from configs import dyck_small
-    from jaxillusions import settings
+    from jaxillusions.config import settings
 
     config = dyck_small.get_config()
     config.proxies.eval_splits = splits
@@ -244,7 +244,7 @@ def test_board_headline_is_one_true_point_per_card_and_names_the_headline_proxie
     """The Headline cards: per proxy of gap_table.txt's headline (same order, same sizes) and
     OOD split, one point (gaps.csv's mean) at the final training step, in run split/<split>,
     and no card has a second run: nothing for smoothing or outlier clipping to move."""
-    from jaxillusions.analysis import board
+    from jaxillusions.report import board
 
     splits = ("iid", "seen_structure", "unseen_depth", "longer", "iid_with_train")
     rows, config = _rows(splits=splits), _board_config(splits)
@@ -287,13 +287,13 @@ def test_board_headline_is_one_true_point_per_card_and_names_the_headline_proxie
 
 
 def tables_report(rows, splits):
-    from jaxillusions.analysis import tables
+    from jaxillusions.report import tables
 
     return tables.statistics_report(rows, list(splits), in_distribution=("iid", "iid_with_train"))
 
 
 def test_board_text_report_and_scalar_descriptions(tmp_path, caplog):
-    from jaxillusions.analysis import board
+    from jaxillusions.report import board
 
     text = "SUMMARY, 3 seeds.\nproxy  a\n\n====\nall the tables"
     with SweepWriter(str(tmp_path), seeds=[0]) as w:
@@ -323,7 +323,7 @@ def test_board_hparams_one_session_per_seed_and_few_tags(tmp_path):
     from tensorboard.plugins import base_plugin
 
     from jaxillusions import model
-    from jaxillusions.analysis import board
+    from jaxillusions.report import board
 
     splits = ("iid", "unseen_depth", "longer", "iid_with_train")
     config = _board_config(splits)
@@ -393,7 +393,7 @@ def test_board_hparams_gaps_use_the_configured_baseline(tmp_path):
     """With proxies.gap_baseline = "longer", HPARAMS gaps are same_pred on longer minus the
     split's, as in gaps.csv, and there is no gap of the baseline to itself."""
     from configs import dyck_small
-    from jaxillusions.analysis import board
+    from jaxillusions.report import board
 
     config = dyck_small.get_config()
     config.proxies.eval_splits = ("iid", "unseen_depth", "longer")
@@ -411,7 +411,7 @@ def test_board_hparams_gaps_use_the_configured_baseline(tmp_path):
 def test_board_hparams_sessions_for_sweep_members(tmp_path):
     """Members of a contrastive-weight sweep: one session each, told apart by the weight."""
     from configs import dyck_small
-    from jaxillusions.analysis import board
+    from jaxillusions.report import board
 
     config = dyck_small.get_config()
     config.proxies.eval_splits = ("iid",)
@@ -440,7 +440,7 @@ def test_tensorboard_in_a_browser_shows_the_headline_first(tmp_path):
     pytest.importorskip("playwright")
     from benchmarks import tensorboard_check
     from jaxillusions import model
-    from jaxillusions.analysis import board
+    from jaxillusions.report import board
 
     chromium = tensorboard_check.find_chromium()
     if chromium is None:

@@ -2,7 +2,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxillusions import metrics
+from jaxillusions.faithfulness import metrics
 
 # Jitted once: eager mode compiles every small op separately, which dominates test time.
 jsd, jsd_probs = jax.jit(metrics.jsd), jax.jit(metrics.jsd_probs)

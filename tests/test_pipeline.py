@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from conftest import checked, tiny_sweep_config
 
-from jaxillusions import stages, sweep
+from jaxillusions.pipeline import sweep
+from jaxillusions.runtime import stages
 
 
 def test_pipeline_order_and_timing_names_come_from_the_tuple():

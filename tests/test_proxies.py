@@ -281,7 +281,9 @@ def test_a_new_proxy_is_one_file(tmp_path, monkeypatch):
     specs built and its figures labelled, with no other change."""
     from conftest import checked, tiny_config
 
-    from jaxillusions import faithfulness, train, validate
+    from jaxillusions import faithfulness
+    from jaxillusions.pipeline import validate
+    from jaxillusions.training import train
 
     (tmp_path / "scaled.py").write_text(_NEW_PROXY)
     monkeypatch.setattr(proxies, "__path__", [*proxies.__path__, str(tmp_path)])

@@ -14,8 +14,12 @@ import pytest
 import tolerance as tol
 from conftest import checked, tiny_config
 
-from jaxillusions import checkpoint, dictionaries, faithfulness, memory, sweep, train, validate
-from jaxillusions.step import init_state
+from jaxillusions import faithfulness
+from jaxillusions.faithfulness import dictionary_metrics as dictionaries
+from jaxillusions.pipeline import sweep, validate
+from jaxillusions.runtime import checkpoint
+from jaxillusions.training import memory, train
+from jaxillusions.training.step import init_state
 
 NUM_SEEDS = 3  # not a multiple of the chunk of 2: the last chunk is padded
 SEEDS = [7, 8, 9]

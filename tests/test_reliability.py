@@ -24,17 +24,12 @@ import numpy as np
 import pytest
 from conftest import checked, tiny_config, tiny_config_file
 
-from jaxillusions import (
-    checkpoint,
-    faithfulness,
-    interrupt,
-    settings,
-    stages,
-    sweep,
-    train,
-    validate,
-)
-from jaxillusions import logging as log_lib
+from jaxillusions import faithfulness
+from jaxillusions.config import settings
+from jaxillusions.pipeline import sweep, validate
+from jaxillusions.runtime import checkpoint, interrupt, stages
+from jaxillusions.runtime import tensorboard as log_lib
+from jaxillusions.training import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -334,7 +329,7 @@ def test_shipped_configs_validate(monkeypatch):
     import pkgutil
 
     import configs
-    from jaxillusions import memory
+    from jaxillusions.training import memory
 
     check = memory.check_config
     for info in pkgutil.iter_modules(configs.__path__):
@@ -351,7 +346,7 @@ def test_shipped_configs_validate(monkeypatch):
 
 def test_more_cpu_devices_than_cores_is_a_one_line_warning(monkeypatch):
     # Was: cpu_devices=1000 on a 2-core machine accepted without a word, training 400x slower.
-    from jaxillusions import distributed
+    from jaxillusions.runtime import distributed
 
     jax.devices()  # JAX has started: use_cpu_devices can no longer change this process
     monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from test_logging import _rows
 
-from jaxillusions.analysis import figures, stats, tables
+from jaxillusions.report import figures, stats, tables
 from jaxillusions.tasks import dyck
 
 SPLITS = ["iid", "unseen_depth", "longer", "iid_with_train"]
@@ -112,7 +112,7 @@ def _sites_rows():
 def test_panel_order_and_split_colours_are_the_same_in_every_figure():
     from matplotlib.colors import to_hex
 
-    from jaxillusions.analysis import figures
+    from jaxillusions.report import figures
 
     splits = ("iid", "iid_with_train", "unseen_depth", "longer")
     rows = _sites_rows()
@@ -146,9 +146,9 @@ def test_tensorboard_headline_reproduces_gaps_from_results_csv(tmp_path):
     from tensorboard.backend.event_processing import event_accumulator
 
     from configs import dyck_small
-    from jaxillusions import settings
-    from jaxillusions.analysis import board, results
-    from jaxillusions.logging import SweepWriter, read_scalars
+    from jaxillusions.config import settings
+    from jaxillusions.report import board, results
+    from jaxillusions.runtime.tensorboard import SweepWriter, read_scalars
 
     splits = ("iid", "unseen_depth", "longer")
     config = dyck_small.get_config()

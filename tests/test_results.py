@@ -4,7 +4,7 @@ import os
 import numpy as np
 import pytest
 
-from jaxillusions.analysis import results
+from jaxillusions.report import results
 
 pd = pytest.importorskip("pandas")
 

@@ -1,5 +1,5 @@
 """Sparse dictionary proxies: the TopK SAE (proxies/sae.py) and the dictionary metrics
-(proxies/_dictionary.py)."""
+(proxies/_sparse_coding.py)."""
 
 import dataclasses
 
@@ -13,8 +13,8 @@ from scipy.optimize import linear_sum_assignment
 from scipy.special import log_softmax
 
 from jaxillusions import proxies
-from jaxillusions import settings as run_settings
-from jaxillusions.proxies import _dictionary as dictionary
+from jaxillusions.config import settings as run_settings
+from jaxillusions.proxies import _sparse_coding as dictionary
 from jaxillusions.proxies import sae
 
 
@@ -175,7 +175,7 @@ def test_fit_rejects_bad_options_before_any_work(sizes, options, message, monkey
 
 def test_validate_runs_the_checks(config):
     """A config that asks for the sae proxy gets the sizes rule and check() through validate."""
-    from jaxillusions import validate
+    from jaxillusions.pipeline import validate
 
     with config.unlocked():
         config.proxies.methods = ("sae",)
@@ -191,7 +191,8 @@ def test_validate_runs_the_checks(config):
 
 def test_sae_is_available_but_never_enabled_by_default(config):
     """Adding the file adds a method; configs that do not name it fit nothing new."""
-    from jaxillusions import faithfulness, train
+    from jaxillusions import faithfulness
+    from jaxillusions.training import train
 
     assert "sae" in proxies.available() and proxies.get("sae") is sae
     assert "sae" not in config.proxies.methods
@@ -372,7 +373,8 @@ def _dictionary_config(config):
 ])
 def test_every_bad_dictionary_option_is_a_one_line_error_before_any_work(
         config, tmp_path, settings, message, monkeypatch):
-    from jaxillusions import sweep, train
+    from jaxillusions.pipeline import sweep
+    from jaxillusions.training import train
 
     monkeypatch.setattr(train, "train_sweep", lambda *a, **k: pytest.fail("work started"))
     config = _dictionary_config(config)
@@ -387,7 +389,7 @@ def test_every_bad_dictionary_option_is_a_one_line_error_before_any_work(
 
 
 def test_a_dictionary_method_without_its_sizes_is_a_one_line_error(config):
-    from jaxillusions import validate
+    from jaxillusions.pipeline import validate
 
     config = _dictionary_config(config)
     del config.proxies["transcoder_sizes"]
@@ -440,11 +442,12 @@ def test_engine_fits_and_scores_dictionaries(trained):
     "Equal" within float32 rounding estimated from the terms (tests/tolerance.py): activations
     through the model's matmuls (d_mlp = 32 terms at most), fvu and the scores from their sums
     and conditioning; latent counts exactly."""
-    from jaxillusions import dictionaries as engine_metrics
     from jaxillusions import faithfulness as F
     from jaxillusions import model as model_lib
-    from jaxillusions import tasks, timing
+    from jaxillusions import tasks
+    from jaxillusions.faithfulness import dictionary_metrics as engine_metrics
     from jaxillusions.proxies import transcoder
+    from jaxillusions.runtime import timing
 
     config, splits, model_cfg, params = trained
     width = model_cfg.d_mlp  # the widest matmul on the way to any site compared here

@@ -20,8 +20,11 @@ import numpy as np
 import pytest
 from conftest import checked, tiny_config, tiny_config_file
 
-from jaxillusions import checkpoint, distributed, evaluation, faithfulness, train, validate
+from jaxillusions import faithfulness
 from jaxillusions import model as model_lib
+from jaxillusions.pipeline import validate
+from jaxillusions.runtime import checkpoint, distributed
+from jaxillusions.training import evaluation, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_SEEDS = 6  # not a multiple of 4 devices: 2 padding seeds
@@ -305,7 +308,7 @@ def test_seed_chunk_size_is_a_checked_training_key(config, tmp_path):
 
 
 def test_memory_estimate_suggests_a_chunk_size_that_fits():
-    from jaxillusions import memory  # noqa: PLC0415
+    from jaxillusions.training import memory  # noqa: PLC0415
 
     mib = 2**20
     est = memory.Estimate(step_bytes=10 * 1024 * mib, fixed_bytes=32 * mib, seeds_per_device=64,
@@ -327,8 +330,8 @@ def test_chunked_evaluation_equals_one_call(config):
     # padded) against one call for all 5. Each seed's numbers come from its own forward pass,
     # but XLA:CPU blocks the float32 sums differently for 2 seeds than for 5 (the logits
     # differ in their last bits), so the loss agrees within float32 rounding, derived below.
-    from jaxillusions import settings  # noqa: PLC0415
-    from jaxillusions.step import init_state  # noqa: PLC0415
+    from jaxillusions.config import settings  # noqa: PLC0415
+    from jaxillusions.training.step import init_state  # noqa: PLC0415
 
     config.train.eval_batch_size = 16  # several sentence batches per split
     parsed = settings.from_config(config)
@@ -368,7 +371,8 @@ def test_chunked_evaluation_equals_one_call(config):
 def test_memory_plan_admits_configs_code_on_one_80gb_gpu_and_not_on_8gb():
     # The plan from the config alone, against a given machine: no GPU needed.
     from configs import code  # noqa: PLC0415
-    from jaxillusions import memory, settings  # noqa: PLC0415
+    from jaxillusions.config import settings  # noqa: PLC0415
+    from jaxillusions.training import memory  # noqa: PLC0415
 
     gib = 2**30
     parsed = settings.from_config(code.get_config())
@@ -471,7 +475,8 @@ def test_cpu_devices_after_jax_started_must_match(config, tmp_path, monkeypatch)
     with pytest.raises(ValueError, match=r"already runs on 1 CPU device\(s\)"):
         validate.check(config)  # the door sets the devices, or refuses
     # Settings read without the door's check (as a notebook could) are refused by the jobs too.
-    from jaxillusions import settings, sweep  # noqa: PLC0415
+    from jaxillusions.config import settings  # noqa: PLC0415
+    from jaxillusions.pipeline import sweep  # noqa: PLC0415
 
     unchecked = settings.from_config(config)
     with pytest.raises(ValueError, match=r"already runs on 1 CPU device\(s\)"):
@@ -489,8 +494,9 @@ def test_evaluation_during_training_scores_the_first_training_sentences(config):
     """train.eval_train_sentences = N: the evaluations during training score the training
     split's first N sentences (the same numbers as evaluating that subset), the other splits
     whole; 0 scores all of them."""
-    from jaxillusions import settings, tasks  # noqa: PLC0415
-    from jaxillusions.step import init_state  # noqa: PLC0415
+    from jaxillusions import tasks  # noqa: PLC0415
+    from jaxillusions.config import settings  # noqa: PLC0415
+    from jaxillusions.training.step import init_state  # noqa: PLC0415
 
     config.train.eval_train_sentences = 100
     parsed = settings.from_config(config)

@@ -1,4 +1,4 @@
-"""Settings are parsed once: a config becomes frozen, typed dataclasses (jaxillusions/settings.py),
+"""Settings are parsed once: a config becomes frozen, typed dataclasses (config/settings.py),
 every key checked with a one-line error, defaults for keys a config leaves out."""
 
 import dataclasses
@@ -11,7 +11,9 @@ import pytest
 from ml_collections import ConfigDict
 
 import configs
-from jaxillusions import settings, tasks, validate
+from jaxillusions import tasks
+from jaxillusions.config import settings
+from jaxillusions.pipeline import validate
 
 NAMES = sorted(info.name for info in pkgutil.iter_modules(configs.__path__))
 
@@ -158,7 +160,7 @@ def test_the_dictionary_keys_can_be_overridden_on_the_demo_config():
 def test_the_library_takes_settings_and_names_the_door_for_a_config():
     # Below the door a ConfigDict (or a mapping) is a one-line TypeError before any work,
     # saying how to get Settings; the Settings of validate.check are taken as they are.
-    from jaxillusions import train
+    from jaxillusions.training import train
 
     config = _config("dyck_small")
     config.cpu_devices = 0  # the test process's devices (conftest.jax_started)

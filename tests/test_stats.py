@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from jaxillusions.analysis import stats, tables
+from jaxillusions.report import stats, tables
 
 
 def row(seed, split, *, site="blocks.1.attn.k", method="svd", size=2, breakdown="all", **values):

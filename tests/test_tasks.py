@@ -10,7 +10,9 @@ import pytest
 import tolerance as tol
 from conftest import checked
 
-from jaxillusions import dictionaries, sweep, tasks
+from jaxillusions import tasks
+from jaxillusions.faithfulness import dictionary_metrics as dictionaries
+from jaxillusions.pipeline import sweep
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "data", "dyck_regression_results.csv")
 

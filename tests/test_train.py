@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 from conftest import checked
 
-from jaxillusions import logging as log_lib
-from jaxillusions import objective as objective_lib
-from jaxillusions import settings, train
-from jaxillusions.data import dyck
-from jaxillusions.step import init_state, train_steps
+from jaxillusions.config import settings
+from jaxillusions.runtime import tensorboard as log_lib
+from jaxillusions.tasks import dyck_sentences as dyck
+from jaxillusions.training import objective as objective_lib
+from jaxillusions.training import train
+from jaxillusions.training.step import init_state, train_steps
 
 
 def _leaves(tree):

@@ -10,12 +10,13 @@ import pytest
 from conftest import checked
 
 from jaxillusions import model as model_lib
-from jaxillusions import objective as objective_lib
-from jaxillusions import settings, train
-from jaxillusions.data import dyck
-from jaxillusions.experiments import wen
-from jaxillusions.step import init_state, train_steps
+from jaxillusions.config import settings
+from jaxillusions.studies import wen
 from jaxillusions.tasks import dyck as dyck_task
+from jaxillusions.tasks import dyck_sentences as dyck
+from jaxillusions.training import objective as objective_lib
+from jaxillusions.training import train
+from jaxillusions.training.step import init_state, train_steps
 
 K, D = 2, 4  # Dyck-(2, 4)
 OPEN = tuple(dyck.open_id(t, K) for t in range(K))
@@ -375,7 +376,7 @@ def test_sweep_runs_the_wen_stage_and_proxies_with_a_lambda_axis(config, tmp_pat
     import pandas as pd
 
     from configs import wen_attention_variation
-    from jaxillusions import sweep
+    from jaxillusions.pipeline import sweep
 
     config.wen = wen_attention_variation.get_config().wen
     config.wen.length_min_len, config.wen.length_max_len = 17, 40

@@ -61,7 +61,7 @@ def two_ways(error):
 
 
 def score_tolerances(n, ce_original, ce_zero, ce_proxy, kl_zero, kl_proxy) -> dict:
-    """Between two computations of ce_score and kl_score (proxies/_dictionary.py) from these
+    """Between two computations of ce_score and kl_score (proxies/_sparse_coding.py) from these
     means over n scored positions: each mean within `mean_error` of terms computed from
     log-probabilities of the size of the loss (a CE term: log-softmax of the target; a KL(p || q)
     term from log p and log q, whose p-weighted sizes are H(p) and H(p) + KL, H(p) about the

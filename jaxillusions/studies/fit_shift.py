@@ -1,7 +1,7 @@
 """Fit proxies on other splits than `train` (proxies.fit_splits) and evaluate them everywhere.
 
 A proxy fitted on the training split loses faithfulness out of distribution. Fitting a proxy
-of the same size on the OOD split itself separates the two causes (analysis/fit_shift.py):
+of the same size on the OOD split itself separates the two causes (studies/fit_shift.py):
 the part of the gap that refitting removes is tied to the fit distribution, the part that
 remains is beyond what a proxy of that size can do.
 
@@ -68,8 +68,9 @@ import jax
 import numpy as np
 from flax import serialization
 
-from jaxillusions import faithfulness, proxies, stages, tasks, timing
-from jaxillusions.analysis import figures, stats, tables
+from jaxillusions import faithfulness, proxies, tasks
+from jaxillusions.report import figures, stats, tables
+from jaxillusions.runtime import stages, timing
 
 REFERENCE = "train"
 
@@ -303,7 +304,7 @@ def write_reports(rows: Sequence[dict], config, workdir: str, say=print) -> None
     say(f"fit x evaluate: {workdir}/fit_x_eval.csv, {workdir}/gap_decomposition.csv")
 
 
-_STREAM = zlib.crc32(b"jaxillusions.fit_shift.halves")  # names the halves' random stream
+_STREAM = zlib.crc32(b"jaxillusions.studies.fit_shift.halves")  # names the halves' random stream
 
 
 SAMPLE_BOUNDED = ("kmeans",)  # proxies whose sizes may not exceed the vectors fitted on
@@ -464,6 +465,6 @@ def _check(settings, model_cfg) -> None:
 
 
 # The main job's stage (sweep.PIPELINE): per weight group, after the proxies; the report stage
-# writes its tables (analysis/fit_shift.py).
+# writes its tables (studies/fit_shift.py).
 STAGE = stages.Stage("fit_shift", run, enabled=enabled, check=_check, keys=("proxies.*",),
                      outputs=REPORTS)

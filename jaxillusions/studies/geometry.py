@@ -1,4 +1,4 @@
-"""The sweep's geometry and repair stage (analysis/geometry.py), run after the proxy evaluation
+"""The sweep's geometry and repair stage (studies/geometry.py), run after the proxy evaluation
 when proxies.geometry is true or proxies.repair_sentences is not empty.
 
     run(params, healthy, seeds, splits, model_cfg, shared, fit_stamps, rows, config, workdir,
@@ -55,8 +55,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
-from jaxillusions import dictionaries, distributed, faithfulness, fit_shift, stages, tasks
-from jaxillusions.analysis import figures, stats, tables
+from jaxillusions import faithfulness, tasks
+from jaxillusions.faithfulness import dictionary_metrics as dictionaries
+from jaxillusions.report import figures, stats, tables
+from jaxillusions.runtime import distributed, stages
+from jaxillusions.studies import fit_shift
 
 _HI = jax.lax.Precision.HIGHEST
 
@@ -197,7 +200,7 @@ def repaired(train: dict, ood: dict, *, sizes: tuple[int, ...], center: bool) ->
 
 def geometry_rows(values: dict, seeds: Sequence[int], healthy, site: str, method: str,
                   splits: Sequence[str], ranks: Sequence[int]) -> list[dict]:
-    """csv rows from `geometry`'s output for one site and method (healthy seeds)."""
+    """geometry.csv rows from `geometry`'s output for one site and method (healthy seeds)."""
     out = []
     a = {q: np.asarray(values[q], np.float64) for q in QUANTITIES}
     for s, seed in enumerate(seeds):
@@ -312,7 +315,7 @@ def repair_figure(table: Sequence[dict], method: str, splits: Sequence[str],
     """The share of the gap closed against M (log2 axis), one panel per (target, rank) whose
     train-fitted gap is real on some split, one colour per split (figures.split_style), refit
     solid and rotate dashed, 95% t intervals over seeds. Returns the matplotlib Figure."""
-    from jaxillusions.analysis import figures  # noqa: PLC0415 - matplotlib only for figures
+    from jaxillusions.report import figures  # noqa: PLC0415 - matplotlib only for figures
 
     table = [t for t in table if t["method"] == method and t["metric"] == metric]
     real = stats.RESOLUTION.get(metric, 0.0)
@@ -368,7 +371,7 @@ def enabled(config) -> bool:
 def run(ctx: stages.Context) -> stages.Context:
     """The stage (module docstring), on a weight group's context: its parameters and the proxy
     stage's results (`shared`: the FittedProxy list, `fit_stamps` their stage stamps, `rows`
-    the evaluation rows). Writes csv, geometry_predicts_gap.csv and repair.csv."""
+    the evaluation rows). Writes geometry.csv, geometry_predicts_gap.csv and repair.csv."""
     params, healthy, seeds, splits = ctx.params, ctx.healthy, ctx.seeds, ctx.splits
     model_cfg, config, workdir, files, say = (ctx.model_cfg, ctx.settings, ctx.directory,
                                               ctx.files, ctx.say)
@@ -526,4 +529,4 @@ def _headline(table: list[dict]) -> str:
 
 # The main job's stage (sweep.PIPELINE): per weight group, after the proxies.
 STAGE = stages.Stage("geometry", run, enabled=enabled, keys=("proxies.*",),
-                     outputs=("csv", "geometry_predicts_gap.csv", "repair.csv"))
+                     outputs=("geometry.csv", "geometry_predicts_gap.csv", "repair.csv"))

@@ -33,11 +33,11 @@ Columns of probes.csv (one row per seed, site, concept, evaluation split):
                    erasure? At the fit data this is chance by construction; on another split
                    erasure fitted in distribution may leave the concept decodable
   refit_chance_acc the fit half's most frequent class, scored on the evaluation half
-probes.txt (analysis/probes.py): per site and concept, means with 95% intervals over seeds and
+probes.txt (studies/probes.py): per site and concept, means with 95% intervals over seeds and
 paired differences: probe_acc on each split against the gap baseline, and what erasure leaves.
 
-probes.txt: the probe table of jaxillusions/probes.py (probes.csv) summarised over seeds with
-analysis/stats.py: means with 95% intervals (accuracies on the logit scale), and paired per-seed
+probes.txt: the probe table of this module (probes.csv) summarised over seeds with
+report/stats.py: means with 95% intervals (accuracies on the logit scale), and paired per-seed
 differences with Student-t 95% intervals and the count of seeds above zero.
 """
 
@@ -50,8 +50,10 @@ import os
 import jax
 import numpy as np
 
-from jaxillusions import distributed, faithfulness, fit_shift, stages, tasks
-from jaxillusions.analysis import stats, tables
+from jaxillusions import faithfulness, tasks
+from jaxillusions.report import stats, tables
+from jaxillusions.runtime import distributed, stages
+from jaxillusions.studies import fit_shift
 
 
 def _by(rows, *keys) -> dict:

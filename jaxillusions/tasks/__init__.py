@@ -34,7 +34,7 @@ check_config, which also refuses other sections' options, gets the whole setting
                                breakdowns get accuracy-by-bin figures (the bound marked)
   bin_labels(breakdown)        names of a breakdown's bins, or None for numbers
   activation_plots(run, splits, data, shown, pattern_site, key_site)
-                               -> {name: (function of analysis/figures.py, its arguments)}:
+                               -> {name: (function of report/figures.py, its arguments)}:
                                   figures of activations (may be empty); run(tokens, site)
                                   gives the site's values for the seeds `shown`
   baselines(splits, names)     -> {split: {metric: value}} of data-only predictors, or {}
@@ -55,6 +55,8 @@ import types
 import numpy as np
 
 TASKS = ("dyck", "code")
+# A task's module, where its name is not one (the standard library has a module `code`).
+MODULES = {"code": "code_completion"}
 PAD = 0  # every task pads with token 0
 # Classes per concept (static one-hot width of the probes and of erasure): a concept with more
 # classes is refused by `concept_labels` with a one-line error.
@@ -83,7 +85,7 @@ def get(config_or_name) -> types.ModuleType:
     task = config_or_name if isinstance(config_or_name, str) else name(config_or_name)
     if task not in TASKS:
         raise ValueError(f"task={task!r}: unknown task; available: {', '.join(TASKS)}")
-    return importlib.import_module(f"{__name__}.{task}")
+    return importlib.import_module(f"{__name__}.{MODULES.get(task, task)}")
 
 
 def subset(split, index: np.ndarray):

@@ -1,4 +1,4 @@
-"""The Dyck-(k, m) task (Friedman et al. section 4): data in jaxillusions/data/dyck.py.
+"""The Dyck-(k, m) task (Friedman et al. section 4): data in jaxillusions/tasks/dyck_sentences.py.
 
 Evaluated positions: those whose next token is a closing bracket (the only deterministic
 prediction). Breakdowns: depth (the stack depth after the token at t, which the closing bracket
@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxillusions import model
-from jaxillusions.data import dyck
-from jaxillusions.fields import INT, STR, nonnegative, positive, setting
+from jaxillusions.config.fields import INT, STR, nonnegative, positive, setting
 from jaxillusions.tasks import View, positions
+from jaxillusions.tasks import dyck_sentences as dyck
 
 NAME = "dyck"
 SPLITS = dyck.SPLITS

@@ -9,7 +9,7 @@ import tempfile
 sys.path[:0] = [".", "tests"]
 from test_tasks import FIXTURE, regression_config  # noqa: E402
 
-from jaxillusions import sweep  # noqa: E402
+from jaxillusions.pipeline import sweep  # noqa: E402
 
 with tempfile.TemporaryDirectory() as tmp:
     sweep.run(regression_config(os.path.join(tmp, "cache")), os.path.join(tmp, "run"),

@@ -1,5 +1,0 @@
-"""Analysis of finished runs: tables, figures, and results as data (`load_results`, `load_run`)."""
-
-from jaxillusions.analysis.results import ALL_BINS, NO_SIZE, ORIGINAL, Run, load_results, load_run
-
-__all__ = ["ALL_BINS", "NO_SIZE", "ORIGINAL", "Run", "load_results", "load_run"]

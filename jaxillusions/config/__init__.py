@@ -1,0 +1,2 @@
+"""Settings: every key as typed, frozen dataclasses (settings.py), declared with
+fields.py."""

@@ -1,0 +1,82 @@
+"""How a setting is declared: its kind (the Python type it must have), its default, its rule and
+what is allowed, for the one-line error (see config/settings.py, which holds every key).
+
+    num_seeds: int = setting(4, INT, ">= 1", positive, "seeds trained together")
+
+A rule is `test(value, settings) -> bool`; it may read the rest of the settings (e.g. data.min_len
+against data.max_len). A leaf module: the tasks declare their data.* settings with it too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Callable
+from typing import Any
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_seq(v: Any) -> bool:
+    return isinstance(v, tuple | list)
+
+
+# Value kinds: (name, test of the Python type).
+INT = ("an integer", _is_int)
+NUMBER = ("a finite number", _is_number)
+BOOL = ("true or false", lambda v: isinstance(v, bool))
+STR = ("a string", lambda v: isinstance(v, str))
+INTS = ("a tuple of integers", lambda v: _is_seq(v) and all(map(_is_int, v)))
+NUMBERS = ("a tuple of finite numbers", lambda v: _is_seq(v) and all(map(_is_number, v)))
+STRS = ("a tuple of strings", lambda v: _is_seq(v) and all(isinstance(x, str) for x in v))
+KINDS = (BOOL, INT, NUMBER, STR, INTS, NUMBERS, STRS)
+
+
+def kind_of(value: Any) -> tuple[str, Callable]:
+    """The kind a default value has (the first that accepts it: bool before int)."""
+    return next(kind for kind in KINDS if kind[1](value))
+
+
+def positive(v, s) -> bool:
+    return v >= 1
+
+
+def nonnegative(v, s) -> bool:
+    return v >= 0
+
+
+def anything(v, s) -> bool:
+    return True
+
+
+def one_of(options) -> tuple[str, Callable]:
+    """(allowed, test) for a value that must be one of `options`: setting(d, STR, *one_of(o))."""
+    return f"one of {', '.join(options)}", (lambda v, s: v in options)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A setting's declaration, kept in its dataclass field's metadata."""
+
+    kind: tuple[str, Callable]
+    allowed: str
+    test: Callable[[Any, Any], bool] = anything
+    doc: str = ""
+
+
+def setting(default: Any, kind: tuple[str, Callable], allowed: str,
+            test: Callable[[Any, Any], bool] = anything, doc: str = "") -> Any:
+    """A dataclass field with its rule (see the module docstring)."""
+    return dataclasses.field(default=default,
+                             metadata={"rule": Rule(kind, allowed, test, doc)})
+
+
+def rule(field: dataclasses.Field) -> Rule:
+    return field.metadata["rule"]

@@ -1,0 +1,454 @@
+"""Every setting of a run: one frozen dataclass per config section, each field with its type,
+default, rule and what is allowed (config/fields.py). The data.* section is the task's own
+(`tasks.<name>.Data`).
+
+    settings = from_config(config)   # ml-collections ConfigDict -> Settings, checked key by key
+
+Two doors call it, and nothing below them: `validate.check` (the launchers, and a notebook,
+call it once per run; it adds the checks that need the resolved model: proxy sites, memory)
+and `read_stored` (a stored run's config.json). The library takes Settings, or one section of
+them, only (`require` turns a ConfigDict into a one-line TypeError;
+tests/test_architecture.py fails on a from_config elsewhere). A key missing from a config takes
+its default; an unknown key, a value of the wrong kind or one its rule refuses is a one-line
+ValueError naming the key. docs/configs.md's reference is `reference()`, and a test keeps the
+two equal.
+
+`ANALYSIS_KEYS` lists the keys that only change what is measured or logged, not the trained
+parameters: they may change between a run and its resumption (the change is recorded in the
+workdir's config_history.jsonl). Every other key defines the training run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import functools
+import json
+import os
+from typing import Any
+
+from jaxillusions import model, tasks
+from jaxillusions.config.fields import (
+    BOOL,
+    INT,
+    INTS,
+    NUMBER,
+    NUMBERS,
+    STR,
+    STRS,
+    anything,
+    nonnegative,
+    one_of,
+    positive,
+    rule,
+    setting,
+)
+from jaxillusions.proxies import sae
+
+# Keys (fnmatch patterns) that may change on resume: analysis, evaluation and logging settings.
+ANALYSIS_KEYS = (
+    "figures",
+    "proxies.*",
+    "wen.*",
+    "induction.*",
+    "train.eval_batch_size",
+    "train.log_every",
+    "train.eval_every",
+    "train.eval_train_sentences",
+    "train.checkpoint_every",
+    "data.cache_dir",
+)
+
+
+def is_analysis_key(key: str) -> bool:
+    """True for keys that may change between a run and its resumption (see ANALYSIS_KEYS)."""
+    return any(fnmatch.fnmatchcase(key, pattern) for pattern in ANALYSIS_KEYS)
+
+
+def _below_layers(v, s) -> bool:
+    return all(0 <= i < s.model.n_layers for i in v)
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """The transformer (jaxillusions/model; model.ModelConfig checks the combinations)."""
+
+    n_layers: int = setting(2, INT, ">= 1", positive)
+    n_heads: int = setting(1, INT, ">= 1", positive)
+    d_model: int = setting(32, INT, ">= 1", positive)
+    d_head: int = setting(0, INT, ">= 0 (0: d_model // n_heads)", nonnegative)
+    d_mlp: int = setting(64, INT, ">= 0", nonnegative)
+    pos_encoding: str = setting("learned", STR, *one_of(model.POS_ENCODINGS),
+                                doc="rotary: queries and keys turned by position in every layer")
+    rotary_base: int = setting(10_000, INT, ">= 2", lambda v, s: v >= 2,
+                               "rotary only: pair i of a head turns by base^(-2i/d_head) a step")
+    attn_only: bool = setting(False, BOOL, "true or false")
+    uniform_attention_layers: tuple[int, ...] = setting(
+        (), INTS, "layer indices in [0, model.n_layers)", _below_layers,
+        "layers whose attention is uniform over the prefix")
+    embedding: str = setting("learned", STR, *one_of(model.EMBEDDINGS),
+                             doc="onehot: frozen one-hot token embeddings")
+    first_layer: str = setting("standard", STR, *one_of(model.FIRST_LAYERS),
+                               doc="minimal: Wen et al.'s (type, depth)-only first layer")
+    minimal_embedding: str = setting("onehot", STR,
+                                     *one_of(model.MINIMAL_EMBEDDINGS))
+    max_len: int = setting(0, INT, ">= 0 (0: the longest data split)", nonnegative,
+                           "positions the model supports")
+    compute_dtype: str = setting("float32", STR, *one_of(model.COMPUTE_DTYPES),
+                                 doc="bfloat16: bf16 matmuls, f32 parameters and softmax")
+
+
+LOSS_ON = ("all", "closing")
+
+
+@dataclasses.dataclass(frozen=True)
+class Train:
+    """The optimizer (AdamW, warmup and cosine decay) and the training loop."""
+
+    num_seeds: int = setting(4, INT, ">= 1", positive, "seeds config.seed, config.seed + 1, ...")
+    num_steps: int = setting(3000, INT, ">= 1", positive)
+    batch_size: int = setting(32, INT, ">= 1", positive, "rows per step and seed")
+    learning_rate: float = setting(3e-3, NUMBER, "> 0", lambda v, s: v > 0)
+    warmup_steps: int = setting(200, INT, ">= 0", nonnegative)
+    weight_decay: float = setting(0.01, NUMBER, ">= 0", nonnegative)
+    grad_clip: float = setting(1.0, NUMBER, "> 0", lambda v, s: v > 0)
+    loss_on: str = setting("all", STR, *one_of(LOSS_ON),
+                           doc="closing: next-token loss on closing brackets only")
+    contrastive_weights: tuple[float, ...] = setting(
+        (), NUMBERS, "distinct weights >= 0, or () for none",
+        lambda v, s: all(w >= 0 for w in v) and len(set(v)) == len(v),
+        "Wen et al. eq. 22; several: members = weights x seeds, trained together")
+    log_every: int = setting(100, INT, ">= 1", positive)
+    eval_every: int = setting(1000, INT, ">= 0 (0: only at the end)", nonnegative)
+    checkpoint_every: int = setting(1000, INT, ">= 0 (0: only at the end)", nonnegative)
+    eval_batch_size: int = setting(256, INT, ">= 1", positive)
+    eval_train_sentences: int = setting(
+        0, INT, ">= 0 (0: all)", nonnegative,
+        "training sentences scored by the evaluations during training (the first N)")
+    # A training key: the seeds a device batches together can change XLA's rounding
+    # (docs/scaling_out.md). 1 is refused: a one-seed chunk would run the unbatched step.
+    seed_chunk_size: int = setting(0, INT, "0 (all at once) or >= 2",
+                                   lambda v, s: v == 0 or v >= 2,
+                                   "seeds trained at once over all devices")
+    max_position_offset: int = setting(
+        0, INT, ">= 0, or -1 for as far as the model's positions allow", lambda v, s: v >= -1,
+        "each training row starts at a random position in [0, this]")
+
+
+@dataclasses.dataclass(frozen=True)
+class Proxies:
+    """The proxies, where they apply and the faithfulness evaluation (checked against the model
+    in validate.py). A proxy file's options are fields here; a proxy file whose sizes key has no
+    field gets one (`proxies_class`), so a new proxy needs nothing else to be a method."""
+
+    targets: tuple[str, ...] = setting(
+        ("blocks.-1.attn.q", "blocks.-1.attn.k", "blocks.-1.attn.q+blocks.-1.attn.k"), STRS,
+        "at least one '+'-joined list of sites", lambda v, s: len(v) >= 1,
+        "sites simplified together are joined by '+'; blocks.-1 is the last layer")
+    eval_splits: tuple[str, ...] = setting(
+        ("iid", "seen_structure", "unseen_structure", "unseen_depth", "longer",
+         "iid_with_train"), STRS, "at least one split", lambda v, s: len(v) >= 1)
+    gap_baseline: str = setting("iid", STR, "a split of proxies.eval_splits (checked below)",
+                                doc="gaps are baseline minus split")
+    pattern_site: str = setting("blocks.-1.attn.pattern", STR,
+                                "an attention pattern site, e.g. blocks.-1.attn.pattern",
+                                doc="where onehot_attention and uniform_attention apply")
+    methods: tuple[str, ...] = setting(("svd", "kmeans", "onehot_attention",
+                                        "uniform_attention"), STRS, "proxy methods, or () for none")
+    svd_ranks: tuple[int, ...] = setting(
+        (), INTS, "ranks >= 1, or () for 1, 2, 4, ... up to d_head",
+        lambda v, s: all(r >= 1 for r in v))
+    svd_center: bool = setting(False, BOOL, "true or false", doc="True: PCA")
+    kmeans_sizes: tuple[int, ...] = setting(
+        (2, 4, 8, 16, 32, 64), INTS, "cluster counts >= 1",
+        lambda v, s: len(v) >= 1 and all(k >= 1 for k in v))
+    kmeans_samples: int = setting(20_000, INT, ">= 1", positive, "vectors per seed fitted on")
+    kmeans_iters: int = setting(25, INT, ">= 1", positive)
+    sae_sizes: tuple[int, ...] = setting(
+        (32, 64, 128), INTS, "sae sizes >= 1 (dictionary widths, at most 99999)",
+        lambda v, s: len(v) >= 1 and all(1 <= w < 100_000 for w in v))
+    sae_k: tuple[int, ...] = setting(sae.DEFAULTS["sae_k"], INTS, "k values >= 1, at least one",
+                                     lambda v, s: len(v) >= 1 and all(k >= 1 for k in v),
+                                     "TopK's k; several: every width x every k")
+    sae_steps: int = setting(sae.DEFAULTS["sae_steps"], INT, ">= 1", positive)
+    sae_lr: float = setting(sae.DEFAULTS["sae_lr"], NUMBER, "> 0", lambda v, s: v > 0)
+    sae_batch: int = setting(sae.DEFAULTS["sae_batch"], INT, ">= 1", positive)
+    dictionary_match_seeds: int = setting(8, INT, ">= 0 (0: no SAE seed-match analysis)",
+                                          nonnegative,
+                                          "seeds of the SAE seed-dependence analysis")
+    fit_splits: tuple[str, ...] = setting(
+        ("train",), STRS, "splits of the task, 'train' among them (checked below)",
+        lambda v, s: len(v) >= 1, "splits the proxies are fitted on (an OOD one: its fit half)")
+    fit_sentences: int = setting(0, INT, ">= 0 (0: every sentence of the fit split or half)",
+                                 nonnegative, "cap on the sentences a proxy is fitted on")
+    geometry: bool = setting(False, BOOL, "true or false",
+                             doc="principal angles and outside energy of the SVD subspaces")
+    repair_sentences: tuple[int, ...] = setting(
+        (), INTS, "distinct sentence counts >= 1, or () for no repair",
+        lambda v, s: all(m >= 1 for m in v) and len(set(v)) == len(v),
+        "refit / rotate each proxy with M unlabelled OOD sentences")
+    # Lenses, probes and concept erasure (docs/lenses.md).
+    concepts: tuple[str, ...] = setting(
+        (), STRS, "distinct concepts of the task (dyck: depth, bracket; code: category)",
+        lambda v, s: len(set(v)) == len(v),
+        "what erasure erases (its size c: concepts[c]) and the probe table probes")
+    tuned_lens_ranks: tuple[int, ...] = setting(
+        (), INTS, "ranks >= 0, or () for d_model", lambda v, s: all(r >= 0 for r in v),
+        "ranks of the tuned lens's correction to the identity (0: mean shift only)")
+    tuned_lens_ridge: float = setting(1e-4, NUMBER, ">= 0", nonnegative,
+                                      "ridge of the tuned lens, times Cov's mean eigenvalue")
+    probe_sites: tuple[str, ...] = setting(
+        (), STRS, "vector sites, or () for no probe table",
+        doc="sites of the linear-probe table (probes.csv, probes.txt)")
+    probe_ridge: float = setting(1e-3, NUMBER, "> 0", lambda v, s: v > 0,
+                                 "ridge of the probes, times Cov's mean eigenvalue")
+    collect_batch_size: int = setting(512, INT, ">= 1", positive,
+                                      "training sentences per activation-collection chunk")
+    eval_batch_size: int = setting(256, INT, ">= 1", positive)
+    # An analysis key: it changes no number (docs/scaling_out.md).
+    seed_chunk_size: int = setting(0, INT, ">= 0 (0: as many as fit the device)", nonnegative,
+                                   "seeds per call of the proxy stage")
+
+
+@dataclasses.dataclass(frozen=True)
+class Wen:
+    """Wen et al.'s measurements of a trained Dyck sweep (jaxillusions/studies/wen.py)."""
+
+    enabled: bool = setting(False, BOOL, "true or false")
+    label: str = setting("wen", STR, "a name for the measurements")
+    length_min_len: int = setting(25, INT, ">= 1", positive)
+    length_max_len: int = setting(0, INT, ">= 0 (0: no length generalization)", nonnegative)
+    length_num_prefixes: int = setting(16, INT, ">= 1", positive)
+    length_threshold: float = setting(0.8, NUMBER, "in (0, 1)", lambda v, s: 0 < v < 1,
+                                      "correct close's share of the closing probability")
+    length_seed: int = setting(0, INT, ">= 0", nonnegative)
+    length_batch_size: int = setting(8, INT, ">= 1", positive)
+    members_per_call: int = setting(8, INT, ">= 1", positive)
+
+
+@dataclasses.dataclass(frozen=True)
+class Induction:
+    """The induction-head test after training (jaxillusions/studies/induction.py)."""
+
+    enabled: bool = setting(False, BOOL, "true or false")
+    length: int = setting(0, INT, ">= 0 (0: half the drawable tokens, capped to fit)",
+                          nonnegative, "tokens of the random sequence, repeated once")
+    batch: int = setting(64, INT, ">= 1", positive, "sequences")
+
+
+# Which figures the main job draws (figures/ and TensorBoard IMAGES; sweep.figure_jobs).
+FIGURES = ("summary", "all")
+
+SECTIONS = {"model": Model, "train": Train, "proxies": Proxies, "wen": Wen,
+            "induction": Induction}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """A whole run. Seed s of the sweep is `seed + s`."""
+
+    task: str = setting("dyck", STR, *one_of(tasks.TASKS))
+    seed: int = setting(0, INT, ">= 0", nonnegative)
+    cpu_devices: int = setting(
+        0, INT, ">= 0 (0: as JAX starts: $JAX_NUM_CPU_DEVICES, else 1)", nonnegative,
+        "JAX devices the CPU is split into, the seeds sharded over them (one per core); "
+        "ignored on a GPU. It changes the numbers' last bits")
+    figures: str = setting(
+        "summary", STR, *one_of(FIGURES),
+        doc="which figures the main job draws (docs/configs.md, Figures): summary (gaps, "
+        "faithfulness, categories, attention patterns, one key projection) or all (also "
+        "accuracy per bin of every proxy family, every key projection); `python -m "
+        "launch.figures W` draws the rest later")
+    data: Any = None  # the task's Data
+    model: Model = dataclasses.field(default_factory=Model)
+    train: Train = dataclasses.field(default_factory=Train)
+    proxies: Proxies = dataclasses.field(default_factory=Proxies)
+    wen: Wen = dataclasses.field(default_factory=Wen)
+    induction: Induction = dataclasses.field(default_factory=Induction)
+
+    def to_dict(self) -> dict:
+        """Nested {section: {key: value}} with lists for tuples (what config.json holds)."""
+        return _plain(dataclasses.asdict(self))
+
+    def replace(self, **changes: dict) -> Settings:
+        """A copy with some keys of some sections changed: replace(train={"num_steps": 5})."""
+        return dataclasses.replace(self, **{
+            name: dataclasses.replace(getattr(self, name), **keys) if isinstance(keys, dict)
+            else keys for name, keys in changes.items()})
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return list(map(_plain, value)) if isinstance(value, tuple | list) else value
+
+
+def proxies_class() -> type:
+    """Proxies, plus for every proxy file: a field for its sizes key when Proxies does not name
+    it (sizes >= 1, default ()), and for a vector proxy `<name>_targets` (its own targets;
+    default (): proxies.targets). Adding a proxy is adding a file (proxies/__init__.py)."""
+    from jaxillusions import proxies  # noqa: PLC0415 - the proxy files, found on first use
+
+    return _proxies_class(proxies.available())
+
+
+@functools.cache
+def _proxies_class(names: tuple[str, ...]) -> type:
+    from jaxillusions import proxies  # noqa: PLC0415
+
+    known = {f.name for f in dataclasses.fields(Proxies)}
+    extra = [(key, tuple, setting((), INTS, f"{name} sizes >= 1",
+                                  lambda v, s: all(k >= 1 for k in v), f"sizes of {name}"))
+             for name in names
+             if proxies.get(name).STATISTIC is not None
+             and (key := proxies.sizes_key(proxies.get(name))) not in known]
+    extra += [(f"{name}_targets", tuple, setting(
+        (), STRS, "'+'-joined lists of sites, or () for proxies.targets",
+        doc=f"the sites {name} is fitted on, if not proxies.targets"))
+        for name in proxies.available() if proxies.get(name).SITE == "vector"]
+    if not extra:
+        return Proxies
+    return dataclasses.make_dataclass("Proxies", extra, bases=(Proxies,), frozen=True)
+
+
+def _section_classes(task: str) -> dict[str, type]:
+    return {"data": tasks.get(task).Data, **SECTIONS, "proxies": proxies_class()}
+
+
+def _fail_unknown(key: str, known) -> None:
+    section = key.rsplit(".", 1)[0] if "." in key else "the top level"
+    raise ValueError(f"unknown config key {key}; allowed in {section}: "
+                     f"{', '.join(sorted(known))} (a new key needs a field in "
+                     "jaxillusions/config/settings.py, or in its task's Data for data.*)")
+
+
+def _typed(key: str, value: Any, field: dataclasses.Field) -> Any:
+    r = rule(field)
+    name, is_kind = r.kind
+    if not is_kind(value):
+        raise ValueError(f"{key}={value!r}: must be {name}"
+                         + (f", {r.allowed}" if r.test is not anything else ""))
+    return tuple(value) if isinstance(value, list | tuple) else value
+
+
+def _build(cls: type, values: dict, prefix: str):
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in values:
+        if key not in fields:
+            _fail_unknown(prefix + key, fields)
+    return cls(**{k: _typed(prefix + k, v, fields[k]) for k, v in values.items()})
+
+
+def from_config(config: Any) -> Settings:
+    """Settings from an ml-collections ConfigDict (or a nested mapping, or Settings: returned as
+    is). Raises ValueError (one line: key, value, what is allowed) for the first bad key."""
+    if isinstance(config, Settings):
+        return config
+    raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    top = {k: v for k, v in raw.items() if not isinstance(v, dict)}
+    nested = {k: v for k, v in raw.items() if isinstance(v, dict)}
+    top_fields = {f.name: f for f in dataclasses.fields(Settings) if f.name not in {
+        "data", *SECTIONS}}
+    for key in top:
+        if key not in top_fields:
+            _fail_unknown(key, [*top_fields, "data", *SECTIONS])
+    top = {k: _typed(k, v, top_fields[k]) for k, v in top.items()}
+    task = top.get("task", "dyck")
+    if task not in tasks.TASKS:
+        raise ValueError(f"task={task!r}: must be one of {', '.join(tasks.TASKS)}")
+    classes = _section_classes(task)
+    for name in nested:
+        if name not in classes:
+            _fail_unknown(name, [*top_fields, *classes])
+    sections = {name: _build(cls, nested.get(name, {}), f"{name}.")
+                for name, cls in classes.items()}
+    settings = Settings(**top, **sections)
+    for key, value, field in _leaves(settings):
+        r = rule(field)
+        if not r.test(value, settings):
+            raise ValueError(f"{key}={value!r}: must be {r.allowed}")
+    return settings
+
+
+def require(config: Any, where: str) -> Settings:
+    """`config` if it is Settings, else a one-line TypeError: the library takes checked settings,
+    never a ConfigDict or a mapping (those are read at the door, validate.check)."""
+    if not isinstance(config, Settings):
+        raise TypeError(f"{where} takes Settings, not a {type(config).__name__}: call "
+                        "`settings, _ = validate.check(config)` first and pass those")
+    return config
+
+
+def read_stored(workdir: str) -> Settings:
+    """The Settings of a stored run: its workdir's config.json (written when the run claimed the
+    workdir), read key by key as from_config reads a config. The door for everything that
+    loads a stored run; the checks against the machine (validate.check) are not repeated.
+    FileNotFoundError if there is no config.json; ValueError (one line, naming the file) if it
+    is unreadable or not a config this version reads."""
+    path = os.path.join(workdir, "config.json")  # checkpoint.CONFIG_FILE (a module with orbax)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} not found: is {workdir} a jaxillusions workdir?")
+    try:
+        with open(path) as f:
+            stored = json.load(f)
+        if not isinstance(stored, dict):
+            raise ValueError(f"valid JSON, but a {type(stored).__name__}, not a config")
+        return from_config(stored)
+    except (OSError, ValueError) as err:  # garbage, or JSON that is not a config: name the file
+        line = str(err).splitlines()[0] if str(err) else ""
+        raise ValueError(f"{path} is unreadable ("
+                         + (line if type(err) is ValueError else f"{type(err).__name__}: {line}")
+                         + ")") from None
+
+
+def _leaves(settings: Settings):
+    """(dotted key, value, field) of every setting."""
+    for field in dataclasses.fields(settings):
+        value = getattr(settings, field.name)
+        if dataclasses.is_dataclass(value):
+            for sub in dataclasses.fields(value):
+                yield f"{field.name}.{sub.name}", getattr(value, sub.name), sub
+        else:
+            yield field.name, value, field
+
+
+def flat(settings: Settings) -> dict[str, Any]:
+    """{"model.d_model": 32, ...} for every setting."""
+    return {key: value for key, value, _ in _leaves(settings)}
+
+
+def default_settings(task: str = "dyck") -> Settings:
+    """A run of `task` with every key at its default (what a config of `task` alone reads as)."""
+    return Settings(task=task, data=tasks.get(task).Data(), proxies=proxies_class()())
+
+
+def defaults(task: str = "dyck") -> dict[str, Any]:
+    """Every key of a run of `task` at its default, nested as a config is ({"seed": 0, "train":
+    {"num_steps": 3000, ...}, ...}; tuples stay tuples). The launchers add the keys a config
+    file leaves out from here, so that any key can be overridden on the command line."""
+    nested: dict[str, Any] = {}
+    for key, value, _ in _leaves(default_settings(task)):
+        section, _, name = key.rpartition(".")
+        (nested.setdefault(section, {}) if section else nested)[name] = value
+    return nested
+
+
+def reference(task: str | None = None) -> str:
+    """A markdown table of keys, types, defaults and rules: every section but data.* (None), or
+    a task's data.* section. docs/configs.md holds these tables (`python -m
+    jaxillusions.config.settings` prints them; a test keeps the page equal to them)."""
+    lines = ["| key | type | default | allowed | notes |", "|---|---|---|---|---|"]
+    defaults = default_settings(task or "dyck")
+    for key, value, field in _leaves(defaults):
+        if (task is None) == key.startswith("data."):
+            continue
+        r = rule(field)
+        cells = [f"`{key}`", r.kind[0], f"`{value!r}`", r.allowed, r.doc]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # the tables of docs/configs.md
+    print("#### Every task\n\n" + reference() + "\n")
+    for name in tasks.TASKS:
+        print(f"#### data.* of task={name}\n\n" + reference(name) + "\n")

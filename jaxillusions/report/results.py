@@ -1,0 +1,229 @@
+"""A finished workdir as data: `load_results` (results.csv as a typed pandas DataFrame) and
+`load_run` (trained parameters with their configs and data, from the checkpoint).
+
+pandas is an optional extra (`pip install -e '.[analysis]'`), imported only when called.
+
+DataFrame columns (one row per seed, site, method, size, split, breakdown, bin):
+
+    seed       int64
+    site       string, e.g. "blocks.1.attn.k" or "blocks.1.attn.q+blocks.1.attn.k"; "" for the
+               original model
+    method     category: "original" (the trained model itself), "svd", "kmeans", ...
+    size       int64 rank / number of clusters; NO_SIZE (0) for the original model and the
+               data-independent proxies (onehot_attention, uniform_attention)
+    split      ordered category, in evaluation order (config.proxies.eval_splits)
+    breakdown  category: "all", "depth", "distance", "position" (those the rows have)
+    bin        int64 depth / distance / position; ALL_BINS (-1) on breakdown == "all" rows
+    n          int64 closing-bracket positions in the bin (per seed)
+    acc        float64 closing-bracket accuracy of this row's model (the proxy, or the original)
+    jsd, same_pred, ...   float64 faithfulness to the original (NaN on the original's rows)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from jaxillusions.report import tables
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+NO_SIZE = 0  # `size` of the original model and of data-independent proxies
+ALL_BINS = -1  # `bin` of breakdown == "all" rows ("" in the CSV)
+ORIGINAL = "original"  # `method` of the original model's rows
+KEYS = ("seed", "site", "method", "size", "split", "breakdown", "bin", "n")
+COLUMNS = KEYS + ("acc", "jsd", "same_pred")  # then any further metric columns of the rows
+
+
+# ---------------------------------------------------------------------------------------------
+# results.csv <-> the in-memory rows of faithfulness.evaluate. In memory every proxy row carries
+# acc_original and acc_proxy; in the CSV each row has `acc` (its own model's accuracy) and the
+# original model has rows of its own, one per (seed, split, breakdown, bin).
+
+
+def csv_rows(rows: Iterable[dict]) -> list[dict]:
+    """In-memory rows -> CSV rows: the original model's rows first, then the proxies' rows."""
+    out, originals = [], {}
+    for row in rows:
+        row = dict(row)
+        acc_original = row.pop("acc_original")
+        row["acc"] = row.pop("acc_proxy")
+        out.append(row)
+        key = (row["seed"], row["split"], row["breakdown"], row["bin"])
+        if key not in originals:  # every proxy sees the same positions and parameters
+            originals[key] = {"seed": row["seed"], "site": "", "method": ORIGINAL,
+                              "size": NO_SIZE, "split": row["split"],
+                              "breakdown": row["breakdown"], "bin": row["bin"], "n": row["n"],
+                              "acc": acc_original}
+    return list(originals.values()) + out
+
+
+def from_csv_rows(table: Iterable[dict]) -> list[dict]:
+    """CSV rows -> in-memory rows (acc_original and acc_proxy on every proxy row)."""
+    table = list(table)
+    originals = {(r["seed"], r["split"], r["breakdown"], r["bin"]): r["acc"]
+                 for r in table if r["method"] == ORIGINAL}
+    rows = []
+    for row in table:
+        if row["method"] != ORIGINAL:
+            row = dict(row)
+            row["acc_original"] = originals[(row["seed"], row["split"], row["breakdown"],
+                                             row["bin"])]
+            row["acc_proxy"] = row.pop("acc")
+            rows.append(row)
+    return rows
+
+
+def write_csv(rows: Iterable[dict], path: str) -> None:
+    """Writes in-memory rows as results.csv, atomically (a temp file, then rename). NaN is an
+    empty cell."""
+    table = csv_rows(rows)
+    extra = tuple(dict.fromkeys(k for r in table for k in r if k not in COLUMNS))
+    tables.write_csv(table, path, COLUMNS + extra)
+
+
+def read_csv(path: str) -> list[dict]:
+    """results.csv -> in-memory rows (numbers as numbers, empty cells NaN, `bin` an int or "" on
+    `all` rows, as in memory). For analysis, prefer `load_results`, a typed DataFrame."""
+    table = tables.read_csv(path)
+    if table and "acc" not in table[0]:
+        raise ValueError(f"{path}: no `acc` column; written by an older version? "
+                         "load_results reads both layouts")
+    return from_csv_rows(table)
+
+
+def load_results(workdir: str, splits: Sequence[str] | None = None) -> pd.DataFrame:
+    """results.csv of a workdir as a typed DataFrame (see the module docstring for columns).
+
+    `workdir` may also be a results.csv path, e.g. `<workdir>/contrastive_weight_<w>/results.csv`
+    of a sweep over contrastive weights. `splits` fixes the order of the `split` category; by
+    default config.proxies.eval_splits of the workdir (or its parent), else the order in which
+    splits first appear in the file.
+    """
+    import pandas as pd
+
+    path = os.path.join(workdir, "results.csv") if os.path.isdir(workdir) else workdir
+    df = pd.read_csv(path, dtype={"site": str, "method": str, "split": str, "breakdown": str,
+                                  "bin": str}, keep_default_na=False, na_values={})
+    if "acc_proxy" in df:  # a table written before the original model had rows of its own
+        df = _with_original_rows(df)
+    if splits is None:  # the config of the workdir, or of its parent (contrastive_weight_<w>/)
+        from jaxillusions.config import settings
+
+        here = os.path.dirname(os.path.abspath(path))
+        for directory in (here, os.path.dirname(here)):
+            try:
+                splits = list(settings.read_stored(directory).proxies.eval_splits)
+                break
+            except (FileNotFoundError, AttributeError, KeyError):
+                continue
+        else:
+            splits = list(dict.fromkeys(df["split"]))
+    unknown = sorted(set(df["split"]) - set(splits))
+    if unknown:
+        raise ValueError(f"{path}: splits {unknown} are not in the given order {list(splits)}")
+    keys = set(KEYS)
+    out = pd.DataFrame({
+        "seed": df["seed"].astype("int64"),
+        "site": df["site"].astype("string"),
+        "method": pd.Categorical(df["method"], categories=_method_order(df["method"])),
+        "size": df["size"].astype("int64"),
+        "split": pd.Categorical(df["split"], categories=list(splits), ordered=True),
+        "breakdown": pd.Categorical(df["breakdown"],
+                                    categories=list(dict.fromkeys(df["breakdown"]))),
+        "bin": df["bin"].replace("", str(ALL_BINS)).astype("int64"),
+        "n": df["n"].astype("int64"),
+    })
+    for col in [c for c in df.columns if c not in keys]:
+        out[col] = pd.to_numeric(df[col].replace("", np.nan), errors="raise").astype("float64")
+    return out
+
+
+def _method_order(methods) -> list[str]:
+    names = list(dict.fromkeys(methods))
+    return ([ORIGINAL] if ORIGINAL in names else []) + [m for m in names if m != ORIGINAL]
+
+
+def _with_original_rows(df: pd.DataFrame) -> pd.DataFrame:
+    import pandas as pd
+
+    keys = ["seed", "split", "breakdown", "bin"]
+    original = df.drop_duplicates(keys)[keys + ["n", "acc_original"]].rename(
+        columns={"acc_original": "acc"})
+    original = original.assign(site="", method=ORIGINAL, size=NO_SIZE)
+    proxies = df.drop(columns=["acc_original"]).rename(columns={"acc_proxy": "acc"})
+    return pd.concat([original, proxies], ignore_index=True)[
+        list(COLUMNS) + [c for c in proxies.columns if c not in COLUMNS]]
+
+
+@dataclasses.dataclass
+class Run:
+    """A trained sweep: every leaf of `params` has a leading member axis, in the order of
+    `labels`. Members are the seeds, or (hyper-parameter, seed) pairs when the config sweeps a
+    training hyper-parameter (train.contrastive_weights), labelled "<seed>_cw<weight>"."""
+
+    params: dict
+    config: Any  # settings.Settings: what the workdir was trained with
+    model_config: Any  # jaxillusions.model.ModelConfig
+    splits: dict  # name -> the task's split (regenerated or cached, deterministic)
+    seeds: list[int]  # [M] the seed of each member
+    labels: list  # [M] run labels: the seed, or "<seed>_cw<weight>"
+    healthy: np.ndarray  # [M] bool: False for members that diverged in training
+    step: int  # the training step of the checkpoint
+    member_hparams: dict = dataclasses.field(default_factory=dict)  # name -> [M] values
+
+    def index(self, member: int | str) -> int:
+        """Position of a member on the leading axis, by label, or by seed number if unique."""
+        if member in self.labels:
+            return self.labels.index(member)
+        hits = [i for i, s in enumerate(self.seeds) if s == member]
+        if len(hits) == 1:
+            return hits[0]
+        if hits:
+            raise ValueError(f"seed {member} has {len(hits)} members; pick one of the labels "
+                             f"{[self.labels[i] for i in hits]}")
+        raise ValueError(f"seed {member} is not in this run; it has seeds "
+                         f"{sorted(set(self.seeds))} (labels {self.labels})")
+
+    def seed_params(self, member: int | str) -> dict:
+        """One member's parameters (no leading axis), by seed number or label."""
+        import jax
+
+        i = self.index(member)
+        return jax.tree.map(lambda x: x[i], self.params)
+
+
+def load_run(workdir: str, *, verbose: bool = False) -> Run:
+    """The newest checkpoint of a workdir with its config, model config, data splits and seeds."""
+    import jax
+
+    from jaxillusions import tasks
+    from jaxillusions.config import settings
+    from jaxillusions.runtime import checkpoint as ckpt_lib
+    from jaxillusions.training import step as step_lib
+    from jaxillusions.training import train
+
+    config = settings.read_stored(workdir)
+    splits, model_cfg, tx = train.build(config, tasks.get(config).load(config.data,
+                                                                      verbose=verbose))
+    members = train.members(config)
+    # The checkpoint's tree has the shapes of a fresh state (no compute: eval_shape).
+    target = jax.eval_shape(lambda: step_lib.init_state(members.seeds, model_cfg, tx))
+    checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, ckpt_lib.CHECKPOINT_DIR))
+    try:
+        step, state = checkpointer.restore_latest(target)
+    finally:
+        checkpointer.close()
+    if step is None:
+        raise FileNotFoundError(f"{workdir}/checkpoints has no readable checkpoint")
+    if verbose:
+        print(f"loaded {workdir} at step {step}: {len(members.labels)} members")
+    return Run(params=state.params, config=config, model_config=model_cfg, splits=splits,
+               seeds=[int(s) for s in members.seeds], labels=list(members.labels),
+               healthy=np.asarray(state.healthy), step=int(step),
+               member_hparams={k: np.asarray(v) for k, v in members.hparams.items()})

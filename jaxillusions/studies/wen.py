@@ -1,0 +1,535 @@
+"""Measurements of Wen et al. ("Transformers are uninterpretable with myopic methods"), batched
+over the leading seed (member) axis of the parameters.
+
+- attention variation between seeds (section 4.1): for two attention patterns A, B of the same
+  input, the mean over query rows of ||A_i - B_i||^2; its mean over all pairs of seeds per layer
+  and head, with a jackknife-over-seeds interval, against random causal row-stochastic patterns
+  (rows uniform on the simplex; closed form `random_baseline`, Monte Carlo `random_baseline_mc`);
+- balance violation of the last layer (eqs. 15-17) of a model with a minimal first layer, for
+  any number of bracket types, through the model's own token ids (`balance_violation`);
+- length generalization (section 4.2) on valid prefixes much longer than training sentences
+  (`length_prefixes`, `length_generalization`).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from scipy import stats
+
+from jaxillusions import model as model_lib
+from jaxillusions.config.settings import Wen
+from jaxillusions.report import figures, tables
+from jaxillusions.report import stats as interval_stats
+from jaxillusions.runtime import distributed, stages
+from jaxillusions.runtime.chunks import padded_chunks
+from jaxillusions.tasks import dyck as dyck_task
+from jaxillusions.tasks import dyck_sentences as dyck
+from jaxillusions.training import train
+
+# ------------------------------------------------------------------------- attention variation
+
+
+def attention_prefix(num_types: int, max_depth: int) -> np.ndarray:
+    """BOS, then for each type t: D opens of t and D closes of t. Every bracket type appears
+    open at every depth 1..D and closed at every depth 0..D-1. int32 [1 + 2kD]."""
+    body = [np.r_[np.full(max_depth, dyck.open_id(t, num_types)),
+                  np.full(max_depth, dyck.close_id(t, num_types))] for t in range(num_types)]
+    return np.concatenate([[dyck.BOS], *body]).astype(np.int32)
+
+
+def attention_patterns(params, tokens: np.ndarray, cfg: model_lib.ModelConfig
+                       ) -> dict[int, np.ndarray]:
+    """{layer: patterns [S, heads, T, T]} of every attention layer on one sequence tokens [T]."""
+    sites = [s for s in model_lib.site_names(cfg) if s.endswith(".attn.pattern")]
+    cache = _patterns(params, jnp.asarray(tokens)[None], cfg=cfg, sites=tuple(sites))
+    return {int(s.split(".")[1]): np.asarray(cache[s][:, 0]) for s in sites}
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "sites"))
+def _patterns(params, tokens, *, cfg, sites):
+    return jax.vmap(lambda p: model_lib.forward(p, tokens, cfg, cache=sites)[1])(params)
+
+
+def attention_variation(a: jax.Array, b: jax.Array) -> jax.Array:
+    """Mean over query rows of the squared L2 distance between rows: [..., T, T] -> [...]."""
+    return jnp.mean(jnp.sum((a - b) ** 2, axis=-1), axis=-1)
+
+
+def pairwise_variation(patterns: np.ndarray) -> np.ndarray:
+    """patterns [S, ..., T, T] -> variation between every two seeds [S, S, ...]."""
+    p = jnp.asarray(patterns)
+    return np.asarray(jax.vmap(lambda a: jax.vmap(lambda b: attention_variation(a, b))(p))(p))
+
+
+def mean_over_pairs(matrix: np.ndarray) -> tuple[float, float, float]:
+    """Mean of a symmetric [S, S] matrix over the S(S-1)/2 pairs i < j, with a 95% interval from
+    the jackknife over seeds (pairs sharing a seed are not independent, so the interval reflects
+    the number of seeds, not of pairs). Returns (mean, low, high); low is clipped at 0."""
+    s = matrix.shape[0]
+    if s < 2:
+        return float("nan"), float("nan"), float("nan")
+    off = ~np.eye(s, dtype=bool)
+    mean = matrix[off].mean()
+    if s < 3:
+        return float(mean), float("nan"), float("nan")
+    # Leave seed i out: the mean over pairs among the other seeds.
+    total, row = matrix[off].sum(), np.where(off, matrix, 0).sum(1)
+    loo = (total - 2 * row) / ((s - 1) * (s - 2))
+    se = math.sqrt((s - 1) / s * np.sum((loo - loo.mean()) ** 2))
+    t = stats.t.ppf(0.975, s - 1)
+    return float(mean), float(max(mean - t * se, 0.0)), float(mean + t * se)
+
+
+def random_baseline(length: int, causal: bool = True) -> float:
+    """Expected attention variation of two independent random patterns [T, T] whose rows are
+    uniform on the simplex (Dirichlet(1, ..., 1)) over the n allowed keys: per row
+    E||X - Y||^2 = 2 * sum_j Var(X_j) = 2 (n - 1) / (n (n + 1)); n = i + 1 for causal row i
+    (as our models' patterns), n = T for full square matrices."""
+    n = np.arange(1, length + 1) if causal else np.full(length, length)
+    return float(np.mean(2 * (n - 1) / (n * (n + 1))))
+
+
+def random_baseline_mc(key: jax.Array, length: int, num_samples: int = 2000,
+                       causal: bool = True) -> float:
+    """Monte-Carlo estimate of random_baseline: pairs of random patterns whose rows are uniform
+    on the simplex (normalized exponentials), restricted to the causal keys."""
+    mask = np.tril(np.ones((length, length))) if causal else np.ones((length, length))
+    e = jax.random.exponential(key, (2, num_samples, length, length)) * mask
+    rows = e / e.sum(-1, keepdims=True)
+    return float(attention_variation(rows[0], rows[1]).mean())
+
+
+# --------------------------------------------------------------------------- balance violation
+
+
+def _last_layer_terms(params, cfg: model_lib.ModelConfig, keys: jax.Array, queries: jax.Array):
+    """u(key; query) of the last layer for first-layer outputs keys [..., d] and queries [Q, d]:
+    exp(score) * (the key's attention-output contribution, centred over d_model as the next
+    LayerNorm does), concatenated over heads -> [Q, ..., heads * d]."""
+    block = params["blocks"][cfg.n_layers - 1]
+    a = block["attn"]
+
+    def ln(x):
+        mean = x.mean(-1, keepdims=True)
+        var = ((x - mean) ** 2).mean(-1, keepdims=True)
+        return (x - mean) * jax.lax.rsqrt(var + 1e-5) * block["ln1"]["scale"] + block["ln1"]["bias"]
+
+    hk, hq = ln(keys), ln(queries)
+    k = jnp.einsum("...d,dhe->...he", hk, a["w_k"])
+    v = jnp.einsum("...d,dhe->...he", hk, a["w_v"]) + a["b_v"]
+    q = jnp.einsum("qd,dhe->qhe", hq, a["w_q"]) + a["b_q"]
+    out = jnp.einsum("...he,hed->...hd", v, a["w_o"])
+    out = out - out.mean(-1, keepdims=True)  # the projection orthogonal to all-ones
+    scores = jnp.einsum("qhe,...he->q...h", q, k) / math.sqrt(cfg.head_dim)
+    u = jnp.exp(scores)[..., None] * out  # [Q, ..., h, d]
+    return u.reshape(*u.shape[:-2], -1)
+
+
+def _check_balance_model(cfg: model_lib.ModelConfig) -> None:
+    if cfg.first_layer != "minimal" or cfg.n_layers != 2:
+        raise ValueError("balance violation is defined for 2-layer models with a minimal first "
+                         f"layer (model.first_layer='minimal', n_layers=2); got first_layer="
+                         f"{cfg.first_layer!r}, n_layers={cfg.n_layers}")
+    if cfg.uniform_attention_layers:
+        raise ValueError("balance violation: uniform_attention_layers is not supported")
+
+
+def minimal_features(params, cfg: model_lib.ModelConfig, tokens, depths) -> jax.Array:
+    """The minimal first layer's output for (token, depth) arrays (one model)."""
+    depths = jnp.clip(jnp.asarray(depths), 0, cfg.depth_bins - 1)
+    return params["blocks"][0]["minimal"]["table"][jnp.asarray(tokens) * cfg.depth_bins + depths]
+
+
+def balance_terms(params, cfg: model_lib.ModelConfig) -> dict[str, jax.Array]:
+    """delta (eq. 15), Delta (eq. 17) and the balance violation delta / Delta of ONE model.
+
+    delta: the largest norm, over bracket types t, depths d in 1..D and every possible last token
+    (each bracket at each depth it can occur at, and BOS), of u(open t at d) + u(close t at d-1),
+    where u(x) = exp(q_last . k_x / sqrt(d_head)) * centred W_O v_x (what a matched pair adds to
+    the last position's unnormalized attention output).
+    Delta: over prefixes of D open brackets (after BOS), the smallest distance between the
+    unnormalized attention outputs at the last position of two prefixes that differ only in the
+    last (depth D) bracket.
+    """
+    _check_balance_model(cfg)
+    k, depth = len(cfg.open_ids), cfg.max_depth
+    if k ** depth > 1 << 16:
+        raise ValueError(f"balance violation enumerates k^D = {k}^{depth} open prefixes; more "
+                         "than 65536 is not supported")
+    opens, closes = jnp.asarray(cfg.open_ids), jnp.asarray(cfg.close_ids)
+    d = jnp.arange(1, depth + 1)
+    feats = functools.partial(minimal_features, params, cfg)
+    open_f = feats(opens[:, None], d[None])  # [k, D, d_model]: open t at depth d
+    close_f = feats(closes[:, None], d[None] - 1)  # its matching close, at depth d - 1
+    bos_f = feats(jnp.asarray([dyck.BOS]), jnp.zeros(1, jnp.int32))  # [1, d_model]
+    queries = jnp.concatenate([open_f.reshape(-1, open_f.shape[-1]),
+                               close_f.reshape(-1, close_f.shape[-1]), bos_f])
+    pair = (_last_layer_terms(params, cfg, open_f, queries)
+            + _last_layer_terms(params, cfg, close_f, queries))  # [Q, k, D, F]
+    delta = jnp.linalg.norm(pair, axis=-1).max()
+
+    # Open prefixes: the query is the last bracket (type tau at depth D).
+    last_q = open_f[:, -1]  # [k, d_model]
+    u_open = _last_layer_terms(params, cfg, open_f, last_q)  # [tau, t, depth, F]
+    u_bos = _last_layer_terms(params, cfg, bos_f, last_q)[:, 0]  # [tau, F]
+    common = jnp.asarray(list(itertools.product(range(k), repeat=depth - 1)),
+                         jnp.int32).reshape(-1, depth - 1)  # [C, D-1]: the shared first brackets
+    pos = jnp.arange(depth - 1)
+    shared = u_open[:, common, pos].sum(2)  # [tau, C, F]
+    s = u_bos[:, None] + shared + u_open[jnp.arange(k), jnp.arange(k), depth - 1][:, None]
+    dist = jnp.linalg.norm(s[:, None] - s[None], axis=-1)  # [tau, tau', C]
+    dist = jnp.where(jnp.eye(k, dtype=bool)[..., None], jnp.inf, dist)
+    big_delta = dist.min()
+    return {"delta": delta, "Delta": big_delta, "balance_violation": delta / big_delta}
+
+
+def balance_violation(params, cfg: model_lib.ModelConfig) -> dict[str, np.ndarray]:
+    """balance_terms for every seed: {"delta", "Delta", "balance_violation"} -> [S]."""
+    _check_balance_model(cfg)
+    out = jax.jit(jax.vmap(functools.partial(balance_terms, cfg=cfg)))(params)
+    return {name: np.asarray(v) for name, v in out.items()}
+
+
+# ------------------------------------------------------------------------ length generalization
+
+
+def length_prefixes(rng: np.random.Generator, num: int, num_types: int, max_depth: int,
+                    length: int) -> np.ndarray:
+    """num valid Dyck-(k, D) prefixes of `length` brackets after BOS, int32 [num, length + 1].
+
+    The prefix process of Wen et al. (their distribution with q = 1/2): at depth 0 open, at
+    depth D close, otherwise open or close with probability 1/2; open types uniform, a close
+    matches the innermost open bracket. Every position is itself a valid prefix."""
+    tokens = np.zeros((num, length + 1), np.int32)
+    tokens[:, 0] = dyck.BOS
+    stack = np.zeros((num, max_depth), np.int32)
+    depth = np.zeros(num, np.int32)
+    rows = np.arange(num)
+    for t in range(1, length + 1):
+        coin = rng.random(num) < 0.5
+        opening = (depth == 0) | ((depth < max_depth) & coin)
+        types = rng.integers(num_types, size=num)
+        top = stack[rows, np.maximum(depth - 1, 0)]
+        tokens[:, t] = np.where(opening, dyck.open_id(types, num_types),
+                                dyck.close_id(top, num_types))
+        stack[rows[opening], depth[opening]] = types[opening]
+        depth += np.where(opening, 1, -1)
+    return tokens
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "members_per_call"))
+def _length_scores(params, tokens, evaluate, threshold, *, cfg, members_per_call: int):
+    close = jnp.asarray(cfg.close_ids)
+
+    def one(p):
+        logits, _ = model_lib.forward(p, tokens[:, :-1], cfg)
+        targets = tokens[:, 1:]
+        probs = jax.nn.softmax(logits.astype(jnp.float32), -1)
+        on_close = probs[..., close]  # [B, T, k]
+        share = (jnp.take_along_axis(probs, targets[..., None], -1)[..., 0]
+                 / on_close.sum(-1))
+        ok = evaluate[:, 1:]
+        return {"share_correct": ((share > threshold) & ok).sum(),
+                "argmax_correct": ((logits.argmax(-1) == targets) & ok).sum()}
+
+    # Members in groups: long sequences make each member's attention scores large.
+    return jax.lax.map(one, params, batch_size=members_per_call)
+
+
+def length_generalization(params, cfg: model_lib.ModelConfig, tokens: np.ndarray, min_len: int,
+                          *, threshold: float = 0.8, batch_size: int = 16,
+                          members_per_call: int = 8) -> dict[str, np.ndarray]:
+    """Accuracy [S] on the closing brackets of valid prefixes tokens [N, L+1] (BOS + L brackets)
+    at prefix lengths min_len..L: "acc" (Wen et al.: the correct closing bracket gets more than
+    `threshold` of the probability given to closing brackets) and "argmax_acc" (it is the argmax
+    over the whole vocabulary). Only prefixes ending in a closing bracket count (the next token
+    is then determined)."""
+    if cfg.pos_encoding not in ("none", "linear"):
+        raise ValueError(f"length generalization needs model.pos_encoding 'none' or 'linear' "
+                         f"(got {cfg.pos_encoding!r}: its positions beyond the training length "
+                         "are untrained or unseen)")
+    if tokens.shape[1] > cfg.max_len:
+        raise ValueError(f"length generalization prefixes have {tokens.shape[1]} tokens but the "
+                         f"model supports {cfg.max_len}: set model.max_len >= {tokens.shape[1]} "
+                         "(it fixes the linear position scale, so set it before training)")
+    position = np.arange(tokens.shape[1])
+    evaluate = np.isin(tokens, cfg.close_ids) & (position >= min_len)
+    total = None
+    for chunk, ok in padded_chunks([tokens, evaluate], batch_size):
+        out = _length_scores(params, chunk, ok, threshold, cfg=cfg,
+                             members_per_call=members_per_call)
+        out = jax.device_get(out)  # summed on the host: no jit(add) per shape
+        total = out if total is None else jax.tree.map(np.add, total, out)
+    count = evaluate.sum()
+    return {"acc": np.asarray(total["share_correct"]) / count,
+            "argmax_acc": np.asarray(total["argmax_correct"]) / count,
+            "count": np.full(len(total["share_correct"]), count)}
+
+
+def _mean_and_half_width(values: np.ndarray) -> tuple[float, float]:
+    """stats.t_interval (over the finite values) as mean and half-width, for the summary."""
+    mean, low, high = interval_stats.t_interval(values)
+    return mean, (high - low) / 2
+
+
+# ------------------------------------------------------------------- the Wen stage of the main job
+
+
+def enabled(config) -> bool:
+    """With wen.enabled (Wen et al.'s measurements of the trained members)."""
+    return config.wen.enabled
+
+
+def check_config(wc: Wen, model_cfg: model_lib.ModelConfig) -> None:
+    """One-line errors for the wen.* settings `wc` that cannot work with the model (before
+    training; each key's own range is checked in settings.py)."""
+    if wc.length_max_len > 0:
+        if not wc.length_min_len <= wc.length_max_len:
+            raise ValueError(f"wen.length_min_len={wc.length_min_len}: must be in [1, "
+                             f"wen.length_max_len={wc.length_max_len}]")
+        if model_cfg.pos_encoding not in ("none", "linear"):
+            raise ValueError(f"wen.length_max_len > 0 needs model.pos_encoding 'none' or "
+                             f"'linear', got {model_cfg.pos_encoding!r} (its positions cannot "
+                             "extrapolate); or set wen.length_max_len=0")
+        if wc.length_max_len + 1 > model_cfg.max_len:
+            raise ValueError(f"wen.length_max_len={wc.length_max_len} needs model.max_len >= "
+                             f"{wc.length_max_len + 1}, got {model_cfg.max_len}")
+
+
+def _member_rows(state, results, config) -> list[dict]:
+    members = train.members(config)
+    healthy = np.asarray(state.healthy)
+    rows = []
+    for i, (seed, weight) in enumerate(zip(members.seeds, members.hparams["contrastive_weight"],
+                                           strict=True)):
+        row = {"label": config.wen.label, "seed": int(seed),
+               "contrastive_weight": float(weight), "healthy": bool(healthy[i])}
+        for split, res in (results or {}).items():
+            row[f"acc_{split}"] = float(res["acc"][i])
+        rows.append(row)
+    return rows
+
+
+def run(ctx) -> object:
+    """The main job's stage (stages.Context in and out; process 0 alone): `measure` on the trained
+    state, its rows added as `wen_rows` and `wen_attention`."""
+    if not distributed.is_main():
+        return ctx
+    rows, attention = measure(ctx.state, ctx.final_eval, ctx.model_cfg, ctx.settings,
+                              ctx.workdir, say=ctx.say)
+    return ctx.produced(wen_rows=rows, wen_attention=attention)
+
+
+def measure(state, results, model_cfg: model_lib.ModelConfig, config, workdir: str, *,
+            say=print) -> tuple[list[dict], list[dict]]:
+    """The Wen et al. measurements of a trained sweep (config.wen), written to the workdir:
+    wen_results.csv (one row per member: seed, contrastive_weight, accuracies, length
+    generalization, balance violation), wen_attention.csv (attention variation per weight
+    group, layer and head, with the random baseline), wen_summary.txt, figures/wen_*.png and
+    TensorBoard. Returns (member rows, attention rows)."""
+    from jaxillusions.runtime import tensorboard as log_lib  # noqa: PLC0415
+    wc, k, depth = config.wen, config.data.num_types, config.data.max_depth
+    params, healthy = state.params, np.asarray(state.healthy)
+    rows = _member_rows(state, results, config)
+    if wc.length_max_len > 0:
+        tokens = length_prefixes(np.random.default_rng(wc.length_seed), wc.length_num_prefixes,
+                                 k, depth, wc.length_max_len)
+        lg = length_generalization(params, model_cfg, tokens, wc.length_min_len,
+                                   threshold=wc.length_threshold,
+                                   batch_size=wc.length_batch_size,
+                                   members_per_call=wc.members_per_call)
+        for row, acc, arg in zip(rows, lg["acc"], lg["argmax_acc"], strict=True):
+            row.update(length_gen_acc=float(acc), length_gen_argmax_acc=float(arg))
+        say(f"  length generalization: {int(lg['count'][0])} closing brackets at prefix lengths "
+            f"{wc.length_min_len}..{wc.length_max_len}")
+    if model_cfg.first_layer == "minimal" and model_cfg.n_layers == 2:
+        bv = balance_violation(params, model_cfg)
+        for i, row in enumerate(rows):
+            row.update({name: float(v[i]) for name, v in bv.items()})
+
+    prefix = attention_prefix(k, depth)
+    patterns = attention_patterns(params, prefix, model_cfg)
+    weights = np.array([r["contrastive_weight"] for r in rows])
+    attention = []
+    for weight in dict.fromkeys(weights.tolist()):
+        idx = np.flatnonzero((weights == weight) & healthy)
+        for layer, pat in patterns.items():
+            for head in range(pat.shape[1]):
+                mean, low, high = mean_over_pairs(pairwise_variation(pat[idx, head]))
+                attention.append({
+                    "label": wc.label, "contrastive_weight": weight, "layer": layer,
+                    "head": head, "variation": mean, "low": low, "high": high,
+                    "num_seeds": len(idx), "num_pairs": len(idx) * (len(idx) - 1) // 2,
+                    "prefix_len": len(prefix), "random_baseline": random_baseline(len(prefix)),
+                    "random_baseline_square": random_baseline(len(prefix), causal=False)})
+
+    os.makedirs(os.path.join(workdir, "figures"), exist_ok=True)
+    for name, table in (("wen_results.csv", rows), ("wen_attention.csv", attention)):
+        tables.write_csv(table, os.path.join(workdir, name), list(table[0]))
+    text = summary(rows, attention, config)
+    with open(os.path.join(workdir, "wen_summary.txt"), "w") as f:
+        f.write(text + "\n")
+    say(text)
+
+    members = train.members(config)
+    figs = {"wen_attention_variation": attention_figure(attention),
+            "wen_attention_patterns": _patterns_figure(patterns, prefix, k, members.labels,
+                                                       healthy)}
+    if "length_gen_acc" in rows[0]:
+        figs["wen_length_generalization"] = length_figure(rows)
+    if "balance_violation" in rows[0] and "length_gen_acc" in rows[0]:
+        figs["wen_balance_vs_length"] = balance_figure(rows)
+    with log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), members.labels) as writer:
+        for name, fig in figs.items():
+            writer.image(f"wen/{name}", fig)
+            figures.save(fig, os.path.join(workdir, "figures", name + ".png"))
+        per_member = {f"wen/{key}": np.array([r[key] for r in rows]) for key in
+                      ("length_gen_acc", "length_gen_argmax_acc", "balance_violation")
+                      if key in rows[0]}
+        writer.scalars(config.train.num_steps, per_member, healthy=healthy)
+    return rows, attention
+
+
+def _fmt(mean: float, ci: float) -> str:
+    return f"{mean:.3f} ± {ci:.3f}"
+
+
+def summary(rows: list[dict], attention: list[dict], config) -> str:
+    """Text tables: attention variation, per-weight means with 95% intervals over seeds, paired
+    differences against the first weight, Spearman correlations across seeds."""
+    out = [f"Wen et al. measurements ({config.wen.label}); ± is a 95% interval over seeds "
+           "(jackknife over seeds for attention variation)", ""]
+    out.append("Attention variation between seeds (mean over seed pairs) on a prefix of "
+               f"{attention[0]['prefix_len']} tokens; random causal baseline "
+               f"{attention[0]['random_baseline']:.3f} (square rows: "
+               f"{attention[0]['random_baseline_square']:.3f})")
+    out.append(f"  {'weight':>6} {'layer':>5} {'head':>4} {'seeds':>5}  variation [95% interval]")
+    for a in attention:
+        out.append(f"  {a['contrastive_weight']:>6g} {a['layer']:>5} {a['head']:>4} "
+                   f"{a['num_seeds']:>5}  {a['variation']:.3f} [{a['low']:.3f}, {a['high']:.3f}]")
+    keys = [key for key in ("acc_iid", "length_gen_acc", "length_gen_argmax_acc",
+                            "balance_violation") if key in rows[0]]
+    weights = list(dict.fromkeys(r["contrastive_weight"] for r in rows))
+    by = {(r["contrastive_weight"], r["seed"]): r for r in rows if r["healthy"]}
+    seeds = sorted({r["seed"] for r in rows})
+    out += ["", "Per contrastive weight (mean ± 95% CI over healthy seeds; balance violation "
+            "also as median):"]
+    for w in weights:
+        group = [by[(w, s)] for s in seeds if (w, s) in by]
+        cells = []
+        for key in keys:
+            vals = np.array([r[key] for r in group])
+            cell = f"{key} {_fmt(*_mean_and_half_width(vals))}"
+            if key == "balance_violation":
+                cell += f" (median {np.median(vals):.3f})"
+            cells.append(cell)
+        out.append(f"  weight {w:g} ({len(group)} seeds): " + ", ".join(cells))
+    if len(weights) > 1:
+        base = weights[0]
+        out += ["", f"Paired differences vs weight {base:g} (same seeds; mean ± 95% CI):"]
+        for w in weights[1:]:
+            pairs = [s for s in seeds if (w, s) in by and (base, s) in by]
+            cells = [f"{key} {_fmt(*_mean_and_half_width(np.array([by[(w, s)][key] - by[(base, s)][key] for s in pairs])))}"  # noqa: E501
+                     for key in keys]
+            out.append(f"  weight {w:g} - {base:g} ({len(pairs)} seeds): " + ", ".join(cells))
+    if "balance_violation" in keys and "length_gen_acc" in keys:
+        out += ["", "Spearman correlation, balance violation vs length generalization, across "
+                "seeds:"]
+        groups = [(f"weight {w:g}", [r for r in by.values() if r["contrastive_weight"] == w])
+                  for w in weights] + ([("all weights", list(by.values()))] * (len(weights) > 1))
+        for name, group in groups:
+            if len(group) < 3:
+                continue
+            rho, p = stats.spearmanr([r["balance_violation"] for r in group],
+                                     [r["length_gen_acc"] for r in group])
+            out.append(f"  {name} ({len(group)} models): rho = {rho:+.3f} (p = {p:.2g})")
+    return "\n".join(out)
+
+
+def attention_figure(attention: list[dict]):
+    plt = figures._pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    names = [f"{a['label']}\nL{a['layer']}" + (f" cw{a['contrastive_weight']:g}"
+                                                 if a["contrastive_weight"] else "")
+             for a in attention]
+    mean = np.array([a["variation"] for a in attention])
+    err = np.nan_to_num(np.array([[a["variation"] - a["low"], a["high"] - a["variation"]]
+                                  for a in attention]).T)
+    ax.bar(range(len(mean)), mean, yerr=err, capsize=4, color="tab:blue", alpha=0.8)
+    ax.axhline(attention[0]["random_baseline"], color="k", ls="--", label="random (causal)")
+    ax.set_xticks(range(len(mean)), names, fontsize=7)
+    ax.set_ylabel("attention variation")
+    ax.set_title("Attention variation between seeds (mean over pairs, 95% CI)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def length_figure(rows: list[dict]):
+    plt = figures._pyplot()
+    weights = sorted({r["contrastive_weight"] for r in rows})
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    rng = np.random.default_rng(0)
+    for ax, key, title in ((axes[0], "length_gen_acc", "closing share > threshold"),
+                           (axes[1], "length_gen_argmax_acc", "argmax accuracy")):
+        for x, w in enumerate(weights):
+            vals = np.array([r[key] for r in rows if r["contrastive_weight"] == w
+                             and r["healthy"]])
+            ax.scatter(x + rng.uniform(-0.15, 0.15, len(vals)), vals, s=8, alpha=0.5,
+                       color="tab:gray")
+            mean, ci = _mean_and_half_width(vals)
+            ax.errorbar(x, mean, yerr=ci, fmt="o", color="tab:red", capsize=5)
+        ax.set_xticks(range(len(weights)), [f"{w:g}" for w in weights])
+        ax.set_xlabel("contrastive weight λ")
+        ax.set_ylabel("length generalization")
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def balance_figure(rows: list[dict]):
+    plt = figures._pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for w in sorted({r["contrastive_weight"] for r in rows}):
+        group = [r for r in rows if r["contrastive_weight"] == w and r["healthy"]]
+        ax.scatter([r["balance_violation"] for r in group], [r["length_gen_acc"] for r in group],
+                   s=10, label=f"λ={w:g}")
+    ax.set_xscale("log")
+    ax.set_xlabel("balance violation δ/Δ")
+    ax.set_ylabel("length generalization")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _patterns_figure(patterns: dict, prefix: np.ndarray, k: int, labels, healthy,
+                     shown: int = 4):
+    """The attention patterns of the first `shown` healthy members (diverged ones are NaN)."""
+    plt = figures._pyplot()
+    members = np.flatnonzero(healthy)[:shown]
+    ticks = [dyck_task.token_label(t, k) for t in prefix]
+    layers, shown = sorted(patterns), max(len(members), 1)
+    fig, axes = plt.subplots(len(layers), shown, figsize=(2.6 * shown, 2.6 * len(layers)),
+                             squeeze=False)
+    for r, layer in enumerate(layers):
+        for c, member in enumerate(members):
+            ax = axes[r, c]
+            ax.imshow(patterns[layer][member, 0], cmap="viridis", vmin=0, vmax=1)
+            ax.set_title(f"layer {layer}, seed {labels[member]}", fontsize=8)
+            ax.set_xticks(range(len(ticks)), ticks, fontsize=5, rotation=90)
+            ax.set_yticks(range(len(ticks)), ticks, fontsize=5)
+    fig.tight_layout()
+    return fig
+
+
+# The main job's stage (sweep.PIPELINE): after training, once per run, saved whole.
+STAGE = stages.Stage(
+    "wen", run, enabled=enabled, check=check_config, scope="run", keys=("wen.*",),
+    outputs=("wen_results.csv", "wen_attention.csv", "wen_summary.txt"), stamped=True)

@@ -1,0 +1,122 @@
+"""Evaluation while training: accuracy and loss at the task's evaluated positions per split, and
+accuracy by the task's TRAIN_BREAKDOWN (Dyck: closing brackets by depth), batched over seeds.
+
+The seeds are evaluated in the chunks that train them (`train.seed_chunk_size`): one chunk's
+activations are live at a time, which is what the memory plan (memory.plan) counts. A seed's
+numbers come from that seed's forward pass alone and are summed over the sentence batches on the
+host in the same order, whatever the chunk.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxillusions import model as model_lib
+from jaxillusions import tasks
+from jaxillusions.config.settings import Settings
+from jaxillusions.runtime import distributed
+from jaxillusions.runtime.chunks import padded_chunks
+
+
+@functools.partial(jax.jit, static_argnames=("model_cfg", "num_depths"))
+def _eval_batch(params, tokens, is_close, depth, *, model_cfg, num_depths: int):
+    # (is_close, depth, num_depths: the evaluated positions, their bins and the bin count)
+    def one_seed(p):
+        logits, _ = model_lib.forward(p, tokens, model_cfg)
+        targets = jnp.roll(tokens, -1, axis=1)
+        nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+        correct = (logits.argmax(-1) == targets) & is_close
+        depth_onehot = jax.nn.one_hot(depth, num_depths, dtype=jnp.float32) * is_close[..., None]
+        return {
+            "correct_by_depth": jnp.einsum("bt,btd->d", correct.astype(jnp.float32),
+                                           depth_onehot),
+            "nll_sum": (nll * is_close).sum(),
+        }
+
+    out = jax.vmap(one_seed)(params)
+    out["count_by_depth"] = (jax.nn.one_hot(depth, num_depths) * is_close[..., None]).sum((0, 1))
+    return out
+
+
+def seed_chunks(params: dict, chunk_size: int = 0) -> list[dict]:
+    """The members' params (leading seed axis) in the sequential chunks that training uses
+    (distributed.seed_chunks: `chunk_size` seeds, 0: all; the last chunk padded)."""
+    num = jax.tree.leaves(params)[0].shape[0]
+    return [jax.tree.map(lambda x, i=index: x[i], params)
+            for index in distributed.seed_chunks(num, chunk_size)]
+
+
+def evaluate(chunks: Sequence[dict], split, model_cfg: model_lib.ModelConfig, *,
+             num_seeds: int, batch_size: int, num_depths: int,
+             task=None) -> dict[str, np.ndarray]:
+    """Accuracy [S] and loss [S] at the evaluated positions of a split (a task split; Dyck:
+    closing brackets), and accuracy by the task's TRAIN_BREAKDOWN (Dyck: depth) [S, num_depths]
+    as `acc_by_<breakdown>`, with the counts as `count_by_<breakdown>`.
+
+    `chunks`: the members' params in chunks of seeds (leading seed axis; `seed_chunks`, or
+    train_sweep's placed chunks), evaluated one after the other and joined; the first
+    `num_seeds` are kept (a last chunk's padding is dropped). Bins with no evaluated position
+    are NaN. Chunks over sentences are padded to a fixed batch size so the evaluation compiles
+    once per sequence length. `task`: a tasks module (Dyck).
+    """
+    task = task or tasks.get("dyck")
+    breakdown = task.TRAIN_BREAKDOWN
+    view = task.view(split)
+    bins = np.clip(view.bins[breakdown], 0, None)
+    sums = []  # per chunk: {correct_by_depth [W, D], nll_sum [W], count_by_depth [D]}
+    for params in chunks:
+        width = jax.tree.leaves(params)[0].shape[0]
+        params = distributed.shard_seeds(params)  # seeds sharded over the devices (padded)
+        totals = None
+        for batch in padded_chunks([view.tokens, view.evaluated, bins], batch_size):
+            out = _eval_batch(params, *batch, model_cfg=model_cfg, num_depths=num_depths)
+            out = distributed.to_host(out)  # summed on the host: no jit(add) per shape
+            totals = out if totals is None else jax.tree.map(np.add, totals, out)
+        sums.append({k: v if k == "count_by_depth" else v[:width] for k, v in totals.items()})
+    count = sums[0]["count_by_depth"]  # of the data: the same in every chunk
+    correct, nll = (np.concatenate([t[k] for t in sums])[:num_seeds]
+                    for k in ("correct_by_depth", "nll_sum"))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {
+            "acc": correct.sum(-1) / count.sum(),
+            "loss": nll / count.sum(),
+            f"acc_by_{breakdown}": correct / count,
+            f"count_by_{breakdown}": count,
+        }
+
+
+def evaluate_splits(chunks: Sequence[dict], num_seeds: int, splits,
+                    model_cfg: model_lib.ModelConfig,
+                    settings: Settings) -> dict[str, dict[str, np.ndarray]]:
+    """`evaluate` of the chunks of seeds on every non-empty split; of the training split, its
+    first train.eval_train_sentences sentences when set (the whole of it can be most of the
+    evaluation's work: 20,000 sentences against 300 per split in the Dyck demo)."""
+    task = tasks.get(settings.task)
+    cap = settings.train.eval_train_sentences
+    if cap and "train" in splits and len(splits["train"].tokens) > cap:
+        splits = {**splits, "train": tasks.subset(splits["train"], np.arange(cap))}
+    return {name: evaluate(chunks, split, model_cfg, num_seeds=num_seeds,
+                           batch_size=settings.train.eval_batch_size,
+                           num_depths=task.train_num_bins(settings.data), task=task)
+            for name, split in splits.items() if len(split.tokens)}  # (empty: none to score)
+
+
+def log(writer, step: int, results: dict, healthy: np.ndarray, task) -> None:
+    """eval/<split>/{acc,loss} and eval_by_<b>/<split>/<bin label> (Dyck: .../depth_03)."""
+    b = task.TRAIN_BREAKDOWN
+    labels = task.bin_labels(b)
+    scalars = {}
+    for split, res in results.items():
+        scalars[f"eval/{split}/acc"] = res["acc"]
+        scalars[f"eval/{split}/loss"] = res["loss"]
+        for i, acc in enumerate(res[f"acc_by_{b}"].T):
+            if np.isfinite(acc).any():
+                name = labels[i] if labels else f"{b}_{i:02d}"
+                scalars[f"eval_by_{b}/{split}/{name}"] = acc
+    writer.scalars(step, scalars, healthy=healthy)

@@ -1,0 +1,119 @@
+"""The training step of a sweep: every member's parameters, optimizer state and RNG carry a
+leading seed axis, and one jitted call runs `num_steps` optimizer steps for all of them
+(`lax.scan` over a vmapped step). Each member draws its own batch inside the step from its own
+RNG, so the host dispatches one call per logging interval.
+
+A member whose loss or gradients become non-finite is marked unhealthy: its parameters freeze at
+the last finite values and the others train on untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxillusions import model as model_lib
+from jaxillusions.runtime import distributed
+from jaxillusions.training.objective import Objective, objective_loss
+
+DEFAULT_OBJECTIVE = Objective()  # the next-token loss on every target
+
+
+@flax.struct.dataclass
+class SweepState:
+    """Training state; every leaf has a leading seed axis [S, ...]."""
+
+    params: dict
+    opt_state: optax.OptState
+    rng: jax.Array  # [S, 2] uint32 keys, one data/dropout stream per seed
+    step: jax.Array  # [S] int32
+    healthy: jax.Array  # [S] bool
+
+
+def init_state(seeds: Sequence[int], model_cfg: model_lib.ModelConfig,
+               tx: optax.GradientTransformation) -> SweepState:
+    """Initial state for each seed; seed s's state depends only on s (not on the other seeds)."""
+    return _init_state(jnp.asarray(seeds, jnp.uint32), model_cfg, tx)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _init_state(seeds: jax.Array, model_cfg, tx) -> SweepState:
+    keys = jax.vmap(jax.random.PRNGKey)(seeds)
+    init_keys, data_keys = jax.vmap(jax.random.split, out_axes=1)(keys)
+    params = jax.vmap(model_lib.init_params, in_axes=(0, None))(init_keys, model_cfg)
+    return SweepState(
+        params=params,
+        opt_state=jax.vmap(tx.init)(params),
+        rng=data_keys,
+        step=jnp.zeros(len(seeds), jnp.int32),
+        healthy=jnp.ones(len(seeds), bool),
+    )
+
+
+def place_on_devices(state: SweepState, hparams: dict, train_tokens: np.ndarray,
+                     chunks: Sequence[np.ndarray]) -> tuple[list, jax.Array]:
+    """Each chunk's members (distributed.seed_chunks: indices into the host state's seed axis)
+    as (state, hparams) with the seed axis sharded over the mesh of all devices, and the tokens
+    on every device. jit then runs each device's seeds where they live: the same config runs
+    on 1 CPU, 8 GPUs or several hosts. Padding members are copies of the last member."""
+    placed = [distributed.shard_seeds(jax.tree.map(lambda x, i=index: np.asarray(x)[i],
+                                                   (state, hparams)))
+              for index in chunks]
+    return placed, distributed.replicate(train_tokens)
+
+
+def _all_finite(tree) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+def seed_step(state: SweepState, train_tokens: jax.Array, hparams: dict | None = None, *,
+              model_cfg, tx, batch_size: int, objective: Objective = DEFAULT_OBJECTIVE):
+    """One optimizer step of ONE member (the state has no seed axis here; hparams holds its
+    scalar hyper-parameters). Returns (state, loss)."""
+    rng, batch_key = jax.random.split(state.rng)
+    idx = jax.random.randint(batch_key, (batch_size,), 0, train_tokens.shape[0])
+    # The regularizer's prefixes come from their own stream: batches do not depend on it.
+    loss, grads = jax.value_and_grad(objective_loss)(
+        state.params, train_tokens[idx], jax.random.fold_in(batch_key, 1), hparams or {},
+        model_cfg, objective)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    healthy = state.healthy & jnp.isfinite(loss) & _all_finite(grads)
+    # Freeze a diverged seed at its last finite parameters instead of propagating NaNs.
+    keep = functools.partial(jnp.where, healthy)
+    new = SweepState(
+        params=jax.tree.map(keep, params, state.params),
+        opt_state=jax.tree.map(keep, opt_state, state.opt_state),
+        rng=rng,
+        step=state.step + 1,
+        healthy=healthy,
+    )
+    return new, loss
+
+
+@functools.partial(jax.jit, static_argnames=("num_steps", "model_cfg", "tx", "batch_size",
+                                             "objective"), donate_argnums=0)
+def train_steps(state: SweepState, train_tokens: jax.Array, hparams: dict | None = None, *,
+                num_steps: int, model_cfg, tx, batch_size: int,
+                objective: Objective = DEFAULT_OBJECTIVE) -> tuple[SweepState, jax.Array]:
+    """`num_steps` steps for all members in one call. `hparams` maps names to per-member
+    arrays [S] (Members.hparams). Returns (state, losses [num_steps, S])."""
+    one_seed = functools.partial(seed_step, model_cfg=model_cfg, tx=tx, batch_size=batch_size,
+                                 objective=objective)
+    hparams = hparams or {}
+    if state.healthy.shape[0] == 1:
+        # vmap over a size-1 axis still emits batched ops, which XLA:CPU runs ~25% slower than
+        # the plain step (measured: README "Speed"); one seed needs no vmap.
+        hp = jax.tree.map(lambda x: x[0], hparams)
+        state, losses = jax.lax.scan(lambda s, _: one_seed(s, train_tokens, hp),
+                                     jax.tree.map(lambda x: x[0], state), None, length=num_steps)
+        return jax.tree.map(lambda x: x[None], state), losses[:, None]
+    step = jax.vmap(one_seed, in_axes=(0, None, 0))
+    return jax.lax.scan(lambda s, _: step(s, train_tokens, hparams), state, None,
+                        length=num_steps)

@@ -1,0 +1,276 @@
+"""Sweep training: data, the members (seeds x hyper-parameters), training of all of them together
+(step.py), periodic evaluation (evaluation.py), checkpoints and TensorBoard, resumable."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import numpy as np
+
+from jaxillusions import model as model_lib
+from jaxillusions import tasks
+from jaxillusions.config import settings
+from jaxillusions.config.settings import Settings, Train
+from jaxillusions.runtime import distributed
+from jaxillusions.training import memory, objective
+from jaxillusions.training.evaluation import evaluate_splits
+from jaxillusions.training.evaluation import log as log_eval
+from jaxillusions.training.step import SweepState, init_state, place_on_devices, train_steps
+
+
+def seed_list(config: Settings) -> np.ndarray:
+    """The sweep's seeds: config.seed, config.seed + 1, ..., num_seeds of them."""
+    config = settings.require(config, "train.seed_list")
+    return config.seed + np.arange(config.train.num_seeds)
+
+
+def contrastive_weights(tc: Train) -> tuple[float, ...]:
+    """The swept contrastive-regularization weights of the train.* settings `tc`
+    (train.contrastive_weights; () -> (0,))."""
+    return tuple(float(w) for w in tc.contrastive_weights) or (0.0,)
+
+
+@dataclasses.dataclass(frozen=True)
+class Members:
+    """The sweep's members: every (hyper-parameter, seed) pair, hyper-parameters major.
+
+    The same seeds run under every weight (same init, same batches), so comparisons across
+    weights are paired. With one weight the members are just the seeds.
+    """
+
+    seeds: np.ndarray  # [M] the seed of each member
+    hparams: dict[str, np.ndarray]  # {"contrastive_weight": [M] float32}
+    labels: list  # [M] TensorBoard run labels: the seed, or "<seed>_cw<weight>"
+
+
+def members(config: Settings, seeds=None) -> Members:
+    """The members of a run (`seeds`: the sweep's own, seed_list, unless given)."""
+    config = settings.require(config, "train.members")
+    seeds = np.asarray(seed_list(config) if seeds is None else seeds)
+    weights = contrastive_weights(config.train)
+    labels = ([int(s) for s in seeds] if len(weights) == 1 else
+              [f"{int(s)}_cw{w:g}" for w in weights for s in seeds])
+    return Members(seeds=np.tile(seeds, len(weights)),
+                   hparams={"contrastive_weight": np.repeat(np.asarray(weights, np.float32),
+                                                            len(seeds))},
+                   labels=labels)
+
+
+# ---------------------------------------------------------------------------------------------
+# The sweep driver: data, training of all seeds, periodic evaluation, checkpoints, TensorBoard.
+
+def build(config: Settings, splits: dict | None = None):
+    """Data (the task's splits), model config and optimizer of a run (shared by training and
+    the proxy sweep)."""
+    config = settings.require(config, "train.build")
+    if splits is None:
+        splits = tasks.get(config.task).load(config.data)
+    tasks.check_data(config, splits)  # degenerate data is refused before any training
+    model_cfg = model_config(config, max(s.tokens.shape[1] for s in splits.values()), splits)
+    return splits, model_cfg, objective.make_optimizer(config.train,
+                                                       model_lib.frozen_paths(model_cfg))
+
+
+def model_config(config: Settings, widest_split: int | None = None,
+                 splits: dict | None = None) -> model_lib.ModelConfig:
+    """The model config; `widest_split`: the longest split's token width and `splits` the data
+    (None: from the data config, as validate does before any data exists)."""
+    config = settings.require(config, "train.model_config")
+    task = tasks.get(config.task)
+    goal = objective.from_settings(config)
+    if widest_split is None:
+        widest_split = task.widest_width(config.data)
+    fields = task.model_fields(config.data, splits)
+    max_len = max([widest_split]
+                  # BOS + a contrastive prefix (<= 2D+2 tokens) + a training sentence + EOS
+                  + [task.train_width(config.data) + 2 * fields.get("max_depth", 0) + 2]
+                  * goal.contrastive
+                  + [config.model.max_len])
+    model_cfg = model_lib.ModelConfig.from_settings(config.model, max_len=max_len, **fields)
+    used = task.train_width(config.data) - 1 + goal.max_position_offset  # BOS ... EOS-1
+    if used > max_len:
+        raise ValueError(f"train.max_position_offset={goal.max_position_offset}: training "
+                         f"inputs would reach position {used - 1}, but the model has {max_len} "
+                         f"positions (at most {max_len - used + goal.max_position_offset})")
+    return model_cfg
+
+
+def _format_eta(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
+
+
+def claim_workdir(workdir: str, config: Settings, record: bool = True) -> list[str]:
+    """checkpoint.claim_workdir with the analysis keys and defaults of settings.py, in process 0
+    (the notes of a changed analysis setting; none in the other processes). A key that a
+    workdir's config.json lacks (it predates the key) counts as its default. `record=False`:
+    check only, write nothing (before the data has loaded)."""
+    from jaxillusions.runtime import checkpoint as ckpt_lib  # noqa: PLC0415 - keeps orbax off pure use
+    from jaxillusions.runtime import tensorboard as log_lib  # noqa: PLC0415
+
+    config = settings.require(config, "train.claim_workdir")
+    defaults = log_lib.flatten_config(settings.default_settings(config.task))
+    return distributed.on_main(lambda: ckpt_lib.claim_workdir(
+        workdir, config, settings.is_analysis_key, defaults, record),
+        "checking the workdir") or []
+
+
+def _next_stop(step: int, end: int, tc) -> int:
+    """The next step at which training pauses: `end` or the next log, eval or checkpoint step."""
+    return min([end] + [step - step % every + every for every in
+                        (tc.log_every, tc.eval_every, tc.checkpoint_every) if every > 0])
+
+
+def _stop_if_all_diverged(healthy: np.ndarray, step: int) -> None:
+    from jaxillusions.runtime import interrupt  # noqa: PLC0415
+
+    if not healthy.any():
+        raise interrupt.Stopped(
+            f"all {len(healthy)} seeds diverged (non-finite loss or gradients) by step {step}; "
+            "stopped there (lower train.learning_rate or raise train.warmup_steps)")
+
+
+def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, seeds=None,
+                stop_at_step: int | None = None, verbose: bool = True,
+                start_over: bool = False):
+    """Trains every seed of the sweep together; resumes from `workdir` if it has checkpoints.
+
+    Returns (state, eval_results): the final state as numpy arrays with a leading member axis
+    (no padding), and eval_results[split] with per-member arrays (see `evaluate`).
+    `stop_at_step` ends early (as an interrupted run would), for tests.
+    `start_over`: if the workdir has checkpoints and none of them can be restored, move them
+    aside and train from step 0 (otherwise that is an error).
+
+    The members are sharded over all devices (of all processes, see distributed.py), padded to
+    a multiple of the device count, and trained and evaluated in sequential chunks of
+    `train.seed_chunk_size` members (0: all at once) to bound device memory. Padding never
+    reaches results, logs, health reports or checkpoints; with several processes, process 0
+    writes the files.
+
+    Raises interrupt.Stopped when every seed has diverged, or after a SIGTERM/SIGINT (under
+    interrupt.catch_signals), having saved a checkpoint at the step reached.
+    """
+    from jaxillusions.runtime import checkpoint as ckpt_lib  # noqa: PLC0415 - keeps orbax off pure use
+    from jaxillusions.runtime import interrupt  # noqa: PLC0415
+    from jaxillusions.runtime import tensorboard as log_lib  # noqa: PLC0415
+
+    config = settings.require(config, "train.train_sweep")  # checked at the door
+    distributed.use_cpu_devices(config.cpu_devices)  # before JAX starts, or checked
+    tc, task = config.train, tasks.get(config.task)
+    say = print if verbose and distributed.is_main() else (lambda *a, **k: None)
+    checkpointer = writer = None
+    saved_step = None
+    if workdir is not None:  # the workdir is checked before any data or compilation,
+        claim_workdir(workdir, config, record=False)
+    splits, model_cfg, tx = build(config, splits)
+    if workdir is not None:  # and claimed once the data has loaded and passed its checks
+        for note in claim_workdir(workdir, config):
+            say(note)
+        checkpointer = ckpt_lib.Checkpointer(f"{workdir}/{ckpt_lib.CHECKPOINT_DIR}")
+    goal = objective.from_settings(config)
+    sweep = members(config, seeds)
+    seeds, num = sweep.seeds, len(sweep.seeds)
+    chunks = distributed.seed_chunks(num, tc.seed_chunk_size)
+    state = distributed.to_host(init_state(seeds, model_cfg, tx))
+
+    if workdir is not None:
+        saved_step, state = checkpointer.restore_latest(state, start_over=start_over)
+        if saved_step is not None:
+            say(f"resumed from checkpoint at step {saved_step} in {workdir}")
+        if distributed.is_main():
+            writer = log_lib.SweepWriter(f"{workdir}/tensorboard", sweep.labels)
+            # Events logged after the restored step by the run that was stopped are superseded.
+            writer.restart(saved_step or 0, log_lib.SweepWriter.seed_runs(sweep.labels))
+    placed, train_tokens = place_on_devices(state, sweep.hparams, splits["train"].tokens, chunks)
+
+    def host_state() -> SweepState:  # every member, no padding, as numpy
+        return distributed.concat_host([s for s, _ in placed], num)
+
+    def evaluate() -> dict:  # chunk by chunk where they live, as they train (no host round trip)
+        return evaluate_splits([s.params for s, _ in placed], num, splits, model_cfg, config)
+
+    step = int(state.step[0])
+    end = tc.num_steps if stop_at_step is None else min(stop_at_step, tc.num_steps)
+    layout = (f"{len(chunks)} chunks of {len(chunks[0])} members" if len(chunks) > 1
+              else f"{len(chunks[0]) - num} padding members" if len(chunks[0]) > num else "")
+    say(f"training {num} members x {tc.num_steps} steps ({model_cfg.n_layers} layers, "
+        f"d_model {model_cfg.d_model}) on {jax.device_count()} {jax.default_backend()} device(s)"
+        + (f" in {jax.process_count()} processes" if jax.process_count() > 1 else "")
+        + (f" ({layout})" if layout else ""))
+    if step < end:  # compiles the first call's step (jit keeps it) and reads its memory use
+        say(memory.describe(memory.estimate(
+            train_steps, placed[0][0], train_tokens, placed[0][1], num_chunks=len(chunks),
+            num_steps=_next_stop(step, end, tc) - step, model_cfg=model_cfg, tx=tx,
+            batch_size=tc.batch_size, objective=goal)))
+    reported_unhealthy: set[int] = set()
+    start_time, start_step = time.perf_counter(), step
+    results = None
+    try:
+        _stop_if_all_diverged(state.healthy, step)
+        while step < end:
+            steps = _next_stop(step, end, tc) - step
+            losses = []
+            for k, (chunk_state, chunk_hparams) in enumerate(placed):  # sequential chunks
+                chunk_state, chunk_losses = train_steps(
+                    chunk_state, train_tokens, chunk_hparams, num_steps=steps,
+                    model_cfg=model_cfg, tx=tx, batch_size=tc.batch_size, objective=goal)
+                placed[k] = (chunk_state, chunk_hparams)
+                losses.append(chunk_losses)
+            step += steps
+            losses = np.concatenate([distributed.to_host(x) for x in losses], axis=1)[:, :num]
+            healthy = distributed.concat_host([s.healthy for s, _ in placed], num)
+            for i in np.flatnonzero(~healthy):
+                if i not in reported_unhealthy:
+                    reported_unhealthy.add(i)
+                    say(f"WARNING: seed {sweep.labels[i]} diverged (non-finite loss or "
+                        f"gradients) by step {step}; its parameters are frozen and it is "
+                        "excluded from aggregates")
+            _stop_if_all_diverged(healthy, step)
+            last = np.where(healthy, losses[-1], np.nan)
+            if writer is not None:
+                writer.scalars(step, {"train/loss": losses[-1]}, healthy=healthy)
+            if step % tc.log_every == 0 or step == end:
+                rate = (step - start_step) / (time.perf_counter() - start_time)
+                say(f"step {step:>6}/{tc.num_steps} | loss {np.nanmean(last):.4f} "
+                    f"(min {np.nanmin(last):.4f}) | {num} seeds | {rate:.1f} steps/s | "
+                    f"ETA {_format_eta((end - step) / rate)}", flush=True)
+            if (tc.eval_every > 0 and step % tc.eval_every == 0) or step == tc.num_steps:
+                results = evaluate()
+                say(f"  eval {task.EVALUATED} acc (mean over healthy seeds): " + ", ".join(
+                    f"{k} {np.nanmean(np.where(healthy, v['acc'], np.nan)):.3f}"
+                    for k, v in results.items()))
+                if writer is not None:
+                    log_eval(writer, step, results, healthy, task)
+            # Every process stops at the same step, if any of them received a signal.
+            signum = distributed.max_over_processes(interrupt.requested() or 0)
+            stopping = signum > 0
+            if checkpointer is not None and saved_step != step and (
+                    (tc.checkpoint_every > 0 and step % tc.checkpoint_every == 0)
+                    or step == end or stopping):
+                if writer is not None:
+                    writer.flush()  # TensorBoard on disk is never behind the newest checkpoint
+                checkpointer.save(step, host_state())
+                saved_step = step
+            if stopping:
+                interrupt.raise_if_requested(
+                    f"at step {step}; " + (f"checkpoint saved in {workdir}/checkpoints, relaunch "
+                                           "the same command to resume" if workdir else
+                                           "nothing saved (no workdir)"), signum)
+        if results is None and step == tc.num_steps:  # resumed a finished run
+            results = evaluate()
+        state = host_state()
+    except BaseException:
+        for closable in (writer, checkpointer):  # the error in flight is the one to report
+            try:
+                if closable is not None:
+                    closable.close()
+            except Exception:  # noqa: BLE001, S110
+                pass
+        raise
+    if writer is not None:
+        writer.close()
+    if checkpointer is not None:
+        checkpointer.close()
+    return state, results
