@@ -7,6 +7,7 @@ import ast
 import pathlib
 
 import numpy as np
+import pytest
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
@@ -199,3 +200,18 @@ def test_settings_are_read_only_at_the_doors():
     found = [use for name, path in sorted(_modules().items())
              for use in _config_uses(name, path.read_text())]
     assert not found, f"{len(found)} uses of a config below the doors {sorted(DOORS)}: {found}"
+
+
+def test_no_function_of_the_package_takes_more_than_8_parameters():
+    """ruff's PLR0913 at max-args = 8 (pyproject.toml), on the package and the launchers: the
+    run travels as one stages.Context, options as small frozen dataclasses."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("ruff") is None:
+        pytest.skip("ruff is not installed (the test extra has it)")
+    out = subprocess.run([sys.executable, "-m", "ruff", "check", "--select", "PLR0913",
+                          "--output-format", "concise", "jaxillusions", "launch"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout

@@ -166,6 +166,14 @@ def test_the_project_cites_nothing_outside_itself():
     assert len(files) > 50 and not hits, hits
 
 
+def test_the_design_picture_is_the_code():
+    # docs/design.md's picture is `python -m jaxillusions.pipeline.sweep`: a folder, a layer or
+    # a stage changed (or its docstring) without the page fails here.
+    from jaxillusions.pipeline import sweep
+
+    assert sweep.picture() in _page(ROOT / "docs" / "design.md")
+
+
 def test_the_config_reference_is_the_settings_code():
     # docs/configs.md's key tables are `python -m jaxillusions.config.settings`: a key, default
     # or rule
