@@ -130,7 +130,8 @@ def test_benchmark_sweep_runs_on_every_device(cache_dir):
     # With 4 CPU devices, 3 seeds run as launch.train runs them: padded to 4, one per device;
     # the reported rate counts the 3 real seeds.
     code = ("import json, sys; sys.path[:0] = ['tests']; import conftest, jax; "
-            "from benchmarks import training; from jaxillusions import settings, train; "
+            "from benchmarks import training; from jaxillusions.config import settings; "
+            "from jaxillusions.training import train; "
             f"config = settings.from_config(conftest.tiny_config({cache_dir!r})); "
             "splits, m, tx = train.build(config); "
             "row = training.training_row(config, splits, m, tx, 3, steps=2, repeats=1, "

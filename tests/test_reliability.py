@@ -403,7 +403,7 @@ def test_a_signal_stops_a_main_thread_blocked_in_native_code(tmp_path):
     # ignored SIGTERM: Python runs handlers only between bytecodes, so only kill -9 ended it.
     # Here the main thread blocks in C (a second lock of a pthread mutex) as it did in XLA:
     # the first SIGTERM is announced at once, the second ends the process with 143.
-    code = ("import ctypes; from jaxillusions import interrupt\n"
+    code = ("import ctypes; from jaxillusions.runtime import interrupt\n"
             "libc, mutex = ctypes.CDLL(None), ctypes.create_string_buffer(64)\n"
             "with interrupt.catch_signals():\n"
             "    libc.pthread_mutex_lock(mutex)\n"
@@ -492,7 +492,7 @@ def test_second_launch_is_refused_and_a_dead_holder_is_taken_over(tmp_path, cach
     # A holder killed with SIGKILL cannot release the lock: the kernel does, and the next run
     # takes over, naming the dead holder.
     killed = subprocess.run(
-        [sys.executable, "-c", "import os, signal\nfrom jaxillusions import checkpoint\n"
+        [sys.executable, "-c", "import os, signal\nfrom jaxillusions.runtime import checkpoint\n"
          f"checkpoint.WorkdirLock({workdir!r}).acquire()\nprint(os.getpid(), flush=True)\n"
          "os.kill(os.getpid(), signal.SIGKILL)"], cwd=ROOT, capture_output=True, text=True)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
@@ -754,9 +754,12 @@ def test_a_full_disk_in_the_proxy_or_report_stage_names_the_file(swept, tmp_path
     def full(path, *args, **kwargs):
         if path.endswith(target):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return (write_csv if path.endswith(".csv") else write_atomic)(path, *args, **kwargs)
+        if path.endswith(".csv"):
+            return write_csv(args[0], path)
+        return write_atomic(path, *args, **kwargs)
 
     monkeypatch.setattr(checkpoint, "write_atomic", full)
+    monkeypatch.setattr(stages, "write_atomic", full)  # the stage files' writer
     monkeypatch.setattr(sweep.results, "write_csv", lambda rows, path: full(path, rows))
     with pytest.raises(OSError) as err:
         sweep.run(checked(swept["config"]), workdir, verbose=False)

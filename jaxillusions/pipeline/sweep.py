@@ -286,9 +286,11 @@ def _run_stage(stage: Stage, ctx: Context) -> Context:
 def _reports(config, workdir: str, pipeline: Sequence[Stage] = PIPELINE,
              stamped: bool = True) -> list[str]:
     """The report files and directories (the stages' outputs) in the workdir and its weight
-    groups; without `stamped`, not those of stages saved whole (their stage file decides)."""
+    groups; without `stamped`, not those of the enabled stages saved whole (their stage file
+    decides whether they are current; a disabled one's are an earlier analysis's)."""
     dirs = dict.fromkeys([workdir] + [d for _, d in _weight_groups(config, workdir)])
-    patterns = [o for s in pipeline if stamped or not s.stamped for o in s.outputs]
+    patterns = [o for s in pipeline if stamped or not (s.stamped and s.enabled(config))
+                for o in s.outputs]
     return [path for directory in dirs for pattern in patterns
             for path in sorted(glob.glob(os.path.join(glob.escape(directory), pattern)))]
 
