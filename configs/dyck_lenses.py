@@ -44,5 +44,5 @@ def get_config() -> ConfigDict:
     pc.tuned_lens_ranks = (0, 2, 8, 32)
     pc.concepts = ("depth", "bracket")  # erasure's sizes 0 and 1
     pc.erasure_targets = (*RESIDUAL[1:-1], "blocks.-1.attn.q", "blocks.-1.attn.k")
-    pc.probe_sites = (*RESIDUAL, "blocks.-1.attn.q", "blocks.-1.attn.k")
+    config.probes.sites = (*RESIDUAL, "blocks.-1.attn.q", "blocks.-1.attn.k")
     return config

@@ -68,5 +68,5 @@ def get_config() -> ConfigDict:
     # core's cache (evaluation 23 s against 28 s at 256; docs/speed.md). GPUs want larger.
     config.proxies.eval_batch_size = 64
     # Left at their defaults (off): fits on OOD splits, subspace geometry and repair
-    # (proxies.fit_splits, geometry, repair_sentences: docs/why_proxies_fail.md).
+    # (fit_shift.splits, geometry.enabled, geometry.repair_sentences: docs/why_proxies_fail.md).
     return config

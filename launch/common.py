@@ -25,21 +25,24 @@ from collections.abc import Callable, Sequence
 
 from absl import flags
 from ml_collections import ConfigDict, config_flags
+from ml_collections.config_dict import placeholder
 
 
 def with_defaults(config: ConfigDict) -> ConfigDict:
     """`config` with every key of jaxillusions/config/settings.py that it leaves out added at its
     default (settings.defaults of its task), so that `--config.<key>=` can override any key,
     whatever the file states. It changes no setting: a key a config leaves out takes that same
-    default in validate.check. Keys the config sets keep their values and types; a bad task or
-    a section that is not a ConfigDict is left for validate to name."""
+    default in validate.check (a renamed key's old name: a placeholder, read as unset).
+    Keys the config sets keep their values and types; a bad task or a section that is not a
+    ConfigDict is left for validate to name."""
     from jaxillusions import tasks  # noqa: PLC0415 - JAX only once a config loads
     from jaxillusions.config import settings  # noqa: PLC0415 - JAX only once a config loads
 
     task = config.get("task", "dyck")
     if not isinstance(task, str) or task not in tasks.TASKS:
         return config
-    for key, default in settings.defaults(task).items():
+    defaults = settings.defaults(task)
+    for key, default in defaults.items():
         if not isinstance(default, dict):
             if key not in config:
                 config[key] = default
@@ -50,6 +53,12 @@ def with_defaults(config: ConfigDict) -> ConfigDict:
             for name, value in default.items():
                 if name not in config[key]:
                     config[key][name] = value
+    # The old name of a renamed key (settings.RENAMED) stays overridable for a release, as a
+    # typed placeholder: None, which validate.check reads as unset.
+    for old, new in settings.RENAMED.items():
+        (section, name), (new_section, new_name) = old.split("."), new.split(".")
+        if isinstance(config.get(section), ConfigDict) and name not in config[section]:
+            config[section][name] = placeholder(type(defaults[new_section][new_name]))
     return config
 
 

@@ -115,7 +115,7 @@ def sae_sweep(tmp_path_factory, cache_dir) -> str:
     config.proxies.methods = ("svd", "sae")
     config.proxies.sae_sizes = (4, 8)
     config.proxies.eval_splits = ("iid", "unseen_depth")
-    config.proxies.dictionary_match_seeds = 1
+    config.dictionaries.match_seeds = 1
     workdir = str(tmp_path_factory.mktemp("sae_sweep") / "run")
     sweep.run(checked(config), workdir, verbose=False)
     return workdir

@@ -174,7 +174,7 @@ def test_a_sweep_with_sae_writes_the_dictionary_tables(tiny_sweep, sae_sweep):
     # Without sae (the shared tiny sweep: svd and one-hot attention) there is none.
     assert not [f for f in os.listdir(tiny_sweep) if f.startswith("dictionaries")]
     # With it (conftest.sae_sweep: svd and sae of widths 4 and 8 on iid and unseen_depth, two
-    # heads, dictionary_match_seeds=1).
+    # heads, dictionaries.match_seeds=1).
     workdir = sae_sweep
 
     def read(name):
@@ -198,15 +198,15 @@ def test_a_sweep_with_sae_writes_the_dictionary_tables(tiny_sweep, sae_sweep):
     assert all(r["share"] == 1.0 for r in per_seed if r["method"] == "svd" and r["size"] == 1)
 
 
-def test_dictionary_match_seeds_is_a_validated_analysis_key(config):
+def test_dictionaries_match_seeds_is_a_validated_analysis_key(config):
     from jaxillusions.pipeline import validate
 
-    config.proxies.dictionary_match_seeds = -1
-    with pytest.raises(ValueError, match=r"proxies.dictionary_match_seeds=-1.*>= 0"):
+    config.dictionaries.match_seeds = -1
+    with pytest.raises(ValueError, match=r"dictionaries.match_seeds=-1.*>= 0"):
         validate.validate(config)
-    config.proxies.dictionary_match_seeds = 0
+    config.dictionaries.match_seeds = 0
     validate.validate(config)
-    assert run_settings.is_analysis_key("proxies.dictionary_match_seeds")
+    assert run_settings.is_analysis_key("dictionaries.match_seeds")
     # 0: no seed-match analysis, before any collection (nothing else is looked at).
     from jaxillusions import faithfulness
 

@@ -41,7 +41,7 @@ def test_halves_are_disjoint_and_make_up_the_split(n, seed):
 def test_halves_depend_on_the_seed_and_the_cap_takes_a_prefix_of_the_fit_half(config):
     assert not np.array_equal(fit_shift.halves(64, 0)[0], fit_shift.halves(64, 1)[0])
     splits = {"iid": _FakeSplit(np.arange(64)[:, None], np.arange(64))}
-    config.proxies.fit_sentences = 10
+    config.fit_shift.sentences = 10
     part = fit_shift.fit_data(splits, "iid", config)
     np.testing.assert_array_equal(part.tokens[:, 0], fit_shift.halves(64, config.seed)[0][:10])
     np.testing.assert_array_equal(part.lengths, part.tokens[:, 0])  # every sentence field
@@ -61,7 +61,7 @@ class _FakeSplit:
 def _shift_config(cache_dir: str):
     """The Dyck regression sweep, with proxies also fitted on two OOD splits."""
     config = regression_config(cache_dir)
-    config.proxies.fit_splits = FITS
+    config.fit_shift.splits = FITS
     return config
 
 
@@ -90,7 +90,7 @@ def test_extra_fits_leave_results_csv_as_the_dyck_regression_fixture(shifted):
 
 def test_extra_fits_leave_results_csv_byte_identical(shifted, tmp_path):
     """On one machine, the run with OOD fits writes the same results.csv, byte for byte, as the
-    run of the default proxies.fit_splits=("train",) (which test_tasks compares with the
+    run of the default fit_shift.splits=("train",) (which test_tasks compares with the
     fixture)."""
     cache = os.path.join(os.path.dirname(shifted), "cache")
     sweep.run(checked(regression_config(cache)), str(tmp_path / "run"), verbose=False)
@@ -234,12 +234,12 @@ def test_share_of_a_gap_within_resolution_of_zero_is_empty():
 
 
 def test_changing_the_fit_splits_refits_only_what_changed(shifted, tmp_path):
-    """Dropping `longer` from proxies.fit_splits: no fit is recomputed (the train fit and the
+    """Dropping `longer` from fit_shift.splits: no fit is recomputed (the train fit and the
     unseen_depth fit stay, byte for byte), the evaluations on the new halved set are redone."""
     workdir = str(tmp_path / "run")
     shutil.copytree(shifted, workdir)
     config = _shift_config(os.path.join(os.path.dirname(shifted), "cache"))
-    config.proxies.fit_splits = ("train", "unseen_depth")
+    config.fit_shift.splits = ("train", "unseen_depth")
     fits = sorted(p for d in ("proxies", "proxies/fit_unseen_depth")
                   for p in _files(os.path.join(workdir, d), ".msgpack"))
     before = {p: os.stat(p).st_mtime_ns for p in fits}
@@ -257,24 +257,25 @@ def _files(directory: str, suffix: str) -> list[str]:
 
 
 @pytest.mark.parametrize(("settings_", "message"), [
-    ({"fit_splits": ("train", "nope")}, "proxies.fit_splits: 'nope' is unknown in task dyck; "
-                                         "available: train, "),
-    ({"fit_splits": ("train", "other_language")},
-     "proxies.fit_splits: 'other_language' is a split of task code, not task dyck"),
-    ({"fit_splits": ("unseen_depth",)}, "must list 'train'"),
-    ({"fit_splits": ("train", "longer", "longer")}, "and each split once"),
-    ({"fit_splits": "train"}, "proxies.fit_splits='train': must be a tuple of strings"),
-    ({"fit_sentences": -1}, "proxies.fit_sentences=-1: must be >= 0"),
-    ({"fit_sentences": 1.5}, "proxies.fit_sentences=1.5: must be an integer"),
-    ({"fit_sentences": 1, "kmeans_sizes": (2, 64)},
-     "proxies.fit_sentences=1: at most {width} positions to fit kmeans on, fewer than its "
+    ({"splits": ("train", "nope")}, "fit_shift.splits: 'nope' is unknown in task dyck; "
+                                     "available: train, "),
+    ({"splits": ("train", "other_language")},
+     "fit_shift.splits: 'other_language' is a split of task code, not task dyck"),
+    ({"splits": ("unseen_depth",)}, "must list 'train'"),
+    ({"splits": ("train", "longer", "longer")}, "and each split once"),
+    ({"splits": "train"}, "fit_shift.splits='train': must be a tuple of strings"),
+    ({"sentences": -1}, "fit_shift.sentences=-1: must be >= 0"),
+    ({"sentences": 1.5}, "fit_shift.sentences=1.5: must be an integer"),
+    ({"sentences": 1, "proxies.kmeans_sizes": (2, 64)},
+     "fit_shift.sentences=1: at most {width} positions to fit kmeans on, fewer than its "
      "largest size 64"),
 ])
 def test_a_bad_fit_setting_is_a_one_line_error_before_any_work(config, tmp_path, settings_,
                                                                message):
     config = ConfigDict(config.to_dict(), type_safe=False)  # wrong types reach validation
-    for key, value in settings_.items():
-        config.proxies[key] = value
+    for key, value in settings_.items():  # a key of fit_shift.*, or a section's dotted key
+        section, _, name = key.rpartition(".")
+        config[section or "fit_shift"][name] = value
     with pytest.raises(ValueError) as err:
         sweep.run(checked(config), str(tmp_path / "run"), verbose=False)
     message = message.format(width=tasks.get(config).widest_width(config.data))  # BOS..EOS
@@ -283,6 +284,6 @@ def test_a_bad_fit_setting_is_a_one_line_error_before_any_work(config, tmp_path,
 
 
 def test_fit_settings_are_analysis_keys_with_defaults():
-    assert run_settings.is_analysis_key("proxies.fit_splits")
-    assert run_settings.is_analysis_key("proxies.fit_sentences")
-    assert run_settings.Proxies().fit_splits == ("train",)
+    assert run_settings.is_analysis_key("fit_shift.splits")
+    assert run_settings.is_analysis_key("fit_shift.sentences")
+    assert run_settings.FitShift().splits == ("train",)

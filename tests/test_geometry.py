@@ -171,16 +171,16 @@ def test_repair_table_shares_and_signs():
 
 
 @pytest.mark.parametrize(("key", "value", "message"), [
-    ("geometry", 1, "proxies.geometry=1: must be true or false"),
-    ("repair_sentences", (0, 4), "proxies.repair_sentences=(0, 4): must be distinct sentence"),
-    ("repair_sentences", (4, 4), "proxies.repair_sentences=(4, 4): must be distinct sentence"),
-    ("repair_sentences", (4, 33), "proxies.repair_sentences=(4, 33): must be at most 32, the "
+    ("enabled", 1, "geometry.enabled=1: must be true or false"),
+    ("repair_sentences", (0, 4), "geometry.repair_sentences=(0, 4): must be distinct sentence"),
+    ("repair_sentences", (4, 4), "geometry.repair_sentences=(4, 4): must be distinct sentence"),
+    ("repair_sentences", (4, 33), "geometry.repair_sentences=(4, 33): must be at most 32, the "
                                   "fit half of a split of data.num_eval=64"),
 ])
 def test_bad_geometry_keys_are_one_line_errors(config, key, value, message):
     with config.unlocked():  # replaced, not assigned: ConfigDict refuses another type
-        del config.proxies[key]
-        config.proxies[key] = value
+        del config.geometry[key]
+        config.geometry[key] = value
     with pytest.raises(ValueError) as err:
         validate.validate(config)
     assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
@@ -188,10 +188,10 @@ def test_bad_geometry_keys_are_one_line_errors(config, key, value, message):
 
 def test_geometry_without_an_svd_proxy_is_a_one_line_error(config):
     config.proxies.methods = ("kmeans",)
-    config.proxies.geometry = True
+    config.geometry.enabled = True
     with pytest.raises(ValueError) as err:
         validate.validate(config)
-    assert str(err.value) == ("proxies.geometry=True: needs svd or pca in proxies.methods "
+    assert str(err.value) == ("geometry.enabled=True: needs svd or pca in proxies.methods "
                               "(now ('kmeans',))")
 
 
@@ -212,8 +212,8 @@ def test_a_tiny_sweep_writes_geometry_and_repair(tiny_sweep, tmp_path, cache_dir
     workdir = str(tmp_path / "run")
     shutil.copytree(tiny_sweep, workdir)
     config = tiny_sweep_config(cache_dir)
-    config.proxies.geometry = True
-    config.proxies.repair_sentences = (4, 16)
+    config.geometry.enabled = True
+    config.geometry.repair_sentences = (4, 16)
     stage = os.path.join(workdir, "proxies", "00_svd_blocks.1.attn.k_rows.json")
     before = os.path.getmtime(stage)
     sweep.run(checked(config), workdir, verbose=False)
@@ -236,7 +236,7 @@ def test_a_tiny_sweep_writes_geometry_and_repair(tiny_sweep, tmp_path, cache_dir
     assert {r["split"] for r in repair} == {"unseen_depth", "longer"}
     assert os.path.getsize(os.path.join(workdir, "figures", "repair_svd.png")) > 10_000
 
-    config.proxies.repair_sentences = (8,)
+    config.geometry.repair_sentences = (8,)
     sweep.run(checked(config), workdir, verbose=False)
     assert {r["sentences"] for r in _read(os.path.join(workdir, "repair.csv"))} == {"8"}
     assert os.path.getmtime(stage) == before

@@ -265,7 +265,7 @@ def test_a_tiny_sweep_with_lenses_erasure_and_probes(tiny_sweep, tmp_path, cache
     config.proxies.tuned_lens_ranks = (0, 16)
     config.proxies.concepts = ("depth", "bracket")
     config.proxies.erasure_targets = ("blocks.0.resid_post",)
-    config.proxies.probe_sites = ("blocks.0.resid_post",)
+    config.probes.sites = ("blocks.0.resid_post",)
     stage = os.path.join(workdir, "proxies", "00_svd_blocks.1.attn.k_rows.json")
     before = os.path.getmtime(stage)
     rows = sweep.run(checked(config), workdir, verbose=False)
@@ -302,8 +302,8 @@ def test_a_tiny_sweep_with_lenses_erasure_and_probes(tiny_sweep, tmp_path, cache
 @pytest.mark.parametrize("keys, message", [
     ({"methods": ("erasure",)}, "proxy 'erasure' needs config.proxies.concepts"),
     ({"concepts": ("category",)}, "'category' is not a concept of task dyck"),
-    ({"concepts": ("depth",), "probe_sites": ("blocks.0.attn.pattern",)}, "not a vector site"),
-    ({"probe_sites": ("blocks.0.resid_mid",)}, "needs proxies.concepts"),
+    ({"concepts": ("depth",), "probes.sites": ("blocks.0.attn.pattern",)}, "not a vector site"),
+    ({"probes.sites": ("blocks.0.resid_mid",)}, "needs proxies.concepts"),
     ({"methods": ("tuned_lens",), "tuned_lens_targets": ("blocks.0.resid_mid",),
       "tuned_lens_ranks": (17,)}, r"ranks \[17\] exceed d_model 16"),
     ({"methods": ("logit_lens",)}, "must be one residual-stream site"),  # proxies.targets: k
@@ -311,8 +311,9 @@ def test_a_tiny_sweep_with_lenses_erasure_and_probes(tiny_sweep, tmp_path, cache
 def test_bad_lens_probe_and_erasure_settings_are_one_line_errors(config, keys, message):
     from jaxillusions.pipeline import validate
 
-    for key, value in keys.items():
-        setattr(config.proxies, key, value)
+    for key, value in keys.items():  # a key of proxies.*, or a section's dotted key
+        section, _, name = key.rpartition(".")
+        setattr(config[section or "proxies"], name, value)
     with pytest.raises(ValueError, match=message) as err:
         validate.check(config)
     assert "\n" not in str(err.value)

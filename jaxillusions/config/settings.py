@@ -11,7 +11,9 @@ them, only (`require` turns a ConfigDict into a one-line TypeError;
 tests/test_architecture.py fails on a from_config elsewhere). A key missing from a config takes
 its default; an unknown key, a value of the wrong kind or one its rule refuses is a one-line
 ValueError naming the key. docs/configs.md's reference is `reference()`, and a test keeps the
-two equal.
+two equal. The studies' keys have sections of their own (dictionaries, geometry, probes,
+fit_shift, wen, induction); their old names under proxies.* (`RENAMED`) are read for one more
+release, with a note (`renamed`, which validate.check shows).
 
 `ANALYSIS_KEYS` lists the keys that only change what is measured or logged, not the trained
 parameters: they may change between a run and its resumption (the change is recorded in the
@@ -49,6 +51,10 @@ from jaxillusions.proxies import sae
 ANALYSIS_KEYS = (
     "figures",
     "proxies.*",
+    "dictionaries.*",
+    "geometry.*",
+    "probes.*",
+    "fit_shift.*",
     "wen.*",
     "induction.*",
     "train.eval_batch_size",
@@ -58,6 +64,22 @@ ANALYSIS_KEYS = (
     "train.checkpoint_every",
     "data.cache_dir",
 )
+
+
+# Keys renamed when the studies got sections of their own (old -> new). For one release a config
+# (or a command line) may still set the old name: it is read as the new one, with a note
+# (`renamed`). An old name left None (the launchers' placeholder, so that it can be given on the
+# command line) is unset, and so is a new name at its default (configs.defaults writes every
+# key); both set to different values is an error.
+RENAMED = {
+    "proxies.dictionary_match_seeds": "dictionaries.match_seeds",
+    "proxies.geometry": "geometry.enabled",
+    "proxies.repair_sentences": "geometry.repair_sentences",
+    "proxies.probe_sites": "probes.sites",
+    "proxies.probe_ridge": "probes.ridge",
+    "proxies.fit_splits": "fit_shift.splits",
+    "proxies.fit_sentences": "fit_shift.sentences",
+}
 
 
 def is_analysis_key(key: str) -> bool:
@@ -173,41 +195,64 @@ class Proxies:
     sae_steps: int = setting(sae.DEFAULTS["sae_steps"], INT, ">= 1", positive)
     sae_lr: float = setting(sae.DEFAULTS["sae_lr"], NUMBER, "> 0", lambda v, s: v > 0)
     sae_batch: int = setting(sae.DEFAULTS["sae_batch"], INT, ">= 1", positive)
-    dictionary_match_seeds: int = setting(8, INT, ">= 0 (0: no SAE seed-match analysis)",
-                                          nonnegative,
-                                          "seeds of the SAE seed-dependence analysis")
-    fit_splits: tuple[str, ...] = setting(
-        ("train",), STRS, "splits of the task, 'train' among them (checked below)",
-        lambda v, s: len(v) >= 1, "splits the proxies are fitted on (an OOD one: its fit half)")
-    fit_sentences: int = setting(0, INT, ">= 0 (0: every sentence of the fit split or half)",
-                                 nonnegative, "cap on the sentences a proxy is fitted on")
-    geometry: bool = setting(False, BOOL, "true or false",
-                             doc="principal angles and outside energy of the SVD subspaces")
-    repair_sentences: tuple[int, ...] = setting(
-        (), INTS, "distinct sentence counts >= 1, or () for no repair",
-        lambda v, s: all(m >= 1 for m in v) and len(set(v)) == len(v),
-        "refit / rotate each proxy with M unlabelled OOD sentences")
-    # Lenses, probes and concept erasure (docs/lenses.md).
+    # Lenses and concept erasure (docs/lenses.md); the erasure proxy's sizes are the concepts.
     concepts: tuple[str, ...] = setting(
         (), STRS, "distinct concepts of the task (dyck: depth, bracket; code: category)",
         lambda v, s: len(set(v)) == len(v),
-        "what erasure erases (its size c: concepts[c]) and the probe table probes")
+        "what erasure erases (its size c: concepts[c]) and what probes.sites probes")
     tuned_lens_ranks: tuple[int, ...] = setting(
         (), INTS, "ranks >= 0, or () for d_model", lambda v, s: all(r >= 0 for r in v),
         "ranks of the tuned lens's correction to the identity (0: mean shift only)")
     tuned_lens_ridge: float = setting(1e-4, NUMBER, ">= 0", nonnegative,
                                       "ridge of the tuned lens, times Cov's mean eigenvalue")
-    probe_sites: tuple[str, ...] = setting(
-        (), STRS, "vector sites, or () for no probe table",
-        doc="sites of the linear-probe table (probes.csv, probes.txt)")
-    probe_ridge: float = setting(1e-3, NUMBER, "> 0", lambda v, s: v > 0,
-                                 "ridge of the probes, times Cov's mean eigenvalue")
     collect_batch_size: int = setting(512, INT, ">= 1", positive,
                                       "training sentences per activation-collection chunk")
     eval_batch_size: int = setting(256, INT, ">= 1", positive)
     # An analysis key: it changes no number (docs/scaling_out.md).
     seed_chunk_size: int = setting(0, INT, ">= 0 (0: as many as fit the device)", nonnegative,
                                    "seeds per call of the proxy stage")
+
+
+@dataclasses.dataclass(frozen=True)
+class Dictionaries:
+    """The SAE proxy's seed-dependence analysis (jaxillusions/studies/dictionaries.py)."""
+
+    match_seeds: int = setting(8, INT, ">= 0 (0: no SAE seed-match analysis)", nonnegative,
+                               "seeds of the SAE seed-dependence analysis")
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+    """Subspace geometry of the SVD proxies and their repair (jaxillusions/studies/geometry.py)."""
+
+    enabled: bool = setting(False, BOOL, "true or false",
+                            doc="principal angles and outside energy of the SVD subspaces")
+    repair_sentences: tuple[int, ...] = setting(
+        (), INTS, "distinct sentence counts >= 1, or () for no repair",
+        lambda v, s: all(m >= 1 for m in v) and len(set(v)) == len(v),
+        "refit / rotate each proxy with M unlabelled OOD sentences")
+
+
+@dataclasses.dataclass(frozen=True)
+class Probes:
+    """Linear probes of proxies.concepts per split (jaxillusions/studies/probes.py)."""
+
+    sites: tuple[str, ...] = setting(
+        (), STRS, "vector sites, or () for no probe table",
+        doc="sites of the linear-probe table (probes.csv, probes.txt)")
+    ridge: float = setting(1e-3, NUMBER, "> 0", lambda v, s: v > 0,
+                           "ridge of the probes, times Cov's mean eigenvalue")
+
+
+@dataclasses.dataclass(frozen=True)
+class FitShift:
+    """Proxies fitted on other splits than train too (jaxillusions/studies/fit_shift.py)."""
+
+    splits: tuple[str, ...] = setting(
+        ("train",), STRS, "splits of the task, 'train' among them (checked below)",
+        lambda v, s: len(v) >= 1, "splits the proxies are fitted on (an OOD one: its fit half)")
+    sentences: int = setting(0, INT, ">= 0 (0: every sentence of the fit split or half)",
+                             nonnegative, "cap on the sentences a proxy is fitted on")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,7 +284,8 @@ class Induction:
 # Which figures the main job draws (figures/ and TensorBoard IMAGES; sweep.figure_jobs).
 FIGURES = ("summary", "all")
 
-SECTIONS = {"model": Model, "train": Train, "proxies": Proxies, "wen": Wen,
+SECTIONS = {"model": Model, "train": Train, "proxies": Proxies, "dictionaries": Dictionaries,
+            "geometry": Geometry, "probes": Probes, "fit_shift": FitShift, "wen": Wen,
             "induction": Induction}
 
 
@@ -263,6 +309,10 @@ class Settings:
     model: Model = dataclasses.field(default_factory=Model)
     train: Train = dataclasses.field(default_factory=Train)
     proxies: Proxies = dataclasses.field(default_factory=Proxies)
+    dictionaries: Dictionaries = dataclasses.field(default_factory=Dictionaries)
+    geometry: Geometry = dataclasses.field(default_factory=Geometry)
+    probes: Probes = dataclasses.field(default_factory=Probes)
+    fit_shift: FitShift = dataclasses.field(default_factory=FitShift)
     wen: Wen = dataclasses.field(default_factory=Wen)
     induction: Induction = dataclasses.field(default_factory=Induction)
 
@@ -344,7 +394,7 @@ def from_config(config: Any) -> Settings:
     is). Raises ValueError (one line: key, value, what is allowed) for the first bad key."""
     if isinstance(config, Settings):
         return config
-    raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    raw = _renamed(_raw(config))
     top = {k: v for k, v in raw.items() if not isinstance(v, dict)}
     nested = {k: v for k, v in raw.items() if isinstance(v, dict)}
     top_fields = {f.name: f for f in dataclasses.fields(Settings) if f.name not in {
@@ -368,6 +418,47 @@ def from_config(config: Any) -> Settings:
         if not r.test(value, settings):
             raise ValueError(f"{key}={value!r}: must be {r.allowed}")
     return settings
+
+
+def renamed(config: Any) -> list[str]:
+    """One note for each old name of RENAMED that `config` (as from_config takes it) sets."""
+    if isinstance(config, Settings):
+        return []
+    raw = _raw(config)
+    return [f"note: {old} is now {new}; the old name goes in the next release"
+            for old, new in RENAMED.items() if _value(raw, old) is not None]
+
+
+def _raw(config: Any) -> dict:
+    return config.to_dict() if hasattr(config, "to_dict") else dict(config)
+
+
+def _value(raw: dict, key: str) -> Any:
+    section, _, name = key.partition(".")
+    return raw[section].get(name) if isinstance(raw.get(section), dict) else None
+
+
+def _renamed(raw: dict) -> dict:
+    """`raw` with RENAMED's old names read as the new ones (a copy; unset old names dropped); a
+    one-line ValueError when a config sets both names of a pair to different values."""
+    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    for old, new in RENAMED.items():
+        old_value, new_value = _value(raw, old), _value(raw, new)
+        if old_value is None:
+            if isinstance(raw.get("proxies"), dict):
+                raw["proxies"].pop(old.partition(".")[2], None)
+            continue
+        section, _, name = new.partition(".")
+        default = next(f.default for f in dataclasses.fields(SECTIONS[section]) if f.name == name)
+        if new_value is not None and _plain(new_value) not in (_plain(old_value),
+                                                                _plain(default)):
+            raise ValueError(f"{old}={old_value!r} and {new}={new_value!r}: {old} is the old "
+                             f"name of {new}; set {new} only")
+        if not isinstance(raw.setdefault(section, {}), dict):
+            continue  # a section that is not one: from_config names it
+        raw[section][name] = old_value
+        del raw["proxies"][old.partition(".")[2]]
+    return raw
 
 
 def require(config: Any, where: str) -> Settings:

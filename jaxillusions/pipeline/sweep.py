@@ -14,9 +14,9 @@ with proxies (proxies.methods). A new study is a module with a `STAGE` and one l
 
 Writes into the workdir: results.csv (tidy rows), gap_table.txt with gaps.csv,
 proxy_vs_original.csv, id_predicts_gap.csv and min_size.csv (report/stats.py), with method sae
-dictionaries_*.csv (studies/dictionaries.py), with proxies.fit_splits beyond train
+dictionaries_*.csv (studies/dictionaries.py), with fit_shift.splits beyond train
 fit_shift_results.csv, fit_x_eval.csv and gap_decomposition.csv (fit_shift.py,
-studies/fit_shift.py), with proxies.geometry or proxies.repair_sentences geometry.csv,
+studies/fit_shift.py), with geometry.enabled or geometry.repair_sentences geometry.csv,
 geometry_predicts_gap.csv and repair.csv (geometry_stage.py), figures/*.png (those the setting
 `figures` chooses: the summary set by default; `complete_figures`, i.e. python -m launch.figures,
 draws the rest later), TensorBoard curves and the hparams view, and the training checkpoints.
@@ -549,7 +549,7 @@ def write_reports(rows, config, workdir: str, seeds, healthy, *, verbose: bool =
     if mechanism:
         head, sep, rest = text.partition("\n\n")
         text = "\n".join([head, *mechanism]) + sep + rest
-    text = "\n".join([text, *probes.report_lines(config, workdir)])  # with proxies.probe_sites
+    text = "\n".join([text, *probes.report_lines(config, workdir)])  # with probes.sites
     if data_baselines:
         names = list(dict.fromkeys(m for b in data_baselines.values() for m in b))
         with stages.writing("report", os.path.join(workdir, "baselines.csv")):

@@ -32,9 +32,10 @@ def check(config: Any) -> tuple[Settings, list[str]]:
     setting. It splits the CPU into the config's cpu_devices first (distributed.use_cpu_devices):
     the checks after the keys start JAX (memory.check_config reads the devices), which fixes
     them for the process."""
+    renamed = settings.renamed(config)  # old names of keys, read as the new ones
     config = settings.from_config(config)
     distributed.use_cpu_devices(config.cpu_devices)
-    notes = tasks.get(config.task).check_config(config)
+    notes = renamed + tasks.get(config.task).check_config(config)
     if config.train.contrastive_weights and not hasattr(tasks.get(config.task),
                                                         "contrastive_loss"):
         raise ValueError(f"train.contrastive_weights={config.train.contrastive_weights}: the "
@@ -107,16 +108,16 @@ def _proxy_checks(config: Settings, model_cfg) -> list[str]:
 
 
 def _geometry_checks(config, specs) -> None:
-    """proxies.geometry / repair_sentences need an SVD proxy, and M within a split's fit half."""
-    pc = config.proxies
+    """geometry.enabled / repair_sentences need an SVD proxy, and M within a split's fit half."""
+    gc = config.geometry
     if not geometry_stage.enabled(config):
         return
-    key = "proxies.repair_sentences" if pc.repair_sentences else "proxies.geometry"
+    key = "repair_sentences" if gc.repair_sentences else "enabled"
     if not any(s.method in geometry_stage.METHODS for s in specs):
-        raise ValueError(f"{key}={getattr(pc, key.split('.')[1])!r}: needs svd or pca in "
-                         f"proxies.methods (now {tuple(pc.methods)})")
-    counts, per_split = pc.repair_sentences, getattr(config.data, "num_eval", None)
+        raise ValueError(f"geometry.{key}={getattr(gc, key)!r}: needs svd or pca in "
+                         f"proxies.methods (now {tuple(config.proxies.methods)})")
+    counts, per_split = gc.repair_sentences, getattr(config.data, "num_eval", None)
     if counts and per_split is not None and per_split > 0 and max(counts) > (per_split + 1) // 2:
-        raise ValueError(f"proxies.repair_sentences={counts}: must be at most "
+        raise ValueError(f"geometry.repair_sentences={counts}: must be at most "
                          f"{(per_split + 1) // 2}, the fit half of a split of data.num_eval="
                          f"{per_split} sentences")

@@ -363,7 +363,7 @@ def seed_match_tables(params, healthy, seeds: Sequence[int], train_split, model_
                       families: Sequence[FittedProxy], config, say=print
                       ) -> dict[str, tuple[list[dict], tuple[str, ...]]]:
     """dictionaries_seed_match (summary) and dictionaries_seed_match_per_seed for the first
-    proxies.dictionary_match_seeds healthy seeds (0: none): each SAE family of `families` (the
+    dictionaries.match_seeds healthy seeds (0: none): each SAE family of `families` (the
     sweep's fit: family i's spec and params {site: [S, G, R, ...]}) against a second fit on the
     same training sample with other keys, and the SVD bases of the sample's two halves (at
     svd.settings' ranks, clipped to the site's dimension). The sample is collected again
@@ -372,7 +372,7 @@ def seed_match_tables(params, healthy, seeds: Sequence[int], train_split, model_
     from jaxillusions import faithfulness, tasks  # noqa: PLC0415 - the engine, only here
 
     pc = config.proxies
-    wanted = pc.dictionary_match_seeds
+    wanted = config.dictionaries.match_seeds
     indices = [i for i in range(len(seeds)) if healthy is None or healthy[i]][:wanted]
     saes = [(i, f.spec) for i, f in enumerate(families) if f.spec.method == "sae"]
     if not saes or not indices:
@@ -430,5 +430,5 @@ def enabled(settings) -> bool:
 
 
 # The main job's stage (sweep.PIPELINE): per weight group, after the proxies.
-STAGE = stages.Stage("dictionaries", run, enabled=enabled, keys=("proxies.*",),
+STAGE = stages.Stage("dictionaries", run, enabled=enabled, keys=("dictionaries.*", "proxies.*"),
                      outputs=("dictionaries_*.csv",))

@@ -1,12 +1,12 @@
-"""Fit proxies on other splits than `train` (proxies.fit_splits) and evaluate them everywhere.
+"""Fit proxies on other splits than `train` (fit_shift.splits) and evaluate them everywhere.
 
 A proxy fitted on the training split loses faithfulness out of distribution. Fitting a proxy
 of the same size on the OOD split itself separates the two causes (studies/fit_shift.py):
 the part of the gap that refitting removes is tied to the fit distribution, the part that
 remains is beyond what a proxy of that size can do.
 
-    proxies.fit_splits = ("train", "unseen_depth", "longer")   # train: the reference, required
-    proxies.fit_sentences = 0                                  # cap per fit (0: all)
+    fit_shift.splits = ("train", "unseen_depth", "longer")   # train: the reference, required
+    fit_shift.sentences = 0                                  # cap per fit (0: all)
 
 Halves: a fit split F other than train is cut in two by a fixed permutation of its sentence
 indices, drawn from a numpy generator seeded by (a constant naming this stream, config.seed, the
@@ -16,7 +16,7 @@ every run, machine and fit split. Every proxy, the train-fitted one included, is
 the same sentences: the evaluation half of each fit split and the whole of the other
 evaluation splits (the "halved evaluation set"); the paired comparisons are on equal footing.
 
-proxies.fit_sentences caps the sentences of every fit (train included) at the first N of the
+fit_shift.sentences caps the sentences of every fit (train included) at the first N of the
 fit half in permutation order (train: of the same kind of permutation of train), a random
 sample; 0 (the default) uses them all, and then the training split is used as it is, so the
 train-fitted proxies and results.csv are those of a run without this module.
@@ -323,8 +323,8 @@ def halves(num_sentences: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 def fit_data(splits: dict, name: str, config):
     """The sentences proxies are fitted on for fit split `name`: train as it is unless capped,
-    another split's fit half (capped by proxies.fit_sentences)."""
-    split, cap, seed = splits[name], config.proxies.fit_sentences, config.seed
+    another split's fit half (capped by fit_shift.sentences)."""
+    split, cap, seed = splits[name], config.fit_shift.sentences, config.seed
     if name == REFERENCE:
         return split if not cap else tasks.subset(split, permutation(len(split.tokens), seed)[:cap])
     index = halves(len(split.tokens), seed)[0]
@@ -334,45 +334,45 @@ def fit_data(splits: dict, name: str, config):
 def fit_stamp(config) -> dict:
     """What the train fit's stage stamp gains: nothing at the default (so the stage files of
     runs without this module stay valid), else the cap."""
-    return {"fit_sentences": config.proxies.fit_sentences} if config.proxies.fit_sentences else {}
+    return {"fit_sentences": config.fit_shift.sentences} if config.fit_shift.sentences else {}
 
 
 def check_config(config) -> None:
     """One-line ValueError for bad fit settings (validate runs it before any work)."""
     pc, task = config.proxies, tasks.get(config)
-    names = config.proxies.fit_splits
+    names = config.fit_shift.splits
     for name in names:
         if name not in task.SPLITS:
             other = [t for t in tasks.TASKS if name in tasks.get(t).SPLITS]
             where = f"a split of task {other[0]}, not" if other else "unknown in"
-            raise ValueError(f"proxies.fit_splits: {name!r} is {where} task {task.NAME}; "
+            raise ValueError(f"fit_shift.splits: {name!r} is {where} task {task.NAME}; "
                              f"available: {', '.join(task.SPLITS)}")
     if REFERENCE not in names or len(set(names)) != len(names):
-        raise ValueError(f"proxies.fit_splits={names}: must list {REFERENCE!r} (the reference "
+        raise ValueError(f"fit_shift.splits={names}: must list {REFERENCE!r} (the reference "
                          "of every paired comparison) and each split once")
-    cap, width = config.proxies.fit_sentences, task.widest_width(config.data)
+    cap, width = config.fit_shift.sentences, task.widest_width(config.data)
     for method in [m for m in pc.methods if m in SAMPLE_BOUNDED] if cap else ():
         # A fit on `cap` sentences sees at most cap * width positions (vectors to cluster).
         largest = max(getattr(pc, proxies.sizes_key(proxies.get(method))))
         if cap * width < largest:
-            raise ValueError(f"proxies.fit_sentences={cap}: at most {cap * width} positions "
+            raise ValueError(f"fit_shift.sentences={cap}: at most {cap * width} positions "
                              f"to fit {method} on, fewer than its largest size {largest}; use "
                              f"at least {-(-largest // width)} sentences, or 0 (all)")
 
 
 def enabled(config) -> bool:
-    """With proxies.fit_splits beyond train (proxies fitted on other splits too)."""
-    return any(s != REFERENCE for s in config.proxies.fit_splits)
+    """With fit_shift.splits beyond train (proxies fitted on other splits too)."""
+    return any(s != REFERENCE for s in config.fit_shift.splits)
 
 
 def run(ctx: stages.Context) -> stages.Context:
     """The stage, on a weight group's context: adds `shift_rows`, the rows of every proxy fitted
-    on every split of proxies.fit_splits (column fit_split), evaluated on the halved evaluation
+    on every split of fit_shift.splits (column fit_split), evaluated on the halved evaluation
     set, from the proxy stage's train fits (`specs`, `fitted`, `fit_stamps`); the report stage
     writes their tables."""
     config, params, splits, say = ctx.settings, ctx.params, ctx.splits, ctx.say
     specs, fitted, fit_stamps = (ctx.results[k] for k in ("specs", "fitted", "fit_stamps"))
-    others = [s for s in config.proxies.fit_splits if s != REFERENCE]
+    others = [s for s in config.fit_shift.splits if s != REFERENCE]
     pc, seed = config.proxies, config.seed
     chunking = faithfulness.Chunking(pc.seed_chunk_size, say)
     files, model_cfg, seeds, healthy = ctx.files, ctx.model_cfg, ctx.seeds, ctx.healthy
@@ -435,7 +435,7 @@ def _fit(ctx: stages.Context, data, dependent: list[int], stamps: dict, director
     todo = [i for i in dependent if loaded[i] is None]
     if todo:
         if not len(data.tokens):
-            raise ValueError(f"proxies.fit_splits: the fit half of {os.path.basename(directory)}"
+            raise ValueError(f"fit_shift.splits: the fit half of {os.path.basename(directory)}"
                              " has no sentences")
         with timing.stage("collection"):
             stats = faithfulness.collect(params, data, model_cfg, [specs[i] for i in todo],
@@ -466,5 +466,5 @@ def _check(settings, model_cfg) -> None:
 
 # The main job's stage (sweep.PIPELINE): per weight group, after the proxies; the report stage
 # writes its tables (studies/fit_shift.py).
-STAGE = stages.Stage("fit_shift", run, enabled=enabled, check=_check, keys=("proxies.*",),
-                     outputs=REPORTS)
+STAGE = stages.Stage("fit_shift", run, enabled=enabled, check=_check,
+                     keys=("fit_shift.*", "proxies.*"), outputs=REPORTS)

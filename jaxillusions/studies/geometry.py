@@ -1,12 +1,12 @@
 """The sweep's geometry and repair stage (studies/geometry.py), run after the proxy evaluation
-when proxies.geometry is true or proxies.repair_sentences is not empty.
+when geometry.enabled is true or geometry.repair_sentences is not empty.
 
     run(params, healthy, seeds, splits, model_cfg, shared, fit_stamps, rows, config, workdir,
         files, say)
 
 1. Moments (faithfulness.collect, the training collection's code and chunking) of the SVD
    proxies' sites on the training split, on every evaluation split and on the first M sentences
-   of each OOD split's fit half (fit_shift.halves), for every M of proxies.repair_sentences:
+   of each OOD split's fit half (fit_shift.halves), for every M of geometry.repair_sentences:
    one stage file, proxies/geometry_moments.msgpack.
 2. geometry.csv and geometry_predicts_gap.csv (per svd/pca method: its centring) from them.
 3. Repair, per svd/pca family: the train-fitted proxy, and each refit and rotation, evaluated on
@@ -363,9 +363,9 @@ MOMENTS_FILE = "geometry_moments.msgpack"
 
 
 def enabled(config) -> bool:
-    """With proxies.geometry or proxies.repair_sentences (subspace geometry, repair)."""
-    pc = config.proxies
-    return bool(pc.geometry or pc.repair_sentences)
+    """With geometry.enabled or geometry.repair_sentences (subspace geometry, repair)."""
+    gc = config.geometry
+    return bool(gc.enabled or gc.repair_sentences)
 
 
 def run(ctx: stages.Context) -> stages.Context:
@@ -378,7 +378,7 @@ def run(ctx: stages.Context) -> stages.Context:
     shared, fit_stamps, rows = (ctx.results[k] for k in ("shared", "fit_stamps", "rows"))
     pc, task = config.proxies, tasks.get(config)
     baseline = pc.gap_baseline
-    counts = pc.repair_sentences
+    counts = config.geometry.repair_sentences
     families = [(i, p) for i, p in enumerate(shared) if p.spec.method in METHODS]
     if not families:
         return ctx
@@ -390,7 +390,7 @@ def run(ctx: stages.Context) -> stages.Context:
     halves = {s: fit_shift.halves(len(splits[s].tokens), config.seed) for s in ood}
     short = [s for s in ood if counts and max(counts) > len(halves[s][0])]
     if short:  # a task whose split sizes validate could not know (code: num_eval -1)
-        raise ValueError(f"proxies.repair_sentences={counts}: split {short[0]} has "
+        raise ValueError(f"geometry.repair_sentences={counts}: split {short[0]} has "
                          f"{len(halves[short[0]][0])} sentences in its fit half; at most that")
     chunking = faithfulness.Chunking(pc.seed_chunk_size, say)
 
@@ -472,7 +472,7 @@ def _repair_family(ctx: stages.Context, proxy, moments: dict, ood: list[str],
     per split."""
     config, splits = ctx.settings, ctx.splits
     pc, spec, task = config.proxies, proxy.spec, tasks.get(config)
-    counts = pc.repair_sentences
+    counts = config.geometry.repair_sentences
     center = center_of(spec.method, pc.svd_center)
     # Uncentred, the rotated basis spans the refit's subspace with the same (zero) mean: the
     # same proxy (analysis/py), so only the refit is evaluated.
@@ -528,5 +528,5 @@ def _headline(table: list[dict]) -> str:
 
 
 # The main job's stage (sweep.PIPELINE): per weight group, after the proxies.
-STAGE = stages.Stage("geometry", run, enabled=enabled, keys=("proxies.*",),
+STAGE = stages.Stage("geometry", run, enabled=enabled, keys=("geometry.*", "proxies.*"),
                      outputs=("geometry.csv", "geometry_predicts_gap.csv", "repair.csv"))

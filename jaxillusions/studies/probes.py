@@ -1,14 +1,14 @@
 """Linear probes of the task's concepts, and what concept erasure leaves of them, per split: the
-sweep's probe stage (proxies.probe_sites not empty), run after the proxy evaluation.
+sweep's probe stage (probes.sites not empty), run after the proxy evaluation.
 
 A linear probe's claim: "the concept is linearly represented at this site". Erasure's (proxies/
 erasure.py): "after LEACE the concept is not linearly decodable". Both are fitted on the
 training distribution; this table asks whether they still hold on every evaluation split.
 
-Per seed, site of proxies.probe_sites and concept of proxies.concepts (tasks.concept_labels),
+Per seed, site of probes.sites and concept of proxies.concepts (tasks.concept_labels),
 fitted on the sample the erasure proxy is fitted on (the first proxies.kmeans_samples positions
 of the training sentences):
-  - the probe: ridge least squares on the one-hot class (proxies.probe_ridge times Cov's mean
+  - the probe: ridge least squares on the one-hot class (probes.ridge times Cov's mean
     eigenvalue), predicting the argmax; closed form, batched over seeds. Least squares, not
     logistic regression: it is exact, deterministic and LEACE's own notion of linear (after
     LEACE the least-squares probe is constant);
@@ -132,8 +132,8 @@ REPORTS = ("probes.csv", "probes.txt")
 
 
 def enabled(config) -> bool:
-    """With proxies.probe_sites (linear probes and concept erasure per split)."""
-    return bool(config.proxies.probe_sites)
+    """With probes.sites (linear probes and concept erasure per split)."""
+    return bool(config.probes.sites)
 
 
 def check_config(config, model_cfg) -> None:
@@ -147,16 +147,16 @@ def check_config(config, model_cfg) -> None:
     if not enabled(config):
         return
     if not pc.concepts:
-        raise ValueError(f"proxies.probe_sites={tuple(pc.probe_sites)}: needs proxies.concepts "
+        raise ValueError(f"probes.sites={tuple(config.probes.sites)}: needs proxies.concepts "
                          f"(the concepts to probe; task {task.NAME} has "
                          f"{', '.join(task.CONCEPTS)})")
-    for site in pc.probe_sites:
+    for site in config.probes.sites:
         try:
             resolved = faithfulness.resolve_site(site, model_cfg)
         except ValueError as err:
-            raise ValueError(f"proxies.probe_sites: {err}") from None
+            raise ValueError(f"probes.sites: {err}") from None
         if resolved.split(".")[-1] in ("scores", "pattern", "logits"):
-            raise ValueError(f"proxies.probe_sites: {site!r} is not a vector site of the "
+            raise ValueError(f"probes.sites: {site!r} is not a vector site of the "
                              "residual stream's kind (attention scores, patterns and logits "
                              "are not probed)")
 
@@ -241,7 +241,7 @@ def heldout_train(train, num_samples: int, size: int):
 def compute(params, healthy, seeds, splits, model_cfg, config, say=print) -> list[dict]:
     """The rows of probes.csv (module docstring)."""
     pc, task = config.proxies, tasks.get(config)
-    sites = tuple(faithfulness.resolve_site(s, model_cfg) for s in pc.probe_sites)
+    sites = tuple(faithfulness.resolve_site(s, model_cfg) for s in config.probes.sites)
     # The erasure proxy on the probe sites: its sample, and its erasers (fitted as the
     # proxy's, per head).
     spec = faithfulness.ProxySpec("erasure", sites, tuple(range(len(pc.concepts))))
@@ -275,13 +275,13 @@ def compute(params, healthy, seeds, splits, model_cfg, config, say=print) -> lis
             z = z_fit[:, c]
             # One-hot columns for the classes that occur (an absent class is never predicted).
             k = 1 + max(int(v[:, c].max(initial=0)) for v in (z_fit, *labels.values()))
-            probe = fit_probe(x_fit, z, np.ones(len(z)), pc.probe_ridge, k)
+            probe = fit_probe(x_fit, z, np.ones(len(z)), config.probes.ridge, k)
             seen = np.bincount(z[z >= 0], minlength=k) > 0
             eraser = jax.tree.map(lambda a, c=c: np.asarray(a[:, :, c], np.float64),
                                   erasers[site])
             sums = [_split_sums(probe, eraser, _majority(z, np.ones(len(z))), seen, x_eval[n],
                                 labels[n][:, c], np.isin(sentence[n], halves[n]),
-                                pc.probe_ridge)
+                                config.probes.ridge)
                     for n in names]
             sums = {key: np.stack([s[key] for s in sums], axis=1) for key in sums[0]}  # [S, P]
             rows += _rows(sums, seeds, healthy, site, concept, names)
@@ -314,14 +314,14 @@ def run(ctx: stages.Context) -> stages.Context:
     stamped with the settings it used), then probes.csv and probes.txt in its directory."""
     config, workdir, files, say = ctx.settings, ctx.directory, ctx.files, ctx.say
     pc = config.proxies
-    stamp = stages.stamp(sites=list(pc.probe_sites), concepts=list(pc.concepts), heldout=True,
-                         ridge=pc.probe_ridge, splits=list(pc.eval_splits), seed=config.seed,
+    stamp = stages.stamp(sites=list(config.probes.sites), concepts=list(pc.concepts), heldout=True,
+                         ridge=config.probes.ridge, splits=list(pc.eval_splits), seed=config.seed,
                          samples=pc.kmeans_samples, batch=pc.collect_batch_size,
                          **fit_shift.fit_stamp(config))
     path = os.path.join(files.dir, ROWS_FILE)
     rows = files.load(path, stamp, stages.read_json)
     if rows is None:
-        say(f"probes: {', '.join(pc.concepts)} at {', '.join(pc.probe_sites)}")
+        say(f"probes: {', '.join(pc.concepts)} at {', '.join(config.probes.sites)}")
         rows = compute(ctx.params, ctx.healthy, ctx.seeds, ctx.splits, ctx.model_cfg, config,
                        say)
         stages.write(path, json.dumps({"stamp": stamp, "value": rows}), "probes")
@@ -346,5 +346,5 @@ def report_lines(config, workdir: str) -> list[str]:
 
 
 # The main job's stage (sweep.PIPELINE): per weight group, after the proxies.
-STAGE = stages.Stage("probes", run, enabled=enabled, check=check_config, keys=("proxies.*",),
-                     outputs=REPORTS)
+STAGE = stages.Stage("probes", run, enabled=enabled, check=check_config,
+                     keys=("probes.*", "proxies.*"), outputs=REPORTS)
