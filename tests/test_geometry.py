@@ -1,5 +1,5 @@
 """Why proxies fail: subspace geometry, Procrustes repair and their stage (studies/geometry.py,
-geometry_stage.py)."""
+studies/geometry.py)."""
 
 import csv
 import os

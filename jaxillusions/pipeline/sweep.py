@@ -15,9 +15,9 @@ with proxies (proxies.methods). A new study is a module with a `STAGE` and one l
 Writes into the workdir: results.csv (tidy rows), gap_table.txt with gaps.csv,
 proxy_vs_original.csv, id_predicts_gap.csv and min_size.csv (report/stats.py), with method sae
 dictionaries_*.csv (studies/dictionaries.py), with fit_shift.splits beyond train
-fit_shift_results.csv, fit_x_eval.csv and gap_decomposition.csv (fit_shift.py,
-studies/fit_shift.py), with geometry.enabled or geometry.repair_sentences geometry.csv,
-geometry_predicts_gap.csv and repair.csv (geometry_stage.py), figures/*.png (those the setting
+fit_shift_results.csv, fit_x_eval.csv and gap_decomposition.csv
+(studies/fit_shift.py), with geometry.enabled or geometry.repair_sentences geometry.csv,
+geometry_predicts_gap.csv and repair.csv (studies/geometry.py), figures/*.png (those the setting
 `figures` chooses: the summary set by default; `complete_figures`, i.e. python -m launch.figures,
 draws the rest later), TensorBoard curves and the hparams view, and the training checkpoints.
 
@@ -58,9 +58,7 @@ from jaxillusions.report import board, figures, results, tables
 from jaxillusions.runtime import checkpoint, distributed, interrupt, stages, timing
 from jaxillusions.runtime import tensorboard as log_lib
 from jaxillusions.runtime.stages import Context, Stage
-from jaxillusions.studies import dictionaries, fit_shift, induction, probes, wen
-from jaxillusions.studies import fit_shift as fit_shift_report
-from jaxillusions.studies import geometry as geometry_stage
+from jaxillusions.studies import dictionaries, fit_shift, geometry, induction, probes, wen
 from jaxillusions.training import objective, train
 
 DONE_FILE = "sweep_done.json"
@@ -194,7 +192,7 @@ def _report(ctx: Context) -> Context:
                   model_cfg=ctx.model_cfg, data_baselines=data_baselines)
     if ctx.results.get("shift_rows"):
         with stages.writing("report", workdir):
-            fit_shift_report.write_reports(ctx.results["shift_rows"], config, workdir,
+            fit_shift.write_reports(ctx.results["shift_rows"], config, workdir,
                                            say=ctx.say)
     return ctx
 
@@ -227,7 +225,7 @@ REPORTS = Stage("reports", _report, enabled=_with_proxies, keys=("proxies.*",),
 FIGURES = Stage("figures", _figures, enabled=_with_proxies, outputs=("figures",))
 
 PIPELINE: tuple[Stage, ...] = (
-    TRAINING, wen.STAGE, induction.STAGE, PROXIES, dictionaries.STAGE, geometry_stage.STAGE,
+    TRAINING, wen.STAGE, induction.STAGE, PROXIES, dictionaries.STAGE, geometry.STAGE,
     probes.STAGE, fit_shift.STAGE, REPORTS, FIGURES)
 
 
@@ -586,7 +584,7 @@ def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,
                 gaps=()) -> None:
     """Figures (figures/*.png, also under TensorBoard's IMAGES; those of `figure_jobs` that the
     setting `figures` chooses) and the TensorBoard reports (report/board.py) from the result
-    rows and, when given, the paired gaps (analysis/stats)."""
+    rows and, when given, the paired gaps (report/stats.py)."""
     jobs = figure_jobs(rows, config, gaps, config.figures)
     with stages.writing("report", os.path.join(workdir, "tensorboard")), \
             log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:

@@ -21,8 +21,7 @@ from jaxillusions import faithfulness, proxies, tasks
 from jaxillusions.config import settings
 from jaxillusions.config.settings import Settings
 from jaxillusions.runtime import distributed
-from jaxillusions.studies import fit_shift, induction, probes, wen
-from jaxillusions.studies import geometry as geometry_stage
+from jaxillusions.studies import fit_shift, geometry, induction, probes, wen
 from jaxillusions.training import memory, train
 
 
@@ -110,10 +109,10 @@ def _proxy_checks(config: Settings, model_cfg) -> list[str]:
 def _geometry_checks(config, specs) -> None:
     """geometry.enabled / repair_sentences need an SVD proxy, and M within a split's fit half."""
     gc = config.geometry
-    if not geometry_stage.enabled(config):
+    if not geometry.enabled(config):
         return
     key = "repair_sentences" if gc.repair_sentences else "enabled"
-    if not any(s.method in geometry_stage.METHODS for s in specs):
+    if not any(s.method in geometry.METHODS for s in specs):
         raise ValueError(f"geometry.{key}={getattr(gc, key)!r}: needs svd or pca in "
                          f"proxies.methods (now {tuple(config.proxies.methods)})")
     counts, per_split = gc.repair_sentences, getattr(config.data, "num_eval", None)

@@ -30,7 +30,7 @@ stamped with what it was computed with.
 
 Why a proxy fails out of distribution: the fit x evaluate table and the gap decomposition.
 
-Input: the rows of fit_shift.run_stage (faithfulness.evaluate's rows with a `fit_split`
+Input: the rows of the fit-shift stage, `run` (faithfulness.evaluate's rows with a `fit_split`
 column), every proxy evaluated on the same sentences (the halved evaluation set), so every
 comparison below is paired within a seed.
 

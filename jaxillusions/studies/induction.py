@@ -328,7 +328,7 @@ def run(ctx) -> object:
 
 def report_lines(config, workdir: str) -> list[str]:
     """The headline's lines about the mechanism, read from `workdir`'s induction_seeds.csv
-    (sweep_stage) and, for the code task, the original model's identifier_repeat minus
+    (its stage, `run`) and, for the code task, the original model's identifier_repeat minus
     identifier_first accuracy per split from its results.csv (written to identifier_gap.csv,
     GAP_COLUMNS). [] if the section is disabled."""
     import pandas as pd  # noqa: PLC0415
