@@ -5,25 +5,6 @@ import pytest
 from configs import dyck_small
 
 
-def pytest_configure(config):
-    """One persistent XLA compilation cache per session, shared by pytest-xdist's worker
-    processes and the launchers the tests start: most of the suite's time is compiling the same
-    small programs again in each process. A program read from the cache is the one compiled
-    (the same numbers), and timing.Breakdown still counts it as a compilation. It lives beside
-    the workers' temporary directories, so pytest removes it with them (after 3 sessions); a
-    run in one process (`-n 0`) keeps JAX's default (no persistent cache)."""
-    import jax
-
-    basetemp = getattr(config, "workerinput", {}) and config.option.basetemp
-    if not basetemp or "JAX_COMPILATION_CACHE_DIR" in os.environ:
-        return
-    directory = os.path.join(os.path.dirname(str(basetemp)), "xla_cache")
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = directory  # the launchers the tests start
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    jax.config.update("jax_compilation_cache_dir", directory)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-
-
 def tiny_config(cache_dir: str = ""):
     """A config small enough that a few hundred steps take seconds on a 2-core CPU."""
     config = dyck_small.get_config()
