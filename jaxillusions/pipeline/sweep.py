@@ -1,7 +1,7 @@
 """The main job: train a sweep of seeds, fit every proxy, evaluate faithfulness on every split.
 
 The order of the work is one tuple, `PIPELINE`: each `stages.Stage` has a name, when it runs,
-its checks, what it computes (a `stages.Context` in, the context with its results out), the
+what it computes (a `stages.Context` in, the context with its results out), the
 settings its results depend on and the report files it writes:
 
     training -> wen -> induction -> proxies -> dictionaries -> geometry -> probes -> fit_shift

@@ -1,7 +1,7 @@
 """The stages of the main job, and their stage files.
 
 A `Stage` is one step of the pipeline (`sweep.PIPELINE` lists them in order): a name, when it
-runs (`enabled`), its own checks, `run` (a `Context` in, the same context with what the stage
+runs (`enabled`), `run` (a `Context` in, the same context with what the stage
 produced out), the settings its results depend on (`keys`) and the report files it writes
 (`outputs`). A stage with `stamped=True` is saved whole: the runner skips it on a relaunch while
 its stage file (proxies/stage_<name>.json, stamped with the values of its `keys`) and its outputs
@@ -36,10 +36,6 @@ def _always(settings) -> bool:
     return True
 
 
-def _no_check(settings, model_cfg) -> None:
-    del settings, model_cfg
-
-
 @dataclasses.dataclass(frozen=True)
 class Stage:
     """One step of the main job.
@@ -50,13 +46,12 @@ class Stage:
     the stage's results: analysis keys (settings.ANALYSIS_KEYS); a change redoes the analysis.
     `outputs`: glob patterns of the report files it writes in its directory: moved aside before
     an analysis with other settings, checksummed in sweep_done.json. `clocks`: the names its
-    time is counted under in the timing line (default: its name). `check(settings, model_cfg)`:
-    one-line ValueErrors before any work (validate.check runs every stage's)."""
+    time is counted under in the timing line (default: its name). A stage's settings are
+    checked at the door, before any work (pipeline/validate.py calls each study's checks)."""
 
     name: str
     run: Callable[[Context], Context]
     enabled: Callable[[Any], bool] = _always
-    check: Callable[[Any, Any], None] = _no_check
     scope: str = "group"
     keys: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()

@@ -459,12 +459,8 @@ def _fit(ctx: stages.Context, data, dependent: list[int], stamps: dict, director
     return out
 
 
-def _check(settings, model_cfg) -> None:
-    del model_cfg
-    check_config(settings)
-
 
 # The main job's stage (sweep.PIPELINE): per weight group, after the proxies; the report stage
 # writes its tables (studies/fit_shift.py).
-STAGE = stages.Stage("fit_shift", run, enabled=enabled, check=_check,
+STAGE = stages.Stage("fit_shift", run, enabled=enabled,
                      keys=("fit_shift.*", "proxies.*"), outputs=REPORTS)

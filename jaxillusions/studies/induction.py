@@ -419,5 +419,5 @@ def head_predicts_gap(df: pd.DataFrame, per_seed: pd.DataFrame, baseline: str = 
 
 
 # The main job's stage (sweep.PIPELINE): after training, once per run, saved whole.
-STAGE = stages.Stage("induction", run, enabled=enabled, check=check_config, scope="run",
+STAGE = stages.Stage("induction", run, enabled=enabled, scope="run",
                      keys=("induction.*",), outputs=OUTPUTS, stamped=True)

@@ -346,5 +346,5 @@ def report_lines(config, workdir: str) -> list[str]:
 
 
 # The main job's stage (sweep.PIPELINE): per weight group, after the proxies.
-STAGE = stages.Stage("probes", run, enabled=enabled, check=check_config,
+STAGE = stages.Stage("probes", run, enabled=enabled,
                      keys=("probes.*", "proxies.*"), outputs=REPORTS)

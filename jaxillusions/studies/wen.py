@@ -531,5 +531,5 @@ def _patterns_figure(patterns: dict, prefix: np.ndarray, k: int, labels, healthy
 
 # The main job's stage (sweep.PIPELINE): after training, once per run, saved whole.
 STAGE = stages.Stage(
-    "wen", run, enabled=enabled, check=check_config, scope="run", keys=("wen.*",),
+    "wen", run, enabled=enabled, scope="run", keys=("wen.*",),
     outputs=("wen_results.csv", "wen_attention.csv", "wen_summary.txt"), stamped=True)
