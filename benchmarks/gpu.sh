@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The GPU measurements of README "Speed", in parts that each fit in about 10 minutes on one H100:
 #
-#   bash benchmarks/gpu.sh smoke       # versions; the Dyck demo end to end (4 min 18 s on an H100
-#                                      # before the compilation cache), then again from the cache
+#   bash benchmarks/gpu.sh smoke       # versions; the Dyck demo end to end (1 min 39 s on an H100,
+#                                      # empty cache), then again from the cache (26 s)
 #   bash benchmarks/gpu.sh reference   # benchmark of the reference model, 1-256 seeds
 #   bash benchmarks/gpu.sh paper       # benchmark and profile of the configs/dyck.py model
-#   bash benchmarks/gpu.sh sweep       # configs/dyck.py end to end with 32 seeds (timed)
+#   bash benchmarks/gpu.sh sweep       # configs/dyck.py end to end with 32 seeds (timed; with
+#                                      # deterministic kernels its training alone took 12.4 min
+#                                      # on an H100, more than one 10-minute call; at the default
+#                                      # kernels' rate about 3.7 min, with
+#                                      # GPU_SWEEP_ARGS=--config.gpu_deterministic=false)
 #
 # Logs and JSON go to $OUT (default runs/gpu). Run from the repository root with the project
 # installed (or on PYTHONPATH).
@@ -36,7 +40,7 @@ torch.__version__)"
       --out="$out/paper.json" 2>&1 | log paper ;;
   sweep)
     { time python -m launch.sweep --config=configs/dyck.py --workdir="$out/sweep" \
-        --config.train.num_seeds=32; } 2>&1 | log sweep | tail -30 ;;
+        --config.train.num_seeds=32 ${GPU_SWEEP_ARGS:-}; } 2>&1 | log sweep | tail -30 ;;
   *)
     echo "usage: bash benchmarks/gpu.sh smoke|reference|paper|sweep" >&2
     exit 2 ;;

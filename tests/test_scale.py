@@ -490,6 +490,30 @@ def test_cpu_devices_after_jax_started_must_match(config, tmp_path, monkeypatch)
         distributed.use_cpu_devices(2)
 
 
+def test_deterministic_gpu_kernels_are_asked_for_before_jax_starts(monkeypatch):
+    # gpu_deterministic=True adds XLA's flag to XLA_FLAGS while the backends are not started
+    # (XLA reads the variable once, when they start), keeps the user's other flags and the
+    # user's own choice of this one, and adds nothing when False or once JAX runs on a CPU.
+    flag = "--xla_gpu_deterministic_ops"
+    monkeypatch.setattr(distributed, "_backends_started", lambda: False)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x")
+    distributed.use_deterministic_gpu(False)
+    assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/tmp/x"
+    distributed.use_deterministic_gpu(True)
+    assert os.environ["XLA_FLAGS"] == f"--xla_dump_to=/tmp/x {flag}=true"
+    distributed.use_deterministic_gpu(True)  # once only
+    assert os.environ["XLA_FLAGS"].count(flag) == 1
+    monkeypatch.setenv("XLA_FLAGS", f"{flag}=false")  # the user's choice stands
+    distributed.use_deterministic_gpu(True)
+    assert os.environ["XLA_FLAGS"] == f"{flag}=false"
+    monkeypatch.delenv("XLA_FLAGS")
+    monkeypatch.undo()  # the real check: this process's JAX has started, on the CPU
+    jax.devices()
+    before = os.environ.get("XLA_FLAGS")
+    distributed.use_devices(0, True)
+    assert os.environ.get("XLA_FLAGS") == before
+
+
 def test_evaluation_during_training_scores_the_first_training_sentences(config):
     """train.eval_train_sentences = N: the evaluations during training score the training
     split's first N sentences (the same numbers as evaluating that subset), the other splits

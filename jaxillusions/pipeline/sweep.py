@@ -375,7 +375,8 @@ def run(config: Settings, workdir: str, *, verbose: bool = True, start_over: boo
     if not isinstance(config, Settings):
         raise TypeError(f"sweep.run takes checked Settings, not a {type(config).__name__}: "
                         "call `settings, notes = validate.check(config)` first")
-    distributed.use_cpu_devices(config.cpu_devices)  # the check's devices, or a one-line error
+    # the check's devices, or a one-line error
+    distributed.use_devices(config.cpu_devices, config.gpu_deterministic)
     with timing.Breakdown() as clock:
         rows = _run(config, workdir, verbose=verbose, start_over=start_over, pipeline=pipeline)
     if clock.seconds and verbose and distributed.is_main():  # not when there was nothing to do

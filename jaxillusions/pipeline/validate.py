@@ -28,12 +28,12 @@ from jaxillusions.training import memory, train
 def check(config: Any) -> tuple[Settings, list[str]]:
     """Settings of a ConfigDict (or a nested mapping, or Settings), every check passed, and
     notes to show; raises ValueError (one line: key, value, what is allowed) for the first bad
-    setting. It splits the CPU into the config's cpu_devices first (distributed.use_cpu_devices):
+    setting. It splits the CPU into the config's cpu_devices first (distributed.use_devices):
     the checks after the keys start JAX (memory.check_config reads the devices), which fixes
     them for the process."""
     renamed = settings.renamed(config)  # old names of keys, read as the new ones
     config = settings.from_config(config)
-    distributed.use_cpu_devices(config.cpu_devices)
+    distributed.use_devices(config.cpu_devices, config.gpu_deterministic)
     notes = renamed + tasks.get(config.task).check_config(config)
     if config.train.contrastive_weights and not hasattr(tasks.get(config.task),
                                                         "contrastive_loss"):

@@ -1,7 +1,8 @@
 """Devices and processes: one mesh with a `seed` axis over every device of every process.
 
     initialize(...)            # joins a multi-host run (jax.distributed); no-op for one process
-    use_cpu_devices(2)         # the CPU as two devices (config.cpu_devices), before any JAX work
+    use_devices(2, True)       # the CPU as two devices (config.cpu_devices) and deterministic
+                               # GPU kernels (config.gpu_deterministic), before any JAX work
     tree = shard_seeds(tree)   # leading seed axis padded to a multiple of the device count, sharded
     host = to_host(tree, num)  # numpy, gathered from all processes, the first `num` seeds
 
@@ -150,6 +151,45 @@ def lost_peer_line(err: BaseException) -> str | None:
     return (f"error: lost {who} of {count} (this is process {me}; it stopped or cannot be "
             f"reached: {first}); relaunch all {count} processes with the same command to "
             "resume from the last checkpoint")
+
+
+def use_devices(cpu_devices: int, gpu_deterministic: bool) -> None:
+    """The config's devices, before JAX's first operation: the CPU split into `cpu_devices`
+    (use_cpu_devices) and, with `gpu_deterministic`, GPU kernels that give the same bits on every
+    run (use_deterministic_gpu)."""
+    use_deterministic_gpu(gpu_deterministic)
+    use_cpu_devices(cpu_devices)
+
+
+# XLA:GPU sums some reductions and scatter-adds (the gradients of embedding lookups and of the
+# loss's label lookup) with atomics, in whatever order the threads finish: on an H100 four runs of
+# the Dyck demo gave four different results.csv. This flag makes XLA pick deterministic kernels
+# (docs/speed.md, "On a GPU", has its cost). CPU kernels are deterministic and ignore it.
+_GPU_DETERMINISTIC_FLAG = "--xla_gpu_deterministic_ops"
+
+
+def use_deterministic_gpu(on: bool) -> None:
+    """Adds `--xla_gpu_deterministic_ops=true` to XLA_FLAGS (once JAX has started it is read
+    already: then a GPU process without it gets a warning). A user's own setting of the flag in
+    XLA_FLAGS is kept; `on=False` adds nothing."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if not on or _GPU_DETERMINISTIC_FLAG in flags:
+        return
+    if _backends_started():
+        if jax.default_backend() == "gpu":
+            warnings.warn("gpu_deterministic=True, but JAX started on the GPU before "
+                          f"{_GPU_DETERMINISTIC_FLAG} could be set: this process's numbers may "
+                          "differ from run to run; set XLA_FLAGS="
+                          f"{_GPU_DETERMINISTIC_FLAG}=true before starting Python", stacklevel=1)
+        return
+    os.environ["XLA_FLAGS"] = f"{flags} {_GPU_DETERMINISTIC_FLAG}=true".strip()
+
+
+def _backends_started() -> bool:
+    """Whether JAX has created its backends (XLA_FLAGS is read then, once per process)."""
+    from jax._src import xla_bridge  # noqa: PLC0415 (no public way to ask without starting one)
+
+    return xla_bridge.backends_are_initialized()
 
 
 def use_cpu_devices(count: int) -> None:

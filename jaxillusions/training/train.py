@@ -157,7 +157,8 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
     from jaxillusions.runtime import tensorboard as log_lib  # noqa: PLC0415
 
     config = settings.require(config, "train.train_sweep")  # checked at the door
-    distributed.use_cpu_devices(config.cpu_devices)  # before JAX starts, or checked
+    # before JAX starts, or checked
+    distributed.use_devices(config.cpu_devices, config.gpu_deterministic)
     tc, task = config.train, tasks.get(config.task)
     say = print if verbose and distributed.is_main() else (lambda *a, **k: None)
     checkpointer = writer = None
