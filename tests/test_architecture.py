@@ -215,3 +215,37 @@ def test_no_function_of_the_package_takes_more_than_8_parameters():
                           "--output-format", "concise", "jaxillusions", "launch"], cwd=ROOT,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout
+
+
+# One results-row schema (runtime/schema.py): no other module restates one of its groups of
+# columns as a tuple or list of names; it derives them from the schema instead.
+def _restated_row_columns(source: str) -> list[str]:
+    """The module-level names whose value lists, in tuples or lists, every column of the row's
+    keys, of its per-position metrics or of its dictionary metrics."""
+    from jaxillusions.runtime import schema
+
+    groups = (set(schema.KEYS), set(schema.POSITION_METRICS), set(schema.DICTIONARY_METRICS))
+    out = []
+    for node in ast.parse(source).body:
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+            continue
+        names = {c.value for seq in ast.walk(node.value) if isinstance(seq, (ast.Tuple, ast.List))
+                 for c in seq.elts if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+        if any(group <= names for group in groups):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            out += [ast.unparse(t) for t in targets]
+    return out
+
+
+def test_the_row_check_finds_a_restated_row():
+    planted = ('COLUMNS = ("fit_split", "seed", "site", "method", "size", "split", "breakdown",\n'
+               '           "bin", "n", "jsd")\nMETRICS = ["jsd", "same_pred", "acc_original", '
+               '"acc_proxy"]\nOK = ("seed", "site") + ("jsd",)\n')
+    assert _restated_row_columns(planted) == ["COLUMNS", "METRICS"]
+
+
+def test_the_results_row_is_defined_once():
+    restated = {name: found for name, path in _modules().items()
+                if name != "jaxillusions.runtime.schema"
+                and (found := _restated_row_columns(path.read_text()))}
+    assert not restated, f"results-row columns defined outside runtime/schema.py: {restated}"

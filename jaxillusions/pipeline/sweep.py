@@ -55,7 +55,7 @@ from PIL import Image
 from jaxillusions import faithfulness, model, tasks
 from jaxillusions.config.settings import Settings
 from jaxillusions.report import board, figures, results, tables
-from jaxillusions.runtime import checkpoint, distributed, interrupt, stages, timing
+from jaxillusions.runtime import checkpoint, distributed, interrupt, schema, stages, timing
 from jaxillusions.runtime import tensorboard as log_lib
 from jaxillusions.runtime.stages import Context, Stage
 from jaxillusions.studies import dictionaries, fit_shift, geometry, induction, probes, wen
@@ -508,7 +508,7 @@ def _rows_shape(rows, spec, seeds, healthy, scored: set[str]) -> str | None:
     one over all positions per split with evaluated positions (`scored`)."""
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         return "it is not a list of rows"
-    need = (*results.KEYS, "acc_original", "acc_proxy")
+    need = (*schema.KEYS, *schema.ACCURACIES)
     cells: dict[tuple, list] = {  # (seed, size) -> its bins
         (int(seed), int(size)): [] for seed, ok in zip(seeds, healthy, strict=True) if ok
         for size in spec.sizes}
