@@ -249,3 +249,40 @@ def test_the_results_row_is_defined_once():
                 if name != "jaxillusions.runtime.schema"
                 and (found := _restated_row_columns(path.read_text()))}
     assert not restated, f"results-row columns defined outside runtime/schema.py: {restated}"
+
+
+# One TensorBoard writer (runtime/tensorboard.py): it opens the board and owns its runs and
+# tags; elsewhere (the package and the launchers) nothing makes a SweepWriter or calls its
+# writing methods, and stages hand the writer's functions what to show.
+_WRITES = {"scalars", "curve", "image", "hparams", "text"}
+
+
+def _board_writes(source: str) -> list[str]:
+    """The calls that open a SweepWriter or write through one (a name holding a writer)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        opens = (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                 ) == "SweepWriter"
+        writes = (isinstance(func, ast.Attribute) and func.attr in _WRITES
+                  and isinstance(func.value, ast.Name) and "writer" in func.value.id.lower())
+        if opens or writes:
+            out.append(ast.unparse(func))
+    return out
+
+
+def test_the_writer_check_finds_planted_writes():
+    planted = ("with log_lib.SweepWriter(d, s) as writer:\n    writer.scalars(0, {})\n"
+               "w = SweepWriter(d, s)\nresult.scalars()\nlog_lib.write_figure(writer, t, x)\n")
+    assert sorted(_board_writes(planted)) == ["SweepWriter", "log_lib.SweepWriter",
+                                              "writer.scalars"]
+
+
+def test_tensorboard_is_written_by_one_module():
+    paths = {**_modules(), **{p.stem: p for p in (ROOT / "launch").glob("*.py")}}
+    found = {name: calls for name, path in paths.items()
+             if name != "jaxillusions.runtime.tensorboard"
+             and (calls := _board_writes(path.read_text()))}
+    assert not found, f"TensorBoard written outside runtime/tensorboard.py: {found}"

@@ -587,7 +587,7 @@ def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,
     rows and, when given, the paired gaps (report/stats.py)."""
     jobs = figure_jobs(rows, config, gaps, config.figures)
     with stages.writing("report", os.path.join(workdir, "tensorboard")), \
-            log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
+            log_lib.board(workdir, seeds) as writer:
         draw(jobs, writer, workdir)
         board.write_all(writer, rows, config, model_cfg, board.Sessions(seeds, healthy),
                         workdir, gaps)
@@ -649,7 +649,7 @@ def write_activation_figures(params, splits, model_cfg, config, workdir: str, se
     if not jobs:
         return
     with stages.writing("report", os.path.join(workdir, "tensorboard")), \
-            log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
+            log_lib.board(workdir, seeds) as writer:
         draw(jobs, writer, workdir)
 
 
@@ -744,8 +744,7 @@ def complete_figures(config: Settings, workdir: str, say=print) -> list[str]:
         try:
             if todo:
                 with stages.writing("report", os.path.join(group_dir, "tensorboard")), \
-                        log_lib.SweepWriter(os.path.join(group_dir, "tensorboard"),
-                                            seeds) as writer:
+                        log_lib.board(group_dir, seeds) as writer:
                     draw(todo, writer, group_dir)
         except BaseException:  # a stop: draw sends its figures to TensorBoard at its end, so
             for path in paths:  # the ones drawn here are drawn again, with their images, next time
@@ -824,7 +823,7 @@ def draw(jobs, writer, workdir: str) -> None:
                         pixels[i] = np.asarray(image.convert("RGBA"))
                 else:
                     pixels[i] = figures.render(function, args, paths[i])
-        writer.image(tag, pixels[i][..., :3])
+        log_lib.write_figure(writer, tag, pixels[i][..., :3])
 
 
 def _start_helper(jobs: list) -> subprocess.Popen:
