@@ -9,12 +9,12 @@ Playwright, saves landing.png, scalars.png, hparams.png, hparams_metrics.png (th
 to its metric columns) and text.png under --out, prints what it read from the pages as JSON
 (also written to --out/check.json) and checks:
 
-- landing page and SCALARS: the first card group is report/board.py's HEADLINE;
+- landing page and SCALARS: the first card group is runtime/tensorboard.py's HEADLINE;
 - landing page: each Headline card drawn shows its point unsmoothed (the data table's Smoothed
   equals its Value) at the training step the report names;
 - HPARAMS: the metric columns shown by default are the first metrics the logs list, in that
-  order, and all are per-seed gaps (board.HPARAMS_GAP) on the Headline cards' (OOD) splits;
-- TEXT: the headline summary (board.SUMMARY_TAG) comes first.
+  order, and all are per-seed gaps (log_lib.HPARAMS_GAP) on the Headline cards' (OOD) splits;
+- TEXT: the headline summary (log_lib.SUMMARY_TAG) comes first.
 
 Exit status 0: all checks pass; 1: a check fails; 2: TensorBoard or the browser could not be
 started or a page did not load in time. The server is stopped on every path, and every wait is
@@ -40,7 +40,7 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-from jaxillusions.report import board
+from jaxillusions.runtime import tensorboard as log_lib
 from jaxillusions.runtime.tensorboard import read_scalars
 
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
@@ -229,14 +229,14 @@ def check(logdir: str, out: str, chromium: str, timeout: float = 120.0,
 
     failures = []
     groups = [g for g in seen["landing"]["groups"] if g != "Pinned"]  # always there, empty
-    if groups[:1] != [board.HEADLINE]:
-        failures.append(f"landing page: first card group {groups[:1]}, not {board.HEADLINE}")
+    if groups[:1] != [log_lib.HEADLINE]:
+        failures.append(f"landing page: first card group {groups[:1]}, not {log_lib.HEADLINE}")
     cards = seen["landing"]["first_group_cards"]
     drawn = [c for c in cards if c["table"]]
     if not drawn:
         failures.append("landing page: no Headline card drew its data table")
     logged = {t: points for tags in read_scalars(logdir).values() for t, points in tags.items()
-              if t.startswith(board.HEADLINE + "/")}
+              if t.startswith(log_lib.HEADLINE + "/")}
     for card in drawn:  # Run Smoothed Value Step Relative, then a row per run
         columns = card["table"][:5]
         for row in zip(*[iter(card["table"][5:])] * 5, strict=False):
@@ -247,8 +247,8 @@ def check(logdir: str, out: str, chromium: str, timeout: float = 120.0,
                     and values.get("Step", "").replace(",", "") == str(points[0][0])):
                 failures.append(f"landing page: {card['tag']} shows {values}; logged {points}")
     scalar_groups = [g["name"] for g in seen["scalars"]["groups"]]
-    if scalar_groups[:1] != [board.HEADLINE]:
-        failures.append(f"SCALARS: first group {scalar_groups[:1]}, not {board.HEADLINE}")
+    if scalar_groups[:1] != [log_lib.HEADLINE]:
+        failures.append(f"SCALARS: first group {scalar_groups[:1]}, not {log_lib.HEADLINE}")
     metrics = experiment.get("metricInfos", [])
     names = [m.get("displayName") or m["name"]["tag"] for m in metrics]
     shown = [h for h in seen["hparams"]["header"] if h in names]
@@ -257,12 +257,12 @@ def check(logdir: str, out: str, chromium: str, timeout: float = 120.0,
         failures.append(f"HPARAMS: metric columns {shown}, the logs list {names[:5]} first")
     # The gaps shown are on the Headline's splits (the OOD ones: no in-distribution control).
     ood = {t.rsplit("/gap_", 1)[-1] for t in logged}
-    if not all(m["name"]["tag"].startswith(board.HPARAMS_GAP)
+    if not all(m["name"]["tag"].startswith(log_lib.HPARAMS_GAP)
                and m["name"]["tag"].rsplit("/", 1)[-1] in ood for m in metrics[:len(shown)]):
         failures.append(f"HPARAMS: not all of the shown metrics are gaps on the Headline's "
                         f"splits {sorted(ood)}: {names[:len(shown)]}")
-    if text_tags and seen["text"]["tags"][:1] != [board.SUMMARY_TAG]:
-        failures.append(f"TEXT: first {seen['text']['tags'][:1]}, not {board.SUMMARY_TAG}")
+    if text_tags and seen["text"]["tags"][:1] != [log_lib.SUMMARY_TAG]:
+        failures.append(f"TEXT: first {seen['text']['tags'][:1]}, not {log_lib.SUMMARY_TAG}")
     seen["failures"] = failures
     return seen
 

@@ -20,7 +20,7 @@ def main(settings: Settings, workdir: str, start_over: bool = False) -> None:
     sweep = train.members(settings)
     model_cfg = train.model_config(settings)  # for the HPARAMS view: no second data load
     member_hparams = sweep.hparams if len(train.contrastive_weights(settings.train)) > 1 else None
-    with log_lib.SweepWriter(f"{workdir}/tensorboard", sweep.labels) as writer:
+    with log_lib.board(workdir, sweep.labels) as writer:
         sessions = board.Sessions(sweep.labels, np.asarray(state.healthy), member_hparams)
         board.write_hparams(writer, settings, model_cfg, sessions, workdir=workdir)
 

@@ -215,3 +215,74 @@ def test_no_function_of_the_package_takes_more_than_8_parameters():
                           "--output-format", "concise", "jaxillusions", "launch"], cwd=ROOT,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout
+
+
+# One results-row schema (runtime/schema.py): no other module restates one of its groups of
+# columns as a tuple or list of names; it derives them from the schema instead.
+def _restated_row_columns(source: str) -> list[str]:
+    """The module-level names whose value lists, in tuples or lists, every column of the row's
+    keys, of its per-position metrics or of its dictionary metrics."""
+    from jaxillusions.runtime import schema
+
+    groups = (set(schema.KEYS), set(schema.POSITION_METRICS), set(schema.DICTIONARY_METRICS))
+    out = []
+    for node in ast.parse(source).body:
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+            continue
+        names = {c.value for seq in ast.walk(node.value) if isinstance(seq, (ast.Tuple, ast.List))
+                 for c in seq.elts if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+        if any(group <= names for group in groups):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            out += [ast.unparse(t) for t in targets]
+    return out
+
+
+def test_the_row_check_finds_a_restated_row():
+    planted = ('COLUMNS = ("fit_split", "seed", "site", "method", "size", "split", "breakdown",\n'
+               '           "bin", "n", "jsd")\nMETRICS = ["jsd", "same_pred", "acc_original", '
+               '"acc_proxy"]\nOK = ("seed", "site") + ("jsd",)\n')
+    assert _restated_row_columns(planted) == ["COLUMNS", "METRICS"]
+
+
+def test_the_results_row_is_defined_once():
+    restated = {name: found for name, path in _modules().items()
+                if name != "jaxillusions.runtime.schema"
+                and (found := _restated_row_columns(path.read_text()))}
+    assert not restated, f"results-row columns defined outside runtime/schema.py: {restated}"
+
+
+# One TensorBoard writer (runtime/tensorboard.py): it opens the board and owns its runs and
+# tags; elsewhere (the package and the launchers) nothing makes a SweepWriter or calls its
+# writing methods, and stages hand the writer's functions what to show.
+_WRITES = {"scalars", "curve", "image", "hparams", "text"}
+
+
+def _board_writes(source: str) -> list[str]:
+    """The calls that open a SweepWriter or write through one (a name holding a writer)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        opens = (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                 ) == "SweepWriter"
+        writes = (isinstance(func, ast.Attribute) and func.attr in _WRITES
+                  and isinstance(func.value, ast.Name) and "writer" in func.value.id.lower())
+        if opens or writes:
+            out.append(ast.unparse(func))
+    return out
+
+
+def test_the_writer_check_finds_planted_writes():
+    planted = ("with log_lib.SweepWriter(d, s) as writer:\n    writer.scalars(0, {})\n"
+               "w = SweepWriter(d, s)\nresult.scalars()\nlog_lib.write_figure(writer, t, x)\n")
+    assert sorted(_board_writes(planted)) == ["SweepWriter", "log_lib.SweepWriter",
+                                              "writer.scalars"]
+
+
+def test_tensorboard_is_written_by_one_module():
+    paths = {**_modules(), **{p.stem: p for p in (ROOT / "launch").glob("*.py")}}
+    found = {name: calls for name, path in paths.items()
+             if name != "jaxillusions.runtime.tensorboard"
+             and (calls := _board_writes(path.read_text()))}
+    assert not found, f"TensorBoard written outside runtime/tensorboard.py: {found}"

@@ -12,6 +12,7 @@ from conftest import planted_dictionary
 
 from jaxillusions.config import settings as run_settings
 from jaxillusions.report import load_results, stats
+from jaxillusions.runtime import schema
 from jaxillusions.studies import dictionaries
 from jaxillusions.tasks import dyck
 
@@ -275,7 +276,8 @@ def _hand_built_rows():
                          "size": 16, "split": split, "breakdown": "all", "bin": "", "n": 1000,
                          "jsd": 0.01, "same_pred": 0.9, "acc_original": 0.8,
                          "acc_proxy": 0.8, "jsd_p95": 0.05, "jsd_p99": 0.1,
-                         **dict(zip(metrics.COLUMNS, values[s, 0, k].tolist(), strict=True))})
+                         **dict(zip(schema.DICTIONARY_METRICS, values[s, 0, k].tolist(),
+                                    strict=True))})
     return rows
 
 

@@ -296,10 +296,10 @@ def test_sweep_end_to_end_writes_table_figures_and_tensorboard(trained, tmp_path
     logdir = os.path.join(workdir, "tensorboard")
     scalars = log_lib.read_scalars(logdir)
     headline = {t: points for tags in scalars.values() for t, points in tags.items()
-                if t.startswith(board.HEADLINE + "/")}
+                if t.startswith(log_lib.HEADLINE + "/")}
     by_key = {(g["method"], g["site"], g["size"], g["split"]): g["gap"] for g in gaps
               if g["metric"] == "same_pred" and g["baseline"] == "iid"}
-    expected = {f"Headline/{board._proxy_name(i, m, site, size)}/gap_unseen_depth":
+    expected = {log_lib.headline_tag(i, m, site, size, "unseen_depth"):
                 [(config.train.num_steps, pytest.approx(by_key[(m, site, size, "unseen_depth")],
                                                         rel=1e-6))]  # float32 storage
                 for i, (m, site, size, _) in enumerate(board.headline_proxies(gaps, rows), 1)}
@@ -310,8 +310,8 @@ def test_sweep_end_to_end_writes_table_figures_and_tensorboard(trained, tmp_path
             acc = ea.EventAccumulator(root, size_guidance={ea.IMAGES: 1, ea.TENSORS: 1})
             acc.Reload()
             tags |= set(acc.Tags()["images"]) | set(acc.Tags()["scalars"])
-            if board.SUMMARY_TAG in acc.Tags()["tensors"]:
-                summary = acc.Tensors(board.SUMMARY_TAG)[0].tensor_proto.string_val[0].decode()
+            if log_lib.SUMMARY_TAG in acc.Tags()["tensors"]:
+                summary = acc.Tensors(log_lib.SUMMARY_TAG)[0].tensor_proto.string_val[0].decode()
     assert {t for t in tags if not t[0].islower()} == set(headline)
     assert summary.replace("\n    ", "\n").strip() == tables.summary_of(gap)
 

@@ -9,6 +9,7 @@ import pytest
 
 from jaxillusions import model
 from jaxillusions.report import load_results, results, tables
+from jaxillusions.runtime import schema
 from jaxillusions.runtime.tensorboard import SweepWriter, read_scalars
 from jaxillusions.studies import induction
 from jaxillusions.tasks.code_completion import lexer
@@ -188,7 +189,7 @@ def test_identifier_gap_pairs_repeat_and_first_per_seed_and_split(tmp_path):
             rows.append({"seed": seed, "site": "blocks.0.attn.k", "method": "svd", "size": 2,
                          "split": split, "breakdown": "category", "bin": repeat, "n": 90,
                          "acc": 0.1, "jsd": 0.2, "same_pred": 0.3})
-    results.tables.write_csv(rows, tmp_path / "results.csv", results.COLUMNS)
+    results.tables.write_csv(rows, tmp_path / "results.csv", schema.CSV)
     gap = induction.identifier_gap(load_results(str(tmp_path / "results.csv"),
                                                 splits=["iid", "deeper"]))
     assert len(gap) == 4
@@ -260,7 +261,7 @@ def test_head_strength_predicts_the_identifier_repeat_gap_across_seeds(tmp_path)
                 rows.append({"seed": seed, "site": "", "method": "original", "size": 0,
                              "split": split, "breakdown": "category", "bin": b, "n": 50,
                              "acc": 0.5})
-    results.tables.write_csv(rows, tmp_path / "results.csv", results.COLUMNS)
+    results.tables.write_csv(rows, tmp_path / "results.csv", schema.CSV)
     df = load_results(str(tmp_path / "results.csv"), splits=["iid", "deeper", "other_language"])
     per_seed = pd.DataFrame({"seed": range(16), "max_induction_score": np.linspace(0.1, 0.8, 16),
                              "loss_drop": np.ones(16)})

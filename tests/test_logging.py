@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator as ea
 
+from jaxillusions.runtime import tensorboard as log_lib
 from jaxillusions.runtime.tensorboard import SweepWriter, flatten_config, read_scalars
 
 NAN = float("nan")
@@ -283,7 +284,7 @@ def test_board_headline_is_one_true_point_per_card_and_names_the_headline_proxie
     assert rows_named == ["svd k 16", "kmeans k 8", "onehot_attention pattern"]
     # Every Headline tag sorts first in TensorBoard: it is the only tag group not starting
     # with a lowercase letter (the job's other tags all do; see test_faithfulness).
-    assert all(t.startswith(board.HEADLINE + "/") for t in tags)
+    assert all(t.startswith(log_lib.HEADLINE + "/") for t in tags)
 
 
 def tables_report(rows, splits):
@@ -302,12 +303,12 @@ def test_board_text_report_and_scalar_descriptions(tmp_path, caplog):
     acc = ea.EventAccumulator(str(tmp_path / "report"), size_guidance={ea.TENSORS: 0})
     acc.Reload()
     shown = {t: acc.Tensors(t)[0] for t in acc.Tags()["tensors"]}
-    assert set(shown) == {board.SUMMARY_TAG, "gap_table"}
-    assert shown[board.SUMMARY_TAG].step == 7
+    assert set(shown) == {log_lib.SUMMARY_TAG, "gap_table"}
+    assert shown[log_lib.SUMMARY_TAG].step == 7
     # Indented: markdown shows a fixed-width block, so the columns stay aligned.
-    assert shown[board.SUMMARY_TAG].tensor_proto.string_val[0].decode() == (
+    assert shown[log_lib.SUMMARY_TAG].tensor_proto.string_val[0].decode() == (
         "    SUMMARY, 3 seeds.\n    proxy  a")
-    assert acc.SummaryMetadata(board.SUMMARY_TAG).plugin_data.plugin_name == "text"
+    assert acc.SummaryMetadata(log_lib.SUMMARY_TAG).plugin_data.plugin_name == "text"
     # A scalar's description is kept, and names the scalars plugin (TensorBoard's readers
     # warn about metadata without a plugin).
     with caplog.at_level("WARNING"):

@@ -148,6 +148,7 @@ def test_tensorboard_headline_reproduces_gaps_from_results_csv(tmp_path):
     from configs import dyck_small
     from jaxillusions.config import settings
     from jaxillusions.report import board, results
+    from jaxillusions.runtime import tensorboard as log_lib
     from jaxillusions.runtime.tensorboard import SweepWriter, read_scalars
 
     splits = ("iid", "unseen_depth", "longer")
@@ -172,7 +173,7 @@ def test_tensorboard_headline_reproduces_gaps_from_results_csv(tmp_path):
     for i, (method, site, size, _) in enumerate(proxies, 1):
         for split in ("unseen_depth", "longer"):
             g = by_key[(method, site, size, split)]
-            tag = f"Headline/{board._proxy_name(i, method, site, size)}/gap_{split}"
+            tag = log_lib.headline_tag(i, method, site, size, split)
             assert runs[f"split/{split}"][tag] == [
                 (config.train.num_steps, pytest.approx(g["gap"], abs=1e-7))]  # float32
             acc = event_accumulator.EventAccumulator(str(tmp_path / "tb" / "split" / split))
@@ -182,7 +183,7 @@ def test_tensorboard_headline_reproduces_gaps_from_results_csv(tmp_path):
                     in note), note
     acc = event_accumulator.EventAccumulator(str(tmp_path / "tb" / "report"))
     acc.Reload()
-    summary = acc.Tensors(board.SUMMARY_TAG)[0].tensor_proto.string_val[0].decode()
+    summary = acc.Tensors(log_lib.SUMMARY_TAG)[0].tensor_proto.string_val[0].decode()
     assert summary.replace("\n    ", "\n").strip() == tables.summary_of(text)
 
 

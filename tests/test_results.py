@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from jaxillusions.report import results
+from jaxillusions.runtime import schema
 
 pd = pytest.importorskip("pandas")
 
@@ -43,7 +44,7 @@ def test_csv_has_original_rows_and_round_trips(tmp_path):
     results.write_csv(rows, path)
     with open(path) as f:
         header = f.readline().strip().split(",")
-    assert header == list(results.COLUMNS) + ["jsd_p95"]
+    assert header == list(schema.CSV) + ["jsd_p95"]
     back = results.read_csv(path)
     assert len(back) == len(rows)
     for a, b in zip(rows, back, strict=True):
@@ -98,7 +99,7 @@ def test_load_results_reads_the_old_layout_and_config_order(tmp_path):
     old = results.load_results(str(tmp_path))
     results.write_csv(rows, str(tmp_path / "new.csv"))
     new = results.load_results(str(tmp_path / "new.csv"), splits=SPLITS)
-    order = list(results.KEYS)
+    order = list(schema.KEYS)
     pd.testing.assert_frame_equal(old.sort_values(order).reset_index(drop=True),
                                   new.sort_values(order).reset_index(drop=True))
     assert list(old["split"].cat.categories) == list(SPLITS)

@@ -285,3 +285,24 @@ def test_a_stored_run_is_read_at_its_own_door(tmp_path):
             settings.read_stored(str(tmp_path))
         assert str(err.value).startswith(f"{path} is unreadable ({why}"), str(err.value)
         assert "\n" not in str(err.value)
+
+
+def test_the_model_section_and_the_model_config_are_one_set_of_fields_and_defaults():
+    # settings.Model's keys are the fields of model.ModelConfig that a config sets (its own
+    # max_len, a lower bound on the model's, aside), with ModelConfig's defaults (one home)...
+    from jaxillusions import model
+
+    section = settings.Model()
+    keys = {f.name for f in dataclasses.fields(section)} - {"max_len"}
+    assert keys == set(model.SETTINGS_FIELDS)
+    assert {k: getattr(section, k) for k in keys} == model.SETTINGS_FIELDS
+    # ... and ModelConfig.from_settings carries each of them over: every value changed here.
+    changed = dataclasses.replace(
+        section, n_layers=3, n_heads=2, d_model=16, d_head=4, d_mlp=8, pos_encoding="rotary",
+        rotary_base=100, attn_only=True, uniform_attention_layers=[1], embedding="onehot",
+        minimal_embedding="yao", compute_dtype="bfloat16")
+    cfg = model.ModelConfig.from_settings(changed, vocab_size=7, max_len=9)
+    unchanged = {k for k in keys if getattr(changed, k) == getattr(section, k)}
+    assert unchanged == {"first_layer"}  # "minimal" needs the data's bracket ids
+    assert {k: getattr(cfg, k) for k in keys} == {
+        **{k: getattr(changed, k) for k in keys}, "uniform_attention_layers": (1,)}

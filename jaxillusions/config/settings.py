@@ -91,32 +91,37 @@ def _below_layers(v, s) -> bool:
     return all(0 <= i < s.model.n_layers for i in v)
 
 
+_ARCH = model.SETTINGS_FIELDS  # the architecture's defaults, one home: model.ModelConfig
+
+
 @dataclasses.dataclass(frozen=True)
 class Model:
-    """The transformer (jaxillusions/model; model.ModelConfig checks the combinations)."""
+    """The transformer (jaxillusions/model; model.ModelConfig checks the combinations and holds
+    the defaults, model.SETTINGS_FIELDS, which these keys take)."""
 
-    n_layers: int = setting(2, INT, ">= 1", positive)
-    n_heads: int = setting(1, INT, ">= 1", positive)
-    d_model: int = setting(32, INT, ">= 1", positive)
-    d_head: int = setting(0, INT, ">= 0 (0: d_model // n_heads)", nonnegative)
-    d_mlp: int = setting(64, INT, ">= 0", nonnegative)
-    pos_encoding: str = setting("learned", STR, *one_of(model.POS_ENCODINGS),
+    n_layers: int = setting(_ARCH["n_layers"], INT, ">= 1", positive)
+    n_heads: int = setting(_ARCH["n_heads"], INT, ">= 1", positive)
+    d_model: int = setting(_ARCH["d_model"], INT, ">= 1", positive)
+    d_head: int = setting(_ARCH["d_head"], INT, ">= 0 (0: d_model // n_heads)", nonnegative)
+    d_mlp: int = setting(_ARCH["d_mlp"], INT, ">= 0", nonnegative)
+    pos_encoding: str = setting(_ARCH["pos_encoding"], STR, *one_of(model.POS_ENCODINGS),
                                 doc="rotary: queries and keys turned by position in every layer")
-    rotary_base: int = setting(10_000, INT, ">= 2", lambda v, s: v >= 2,
+    rotary_base: int = setting(_ARCH["rotary_base"], INT, ">= 2", lambda v, s: v >= 2,
                                "rotary only: pair i of a head turns by base^(-2i/d_head) a step")
-    attn_only: bool = setting(False, BOOL, "true or false")
+    attn_only: bool = setting(_ARCH["attn_only"], BOOL, "true or false")
     uniform_attention_layers: tuple[int, ...] = setting(
-        (), INTS, "layer indices in [0, model.n_layers)", _below_layers,
-        "layers whose attention is uniform over the prefix")
-    embedding: str = setting("learned", STR, *one_of(model.EMBEDDINGS),
+        _ARCH["uniform_attention_layers"], INTS, "layer indices in [0, model.n_layers)",
+        _below_layers, "layers whose attention is uniform over the prefix")
+    embedding: str = setting(_ARCH["embedding"], STR, *one_of(model.EMBEDDINGS),
                              doc="onehot: frozen one-hot token embeddings")
-    first_layer: str = setting("standard", STR, *one_of(model.FIRST_LAYERS),
+    first_layer: str = setting(_ARCH["first_layer"], STR, *one_of(model.FIRST_LAYERS),
                                doc="minimal: Wen et al.'s (type, depth)-only first layer")
-    minimal_embedding: str = setting("onehot", STR,
+    minimal_embedding: str = setting(_ARCH["minimal_embedding"], STR,
                                      *one_of(model.MINIMAL_EMBEDDINGS))
+    # Not ModelConfig.max_len: a lower bound on it (that one covers the data and its prefixes).
     max_len: int = setting(0, INT, ">= 0 (0: the longest data split)", nonnegative,
                            "positions the model supports")
-    compute_dtype: str = setting("float32", STR, *one_of(model.COMPUTE_DTYPES),
+    compute_dtype: str = setting(_ARCH["compute_dtype"], STR, *one_of(model.COMPUTE_DTYPES),
                                  doc="bfloat16: bf16 matmuls, f32 parameters and softmax")
 
 

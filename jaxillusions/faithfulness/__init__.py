@@ -26,16 +26,15 @@ from jaxillusions import model as model_lib
 from jaxillusions import proxies, tasks
 from jaxillusions.faithfulness import dictionary_metrics as dictionaries
 from jaxillusions.faithfulness import metrics
-from jaxillusions.runtime import distributed
+from jaxillusions.runtime import distributed, schema
 from jaxillusions.runtime.chunks import padded_chunks
 from jaxillusions.training import memory
 
-METRICS = ("jsd", "same_pred", "acc_original", "acc_proxy")
-JSD_QUANTILES = {"jsd_p95": 0.95, "jsd_p99": 0.99}  # of per-position JSD, on `all` rows only
 # A quantile q of n positions is reported only where n (1 - q) >= 1, so that at least one
 # position lies beyond it: below, np.quantile interpolates between the largest values, the
 # split's maximum under another name (p95: 20 positions, p99: 100). Elsewhere NaN.
-JSD_MIN_POSITIONS = {name: math.ceil(round(1 / (1 - q), 6)) for name, q in JSD_QUANTILES.items()}
+JSD_MIN_POSITIONS = {name: math.ceil(round(1 / (1 - q), 6))
+                     for name, q in schema.JSD_QUANTILES.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -697,10 +696,10 @@ def _eval_batches(eval_set: EvalSet, batch_size: int, widths: Sequence[int] = ()
 def _jsd_quantiles(jsd: np.ndarray, split_ids: np.ndarray, num_splits: int) -> np.ndarray:
     """jsd [S, R, n] at the evaluated positions -> quantiles [S, R, num_splits, Q] per split,
     NaN where the split has fewer than JSD_MIN_POSITIONS positions."""
-    out = np.full(jsd.shape[:2] + (num_splits, len(JSD_QUANTILES)), np.nan)
+    out = np.full(jsd.shape[:2] + (num_splits, len(schema.JSD_QUANTILES)), np.nan)
     for k in range(num_splits):
         values = jsd[..., split_ids == k]
-        for i, (name, q) in enumerate(JSD_QUANTILES.items()):
+        for i, (name, q) in enumerate(schema.JSD_QUANTILES.items()):
             if values.shape[-1] >= JSD_MIN_POSITIONS[name]:
                 out[:, :, k, i] = np.quantile(values, q, axis=-1)
     return out
@@ -709,7 +708,7 @@ def _jsd_quantiles(jsd: np.ndarray, split_ids: np.ndarray, num_splits: int) -> n
 def _rows(spec: ProxySpec, totals: list[np.ndarray], quantiles: np.ndarray, eval_set: EvalSet,
           seeds, healthy, extra: np.ndarray | None = None):
     """totals[breakdown]: [S, R, bins, 5] sums (count, jsd, same, acc_orig, acc_proxy); extra:
-    [S, R, splits, len(dictionaries.COLUMNS)] dictionary metrics of the `all` rows, or None."""
+    [S, R, splits, M] the `all` rows' schema.DICTIONARY_METRICS, or None."""
     rows = []
     per_split = dict(zip(eval_set.breakdowns, eval_set.per_split, strict=True))
     for b, breakdown in enumerate(eval_set.breakdowns):
@@ -726,12 +725,12 @@ def _rows(spec: ProxySpec, totals: list[np.ndarray], quantiles: np.ndarray, eval
                            "breakdown": breakdown, "bin": value if breakdown != "all" else "",
                            "n": int(count)}
                     row.update({m: float(sums[s, r, k, 1 + i] / count)
-                                for i, m in enumerate(METRICS)})
+                                for i, m in enumerate(schema.POSITION_METRICS)})
                     row.update({q: float(quantiles[s, r, split, i]) if breakdown == "all"
-                                else float("nan") for i, q in enumerate(JSD_QUANTILES)})
+                                else float("nan") for i, q in enumerate(schema.JSD_QUANTILES)})
                     if extra is not None:
                         row.update({c: float(extra[s, r, split, i]) if breakdown == "all"
                                     else float("nan")
-                                    for i, c in enumerate(dictionaries.COLUMNS)})
+                                    for i, c in enumerate(schema.DICTIONARY_METRICS)})
                     rows.append(row)
     return rows

@@ -43,8 +43,8 @@ import numpy as np
 from jaxillusions import model as model_lib
 from jaxillusions import tasks
 from jaxillusions.proxies import _sparse_coding as _dictionary
+from jaxillusions.runtime import schema
 
-COLUMNS = ("fvu", "l0", "dead", "ce_score", "kl_score")
 EPS32 = float(np.finfo(np.float32).eps)
 DENOMINATOR_MARGIN = 1e3  # a ratio's denominator must exceed its rounding error this many times
 
@@ -182,9 +182,10 @@ def size_sums(module, size_params: dict, model_params, active: dict, cache: dict
 
 def columns(spec, params: dict, seed: dict, size: dict) -> np.ndarray:
     """A family's summed metrics (seed: leaves [S, K, ...]; size: [S, R, K, ...]) and fitted
-    params ({site: leaves [S, G, R, ...]}) -> [S, R, K, len(COLUMNS)] float64, NaN where a
-    metric is undefined: no latents (l0, dead of svd/pca), or a denominator that is not
-    positive or within DENOMINATOR_MARGIN of its float32 rounding (module docstring)."""
+    params ({site: leaves [S, G, R, ...]}) -> [S, R, K, M] float64, the M metrics in the order
+    of schema.DICTIONARY_METRICS, NaN where a metric is undefined: no latents (l0, dead of
+    svd/pca), or a denominator that is not positive or within DENOMINATOR_MARGIN of its float32
+    rounding (module docstring)."""
     f64 = {k: np.asarray(v, np.float64) for k, v in (*seed.items(), *size.items())}
     count = f64["count"]  # [S, K]
     total = sum((f64[f"sumsq/{s}"] - f64[f"sum/{s}"] ** 2 / np.maximum(count, 1)[..., None]
@@ -231,5 +232,6 @@ def columns(spec, params: dict, seed: dict, size: dict) -> np.ndarray:
                       _dictionary.ce_score(ce_original, ce_proxy, ce_zero), np.nan)
         kl = np.where(defined(kl_zero, kl_error),
                       _dictionary.kl_score(mean("kl_proxy"), kl_zero), np.nan)
-    out = np.stack(np.broadcast_arrays(fvu, l0, dead, ce, kl), axis=-1)
+    named = {"fvu": fvu, "l0": l0, "dead": dead, "ce_score": ce, "kl_score": kl}
+    out = np.stack(np.broadcast_arrays(*(named[m] for m in schema.DICTIONARY_METRICS)), axis=-1)
     return np.where(np.isfinite(out), out, np.nan)

@@ -70,15 +70,19 @@ _ROTARY_SITES = ("attn.rot_q", "attn.rot_k")  # only with pos_encoding="rotary"
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
+    """The architecture. Its fields after max_len are settings.Model's keys, with the defaults
+    a config gets (settings.Model reads them from here: one source); vocab_size, max_len and
+    the bracket fields come from the data (`from_settings`)."""
+
     vocab_size: int
     # Number of positions the model supports (sequence length incl. BOS/EOS); rotary positions
     # have no table and run any length (max_len is then TransformerLens's n_ctx on export).
     max_len: int
     n_layers: int = 2
     n_heads: int = 1
-    d_model: int = 64
+    d_model: int = 32
     d_head: int = 0  # 0: d_model // n_heads
-    d_mlp: int = 256
+    d_mlp: int = 64
     pos_encoding: str = "learned"
     rotary_base: int = 10_000  # pos_encoding="rotary": pair i turns by base^(-2i/d_head) a step
     attn_only: bool = False  # attention-only blocks (no MLP)
@@ -159,16 +163,19 @@ class ModelConfig:
 
     @classmethod
     def from_settings(cls, model_settings, vocab_size: int, max_len: int, **data) -> ModelConfig:
-        """The model config of a run: settings.Model's fields plus what the data decides (sizes,
-        and `data`: open_ids, close_ids, max_depth, depth_bins)."""
-        m = model_settings
-        return cls(embedding=m.embedding, first_layer=m.first_layer,
-                   minimal_embedding=m.minimal_embedding, compute_dtype=m.compute_dtype, **data,
-                   vocab_size=vocab_size, max_len=max_len, n_layers=m.n_layers,
-                   n_heads=m.n_heads, d_model=m.d_model, d_head=m.d_head, d_mlp=m.d_mlp,
-                   pos_encoding=m.pos_encoding, rotary_base=m.rotary_base,
-                   attn_only=m.attn_only,
-                   uniform_attention_layers=tuple(m.uniform_attention_layers))
+        """The model config of a run: every field of settings.Model that is one of these (all but
+        its max_len, a lower bound on this one) plus what the data decides (sizes, and `data`:
+        open_ids, close_ids, max_depth, depth_bins)."""
+        chosen = {name: getattr(model_settings, name) for name in SETTINGS_FIELDS}
+        chosen["uniform_attention_layers"] = tuple(chosen["uniform_attention_layers"])
+        return cls(**chosen, **data, vocab_size=vocab_size, max_len=max_len)
+
+
+# What the data decides; every other field is a key of settings.Model, defaults included.
+_FROM_DATA = ("vocab_size", "max_len", "open_ids", "close_ids", "max_depth", "depth_bins")
+SETTINGS_FIELDS = {f.name: f.default for f in dataclasses.fields(ModelConfig)
+                   if f.name not in _FROM_DATA}
+"""{field: default} of the fields a config sets (model.<field>), in ModelConfig's order."""
 
 
 def site_names(cfg: ModelConfig) -> tuple[str, ...]:

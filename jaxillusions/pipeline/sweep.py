@@ -55,7 +55,7 @@ from PIL import Image
 from jaxillusions import faithfulness, model, tasks
 from jaxillusions.config.settings import Settings
 from jaxillusions.report import board, figures, results, tables
-from jaxillusions.runtime import checkpoint, distributed, interrupt, stages, timing
+from jaxillusions.runtime import checkpoint, distributed, interrupt, schema, stages, timing
 from jaxillusions.runtime import tensorboard as log_lib
 from jaxillusions.runtime.stages import Context, Stage
 from jaxillusions.studies import dictionaries, fit_shift, geometry, induction, probes, wen
@@ -509,7 +509,7 @@ def _rows_shape(rows, spec, seeds, healthy, scored: set[str]) -> str | None:
     one over all positions per split with evaluated positions (`scored`)."""
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         return "it is not a list of rows"
-    need = (*results.KEYS, "acc_original", "acc_proxy")
+    need = (*schema.KEYS, *schema.ACCURACIES)
     cells: dict[tuple, list] = {  # (seed, size) -> its bins
         (int(seed), int(size)): [] for seed, ok in zip(seeds, healthy, strict=True) if ok
         for size in spec.sizes}
@@ -588,7 +588,7 @@ def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,
     rows and, when given, the paired gaps (report/stats.py)."""
     jobs = figure_jobs(rows, config, gaps, config.figures)
     with stages.writing("report", os.path.join(workdir, "tensorboard")), \
-            log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
+            log_lib.board(workdir, seeds) as writer:
         draw(jobs, writer, workdir)
         board.write_all(writer, rows, config, model_cfg, board.Sessions(seeds, healthy),
                         workdir, gaps)
@@ -650,7 +650,7 @@ def write_activation_figures(params, splits, model_cfg, config, workdir: str, se
     if not jobs:
         return
     with stages.writing("report", os.path.join(workdir, "tensorboard")), \
-            log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), seeds) as writer:
+            log_lib.board(workdir, seeds) as writer:
         draw(jobs, writer, workdir)
 
 
@@ -745,8 +745,7 @@ def complete_figures(config: Settings, workdir: str, say=print) -> list[str]:
         try:
             if todo:
                 with stages.writing("report", os.path.join(group_dir, "tensorboard")), \
-                        log_lib.SweepWriter(os.path.join(group_dir, "tensorboard"),
-                                            seeds) as writer:
+                        log_lib.board(group_dir, seeds) as writer:
                     draw(todo, writer, group_dir)
         except BaseException:  # a stop: draw sends its figures to TensorBoard at its end, so
             for path in paths:  # the ones drawn here are drawn again, with their images, next time
@@ -825,7 +824,7 @@ def draw(jobs, writer, workdir: str) -> None:
                         pixels[i] = np.asarray(image.convert("RGBA"))
                 else:
                     pixels[i] = figures.render(function, args, paths[i])
-        writer.image(tag, pixels[i][..., :3])
+        log_lib.write_figure(writer, tag, pixels[i][..., :3])
 
 
 def _start_helper(jobs: list) -> subprocess.Popen:

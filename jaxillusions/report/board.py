@@ -1,6 +1,7 @@
-"""What the main job writes to TensorBoard after evaluation, so that TensorBoard at its defaults
-(a new reader's: smoothing 0.6, "Ignore outliers in chart scaling" on) shows true values, the
-headline first:
+"""What the main job shows on TensorBoard after evaluation (chosen here from the rows and gaps,
+written by the one writer, runtime/tensorboard.py, which owns the runs and tags), so that
+TensorBoard at its defaults (a new reader's: smoothing 0.6, "Ignore outliers in chart scaling"
+on) shows true values, the headline first:
 
     split/<split>   tag Headline/<i>_<method>_<site>[_<size>]/gap_<split>: the headline's
                     paired gap (gaps.csv's mean; same_pred on the baseline minus on
@@ -31,13 +32,8 @@ from typing import Any
 import numpy as np
 
 from jaxillusions.report import stats, tables
+from jaxillusions.runtime import tensorboard
 
-# The first tag group of Time Series and SCALARS: both sort tags character by character with
-# '/' and digits first, then by character code, so an uppercase first letter sorts before every
-# lowercase tag the job writes (accuracy_by_depth, eval, train, ...).
-HEADLINE = "Headline"
-SUMMARY_TAG = f"{HEADLINE}/summary"  # TEXT: gap_table.txt's headline
-HPARAMS_GAP = "hparams/gap_same_pred/"  # the prefix of HPARAMS' per-seed gap metrics
 HEADLINE_METRIC = "same_pred"
 # Config keys shown in HPARAMS (when present), besides `seed`, `workdir` and `healthy`.
 HPARAM_KEYS = (
@@ -73,15 +69,6 @@ def headline_proxies(gaps: Sequence[dict], rows: Sequence[dict],
     return out
 
 
-def _proxy_name(i: int, method: str, site: str, size: int) -> str:
-    """'1_svd_q_16', '3_onehot_attention_pattern': the i-th headline proxy (tags then sort in
-    the configured order), its site as gap_table.txt's headline names it (the last part of each
-    joined site: one site per method, so no two share a name) and its size. Short, because
-    Time Series cuts a long card title in its middle."""
-    short = "+".join(part.split(".")[-1] for part in site.split("+"))
-    return f"{i}_{method}_{short}" + (f"_{size}" if size else "")
-
-
 def _ood(config, splits: Sequence[str]) -> tuple[list[str], list[str]]:
     """(OOD splits, in-distribution splits other than the gap baseline), in `splits`' order."""
     from jaxillusions import tasks
@@ -108,11 +95,11 @@ def write_headline(writer, gaps: Sequence[dict], rows: Sequence[dict], config,
             g = by_key.get((method, site, size, split))
             if g is None or not np.isfinite(g["gap"]):
                 continue
-            tag = f"{HEADLINE}/{_proxy_name(i, method, site, size)}/gap_{split}"
+            tag = tensorboard.headline_tag(i, method, site, size, split)
             chosen = ("data-independent" if size == 0 else
                       f"the smallest size with same_pred >= {tables.FAITHFUL:g} on {baseline}"
                       if reached else f"never {tables.FAITHFUL:g} on {baseline}: the largest size")
-            writer.curve(f"split/{split}", tag, [step], [float(g["gap"])], (
+            tensorboard.write_headline(writer, tag, split, step, float(g["gap"]), (
                 f"y = same_pred on {baseline} minus same_pred on {split} (> 0: the proxy is less "
                 f"faithful on {split}) of {method} on {site}" + (f" at size {size}" if size else "")
                 + f" ({chosen}): {g['gap']:+.4f}, 95% t interval [{g['ci_low']:+.4f}, "
@@ -124,21 +111,15 @@ def write_headline(writer, gaps: Sequence[dict], rows: Sequence[dict], config,
 
 
 def write_report_text(writer, text: str, step: int = 0) -> None:
-    """TEXT tab, run `report`: gap_table.txt's headline (SUMMARY_TAG) and the whole table
-    (tag gap_table), as fixed-width blocks."""
-    def block(t: str) -> str:  # markdown: an indented block keeps the columns
-        return "\n".join("    " + line for line in t.splitlines())
-
-    writer.text("report", SUMMARY_TAG, block(tables.summary_of(text)), step)
-    writer.text("report", "gap_table", block(text), step)
+    """TEXT tab: gap_table.txt's headline (tensorboard.SUMMARY_TAG) and the whole table."""
+    tensorboard.write_report(writer, tables.summary_of(text), text, step)
 
 
 def hparams(config, model_cfg) -> dict[str, Any]:
     """The headline config values, resolved: model.d_head as used, the SVD ranks as used."""
     from jaxillusions import faithfulness
-    from jaxillusions.runtime.tensorboard import flatten_config
 
-    flat = flatten_config(config)
+    flat = tensorboard.flatten_config(config)
     out = {k: flat[k] for k in HPARAM_KEYS if k in flat}
     if model_cfg is not None:
         out["model.d_head"] = model_cfg.head_dim
@@ -163,20 +144,13 @@ def _middle_proxies(rows: Sequence[dict]) -> list[tuple[str, str, int]]:
     return [(m, site, tables.middle_size(z)) for (m, site), z in sizes.items()]
 
 
-def gap_metric(method: str, site: str, size: int, split: str) -> str:
-    """HPARAMS' tag of a seed's gap: hparams/gap_same_pred/<method>_<size>/<site>/<split>
-    (data-independent proxies: hparams/gap_same_pred/<method>/<split>)."""
-    label = method if size == 0 else f"{method}_{size}/{site}"
-    return f"{HPARAMS_GAP}{label}/{split}"
-
-
 def headline_gaps(rows: Sequence[dict], proxies: Sequence[tuple] | None = None,
                   reference: str = "iid") -> dict[str, dict[int, float]]:
     """Per-seed gaps for HPARAMS (the seeds' values behind gaps.csv's means):
-    {gap_metric(method, site, size, split): {seed: gap}}, gap = same_pred on `reference` minus
-    same_pred on the split (stats.signed_gap), for `proxies` ([(method, site, size, ...)]; by
-    default each method's middle size on the first sized site, `_middle_proxies`), in their
-    order and the rows' split order."""
+    {tensorboard.gap_metric(method, site, size, split): {seed: gap}}, gap = same_pred on
+    `reference` minus same_pred on the split (stats.signed_gap), for `proxies` ([(method, site,
+    size, ...)]; by default each method's middle size on the first sized site,
+    `_middle_proxies`), in their order and the rows' split order."""
     rows = [r for r in rows if r["breakdown"] == "all"]
     proxies = [p[:3] for p in (_middle_proxies(rows) if proxies is None else proxies)]
     wanted = set(proxies)
@@ -194,7 +168,7 @@ def headline_gaps(rows: Sequence[dict], proxies: Sequence[tuple] | None = None,
                     for seed, v in per_seed.items() if seed in base}
             gaps = {seed: g for seed, g in gaps.items() if np.isfinite(g)}
             if split != reference and gaps:
-                out[gap_metric(method, site, size, split)] = gaps
+                out[tensorboard.gap_metric(method, site, size, split)] = gaps
     return out
 
 
@@ -234,7 +208,7 @@ def write_hparams(writer, config, model_cfg, sessions: Sessions, rows: Sequence[
         reference = config.proxies.gap_baseline
         gaps = headline_gaps(rows, proxies, reference=reference)
         ood, inside = _ood(config, splits)
-        gap_names = {gap_metric(m, site, size, s): f"gap {reference}-{s}: {m}"
+        gap_names = {tensorboard.gap_metric(m, site, size, s): f"gap {reference}-{s}: {m}"
                      + (f" {size} {site}" if size else "")
                      for m, site, size in proxies for s in ood + inside}
         gap_names = {t: n for t, n in gap_names.items() if t in gaps}
@@ -250,13 +224,9 @@ def write_hparams(writer, config, model_cfg, sessions: Sessions, rows: Sequence[
         seed = int(str(label).split("_")[0])
         values = {tag: per_seed[seed] for tag, per_seed in gaps.items() if seed in per_seed}
         extra = {k: v[i] for k, v in member_hparams.items()}
-        writer.hparams({"seed": seed, **extra, **base, "healthy": bool(ok)}, values,
-                       run=f"seed_{label}", metric_tags=list(names), varying=varying,
-                       step=step, display_names=names, description=(
-                           "This seed's gap (one point per seed run; x: the training step of "
-                           "the evaluated model). 'Ignore outliers in chart scaling' (on by "
-                           "default) can leave the highest and lowest seed off a chart of 3 or "
-                           "more seeds: HPARAMS' table has every seed's value."))
+        tensorboard.write_session(writer, tensorboard.Session(
+            label, {"seed": seed, **extra, **base, "healthy": bool(ok)}, values, names, varying),
+            step)
 
 
 def write_all(writer, rows: Sequence[dict], config, model_cfg, sessions: Sessions,

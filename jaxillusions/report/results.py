@@ -29,15 +29,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from jaxillusions.report import tables
+from jaxillusions.runtime import schema
+from jaxillusions.runtime.schema import ALL_BINS, NO_SIZE, ORIGINAL
 
 if TYPE_CHECKING:
     import pandas as pd
 
-NO_SIZE = 0  # `size` of the original model and of data-independent proxies
-ALL_BINS = -1  # `bin` of breakdown == "all" rows ("" in the CSV)
-ORIGINAL = "original"  # `method` of the original model's rows
-KEYS = ("seed", "site", "method", "size", "split", "breakdown", "bin", "n")
-COLUMNS = KEYS + ("acc", "jsd", "same_pred")  # then any further metric columns of the rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -52,7 +49,7 @@ def csv_rows(rows: Iterable[dict]) -> list[dict]:
     for row in rows:
         row = dict(row)
         acc_original = row.pop("acc_original")
-        row["acc"] = row.pop("acc_proxy")
+        row[schema.ACC] = row.pop("acc_proxy")
         out.append(row)
         key = (row["seed"], row["split"], row["breakdown"], row["bin"])
         if key not in originals:  # every proxy sees the same positions and parameters
@@ -83,8 +80,8 @@ def write_csv(rows: Iterable[dict], path: str) -> None:
     """Writes in-memory rows as results.csv, atomically (a temp file, then rename). NaN is an
     empty cell."""
     table = csv_rows(rows)
-    extra = tuple(dict.fromkeys(k for r in table for k in r if k not in COLUMNS))
-    tables.write_csv(table, path, COLUMNS + extra)
+    extra = tuple(dict.fromkeys(k for r in table for k in r if k not in schema.CSV))
+    tables.write_csv(table, path, schema.CSV + extra)
 
 
 def read_csv(path: str) -> list[dict]:
@@ -127,7 +124,7 @@ def load_results(workdir: str, splits: Sequence[str] | None = None) -> pd.DataFr
     unknown = sorted(set(df["split"]) - set(splits))
     if unknown:
         raise ValueError(f"{path}: splits {unknown} are not in the given order {list(splits)}")
-    keys = set(KEYS)
+    keys = set(schema.KEYS)
     out = pd.DataFrame({
         "seed": df["seed"].astype("int64"),
         "site": df["site"].astype("string"),
@@ -158,7 +155,7 @@ def _with_original_rows(df: pd.DataFrame) -> pd.DataFrame:
     original = original.assign(site="", method=ORIGINAL, size=NO_SIZE)
     proxies = df.drop(columns=["acc_original"]).rename(columns={"acc_proxy": "acc"})
     return pd.concat([original, proxies], ignore_index=True)[
-        list(COLUMNS) + [c for c in proxies.columns if c not in COLUMNS]]
+        list(schema.CSV) + [c for c in proxies.columns if c not in schema.CSV]]
 
 
 @dataclasses.dataclass

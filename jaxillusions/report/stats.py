@@ -37,6 +37,8 @@ import numpy as np
 import scipy.special
 import scipy.stats
 
+from jaxillusions.runtime.schema import DICTIONARY_METRICS
+
 CONFIDENCE = 0.95
 NUM_BOOTSTRAP = 4000
 BOOTSTRAP_SEED = 0
@@ -63,7 +65,6 @@ UNDEFINED_WHY = {
                 "1000x its float32 rounding",
     "kl_score": "the zero-ablation denominator KL_zero is not 1000x its float32 rounding",
 }
-DICTIONARY_METRICS = ("fvu", "l0", "dead", "ce_score", "kl_score")  # dictionary_metrics.py
 SUMMARY_COLUMNS = ("ci_low", "ci_high", "n_seeds", "seeds_positive", "boot_low", "boot_high")
 GAP_COLUMNS = ("site", "method", "size", "split", "metric", "gap") + SUMMARY_COLUMNS[:4] + (
     "baseline", "baseline_mean") + SUMMARY_COLUMNS[4:]

@@ -12,9 +12,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from jaxillusions.report import stats
+from jaxillusions.runtime import schema
 
-COLUMNS = ("seed", "site", "method", "size", "split", "breakdown", "bin", "n", "jsd",
-           "same_pred", "acc_original", "acc_proxy", "jsd_p95", "jsd_p99")
 STAT_COLUMNS = {"gaps": stats.GAP_COLUMNS, "proxy_vs_original": stats.PROXY_COLUMNS,
                 "id_predicts_gap": stats.CORRELATION_COLUMNS, "min_size": stats.MIN_SIZE_COLUMNS}
 # gaps_by_<breakdown>.csv: the paired gaps of one bin of a labelled breakdown (code: category)
@@ -30,7 +29,7 @@ def _cell(value):
     return "" if isinstance(value, float) and math.isnan(value) else value
 
 
-def write_csv(rows: Iterable[dict], path: str, columns: Sequence[str] = COLUMNS) -> None:
+def write_csv(rows: Iterable[dict], path: str, columns: Sequence[str] = schema.ROW) -> None:
     """Writes rows atomically (checkpoint.write_atomic), so a crash never leaves half a table."""
     from jaxillusions.runtime import checkpoint  # noqa: PLC0415 - orbax is slow to import for readers
 
@@ -68,7 +67,7 @@ def aggregate(rows: Iterable[dict], breakdown: str = "all") -> dict[tuple, dict]
     out = {}
     for key, group in groups.items():
         out[key] = {}
-        for m in ("jsd", "same_pred", "acc_original", "acc_proxy", "jsd_p95", "jsd_p99"):
+        for m in schema.ROW[len(schema.KEYS):]:
             values = np.array([r.get(m, np.nan) for r in group], dtype=np.float64)
             out[key][m] = (*stats.bounded_interval(values), len(values))
     return out

@@ -1,4 +1,5 @@
-"""TensorBoard logging for a sweep of seeds, written with tensorboardX (no TensorFlow).
+"""TensorBoard logging for a sweep of seeds, written with tensorboardX (no TensorFlow): the one
+writer of the job's board (`board`, then the write_* functions, which own its runs and tags).
 
 One TensorBoard run per subdirectory of `logdir`:
   seed_<s>/          per-seed scalars
@@ -7,14 +8,15 @@ One TensorBoard run per subdirectory of `logdir`:
   images/            images (default run of `SweepWriter.image`)
   hparams/           config + final metrics for the HPARAMS tab (`hparams(run=...)` can put a
                      session in any run, e.g. one per seed_<s>)
-  <run>/             what `curve` and `text` are given, e.g. the main job's reports
-                     (report/board.py: split/<split> and report)
+  <run>/             what `curve` and `text` are given: the main job's headline cards
+                     (split/<split>, `write_headline`) and report (`write_report`)
 
 Scalars are stored as `simple_value`, i.e. float32.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import time
@@ -232,6 +234,100 @@ class SweepWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The job's board: every stage's TensorBoard output goes through these functions, which own the
+# logdir, the runs and the tags; a stage hands over what to show (per-member values, figures,
+# the headline gaps, the report's text, the members' HPARAMS sessions) and nothing else opens or
+# writes a SweepWriter (tests/test_architecture.py).
+
+LOGDIR = "tensorboard"  # <workdir>/tensorboard: the README's logdir
+# The first tag group of Time Series and SCALARS: both sort tags character by character with
+# '/' and digits first, then by character code, so an uppercase first letter sorts before every
+# lowercase tag the job writes (accuracy_by_depth, eval, train, ...).
+HEADLINE = "Headline"
+SUMMARY_TAG = f"{HEADLINE}/summary"  # TEXT: gap_table.txt's headline
+HPARAMS_GAP = "hparams/gap_same_pred/"  # the prefix of HPARAMS' per-seed gap metrics
+REPORT_RUN = "report"  # TEXT: the summary and the whole gap table
+SESSION_DESCRIPTION = (
+    "This seed's gap (one point per seed run; x: the training step of the evaluated model). "
+    "'Ignore outliers in chart scaling' (on by default) can leave the highest and lowest seed "
+    "off a chart of 3 or more seeds: HPARAMS' table has every seed's value.")
+
+
+def board(workdir: str, labels: Sequence[int | str]) -> SweepWriter:
+    """The writer of a workdir's board, <workdir>/tensorboard, with a seed_<label> run per member
+    (`labels`: the members' run labels, in the order of their values)."""
+    return SweepWriter(os.path.join(workdir, LOGDIR), labels)
+
+
+def write_scalars(writer: SweepWriter, step: int,
+                  groups: Mapping[str, Mapping[str, ArrayLike]],
+                  healthy: ArrayLike | None = None) -> None:
+    """Per-member values ({group: {name: [M]}}, a group per stage or kind) as tags
+    <group>/<name> at `step`, in each seed_<label> run and aggregated over the `healthy`
+    members in mean/min/max (train/loss, eval/<split>/acc, wen/..., induction/...)."""
+    writer.scalars(step, {f"{group}/{name}": v for group, values in groups.items()
+                          for name, v in values.items()}, healthy=healthy)
+
+
+def write_figure(writer: SweepWriter, tag: str, image: Any) -> None:
+    """A figure (a matplotlib Figure or its pixels) under IMAGES, tag `tag`, run images."""
+    writer.image(tag, image)
+
+
+def headline_tag(i: int, method: str, site: str, size: int, split: str) -> str:
+    """Headline/<i>_<method>_<site>[_<size>]/gap_<split>: the card of the i-th headline proxy
+    (tags then sort in the configured order) on `split`, its site as gap_table.txt's headline
+    names it (the last part of each joined site: one site per method, so no two share a name).
+    Short, because Time Series cuts a long card title in its middle."""
+    short = "+".join(part.split(".")[-1] for part in site.split("+"))
+    return f"{HEADLINE}/{i}_{method}_{short}" + (f"_{size}" if size else "") + f"/gap_{split}"
+
+
+def write_headline(writer: SweepWriter, tag: str, split: str, step: int, gap: float,
+                   description: str) -> None:
+    """One Headline card's point: the gap at `step` (the training step of the evaluated model),
+    in run split/<split> (a run per split: each keeps one colour in every card)."""
+    writer.curve(f"split/{split}", tag, [step], [gap], description)
+
+
+def write_report(writer: SweepWriter, summary: str, text: str, step: int = 0) -> None:
+    """TEXT tab, run `report`: the summary (SUMMARY_TAG) and the whole table (tag gap_table),
+    as fixed-width blocks."""
+    def block(t: str) -> str:  # markdown: an indented block keeps the columns
+        return "\n".join("    " + line for line in t.splitlines())
+
+    writer.text(REPORT_RUN, SUMMARY_TAG, block(summary), step)
+    writer.text(REPORT_RUN, "gap_table", block(text), step)
+
+
+def gap_metric(method: str, site: str, size: int, split: str) -> str:
+    """HPARAMS' tag of a seed's gap: hparams/gap_same_pred/<method>_<size>/<site>/<split>
+    (data-independent proxies: hparams/gap_same_pred/<method>/<split>)."""
+    label = method if size == 0 else f"{method}_{size}/{site}"
+    return f"{HPARAMS_GAP}{label}/{split}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Session:
+    """One member's HPARAMS session: its run label, hyper-parameters and metrics ({tag: value});
+    `names`: {metric tag: column title}, every tag the experiment lists, in HPARAMS' order;
+    `varying`: the hyper-parameters that differ between sessions."""
+
+    label: int | str
+    hparams: Mapping[str, Any]
+    metrics: Mapping[str, float]
+    names: Mapping[str, str]
+    varying: Sequence[str]
+
+
+def write_session(writer: SweepWriter, session: Session, step: int = 0) -> None:
+    """A member's HPARAMS session in its run seed_<label>, its metrics' scalars at `step`."""
+    writer.hparams(session.hparams, session.metrics, run=f"seed_{session.label}",
+                   metric_tags=list(session.names), varying=session.varying, step=step,
+                   display_names=session.names, description=SESSION_DESCRIPTION)
 
 
 def _scalar_metadata(description: str) -> Any:

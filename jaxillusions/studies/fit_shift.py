@@ -70,7 +70,7 @@ from flax import serialization
 
 from jaxillusions import faithfulness, proxies, tasks
 from jaxillusions.report import figures, stats, tables
-from jaxillusions.runtime import stages, timing
+from jaxillusions.runtime import schema, stages, timing
 
 REFERENCE = "train"
 
@@ -84,8 +84,9 @@ REPORTS = ("fit_shift_results.csv", "fit_x_eval.csv", "gap_decomposition.csv")
 SUMMARY = ("ci_low", "ci_high", "n_seeds", "seeds_positive", "boot_low", "boot_high")
 
 
-ROW_COLUMNS = ("fit_split", "seed", "site", "method", "size", "split", "breakdown", "bin", "n",
-               "acc_original", "acc_proxy", "jsd", "same_pred", "jsd_p95", "jsd_p99")
+# fit_shift_results.csv: results' rows, each with the split its proxy was fitted on.
+ROW_COLUMNS = (("fit_split",) + schema.KEYS + schema.ACCURACIES + schema.FAITHFULNESS
+               + tuple(schema.JSD_QUANTILES))
 
 
 FIT_X_EVAL_COLUMNS = ("site", "method", "size", "fit_split", "split", "metric", "mean", "low",

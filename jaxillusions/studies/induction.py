@@ -17,7 +17,7 @@ occurrence" is unambiguous. With the first copy at positions o .. o+L-1 (o = 1 w
 
 `induction(...)` returns an `Induction` with arrays and tidy rows (`rows()`, `seed_rows()`) for a
 CSV, and `scalars()` for TensorBoard; `write(...)` writes both (induction.csv,
-induction_seeds.csv, and a SweepWriter's seed_<s> runs). `identifier_gap(df)` is the code
+induction_seeds.csv, and the board's seed_<s> runs). `identifier_gap(df)` is the code
 task's mechanism-facing accuracy contrast: per seed and split, accuracy on `identifier_repeat`
 minus `identifier_first` (from results.csv, as loaded by `analysis.load_results`).
 
@@ -40,7 +40,7 @@ import numpy as np
 
 from jaxillusions import model as model_lib
 from jaxillusions.report import tables
-from jaxillusions.runtime import stages
+from jaxillusions.runtime import stages, tensorboard
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -139,22 +139,23 @@ class Induction:
         return out
 
     def scalars(self) -> dict[str, np.ndarray]:
-        """{tag: [S] values in the order of `seeds`} for logging.SweepWriter.scalars:
-        induction/score/layer<l>_head<h>, induction/max_score, induction/loss_drop."""
-        out = {f"induction/score/layer{layer}_head{head}": self.score[:, layer, head]
+        """{name: [S] values in the order of `seeds`}, TensorBoard's induction/<name>:
+        score/layer<l>_head<h>, max_score, loss_drop."""
+        out = {f"score/layer{layer}_head{head}": self.score[:, layer, head]
                for layer in range(self.score.shape[1]) for head in range(self.score.shape[2])
                if not np.isnan(self.score[:, layer, head]).all()}
-        return {**out, "induction/max_score": self.max_score, "induction/loss_drop": self.loss_drop}
+        return {**out, "max_score": self.max_score, "loss_drop": self.loss_drop}
 
 
 def write(result: Induction, workdir: str, writer=None, step: int = 0) -> None:
     """induction.csv (ROW_COLUMNS) and induction_seeds.csv (SEED_COLUMNS) in `workdir`, and
-    the scalars to a logging.SweepWriter when given (its seeds in the order of result.seeds)."""
+    the scalars to a board (tensorboard.board) when given, its members in the order of
+    result.seeds."""
     tables.write_csv(result.rows(), os.path.join(workdir, "induction.csv"), ROW_COLUMNS)
     tables.write_csv(result.seed_rows(), os.path.join(workdir, "induction_seeds.csv"),
                      SEED_COLUMNS)
     if writer is not None:
-        writer.scalars(step, result.scalars())
+        tensorboard.write_scalars(writer, step, {"induction": result.scalars()})
 
 
 def induction(params: model_lib.Params, cfg: model_lib.ModelConfig, key: jax.Array, *,
@@ -301,7 +302,6 @@ def run(ctx) -> object:
     saves it whole (stages.Stage.stamped): a relaunch with the same settings does not probe
     again, one with other induction.* settings moves the CSVs aside first."""
     from jaxillusions.runtime import distributed  # noqa: PLC0415
-    from jaxillusions.runtime import tensorboard as log_lib  # noqa: PLC0415
     from jaxillusions.training import train  # noqa: PLC0415
 
     if not distributed.is_main():
@@ -317,7 +317,7 @@ def run(ctx) -> object:
         found, score=np.where(bad[:, None, None], np.nan, found.score),
         loss_first=np.where(bad, np.nan, found.loss_first),
         loss_second=np.where(bad, np.nan, found.loss_second))
-    with log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), labels) as writer:
+    with tensorboard.board(workdir, labels) as writer:
         write(found, workdir, writer, step)
     heads = has_head(found.max_score, found.loss_drop)
     ctx.say(f"induction: {int(heads.sum())} of {int((~bad).sum())} seeds have an induction "

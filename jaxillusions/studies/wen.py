@@ -386,14 +386,14 @@ def measure(state, results, model_cfg: model_lib.ModelConfig, config, workdir: s
         figs["wen_length_generalization"] = length_figure(rows)
     if "balance_violation" in rows[0] and "length_gen_acc" in rows[0]:
         figs["wen_balance_vs_length"] = balance_figure(rows)
-    with log_lib.SweepWriter(os.path.join(workdir, "tensorboard"), members.labels) as writer:
+    with log_lib.board(workdir, members.labels) as writer:
         for name, fig in figs.items():
-            writer.image(f"wen/{name}", fig)
+            log_lib.write_figure(writer, f"wen/{name}", fig)
             figures.save(fig, os.path.join(workdir, "figures", name + ".png"))
-        per_member = {f"wen/{key}": np.array([r[key] for r in rows]) for key in
+        per_member = {key: np.array([r[key] for r in rows]) for key in
                       ("length_gen_acc", "length_gen_argmax_acc", "balance_violation")
                       if key in rows[0]}
-        writer.scalars(config.train.num_steps, per_member, healthy=healthy)
+        log_lib.write_scalars(writer, config.train.num_steps, {"wen": per_member}, healthy)
     return rows, attention
 
 

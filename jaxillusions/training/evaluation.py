@@ -20,7 +20,7 @@ import optax
 from jaxillusions import model as model_lib
 from jaxillusions import tasks
 from jaxillusions.config.settings import Settings
-from jaxillusions.runtime import distributed
+from jaxillusions.runtime import distributed, tensorboard
 from jaxillusions.runtime.chunks import padded_chunks
 
 
@@ -111,12 +111,11 @@ def log(writer, step: int, results: dict, healthy: np.ndarray, task) -> None:
     """eval/<split>/{acc,loss} and eval_by_<b>/<split>/<bin label> (Dyck: .../depth_03)."""
     b = task.TRAIN_BREAKDOWN
     labels = task.bin_labels(b)
-    scalars = {}
+    overall, by_bin = {}, {}
     for split, res in results.items():
-        scalars[f"eval/{split}/acc"] = res["acc"]
-        scalars[f"eval/{split}/loss"] = res["loss"]
+        overall[f"{split}/acc"] = res["acc"]
+        overall[f"{split}/loss"] = res["loss"]
         for i, acc in enumerate(res[f"acc_by_{b}"].T):
             if np.isfinite(acc).any():
-                name = labels[i] if labels else f"{b}_{i:02d}"
-                scalars[f"eval_by_{b}/{split}/{name}"] = acc
-    writer.scalars(step, scalars, healthy=healthy)
+                by_bin[f"{split}/{labels[i] if labels else f'{b}_{i:02d}'}"] = acc
+    tensorboard.write_scalars(writer, step, {"eval": overall, f"eval_by_{b}": by_bin}, healthy)

@@ -181,7 +181,7 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
         if saved_step is not None:
             say(f"resumed from checkpoint at step {saved_step} in {workdir}")
         if distributed.is_main():
-            writer = log_lib.SweepWriter(f"{workdir}/tensorboard", sweep.labels)
+            writer = log_lib.board(workdir, sweep.labels)
             # Events logged after the restored step by the run that was stopped are superseded.
             writer.restart(saved_step or 0, log_lib.SweepWriter.seed_runs(sweep.labels))
     placed, train_tokens = place_on_devices(state, sweep.hparams, splits["train"].tokens, chunks)
@@ -231,7 +231,7 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
             _stop_if_all_diverged(healthy, step)
             last = np.where(healthy, losses[-1], np.nan)
             if writer is not None:
-                writer.scalars(step, {"train/loss": losses[-1]}, healthy=healthy)
+                log_lib.write_scalars(writer, step, {"train": {"loss": losses[-1]}}, healthy)
             if step % tc.log_every == 0 or step == end:
                 rate = (step - start_step) / (time.perf_counter() - start_time)
                 say(f"step {step:>6}/{tc.num_steps} | loss {np.nanmean(last):.4f} "
