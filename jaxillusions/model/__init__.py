@@ -156,7 +156,8 @@ class ModelConfig:
     compute_dtype: str = "float32"  # COMPUTE_DTYPES
     # A built part in place of the token embedding and the first blocks (None: the embedding).
     front: Part | None = None
-    # Standing interventions, applied by every forward pass before the caller's (`compose`).
+    # Standing interventions, applied by every forward pass before the caller's (`compose`);
+    # hashable, as the config is a static jit argument (frozen dataclasses: UniformAttention).
     interventions: tuple[Intervention, ...] = ()
 
     def __post_init__(self):
