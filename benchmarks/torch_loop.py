@@ -49,8 +49,8 @@ class Transformer(nn.Module):
     def __init__(self, model_cfg):
         super().__init__()
         c = model_cfg
-        if (c.first_layer, c.embedding, c.pos_encoding, c.attn_only,
-                c.uniform_attention_layers) != ("standard", "learned", "learned", False, ()):
+        if (c.front, c.embedding, c.pos_encoding, c.attn_only,
+                c.interventions) != (None, "learned", "learned", False, ()):
             raise ValueError("the PyTorch baseline implements the standard model only (learned "
                              "embeddings and positions, MLP blocks, no frozen attention)")
         d = c.d_model

@@ -9,6 +9,7 @@ from conftest import checked
 
 from jaxillusions import model, tasks
 from jaxillusions.report import load_run
+from jaxillusions.tasks.minimal_layer import MinimalFirstLayer
 from jaxillusions.training import train
 
 
@@ -174,13 +175,13 @@ def test_site_names_both_ways_and_refusals():
         for site, hook in sites.items():
             assert export.site_name(hook, major) == site
     pytest.importorskip("transformer_lens")
-    uniform = dataclasses.replace(cfg, uniform_attention_layers=(0,))
+    uniform = dataclasses.replace(cfg, interventions=(model.UniformAttention((0,)),))
     with pytest.raises(ValueError, match="uniform_attention_layers"):
         export.tl_config(uniform)
-    minimal = model.ModelConfig(vocab_size=11, max_len=12, d_model=32, first_layer="minimal",
-                                pos_encoding="none", open_ids=(3, 4, 5, 6),
-                                close_ids=(7, 8, 9, 10), max_depth=2, depth_bins=3)
-    with pytest.raises(ValueError, match="first_layer='minimal'"):
+    minimal = model.ModelConfig(vocab_size=11, max_len=12, d_model=32, pos_encoding="none",
+                                front=MinimalFirstLayer((3, 4, 5, 6), (7, 8, 9, 10),
+                                                        max_depth=2, depth_bins=3))
+    with pytest.raises(ValueError, match=r"first_layer \(MinimalFirstLayer\)"):
         export.tl_config(minimal)
     params = model.init_params(jax.random.PRNGKey(0), cfg)
     with pytest.raises(ValueError, match="seed axis"):

@@ -13,6 +13,7 @@ from jaxillusions.runtime import schema
 from jaxillusions.runtime.tensorboard import SweepWriter, read_scalars
 from jaxillusions.studies import induction
 from jaxillusions.tasks.code_completion import lexer
+from jaxillusions.tasks.minimal_layer import MinimalFirstLayer
 
 V, L, BOS = 12, 8, 1  # vocab, repeat length, BOS token (tokens 0..2 are special)
 SPECIAL = (0, 1, 2)
@@ -129,7 +130,8 @@ def test_write_gives_csvs_and_tensorboard_scalars_per_seed(tmp_path):
 
 def test_uniform_attention_scores_chance():
     cfg, params = copier()
-    uniform = model.ModelConfig(**{**cfg.__dict__, "uniform_attention_layers": (0, 1)})
+    uniform = model.ModelConfig(**{**cfg.__dict__,
+                                   "interventions": (model.UniformAttention((0, 1)),)})
     out = measure(uniform, stack(params))
     np.testing.assert_allclose(out.score[0], out.chance, rtol=1e-5)
     # Chance is the mean over the repeat of 1/(q+1): about ln(2)/L, far below a real head.
@@ -212,8 +214,7 @@ def test_random_models_vmapped_over_seeds_and_the_minimal_first_layer():
     assert len(run[0].rows()) == 18 and run[0].seeds == (0, 1, 2)
     # Wen et al.'s minimal first layer has no attention: its layer has no score (NaN, no rows).
     cfg = model.ModelConfig(vocab_size=7, max_len=9, n_layers=2, d_model=32, pos_encoding="none",
-                            first_layer="minimal", open_ids=(3, 4), close_ids=(5, 6),
-                            max_depth=2, depth_bins=4)
+                            front=MinimalFirstLayer((3, 4), (5, 6), max_depth=2, depth_bins=4))
     params = jax.vmap(lambda k: model.init_params(k, cfg))(jax.random.split(jax.random.key(1), 2))
     out = induction.induction(params, cfg, jax.random.key(2), length=4, batch=4,
                               special=induction.task_tokens("dyck"))

@@ -1,3 +1,6 @@
+import dataclasses
+import inspect
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -5,6 +8,7 @@ import pytest
 import tolerance as tol
 
 from jaxillusions import model as model_lib
+from jaxillusions.config import settings
 
 
 def _setup(**overrides):
@@ -102,13 +106,66 @@ def test_start_at_a_block_gives_the_logits_of_the_whole_pass(overrides):
 
 
 def test_frozen_uniform_attention_and_attn_only():
-    cfg, params, tokens = _setup(uniform_attention_layers=(0,), attn_only=True)
+    cfg, params, tokens = _setup(interventions=(model_lib.UniformAttention((0,)),),
+                                 attn_only=True)
     _, cache = model_lib.forward(params, tokens, cfg, cache=("blocks.0.attn.pattern",))
     causal = np.tril(np.ones((10, 10)))
     np.testing.assert_allclose(cache["blocks.0.attn.pattern"][1, 0],
                                causal / causal.sum(-1, keepdims=True), rtol=1e-6)
     assert "mlp" not in params["blocks"][0]
     assert "blocks.0.mlp.out" not in model_lib.site_names(cfg)
+
+
+def test_uniform_attention_is_a_standing_intervention_with_the_old_arithmetic():
+    """The layer's pattern is the one forward computed in place of the softmax before it became
+    an intervention (bit for bit), forward applies it before the caller's intervention, and the
+    layer's queries and keys get no gradient, as before."""
+    plain, params, tokens = _setup(n_layers=3)
+    cfg = model_lib.ModelConfig(**{**plain.__dict__,
+                                   "interventions": (model_lib.UniformAttention((0, 2)),)})
+    section = dataclasses.replace(settings.Model(), n_layers=3, d_model=16, d_mlp=32,
+                                  uniform_attention_layers=[0, 2])
+    assert cfg == model_lib.ModelConfig.from_settings(section, vocab_size=11, max_len=12)
+
+    def old(site, value):  # the code that forward ran for a frozen layer
+        if site in ("blocks.0.attn.pattern", "blocks.2.attn.pattern"):
+            causal = jnp.tril(jnp.ones(value.shape[-2:], bool))
+            return jnp.broadcast_to(causal / causal.sum(-1, keepdims=True), value.shape)
+        return value
+
+    sites = ("blocks.0.attn.pattern", "blocks.1.attn.pattern", "logits")
+    got, got_cache = model_lib.forward(params, tokens, cfg, cache=sites)
+    want, want_cache = model_lib.forward(params, tokens, plain, intervention=old, cache=sites)
+    np.testing.assert_array_equal(got, want)
+    for site in sites:
+        np.testing.assert_array_equal(got_cache[site], want_cache[site])
+    # The caller's intervention sees the frozen pattern (it runs after the standing one).
+    seen = {}
+    model_lib.forward(params, tokens, cfg, intervention=lambda s, v: seen.setdefault(s, v))
+    np.testing.assert_array_equal(seen["blocks.0.attn.pattern"],
+                                  got_cache["blocks.0.attn.pattern"])
+    grads = jax.grad(lambda p: model_lib.forward(p, tokens, cfg)[0].sum())(params)
+    for layer, frozen in ((0, True), (1, False), (2, True)):
+        for name in ("w_q", "b_q", "w_k"):
+            assert bool((grads["blocks"][layer]["attn"][name] == 0).all()) == frozen
+    with pytest.raises(ValueError, match=r"uniform_attention_layers=\(3,\): layers \[3\]"):
+        model_lib.ModelConfig(vocab_size=5, max_len=4,
+                              interventions=(model_lib.UniformAttention((3,)),))
+
+
+def test_forward_has_no_variant_branch_and_the_config_no_task_fields():
+    """Variants are parts (ModelConfig.front) and standing interventions, not flags: forward
+    and the config name none of them, nor the data a part is built from."""
+    source = inspect.getsource(model_lib).lower()
+    for word in ("first_layer", "minimal_embedding", "open_ids",
+                 "close_ids", "depth_bins", "max_depth", "bracket"):
+        assert word not in source, word
+    body = inspect.getsource(model_lib.forward)
+    assert "uniform" not in body and "minimal" not in body
+    assert {f.name for f in dataclasses.fields(model_lib.ModelConfig)} == {
+        "vocab_size", "max_len", "n_layers", "n_heads", "d_model", "d_head", "d_mlp",
+        "pos_encoding", "rotary_base", "attn_only", "embedding", "compute_dtype", "front",
+        "interventions"}
 
 
 def test_vmap_over_seed_axis_matches_single_models():
@@ -127,8 +184,6 @@ def test_bad_model_config_errors():
     with pytest.raises(ValueError, match="needs an even d_head"):
         model_lib.ModelConfig(vocab_size=5, max_len=4, d_model=6, d_head=3,
                               pos_encoding="rotary")
-    with pytest.raises(ValueError, match="uniform_attention_layers"):
-        model_lib.ModelConfig(vocab_size=5, max_len=4, uniform_attention_layers=(3,))
     cfg = model_lib.ModelConfig(vocab_size=5, max_len=4)
     with pytest.raises(ValueError, match="unknown activation site"):
         model_lib.check_site(cfg, "blocks.7.attn.k")

@@ -292,17 +292,20 @@ def test_the_model_section_and_the_model_config_are_one_set_of_fields_and_defaul
     # max_len, a lower bound on the model's, aside), with ModelConfig's defaults (one home)...
     from jaxillusions import model
 
+    # The variants aside: they are built into a part and standing interventions.
+    variants = {"uniform_attention_layers", "first_layer", "minimal_embedding"}
     section = settings.Model()
-    keys = {f.name for f in dataclasses.fields(section)} - {"max_len"}
+    keys = {f.name for f in dataclasses.fields(section)} - {"max_len"} - variants
     assert keys == set(model.SETTINGS_FIELDS)
     assert {k: getattr(section, k) for k in keys} == model.SETTINGS_FIELDS
     # ... and ModelConfig.from_settings carries each of them over: every value changed here.
     changed = dataclasses.replace(
         section, n_layers=3, n_heads=2, d_model=16, d_head=4, d_mlp=8, pos_encoding="rotary",
         rotary_base=100, attn_only=True, uniform_attention_layers=[1], embedding="onehot",
-        minimal_embedding="yao", compute_dtype="bfloat16")
+        compute_dtype="bfloat16")
     cfg = model.ModelConfig.from_settings(changed, vocab_size=7, max_len=9)
-    unchanged = {k for k in keys if getattr(changed, k) == getattr(section, k)}
-    assert unchanged == {"first_layer"}  # "minimal" needs the data's bracket ids
-    assert {k: getattr(cfg, k) for k in keys} == {
-        **{k: getattr(changed, k) for k in keys}, "uniform_attention_layers": (1,)}
+    assert not {k for k in keys if getattr(changed, k) == getattr(section, k)}
+    assert {k: getattr(cfg, k) for k in keys} == {k: getattr(changed, k) for k in keys}
+    # uniform_attention_layers becomes the model's standing intervention; the first layer is
+    # built by the task (train.model_config).
+    assert cfg.interventions == (model.UniformAttention((1,)),) and cfg.front is None

@@ -1,6 +1,7 @@
 """Wen et al. on the same engine: model and objective options, measurements."""
 
 import itertools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +15,7 @@ from jaxillusions.config import settings
 from jaxillusions.studies import wen
 from jaxillusions.tasks import dyck as dyck_task
 from jaxillusions.tasks import dyck_sentences as dyck
+from jaxillusions.tasks.minimal_layer import FEATURES, MinimalFirstLayer
 from jaxillusions.training import objective as objective_lib
 from jaxillusions.training import train
 from jaxillusions.training.step import init_state, train_steps
@@ -23,10 +25,13 @@ OPEN = tuple(dyck.open_id(t, K) for t in range(K))
 CLOSE = tuple(dyck.close_id(t, K) for t in range(K))
 
 
+def _minimal(features: str = "onehot") -> MinimalFirstLayer:
+    return MinimalFirstLayer(OPEN, CLOSE, max_depth=D, depth_bins=D + 2, features=features)
+
+
 def _cfg(**overrides):
     kw = dict(vocab_size=dyck.vocab_size(K), max_len=40, n_layers=2, d_model=32, d_mlp=32,
-              pos_encoding="none", open_ids=OPEN, close_ids=CLOSE, max_depth=D,
-              depth_bins=D + 2)
+              pos_encoding="none")
     return model_lib.ModelConfig(**{**kw, **overrides})
 
 
@@ -43,9 +48,9 @@ def _leaves(tree):
 # ----------------------------------------------------------------------------- model options
 
 
-@pytest.mark.parametrize("embedding", model_lib.MINIMAL_EMBEDDINGS)
+@pytest.mark.parametrize("embedding", FEATURES)
 def test_minimal_first_layer_depends_only_on_type_and_depth(embedding):
-    cfg = _cfg(first_layer="minimal", minimal_embedding=embedding)
+    cfg = _cfg(front=_minimal(embedding))
     params = model_lib.init_params(jax.random.PRNGKey(0), cfg)
     # Position 5 of the first is ')' at depth 1 after "[(", position 9 of the second is ')' at
     # depth 1 after a different history; equal (token, depth) -> equal output.
@@ -54,8 +59,8 @@ def test_minimal_first_layer_depends_only_on_type_and_depth(embedding):
     _, cb = model_lib.forward(params, b[None], cfg, cache=("blocks.0.resid_post",))
     out_a = np.asarray(ca["blocks.0.resid_post"][0])
     out_b = np.asarray(cb["blocks.0.resid_post"][0])
-    depth_a = np.asarray(model_lib.bracket_depth(a, cfg))
-    depth_b = np.asarray(model_lib.bracket_depth(b, cfg))
+    depth_a = np.asarray(cfg.front.depth(a))
+    depth_b = np.asarray(cfg.front.depth(b))
     pairs = 0
     for i in range(len(a)):
         for j in range(len(b)):
@@ -75,29 +80,62 @@ def test_minimal_features_match_the_paper_equations():
         ("yao", lambda tok, d: np.r_[np.eye(7)[tok], np.cos(np.arctan2(d, D + 2 - d)),
                                      np.sin(np.arctan2(d, D + 2 - d))]),
     ]:
-        cfg = _cfg(first_layer="minimal", minimal_embedding=embedding)
+        cfg = _cfg(front=_minimal(embedding))
+        dim = cfg.front.dim(cfg.vocab_size)
         params = model_lib.init_params(jax.random.PRNGKey(0), cfg)
         _, c = model_lib.forward(params, tokens[None], cfg, cache=("blocks.0.minimal.out",))
         out = np.asarray(c["blocks.0.minimal.out"][0])
-        assert out.shape == (4, 32) and np.all(out[:, cfg.minimal_dim:] == 0)
+        assert out.shape == (4, 32) and np.all(out[:, dim:] == 0)
         if expect is None:  # one-hot: distinct unit vectors
             np.testing.assert_array_equal(out.sum(1), 1.0)
             assert len({int(np.argmax(r)) for r in out}) == 4
         else:
             for i, d in enumerate([0, 1, 2, 3]):
-                np.testing.assert_allclose(out[i, :cfg.minimal_dim], expect(tokens[i], d),
+                np.testing.assert_allclose(out[i, :dim], expect(tokens[i], d),
                                            atol=1e-6)
+
+
+def test_minimal_tables_equal_those_of_the_model_flag():
+    """The part's fixed tables are the ones ModelConfig(first_layer="minimal") built before the
+    layer became a part (tests/data/make_minimal_tables.py wrote them at commit c14e60b), and the
+    task builds the part from its data as that config was built: bracket ids, D, depth bins."""
+    old = np.load(os.path.join(os.path.dirname(__file__), "data", "minimal_tables.npz"))
+    assert sorted(old) == sorted(FEATURES)
+    for features in FEATURES:
+        part = MinimalFirstLayer((3, 4), (5, 6), max_depth=2, depth_bins=4, features=features)
+        cfg = _cfg(vocab_size=7, max_len=12, front=part)
+        table = model_lib.init_params(jax.random.PRNGKey(0), cfg)["blocks"][0]["minimal"]
+        np.testing.assert_array_equal(table["table"], old[features])
+    data = dyck_task.Data(num_types=3, max_depth=5, depth_extra=2)
+    assert dyck_task.first_layer(data, "yao") == MinimalFirstLayer(
+        (3, 4, 5), (6, 7, 8), max_depth=5, depth_bins=8, features="yao")
 
 
 def test_bad_minimal_configs_are_one_line_errors():
     with pytest.raises(ValueError, match="pos_encoding must be 'none'"):
-        _cfg(first_layer="minimal", pos_encoding="linear")
+        _cfg(front=_minimal(), pos_encoding="linear")
     with pytest.raises(ValueError, match="more than d_model=8"):
-        _cfg(first_layer="minimal", d_model=8)
+        _cfg(front=_minimal(), d_model=8)
     with pytest.raises(ValueError, match="minimal_embedding"):
-        _cfg(first_layer="minimal", minimal_embedding="rope")
+        _minimal("rope")
+    with pytest.raises(ValueError, match=r"uniform_attention_layers=\(0,\): layers \[0\] have no "
+                       "attention"):  # the minimal layer 0 has none to make uniform
+        _cfg(front=_minimal(), interventions=(model_lib.UniformAttention((0,)),))
     with pytest.raises(ValueError, match="d_model >= vocab_size"):
         _cfg(embedding="onehot", d_model=4)
+
+
+def test_the_run_builds_its_variants_from_the_settings_keys(config):
+    """model.first_layer/minimal_embedding: the task's part; model.uniform_attention_layers:
+    the model's standing intervention."""
+    config.model.update(first_layer="minimal", minimal_embedding="yao", pos_encoding="none",
+                        d_model=64, uniform_attention_layers=(1,))
+    run = checked(config)
+    cfg = train.model_config(run)
+    assert cfg.front == dyck_task.first_layer(run.data, "yao")
+    assert cfg.front.open_ids == dyck_task.bracket_ids(run.data)[0]
+    assert cfg.interventions == (model_lib.UniformAttention((1,)),)
+    assert objective_lib.from_settings(run).brackets == dyck_task.bracket_ids(run.data)
 
 
 @pytest.mark.slow
@@ -135,15 +173,15 @@ def test_closing_only_loss_averages_over_closing_targets():
     targets = tokens[:, 1:]
     nll = -np.take_along_axis(logp, targets[..., None], -1)[..., 0]
     closing = np.isin(targets, CLOSE)
-    got = objective_lib.lm_loss(params, jnp.asarray(tokens), cfg, loss_on="closing")
+    got = objective_lib.lm_loss(params, jnp.asarray(tokens), cfg, closing=CLOSE)
     np.testing.assert_allclose(got, nll[closing].mean(), rtol=1e-5)
     got_all = objective_lib.lm_loss(params, jnp.asarray(tokens), cfg)
     np.testing.assert_allclose(got_all, nll[targets != dyck.PAD].mean(), rtol=1e-5)
 
 
 def test_contrastive_prefixes_are_balanced_with_exactly_one_extra_pair():
-    cfg = _cfg()
-    tokens, lengths = dyck_task.contrastive_prefixes(jax.random.PRNGKey(0), 500, cfg, D)
+    tokens, lengths = dyck_task.contrastive_prefixes(jax.random.PRNGKey(0), 500, (OPEN, CLOSE),
+                                                     D)
     tokens, lengths = np.asarray(tokens), np.asarray(lengths)
     shapes = set()
     for row, length in zip(tokens, lengths, strict=True):
@@ -176,13 +214,14 @@ def test_contrastive_regularizer_is_zero_iff_logits_ignore_balanced_prefixes():
                               np.r_[_tokens("(())"), dyck.EOS, 0, 0, 0, 0]]))
     logits_x, _ = model_lib.forward(params, x, cfg)
     key = jax.random.PRNGKey(3)
-    assert dyck_task.contrastive_loss(params, x, logits_x, key, cfg, D) > 1e-4
+    assert dyck_task.contrastive_loss(params, x, logits_x, key, cfg, (OPEN, CLOSE), D) > 1e-4
     # Attention writes nothing: each position's logits depend on its own token only.
     blind = jax.tree_util.tree_map_with_path(
         lambda path, v: jnp.zeros_like(v) if model_lib.path_str(path).endswith(
             ("attn/w_o", "attn/b_o")) else v, params)
     logits_x, _ = model_lib.forward(blind, x, cfg)
-    assert float(dyck_task.contrastive_loss(blind, x, logits_x, key, cfg, D)) == 0.0
+    assert float(dyck_task.contrastive_loss(blind, x, logits_x, key, cfg, (OPEN, CLOSE),
+                                            D)) == 0.0
 
 
 @pytest.mark.slow
@@ -269,11 +308,11 @@ def _balanced_minimal_model(seed: int = 0):
     """A minimal-first-layer model whose last layer satisfies the balance condition exactly:
     the keys of an open bracket at depth d and of its close at depth d-1 are equal (so are their
     scores under any query) and their values are opposite."""
-    cfg = _cfg(first_layer="minimal", d_model=32)
+    cfg = _cfg(front=_minimal(), d_model=32)
     params = model_lib.init_params(jax.random.PRNGKey(seed), cfg)
-    table = np.asarray(params["blocks"][0]["minimal"]["table"])
-    slot = {(tok, d): int(np.argmax(table[tok * cfg.depth_bins + d]))
-            for tok in range(cfg.vocab_size) for d in range(cfg.depth_bins)}
+    table, bins = np.asarray(params["blocks"][0]["minimal"]["table"]), cfg.front.depth_bins
+    slot = {(tok, d): int(np.argmax(table[tok * bins + d]))
+            for tok in range(cfg.vocab_size) for d in range(bins)}
     rng = np.random.default_rng(seed)
     w_k = np.zeros((32, 1, 32), np.float32)
     w_v = np.zeros((32, 1, 32), np.float32)
@@ -302,7 +341,7 @@ def test_balance_violation_zero_for_a_balanced_model_positive_otherwise():
     out = wen.balance_violation(jax.tree.map(lambda x: x[None], broken), cfg)
     assert out["balance_violation"][0] > 1e-2
     # Random models are far from balanced.
-    random_cfg = _cfg(first_layer="minimal")
+    random_cfg = _cfg(front=_minimal())
     keys = jax.random.split(jax.random.PRNGKey(1), 2)
     random = jax.vmap(model_lib.init_params, in_axes=(0, None))(keys, random_cfg)
     assert np.all(wen.balance_violation(random, random_cfg)["balance_violation"] > 1e-2)
@@ -313,7 +352,7 @@ def test_balance_violation_zero_for_a_balanced_model_positive_otherwise():
 def test_balance_delta_matches_the_model_forward_pass():
     # Delta from the closed-form tables equals the distance between the unnormalized attention
     # outputs computed from the model's own scores and values on the two prefixes.
-    cfg = _cfg(first_layer="minimal")
+    cfg = _cfg(front=_minimal())
     params = model_lib.init_params(jax.random.PRNGKey(4), cfg)
     sites = ("blocks.1.attn.scores", "blocks.1.attn.v")
 
@@ -337,7 +376,7 @@ def test_balance_delta_matches_the_model_forward_pass():
 def test_length_prefixes_are_valid_and_scoring_matches_numpy():
     tokens = wen.length_prefixes(np.random.default_rng(0), 64, K, D, 60)
     assert tokens.shape == (64, 61) and np.all(tokens[:, 0] == dyck.BOS)
-    depth = np.asarray(model_lib.bracket_depth(tokens, _cfg()))
+    depth = np.asarray(_minimal().depth(tokens))
     assert depth.min() >= 0 and depth.max() == D
     for row in tokens[:8]:  # closes match the innermost open
         stack = []
@@ -349,8 +388,8 @@ def test_length_prefixes_are_valid_and_scoring_matches_numpy():
     cfg = _cfg(max_len=61)
     keys = jax.random.split(jax.random.PRNGKey(5), 3)
     params = jax.vmap(model_lib.init_params, in_axes=(0, None))(keys, cfg)
-    out = wen.length_generalization(params, cfg, tokens, 20, threshold=0.4, batch_size=24,
-                                    members_per_call=2)
+    out = wen.length_generalization(params, cfg, tokens, 20, close_ids=CLOSE, threshold=0.4,
+                                    batch_size=24, members_per_call=2)
     logits = np.asarray(jax.vmap(lambda p: model_lib.forward(p, tokens[:, :-1], cfg)[0])(params))
     probs = np.asarray(jax.nn.softmax(logits, -1))
     targets = tokens[:, 1:]
@@ -363,9 +402,10 @@ def test_length_prefixes_are_valid_and_scoring_matches_numpy():
                                [(lg.argmax(-1) == targets)[ok].mean() for lg in logits],
                                rtol=1e-6)
     with pytest.raises(ValueError, match="pos_encoding 'none' or 'linear'"):
-        wen.length_generalization(params, _cfg(pos_encoding="learned", max_len=61), tokens, 20)
+        wen.length_generalization(params, _cfg(pos_encoding="learned", max_len=61), tokens, 20,
+                                  close_ids=CLOSE)
     with pytest.raises(ValueError, match="set model.max_len >= 61"):
-        wen.length_generalization(params, _cfg(max_len=40), tokens, 20)
+        wen.length_generalization(params, _cfg(max_len=40), tokens, 20, close_ids=CLOSE)
 
 
 # ----------------------------------------------------------------------------- the main job

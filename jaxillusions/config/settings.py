@@ -46,6 +46,7 @@ from jaxillusions.config.fields import (
     setting,
 )
 from jaxillusions.proxies import sae
+from jaxillusions.tasks import minimal_layer
 
 # Keys (fnmatch patterns) that may change on resume: analysis, evaluation and logging settings.
 ANALYSIS_KEYS = (
@@ -97,7 +98,7 @@ _ARCH = model.SETTINGS_FIELDS  # the architecture's defaults, one home: model.Mo
 @dataclasses.dataclass(frozen=True)
 class Model:
     """The transformer (jaxillusions/model; model.ModelConfig checks the combinations and holds
-    the defaults, model.SETTINGS_FIELDS, which these keys take)."""
+    the defaults, model.SETTINGS_FIELDS, which these keys take, the variants' aside)."""
 
     n_layers: int = setting(_ARCH["n_layers"], INT, ">= 1", positive)
     n_heads: int = setting(_ARCH["n_heads"], INT, ">= 1", positive)
@@ -109,15 +110,17 @@ class Model:
     rotary_base: int = setting(_ARCH["rotary_base"], INT, ">= 2", lambda v, s: v >= 2,
                                "rotary only: pair i of a head turns by base^(-2i/d_head) a step")
     attn_only: bool = setting(_ARCH["attn_only"], BOOL, "true or false")
+    # The model's variants: model.ModelConfig.from_settings makes this one a standing
+    # intervention (model.UniformAttention) and train.model_config has the task build the
+    # first layer, a part (tasks/minimal_layer.py).
     uniform_attention_layers: tuple[int, ...] = setting(
-        _ARCH["uniform_attention_layers"], INTS, "layer indices in [0, model.n_layers)",
+        (), INTS, "layer indices in [0, model.n_layers)",
         _below_layers, "layers whose attention is uniform over the prefix")
     embedding: str = setting(_ARCH["embedding"], STR, *one_of(model.EMBEDDINGS),
                              doc="onehot: frozen one-hot token embeddings")
-    first_layer: str = setting(_ARCH["first_layer"], STR, *one_of(model.FIRST_LAYERS),
+    first_layer: str = setting("standard", STR, *one_of(minimal_layer.FIRST_LAYERS),
                                doc="minimal: Wen et al.'s (type, depth)-only first layer")
-    minimal_embedding: str = setting(_ARCH["minimal_embedding"], STR,
-                                     *one_of(model.MINIMAL_EMBEDDINGS))
+    minimal_embedding: str = setting("onehot", STR, *one_of(minimal_layer.FEATURES))
     # Not ModelConfig.max_len: a lower bound on it (that one covers the data and its prefixes).
     max_len: int = setting(0, INT, ">= 0 (0: the longest data split)", nonnegative,
                            "positions the model supports")

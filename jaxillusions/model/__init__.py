@@ -12,10 +12,10 @@ Every intermediate value passes through a named *site* (TransformerLens-style na
     blocks.{i}.attn.z [batch, pos, head, d_head], blocks.{i}.attn.out, blocks.{i}.resid_mid,
     blocks.{i}.mlp.hidden, blocks.{i}.mlp.out, blocks.{i}.resid_post, ln_final, logits
 
-With `first_layer="minimal"` (Wen et al., Assumption 1) block 0 has no attention: its output at
-every position is a fixed feature vector of (token, depth) only, with the sites
-`blocks.0.minimal.out` and `blocks.0.resid_post` (no `embed`). Depth is the bracket depth after the
-token, computed inside `forward` from `open_ids` / `close_ids` (a cumulative sum).
+A model may have a built *part* (`ModelConfig.front`, a `Part`) in place of the token embedding
+and its first blocks: its fixed tables, its sites and a pure apply, built from the data by the
+task (Wen et al.'s minimal first layer, tasks/minimal_layer.py: block 0 without attention, sites
+`blocks.0.minimal.out` and `blocks.0.resid_post`). The model knows parts only through `Part`.
 
 With `pos_encoding="rotary"` (Su et al.'s RoPE) nothing is added to the residual stream: every
 layer rotates its queries and keys by angles proportional to their positions, so an attention
@@ -29,7 +29,10 @@ is the same on every backend.
 
 An *intervention* is a function `(site_name, value) -> value` called at every site; it is how
 proxies replace activations. Site names are static Python strings, so an intervention that ignores
-a site costs nothing after tracing. `cache` names the sites whose values `forward` returns.
+a site costs nothing after tracing. `cache` names the sites whose values `forward` returns. A
+model's *standing* interventions (`ModelConfig.interventions`: `UniformAttention`, a layer whose
+pattern is frozen uniform over the causal prefix) are part of the model as trained: `forward`
+applies them at every call, before the caller's, so no caller can run the model without them.
 
 `start_at=(layer, residual)` runs only the rest of the model: block `layer` onwards, from the
 residual stream entering it (`residual_site(cfg, layer)`, cached from an earlier pass). An
@@ -43,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 import jax
 import jax.numpy as jnp
@@ -52,10 +56,6 @@ Params = dict
 Intervention = Callable[[str, jax.Array], jax.Array]
 
 POS_ENCODINGS = ("none", "learned", "sinusoidal", "linear", "rotary")
-FIRST_LAYERS = ("standard", "minimal")
-# Wen et al. eqs. 19-21: one-hot of (token, depth); one-hot token ++ one-hot depth; Yao et al.'s
-# one-hot token ++ (cos theta_d, sin theta_d), theta_d = arctan(d / (D + 2 - d)).
-MINIMAL_EMBEDDINGS = ("onehot", "type_depth", "yao")
 EMBEDDINGS = ("learned", "onehot")  # onehot: frozen one-hot token embeddings
 # bfloat16: matmul operands and the activations between them in bf16 (f32 accumulation); the
 # residual stream, layer norms, attention scores and softmax, logits and loss stay in f32, and
@@ -66,13 +66,79 @@ _BLOCK_SITES = (
     "attn.pattern", "attn.z", "attn.out", "resid_mid", "mlp.hidden", "mlp.out", "resid_post",
 )
 _ROTARY_SITES = ("attn.rot_q", "attn.rot_k")  # only with pos_encoding="rotary"
+Site = Callable[[str, jax.Array], jax.Array]  # forward's own: intervenes and caches
+
+
+class Part(Protocol):
+    """A built part of the model in place of the token embedding and blocks 0 .. layers - 1:
+    data plus pure functions. Frozen and hashable (the config is a static jit argument)."""
+
+    layers: int  # blocks it takes the place of; the attention blocks start at this one
+    sites: tuple[str, ...]  # its sites, in forward order
+
+    def check(self, cfg: ModelConfig) -> None:
+        """One-line ValueError where the rest of the architecture cannot take the part."""
+
+    def block_shapes(self, cfg: ModelConfig) -> list[Params]:
+        """The parameters of its `layers` blocks as `_param_shapes` leaves (shape, scale); a
+        callable scale is a fixed table, `scale(cfg)`, never trained (`frozen_paths`)."""
+
+    def apply(self, params: Params, tokens: jax.Array, site: Site) -> jax.Array:
+        """The residual stream entering block `layers`, each of its sites passed through
+        `site(name, value)`."""
+
+
+def uniform_pattern(shape: tuple[int, ...]) -> jax.Array:
+    """Attention [..., T, T] in which query i attends uniformly to keys 0..i (float32)."""
+    t = shape[-1]
+    assert shape[-2] == t, f"expected square [..., T, T] attention, got {shape}"
+    causal = jnp.tril(jnp.ones((t, t), jnp.float32))
+    return jnp.broadcast_to(causal / causal.sum(-1, keepdims=True), shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class UniformAttention:
+    """A standing intervention: the attention patterns of `layers` frozen uniform over the
+    causal prefix (the settings key model.uniform_attention_layers). Their queries and keys
+    then get no gradient; the uniform_attention proxy makes the same pattern after training."""
+
+    layers: tuple[int, ...]
+
+    def __call__(self, site: str, value: jax.Array) -> jax.Array:
+        # Static strings: the test runs once, at tracing.
+        if site in {f"blocks.{i}.attn.pattern" for i in self.layers}:
+            return uniform_pattern(value.shape).astype(value.dtype)
+        return value
+
+    def check(self, cfg: ModelConfig) -> None:
+        first = first_attention_layer(cfg)
+        bad = [i for i in self.layers if not first <= i < cfg.n_layers]
+        if bad:
+            raise ValueError(f"model.uniform_attention_layers={self.layers}: layers {bad} have "
+                             f"no attention (n_layers={cfg.n_layers}, attention blocks "
+                             f"{first}..{cfg.n_layers - 1})")
+
+
+def compose(*interventions: Intervention | None) -> Intervention | None:
+    """One intervention applying `interventions` in order (None ones skipped; none left: None)."""
+    chain = tuple(i for i in interventions if i is not None)
+    if len(chain) < 2:
+        return chain[0] if chain else None
+
+    def composed(site: str, value: jax.Array) -> jax.Array:
+        for intervention in chain:
+            value = intervention(site, value)
+        return value
+
+    return composed
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """The architecture. Its fields after max_len are settings.Model's keys, with the defaults
-    a config gets (settings.Model reads them from here: one source); vocab_size, max_len and
-    the bracket fields come from the data (`from_settings`)."""
+    """The architecture. Its fields from n_layers on are settings.Model's keys, with the
+    defaults a config gets (settings.Model reads them from here: one source); vocab_size and
+    max_len come from the data, and `front` and `interventions` are built from settings
+    (`from_settings`, train.model_config)."""
 
     vocab_size: int
     # Number of positions the model supports (sequence length incl. BOS/EOS); rotary positions
@@ -86,22 +152,16 @@ class ModelConfig:
     pos_encoding: str = "learned"
     rotary_base: int = 10_000  # pos_encoding="rotary": pair i turns by base^(-2i/d_head) a step
     attn_only: bool = False  # attention-only blocks (no MLP)
-    uniform_attention_layers: tuple[int, ...] = ()  # layers whose attention is frozen uniform
     embedding: str = "learned"  # "onehot": frozen one-hot token embeddings (d_model >= vocab)
-    first_layer: str = "standard"  # "minimal": block 0 outputs fixed features of (token, depth)
-    minimal_embedding: str = "onehot"  # features of the minimal first layer (MINIMAL_EMBEDDINGS)
     compute_dtype: str = "float32"  # COMPUTE_DTYPES
-    # Set from the data (train.build): bracket token ids by type, the language's depth bound D
-    # and the number of depth values with their own minimal-layer features (deeper ones clip).
-    open_ids: tuple[int, ...] = ()
-    close_ids: tuple[int, ...] = ()
-    max_depth: int = 0
-    depth_bins: int = 0
+    # A built part in place of the token embedding and the first blocks (None: the embedding).
+    front: Part | None = None
+    # Standing interventions, applied by every forward pass before the caller's (`compose`);
+    # hashable, as the config is a static jit argument (frozen dataclasses: UniformAttention).
+    interventions: tuple[Intervention, ...] = ()
 
     def __post_init__(self):
         for name, allowed in (("pos_encoding", POS_ENCODINGS), ("embedding", EMBEDDINGS),
-                              ("first_layer", FIRST_LAYERS),
-                              ("minimal_embedding", MINIMAL_EMBEDDINGS),
                               ("compute_dtype", COMPUTE_DTYPES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"model.{name}={getattr(self, name)!r}: expected one of "
@@ -118,72 +178,42 @@ class ModelConfig:
                              f"(got {self.rotary_base})")
         if not self.attn_only and self.d_mlp < 1:
             raise ValueError(f"model.d_mlp={self.d_mlp}: must be >= 1 (or set model.attn_only)")
-        bad = [i for i in self.uniform_attention_layers if not 0 <= i < self.n_layers]
-        if bad:
-            raise ValueError(f"model.uniform_attention_layers={self.uniform_attention_layers}: "
-                             f"layers {bad} do not exist (n_layers={self.n_layers})")
         if self.embedding == "onehot" and self.d_model < self.vocab_size:
             raise ValueError(f"model.embedding='onehot' needs d_model >= vocab_size "
                              f"({self.vocab_size}), got d_model={self.d_model}")
-        if len(self.open_ids) != len(self.close_ids):
-            raise ValueError(f"open_ids {self.open_ids} and close_ids {self.close_ids} differ "
-                             "in length")
-        if self.first_layer == "minimal":
-            self._check_minimal()
-
-    def _check_minimal(self) -> None:
-        def need(ok: bool, msg: str) -> None:
-            if not ok:
-                raise ValueError(f"model.first_layer='minimal': {msg}")
-
-        need(bool(self.open_ids), "needs the bracket token ids (open_ids/close_ids)")
-        need(self.max_depth >= 1 and self.depth_bins > self.max_depth,
-             f"needs max_depth >= 1 and depth_bins > max_depth, got {self.max_depth}, "
-             f"{self.depth_bins}")
-        need(self.n_layers >= 2, f"needs n_layers >= 2 (the minimal layer is layer 0), got "
-             f"{self.n_layers}")
-        need(self.pos_encoding == "none", "its output may depend on (token, depth) only, so "
-             f"model.pos_encoding must be 'none', got {self.pos_encoding!r}")
-        need(0 not in self.uniform_attention_layers, "layer 0 has no attention to make uniform")
-        need(self.minimal_dim <= self.d_model, f"the {self.minimal_embedding!r} features have "
-             f"{self.minimal_dim} dimensions, more than d_model={self.d_model}")
-
-    @property
-    def minimal_dim(self) -> int:
-        """Size of the minimal first layer's feature vector (zero-padded to d_model)."""
-        if self.minimal_embedding == "onehot":
-            return 2 * len(self.open_ids) * self.depth_bins + self.vocab_size - 2 * len(
-                self.open_ids)
-        return self.vocab_size + (self.depth_bins if self.minimal_embedding == "type_depth"
-                                  else 2)
+        for part in (self.front, *self.interventions):
+            if hasattr(part, "check"):
+                part.check(self)
 
     @property
     def head_dim(self) -> int:
         return self.d_head or self.d_model // self.n_heads
 
     @classmethod
-    def from_settings(cls, model_settings, vocab_size: int, max_len: int, **data) -> ModelConfig:
+    def from_settings(cls, model_settings, vocab_size: int, max_len: int,
+                      front: Part | None = None) -> ModelConfig:
         """The model config of a run: every field of settings.Model that is one of these (all but
-        its max_len, a lower bound on this one) plus what the data decides (sizes, and `data`:
-        open_ids, close_ids, max_depth, depth_bins)."""
+        its max_len, a lower bound on this one), its uniform_attention_layers as a standing
+        `UniformAttention`, plus what the data decides (sizes, and `front`, built by the task)."""
         chosen = {name: getattr(model_settings, name) for name in SETTINGS_FIELDS}
-        chosen["uniform_attention_layers"] = tuple(chosen["uniform_attention_layers"])
-        return cls(**chosen, **data, vocab_size=vocab_size, max_len=max_len)
+        layers = tuple(model_settings.uniform_attention_layers)
+        return cls(**chosen, vocab_size=vocab_size, max_len=max_len, front=front,
+                   interventions=(UniformAttention(layers),) if layers else ())
 
 
-# What the data decides; every other field is a key of settings.Model, defaults included.
-_FROM_DATA = ("vocab_size", "max_len", "open_ids", "close_ids", "max_depth", "depth_bins")
+# What the data or other settings decide; every other field is a key of settings.Model.
+_BUILT = ("vocab_size", "max_len", "front", "interventions")
 SETTINGS_FIELDS = {f.name: f.default for f in dataclasses.fields(ModelConfig)
-                   if f.name not in _FROM_DATA}
+                   if f.name not in _BUILT}
 """{field: default} of the fields a config sets (model.<field>), in ModelConfig's order."""
 
 
 def site_names(cfg: ModelConfig) -> tuple[str, ...]:
     """All activation sites of the model, in forward order."""
     names = ["embed"] + (["pos_embed"] if cfg.pos_encoding not in ("none", "rotary") else [])
-    if cfg.first_layer == "minimal":
-        names = ["blocks.0.minimal.out", "blocks.0.resid_post"]
-    for i in range(_first_attention_layer(cfg), cfg.n_layers):
+    if cfg.front is not None:
+        names = list(cfg.front.sites)
+    for i in range(first_attention_layer(cfg), cfg.n_layers):
         block = [s for s in _BLOCK_SITES if not (cfg.attn_only and s.startswith("mlp."))
                  and (cfg.pos_encoding == "rotary" or s not in _ROTARY_SITES)]
         names += [f"blocks.{i}.{s}" for s in block]
@@ -204,7 +234,7 @@ def first_block(cfg: ModelConfig, sites: Iterable[str]) -> int | None:
     layers = []
     for site in sites:
         parts = site.split(".")
-        if parts[0] == "blocks" and int(parts[1]) >= _first_attention_layer(cfg):
+        if parts[0] == "blocks" and int(parts[1]) >= first_attention_layer(cfg):
             layers.append(int(parts[1]))
         elif site in ("ln_final", "logits"):
             layers.append(cfg.n_layers)
@@ -216,7 +246,7 @@ def first_block(cfg: ModelConfig, sites: Iterable[str]) -> int | None:
 def residual_site(cfg: ModelConfig, layer: int) -> str:
     """The site holding the residual stream that enters block `layer` (after the last block: the
     last block's resid_post), to cache for `forward(start_at=(layer, value))`."""
-    first = _first_attention_layer(cfg)
+    first = first_attention_layer(cfg)
     if not first <= layer <= cfg.n_layers:
         raise ValueError(f"start_at layer {layer}: the model's attention blocks are "
                          f"{first}..{cfg.n_layers - 1} (or {cfg.n_layers}: after the last)")
@@ -224,13 +254,14 @@ def residual_site(cfg: ModelConfig, layer: int) -> str:
         f"blocks.{layer - 1}.resid_post"
 
 
-def _first_attention_layer(cfg: ModelConfig) -> int:
-    return 1 if cfg.first_layer == "minimal" else 0
+def first_attention_layer(cfg: ModelConfig) -> int:
+    """The first block with attention: the first after the built part, if any."""
+    return 0 if cfg.front is None else cfg.front.layers
 
 
 def _param_shapes(cfg: ModelConfig) -> Params:
-    """Shape and init scale of every parameter (scale 0: zeros, None: ones, a string: a fixed
-    table built by `_fixed_table`, never trained: see `frozen_paths`)."""
+    """Shape and init scale of every parameter (scale 0: zeros, None: ones, a callable: a fixed
+    table, scale(cfg), never trained: see `frozen_paths`)."""
     d, h, e, f = cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_mlp
     # Residual-writing projections are scaled down with depth (GPT-2) to keep early training calm.
     out = 1.0 / math.sqrt(2 * cfg.n_layers)
@@ -249,15 +280,15 @@ def _param_shapes(cfg: ModelConfig) -> Params:
         block["mlp"] = {"w_in": ((d, f), d**-0.5), "b_in": ((f,), 0.0),
                         "w_out": ((f, d), f**-0.5 * out), "b_out": ((d,), 0.0)}
     shapes: Params = {
-        "embed": ((cfg.vocab_size, d), "onehot" if cfg.embedding == "onehot" else 0.02),
+        "embed": ((cfg.vocab_size, d), _onehot_table if cfg.embedding == "onehot" else 0.02),
         "unembed": {"w": ((d, cfg.vocab_size), d**-0.5), "b": ((cfg.vocab_size,), 0.0)},
         "ln_final": layer_norm,
         "blocks": [block] * cfg.n_layers,
     }
-    if cfg.first_layer == "minimal":
+    if cfg.front is not None:
         del shapes["embed"]
-        shapes["blocks"] = [{"minimal": {"table": ((cfg.vocab_size * cfg.depth_bins, d),
-                                                   "minimal")}}] + [block] * (cfg.n_layers - 1)
+        shapes["blocks"] = (cfg.front.block_shapes(cfg)
+                            + [block] * (cfg.n_layers - cfg.front.layers))
     if cfg.pos_encoding == "learned":
         shapes["pos_embed"] = ((cfg.max_len, d), 0.02)
     elif cfg.pos_encoding == "linear":
@@ -268,15 +299,15 @@ def _param_shapes(cfg: ModelConfig) -> Params:
 def init_params(key: jax.Array, cfg: ModelConfig) -> Params:
     """Random parameters for one model (vmap over keys for a seed axis)."""
     specs, treedef = jax.tree.flatten(_param_shapes(cfg), is_leaf=lambda x: isinstance(x, tuple))
-    sizes = [0 if isinstance(scale, str) else math.prod(shape) for shape, scale in specs]
+    sizes = [0 if callable(scale) else math.prod(shape) for shape, scale in specs]
     # One draw carved into pieces: one threefry call compiles far faster than one per tensor.
     noise = jax.random.normal(key, (sum(sizes),), jnp.float32)
     leaves, offset = [], 0
     for (shape, scale), size in zip(specs, sizes, strict=True):
         if scale is None:
             leaves.append(jnp.ones(shape))
-        elif isinstance(scale, str):
-            leaves.append(_fixed_table(scale, cfg))
+        elif callable(scale):
+            leaves.append(scale(cfg))
         else:
             leaves.append(noise[offset:offset + size].reshape(shape) * scale)
         offset += size
@@ -292,48 +323,12 @@ def frozen_paths(cfg: ModelConfig) -> tuple[str, ...]:
     """Paths (path_str) of the parameters the optimizer must not move (fixed tables)."""
     specs = jax.tree_util.tree_flatten_with_path(_param_shapes(cfg),
                                                  is_leaf=lambda x: isinstance(x, tuple))[0]
-    return tuple(path_str(path) for path, (_, scale) in specs if isinstance(scale, str))
+    return tuple(path_str(path) for path, (_, scale) in specs if callable(scale))
 
 
-def _fixed_table(kind: str, cfg: ModelConfig) -> jax.Array:
-    d = cfg.d_model
-    if kind == "onehot":  # token embeddings: row v is the one-hot vector of v
-        return jnp.eye(cfg.vocab_size, d)
-    # The minimal first layer: row token * depth_bins + depth holds that pair's features.
-    token = jnp.repeat(jnp.arange(cfg.vocab_size), cfg.depth_bins)
-    depth = jnp.tile(jnp.arange(cfg.depth_bins), cfg.vocab_size)
-    onehot_token = jax.nn.one_hot(token, cfg.vocab_size)
-    if cfg.minimal_embedding == "onehot":
-        # Eq. 19: one direction per (bracket, depth) pair; other tokens (BOS, EOS, PAD) occur at
-        # depth 0 only and get one direction each.
-        k2 = 2 * len(cfg.open_ids)
-        bracket = jnp.asarray(cfg.open_ids + cfg.close_ids)
-        is_bracket = (token[:, None] == bracket).any(-1)
-        b_index = (token[:, None] == bracket).argmax(-1)
-        others = [v for v in range(cfg.vocab_size) if v not in cfg.open_ids + cfg.close_ids]
-        o_index = (token[:, None] == jnp.asarray(others or [-1])).argmax(-1)
-        slot = jnp.where(is_bracket, b_index * cfg.depth_bins + depth, k2 * cfg.depth_bins
-                         + o_index)
-        features = jax.nn.one_hot(slot, cfg.minimal_dim)
-    elif cfg.minimal_embedding == "type_depth":  # eq. 20
-        features = jnp.concatenate([onehot_token, jax.nn.one_hot(depth, cfg.depth_bins)], -1)
-    else:  # eq. 21 (Yao et al. 2021)
-        theta = jnp.arctan2(depth, cfg.max_depth + 2 - depth)
-        features = jnp.concatenate([onehot_token, jnp.stack([jnp.cos(theta), jnp.sin(theta)],
-                                                            -1)], -1)
-    return jnp.pad(features, ((0, 0), (0, d - features.shape[1])))
-
-
-def bracket_depth(tokens: jax.Array, cfg: ModelConfig) -> jax.Array:
-    """Stack depth after each token [..., T] (open +1, close -1), from the model's token ids."""
-    step = (jnp.isin(tokens, jnp.asarray(cfg.open_ids)).astype(jnp.int32)
-            - jnp.isin(tokens, jnp.asarray(cfg.close_ids)))
-    return jnp.cumsum(step, axis=-1)
-
-
-def _minimal_layer(params: Params, tokens: jax.Array, cfg: ModelConfig) -> jax.Array:
-    depth = jnp.clip(bracket_depth(tokens, cfg), 0, cfg.depth_bins - 1)
-    return params["blocks"][0]["minimal"]["table"][tokens * cfg.depth_bins + depth]
+def _onehot_table(cfg: ModelConfig) -> jax.Array:
+    """Frozen token embeddings: row v is the one-hot vector of v."""
+    return jnp.eye(cfg.vocab_size, cfg.d_model)
 
 
 def mlp_input(params: Params, layer: int, resid_mid: jax.Array) -> jax.Array:
@@ -400,6 +395,7 @@ def forward(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Logits [batch, pos, vocab] for tokens [batch, pos], and the cached sites.
 
+    `intervention` applies after the model's standing ones (`cfg.interventions`).
     `position_offset` (int [batch], default 0) shifts each sentence's positions: token t sits at
     position offset + t. Training with random offsets trains positions past the sentence length.
     `start_at=(layer, residual)`: skip the embeddings and the blocks before `layer`, whose
@@ -408,6 +404,7 @@ def forward(
     """
     cache = frozenset(cache)
     cached: dict[str, jax.Array] = {}
+    intervention = compose(*cfg.interventions, intervention)
 
     def site(name: str, value: jax.Array) -> jax.Array:
         # Interventions and the cache see f32 values whatever the compute dtype (a no-op in f32).
@@ -429,13 +426,12 @@ def forward(
     rotary = cfg.pos_encoding == "rotary"
     if seq_len > cfg.max_len and not rotary:
         raise ValueError(f"sequence length {seq_len} exceeds the model's max_len {cfg.max_len}")
-    first = _first_attention_layer(cfg)
+    first = first_attention_layer(cfg)
     if start_at is not None:
         residual_site(cfg, start_at[0])  # checks the layer
         first, x = start_at
-    elif cfg.first_layer == "minimal":
-        x = site("blocks.0.minimal.out", _minimal_layer(params, tokens, cfg))
-        x = site("blocks.0.resid_post", x)
+    elif cfg.front is not None:
+        x = cfg.front.apply(params, tokens, site)
     else:
         x = site("embed", params["embed"][tokens])
     positions = jnp.arange(seq_len)
@@ -461,11 +457,7 @@ def forward(
             k = site(f"{name}.attn.rot_k", _rotate(k.astype(jnp.float32), cos, sin).astype(cdt))
         scores = mm("bqhe,bkhe->bhqk", q, k, jnp.float32) / math.sqrt(cfg.head_dim)
         scores = site(f"{name}.attn.scores", jnp.where(causal, scores, -jnp.inf))
-        if i in cfg.uniform_attention_layers:
-            pattern = jnp.broadcast_to(causal / causal.sum(-1, keepdims=True), scores.shape)
-        else:
-            pattern = jax.nn.softmax(scores, axis=-1)
-        pattern = site(f"{name}.attn.pattern", pattern)
+        pattern = site(f"{name}.attn.pattern", jax.nn.softmax(scores, axis=-1))
         z = site(f"{name}.attn.z", mm("bhqk,bkhe->bqhe", pattern, v))
         attn_out = site(f"{name}.attn.out", mm("bqhe,hed->bqd", z, a["w_o"])
                         + a["b_o"].astype(cdt))

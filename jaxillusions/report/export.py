@@ -159,12 +159,12 @@ def site_map(cfg: model_lib.ModelConfig, major: int | None = None) -> dict[str, 
 def tl_config(cfg: model_lib.ModelConfig, device: str = "cpu") -> Any:
     """The TransformerLens config of a model config (3.x: `HookedTransformerConfig`, 4.x:
     `TransformerBridgeConfig` of its TL-native model); a clear error for what TL can't express."""
-    if cfg.uniform_attention_layers:
-        raise ValueError(f"model.uniform_attention_layers={cfg.uniform_attention_layers}: "
+    if cfg.interventions:  # the model as trained runs them: an export without them is another
+        raise ValueError(f"model.uniform_attention_layers ({cfg.interventions}): "
                          "TransformerLens has no frozen uniform attention; cannot export")
-    if getattr(cfg, "first_layer", "standard") != "standard":
-        raise ValueError(f"model.first_layer={cfg.first_layer!r}: TransformerLens has no "
-                         "(token, depth) feature layer; cannot export")
+    if cfg.front is not None:
+        raise ValueError(f"model.first_layer ({type(cfg.front).__name__}): TransformerLens has "
+                         "no (token, depth) feature layer; cannot export")
     fields = dict(
         n_layers=cfg.n_layers, d_model=cfg.d_model, n_ctx=cfg.max_len, d_head=cfg.head_dim,
         n_heads=cfg.n_heads, d_mlp=None if cfg.attn_only else cfg.d_mlp,

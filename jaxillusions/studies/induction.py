@@ -182,7 +182,7 @@ def induction(params: model_lib.Params, cfg: model_lib.ModelConfig, key: jax.Arr
     if len(seeds) != num_seeds:
         raise ValueError(f"seeds: {len(seeds)} labels for {num_seeds} seeds of params")
     tokens = repeated_tokens(key, cfg.vocab_size, length, batch, special)
-    layers = range(1 if cfg.first_layer == "minimal" else 0, cfg.n_layers)
+    layers = range(model_lib.first_attention_layer(cfg), cfg.n_layers)
     sites = [f"blocks.{i}.attn.pattern" for i in layers]
     offset = 0 if bos is None else 1
     query = offset + length + np.arange(length)

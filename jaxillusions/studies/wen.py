@@ -31,6 +31,7 @@ from jaxillusions.runtime import distributed, stages
 from jaxillusions.runtime.chunks import padded_chunks
 from jaxillusions.tasks import dyck as dyck_task
 from jaxillusions.tasks import dyck_sentences as dyck
+from jaxillusions.tasks.minimal_layer import MinimalFirstLayer
 from jaxillusions.training import train
 
 # ------------------------------------------------------------------------- attention variation
@@ -133,18 +134,13 @@ def _last_layer_terms(params, cfg: model_lib.ModelConfig, keys: jax.Array, queri
 
 
 def _check_balance_model(cfg: model_lib.ModelConfig) -> None:
-    if cfg.first_layer != "minimal" or cfg.n_layers != 2:
+    if not isinstance(cfg.front, MinimalFirstLayer) or cfg.n_layers != 2:
         raise ValueError("balance violation is defined for 2-layer models with a minimal first "
-                         f"layer (model.first_layer='minimal', n_layers=2); got first_layer="
-                         f"{cfg.first_layer!r}, n_layers={cfg.n_layers}")
-    if cfg.uniform_attention_layers:
+                         f"layer (model.first_layer='minimal', n_layers=2); got first layer "
+                         f"{type(cfg.front).__name__ if cfg.front else 'standard'}, n_layers="
+                         f"{cfg.n_layers}")
+    if cfg.interventions:
         raise ValueError("balance violation: uniform_attention_layers is not supported")
-
-
-def minimal_features(params, cfg: model_lib.ModelConfig, tokens, depths) -> jax.Array:
-    """The minimal first layer's output for (token, depth) arrays (one model)."""
-    depths = jnp.clip(jnp.asarray(depths), 0, cfg.depth_bins - 1)
-    return params["blocks"][0]["minimal"]["table"][jnp.asarray(tokens) * cfg.depth_bins + depths]
 
 
 def balance_terms(params, cfg: model_lib.ModelConfig) -> dict[str, jax.Array]:
@@ -159,13 +155,14 @@ def balance_terms(params, cfg: model_lib.ModelConfig) -> dict[str, jax.Array]:
     last (depth D) bracket.
     """
     _check_balance_model(cfg)
-    k, depth = len(cfg.open_ids), cfg.max_depth
+    part = cfg.front
+    k, depth = len(part.open_ids), part.max_depth
     if k ** depth > 1 << 16:
         raise ValueError(f"balance violation enumerates k^D = {k}^{depth} open prefixes; more "
                          "than 65536 is not supported")
-    opens, closes = jnp.asarray(cfg.open_ids), jnp.asarray(cfg.close_ids)
+    opens, closes = jnp.asarray(part.open_ids), jnp.asarray(part.close_ids)
     d = jnp.arange(1, depth + 1)
-    feats = functools.partial(minimal_features, params, cfg)
+    feats = functools.partial(part.features_of, params)
     open_f = feats(opens[:, None], d[None])  # [k, D, d_model]: open t at depth d
     close_f = feats(closes[:, None], d[None] - 1)  # its matching close, at depth d - 1
     bos_f = feats(jnp.asarray([dyck.BOS]), jnp.zeros(1, jnp.int32))  # [1, d_model]
@@ -224,9 +221,9 @@ def length_prefixes(rng: np.random.Generator, num: int, num_types: int, max_dept
     return tokens
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "members_per_call"))
-def _length_scores(params, tokens, evaluate, threshold, *, cfg, members_per_call: int):
-    close = jnp.asarray(cfg.close_ids)
+@functools.partial(jax.jit, static_argnames=("cfg", "close_ids", "members_per_call"))
+def _length_scores(params, tokens, evaluate, threshold, *, cfg, close_ids, members_per_call: int):
+    close = jnp.asarray(close_ids)
 
     def one(p):
         logits, _ = model_lib.forward(p, tokens[:, :-1], cfg)
@@ -244,13 +241,14 @@ def _length_scores(params, tokens, evaluate, threshold, *, cfg, members_per_call
 
 
 def length_generalization(params, cfg: model_lib.ModelConfig, tokens: np.ndarray, min_len: int,
-                          *, threshold: float = 0.8, batch_size: int = 16,
-                          members_per_call: int = 8) -> dict[str, np.ndarray]:
-    """Accuracy [S] on the closing brackets of valid prefixes tokens [N, L+1] (BOS + L brackets)
-    at prefix lengths min_len..L: "acc" (Wen et al.: the correct closing bracket gets more than
-    `threshold` of the probability given to closing brackets) and "argmax_acc" (it is the argmax
-    over the whole vocabulary). Only prefixes ending in a closing bracket count (the next token
-    is then determined)."""
+                          *, close_ids: tuple[int, ...], threshold: float = 0.8,
+                          batch_size: int = 16, members_per_call: int = 8
+                          ) -> dict[str, np.ndarray]:
+    """Accuracy [S] on the closing brackets (`close_ids`) of valid prefixes tokens [N, L+1]
+    (BOS + L brackets) at prefix lengths min_len..L: "acc" (Wen et al.: the correct closing
+    bracket gets more than `threshold` of the probability given to closing brackets) and
+    "argmax_acc" (it is the argmax over the whole vocabulary). Only prefixes ending in a closing
+    bracket count (the next token is then determined)."""
     if cfg.pos_encoding not in ("none", "linear"):
         raise ValueError(f"length generalization needs model.pos_encoding 'none' or 'linear' "
                          f"(got {cfg.pos_encoding!r}: its positions beyond the training length "
@@ -260,10 +258,10 @@ def length_generalization(params, cfg: model_lib.ModelConfig, tokens: np.ndarray
                          f"model supports {cfg.max_len}: set model.max_len >= {tokens.shape[1]} "
                          "(it fixes the linear position scale, so set it before training)")
     position = np.arange(tokens.shape[1])
-    evaluate = np.isin(tokens, cfg.close_ids) & (position >= min_len)
+    evaluate = np.isin(tokens, close_ids) & (position >= min_len)
     total = None
     for chunk, ok in padded_chunks([tokens, evaluate], batch_size):
-        out = _length_scores(params, chunk, ok, threshold, cfg=cfg,
+        out = _length_scores(params, chunk, ok, threshold, cfg=cfg, close_ids=close_ids,
                              members_per_call=members_per_call)
         out = jax.device_get(out)  # summed on the host: no jit(add) per shape
         total = out if total is None else jax.tree.map(np.add, total, out)
@@ -342,6 +340,7 @@ def measure(state, results, model_cfg: model_lib.ModelConfig, config, workdir: s
         tokens = length_prefixes(np.random.default_rng(wc.length_seed), wc.length_num_prefixes,
                                  k, depth, wc.length_max_len)
         lg = length_generalization(params, model_cfg, tokens, wc.length_min_len,
+                                   close_ids=dyck_task.bracket_ids(config.data)[1],
                                    threshold=wc.length_threshold,
                                    batch_size=wc.length_batch_size,
                                    members_per_call=wc.members_per_call)
@@ -349,7 +348,7 @@ def measure(state, results, model_cfg: model_lib.ModelConfig, config, workdir: s
             row.update(length_gen_acc=float(acc), length_gen_argmax_acc=float(arg))
         say(f"  length generalization: {int(lg['count'][0])} closing brackets at prefix lengths "
             f"{wc.length_min_len}..{wc.length_max_len}")
-    if model_cfg.first_layer == "minimal" and model_cfg.n_layers == 2:
+    if isinstance(model_cfg.front, MinimalFirstLayer) and model_cfg.n_layers == 2:
         bv = balance_violation(params, model_cfg)
         for i, row in enumerate(rows):
             row.update({name: float(v[i]) for name, v in bv.items()})

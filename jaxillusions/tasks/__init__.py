@@ -27,7 +27,11 @@ check_config, which also refuses other sections' options, gets the whole setting
   load(data, verbose)          -> {split name: split}, built or read from the cache
   view(split)                  -> View: the generic per-position arrays of one split
   model_fields(data, splits)   -> keyword arguments of model.ModelConfig the data decides
-                                  (vocab_size, ...); splits None: from the settings alone
+                                  (vocab_size); splits None: from the settings alone
+  bracket_ids(data)            (optional) -> (open ids, close ids) by bracket type: the targets
+                               of train.loss_on="closing" and the contrastive prefixes
+  first_layer(data, features)  (optional) -> the model.Part of model.first_layer="minimal"
+                               (Wen et al.'s minimal first layer, tasks/minimal_layer.py)
   train_width(data), widest_width(data)  tokens per training row and per row of the widest
                                   split, BOS and EOS included (from the settings alone)
   bounds(data)                 {breakdown: largest bin value seen in training, or None}: these

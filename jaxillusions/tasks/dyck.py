@@ -17,6 +17,7 @@ from jaxillusions import model
 from jaxillusions.config.fields import INT, STR, nonnegative, positive, setting
 from jaxillusions.tasks import View, positions
 from jaxillusions.tasks import dyck_sentences as dyck
+from jaxillusions.tasks.minimal_layer import MinimalFirstLayer
 
 NAME = "dyck"
 SPLITS = dyck.SPLITS
@@ -95,11 +96,22 @@ def concepts(split: dyck.Split) -> dict[str, np.ndarray]:
 
 
 def model_fields(data: Data, splits=None) -> dict:
+    return {"vocab_size": dyck.vocab_size(data.num_types)}
+
+
+def bracket_ids(data: Data) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The open and the close bracket token ids, by type."""
     k = data.num_types
-    return {"vocab_size": dyck.vocab_size(k),
-            "open_ids": tuple(int(dyck.open_id(t, k)) for t in range(k)),
-            "close_ids": tuple(int(dyck.close_id(t, k)) for t in range(k)),
-            "max_depth": int(data.max_depth), "depth_bins": train_num_bins(data)}
+    return (tuple(int(dyck.open_id(t, k)) for t in range(k)),
+            tuple(int(dyck.close_id(t, k)) for t in range(k)))
+
+
+def first_layer(data: Data, features: str) -> MinimalFirstLayer:
+    """Wen et al.'s minimal first layer for this data (model.first_layer="minimal"): features
+    for every depth of the training-time evaluation, the deepest split's included."""
+    opens, closes = bracket_ids(data)
+    return MinimalFirstLayer(opens, closes, max_depth=int(data.max_depth),
+                             depth_bins=train_num_bins(data), features=features)
 
 
 def train_width(data: Data) -> int:
@@ -161,17 +173,18 @@ def activation_plots(run, splits, data: Data, shown, pattern_site: str, key_site
 # ---------------------------------------------------------------------------------------------
 # The task's contrastive regularizer (train.contrastive_weights; objective.py calls it).
 
-def contrastive_prefixes(key: jax.Array, batch: int, model_cfg: model.ModelConfig,
+def contrastive_prefixes(key: jax.Array, batch: int, brackets: tuple[tuple[int, ...], ...],
                          max_depth: int) -> tuple[jax.Array, jax.Array]:
     """Balanced prefixes for the contrastive regularizer: n ~ U{0..D} nested pairs of random
     types, with one extra matched pair of random type inserted at depth j ~ U{0..min(n, D-1)}
-    (so no prefix is deeper than D). Returns PAD-padded tokens [batch, 2D+2] and lengths 2n+2."""
-    depth = max_depth
+    (so no prefix is deeper than D). `brackets`: (open ids, close ids), `bracket_ids`. Returns
+    PAD-padded tokens [batch, 2D+2] and lengths 2n+2."""
+    depth, (open_ids, close_ids) = max_depth, brackets
     kn, kj, kt, ke = jax.random.split(key, 4)
     n = jax.random.randint(kn, (batch, 1), 0, depth + 1)
     j = jax.random.randint(kj, (batch, 1), 0, jnp.minimum(n, depth - 1) + 1)
-    types = jax.random.randint(kt, (batch, depth), 0, len(model_cfg.open_ids))
-    extra = jax.random.randint(ke, (batch, 1), 0, len(model_cfg.open_ids))
+    types = jax.random.randint(kt, (batch, depth), 0, len(open_ids))
+    extra = jax.random.randint(ke, (batch, 1), 0, len(open_ids))
     p = jnp.arange(2 * depth + 2)[None]
     # Layout: open types[0..j-1] | open extra | close extra | open types[j..n-1] | closes of
     # types[n-1..0].
@@ -181,18 +194,19 @@ def contrastive_prefixes(key: jax.Array, batch: int, model_cfg: model.ModelConfi
     t = jnp.where((p == j) | (p == j + 1), extra, jnp.take_along_axis(types, index, 1))
     is_open = before | after | (p == j)
     is_close = closing | (p == j + 1)
-    tokens = jnp.where(is_open, jnp.asarray(model_cfg.open_ids)[t],
-                       jnp.where(is_close, jnp.asarray(model_cfg.close_ids)[t], dyck.PAD))
+    tokens = jnp.where(is_open, jnp.asarray(open_ids)[t],
+                       jnp.where(is_close, jnp.asarray(close_ids)[t], dyck.PAD))
     return tokens, 2 * n[:, 0] + 2
 
 
 def contrastive_loss(params: dict, x: jax.Array, logits_x: jax.Array, key: jax.Array,
-                     model_cfg: model.ModelConfig, max_depth: int) -> jax.Array:
+                     model_cfg: model.ModelConfig, brackets: tuple[tuple[int, ...], ...],
+                     max_depth: int) -> jax.Array:
     """Wen et al. eq. 22: mean squared error between the logits of x ([B, T], starting with BOS)
     and those of BOS + prefix + x[1:] at the positions of x's tokens (non-PAD, after BOS), per
     logit entry; every row draws its own prefix (contrastive_prefixes)."""
     batch, length = x.shape
-    prefix, plen = contrastive_prefixes(key, batch, model_cfg, max_depth)
+    prefix, plen = contrastive_prefixes(key, batch, brackets, max_depth)
     pos = jnp.arange(length + prefix.shape[1])[None]
     plen = plen[:, None]
     from_prefix = jnp.take_along_axis(prefix, jnp.clip(pos - 1, 0, prefix.shape[1] - 1), 1)

@@ -22,7 +22,8 @@ class Objective:
 
     loss_on: next-token loss on every non-PAD target, or on closing brackets only (Wen et al.).
     contrastive: add weight * the contrastive regularizer of Wen et al. eq. 22 (the weight is a
-    per-member hyper-parameter); prefix_depth: the depth bound of its balanced prefixes.
+    per-member hyper-parameter); prefix_depth: the depth bound of its balanced prefixes;
+    brackets: the task's (open ids, close ids) (tasks.dyck.bracket_ids; none: ((), ())).
     """
 
     loss_on: str = "all"
@@ -32,6 +33,7 @@ class Objective:
     # positions past the training length are trained too (train.max_position_offset).
     max_position_offset: int = 0
     task: str = "dyck"  # whose contrastive_loss the regularizer is
+    brackets: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
 
 
 def from_settings(settings: Settings) -> Objective:
@@ -43,9 +45,13 @@ def from_settings(settings: Settings) -> Objective:
     # The contrastive loss is computed whenever weights are given (also for weight 0), so that a
     # member of a weight sweep and the single run with its weight share one code path and equal
     # results.
+    brackets = task.bracket_ids(settings.data) if hasattr(task, "bracket_ids") else ((), ())
+    if tc.loss_on == "closing" and not brackets[1]:
+        raise ValueError(f"train.loss_on='closing': the {settings.task} task has no closing "
+                         "brackets; set 'all'")
     return Objective(loss_on=tc.loss_on, contrastive=bool(tc.contrastive_weights),
                      prefix_depth=int(getattr(settings.data, "max_depth", 0)),
-                     max_position_offset=offset, task=settings.task)
+                     max_position_offset=offset, task=settings.task, brackets=brackets)
 
 
 def make_optimizer(train_cfg: Train, frozen: tuple[str, ...] = ()) -> optax.GradientTransformation:
@@ -82,18 +88,20 @@ def _optimizer(learning_rate: float, warmup_steps: int, num_steps: int, weight_d
 
 
 def lm_loss(params: dict, tokens: jax.Array, model_cfg: model_lib.ModelConfig, *,
-            loss_on: str = "all", position_offset: jax.Array | None = None) -> jax.Array:
-    """Mean next-token cross-entropy over all non-PAD targets (loss_on="closing": over the
-    targets that are closing brackets); position_offset [B]: see `model.forward`."""
-    return _lm_loss_and_logits(params, tokens, model_cfg, loss_on, position_offset)[0]
+            closing: tuple[int, ...] = (), position_offset: jax.Array | None = None
+            ) -> jax.Array:
+    """Mean next-token cross-entropy over all non-PAD targets (`closing`, the close bracket ids
+    of loss_on="closing": over the targets that are one of them); position_offset [B]: see
+    `model.forward`."""
+    return _lm_loss_and_logits(params, tokens, model_cfg, closing, position_offset)[0]
 
 
-def _lm_loss_and_logits(params, tokens, model_cfg, loss_on, position_offset=None):
+def _lm_loss_and_logits(params, tokens, model_cfg, closing, position_offset=None):
     logits, _ = model_lib.forward(params, tokens[:, :-1], model_cfg,
                                   position_offset=position_offset)
     targets = tokens[:, 1:]
-    if loss_on == "closing":
-        mask = jnp.isin(targets, jnp.asarray(model_cfg.close_ids)).astype(logits.dtype)
+    if closing:
+        mask = jnp.isin(targets, jnp.asarray(closing)).astype(logits.dtype)
     else:
         mask = (targets != tasks.PAD).astype(logits.dtype)
     nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
@@ -107,8 +115,10 @@ def objective_loss(params: dict, tokens: jax.Array, key: jax.Array, hparams: dic
     if objective.max_position_offset > 0:  # static: without offsets no extra random draws
         offset = jax.random.randint(jax.random.fold_in(key, 1), (tokens.shape[0],), 0,
                                     objective.max_position_offset + 1)
-    loss, logits = _lm_loss_and_logits(params, tokens, model_cfg, objective.loss_on, offset)
+    closing = objective.brackets[1] if objective.loss_on == "closing" else ()
+    loss, logits = _lm_loss_and_logits(params, tokens, model_cfg, closing, offset)
     if objective.contrastive:
         loss = loss + hparams["contrastive_weight"] * tasks.get(objective.task).contrastive_loss(
-            params, tokens[:, :-1], logits, key, model_cfg, objective.prefix_depth)
+            params, tokens[:, :-1], logits, key, model_cfg, objective.brackets,
+            objective.prefix_depth)
     return loss

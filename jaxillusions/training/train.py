@@ -83,9 +83,11 @@ def model_config(config: Settings, widest_split: int | None = None,
     if widest_split is None:
         widest_split = task.widest_width(config.data)
     fields = task.model_fields(config.data, splits)
+    if config.model.first_layer != "standard":  # a part the task builds from its data
+        fields["front"] = task.first_layer(config.data, config.model.minimal_embedding)
     max_len = max([widest_split]
                   # BOS + a contrastive prefix (<= 2D+2 tokens) + a training sentence + EOS
-                  + [task.train_width(config.data) + 2 * fields.get("max_depth", 0) + 2]
+                  + [task.train_width(config.data) + 2 * goal.prefix_depth + 2]
                   * goal.contrastive
                   + [config.model.max_len])
     model_cfg = model_lib.ModelConfig.from_settings(config.model, max_len=max_len, **fields)
