@@ -58,8 +58,71 @@ def tiny_config_file(path, cache_dir: str, settings: dict | None = None) -> str:
     return str(path)
 
 
+# Session- and module-scoped fixtures that are cheap to build: sharing them is no reason to keep
+# their tests on one xdist worker.
+CHEAP_SHARED_FIXTURES = {"cache_dir", "jax_started"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under `--dist loadgroup` (pyproject.toml), the tests that share an expensive session- or
+    module-scoped fixture of tests/ (a trained model, a finished sweep) run on one xdist worker,
+    which builds it once; with plain `load` each worker that drew one of them built it again.
+    Tests that share no such fixture are spread one by one as before. A test sharing several
+    joins their groups (union-find), so each fixture is still built once."""
+    parent: dict = {}
+
+    def root(key):
+        while parent.setdefault(key, key) != key:
+            key = parent[key]
+        return key
+
+    shared_of = {}
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        keys = sorted({(d.baseid, name) for name, defs in (info.name2fixturedefs.items()
+                                                           if info else ())
+                       for d in defs[-1:] if d.baseid and d.scope in ("session", "module")
+                       and name not in CHEAP_SHARED_FIXTURES})
+        shared_of[item] = keys
+        for key in keys[1:]:
+            parent[root(key)] = root(keys[0])
+    for item, keys in shared_of.items():
+        if keys:
+            base, name = root(keys[0])
+            item.add_marker(pytest.mark.xdist_group(f"{base}::{name}"))
+
+
+def _shared_compilation_cache(directory: str) -> None:
+    """JAX's persistent compilation cache in `directory`, for this test process only (launched
+    subprocesses keep their own settings): a program another test, or the other xdist worker,
+    already compiled is loaded instead of compiled again (the same executable, so the same
+    numbers; compilations are still counted by timing.Breakdown). Entries are written to a
+    temporary name and renamed, so that the other worker never reads half an entry."""
+    from jax._src import lru_cache
+
+    put = lru_cache.LRUCache.put
+
+    def put_whole(self, key, value):
+        if getattr(self, "eviction_enabled", True) or not key:
+            return put(self, key, value)
+        path = self.path / f"{key}{lru_cache._CACHE_SUFFIX}"  # noqa: SLF001
+        if not path.exists():
+            temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            temporary.write_bytes(value)
+            os.replace(temporary, path)
+        return None
+
+    import jax
+
+    os.makedirs(directory, exist_ok=True)
+    lru_cache.LRUCache.put = put_whole
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
 @pytest.fixture(scope="session", autouse=True)
-def jax_started():
+def jax_started(tmp_path_factory):
     """JAX starts before any test, as the test process has it (one CPU device unless
     JAX_NUM_CPU_DEVICES says): validate.check applies a config's cpu_devices before JAX starts,
     so the first check of a session must not lay out the devices of every test after it. From
@@ -67,6 +130,12 @@ def jax_started():
     cpu_devices = 0 (as tiny_config does)."""
     import jax
 
+    if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        # One directory for the whole run, shared by the xdist workers (their base
+        # temporaries are folders of the run's).
+        base = tmp_path_factory.getbasetemp()
+        run = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+        _shared_compilation_cache(str(run / "xla_cache"))
     return jax.devices()
 
 
