@@ -118,7 +118,9 @@ def _shared_compilation_cache(directory: str) -> None:
     os.makedirs(directory, exist_ok=True)
     lru_cache.LRUCache.put = put_whole
     jax.config.update("jax_compilation_cache_dir", directory)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+        # JAX keeps only programs that took a second or more to compile; most here take less.
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -130,12 +132,13 @@ def jax_started(tmp_path_factory):
     cpu_devices = 0 (as tiny_config does)."""
     import jax
 
-    if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-        # One directory for the whole run, shared by the xdist workers (their base
-        # temporaries are folders of the run's).
-        base = tmp_path_factory.getbasetemp()
-        run = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-        _shared_compilation_cache(str(run / "xla_cache"))
+    # One directory for the whole run, shared by the xdist workers (their base temporaries are
+    # folders of the run's); $JAX_COMPILATION_CACHE_DIR names one that outlives the run (then
+    # a rerun on the same machine loads what the last one compiled).
+    base = tmp_path_factory.getbasetemp()
+    run = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    _shared_compilation_cache(os.environ.get("JAX_COMPILATION_CACHE_DIR")
+                              or str(run / "xla_cache"))
     return jax.devices()
 
 
