@@ -58,41 +58,6 @@ def tiny_config_file(path, cache_dir: str, settings: dict | None = None) -> str:
     return str(path)
 
 
-# Session- and module-scoped fixtures that are cheap to build: sharing them is no reason to keep
-# their tests on one xdist worker.
-CHEAP_SHARED_FIXTURES = {"cache_dir", "jax_started"}
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Under `--dist loadgroup` (pyproject.toml), the tests that share an expensive session- or
-    module-scoped fixture of tests/ (a trained model, a finished sweep) run on one xdist worker,
-    which builds it once; with plain `load` each worker that drew one of them built it again.
-    Tests that share no such fixture are spread one by one as before. A test sharing several
-    joins their groups (union-find), so each fixture is still built once."""
-    parent: dict = {}
-
-    def root(key):
-        while parent.setdefault(key, key) != key:
-            key = parent[key]
-        return key
-
-    shared_of = {}
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        keys = sorted({(d.baseid, name) for name, defs in (info.name2fixturedefs.items()
-                                                           if info else ())
-                       for d in defs[-1:] if d.baseid and d.scope in ("session", "module")
-                       and name not in CHEAP_SHARED_FIXTURES})
-        shared_of[item] = keys
-        for key in keys[1:]:
-            parent[root(key)] = root(keys[0])
-    for item, keys in shared_of.items():
-        if keys:
-            base, name = root(keys[0])
-            item.add_marker(pytest.mark.xdist_group(f"{base}::{name}"))
-
-
 def _shared_compilation_cache(directory: str) -> None:
     """JAX's persistent compilation cache in `directory`, for this test process only (launched
     subprocesses keep their own settings): a program another test, or the other xdist worker,
