@@ -58,8 +58,206 @@ def tiny_config_file(path, cache_dir: str, settings: dict | None = None) -> str:
     return str(path)
 
 
+# Why a scheduler of our own: under pytest-xdist's default `--dist load` each worker that draws a
+# test of an expensive shared fixture (a finished sweep, a trained model: session-scoped here,
+# module-scoped in a test file) builds it again, so on 2 workers most of them were built twice.
+# `--dist loadgroup` with xdist_group marks added at collection groups nothing under pytest 9.2 +
+# xdist 3.8 (xdist renames the test id and pytest ignores the rename). So: each worker, which
+# collects, writes which tests share an expensive fixture (from pytest's own fixture closure of
+# each test, so nothing here lists test names) to a file the controller named; the controller's
+# scheduler (a LoadScopeScheduling) makes each such set of tests one work unit, sent whole to
+# one worker, which builds the fixture once, and makes every other test a unit of its own, so
+# those are spread one by one as with `load`. The shared units go first, so that the last of
+# them does not leave the other worker idle at the end. Only with xdist and `--dist load` (what
+# `-n` implies); `-n 0` and the other --dist modes are left as they are.
+
+# Session- and module-scoped fixtures of tests/ that are cheap to build (or used by every test):
+# sharing one of them is no reason to keep tests on one worker. Every other fixture of tests/
+# wider than a test groups the tests that use it: per run for a session fixture, per file for a
+# module one (per class, per package likewise). An autouse session fixture of tests/ must be
+# listed here, or every test joins its group and the run goes to one worker. A fixture asked
+# for only through request.getfixturevalue is not seen (it is then built per worker, as before).
+CHEAP_SHARED_FIXTURES = frozenset({"jax_started", "cache_dir"})
+_GROUPS_FILE = "jaxillusions_shared_fixture_groups"  # the key of the file in workerinput
+_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _defined_in_tests(func) -> bool:
+    import inspect
+
+    try:
+        source = inspect.getsourcefile(inspect.unwrap(func)) or ""
+    except TypeError:
+        return False
+    return os.path.abspath(source).startswith(_TESTS_DIR + os.sep)
+
+
+def _shared_fixture_keys(item) -> set:
+    """(the node a fixture is shared under, its name) for each expensive shared fixture of the
+    test (fixtures it requests directly, by usefixtures or autouse, and through other fixtures;
+    not those it asks for with request.getfixturevalue)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return set()
+    anchors = {"session": pytest.Session, "package": pytest.Package, "module": pytest.Module,
+               "class": pytest.Class}
+    keys = set()
+    for name in info.names_closure:
+        defs = info.name2fixturedefs.get(name)
+        if not defs or name in CHEAP_SHARED_FIXTURES:
+            continue
+        fixture = defs[-1]
+        if fixture.scope not in anchors or not _defined_in_tests(fixture.func):
+            continue
+        anchor = item.getparent(anchors[fixture.scope])
+        keys.add((anchor.nodeid if anchor is not None else "", name))
+    return keys
+
+
+def shared_fixture_groups(items) -> tuple[dict[str, str], list[str]]:
+    """({test id: its group} for the tests that use an expensive shared fixture, the groups
+    that hold a session fixture). A test using several such fixtures joins their groups
+    (union-find), so each fixture is still built on one worker."""
+    parent: dict = {}
+
+    def root(key):
+        while parent.setdefault(key, key) != key:
+            key = parent[key]
+        return key
+
+    keys_of = {}
+    for item in items:
+        keys = sorted(_shared_fixture_keys(item))
+        keys_of[item.nodeid] = keys
+        for key in keys[1:]:
+            parent[root(key)] = root(keys[0])
+    groups, session = {}, set()
+    for nodeid, keys in keys_of.items():
+        if keys:
+            anchor, name = root(keys[0])
+            groups[nodeid] = f"[shared: {anchor + '::' if anchor else ''}{name}]"
+            if any(not key_anchor for key_anchor, _ in keys):
+                session.add(groups[nodeid])
+    return groups, sorted(session)
+
+
+_GROUPS_DIR = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """xdist controller: the file in which the workers write the groups (one per run)."""
+    import tempfile
+
+    stash = node.config.stash
+    if _GROUPS_DIR not in stash:
+        stash[_GROUPS_DIR] = tempfile.mkdtemp(prefix="pytest-xdist-groups-")
+    node.workerinput[_GROUPS_FILE] = os.path.join(stash[_GROUPS_DIR], "groups.json")
+
+
+def pytest_unconfigure(config):
+    if _GROUPS_DIR in config.stash:
+        import shutil
+
+        shutil.rmtree(config.stash[_GROUPS_DIR], ignore_errors=True)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """xdist worker: writes the groups of its collection before it reports the collection to
+    the controller (pytest_collection_finish), which schedules only when all have reported."""
+    path = getattr(config, "workerinput", {}).get(_GROUPS_FILE)
+    if not path:
+        return
+    import json
+
+    groups, session = shared_fixture_groups(items)
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w") as f:
+        json.dump({"groups": groups, "session": session}, f)
+    os.replace(temporary, path)  # the workers write the same groups; neither reads half a file
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        """LoadScopeScheduling whose scopes are the groups of shared_fixture_groups (one unit
+        each, first) and each other test alone. LoadScopeScheduling keeps a worker at two or
+        three pending tests and hands it the next unit, so single-test units spread as with
+        `load`; a worker that finds the queue empty shuts down, hence the big units first."""
+
+        groups: dict[str, str] | None = None
+        session_groups: frozenset = frozenset()
+        ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:  # first called in schedule(): every worker has collected
+                self.groups = {}
+                path = os.path.join(config.stash.get(_GROUPS_DIR, ""), "groups.json")
+                if os.path.exists(path):
+                    import json
+
+                    with open(path) as f:
+                        written = json.load(f)
+                    self.groups = written["groups"]
+                    self.session_groups = frozenset(written["session"])
+                else:  # no groups: every test alone, as with `load`
+                    self.log("no shared-fixture groups from the workers")
+            return self.groups.get(nodeid, nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if not self.ordered:  # the whole queue is there at the first assignment
+                self.ordered = True
+                shared = set((self.groups or {}).values())
+                # Session groups, then the other groups, biggest first; then single tests in
+                # the order of collection.
+                units = sorted(self.workqueue.items(),
+                               key=lambda unit: (unit[0] not in shared,
+                                                 unit[0] not in self.session_groups,
+                                                 -len(unit[1]) if unit[0] in shared else 0))
+                self.workqueue.clear()
+                self.workqueue.update(units)
+            super()._assign_work_unit(node)
+
+    return SharedFixtureScheduling(config, log)
+
+
+def _shared_compilation_cache(directory: str) -> None:
+    """JAX's persistent compilation cache in `directory`, for this test process only (launched
+    subprocesses keep their own settings): a program another test, or the other xdist worker,
+    already compiled is loaded instead of compiled again (the same executable, so the same
+    numbers; compilations are still counted by timing.Breakdown). Entries are written to a
+    temporary name and renamed, so that the other worker never reads half an entry."""
+    from jax._src import lru_cache
+
+    put = lru_cache.LRUCache.put
+
+    def put_whole(self, key, value):
+        if getattr(self, "eviction_enabled", True) or not key:
+            return put(self, key, value)
+        path = self.path / f"{key}{lru_cache._CACHE_SUFFIX}"  # noqa: SLF001
+        if not path.exists():
+            temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            temporary.write_bytes(value)
+            os.replace(temporary, path)
+        return None
+
+    import jax
+
+    os.makedirs(directory, exist_ok=True)
+    lru_cache.LRUCache.put = put_whole
+    jax.config.update("jax_compilation_cache_dir", directory)
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+        # JAX keeps only programs that took a second or more to compile; most here take less.
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
 @pytest.fixture(scope="session", autouse=True)
-def jax_started():
+def jax_started(tmp_path_factory):
     """JAX starts before any test, as the test process has it (one CPU device unless
     JAX_NUM_CPU_DEVICES says): validate.check applies a config's cpu_devices before JAX starts,
     so the first check of a session must not lay out the devices of every test after it. From
@@ -67,6 +265,13 @@ def jax_started():
     cpu_devices = 0 (as tiny_config does)."""
     import jax
 
+    # One directory for the whole run, shared by the xdist workers (their base temporaries are
+    # folders of the run's); $JAX_COMPILATION_CACHE_DIR names one that outlives the run (then
+    # a rerun on the same machine loads what the last one compiled).
+    base = tmp_path_factory.getbasetemp()
+    run = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    _shared_compilation_cache(os.environ.get("JAX_COMPILATION_CACHE_DIR")
+                              or str(run / "xla_cache"))
     return jax.devices()
 
 
