@@ -29,5 +29,4 @@ def get_config() -> ConfigDict:
     config.train.learning_rate = 3e-3
     config.train.max_position_offset = 0
     config.train.checkpoint_every = 500
-    config.train.log_every = 50
     return config
