@@ -45,6 +45,9 @@ LOSS_WINDOW = flags.DEFINE_integer("loss_window", 400, "Training loss: mean over
                                    "losses of this many steps before the stop.")
 ANALYSE = flags.DEFINE_bool("analyse", False, "Attention mass and head ablations at the end.")
 ABLATE_ROWS = flags.DEFINE_integer("ablate_rows", 256, "Training rows for the ablation means.")
+ABLATE = flags.DEFINE_bool("ablate", True, "With --analyse: the head mean-ablations too.")
+CODE_ROWS = flags.DEFINE_integer("code_rows", 128, "With --analyse: iid rows for the heads' "
+                                 "attention on real repeated identifiers.")
 
 COLUMNS = ("step", "loss", "prev_token", "score", "best_layer", "best_head", "loss_drop",
            "iid_acc", "acc_first", "acc_repeat", "identifier_gap", "seconds")
@@ -169,6 +172,45 @@ def attention_mass(pattern, length, offset=1):
     return out
 
 
+def code_attention(pattern, tokens, category):
+    """Where a head attends inside repeated identifiers of real code. pattern [N, q, k] of one
+    head on iid rows `tokens` [N, T]. Queries: positions t whose next character is
+    identifier_repeat and that have an earlier bigram match j (tokens[j-1:j+1] ==
+    tokens[t-1:t+1], j < t-1). Mean mass on the matches' next positions j+1 (the induction
+    target), on the matches j, on j-1 and j+2, and what uniform causal attention would put on
+    the targets; the share of queries whose strongest key is a target; and over all non-PAD
+    positions, the attention to the position before (all_q:prev)."""
+    import numpy as np  # noqa: PLC0415
+
+    from jaxillusions.tasks.code_completion import lexer  # noqa: PLC0415
+    from jaxillusions.tasks.code_completion import splits as code_splits  # noqa: PLC0415
+
+    prev = []  # every non-PAD query's attention to the position before
+    sums, n = dict.fromkeys(("target", "match", "match-1", "target+1", "uniform_on_target",
+                             "argmax_is_target"), 0.0), 0
+    width = tokens.shape[1]
+    tri = np.tril(np.ones((width, width), bool), -2)  # j < t-1
+    for p, tok, cat in zip(pattern, tokens, category, strict=True):
+        same = (tok[:, None] == tok[None, :])
+        match = np.zeros_like(same)
+        match[1:, 1:] = same[1:, 1:] & same[:-1, :-1]
+        match &= tri
+        queries = np.flatnonzero((cat == lexer.IDENT_REPEAT) & match.any(1))
+        for t in queries:
+            j = np.flatnonzero(match[t])
+            sums["target"] += p[t, j + 1].sum()
+            sums["match"] += p[t, j].sum()
+            sums["match-1"] += p[t, j - 1].sum()
+            sums["target+1"] += p[t, np.minimum(j + 2, t)].sum()
+            sums["uniform_on_target"] += len(j) / (t + 1)
+            sums["argmax_is_target"] += float(np.isin(p[t, : t + 1].argmax(), j + 1))
+        n += len(queries)
+        real = np.flatnonzero(tok[1:] != code_splits.PAD) + 1
+        prev.append(p[real, real - 1])
+    return {**{k: v / max(n, 1) for k, v in sums.items()},
+            "all_q:prev": float(np.concatenate(prev).mean()), "queries": n}
+
+
 def analyse(state, settings, model_cfg, splits, curve_row):
     import jax  # noqa: PLC0415
     import jax.numpy as jnp  # noqa: PLC0415
@@ -200,6 +242,20 @@ def analyse(state, settings, model_cfg, splits, curve_row):
     print("|---|" + "---|" * len(heads))
     for k in keys:
         print(f"| {k} | " + " | ".join(f"{masses[lh][k]:.3f}" for lh in heads) + " |")
+
+    rows = splits["iid"].tokens[:CODE_ROWS.value]
+    _, cc = model_lib.forward(params, jnp.asarray(rows), model_cfg, cache=sites)
+    code = {(layer, h): code_attention(np.asarray(cc[sites[layer]])[:, h], rows,
+                                       splits["iid"].category[:CODE_ROWS.value])
+            for layer, h in heads}
+    print("\nOn iid code, queries inside repeated identifiers with an earlier bigram match "
+          f"({code[heads[0]]['queries']} queries):\n")
+    print("| measure | " + " | ".join(f"L{layer}H{h}" for layer, h in heads) + " |")
+    print("|---|" + "---|" * len(heads))
+    for k in [k for k in code[heads[0]] if k != "queries"]:
+        print(f"| {k} | " + " | ".join(f"{code[lh][k]:.3f}" for lh in heads) + " |")
+    if not ABLATE.value:
+        return masses, code
 
     # Mean ablation: each head's z replaced by its mean over the non-PAD positions of training
     # rows.
@@ -253,6 +309,10 @@ def main(settings, workdir, start_over=False):
               f"{row['loss_drop']:.2f} | {row['iid_acc']:.3f} | {row['identifier_gap']:+.3f} | "
               f"{row['seconds']:.0f} |", flush=True)
         new = not os.path.exists(path)
+        if not new:
+            with open(path) as f:
+                if any(int(r["step"]) == step for r in csv.DictReader(f)):
+                    continue  # (a stop reached by an earlier run: its row is there)
         with open(path, "a", newline="") as f:
             writer = csv.DictWriter(f, COLUMNS)
             if new:
