@@ -38,6 +38,8 @@ from absl import flags
 
 from launch import common
 
+# launch.common's flags, which this script takes as the launchers do (common.run).
+SHARED_FLAGS = ("config", "workdir", "start_over", "debug")
 STOPS = flags.DEFINE_list("stops", ["500", "1000", "2000", "3000"], "Steps to test at.")
 LENGTH = flags.DEFINE_integer("length", 48, "Induction test: tokens per copy (L).")
 BATCH = flags.DEFINE_integer("batch", 32, "Induction test: sequences.")
