@@ -16,11 +16,13 @@ at each stop prints a markdown row and appends to <workdir>/curve.csv (COLUMNS):
 - iid accuracy, identifier_repeat and identifier_first accuracy on iid and their difference
   (the evaluation's per-category accuracy: the category of the predicted character).
 
---analyse, at the last stop: where the best layer-1 head and the best previous-token head put
-their attention on the test's sequences (mass on the target = the token after the earlier
-occurrence, on target +-1 and +-2, BOS, entropy), and mean-ablations of each head of the model
-(its blocks.<l>.attn.z replaced by the mean over non-PAD positions of --ablate_rows training
-rows): loss drop and iid identifier accuracies with the head ablated.
+--analyse, at the last stop, for every head: where it attends on the test's sequences
+(`attention_mass`: the target = the token after the earlier occurrence, target +-1 and +-2, BOS,
+entropy) and inside repeated identifiers of --code_rows iid functions (`code_attention`), and
+with --ablate (the default) its mean-ablation (blocks.<l>.attn.z of that head replaced by its
+mean over the non-PAD positions of --ablate_rows training rows): loss drop and iid identifier
+accuracies with the head ablated. A stop already reached only restores, so `--stops=<step>
+--analyse` analyses a finished workdir.
 """
 
 from __future__ import annotations
