@@ -1,0 +1,32 @@
+"""The single-seed recipe that comes closest to an induction head on the code data (issue 37;
+curves in docs/code_completion.md, "Getting an induction head on this data: single-seed
+curves"): configs/code_population.py's data (Python functions of up to 254 characters, context
+256) with an attention-only model of 2 layers, d_model 64, 2 heads of 32, learned positions and
+no position offsets; batch 32, peak learning rate 3e-3 (100 warmup steps, cosine decay over
+8,000 steps), one seed, a checkpoint every 500 steps.
+
+    nice -n 15 python -m benchmarks.induction_curves --config=configs/code_induction.py \\
+        --workdir=runs/induction_learned --stops=500,1000,2000,3000
+
+trains it in increments and tests each checkpoint (previous-token attention, induction score,
+loss drop, identifier gap); `--config.<key>=<value>` overrides give the other curves.
+"""
+
+from ml_collections import ConfigDict
+
+from configs import code_population
+
+
+def get_config() -> ConfigDict:
+    config = code_population.get_config()
+
+    config.model.d_model = 64  # 2 heads of 32
+    config.model.pos_encoding = "learned"
+
+    config.train.num_seeds = 1
+    config.train.num_steps = 8000
+    config.train.batch_size = 32
+    config.train.learning_rate = 3e-3
+    config.train.max_position_offset = 0
+    config.train.checkpoint_every = 500
+    return config
