@@ -25,11 +25,14 @@ next sentence (`resample_tokens`), position by position.
 
 Attribution patching (Syed et al. 2023, "Attribution patching outperforms automated circuit
 discovery"): the first-order effect of every unit on a metric, the gradient of the metric with
-respect to a continuous mask of the units, in one backward pass. metric "kl": KL(model || masked)
-summed over the scored positions, linearised at the all-ablated mask (at the model itself the KL
-and its gradient are zero); "logit": the logit of the model's predicted token, linearised at the
-model (all kept), as EAP does with a logit difference. Either way the score of a unit is
-d metric / d m_u, the estimated change of the metric when the unit goes from ablated to clean.
+respect to a continuous mask of the units, in one backward pass. metric "logit": the logit of the
+model's predicted token, linearised at the model (every mask 1), as EAP does with a logit
+difference. metric "kl": KL(model || masked) summed over the scored positions, linearised at the
+midpoint, every mask 1/2: at the model itself the KL and its gradient are zero, and at the
+all-ablated mask no gradient reaches a unit whose own outputs are all ablated (only edges into
+the logits would score); the midpoint is integrated gradients with one step (EAP-IG, Hanna et
+al. 2024, uses several). Either way the score of a unit is d metric / d m_u, the estimated change
+of the metric when the unit goes from ablated to clean.
 """
 
 from __future__ import annotations
@@ -303,10 +306,10 @@ def metric(clean_logits: jax.Array, logits: jax.Array, weight: jax.Array, kind: 
 def attribution(params: model_lib.Params, tokens: jax.Array, cfg: model_lib.ModelConfig,
                 granularity: str, ablated, weight: jax.Array, kind: str = "kl") -> jax.Array:
     """Attribution scores [units] of every edge or node on one batch: d metric / d mask at the
-    all-ablated mask ("kl") or at the model ("logit"), one backward pass (module docstring)."""
+    masks' midpoint 1/2 ("kl") or at the model ("logit"), one backward pass (module
+    docstring)."""
     clean = jax.lax.stop_gradient(model_lib.forward(params, tokens, cfg)[0])
-    at = jnp.zeros if kind == "kl" else jnp.ones
-    mask = at((num_units(cfg, granularity),), jnp.float32)
+    mask = jnp.full((num_units(cfg, granularity),), 0.5 if kind == "kl" else 1.0, jnp.float32)
     ablated = jax.lax.stop_gradient(ablated)
 
     def value(m):
