@@ -280,3 +280,69 @@ def test_node_patching_matches_transformer_lens_hooks(ablation):
     bound = tol.two_ways(tol.activation_error(np.asarray(ours, np.float64), width))
     _assert_close(logits, ours, bound)
     assert np.max(np.abs(ours - model.forward(params, tokens, cfg)[0])) > 100 * np.max(bound)
+
+
+def test_circuits_in_a_tiny_sweep(tiny_sweep, tmp_path, cache_dir):
+    """The circuit proxy added to a finished tiny sweep: per (granularity, ablation) family the
+    usual rows for every size, the whole model at full size, the areas,
+    overlaps across seeds and fit splits, and circuits against SVD at equal iid faithfulness."""
+    import csv
+    import os
+    import shutil
+
+    from conftest import checked, tiny_sweep_config
+
+    from jaxillusions.pipeline import sweep
+
+    workdir = str(tmp_path / "run")
+    shutil.copytree(tiny_sweep, workdir)
+    config = tiny_sweep_config(cache_dir)
+    config.proxies.methods = ("svd", "onehot_attention", "circuit")
+    config.proxies.circuit_granularity = ("edge", "node")
+    config.proxies.circuit_ablation = ("mean", "resample")
+    config.fit_shift.splits = ("train", "unseen_depth")
+    rows = sweep.run(checked(config), workdir, verbose=False)
+    circ = [r for r in rows if r["method"] == "circuit" and r["breakdown"] == "all"]
+    assert {r["site"] for r in circ} == {f"circuit.{g}.{a}" for g in ("edge", "node")
+                                         for a in ("mean", "resample")}
+    # 2 layers x 1 head: senders embed, h0, m0, h1, m1 -> 23 edges; 4 nodes
+    assert {r["size"] for r in circ if r["site"] == "circuit.edge.mean"} == {
+        0, 1, 2, 4, 8, 16, 23}
+    assert {r["size"] for r in circ if r["site"] == "circuit.node.mean"} == {0, 1, 2, 4}
+    assert {r["split"] for r in circ} == {"iid", "unseen_depth", "longer"}
+    full = [r for r in circ if r["size"] == {"edge": 23, "node": 4}[r["site"].split(".")[1]]]
+    assert all(r["same_pred"] == 1.0 for r in full)
+    # Not bit for bit under jit: the patched pass is another program than the model's, which
+    # XLA may fuse and sum in another order. A JSD of logits within float32 rounding r is about
+    # r^2 / 8 nats; r ~ 1e-5 here (tolerance.activation_error of logits ~ 10): far below 1e-6.
+    assert all(r["jsd"] < 1e-6 for r in full), max(r["jsd"] for r in full)
+    assert any(r["same_pred"] < 0.9 for r in circ if r["size"] == 0)
+
+    def read(name):
+        with open(os.path.join(workdir, name)) as f:
+            return list(csv.DictReader(f))
+
+    areas = read("circuits.csv")
+    assert {(r["site"], r["measure"]) for r in areas} >= {("circuit.edge.mean", "cpr"),
+                                                          ("circuit.node.resample", "cmd")}
+    for r in areas:
+        assert 0 <= float(r["mean"]) <= 1
+        assert (r["gap"] == "") == (r["split"] == "iid")
+    overlap = read("circuits_overlap.csv")
+    assert {r["between"] for r in overlap} == {"seeds", "fit:unseen_depth"}
+    assert all(0 <= float(r["mean"]) <= 1 for r in overlap)
+    assert {int(r["size"]) for r in overlap if r["site"] == "circuit.edge.mean"} == {
+        1, 2, 4, 8, 16}
+    assert {r["reference"] for r in read("circuits_equal_iid.csv")} == {"svd"}
+
+
+def test_areas_of_a_known_curve():
+    """f = x on [0, 1]: area 1/2 under it and 1/2 between it and 1; f = 1: the model."""
+    from jaxillusions.studies import circuits as study
+
+    xs = np.linspace(0, 1, 5)
+    assert study.areas(xs, xs) == {"cpr": 0.5, "cmd": 0.5}
+    assert study.areas(xs, np.ones(5)) == {"cpr": 1.0, "cmd": 0.0}
+    a = np.array([[1, 1, 0, 0], [0, 0, 0, 0]], bool)
+    b = np.array([[0, 1, 1, 0], [0, 0, 0, 0]], bool)
+    np.testing.assert_array_equal(study.jaccard(a, b), [1 / 3, np.nan])

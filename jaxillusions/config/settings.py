@@ -30,7 +30,6 @@ import os
 from typing import Any
 
 from jaxillusions import model, tasks
-from jaxillusions.model import circuits
 from jaxillusions.config.fields import (
     BOOL,
     INT,
@@ -46,6 +45,7 @@ from jaxillusions.config.fields import (
     rule,
     setting,
 )
+from jaxillusions.model import circuits
 from jaxillusions.proxies import sae
 
 # Keys (fnmatch patterns) that may change on resume: analysis, evaluation and logging settings.
