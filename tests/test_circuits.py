@@ -10,7 +10,7 @@ import pytest
 import tolerance as tol
 
 from jaxillusions import model
-from jaxillusions.model import circuits
+from jaxillusions.model import patching as circuits
 from jaxillusions.proxies import circuit
 
 ARCHS = {

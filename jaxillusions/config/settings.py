@@ -45,7 +45,7 @@ from jaxillusions.config.fields import (
     rule,
     setting,
 )
-from jaxillusions.model import circuits
+from jaxillusions.model import patching as circuits
 from jaxillusions.proxies import sae
 
 # Keys (fnmatch patterns) that may change on resume: analysis, evaluation and logging settings.
@@ -228,6 +228,8 @@ class Proxies:
         "sentence")
     circuit_direction: str = setting("complement", STR, *one_of(("complement", "circuit")),
                                      doc="ablate what lies outside the circuit, or the circuit")
+    circuit_sentences: int = setting(2000, INT, ">= 0 (0: all)", nonnegative,
+                                     "fit-split sentences a circuit is found on (the first)")
     circuit_metric: str = setting("kl", STR, *one_of(circuits.METRICS),
                                   doc="attribution metric: KL to the model's output, or the "
                                   "logit of its prediction")

@@ -295,16 +295,19 @@ def _model_statistic(params, tokens, previous, *, model_cfg, method: str, pass_i
 def _collect_model(params, train, model_cfg: model_lib.ModelConfig, spec: ProxySpec,
                    batch_size: int, chunking: Chunking) -> dict:
     """The statistics of a whole-model proxy (STATISTIC "model"): its module's PASSES passes
-    over `train` in chunks of batch_size sentences, each pass's batch sums added on the host,
-    every leaf [S, 1, ...] (one group, as fit_one expects). Seeds run in chunks of
-    chunking.seed_chunk_size (0: all at once)."""
+    over `train` (its first options["sentences"] sentences where that is > 0) in chunks of
+    batch_size sentences, each pass's batch sums added on the host, every leaf [S, 1, ...]
+    (one group, as fit_one expects). Seeds run in chunks of chunking.seed_chunk_size (0: all
+    at once)."""
     static = dict(model_cfg=model_cfg, method=spec.method, options=spec.options)
+    cap = dict(spec.options).get("sentences", 0)
+    sentences = train.tokens[:cap] if cap else train.tokens
 
     def one_chunk(params):
         stats: dict = {}
         for pass_index in range(spec.module.PASSES):
             totals = None
-            for (tokens,) in padded_chunks([train.tokens], batch_size):
+            for (tokens,) in padded_chunks([sentences], batch_size):
                 sums = distributed.to_host(_model_statistic(params, tokens, stats,
                                                             pass_index=pass_index, **static))
                 totals = sums if totals is None else jax.tree.map(np.add, totals, sums)

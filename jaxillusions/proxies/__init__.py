@@ -39,6 +39,7 @@ rather than one site, and computes its own statistics from the model:
                                            merged into one dict, which fit() gets as stats).
   logits(params, model_params, tokens, model_cfg, **options) -> [batch, pos, vocab]
                                            one size's proxy model in place of model.forward.
+  An option `sentences` > 0 caps the fit split's sentences its statistics read (the first).
 faithfulness collects, fits and evaluates it like any proxy (its stats and params carry one
 group); it has no intervention (FittedProxy.intervention does not apply).
 

@@ -12,14 +12,15 @@ keeps the rest (is it necessary?). One family per (granularity, ablation): its t
 `site` column of its rows, is "circuit.<granularity>.<ablation>".
 
 The proxy replaces the whole forward pass, not one site (SITE "model", proxies/__init__.py).
-Fitting takes two passes over the fit split: the units' sums for their means, then the
+It is found on the first proxies.circuit_sentences sentences of the fit split (i.i.d. draws),
+in two passes: the units' sums for their means, then the
 attribution scores with those means as the ablated values.
 """
 
 import jax
 import jax.numpy as jnp
 
-from jaxillusions.model import circuits
+from jaxillusions.model import patching as circuits
 
 STATISTIC = "model"
 SITE = "model"
@@ -45,7 +46,8 @@ def families(proxy_cfg, model_cfg) -> list[tuple[str, tuple[int, ...], tuple]]:
         for ablation in proxy_cfg.circuit_ablation:
             options = (("granularity", granularity), ("ablation", ablation),
                        ("direction", proxy_cfg.circuit_direction),
-                       ("metric", proxy_cfg.circuit_metric))
+                       ("metric", proxy_cfg.circuit_metric),
+                       ("sentences", proxy_cfg.circuit_sentences))
             out.append((f"circuit.{granularity}.{ablation}", sizes, options))
     return out
 
@@ -76,10 +78,10 @@ def _means(stats: dict):
 
 def fit(stats: dict, sizes: tuple[int, ...], *, key: jax.Array | None = None,
         granularity: str = "edge", ablation: str = "mean", direction: str = "complement",
-        metric: str = "kl") -> dict:
+        metric: str = "kl", sentences: int = 0) -> dict:
     """{"mask": [R, units] (1 kept), "scores": [R, units] the attribution scores, "mean": the
     units' means with a leading R axis ("mean" ablation only)}."""
-    del key, granularity, metric  # deterministic; the statistics carry the rest
+    del key, granularity, metric, sentences  # deterministic; the statistics carry the rest
     mask = circuits.select(stats["scores"], sizes)
     if direction == "circuit":
         mask = 1 - mask

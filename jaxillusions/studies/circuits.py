@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from jaxillusions.model import circuits as graph
+from jaxillusions.model import patching as graph
 from jaxillusions.report import stats, tables
 from jaxillusions.runtime import distributed, stages
 from jaxillusions.studies import dictionaries

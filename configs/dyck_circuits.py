@@ -1,0 +1,34 @@
+"""Circuits as proxies on the 32-seed Dyck population (configs/dyck_population.py): circuits of
+edges, nodes and neurons found on the training split by attribution patching, the rest ablated
+by zero, mean or resample, judged on every split: docs/circuits.md.
+
+    python -m launch.sweep --config=configs/dyck_population.py --workdir=runs/dyck_population
+    python -m launch.sweep --config=configs/dyck_circuits.py --workdir=runs/dyck_population
+
+It shares the population's training keys, so it shares its workdir and trained models (the first
+command trains them, or use a copy of a workdir the population's main job finished); the
+population's proxy families (SVD and k-means of the last layer's queries and keys, one-hot and
+uniform attention) are reused from their stage files, not recomputed, and the circuits are
+added beside them. Proxies added: the circuit proxy, granularities edge (23 edges of the
+2-layer 1-head model), node (4: two heads, two MLPs) and neuron (130: two heads, 128 MLP
+neurons), each with ablation zero, mean and resample, sizes 0, 1, 2, 4, ... up to every unit,
+found by attribution patching of the KL to the model's output on the first 2000 training
+sentences. The fit shift refits every data-dependent proxy on unseen_depth's fit half too, for
+the overlap of the circuits found there with those found on train (circuits_overlap.csv).
+
+Time and result: see docs/circuits.md (measured on the 2-core CPU machine, shared).
+"""
+
+from ml_collections import ConfigDict
+
+from configs import dyck_population
+
+
+def get_config() -> ConfigDict:
+    config = dyck_population.get_config()
+    pc = config.proxies
+    pc.methods = (*pc.methods, "circuit")
+    pc.circuit_granularity = ("edge", "node", "neuron")
+    pc.circuit_ablation = ("zero", "mean", "resample")
+    config.fit_shift.splits = ("train", "unseen_depth")
+    return config
