@@ -1,5 +1,5 @@
 """Circuit proxy: the model with only a circuit's edges, nodes or neurons kept and every other
-one ablated (model/circuits.py), the circuit found on the fit split by attribution patching.
+one ablated (model/patching.py), the circuit found on the fit split by attribution patching.
 
 A size is how many units the circuit keeps: edges (sender output -> receiver input), nodes
 (heads and MLPs) or neurons (heads and MLP neurons), proxies.circuit_granularity. The units of
