@@ -173,10 +173,8 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
                     f" s ({km['speedup']:.1f}x; compiled "
                     f"{_compiled(km['compiles'], km['compile_s'])})")
         if with_sae:
-            with timing.stage("sae"):
-                fits = proxies.bench_sae(**{"repeats": repeats, **(sae_options or {})})
-            fits["compiles"], fits["compile_s"] = clock.compiles["sae"]
-            report["sae"] = fits
+            fits = report["sae"] = _timed("sae", clock, lambda: proxies.bench_sae(
+                **{"repeats": repeats, **(sae_options or {})}))
             say(f"  SAE fit, {fits['num_seeds']} seeds x widths {fits['widths']} (d {fits['dim']}"
                 f", k {fits['k']}, {fits['steps']} steps of {fits['batch_size']}): one program "
                 f"{fits['batched_s']:.2f} s vs JAX loop over (seed, width) {fits['loop_s']:.2f} s"
@@ -185,11 +183,8 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
                 f"compiled {_compiled(fits['compiles'], fits['compile_s'])})", flush=True)
             save(report)
         if circuit_options is not False:
-            with timing.stage("circuits"):
-                found = proxies.bench_circuits(config, **{"repeats": repeats,
-                                                          **(circuit_options or {})})
-            found["compiles"], found["compile_s"] = clock.compiles["circuits"]
-            report["circuits"] = found
+            found = report["circuits"] = _timed("circuits", clock, lambda: proxies.bench_circuits(
+                config, **{"repeats": repeats, **(circuit_options or {})}))
             say(f"  circuit discovery, {found['num_seeds']} seeds x {found['units']} "
                 f"{found['granularity']}s, {found['sentences']} sentences: one program "
                 f"{found['batched_s']:.2f} s vs JAX loop over seeds {found['loop_s']:.2f} s "
@@ -205,6 +200,14 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
             f"{report['seconds']:.0f} s, of which compilation {clock.compile_seconds:.1f} s "
             f"({clock.compile_count} XLA programs)")
         return report
+
+
+def _timed(name: str, clock, bench) -> dict:
+    """bench()'s report, timed as stage `name`, with its XLA compilations (count, seconds)."""
+    with timing.stage(name):
+        out = bench()
+    out["compiles"], out["compile_s"] = clock.compiles[name]
+    return out
 
 
 def _compiled(count: int, seconds: float) -> str:
