@@ -362,7 +362,10 @@ class FittedProxy:
                      model_params: dict | None = None) -> model_lib.Intervention:
         """This proxy for one seed at one size, as an intervention for `model.forward`
         (model_params: that seed's, for a proxy that reads or writes another site: the
-        transcoder, the lenses)."""
+        transcoder, the lenses). A whole-model proxy (the circuit) has none: ValueError."""
+        if self.spec.module.SITE == "model":
+            raise ValueError(f"{self.spec.method} replaces the whole forward pass, not a site: "
+                             f"call its module's logits() instead of an intervention")
         if self.spec.module.STATISTIC is None:
             params = jax.tree.map(lambda x: x[size_index], self.params)
         else:
