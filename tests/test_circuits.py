@@ -346,3 +346,20 @@ def test_areas_of_a_known_curve():
     a = np.array([[1, 1, 0, 0], [0, 0, 0, 0]], bool)
     b = np.array([[0, 1, 1, 0], [0, 0, 0, 0]], bool)
     np.testing.assert_array_equal(study.jaccard(a, b), [1 / 3, np.nan])
+
+
+def test_overlap_of_known_circuits():
+    """Two seeds whose top-2 units share one of three: Jaccard 1/3 at size 2; a fit on another
+    split equal to train's: 1 at every size."""
+    import types
+
+    from jaxillusions.studies import circuits as study
+
+    cfg, _, _ = _model(n_heads=2)  # 6 nodes
+    scores = np.array([[5, -4, 0, 0, 1, 0], [5, 0, 0, 4.5, 0, 0]], np.float32)
+    fitted = {"circuit.node.mean": {"scores": scores[:, None, None, :]}}
+    spec = types.SimpleNamespace(target="circuit.node.mean", sizes=(0, 1, 2, 6))
+    rows = study.overlap_rows(spec, fitted, {"unseen_depth": fitted}, cfg)
+    seeds = {r["size"]: r["mean"] for r in rows if r["between"] == "seeds"}
+    assert seeds == {1: 1.0, 2: pytest.approx(1 / 3)}  # sizes 0 and 6 (every unit) left out
+    assert all(r["mean"] == 1.0 for r in rows if r["between"] == "fit:unseen_depth")
