@@ -13,8 +13,12 @@ added beside them. Proxies added: the circuit proxy, granularities edge (23 edge
 2-layer 1-head model), node (4: two heads, two MLPs) and neuron (130: two heads, 128 MLP
 neurons), each with ablation zero, mean and resample, sizes 0, 1, 2, 4, ... up to every unit,
 found by attribution patching of the KL to the model's output on the first 2000 training
-sentences. The fit shift refits every data-dependent proxy on unseen_depth's fit half too, for
-the overlap of the circuits found there with those found on train (circuits_overlap.csv).
+sentences. The overlap of the circuits found on unseen_depth with those found on train:
+
+    python -m benchmarks.circuit_overlap runs/dyck_population unseen_depth
+
+(--config.fit_shift.splits='("train","unseen_depth")' gets it from the main job, with every
+proxy's fit-shift rows, at the price of evaluating all 15 families again.)
 
 Time and result: see docs/circuits.md (measured on the 2-core CPU machine, shared).
 """
@@ -30,5 +34,4 @@ def get_config() -> ConfigDict:
     pc.methods = (*pc.methods, "circuit")
     pc.circuit_granularity = ("edge", "node", "neuron")
     pc.circuit_ablation = ("zero", "mean", "resample")
-    config.fit_shift.splits = ("train", "unseen_depth")
     return config

@@ -15,9 +15,12 @@ split minus baseline).
 
 circuits_overlap.csv: Jaccard overlap |A & B| / |A | B| of the circuits (the units of largest
 |attribution|, whatever proxies.circuit_direction ablates) at every size strictly between 0 and
-every unit: `seeds`, the mean over pairs of seeds of the same family (seed-to-seed stability;
-the graph is the same for every seed), and, with fit_shift.splits, `fit:<split>`, per seed the
-overlap of the circuit fitted on <split> with the one fitted on train, summarised over seeds.
+every unit: `seeds`, per seed its mean overlap with every other seed of the same family,
+summarised over seeds (seed-to-seed stability; edges and nodes are the same units in every
+seed, neurons are not: an MLP's neurons may be permuted between seeds, so their `seeds`
+overlap is near chance by construction), and, with fit_shift.splits, `fit:<split>`, per seed
+the overlap of the circuit fitted on <split> with the one fitted on train, summarised over seeds
+(benchmarks/circuit_overlap.py computes it for a finished run without the fit-shift stage).
 
 circuits_equal_iid.csv: with svd or kmeans in the run, each reference size on its site
 matched per seed to the circuit size closest in baseline same_pred (studies/dictionaries.py's
@@ -130,12 +133,14 @@ def overlap_rows(spec, fitted: dict, shifted: dict[str, dict], model_cfg,
         if not 0 < size < units:
             continue
         base = {"site": spec.target, "size": int(size), "units": units}
-        pairs = [jaccard(sets[a, r], sets[b, r]) for a, b in
-                 itertools.combinations(np.flatnonzero(keep), 2)]
-        if pairs:
-            mean, low, high = stats.t_interval(np.asarray(pairs))
+        members = np.flatnonzero(keep)
+        if len(members) > 1:  # per seed, its mean overlap with every other seed
+            pair = np.full((len(sets),) * 2, np.nan)
+            for a, b in itertools.combinations(members, 2):
+                pair[a, b] = pair[b, a] = jaccard(sets[a, r], sets[b, r])
+            mean, low, high = stats.t_interval(np.nanmean(pair[members][:, members], axis=1))
             out.append({**base, "between": "seeds", "mean": mean, "ci_low": low,
-                        "ci_high": high, "n": len(pairs)})
+                        "ci_high": high, "n": len(members)})
         for split, other in shifted.items():
             values = jaccard(sets[keep, r], kept_sets(other, spec.sizes)[keep, r])
             mean, low, high = stats.t_interval(values)
