@@ -23,9 +23,9 @@ the overlap of the circuit fitted on <split> with the one fitted on train, summa
 (benchmarks/circuit_overlap.py computes it for a finished run without the fit-shift stage).
 
 circuits_equal_iid.csv: with svd or kmeans in the run, each reference size on its site
-matched per seed to the circuit size closest in baseline same_pred (studies/dictionaries.py's
-equal_id), and the paired difference of their gaps (positive: the circuit is the worse OOD
-proxy at equal in-distribution faithfulness).
+matched per seed to the circuit size (below every unit) closest in baseline same_pred
+(studies/dictionaries.py's equal_id), and the paired difference of their gaps (positive: the
+circuit is the worse OOD proxy at equal in-distribution faithfulness).
 """
 
 from __future__ import annotations
@@ -149,11 +149,13 @@ def overlap_rows(spec, fitted: dict, shifted: dict[str, dict], model_cfg,
     return out
 
 
-def equal_iid(rows: Sequence[dict], baseline: str) -> list[dict]:
+def equal_iid(rows: Sequence[dict], baseline: str, model_cfg) -> list[dict]:
     """circuits_equal_iid.csv: every circuit family against svd and kmeans on each of their
-    sites, matched on baseline same_pred per seed (dictionaries.equal_id)."""
+    sites, matched on baseline same_pred per seed (dictionaries.equal_id), among the circuits
+    smaller than the whole model (the circuit of every unit is the model itself)."""
     out = []
-    circuit_rows = [r for r in rows if r["method"] == METHOD]
+    circuit_rows = [r for r in rows if r["method"] == METHOD
+                    and r["size"] < units_of(r["site"], model_cfg)]
     for reference in ("svd", "kmeans"):
         ref_rows = [r for r in rows if r["method"] == reference]
         for ref_site in sorted({r["site"] for r in ref_rows}):
@@ -180,7 +182,7 @@ def run(ctx: stages.Context) -> stages.Context:
         for name, table, columns in (
                 ("circuits.csv", areas_rows, COLUMNS),
                 ("circuits_overlap.csv", overlap, OVERLAP_COLUMNS),
-                ("circuits_equal_iid.csv", equal_iid(r["rows"], pc.gap_baseline),
+                ("circuits_equal_iid.csv", equal_iid(r["rows"], pc.gap_baseline, ctx.model_cfg),
                  dictionaries.EQUAL_ID_COLUMNS)):
             path = os.path.join(ctx.directory, name)
             with stages.writing("report", path):
