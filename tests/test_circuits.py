@@ -17,7 +17,10 @@ ARCHS = {
     "two_heads": dict(n_heads=2),
     "attn_only": dict(attn_only=True),
     "rotary": dict(n_heads=2, pos_encoding="rotary"),
-    "uniform_layer0": dict(uniform_attention_layers=(0,)),
+    # Frozen uniform attention in layer 0: a ModelConfig field, or a standing intervention
+    # (model.UniformAttention) where the model has those.
+    "uniform_layer0": dict(uniform_attention_layers=(0,)) if not hasattr(
+        model, "UniformAttention") else dict(interventions=(model.UniformAttention((0,)),)),
 }
 
 

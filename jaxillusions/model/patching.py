@@ -71,8 +71,10 @@ class Graph:
 
 
 def check(cfg: model_lib.ModelConfig) -> None:
-    """The architectures the graph covers: the standard first layer (not the minimal one)."""
-    if cfg.first_layer != "standard":
+    """The architectures the graph covers: the standard first layer (no minimal or other built
+    front part; the field's name differs between versions of ModelConfig, hence getattr)."""
+    if (getattr(cfg, "first_layer", "standard") != "standard"
+            or getattr(cfg, "front", None) is not None):
         raise ValueError("circuits: model.first_layer='minimal' has no embedding sender; "
                          "circuits need the standard first layer")
 
@@ -213,7 +215,8 @@ def edge_forward(params: model_lib.Params, tokens: jax.Array, cfg: model_lib.Mod
     pass in which edge e of `graph(cfg).edges` is kept with weight edge_mask[e] ([E], 1 kept,
     0 ablated) and ablated to its sender's `ablated` value ([S, batch or 1, pos or 1, d_model]).
     Float32 throughout; mirrors `model.forward` (learned, sinusoidal, linear or rotary
-    positions, attention-only blocks, frozen uniform attention layers)."""
+    positions, attention-only blocks, frozen uniform attention layers; a model's standing
+    interventions are applied at the attention patterns only)."""
     g = graph(cfg)
     rows, cols = np.nonzero(g.valid)
     dense = jnp.zeros(g.valid.shape, jnp.float32).at[rows, cols].set(edge_mask)
@@ -253,10 +256,12 @@ def edge_forward(params: model_lib.Params, tokens: jax.Array, cfg: model_lib.Mod
             q, k = model_lib._rotate(q, cos, sin), model_lib._rotate(k, cos, sin)
         scores = jnp.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(cfg.head_dim)
         scores = jnp.where(causal, scores, -jnp.inf)
-        if i in cfg.uniform_attention_layers:
+        if i in getattr(cfg, "uniform_attention_layers", ()):
             pattern = jnp.broadcast_to(causal / causal.sum(-1, keepdims=True), scores.shape)
         else:
             pattern = jax.nn.softmax(scores, axis=-1)
+        for standing in getattr(cfg, "interventions", ()):  # the model's own (frozen patterns)
+            pattern = standing(f"blocks.{i}.attn.pattern", pattern)
         z = jnp.einsum("bhqk,bkhe->bqhe", pattern, v)
         outputs += [z[:, :, j] @ a["w_o"][j] for j in range(h)]
         bias = bias + a["b_o"]
