@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.training import times
-from jaxillusions.proxies import kmeans, sae
+from jaxillusions import model, tasks
+from jaxillusions.proxies import circuit, kmeans, sae
 from jaxillusions.training.step import init_state
 
 
@@ -210,3 +211,47 @@ def bench_fit_and_evaluate(config, num_seeds: int, repeats: int = 3,
             "evaluate_seed_rank_sentences_per_s": work * sentences / eval_s,
             "evaluate_whole_passes_seed_rank_sentences_per_s": work * sentences / whole_s,
             "prefix_sharing_speedup": whole_s / eval_s}
+
+
+def bench_circuits(config, num_seeds: int = 32, sentences: int = 256, repeats: int = 3,
+                   granularity: str = "edge") -> dict:
+    """Circuit discovery (proxies/circuit.py's two statistic passes: the units' means, then
+    attribution patching of the KL, one backward pass) of `num_seeds` untrained models of the
+    config on its first `sentences` training sentences: every seed in one program (jit(vmap),
+    what the sweep runs) against a Python loop over seeds of the same jitted per-seed function
+    (compiled before timing). The scores agree up to float32 rounding (max_rel_diff: the largest
+    |difference| over the largest |score| of its seed)."""
+    from jaxillusions.training import train  # noqa: PLC0415
+
+    splits, model_cfg, _ = train.build(config)
+    keys = jax.random.split(jax.random.PRNGKey(0), num_seeds)
+    params = jax.vmap(lambda k: model.init_params(k, model_cfg))(keys)
+    tokens = jnp.asarray(splits["train"].tokens[:sentences])
+    valid = tokens != tasks.PAD
+    options = dict(granularity=granularity, ablation="mean", direction="complement",
+                   metric="kl")
+
+    def discover(p):
+        means = circuit.statistic(0, p, tokens, valid, model_cfg, {}, **options)
+        return circuit.statistic(1, p, tokens, valid, model_cfg, means, **options)["scores"]
+
+    batched, one = jax.jit(jax.vmap(discover)), jax.jit(discover)
+    per_seed = [jax.tree.map(lambda x, s=s: x[s], params) for s in range(num_seeds)]
+    together = np.asarray(jax.block_until_ready(batched(params)))  # warm-up: compile
+    jax.block_until_ready(one(per_seed[0]))
+    last = {}
+
+    def loop() -> list:
+        last["scores"] = [one(p) for p in per_seed]
+        return last["scores"]
+
+    seconds = times({"batched": lambda: batched(params), "loop": loop}, repeats)
+    alone = np.stack([np.asarray(s) for s in last["scores"]])
+    rel = np.max(np.abs(alone - together) / np.abs(alone).max(-1, keepdims=True))
+    batched_s, loop_s = min(seconds["batched"]), min(seconds["loop"])
+    return {"num_seeds": num_seeds, "sentences": int(tokens.shape[0]),
+            "width": int(tokens.shape[1]), "granularity": granularity,
+            "units": int(together.shape[-1]), "repeats": repeats, "batched_s": batched_s,
+            "batched_times_s": seconds["batched"], "loop_s": loop_s,
+            "loop_times_s": seconds["loop"], "loop_over_batched": loop_s / batched_s,
+            "max_rel_diff": float(rel)}

@@ -47,12 +47,15 @@ def _reraise_unless_out_of_memory(error: Exception) -> None:
 def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
         proxy_seeds: int, with_torch: bool = True, with_kmeans: bool = True,
         bfloat16: bool = False, peak_n: int | None = None, with_sae: bool = True,
-        sae_options: dict | None = None, say=print, save=lambda report: None) -> dict:
+        sae_options: dict | None = None, say=print, save=lambda report: None,
+        circuit_options: dict | None = None) -> dict:
     """The whole benchmark; `save(report)` is called after every row and section, so a run that
     is stopped (or runs out of device memory) keeps what it measured. Beside each throughput:
     the XLA compilations of that stage, count and seconds (timing.Breakdown; a stage times
     its calls after warm-up calls, so its compilations do not count in its rates).
-    sae_options: keyword arguments of proxies.bench_sae (default: its real size). `config`:
+    sae_options: keyword arguments of proxies.bench_sae (default: its real size);
+    circuit_options: keyword arguments of proxies.bench_circuits (default: 32 seeds), or False
+    to skip circuit discovery. `config`:
     settings.Settings (validate.check, as launch.benchmark calls it)."""
     config = settings.require(config, "benchmarks.suite.run")
     with timing.Breakdown() as clock:
@@ -170,16 +173,24 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
                     f" s ({km['speedup']:.1f}x; compiled "
                     f"{_compiled(km['compiles'], km['compile_s'])})")
         if with_sae:
-            with timing.stage("sae"):
-                fits = proxies.bench_sae(**{"repeats": repeats, **(sae_options or {})})
-            fits["compiles"], fits["compile_s"] = clock.compiles["sae"]
-            report["sae"] = fits
+            fits = report["sae"] = _timed("sae", clock, lambda: proxies.bench_sae(
+                **{"repeats": repeats, **(sae_options or {})}))
             say(f"  SAE fit, {fits['num_seeds']} seeds x widths {fits['widths']} (d {fits['dim']}"
                 f", k {fits['k']}, {fits['steps']} steps of {fits['batch_size']}): one program "
                 f"{fits['batched_s']:.2f} s vs JAX loop over (seed, width) {fits['loop_s']:.2f} s"
                 f" ({fits['loop_over_batched']:.2f}x, the program doing {fits['padded_work']:.2f}x"
                 f" the latent work: widths padded; fits equal to {fits['max_abs_diff']:.1e}; "
                 f"compiled {_compiled(fits['compiles'], fits['compile_s'])})", flush=True)
+            save(report)
+        if circuit_options is not False:
+            found = report["circuits"] = _timed("circuits", clock, lambda: proxies.bench_circuits(
+                config, **{"repeats": repeats, **(circuit_options or {})}))
+            say(f"  circuit discovery, {found['num_seeds']} seeds x {found['units']} "
+                f"{found['granularity']}s, {found['sentences']} sentences: one program "
+                f"{found['batched_s']:.2f} s vs JAX loop over seeds {found['loop_s']:.2f} s "
+                f"({found['loop_over_batched']:.2f}x; scores equal to "
+                f"{found['max_rel_diff']:.1e} relative; compiled "
+                f"{_compiled(found['compiles'], found['compile_s'])})", flush=True)
             save(report)
         report["peak_memory"] = training.peak_memory_bytes()
         report["seconds"] = time.perf_counter() - start
@@ -189,6 +200,14 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
             f"{report['seconds']:.0f} s, of which compilation {clock.compile_seconds:.1f} s "
             f"({clock.compile_count} XLA programs)")
         return report
+
+
+def _timed(name: str, clock, bench) -> dict:
+    """bench()'s report, timed as stage `name`, with its XLA compilations (count, seconds)."""
+    with timing.stage(name):
+        out = bench()
+    out["compiles"], out["compile_s"] = clock.compiles[name]
+    return out
 
 
 def _compiled(count: int, seconds: float) -> str:

@@ -9,7 +9,8 @@ Training seed-steps/s of the sweep (train_steps, all seeds in one call) against 
 over seeds and, with the `bench` extra installed, a PyTorch loop over seeds of the same model and
 optimizer (benchmarks/torch_loop.py); model FLOP utilization against a large matmul timed in the
 same run; proxy fitting and evaluation throughput; SAE fitting of 32 seeds x 4 widths in one
-program against a JAX loop over (seed, width); peak memory. The defaults took 2 min 50 s on
+program against a JAX loop over (seed, width); circuit discovery (attribution patching) of 32
+seeds in one program against a JAX loop over seeds; peak memory. The defaults took 2 min 50 s on
 the 2-core CPU machine before the SAE row (per-seed loops up to 8 seeds; README "Speed" has the
 table); the SAE row alone took about 10 min there (shared machine; --no_sae skips it).
 """
@@ -106,6 +107,8 @@ def main() -> None:
     parser.add_argument("--no_kmeans", action="store_true", help="skip k-means vs scikit-learn")
     parser.add_argument("--no_sae", action="store_true",
                         help="skip SAE fitting (32 seeds x 4 widths, one program vs a loop)")
+    parser.add_argument("--no_circuits", action="store_true",
+                        help="skip circuit discovery (32 seeds, one program vs a loop)")
     parser.add_argument("--out", default="runs/benchmark.json",
                         help="JSON output path (an earlier file there is renamed, not replaced)")
     parser.add_argument("--debug", action="store_true", help="tracebacks instead of one line")
@@ -124,7 +127,8 @@ def main() -> None:
         report = suite.run(config, seed_counts=seeds, steps=args.steps, repeats=args.repeats,
                            loop_max_seeds=args.loop_max_seeds, proxy_seeds=args.proxy_seeds,
                            with_torch=not args.no_torch, with_kmeans=not args.no_kmeans,
-                           bfloat16=args.bfloat16, with_sae=not args.no_sae, save=save)
+                           bfloat16=args.bfloat16, with_sae=not args.no_sae, save=save,
+                           circuit_options=False if args.no_circuits else None)
         save(report)
     except Exception as err:
         if args.debug:

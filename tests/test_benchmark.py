@@ -33,10 +33,12 @@ def test_benchmark_smoke(config):
                        proxy_seeds=2, with_torch=True, with_kmeans=False, bfloat16=True, peak_n=256,
                        sae_options=dict(num_seeds=2, widths=(4, 8), dim=4, num_points=64,
                                         steps=3), say=lambda *a, **k: None,
+                       circuit_options=dict(num_seeds=2, sentences=8),
                        save=lambda r: saved.append(json.loads(json.dumps(r))))
     rows = report["training"]
     assert [r["num_seeds"] for r in rows] == [2, 3]
-    assert [len(s["training"]) for s in saved] == [1, 2, 2, 2]  # rows, the proxies, the SAE
+    # rows, the proxies, the SAE, the circuits
+    assert [len(s["training"]) for s in saved] == [1, 2, 2, 2, 2]
     assert "proxy_fit_and_evaluate" in saved[-1] and "proxy_fit_and_evaluate" not in saved[1]
     # SAE fitting: one program for all seeds x widths against a loop over (seed, width) of the
     # same fit, timed in the same run; the loop's fits are the batched ones.
@@ -44,6 +46,10 @@ def test_benchmark_smoke(config):
     assert (fits["num_seeds"], fits["widths"]) == (2, [4, 8]) and "sae" in saved[-1]
     assert fits["loop_over_batched"] == pytest.approx(fits["loop_s"] / fits["batched_s"])
     assert fits["max_abs_diff"] < 1e-5 and fits["compiles"] >= 3  # batched + one per width
+    # Circuit discovery: one program for the seeds against a loop of the same per-seed function.
+    found = report["circuits"]
+    assert (found["num_seeds"], found["sentences"], found["units"]) == (2, 8, 23)
+    assert found["loop_over_batched"] == pytest.approx(found["loop_s"] / found["batched_s"])
     # The PyTorch loop runs exactly when torch is installed (its note then names the version).
     has_torch = importlib.util.find_spec("torch") is not None
     assert ("torch_loop_seed_steps_per_s" in rows[0]) == has_torch
@@ -180,6 +186,7 @@ def test_benchmark_keeps_an_earlier_report(tmp_path, cache_dir, monkeypatch, cap
     monkeypatch.setattr(sys, "argv", [
         "benchmark", f"--config={config}", "--seeds=2", "--steps=2", "--repeats=1",
         "--loop_max_seeds=0", "--proxy_seeds=2", "--no_torch", "--no_kmeans", "--no_sae",
+        "--no_circuits",
         f"--out={out}"])
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     try:

@@ -17,7 +17,7 @@ from jaxillusions.runtime import stages
 def test_pipeline_order_and_timing_names_come_from_the_tuple():
     names = [s.name for s in sweep.PIPELINE]
     assert names == ["training", "wen", "induction", "proxies", "dictionaries", "geometry",
-                     "probes", "fit_shift", "reports", "figures"]
+                     "probes", "fit_shift", "circuits", "reports", "figures"]
     # The run's stages come before the weight groups' (the runner does them first).
     scopes = [s.scope for s in sweep.PIPELINE]
     assert scopes == sorted(scopes, key=["run", "group"].index)

@@ -56,6 +56,7 @@ def test_available_and_get():
         "logit_lens",
         "tuned_lens",
         "erasure",
+        "circuit",
     }
     assert proxies.get("svd") is svd
     with pytest.raises(ValueError, match="nope.*kmeans.*svd"):
@@ -66,8 +67,12 @@ def test_available_and_get():
 def test_contract(name):
     """Every proxy: leaves have a leading size axis, apply keeps shape and dtype under jit."""
     mod = proxies.get(name)
-    assert mod.STATISTIC in ("moments", "samples", "pairs", "labelled", None)
-    assert mod.SITE in ("vector", "pattern")
+    assert mod.STATISTIC in ("moments", "samples", "pairs", "labelled", "model", None)
+    assert mod.SITE in ("vector", "pattern", "model")
+    if mod.SITE == "model":  # a whole-model proxy: tests/test_circuits.py's own contract test
+        assert mod.STATISTIC == "model" and mod.PASSES >= 1
+        assert all(callable(getattr(mod, f)) for f in ("families", "statistic", "fit", "logits"))
+        return
     x = _blobs(64, F)
     stats = {
         "moments": lambda: svd.moments(jnp.asarray(x), jnp.ones(len(x), bool)),

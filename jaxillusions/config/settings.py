@@ -45,6 +45,7 @@ from jaxillusions.config.fields import (
     rule,
     setting,
 )
+from jaxillusions.model import patching as circuits
 from jaxillusions.proxies import sae
 from jaxillusions.tasks import minimal_layer
 
@@ -213,6 +214,28 @@ class Proxies:
         "ranks of the tuned lens's correction to the identity (0: mean shift only)")
     tuned_lens_ridge: float = setting(1e-4, NUMBER, ">= 0", nonnegative,
                                       "ridge of the tuned lens, times Cov's mean eigenvalue")
+    # Circuits (docs/circuits.md): the circuit proxy's families and how it is found.
+    circuit_sizes: tuple[int, ...] = setting(
+        (), INTS, "sizes >= 0, or () for 0, 1, 2, 4, ... up to every unit",
+        lambda v, s: all(k >= 0 for k in v),
+        "units (edges, nodes or neurons) a circuit keeps; clipped to how many there are")
+    circuit_granularity: tuple[str, ...] = setting(
+        ("edge",), STRS, f"at least one of {', '.join(circuits.GRANULARITIES)}",
+        lambda v, s: len(v) >= 1 and set(v) <= set(circuits.GRANULARITIES),
+        "what a circuit is made of: edges, nodes (heads and MLPs) or neurons (heads and MLP "
+        "neurons)")
+    circuit_ablation: tuple[str, ...] = setting(
+        ("mean",), STRS, f"at least one of {', '.join(circuits.ABLATIONS)}",
+        lambda v, s: len(v) >= 1 and set(v) <= set(circuits.ABLATIONS),
+        "what ablated units take: zero, their fit-split mean, or their value on another "
+        "sentence")
+    circuit_direction: str = setting("complement", STR, *one_of(("complement", "circuit")),
+                                     doc="ablate what lies outside the circuit, or the circuit")
+    circuit_sentences: int = setting(2000, INT, ">= 0 (0: all)", nonnegative,
+                                     "fit-split sentences a circuit is found on (the first)")
+    circuit_metric: str = setting("kl", STR, *one_of(circuits.METRICS),
+                                  doc="attribution metric: KL to the model's output, or the "
+                                  "logit of its prediction")
     collect_batch_size: int = setting(512, INT, ">= 1", positive,
                                       "training sentences per activation-collection chunk")
     eval_batch_size: int = setting(256, INT, ">= 1", positive)

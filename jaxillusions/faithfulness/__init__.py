@@ -82,6 +82,10 @@ def specs_from_config(proxy_cfg, cfg: model_lib.ModelConfig) -> list[ProxySpec]:
     specs = []
     for method in proxy_cfg.methods:
         module = proxies.get(method)
+        if module.SITE == "model":  # a whole-model proxy (a circuit): families of its own
+            specs += [ProxySpec(method, (target,), sizes, options)
+                      for target, sizes, options in module.families(proxy_cfg, cfg)]
+            continue
         if module.SITE == "pattern":
             specs.append(ProxySpec(method, (resolve_site(proxy_cfg.pattern_site, cfg),)))
             continue
@@ -179,6 +183,8 @@ def collection_groups(specs: Sequence[ProxySpec]) -> list[list[int]]:
     for i, spec in enumerate(specs):
         if spec.module.STATISTIC is not None:
             key = (tuple(sorted(sites[spec.method])), spec.module.STATISTIC == "pairs")
+            if spec.module.STATISTIC == "model":  # each family its own (its own passes)
+                key += (spec.sites, spec.options)
             groups.setdefault(key, []).append(i)
     return list(groups.values())
 
@@ -199,6 +205,13 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
     Seeds run in sequential chunks (`chunking`, see `Chunking` and `seed_chunk`); a seed's
     statistics depend on that seed alone.
     """
+    whole = {spec.sites[0]: {"model": _collect_model(params, train, model_cfg, spec,
+                                                     batch_size, chunking)}
+             for spec in specs if spec.module.STATISTIC == "model"}
+    if whole:
+        others = [s for s in specs if s.module.STATISTIC != "model"]
+        return {**collect(params, train, model_cfg, others, num_samples=num_samples,
+                          batch_size=batch_size, labels=labels, chunking=chunking), **whole}
     needs, pairs = {}, {}
     for spec in specs:
         if spec.module.STATISTIC is not None:
@@ -270,6 +283,41 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
     return over_seed_chunks(one_chunk, [params], num_seeds, chunk_size)
 
 
+@functools.partial(jax.jit, static_argnames=("model_cfg", "method", "pass_index", "options"))
+def _model_statistic(params, tokens, previous, *, model_cfg, method: str, pass_index: int,
+                     options: tuple):
+    """One batch's sums of a whole-model proxy's pass `pass_index`, per seed."""
+    module, valid = proxies.get(method), tokens != tasks.PAD
+    return jax.vmap(lambda p, prev: module.statistic(pass_index, p, tokens, valid, model_cfg,
+                                                     prev, **dict(options)))(params, previous)
+
+
+def _collect_model(params, train, model_cfg: model_lib.ModelConfig, spec: ProxySpec,
+                   batch_size: int, chunking: Chunking) -> dict:
+    """The statistics of a whole-model proxy (STATISTIC "model"): its module's PASSES passes
+    over `train` (its first options["sentences"] sentences where that is > 0) in chunks of
+    batch_size sentences, each pass's batch sums added on the host, every leaf [S, 1, ...]
+    (one group, as fit_one expects). Seeds run in chunks of chunking.seed_chunk_size (0: all
+    at once)."""
+    static = dict(model_cfg=model_cfg, method=spec.method, options=spec.options)
+    cap = dict(spec.options).get("sentences", 0)
+    sentences = train.tokens[:cap] if cap else train.tokens
+
+    def one_chunk(params):
+        stats: dict = {}
+        for pass_index in range(spec.module.PASSES):
+            totals = None
+            for (tokens,) in padded_chunks([sentences], batch_size):
+                sums = distributed.to_host(_model_statistic(params, tokens, stats,
+                                                            pass_index=pass_index, **static))
+                totals = sums if totals is None else jax.tree.map(np.add, totals, sums)
+            stats = {**stats, **totals}
+        return jax.tree.map(lambda x: x[:, None], stats)
+
+    num_seeds = jax.tree.leaves(params)[0].shape[0]
+    return over_seed_chunks(one_chunk, [params], num_seeds, chunking.seed_chunk_size)
+
+
 def seed_chunk(bytes_for, num_seeds: int, chunking: Chunking, *, what: str, lower: str) -> int:
     """Seeds per chunk of a proxy-stage call: chunking.seed_chunk_size when set (> 0), else all
     of them, or as many as fit the device's memory (memory.plan_seed_chunk; printed with
@@ -314,7 +362,10 @@ class FittedProxy:
                      model_params: dict | None = None) -> model_lib.Intervention:
         """This proxy for one seed at one size, as an intervention for `model.forward`
         (model_params: that seed's, for a proxy that reads or writes another site: the
-        transcoder, the lenses)."""
+        transcoder, the lenses). A whole-model proxy (the circuit) has none: ValueError."""
+        if self.spec.module.SITE == "model":
+            raise ValueError(f"{self.spec.method} replaces the whole forward pass, not a site: "
+                             f"call its module's logits() instead of an intervention")
         if self.spec.module.STATISTIC is None:
             params = jax.tree.map(lambda x: x[size_index], self.params)
         else:
@@ -472,6 +523,7 @@ class EvalProgram:
     num_bins: tuple[int, ...]
     widths: tuple[int, ...]
     start_layer: int | None
+    options: tuple = ()  # a whole-model proxy's options (its spec's): logits(**options)
 
 
 def make_eval_set(splits: dict, names: Sequence[str], task=None) -> EvalSet:
@@ -542,9 +594,14 @@ def _eval_chunk(params, proxy_params, active, tokens, evaluated, bins, width_ind
             start_at = (start_layer, cache[resume[0]]) if resume else None
 
             def one_size(size_params):
-                proxy_logits, _ = model_lib.forward(
-                    p, tokens, model_cfg, start_at=start_at,
-                    intervention=make_intervention(module, size_params, active, p))
+                if module.SITE == "model":  # one family per program: its one site
+                    (whole,) = size_params.values()
+                    proxy_logits = module.logits(jax.tree.map(lambda x: x[0], whole), p, tokens,
+                                                 model_cfg, **dict(program.options))
+                else:
+                    proxy_logits, _ = model_lib.forward(
+                        p, tokens, model_cfg, start_at=start_at,
+                        intervention=make_intervention(module, size_params, active, p))
                 values = jnp.stack([jnp.ones_like(weight), metrics.jsd(logits, proxy_logits),
                                     metrics.same_pred(logits, proxy_logits), acc_original,
                                     metrics.correct(proxy_logits, targets)], axis=-1)
@@ -614,10 +671,12 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     programs = _program_sites([*fitted, *options.shared])
     for proxy in fitted:
         sites = programs[_program_key(proxy.spec)]
+        whole = proxy.spec.module.SITE == "model"  # replaces the whole forward pass
         program = EvalProgram(model_cfg, proxy.spec.method, len(proxy.spec.sizes),
                               eval_set.num_bins, widths,
-                              model_lib.first_block(model_cfg, sites) if options.share_prefix
-                              else None)
+                              model_lib.first_block(model_cfg, sites)
+                              if options.share_prefix and not whole else None,
+                              proxy.spec.options if whole else ())
         (totals, dict_sums), jsd = _evaluate_family(params, num_seeds, eval_set, proxy, sites,
                                                     program, batch_size, options.chunking)
         quantiles = _jsd_quantiles(jsd, split_ids, len(eval_set.split_names))
@@ -629,7 +688,9 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
 
 def _program_key(spec: ProxySpec) -> tuple:
     """Families with the same key share one compiled evaluation (the sizes fix the shapes of
-    the fitted parameters of a site)."""
+    the fitted parameters of a site); a whole-model proxy's family has its own."""
+    if spec.module.SITE == "model":
+        return spec.method, spec.sizes, spec.sites, spec.options
     return spec.method, spec.sizes
 
 

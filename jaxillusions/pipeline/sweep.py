@@ -5,7 +5,7 @@ what it computes (a `stages.Context` in, the context with its results out), the
 settings its results depend on and the report files it writes:
 
     training -> wen -> induction -> proxies -> dictionaries -> geometry -> probes -> fit_shift
-             -> reports -> figures
+             -> circuits -> reports -> figures
 
 The first three run once per run; the rest once per weight group (one group, the workdir
 itself, unless train.contrastive_weights sweeps several weights: then each weight's members go
@@ -58,7 +58,7 @@ from jaxillusions.report import board, figures, results, tables
 from jaxillusions.runtime import checkpoint, distributed, interrupt, schema, stages, timing
 from jaxillusions.runtime import tensorboard as log_lib
 from jaxillusions.runtime.stages import Context, Stage
-from jaxillusions.studies import dictionaries, fit_shift, geometry, induction, probes, wen
+from jaxillusions.studies import circuits, dictionaries, fit_shift, geometry, induction, probes, wen
 from jaxillusions.training import objective, train
 
 DONE_FILE = "sweep_done.json"
@@ -226,7 +226,7 @@ FIGURES = Stage("figures", _figures, enabled=_with_proxies, outputs=("figures",)
 
 PIPELINE: tuple[Stage, ...] = (
     TRAINING, wen.STAGE, induction.STAGE, PROXIES, dictionaries.STAGE, geometry.STAGE,
-    probes.STAGE, fit_shift.STAGE, REPORTS, FIGURES)
+    probes.STAGE, fit_shift.STAGE, circuits.STAGE, REPORTS, FIGURES)
 
 
 # --- The runner ---------------------------------------------------------------------------------

@@ -1,13 +1,14 @@
 """Simplified proxies for activations, one module per proxy (adding one = adding one file).
 
 Each proxy module defines:
-  STATISTIC: "moments" | "samples" | "pairs" | "labelled" | None
+  STATISTIC: "moments" | "samples" | "pairs" | "labelled" | "model" | None
                                            what fit() consumes (svd.moments sums, a
              {"x": [N, F], "valid": bool [N]} sample, a sample of (input, site value) pairs
              {"x", "y", "valid"} at the same positions, the sample with the task's concept
              classes at its positions {"x", "valid", "z": int [N, C]} (C = len(proxies.concepts),
              < 0 where a concept is undefined; tasks.concept_labels), or nothing).
-  SITE: "vector" | "pattern"               [..., F] activations or [..., T, T] attention.
+  SITE: "vector" | "pattern" | "model"     [..., F] activations, [..., T, T] attention, or
+                                           the whole forward pass (below).
   fit(stats, sizes, *, key, **options)     -> pytree, every leaf with leading axis len(sizes).
   apply(params, x)                         one size's params (leading axis removed) -> x's
                                            shape and dtype.
@@ -25,6 +26,22 @@ A lens (logit_lens, tuned_lens) reads its site and writes another one, visited l
 A proxy with latents (sae, transcoder, kmeans) may define, for the dictionary metrics l0, dead:
   latents(params, x) -> (indices [..., K] int, active [..., K] bool)   its sparse code.
 Every vector proxy may have its own targets, config.proxies.<name>_targets.
+
+A whole-model proxy (SITE "model", STATISTIC "model": the circuit) replaces the forward pass
+rather than one site, and computes its own statistics from the model:
+  families(proxy_cfg, model_cfg) -> [(target, sizes, options)]
+                                           its families; the target is a label (the rows'
+                                           `site`), not a model site.
+  PASSES: int                              passes over the fit split.
+  statistic(pass_index, model_params, tokens, valid, model_cfg, previous, **options) -> sums
+                                           one batch's sums of one pass (valid: non-PAD
+                                           [batch, pos]; previous: the earlier passes' sums,
+                                           merged into one dict, which fit() gets as stats).
+  logits(params, model_params, tokens, model_cfg, **options) -> [batch, pos, vocab]
+                                           one size's proxy model in place of model.forward.
+  An option `sentences` > 0 caps the fit split's sentences its statistics read (the first).
+faithfulness collects, fits and evaluates it like any proxy (its stats and params carry one
+group); it has no intervention (FittedProxy.intervention does not apply).
 
 A proxy with sizes (STATISTIC not None) may also define, to own its config settings:
   SIZES_KEY: str                           the config.proxies key listing its sizes

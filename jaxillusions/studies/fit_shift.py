@@ -370,7 +370,8 @@ def run(ctx: stages.Context) -> stages.Context:
     """The stage, on a weight group's context: adds `shift_rows`, the rows of every proxy fitted
     on every split of fit_shift.splits (column fit_split), evaluated on the halved evaluation
     set, from the proxy stage's train fits (`specs`, `fitted`, `fit_stamps`); the report stage
-    writes their tables."""
+    writes their tables. Adds `shift_fits` too: {split: the FittedProxy list fitted on it}
+    (train's are `shared`), for studies/circuits.py's overlaps."""
     config, params, splits, say = ctx.settings, ctx.params, ctx.splits, ctx.say
     specs, fitted, fit_stamps = (ctx.results[k] for k in ("specs", "fitted", "fit_stamps"))
     others = [s for s in config.fit_shift.splits if s != REFERENCE]
@@ -387,7 +388,7 @@ def run(ctx: stages.Context) -> stages.Context:
     dependent = [i for i, s in enumerate(specs) if s.module.STATISTIC is not None]
     say(f"fit shift: fitting on {', '.join(others)} (their fit halves), evaluating every fit on "
         f"{', '.join(pc.eval_splits)} (halved: {', '.join(halved) or 'none'})")
-    rows = []
+    rows, shift_fits = [], {}
     for name in (REFERENCE, *others):
         directory = os.path.join(files.dir, f"fit_{name}")
         os.makedirs(directory, exist_ok=True)
@@ -399,6 +400,7 @@ def run(ctx: stages.Context) -> stages.Context:
                                       sentences=len(data.tokens), seed=seed)
                       for i in dependent}
             family_fits = _fit(ctx, data, dependent, stamps, directory, family_fits)
+            shift_fits[name] = family_fits
         for i in sorted(stamps):
             spec = specs[i]
             path = os.path.join(directory, os.path.basename(files.path(i, spec, "_rows.json")))
@@ -418,7 +420,7 @@ def run(ctx: stages.Context) -> stages.Context:
                 f"while evaluating proxies fitted on {name}; the finished families are saved "
                 f"in {directory}; relaunch the same command to resume")
         say(f"  fit on {name}: {len(stamps)} families evaluated", flush=True)
-    return ctx.produced(shift_rows=rows)
+    return ctx.produced(shift_rows=rows, shift_fits=shift_fits)
 
 
 def _fit(ctx: stages.Context, data, dependent: list[int], stamps: dict, directory: str,
