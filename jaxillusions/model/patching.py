@@ -71,10 +71,9 @@ class Graph:
 
 
 def check(cfg: model_lib.ModelConfig) -> None:
-    """The architectures the graph covers: the standard first layer (no minimal or other built
-    front part; the field's name differs between versions of ModelConfig, hence getattr)."""
-    if (getattr(cfg, "first_layer", "standard") != "standard"
-            or getattr(cfg, "front", None) is not None):
+    """The architectures the graph covers: the token embedding first (no built front part, such
+    as Wen et al.'s minimal first layer)."""
+    if cfg.front is not None:
         raise ValueError("circuits: model.first_layer='minimal' has no embedding sender; "
                          "circuits need the standard first layer")
 
@@ -256,11 +255,8 @@ def edge_forward(params: model_lib.Params, tokens: jax.Array, cfg: model_lib.Mod
             q, k = model_lib._rotate(q, cos, sin), model_lib._rotate(k, cos, sin)
         scores = jnp.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(cfg.head_dim)
         scores = jnp.where(causal, scores, -jnp.inf)
-        if i in getattr(cfg, "uniform_attention_layers", ()):
-            pattern = jnp.broadcast_to(causal / causal.sum(-1, keepdims=True), scores.shape)
-        else:
-            pattern = jax.nn.softmax(scores, axis=-1)
-        for standing in getattr(cfg, "interventions", ()):  # the model's own (frozen patterns)
+        pattern = jax.nn.softmax(scores, axis=-1)
+        for standing in cfg.interventions:  # the model's own (frozen uniform patterns)
             pattern = standing(f"blocks.{i}.attn.pattern", pattern)
         z = jnp.einsum("bhqk,bkhe->bqhe", pattern, v)
         outputs += [z[:, :, j] @ a["w_o"][j] for j in range(h)]
