@@ -10,7 +10,7 @@ import pytest
 import tolerance as tol
 
 from jaxillusions import model
-from jaxillusions.model import patching as circuits
+from jaxillusions.model import patching
 from jaxillusions.proxies import circuit
 
 ARCHS = {
@@ -38,7 +38,7 @@ def _tolerance(cfg, logits):
     """Two float32 forwards that sum each residual stream's terms in another order: each
     receiver's input is a sum of at most S sender outputs, then layer norms and matmuls of
     d_model terms; activation_error of d_model * S terms per row covers both, twice."""
-    width = cfg.d_model * len(circuits.graph(cfg).senders)
+    width = cfg.d_model * len(patching.graph(cfg).senders)
     return tol.two_ways(tol.activation_error(np.asarray(logits, np.float64), width))
 
 
@@ -49,7 +49,7 @@ def _assert_close(got, ref, bound):
 
 def test_graph_of_two_layers():
     cfg, _, _ = _model(n_heads=2)
-    g = circuits.graph(cfg)
+    g = patching.graph(cfg)
     assert g.senders == ("embed", "blocks.0.attn.head0", "blocks.0.attn.head1", "blocks.0.mlp",
                          "blocks.1.attn.head0", "blocks.1.attn.head1", "blocks.1.mlp")
     assert len(g.receivers) == 2 * (3 * 2 + 1) + 1
@@ -58,17 +58,17 @@ def test_graph_of_two_layers():
     assert len(g.edges) == 15 + 2 * 9 + 8 + 2 * 2 + 1
     assert "blocks.0.attn.head1->blocks.1.attn.head0.v" in g.edge_names
     assert "blocks.1.attn.head0->blocks.1.attn.head1.q" not in g.edge_names
-    assert circuits.num_units(cfg, "node") == 6
-    assert circuits.num_units(cfg, "neuron") == 2 * (2 + 24)
+    assert patching.num_units(cfg, "node") == 6
+    assert patching.num_units(cfg, "neuron") == 2 * (2 + 24)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_edge_kept_is_the_model(arch):
     cfg, params, tokens = _model(**ARCHS[arch])
     ref = model.forward(params, tokens, cfg)[0]
-    ones = jnp.ones(len(circuits.graph(cfg).edges))
-    abl = jax.random.normal(jax.random.PRNGKey(3), (len(circuits.graph(cfg).senders), 1, 1, 16))
-    got = circuits.edge_forward(params, tokens, cfg, ones, abl)[0]
+    ones = jnp.ones(len(patching.graph(cfg).edges))
+    abl = jax.random.normal(jax.random.PRNGKey(3), (len(patching.graph(cfg).senders), 1, 1, 16))
+    got = patching.edge_forward(params, tokens, cfg, ones, abl)[0]
     _assert_close(got, ref, _tolerance(cfg, ref))
 
 
@@ -78,9 +78,9 @@ def test_every_node_kept_is_the_model_bit_for_bit(granularity):
     exact in float32), so the logits are the model's bit for bit."""
     cfg, params, tokens = _model(n_heads=2)
     ref = model.forward(params, tokens, cfg)[0]
-    ablated = circuits.ablated_values(params, tokens, cfg, granularity, "resample")
-    ones = jnp.ones(circuits.num_units(cfg, granularity))
-    got = circuits.masked_logits(params, tokens, cfg, granularity, ones, ablated)
+    ablated = patching.ablated_values(params, tokens, cfg, granularity, "resample")
+    ones = jnp.ones(patching.num_units(cfg, granularity))
+    got = patching.masked_logits(params, tokens, cfg, granularity, ones, ablated)
     np.testing.assert_array_equal(got, ref)
 
 
@@ -93,12 +93,12 @@ def test_one_edge_ablated_is_the_hand_path_patched_forward():
     queries and keys read the whole residual stream, its values the stream without the head's
     output but with a; written out by hand for a one-head attention-only model."""
     cfg, params, tokens = _model(attn_only=True)
-    g = circuits.graph(cfg)
+    g = patching.graph(cfg)
     edge = g.edge_names.index("blocks.0.attn.head0->blocks.1.attn.head0.v")
     mask = jnp.ones(len(g.edges)).at[edge].set(0.0)
     a = jax.random.normal(jax.random.PRNGKey(4), (16,))
     ablated = jnp.zeros((len(g.senders), 1, 1, 16)).at[1].set(a)
-    got = circuits.edge_forward(params, tokens, cfg, mask, ablated)[0]
+    got = patching.edge_forward(params, tokens, cfg, mask, ablated)[0]
 
     b0, b1 = params["blocks"]
     x0 = params["embed"][tokens] + params["pos_embed"][: tokens.shape[1]]
@@ -120,25 +120,25 @@ def test_one_edge_ablated_is_the_hand_path_patched_forward():
     assert np.max(np.abs(ref - model_logits)) > 100 * np.max(_tolerance(cfg, ref))  # it cuts
 
 
-@pytest.mark.parametrize("ablation", circuits.ABLATIONS)
+@pytest.mark.parametrize("ablation", patching.ABLATIONS)
 def test_a_node_ablated_is_its_edges_ablated(ablation):
     """Ablating a node through forward's intervention = cutting every edge out of that sender
     (to the same ablated output) in the edge forward."""
     cfg, params, tokens = _model(n_heads=2)
     valid = jnp.ones(tokens.shape, bool)
     node_means = jax.tree.map(lambda s: s / valid.sum(),
-                              circuits.unit_sums(params, tokens, cfg, "node", valid))
-    edge_means = circuits.unit_sums(params, tokens, cfg, "edge", valid) / valid.sum()
-    g = circuits.graph(cfg)
-    for unit, name in enumerate(circuits.node_names(cfg, "node")):
+                              patching.unit_sums(params, tokens, cfg, "node", valid))
+    edge_means = patching.unit_sums(params, tokens, cfg, "edge", valid) / valid.sum()
+    g = patching.graph(cfg)
+    for unit, name in enumerate(patching.node_names(cfg, "node")):
         sender = g.senders.index(name)
         node_mask = jnp.ones(6).at[unit].set(0.0)
         edge_mask = jnp.asarray([float(s != sender) for s, _ in g.edges])
-        nodes = circuits.masked_logits(params, tokens, cfg, "node", node_mask,
-                                       circuits.ablated_values(params, tokens, cfg, "node",
+        nodes = patching.masked_logits(params, tokens, cfg, "node", node_mask,
+                                       patching.ablated_values(params, tokens, cfg, "node",
                                                                ablation, node_means))
-        edges = circuits.masked_logits(params, tokens, cfg, "edge", edge_mask,
-                                       circuits.ablated_values(params, tokens, cfg, "edge",
+        edges = patching.masked_logits(params, tokens, cfg, "edge", edge_mask,
+                                       patching.ablated_values(params, tokens, cfg, "edge",
                                                                ablation, edge_means))
         _assert_close(edges, nodes, _tolerance(cfg, nodes))
 
@@ -153,14 +153,14 @@ def _planted(seed=0):
     b0["mlp"]["w_out"] = jnp.zeros_like(b0["mlp"]["w_out"])
     b0["mlp"]["b_out"] = jnp.zeros_like(b0["mlp"]["b_out"])
     dead = {"blocks.0.attn.head1", "blocks.0.mlp"}
-    g = circuits.graph(cfg)
+    g = patching.graph(cfg)
     live = np.array([g.senders[s] not in dead and g.receivers[r].rsplit(".", 1)[0] not in dead
                      and g.receivers[r] not in dead for s, r in g.edges])
     return cfg, params, tokens, live
 
 
-@pytest.mark.parametrize("metric", circuits.METRICS)
-@pytest.mark.parametrize("ablation", circuits.ABLATIONS)
+@pytest.mark.parametrize("metric", patching.METRICS)
+@pytest.mark.parametrize("ablation", patching.ABLATIONS)
 def test_attribution_finds_the_planted_circuit_and_it_is_faithful(ablation, metric):
     cfg, params, tokens, live = _planted()
     assert live.sum() == 24  # 3 + 2 * 6 + 4 + 5 (see _planted)
@@ -201,15 +201,15 @@ def test_attribution_is_the_gradient_of_the_masked_metric():
     against float32 rounding of the metric / h)."""
     cfg, params, tokens = _model(n_heads=1)
     weight = jnp.ones(tokens.shape)
-    ablated = circuits.ablated_values(params, tokens, cfg, "edge", "zero")
-    scores = circuits.attribution(params, tokens, cfg, "edge", ablated, weight, "logit")
+    ablated = patching.ablated_values(params, tokens, cfg, "edge", "zero")
+    scores = patching.attribution(params, tokens, cfg, "edge", ablated, weight, "logit")
     clean = model.forward(params, tokens, cfg)[0]
     h, e = 1e-2, 3
-    n = len(circuits.graph(cfg).edges)
+    n = len(patching.graph(cfg).edges)
 
     def metric(m):
-        logits = circuits.masked_logits(params, tokens, cfg, "edge", m, ablated)
-        return float(circuits.metric(clean, logits, weight, "logit"))
+        logits = patching.masked_logits(params, tokens, cfg, "edge", m, ablated)
+        return float(patching.metric(clean, logits, weight, "logit"))
 
     plus = metric(jnp.ones(n).at[e].add(h))
     minus = metric(jnp.ones(n).at[e].add(-h))
@@ -246,7 +246,7 @@ def test_batched_over_seeds_is_the_loop():
         _assert_close(batched[0]["scores"][s, 0], scores, bound)
 
 
-@pytest.mark.parametrize("ablation", circuits.ABLATIONS)
+@pytest.mark.parametrize("ablation", patching.ABLATIONS)
 def test_node_patching_matches_transformer_lens_hooks(ablation):
     """Activation patching of layer 0's head 1 and layer 1's MLP on one seed = the same patch by
     TransformerLens hooks (hook_z, hook_mlp_out) on the exported model."""
@@ -258,10 +258,10 @@ def test_node_patching_matches_transformer_lens_hooks(ablation):
     cfg, params, tokens = _model(n_heads=2)
     valid = jnp.ones(tokens.shape, bool)
     means = jax.tree.map(lambda s: s / valid.sum(),
-                         circuits.unit_sums(params, tokens, cfg, "node", valid))
-    ablated = circuits.ablated_values(params, tokens, cfg, "node", ablation, means)
+                         patching.unit_sums(params, tokens, cfg, "node", valid))
+    ablated = patching.ablated_values(params, tokens, cfg, "node", ablation, means)
     mask = jnp.ones(6).at[1].set(0.0).at[5].set(0.0)  # blocks.0.attn.head1, blocks.1.mlp
-    ours = circuits.masked_logits(params, tokens, cfg, "node", mask, ablated)
+    ours = patching.masked_logits(params, tokens, cfg, "node", mask, ablated)
 
     z = np.broadcast_to(np.asarray(ablated["blocks.0.attn.z"]), (*tokens.shape, 2, 8))
     out = np.broadcast_to(np.asarray(ablated["blocks.1.mlp.out"]), (*tokens.shape, 16))

@@ -45,7 +45,7 @@ from jaxillusions.config.fields import (
     rule,
     setting,
 )
-from jaxillusions.model import patching as circuits
+from jaxillusions.model import patching
 from jaxillusions.proxies import sae
 from jaxillusions.tasks import minimal_layer
 
@@ -220,20 +220,20 @@ class Proxies:
         lambda v, s: all(k >= 0 for k in v),
         "units (edges, nodes or neurons) a circuit keeps; clipped to how many there are")
     circuit_granularity: tuple[str, ...] = setting(
-        ("edge",), STRS, f"at least one of {', '.join(circuits.GRANULARITIES)}",
-        lambda v, s: len(v) >= 1 and set(v) <= set(circuits.GRANULARITIES),
+        ("edge",), STRS, f"at least one of {', '.join(patching.GRANULARITIES)}",
+        lambda v, s: len(v) >= 1 and set(v) <= set(patching.GRANULARITIES),
         "what a circuit is made of: edges, nodes (heads and MLPs) or neurons (heads and MLP "
         "neurons)")
     circuit_ablation: tuple[str, ...] = setting(
-        ("mean",), STRS, f"at least one of {', '.join(circuits.ABLATIONS)}",
-        lambda v, s: len(v) >= 1 and set(v) <= set(circuits.ABLATIONS),
+        ("mean",), STRS, f"at least one of {', '.join(patching.ABLATIONS)}",
+        lambda v, s: len(v) >= 1 and set(v) <= set(patching.ABLATIONS),
         "what ablated units take: zero, their fit-split mean, or their value on another "
         "sentence")
     circuit_direction: str = setting("complement", STR, *one_of(("complement", "circuit")),
                                      doc="ablate what lies outside the circuit, or the circuit")
     circuit_sentences: int = setting(2000, INT, ">= 0 (0: all)", nonnegative,
                                      "fit-split sentences a circuit is found on (the first)")
-    circuit_metric: str = setting("kl", STR, *one_of(circuits.METRICS),
+    circuit_metric: str = setting("kl", STR, *one_of(patching.METRICS),
                                   doc="attribution metric: KL to the model's output, or the "
                                   "logit of its prediction")
     collect_batch_size: int = setting(512, INT, ">= 1", positive,

@@ -20,7 +20,7 @@ attribution scores with those means as the ablated values.
 import jax
 import jax.numpy as jnp
 
-from jaxillusions.model import patching as circuits
+from jaxillusions.model import patching
 
 STATISTIC = "model"
 SITE = "model"
@@ -40,7 +40,7 @@ def families(proxy_cfg, model_cfg) -> list[tuple[str, tuple[int, ...], tuple]]:
     proxies.circuit_sizes clipped to the granularity's number of units (or default_sizes)."""
     out = []
     for granularity in proxy_cfg.circuit_granularity:
-        num = circuits.num_units(model_cfg, granularity)
+        num = patching.num_units(model_cfg, granularity)
         sizes = tuple(sorted({min(s, num) for s in proxy_cfg.circuit_sizes})) or \
             default_sizes(num)
         for ablation in proxy_cfg.circuit_ablation:
@@ -60,11 +60,11 @@ def statistic(pass_index: int, model_params: dict, tokens: jax.Array, valid: jax
     if pass_index == 0:
         out = {"count": valid.sum().astype(jnp.float32)}
         if ablation == "mean":
-            out["sums"] = circuits.unit_sums(model_params, tokens, model_cfg, granularity, valid)
+            out["sums"] = patching.unit_sums(model_params, tokens, model_cfg, granularity, valid)
         return out
-    ablated = circuits.ablated_values(model_params, tokens, model_cfg, granularity, ablation,
+    ablated = patching.ablated_values(model_params, tokens, model_cfg, granularity, ablation,
                                       means=_means(previous))
-    return {"scores": circuits.attribution(model_params, tokens, model_cfg, granularity,
+    return {"scores": patching.attribution(model_params, tokens, model_cfg, granularity,
                                            ablated, valid.astype(jnp.float32),
                                            options["metric"])}
 
@@ -82,7 +82,7 @@ def fit(stats: dict, sizes: tuple[int, ...], *, key: jax.Array | None = None,
     """{"mask": [R, units] (1 kept), "scores": [R, units] the attribution scores, "mean": the
     units' means with a leading R axis ("mean" ablation only)}."""
     del key, granularity, metric, sentences  # deterministic; the statistics carry the rest
-    mask = circuits.select(stats["scores"], sizes)
+    mask = patching.select(stats["scores"], sizes)
     if direction == "circuit":
         mask = 1 - mask
     r = len(sizes)
@@ -96,7 +96,7 @@ def logits(params: dict, model_params: dict, tokens: jax.Array, model_cfg, **opt
            ) -> jax.Array:
     """One size's circuit on `tokens` [batch, pos] -> logits [batch, pos, vocab]."""
     granularity = options["granularity"]
-    ablated = circuits.ablated_values(model_params, tokens, model_cfg, granularity,
+    ablated = patching.ablated_values(model_params, tokens, model_cfg, granularity,
                                       options["ablation"], means=params.get("mean"))
-    return circuits.masked_logits(model_params, tokens, model_cfg, granularity,
+    return patching.masked_logits(model_params, tokens, model_cfg, granularity,
                                   params["mask"], ablated)

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from jaxillusions.model import patching as graph
+from jaxillusions.model import patching
 from jaxillusions.report import stats, tables
 from jaxillusions.runtime import distributed, stages
 from jaxillusions.studies import dictionaries
@@ -59,7 +59,7 @@ def areas(xs: np.ndarray, fs: np.ndarray) -> dict[str, float]:
 
 def units_of(target: str, model_cfg) -> int:
     """How many units a circuit family "circuit.<granularity>.<ablation>" chooses from."""
-    return graph.num_units(model_cfg, target.split(".")[1])
+    return patching.num_units(model_cfg, target.split(".")[1])
 
 
 def per_seed_areas(rows: Iterable[dict], model_cfg) -> list[dict]:
