@@ -348,3 +348,78 @@ def test_sweep_probes_induction_heads_once_and_again_when_its_settings_change(co
     bad.induction.length = 1000
     with pytest.raises(ValueError, match=r"induction.length=1000: must be 0"):
         validate.validate(bad)
+
+
+def test_induction_stage_on_code_leaves_a_diverged_seed_out_of_the_code_analyses(tmp_path):
+    """The induction stage of a code run (randomly initialised members, the second diverged):
+    the first seed's heads in induction_code.csv and induction_ablation.csv (every evaluated
+    split), none of the second's, whose summary in induction_seeds.csv is empty."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    import jax  # noqa: PLC0415
+
+    from jaxillusions import model  # noqa: PLC0415
+    from jaxillusions.training import train  # noqa: PLC0415
+
+    settings = checked(code_config(tmp_path))
+    splits, model_cfg, _ = train.build(settings)
+    params = jax.vmap(lambda k: model.init_params(k, model_cfg))(
+        jax.random.split(jax.random.key(0), 2))
+    state = SimpleNamespace(params=params, healthy=np.array([True, False]),
+                            step=np.zeros(2, np.int32))
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    ctx = stages.Context(settings=settings, workdir=str(workdir), say=lambda *a, **k: None,
+                         verbose=False, move_aside=None, splits=splits, model_cfg=model_cfg,
+                         state=state)
+    found = induction.run(ctx).results["induction"]
+    assert np.isfinite(found.code.values["prev_token_attention"][0]).all()
+    assert np.isnan(found.code.values["target_attention"][1]).all()
+    code = tables.read_csv(str(workdir / "induction_code.csv"))
+    assert {r["seed"] for r in code} == {0} and len(code) == 4
+    ablation = tables.read_csv(str(workdir / "induction_ablation.csv"))
+    assert {r["seed"] for r in ablation} == {0}
+    assert {r["split"] for r in ablation} == set(settings.proxies.eval_splits)
+    per_seed = tables.read_csv(str(workdir / "induction_seeds.csv"))
+    assert np.isfinite(per_seed[0]["ablation_repeat_minus_other"])
+    assert all(np.isnan(per_seed[1][k]) for k in induction.CODE_SEED_COLUMNS)
+
+
+@pytest.mark.slow
+def test_sweep_ablates_each_head_and_measures_attention_on_the_repeats_of_code(code_sweep):
+    """The induction stage's code analyses in the main job: induction_code.csv (every head's
+    attention at identifier_repeat queries), induction_ablation.csv (accuracy per category with
+    each head mean-ablated, on iid and the evaluated splits; its acc_original is the original
+    model's accuracy of results.csv), the best heads' summary in induction_seeds.csv and the
+    headline's line on it."""
+    config, workdir = code_sweep
+    heads = [(s, layer, h) for s in (0, 1) for layer in (0, 1) for h in (0, 1)]
+    code = tables.read_csv(os.path.join(workdir, "induction_code.csv"))
+    assert list(code[0]) == list(induction.CODE_COLUMNS)
+    assert [(r["seed"], r["layer"], r["head"]) for r in code] == heads
+    assert all(r["queries"] > 0 and 0 <= r["target_attention"] <= 1 for r in code)
+    assert all(r["uniform_on_target"] == code[0]["uniform_on_target"] for r in code)
+    ablation = tables.read_csv(os.path.join(workdir, "induction_ablation.csv"))
+    assert list(ablation[0]) == list(induction.ABLATION_COLUMNS)
+    assert {r["split"] for r in ablation} == set(config.proxies.eval_splits)
+    assert sorted({(r["seed"], r["layer"], r["head"]) for r in ablation}) == heads
+    df = load_results(workdir)
+    original = df[(df["method"] == "original") & (df["breakdown"] == "category")].set_index(
+        ["seed", "split", "bin"])
+    for r in ablation:
+        row = original.loc[(r["seed"], r["split"], CATS.index(r["category"]))]
+        assert r["n"] == row["n"] and r["acc_original"] == pytest.approx(row["acc"], abs=1e-6)
+    per_seed = tables.read_csv(os.path.join(workdir, "induction_seeds.csv"))
+    assert list(per_seed[0]) == list(induction.SEED_COLUMNS + induction.CODE_SEED_COLUMNS)
+    for seed in per_seed:
+        (best,) = [r for r in ablation if r["seed"] == seed["seed"] and r["best"]
+                   and r["split"] == "iid" and r["category"] == "identifier_repeat"]
+        assert (best["layer"], best["head"]) == (seed["best_layer"], seed["best_head"])
+        assert seed["ablation_drop_repeat"] == pytest.approx(best["drop"], abs=1e-6)
+        rest = [r for r in ablation if r["seed"] == seed["seed"] and r["best"]
+                and r["split"] == "iid" and r["category"] != "identifier_repeat"]
+        assert seed["ablation_drop_other"] == pytest.approx(
+            sum(r["drop"] * r["n"] for r in rest) / sum(r["n"] for r in rest), abs=1e-6)
+    with open(os.path.join(workdir, "gap_table.txt")) as f:
+        headline = tables.summary_of(f.read())
+    assert "Best head mean-ablated (iid, 2 seeds): accuracy drop on identifier_repeat " in headline

@@ -1,5 +1,6 @@
 """The induction measure (studies/induction.py) on hand-built models whose answer is known."""
 
+import dataclasses
 import math
 
 import jax
@@ -277,3 +278,215 @@ def test_head_strength_predicts_the_identifier_repeat_gap_across_seeds(tmp_path)
     assert out.loc["deeper", "p_value"] < 0.01
     with pytest.raises(ValueError, match="strength='nope'"):
         induction.head_predicts_gap(df, per_seed, strength="nope")
+
+
+# --- The code task's analyses: attention on its repeats and head mean-ablation --------------------
+
+REPEAT, FIRST = lexer.IDENT_REPEAT, lexer.IDENT_FIRST
+
+
+def _loop_code_attention(pattern, tokens, category, pad=0):
+    """The per-row loop of benchmarks/induction_curves.py (before the study vectorized it), for
+    one head's pattern [N, q, k]: {measure: mean over the queries}, queries."""
+    sums, n, prev = dict.fromkeys(induction.CODE_MEASURES[:-1] + ("uniform",), 0.0), 0, []
+    width = tokens.shape[1]
+    tri = np.tril(np.ones((width, width), bool), -2)
+    for p, tok, cat in zip(pattern, tokens, category, strict=True):
+        same = tok[:, None] == tok[None, :]
+        match = np.zeros_like(same)
+        match[1:, 1:] = same[1:, 1:] & same[:-1, :-1]
+        match &= tri
+        queries = np.flatnonzero((cat == REPEAT) & match.any(1))
+        for t in queries:
+            j = np.flatnonzero(match[t])
+            sums["target_attention"] += p[t, j + 1].sum()
+            sums["match_attention"] += p[t, j].sum()
+            sums["before_match_attention"] += p[t, j - 1].sum()
+            sums["after_target_attention"] += p[t, np.minimum(j + 2, t)].sum()
+            sums["uniform"] += len(j) / (t + 1)
+            sums["argmax_is_target"] += float(np.isin(p[t, : t + 1].argmax(), j + 1))
+        n += len(queries)
+        real = np.flatnonzero(tok[1:] != pad) + 1
+        prev.append(p[real, real - 1])
+    return ({**{k: v / n for k, v in sums.items()},
+             "prev_token_attention": float(np.concatenate(prev).mean())}, n)
+
+
+def test_vectorized_code_attention_equals_the_loop_over_rows_on_random_patterns():
+    rng = np.random.default_rng(0)
+    n, heads, width = 7, 2, 24
+    tokens = rng.integers(4, 7, size=(n, width)).astype(np.int32)  # 3 characters: many matches
+    tokens[:, 0] = BOS
+    for i, length in enumerate(rng.integers(10, width, size=n)):
+        tokens[i, length:] = 0  # PAD tails
+    category = rng.integers(-1, len(lexer.CATEGORIES), size=(n, width))
+    category[rng.random((n, width)) < 0.4] = REPEAT
+    scores = rng.normal(size=(n, heads, width, width)) * 3
+    scores = np.where(np.tril(np.ones((width, width), bool)), scores, -np.inf)
+    pattern = np.exp(scores - scores.max(-1, keepdims=True))
+    pattern /= pattern.sum(-1, keepdims=True)
+    match, query = induction.repeat_queries(tokens, category, REPEAT)
+    sums = induction.attention_sums(jnp.asarray(pattern, jnp.float32), match, tokens, pad=0)
+    counts = induction.query_counts(match, query, tokens, pad=0)
+    for h in range(heads):
+        want, queries = _loop_code_attention(pattern[:, h], tokens, category)
+        assert queries == int(counts["queries"]) > 20
+        for k in induction.CODE_MEASURES:
+            denominator = counts["real" if k == "prev_token_attention" else "queries"]
+            assert float(sums[k][h] / denominator) == pytest.approx(want[k], rel=1e-5), k
+        assert float(counts["uniform_sum"] / counts["queries"]) == pytest.approx(want["uniform"])
+
+
+def _code_rows(batch: int = 12, key: int = 5):
+    """The test's repeated sequences as code rows for the copier: tokens [B, 1 + 2L] (BOS,
+    L distinct characters, the same again) and their categories (of the next token): the first
+    copy's characters identifier_first, the repeat's identifier_repeat, none after the last."""
+    tokens = np.array(induction.repeated_tokens(jax.random.key(key), V, L, batch, TOKENS))
+    category = np.full(tokens.shape, FIRST)
+    category[:, L:2 * L] = REPEAT
+    category[:, 2 * L] = -1
+    return tokens, category
+
+
+def _view(tokens, category):
+    from jaxillusions.tasks import View
+
+    return View(tokens=tokens, evaluated=category >= 0,
+                bins={"category": np.maximum(category, 0).astype(np.int32)},
+                num_bins={"category": len(lexer.CATEGORIES)})
+
+
+def test_the_copier_attends_to_its_repeats_in_code_and_ablating_its_induction_head_breaks_them(
+        tmp_path):
+    """On code rows that repeat a string, the copier's induction head (layer 1) puts its
+    attention on the character after the earlier occurrence (uniform attention would put ~0.1
+    there) and its previous-token head on the position before; mean-ablating the induction head
+    takes identifier_repeat accuracy from ~1 to ~0 while identifier_first barely moves, which is
+    what the per-seed contrast, the CSVs and the seed summary report."""
+    cfg, params = copier()
+    blind = jax.tree.map(lambda x: x, params)
+    blind["blocks"][1]["attn"]["w_q"] = jnp.zeros_like(params["blocks"][1]["attn"]["w_q"])
+    both = stack(params, blind)
+    tokens, category = _code_rows()
+    code = induction.code_attention(both, cfg, tokens, category, batch_size=5, seeds=(10, 11))
+    assert code.queries == 12 * (L - 2)  # repeat positions L+2 .. 2L-1 have a bigram match
+    target = code.values["target_attention"]
+    assert target[0, 1, 0] > 0.95 and target[0, 0, 0] < 0.05
+    assert code.values["prev_token_attention"][0, 0, 0] > 0.95
+    assert code.uniform_on_target < 0.15 and target[1, 1, 0] == pytest.approx(
+        code.uniform_on_target, rel=1e-3)  # the blind head attends uniformly
+
+    means = induction.head_means(both, cfg, tokens, pad=0)
+    ablation = induction.head_ablation(both, cfg, means, {"iid": _view(tokens, category)},
+                                       labels=lexer.CATEGORIES, seeds=(10, 11))
+    assert ablation.heads == ((0, 0), (1, 0))
+    acc = ablation.accuracy()  # [seed, none + heads, split, category]
+    assert acc[0, 0, 0, REPEAT] > 0.85  # all but the repeat's first character
+    assert acc[0, 2, 0, REPEAT] < 0.2  # the induction head ablated
+    assert abs(acc[0, 2, 0, FIRST] - acc[0, 0, 0, FIRST]) < 0.2
+    found = dataclasses.replace(measure(cfg, both, seeds=(10, 11)), code=code,
+                                ablation=ablation)
+    np.testing.assert_array_equal(found.best[0], (1, 0))
+    repeat, other = ablation.contrast(found.best, "iid")
+    assert repeat[0] > 0.7 and repeat[0] - other[0] > 0.5
+    np.testing.assert_allclose(repeat, acc[:, 0, 0, REPEAT] - acc[np.arange(2), [2, 2], 0, REPEAT])
+
+    induction.write(found, str(tmp_path))
+    seeds = tables.read_csv(str(tmp_path / "induction_seeds.csv"))
+    assert list(seeds[0]) == list(induction.SEED_COLUMNS + induction.CODE_SEED_COLUMNS)
+    assert seeds[0]["ablation_repeat_minus_other"] == pytest.approx(repeat[0] - other[0])
+    assert seeds[0]["code_target_attention"] == pytest.approx(target[0, 1, 0])
+    rows = tables.read_csv(str(tmp_path / "induction_code.csv"))
+    assert list(rows[0]) == list(induction.CODE_COLUMNS) and len(rows) == 4
+    assert [r["best"] for r in rows if r["seed"] == 10] == [0, 1]
+    rows = tables.read_csv(str(tmp_path / "induction_ablation.csv"))
+    assert list(rows[0]) == list(induction.ABLATION_COLUMNS)
+    assert {r["category"] for r in rows} == {"identifier_first", "identifier_repeat"}
+    assert len(rows) == 2 * 2 * 2  # seeds x heads x categories with characters, one split
+    (best,) = [r for r in rows if r["seed"] == 10 and r["best"] and
+               r["category"] == "identifier_repeat"]
+    assert (best["layer"], best["head"], best["n"]) == (1, 0, 12 * L)
+    assert best["drop"] == pytest.approx(best["acc_original"] - best["acc_ablated"])
+
+
+def test_the_ablation_vmapped_over_seeds_equals_each_seed_alone():
+    """head_means and head_ablation on two seeds at once give each seed's numbers as a plain
+    per-seed computation does (model.forward with mean_ablation, numpy counts)."""
+    cfg, params = copier()
+    noisy = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.key(4), x.shape),
+                         params)
+    both = stack(params, noisy)
+    tokens, category = _code_rows(batch=9)
+    tokens[3, 12:], category[3, 11:] = 0, -1  # a shorter row: PAD is left out of the means
+    means = induction.head_means(both, cfg, tokens, pad=0, batch_size=4)
+    ablation = induction.head_ablation(both, cfg, means, {"iid": _view(tokens, category)},
+                                       batch_size=4)
+    evaluated = category >= 0
+    for s in range(2):
+        one = jax.tree.map(lambda x, s=s: x[s], both)
+        _, cache = model.forward(one, tokens, cfg, cache=["blocks.0.attn.z", "blocks.1.attn.z"])
+        real = tokens != 0
+        for layer in range(2):
+            z = np.asarray(cache[f"blocks.{layer}.attn.z"])[real]  # [positions, head, e]
+            np.testing.assert_allclose(means[s, layer], z.mean(0), rtol=1e-4, atol=1e-6)
+        for a, head in enumerate([None, (0, 0), (1, 0)]):
+            mask = np.zeros((2, 1), bool)
+            if head is not None:
+                mask[head] = True
+            logits, _ = model.forward(one, tokens, cfg,
+                                      intervention=induction.mean_ablation(means[s], mask))
+            right = np.asarray(logits.argmax(-1)) == np.roll(tokens, -1, 1)
+            for c in (FIRST, REPEAT):
+                at = evaluated & (category == c)
+                assert ablation.correct[s, a, 0, c] == right[at].sum()
+                assert ablation.count[0, c] == at.sum()
+
+
+def test_the_headline_line_on_the_ablation_is_a_paired_difference_over_seeds():
+    import pandas as pd
+
+    from jaxillusions.report import stats
+
+    per_seed = pd.DataFrame({"seed": [0, 1, 2, 3], "ablation_drop_repeat": [0.5, 0.6, 0.7, np.nan],
+                             "ablation_drop_other": [0.1, 0.1, 0.2, np.nan]})
+    line = induction.ablation_line(per_seed, stats)
+    mean, low, high = stats.t_interval(np.array([0.4, 0.5, 0.5]))
+    assert line.startswith("Best head mean-ablated (iid, 3 seeds): accuracy drop on "
+                           "identifier_repeat +0.600 [")
+    assert f"paired difference {mean:+.3f} [{low:+.3f}, {high:+.3f}]" in line
+
+
+def _stage_context(settings, workdir, healthy):
+    """A stages.Context of a run whose training left randomly initialised members."""
+    from types import SimpleNamespace
+
+    from jaxillusions.runtime import stages
+    from jaxillusions.training import train
+
+    splits, model_cfg, _ = train.build(settings)
+    params = jax.vmap(lambda k: model.init_params(k, model_cfg))(
+        jax.random.split(jax.random.key(0), len(healthy)))
+    state = SimpleNamespace(params=params, healthy=np.asarray(healthy),
+                            step=np.zeros(len(healthy), np.int32))
+    return stages.Context(settings=settings, workdir=str(workdir), say=lambda *a, **k: None,
+                          verbose=False, move_aside=None, splits=splits, model_cfg=model_cfg,
+                          state=state)
+
+
+def test_the_stage_on_a_dyck_run_writes_the_probe_alone(tmp_path, cache_dir):
+    """The code analyses are the code task's: a Dyck run gets induction.csv and
+    induction_seeds.csv (its columns as before), which the stage's outputs cover."""
+    import fnmatch
+    import os
+
+    from conftest import checked, tiny_config
+
+    config = tiny_config(cache_dir)
+    config.induction.enabled = True
+    found = induction.run(_stage_context(checked(config), tmp_path, [True, True]))
+    assert found.results["induction"].code is None
+    csvs = sorted(p for p in os.listdir(tmp_path) if p.endswith(".csv"))
+    assert csvs == ["induction.csv", "induction_seeds.csv"]
+    assert all(any(fnmatch.fnmatch(p, o) for p in csvs) for o in induction.OUTPUTS)
+    assert list(tables.read_csv(str(tmp_path / "induction_seeds.csv"))[0]) == list(
+        induction.SEED_COLUMNS)

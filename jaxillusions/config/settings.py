@@ -310,6 +310,9 @@ class Induction:
     length: int = setting(0, INT, ">= 0 (0: half the drawable tokens, capped to fit)",
                           nonnegative, "tokens of the random sequence, repeated once")
     batch: int = setting(64, INT, ">= 1", positive, "sequences")
+    code_rows: int = setting(128, INT, ">= 1", positive,
+                             "code task: iid rows for the heads' attention on repeated "
+                             "identifiers, training rows for the ablation means")
 
 
 # Which figures the main job draws (figures/ and TensorBoard IMAGES; sweep.figure_jobs).

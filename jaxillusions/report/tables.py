@@ -21,7 +21,8 @@ BIN_GAP_COLUMNS = ("breakdown", "bin", "label") + stats.GAP_COLUMNS
 _INT_COLUMNS = ("seed", "size", "n", "n_seeds", "seeds_positive",
                 "layer", "head", "num_seeds", "num_pairs", "prefix_len")  # + wen_attention.csv
 _TEXT_COLUMNS = ("site", "method", "split", "breakdown", "bin", "metric", "baseline", "predictor",
-                 "label", "fit_split", "part")  # the last two: studies/fit_shift.py
+                 "label", "fit_split", "part",  # these two: studies/fit_shift.py
+                 "category")  # studies/induction.py's induction_ablation.csv
 
 
 def _cell(value):

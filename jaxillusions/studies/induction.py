@@ -21,15 +21,30 @@ induction_seeds.csv, and the board's seed_<s> runs). `identifier_gap(df)` is the
 task's mechanism-facing accuracy contrast: per seed and split, accuracy on `identifier_repeat`
 minus `identifier_first` (from results.csv, as loaded by `analysis.load_results`).
 
+The mechanism on real code, causally (the code task; `code_analyses`, vmapped over seeds):
+
+- **attention on the task's own repeats** (`code_attention`): per head, at the queries whose next
+  character is `identifier_repeat` and that have an earlier bigram match j, the mean attention on
+  the induction targets j+1 (and on j, j-1, j+2; the share of queries whose strongest key is a
+  target), beside what uniform causal attention puts on the targets;
+- **mean-ablation** (`head_ablation`): each head in turn with its z replaced by its mean over
+  the non-PAD positions of training rows (`head_means`, `mean_ablation`): next-character
+  accuracy per category on the evaluated splits, original vs ablated. Per seed, the best
+  head's drop on identifier_repeat against the drop on every other character
+  (`HeadAblation.contrast`) says whether the head the probe finds is the one the model copies
+  identifiers with.
+
 In the main job (pipeline/sweep.py) the config section `induction` (`enabled`, `length`,
-`batch`; analysis keys) runs the stage `STAGE` after training: the probe on the trained
-parameters, saved whole (a stamped stage file, so that a relaunch does not probe again), and
-`report_lines` adds its headline lines and identifier_gap.csv to the reports.
+`batch`, `code_rows`; analysis keys) runs the stage `STAGE` after training: the probe on the
+trained parameters (and for the code task the analyses above), saved whole (a stamped stage
+file, so that a relaunch does not probe again), and `report_lines` adds its headline lines and
+identifier_gap.csv to the reports.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -41,6 +56,7 @@ import numpy as np
 from jaxillusions import model as model_lib
 from jaxillusions.report import tables
 from jaxillusions.runtime import stages, tensorboard
+from jaxillusions.runtime.chunks import padded_chunks
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -48,7 +64,10 @@ if TYPE_CHECKING:
 ROW_COLUMNS = ("seed", "layer", "head", "induction_score")
 GAP_COLUMNS = ("seed", "site", "size", "split", "acc_first", "acc_repeat", "n_first", "n_repeat",
                "repeat_minus_first")
-OUTPUTS = ("induction.csv", "induction_seeds.csv")  # the stage's; identifier_gap.csv: the report's
+# The stage's: induction.csv, induction_seeds.csv and, for the code task, induction_code.csv and
+# induction_ablation.csv (one pattern for the last three, so that a Dyck run, which has only the
+# seeds file, is complete too); identifier_gap.csv is the report's.
+OUTPUTS = ("induction.csv", "induction_*.csv")
 # "A seed has an induction head" (docs/code_completion.md): its best head puts >= 0.3 of its
 # attention on the token after the earlier occurrence (20x chance at L = 48), and the model's
 # loss on the repeat is >= 1 nat lower than on the first copy (more than the ln 2 that knowing
@@ -57,6 +76,21 @@ MIN_SCORE = 0.3
 MIN_LOSS_DROP = 1.0
 SEED_COLUMNS = ("seed", "max_induction_score", "best_layer", "best_head", "loss_first",
                 "loss_second", "loss_drop")
+# The code task's analyses (`code_attention`, `head_ablation`): measures of a head's attention at
+# identifier_repeat queries with an earlier bigram match j, by the key's offset from the match
+# (the induction target is j+1, the character after the earlier occurrence).
+TARGET_OFFSETS = {"target_attention": 1, "match_attention": 0, "before_match_attention": -1,
+                  "after_target_attention": 2}
+CODE_MEASURES = (*TARGET_OFFSETS, "argmax_is_target", "prev_token_attention")
+CODE_COLUMNS = ("seed", "layer", "head", "best", *CODE_MEASURES, "uniform_on_target", "queries")
+ABLATION_COLUMNS = ("seed", "layer", "head", "best", "split", "category", "n", "acc_original",
+                    "acc_ablated", "drop")
+# induction_seeds.csv's further columns for the code task: the best head's mean-ablation on the
+# in-distribution split (accuracy drop on identifier_repeat, on every other character, and their
+# difference) and its attention on the induction target in real code (and uniform attention's).
+CODE_SEED_COLUMNS = ("ablation_drop_repeat", "ablation_drop_other", "ablation_repeat_minus_other",
+                     "code_target_attention", "code_uniform_on_target")
+REPEAT = "identifier_repeat"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,10 +140,33 @@ class Induction:
     loss_second: np.ndarray  # [S] nats, tokens 2..L of the second copy
     length: int
     chance: float  # the score of uniform causal attention (chance_score)
+    # The code task's analyses, on real code (None elsewhere): `code_attention`, `head_ablation`.
+    code: CodeAttention | None = None
+    ablation: HeadAblation | None = None
+    split: str = "iid"  # the ablation split of the per-seed summary (CODE_SEED_COLUMNS)
 
     @property
     def loss_drop(self) -> np.ndarray:
         return self.loss_first - self.loss_second
+
+    @property
+    def best(self) -> np.ndarray:
+        """int [S, 2]: each seed's strongest head (layer, head); (-1, -1) for a diverged seed."""
+        out = np.full((len(self.seeds), 2), -1)
+        for i in np.flatnonzero(np.isfinite(self.max_score)):
+            out[i] = np.unravel_index(np.nanargmax(self.score[i]), self.score.shape[1:])
+        return out
+
+    def code_seed_values(self) -> dict[str, np.ndarray]:
+        """{CODE_SEED_COLUMNS name: [S]} of the best heads, {} without the code analyses."""
+        if self.code is None or self.ablation is None:
+            return {}
+        repeat, other = self.ablation.contrast(self.best, self.split)
+        return {"ablation_drop_repeat": repeat, "ablation_drop_other": other,
+                "ablation_repeat_minus_other": repeat - other,
+                "code_target_attention": self.code.of_heads(self.best)["target_attention"],
+                "code_uniform_on_target": np.where(np.isfinite(self.max_score),
+                                                   self.code.uniform_on_target, np.nan)}
 
     @property
     def max_score(self) -> np.ndarray:
@@ -125,35 +182,49 @@ class Induction:
                 for layer in range(self.score.shape[1]) for head in range(self.score.shape[2])
                 if not np.isnan(self.score[i, layer, head])]
 
+    @property
+    def seed_columns(self) -> tuple[str, ...]:
+        """induction_seeds.csv's columns: SEED_COLUMNS, and CODE_SEED_COLUMNS with the code
+        analyses."""
+        return SEED_COLUMNS + (CODE_SEED_COLUMNS if self.code_seed_values() else ())
+
     def seed_rows(self) -> list[dict]:
-        """One row per seed (SEED_COLUMNS): its best head and the loss drop."""
-        out = []
-        for i, s in enumerate(self.seeds):
-            layer, head = (-1, -1) if np.isnan(self.max_score[i]) else np.unravel_index(
-                np.nanargmax(self.score[i]), self.score.shape[1:])  # -1: a diverged seed
-            out.append({"seed": s, "max_induction_score": float(self.max_score[i]),
-                        "best_layer": int(layer), "best_head": int(head),
-                        "loss_first": float(self.loss_first[i]),
-                        "loss_second": float(self.loss_second[i]),
-                        "loss_drop": float(self.loss_drop[i])})
-        return out
+        """One row per seed (`seed_columns`): its best head (-1: a diverged seed) and the loss
+        drop, and with the code analyses the best head's ablation and attention on code."""
+        code, best = self.code_seed_values(), self.best
+        return [{"seed": s, "max_induction_score": float(self.max_score[i]),
+                 "best_layer": int(best[i, 0]), "best_head": int(best[i, 1]),
+                 "loss_first": float(self.loss_first[i]),
+                 "loss_second": float(self.loss_second[i]),
+                 "loss_drop": float(self.loss_drop[i]),
+                 **{k: float(v[i]) for k, v in code.items()}}
+                for i, s in enumerate(self.seeds)]
 
     def scalars(self) -> dict[str, np.ndarray]:
         """{name: [S] values in the order of `seeds`}, TensorBoard's induction/<name>:
-        score/layer<l>_head<h>, max_score, loss_drop."""
+        score/layer<l>_head<h>, max_score, loss_drop, and with the code analyses the
+        CODE_SEED_COLUMNS."""
         out = {f"score/layer{layer}_head{head}": self.score[:, layer, head]
                for layer in range(self.score.shape[1]) for head in range(self.score.shape[2])
                if not np.isnan(self.score[:, layer, head]).all()}
-        return {**out, "max_score": self.max_score, "loss_drop": self.loss_drop}
+        return {**out, "max_score": self.max_score, "loss_drop": self.loss_drop,
+                **self.code_seed_values()}
 
 
 def write(result: Induction, workdir: str, writer=None, step: int = 0) -> None:
-    """induction.csv (ROW_COLUMNS) and induction_seeds.csv (SEED_COLUMNS) in `workdir`, and
-    the scalars to a board (tensorboard.board) when given, its members in the order of
-    result.seeds."""
+    """induction.csv (ROW_COLUMNS) and induction_seeds.csv (result.seed_columns) in `workdir`,
+    with the code analyses induction_code.csv (CODE_COLUMNS) and induction_ablation.csv
+    (ABLATION_COLUMNS), and the scalars to a board (tensorboard.board) when given, its members
+    in the order of result.seeds."""
     tables.write_csv(result.rows(), os.path.join(workdir, "induction.csv"), ROW_COLUMNS)
     tables.write_csv(result.seed_rows(), os.path.join(workdir, "induction_seeds.csv"),
-                     SEED_COLUMNS)
+                     result.seed_columns)
+    if result.code is not None:
+        tables.write_csv(result.code.rows(result.best),
+                         os.path.join(workdir, "induction_code.csv"), CODE_COLUMNS)
+    if result.ablation is not None:
+        tables.write_csv(result.ablation.rows(result.best),
+                         os.path.join(workdir, "induction_ablation.csv"), ABLATION_COLUMNS)
     if writer is not None:
         tensorboard.write_scalars(writer, step, {"induction": result.scalars()})
 
@@ -174,13 +245,8 @@ def induction(params: model_lib.Params, cfg: model_lib.ModelConfig, key: jax.Arr
     if width > cfg.max_len:
         raise ValueError(f"induction length={length}: the repeated sequence has {width} tokens, "
                          f"more than the model's max_len {cfg.max_len}")
-    num_seeds = {x.shape[0] for x in jax.tree.leaves(params)}
-    if len(num_seeds) != 1:
-        raise ValueError(f"params: leaves disagree on the leading seed axis {sorted(num_seeds)}")
-    num_seeds = num_seeds.pop()
-    seeds = tuple(range(num_seeds)) if seeds is None else tuple(seeds)
-    if len(seeds) != num_seeds:
-        raise ValueError(f"seeds: {len(seeds)} labels for {num_seeds} seeds of params")
+    seeds = _seed_labels(params, seeds)
+    num_seeds = len(seeds)
     tokens = repeated_tokens(key, cfg.vocab_size, length, batch, special)
     layers = range(model_lib.first_attention_layer(cfg), cfg.n_layers)
     sites = [f"blocks.{i}.attn.pattern" for i in layers]
@@ -206,6 +272,19 @@ def induction(params: model_lib.Params, cfg: model_lib.ModelConfig, key: jax.Arr
     return Induction(seeds=seeds, score=full, loss_first=np.asarray(loss_first),
                      loss_second=np.asarray(loss_second), length=length,
                      chance=chance_score(length, offset))
+
+
+def _seed_labels(params: model_lib.Params, seeds: Sequence | None) -> tuple:
+    """The labels of params' leading seed axis (0.. by default); ValueError if the leaves
+    disagree on it or `seeds` has another length."""
+    num_seeds = {x.shape[0] for x in jax.tree.leaves(params)}
+    if len(num_seeds) != 1:
+        raise ValueError(f"params: leaves disagree on the leading seed axis {sorted(num_seeds)}")
+    num_seeds = num_seeds.pop()
+    seeds = tuple(range(num_seeds)) if seeds is None else tuple(seeds)
+    if len(seeds) != num_seeds:
+        raise ValueError(f"seeds: {len(seeds)} labels for {num_seeds} seeds of params")
+    return seeds
 
 
 def default_length(cfg: model_lib.ModelConfig,
@@ -242,6 +321,288 @@ def task_tokens(name: str) -> SpecialTokens:
 
         return SpecialTokens(exclude=(dyck.PAD, dyck.BOS, dyck.EOS), bos=dyck.BOS)
     raise ValueError(f"task={name!r}: no special tokens known for the induction test")
+
+
+# --- The code task: the mechanism on real code, causally ---------------------------------------
+
+def repeat_queries(tokens: jax.Array, category: jax.Array, repeat: int
+                   ) -> tuple[jax.Array, jax.Array]:
+    """The queries of `code_attention` in code rows tokens [N, T] (category [N, T]: the
+    CATEGORIES index of the next character): (match bool [N, T, T], query bool [N, T]).
+    match[n, t, j]: query t has an earlier bigram match j (tokens[j-1:j+1] == tokens[t-1:t+1],
+    1 <= j < t-1), kept only where query[n, t]: the next character is identifier_repeat
+    (`repeat`) and there is at least one match. The induction target of match j is j+1."""
+    tokens, category = jnp.asarray(tokens), jnp.asarray(category)
+    width = tokens.shape[1]
+    same = tokens[:, :, None] == tokens[:, None, :]
+    match = jnp.pad(same[:, 1:, 1:] & same[:, :-1, :-1], ((0, 0), (1, 0), (1, 0)))
+    match &= jnp.tril(jnp.ones((width, width), bool), -2)
+    query = (category == repeat) & match.any(-1)
+    return match & query[..., None], query
+
+
+def attention_sums(pattern: jax.Array, match: jax.Array, tokens: jax.Array, pad: int
+                   ) -> dict[str, jax.Array]:
+    """Sums over queries of one layer's attention, pattern [N, head, q, k], on code rows tokens
+    [N, T] with `repeat_queries`' match: {CODE_MEASURES name: [head]}. TARGET_OFFSETS: the mass on
+    the keys j+d of every match j; argmax_is_target: queries whose strongest key is a target;
+    prev_token_attention: over every non-PAD query q >= 1, the mass on q-1. `code_attention`
+    divides them by the counts of `query_counts`."""
+    m = match.astype(jnp.float32)
+    # A match j has 1 <= j <= q-2, so its keys j-1 .. j+2 lie in [0, q]: a roll never wraps them.
+    out = {name: jnp.einsum("nhqk,nqk->h", pattern, jnp.roll(m, d, -1))
+           for name, d in TARGET_OFFSETS.items()}
+    top = pattern.argmax(-1)[..., None]  # [N, head, q, 1]; ties: the first key
+    target = jnp.broadcast_to(jnp.roll(match, 1, -1)[:, None], pattern.shape)
+    out["argmax_is_target"] = jnp.take_along_axis(target, top, -1)[..., 0].sum((0, 2))
+    real = (tokens[:, 1:] != pad).astype(jnp.float32)  # queries 1..T-1 with a token
+    prev = jnp.diagonal(pattern, -1, -2, -1)  # [N, head, T-1]: query q+1 on key q
+    out["prev_token_attention"] = jnp.einsum("nhq,nq->h", prev, real)
+    return out
+
+
+def query_counts(match: jax.Array, query: jax.Array, tokens: jax.Array, pad: int
+                 ) -> dict[str, jax.Array]:
+    """The denominators of `attention_sums` (queries: identifier_repeat queries with a match;
+    real: non-PAD queries q >= 1) and uniform_sum: what uniform causal attention would put on
+    the targets, summed over the queries (query q: its matches / (q+1))."""
+    width = tokens.shape[1]
+    return {"queries": query.sum(), "real": (tokens[:, 1:] != pad).sum(),
+            "uniform_sum": (match.sum(-1) / (jnp.arange(width) + 1.0)).sum()}
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "pad", "repeat"))
+def _code_attention_batch(params, tokens, category, *, cfg, pad, repeat):
+    match, query = repeat_queries(tokens, category, repeat)
+    sites = [f"blocks.{i}.attn.pattern"
+             for i in range(model_lib.first_attention_layer(cfg), cfg.n_layers)]
+
+    def one(p):
+        _, cache = model_lib.forward(p, tokens, cfg, cache=sites)
+        per_layer = [attention_sums(cache[s], match, tokens, pad) for s in sites]
+        return {k: jnp.stack([d[k] for d in per_layer]) for k in CODE_MEASURES}
+
+    return jax.vmap(one)(params), query_counts(match, query, tokens, pad)
+
+
+@dataclasses.dataclass(frozen=True)
+class CodeAttention:
+    """Result of `code_attention`: every head's attention at identifier_repeat queries of real
+    code with an earlier bigram match (per seed, layer, head)."""
+
+    seeds: tuple
+    values: dict[str, np.ndarray]  # CODE_MEASURES name -> [S, layer, head]; NaN: no attention
+    uniform_on_target: float  # uniform causal attention's mass on the targets (no parameters)
+    queries: int  # identifier_repeat queries with a match
+
+    def of_heads(self, heads: np.ndarray) -> dict[str, np.ndarray]:
+        """{measure: [S]} of one head per seed, heads int [S, 2] (layer, head); NaN where -1."""
+        ok = heads[:, 0] >= 0
+        index = (np.arange(len(heads)), np.maximum(heads[:, 0], 0), np.maximum(heads[:, 1], 0))
+        return {k: np.where(ok, v[index], np.nan) for k, v in self.values.items()}
+
+    def rows(self, best: np.ndarray | None = None) -> list[dict]:
+        """One row per (seed, layer, head) with attention and a finite value (CODE_COLUMNS);
+        `best` int [S, 2] marks each seed's best head (best = 1)."""
+        score = self.values["target_attention"]
+        return [{"seed": s, "layer": layer, "head": head,
+                 "best": int(best is not None and tuple(best[i]) == (layer, head)),
+                 **{k: float(v[i, layer, head]) for k, v in self.values.items()},
+                 "uniform_on_target": self.uniform_on_target, "queries": self.queries}
+                for i, s in enumerate(self.seeds)
+                for layer in range(score.shape[1]) for head in range(score.shape[2])
+                if not np.isnan(self.values["prev_token_attention"][i, layer, head])]
+
+
+def code_attention(params: model_lib.Params, cfg: model_lib.ModelConfig, tokens: np.ndarray,
+                   category: np.ndarray, *, batch_size: int = 64,
+                   seeds: Sequence | None = None) -> CodeAttention:
+    """Where every head attends inside repeated identifiers of real code, per seed (`params`
+    with a leading seed axis, vmapped): on code rows tokens [N, T] with their category [N, T]
+    (a CodeSplit's), the queries of `repeat_queries` and the CODE_MEASURES of `attention_sums`,
+    averaged over those queries (prev_token_attention: over every non-PAD query), in row batches
+    of `batch_size` (the last padded: one compilation per width)."""
+    from jaxillusions.tasks.code_completion import lexer  # noqa: PLC0415
+    from jaxillusions.tasks.code_completion import splits as code_splits  # noqa: PLC0415
+
+    seeds = _seed_labels(params, seeds)
+    tokens, category = np.asarray(tokens, np.int32), np.asarray(category, np.int32)
+    sums = None
+    for batch in padded_chunks([tokens, category], batch_size):
+        out = _code_attention_batch(params, *batch, cfg=cfg, pad=code_splits.PAD,
+                                    repeat=lexer.IDENT_REPEAT)
+        out = jax.tree.map(lambda x: np.asarray(x, np.float64), out)
+        sums = out if sums is None else jax.tree.map(np.add, sums, out)
+    per_head, counts = sums
+    layers = list(range(model_lib.first_attention_layer(cfg), cfg.n_layers))
+    values = {}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for k, v in per_head.items():
+            full = np.full((len(seeds), cfg.n_layers, cfg.n_heads), np.nan)
+            full[:, layers] = v / counts["real" if k == "prev_token_attention" else "queries"]
+            values[k] = full
+        uniform = float(counts["uniform_sum"] / counts["queries"])
+    return CodeAttention(seeds=seeds, values=values, uniform_on_target=uniform,
+                         queries=int(counts["queries"]))
+
+
+def mean_ablation(means: jax.Array, mask: jax.Array) -> model_lib.Intervention:
+    """The intervention (for model.forward) that mean-ablates heads of one seed: where mask
+    [layer, head] is set, blocks.<l>.attn.z[..., h, :] is replaced by means[l, h] (means
+    [layer, head, d_head], `head_means`' of the seed). `mask` may be traced: one compiled
+    program runs every ablation (`head_ablation`)."""
+    def intervene(name: str, value: jax.Array) -> jax.Array:
+        parts = name.split(".")
+        if len(parts) != 4 or parts[0] != "blocks" or parts[2:] != ["attn", "z"]:
+            return value
+        layer = int(parts[1])
+        return jnp.where(mask[layer][:, None], means[layer], value)
+
+    return intervene
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "pad"))
+def _z_sums_batch(params, tokens, *, cfg, pad):
+    first = model_lib.first_attention_layer(cfg)
+    sites = [f"blocks.{i}.attn.z" for i in range(first, cfg.n_layers)]
+    real = (tokens != pad)[..., None, None].astype(jnp.float32)
+
+    def one(p):
+        _, cache = model_lib.forward(p, tokens, cfg, cache=sites)
+        sums = jnp.zeros((cfg.n_layers, cfg.n_heads, cfg.head_dim))
+        return sums.at[first:].set(jnp.stack([(cache[s] * real).sum((0, 1)) for s in sites]))
+
+    return jax.vmap(one)(params), real.sum()
+
+
+def head_means(params: model_lib.Params, cfg: model_lib.ModelConfig, tokens: np.ndarray, *,
+               pad: int, batch_size: int = 64) -> np.ndarray:
+    """float32 [S, layer, head, d_head]: every head's z (blocks.<l>.attn.z) averaged over the
+    non-`pad` positions of `tokens` [N, T], per seed (vmapped); zeros for layers without
+    attention. The values of `mean_ablation`."""
+    tokens = np.asarray(tokens, np.int32)
+    sums = count = 0.0
+    for (batch,) in padded_chunks([tokens], batch_size):
+        s, n = _z_sums_batch(params, batch, cfg=cfg, pad=pad)
+        sums, count = sums + np.asarray(s, np.float64), count + float(n)
+    return (sums / max(count, 1.0)).astype(np.float32)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "num_bins"))
+def _ablated_correct_batch(params, means, masks, tokens, evaluated, bins, *, cfg, num_bins):
+    targets = jnp.roll(tokens, -1, axis=1)
+    onehot = jax.nn.one_hot(bins, num_bins, dtype=jnp.float32) * evaluated[..., None]
+
+    def one(p, mu):
+        def ablated(mask):
+            logits, _ = model_lib.forward(p, tokens, cfg, intervention=mean_ablation(mu, mask))
+            right = (logits.argmax(-1) == targets).astype(jnp.float32)
+            return jnp.einsum("bt,btc->c", right, onehot)
+        return jax.lax.map(ablated, masks)  # one ablation's activations live at a time
+
+    return jax.vmap(one)(params, means)
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadAblation:
+    """Result of `head_ablation`: correct predictions per bin of a breakdown, with nothing and
+    with each head mean-ablated, per seed and split."""
+
+    seeds: tuple
+    heads: tuple[tuple[int, int], ...]  # the ablated heads (layer, head), in order
+    splits: tuple[str, ...]
+    labels: tuple[str, ...]  # the bins' names (the code task: CATEGORIES)
+    correct: np.ndarray  # [S, 1 + heads, split, bin]; index 0: nothing ablated
+    count: np.ndarray  # [split, bin] evaluated positions
+
+    def accuracy(self) -> np.ndarray:
+        """[S, 1 + heads, split, bin] (NaN for an empty bin)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.count > 0, self.correct / self.count, np.nan)
+
+    def rows(self, best: np.ndarray | None = None) -> list[dict]:
+        """One row per (seed, ablated head, split, bin with positions) (ABLATION_COLUMNS):
+        acc_original, acc_ablated and drop = original - ablated; `best` int [S, 2] marks each
+        seed's best head. A diverged seed (NaN counts) has no rows."""
+        acc = self.accuracy()
+        return [{"seed": s, "layer": layer, "head": head,
+                 "best": int(best is not None and tuple(best[i]) == (layer, head)),
+                 "split": split, "category": label, "n": int(self.count[j, c]),
+                 "acc_original": float(acc[i, 0, j, c]), "acc_ablated": float(acc[i, a, j, c]),
+                 "drop": float(acc[i, 0, j, c] - acc[i, a, j, c])}
+                for i, s in enumerate(self.seeds) if np.isfinite(self.correct[i]).all()
+                for a, (layer, head) in enumerate(self.heads, start=1)
+                for j, split in enumerate(self.splits)
+                for c, label in enumerate(self.labels) if self.count[j, c] > 0]
+
+    def contrast(self, heads: np.ndarray, split: str, label: str = REPEAT
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """([S], [S]): on `split`, the accuracy drop on bin `label` when each seed's head
+        heads[s] (int [S, 2], (layer, head); -1: none, NaN) is ablated, and the drop on every
+        other evaluated position (the other bins' drops weighted by their positions)."""
+        j, c = self.splits.index(split), self.labels.index(label)
+        index = {h: a for a, h in enumerate(self.heads, start=1)}
+        rows = [index.get(tuple(h), -1) for h in heads]
+        lost = self.correct[:, 0, j] - self.correct[np.arange(len(heads)), rows, j]  # [S, bin]
+        other = np.arange(len(self.labels)) != c
+        with np.errstate(invalid="ignore", divide="ignore"):
+            repeat = lost[:, c] / self.count[j, c]
+            rest = lost[:, other].sum(-1) / self.count[j, other].sum()
+        missing = np.array([r < 0 for r in rows])
+        return np.where(missing, np.nan, repeat), np.where(missing, np.nan, rest)
+
+
+def head_ablation(params: model_lib.Params, cfg: model_lib.ModelConfig, means: np.ndarray,
+                  views: dict, *, breakdown: str = "category",
+                  labels: Sequence[str] | None = None, batch_size: int = 64,
+                  seeds: Sequence | None = None) -> HeadAblation:
+    """Mean-ablation of every head, one at a time (`mean_ablation` with `means`, [S, layer,
+    head, d_head] from `head_means`): correct predictions at the evaluated positions of each
+    task View in `views` ({split: View}) per bin of `breakdown`, with nothing and with each head
+    ablated, vmapped over seeds (the ablations one after the other in one compiled loop), in row
+    batches of `batch_size`. `labels`: the bins' names (default their numbers)."""
+    seeds = _seed_labels(params, seeds)
+    heads = tuple((layer, head)
+                  for layer in range(model_lib.first_attention_layer(cfg), cfg.n_layers)
+                  for head in range(cfg.n_heads))
+    masks = np.zeros((1 + len(heads), cfg.n_layers, cfg.n_heads), bool)
+    for a, (layer, head) in enumerate(heads, start=1):
+        masks[a, layer, head] = True
+    num_bins = max(v.num_bins[breakdown] for v in views.values())
+    correct = np.zeros((len(seeds), len(masks), len(views), num_bins))
+    count = np.zeros((len(views), num_bins))
+    for j, view in enumerate(views.values()):
+        bins = np.asarray(view.bins[breakdown], np.int32)
+        for batch in padded_chunks([view.tokens, view.evaluated, bins], batch_size):
+            correct[:, :, j] += np.asarray(_ablated_correct_batch(
+                params, means, masks, *batch, cfg=cfg, num_bins=num_bins), np.float64)
+        scored = view.evaluated & (bins >= 0)
+        count[j] = np.bincount(bins[scored], minlength=num_bins)[:num_bins]
+    labels = tuple(labels) if labels is not None else tuple(str(b) for b in range(num_bins))
+    return HeadAblation(seeds=seeds, heads=heads, splits=tuple(views), labels=labels,
+                        correct=correct, count=count)
+
+
+def code_analyses(params: model_lib.Params, cfg: model_lib.ModelConfig, splits: dict, *,
+                  rows: int, split_names: Sequence[str], batch_size: int = 64,
+                  seeds: Sequence | None = None) -> tuple[CodeAttention, HeadAblation]:
+    """The code task's analyses of trained members (`params`, leading seed axis) on its splits
+    ({name: CodeSplit}): `code_attention` on the first `rows` iid rows, and `head_ablation` on
+    the splits `split_names` (every row), with each head's mean over the non-PAD positions of the
+    first `rows` training rows."""
+    from jaxillusions import tasks  # noqa: PLC0415
+    from jaxillusions.tasks.code_completion import splits as code_splits  # noqa: PLC0415
+
+    task = tasks.get("code")
+    iid = splits["iid"]
+    code = code_attention(params, cfg, iid.tokens[:rows], iid.category[:rows],
+                          batch_size=batch_size, seeds=seeds)
+    means = head_means(params, cfg, splits["train"].tokens[:rows],
+                       pad=code_splits.PAD, batch_size=batch_size)
+    views = {name: task.view(splits[name]) for name in split_names}
+    ablation = head_ablation(params, cfg, means, views, labels=task.categories(),
+                             batch_size=batch_size, seeds=seeds)
+    return code, ablation
 
 
 def identifier_gap(df: pd.DataFrame, method: str = "original") -> pd.DataFrame:
@@ -298,9 +659,14 @@ def check_config(config, model_cfg: model_lib.ModelConfig) -> None:
 def run(ctx) -> object:
     """The main job's induction stage (stages.Context in and out; process 0 alone): probes the
     trained parameters (leading member axis; diverged members are NaN) and writes
-    induction.csv, induction_seeds.csv and TensorBoard scalars at the trained step. The pipeline
+    induction.csv, induction_seeds.csv and TensorBoard scalars at the trained step; for the code
+    task also `code_analyses` (induction.code_rows iid and training rows; the ablation on iid
+    and proxies.eval_splits, batches of train.eval_batch_size): induction_code.csv,
+    induction_ablation.csv and the best heads' summary in induction_seeds.csv. The pipeline
     saves it whole (stages.Stage.stamped): a relaunch with the same settings does not probe
-    again, one with other induction.* settings moves the CSVs aside first."""
+    again, one with other induction.* settings (or proxies.eval_splits) moves the CSVs aside
+    first."""
+    from jaxillusions import tasks  # noqa: PLC0415
     from jaxillusions.runtime import distributed  # noqa: PLC0415
     from jaxillusions.training import train  # noqa: PLC0415
 
@@ -317,12 +683,25 @@ def run(ctx) -> object:
         found, score=np.where(bad[:, None, None], np.nan, found.score),
         loss_first=np.where(bad, np.nan, found.loss_first),
         loss_second=np.where(bad, np.nan, found.loss_second))
+    names = [s for s in dict.fromkeys([*tasks.get(config).IN_DISTRIBUTION,
+                                        *config.proxies.eval_splits])
+             if tasks.name(config) == "code" and s in ctx.splits and len(ctx.splits[s].tokens)]
+    if "iid" in names and len(ctx.splits["train"].tokens):  # the code task's analyses
+        code, ablation = code_analyses(state.params, model_cfg, ctx.splits, rows=ic.code_rows,
+                                       split_names=names, seeds=labels,
+                                       batch_size=config.train.eval_batch_size)
+        code = dataclasses.replace(code, values={
+            k: np.where(bad[:, None, None], np.nan, v) for k, v in code.values.items()})
+        ablation = dataclasses.replace(
+            ablation, correct=np.where(bad[:, None, None, None], np.nan, ablation.correct))
+        found = dataclasses.replace(found, code=code, ablation=ablation, split="iid")
     with tensorboard.board(workdir, labels) as writer:
         write(found, workdir, writer, step)
     heads = has_head(found.max_score, found.loss_drop)
     ctx.say(f"induction: {int(heads.sum())} of {int((~bad).sum())} seeds have an induction "
             f"head (score >= {MIN_SCORE}, loss drop >= {MIN_LOSS_DROP:g} nat; L={length}); "
-            f"{workdir}/induction_seeds.csv")
+            f"{workdir}/induction_seeds.csv"
+            + (", induction_code.csv, induction_ablation.csv" if found.code else ""))
     return ctx.produced(induction=found)
 
 
@@ -348,6 +727,8 @@ def report_lines(config, workdir: str) -> list[str]:
             f"{MIN_SCORE}, loss drop >= {MIN_LOSS_DROP:g} nat); best-head score "
             f"{_cell(per_seed['max_induction_score'], stats)}, loss drop "
             f"{_cell(per_seed['loss_drop'], stats)} nats (induction_seeds.csv)")
+        if "ablation_drop_repeat" in per_seed:
+            lines.append(ablation_line(per_seed, stats))
     results_path = os.path.join(workdir, "results.csv")
     if tasks.name(config) == "code" and os.path.exists(results_path):
         from jaxillusions.report import results  # noqa: PLC0415
@@ -360,6 +741,18 @@ def report_lines(config, workdir: str) -> list[str]:
             f"{s} {_cell(gap.loc[gap['split'] == s, 'repeat_minus_first'], stats, '+.3f')}"
             for s in splits) + " (identifier_gap.csv)")
     return lines
+
+
+def ablation_line(per_seed: pd.DataFrame, stats) -> str:
+    """The headline's line on the best heads' mean-ablation (induction_seeds.csv's
+    CODE_SEED_COLUMNS of the healthy seeds): the accuracy drop on identifier_repeat and on the
+    other characters, and their paired difference over seeds (Student t)."""
+    ok = per_seed.dropna(subset=["ablation_drop_repeat", "ablation_drop_other"])
+    repeat, other = ok["ablation_drop_repeat"], ok["ablation_drop_other"]
+    return (f"Best head mean-ablated (iid, {len(ok)} seeds): accuracy drop on {REPEAT} "
+            f"{_cell(repeat, stats, '+.3f')}, on the other characters "
+            f"{_cell(other, stats, '+.3f')}, paired difference "
+            f"{_cell(repeat - other, stats, '+.3f')} (induction_ablation.csv)")
 
 
 def _cell(values, stats, fmt: str = ".3f") -> str:
@@ -381,7 +774,9 @@ def head_predicts_gap(df: pd.DataFrame, per_seed: pd.DataFrame, baseline: str = 
                       strength: str = "max_induction_score") -> pd.DataFrame:
     """Across seeds: does a seed's induction-head strength predict its generalization gap on
     `category`? Per proxy (site, method, size) and OOD split: Spearman rho between `strength`
-    (a column of induction_seeds.csv, `per_seed`) and the per-seed gap of `metric` on the
+    (a column of induction_seeds.csv, `per_seed`: the probe's max_induction_score, or for the
+    causal strength the best head's ablation_drop_repeat or ablation_repeat_minus_other) and
+    the per-seed gap of `metric` on the
     category's characters (stats.signed_gap: positive = less faithful than on `baseline`), with
     stats.spearman_interval's bootstrap interval over seeds and permutation p-value.
     `df`: results.csv as loaded by analysis.load_results. Columns HEAD_GAP_COLUMNS."""
@@ -419,5 +814,6 @@ def head_predicts_gap(df: pd.DataFrame, per_seed: pd.DataFrame, baseline: str = 
 
 
 # The main job's stage (sweep.PIPELINE): after training, once per run, saved whole.
+# (proxies.eval_splits: the splits the code task's heads are ablated on.)
 STAGE = stages.Stage("induction", run, enabled=enabled, scope="run",
-                     keys=("induction.*",), outputs=OUTPUTS, stamped=True)
+                     keys=("induction.*", "proxies.eval_splits"), outputs=OUTPUTS, stamped=True)
