@@ -18,11 +18,12 @@ at each stop prints a markdown row and appends to <workdir>/curve.csv (COLUMNS):
 
 --analyse, at the last stop, for every head: where it attends on the test's sequences
 (`attention_mass`: the target = the token after the earlier occurrence, target +-1 and +-2, BOS,
-entropy) and inside repeated identifiers of --code_rows iid functions (`code_attention`), and
-with --ablate (the default) its mean-ablation (blocks.<l>.attn.z of that head replaced by its
-mean over the non-PAD positions of --ablate_rows training rows): loss drop and iid identifier
-accuracies with the head ablated. A stop already reached only restores, so `--stops=<step>
---analyse` analyses a finished workdir.
+entropy) and inside repeated identifiers of --code_rows iid functions, and with --ablate (the
+default) its mean-ablation (blocks.<l>.attn.z of that head replaced by its mean over the
+non-PAD positions of --ablate_rows training rows): loss drop and iid identifier accuracies with
+the head ablated. The code measures and the ablation are the main job's
+(`jaxillusions.studies.induction.code_analyses`, `mean_ablation`). A stop already reached only
+restores, so `--stops=<step> --analyse` analyses a finished workdir.
 """
 
 from __future__ import annotations
@@ -74,36 +75,6 @@ class _Tee(io.TextIOBase):
         self.out.flush()
 
 
-def category_accuracy(params, split, model_cfg, intervention=None, batch_size=64):
-    """Per-category next-character accuracy [categories] and overall accuracy of one seed
-    (params without a seed axis) on a code split, as the evaluation counts it."""
-    import jax  # noqa: PLC0415
-    import jax.numpy as jnp  # noqa: PLC0415
-    import numpy as np  # noqa: PLC0415
-
-    from jaxillusions import model as model_lib  # noqa: PLC0415
-    from jaxillusions import tasks  # noqa: PLC0415
-
-    view = tasks.get("code").view(split)
-    num = view.num_bins["category"]
-
-    params = jax.tree.map(jnp.asarray, params)
-
-    @jax.jit
-    def counts(tokens, evaluated, bins):
-        logits, _ = model_lib.forward(params, tokens, model_cfg, intervention=intervention)
-        correct = (logits.argmax(-1) == jnp.roll(tokens, -1, axis=1)) & evaluated
-        onehot = jax.nn.one_hot(bins, num) * evaluated[..., None]
-        return jnp.einsum("bt,btc->c", correct.astype(jnp.float32), onehot), onehot.sum((0, 1))
-
-    right, total = np.zeros(num), np.zeros(num)
-    for i in range(0, len(view.tokens), batch_size):
-        sl = slice(i, i + batch_size)
-        r, t = counts(view.tokens[sl], view.evaluated[sl], view.bins["category"][sl])
-        right, total = right + np.asarray(r), total + np.asarray(t)
-    return right / np.maximum(total, 1), right.sum() / total.sum()
-
-
 def previous_token(params, model_cfg, tokens):
     """[heads] layer 0's mean attention from positions 1.. to the position before (one seed)."""
     import numpy as np  # noqa: PLC0415
@@ -121,8 +92,10 @@ def test(state, settings, model_cfg, splits, losses, step, seconds):
     import jax.numpy as jnp  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
 
+    from jaxillusions import tasks  # noqa: PLC0415
     from jaxillusions.studies import induction  # noqa: PLC0415
     from jaxillusions.tasks.code_completion import lexer  # noqa: PLC0415
+    from jaxillusions.training import evaluation  # noqa: PLC0415
 
     special = induction.task_tokens(settings.task)
     found = induction.induction(state.params, model_cfg, jax.random.key(0), length=LENGTH.value,
@@ -130,7 +103,11 @@ def test(state, settings, model_cfg, splits, losses, step, seconds):
     tokens = induction.repeated_tokens(jax.random.key(0), model_cfg.vocab_size, LENGTH.value,
                                        BATCH.value, special)
     params = jax.tree.map(lambda x: jnp.asarray(x[0]), state.params)
-    by_cat, acc = category_accuracy(params, splits["iid"], model_cfg)
+    task = tasks.get(settings)
+    ev = evaluation.evaluate([state.params], splits["iid"], model_cfg, num_seeds=1,
+                             batch_size=64, num_depths=task.train_num_bins(settings.data),
+                             task=task)  # the evaluation's own per-category accuracy
+    by_cat, acc = ev["acc_by_category"][0], float(ev["acc"][0])
     first, repeat = by_cat[lexer.IDENT_FIRST], by_cat[lexer.IDENT_REPEAT]
     recent = [v for s, v in losses.items() if step - LOSS_WINDOW.value < s <= step]
     row = found.seed_rows()[0]
@@ -176,43 +153,12 @@ def attention_mass(pattern, length, offset=1):
     return out
 
 
-def code_attention(pattern, tokens, category):
-    """Where a head attends inside repeated identifiers of real code. pattern [N, q, k] of one
-    head on iid rows `tokens` [N, T]. Queries: positions t whose next character is
-    identifier_repeat and that have an earlier bigram match j (tokens[j-1:j+1] ==
-    tokens[t-1:t+1], j < t-1). Mean mass on the matches' next positions j+1 (the induction
-    target), on the matches j, on j-1 and j+2, and what uniform causal attention would put on
-    the targets; the share of queries whose strongest key is a target; and over all non-PAD
-    positions, the attention to the position before (all_q:prev)."""
-    import numpy as np  # noqa: PLC0415
-
-    from jaxillusions.tasks.code_completion import lexer  # noqa: PLC0415
-    from jaxillusions.tasks.code_completion import splits as code_splits  # noqa: PLC0415
-
-    prev = []  # every non-PAD query's attention to the position before
-    sums, n = dict.fromkeys(("target", "match", "match-1", "target+1", "uniform_on_target",
-                             "argmax_is_target"), 0.0), 0
-    width = tokens.shape[1]
-    tri = np.tril(np.ones((width, width), bool), -2)  # j < t-1
-    for p, tok, cat in zip(pattern, tokens, category, strict=True):
-        same = (tok[:, None] == tok[None, :])
-        match = np.zeros_like(same)
-        match[1:, 1:] = same[1:, 1:] & same[:-1, :-1]
-        match &= tri
-        queries = np.flatnonzero((cat == lexer.IDENT_REPEAT) & match.any(1))
-        for t in queries:
-            j = np.flatnonzero(match[t])
-            sums["target"] += p[t, j + 1].sum()
-            sums["match"] += p[t, j].sum()
-            sums["match-1"] += p[t, j - 1].sum()
-            sums["target+1"] += p[t, np.minimum(j + 2, t)].sum()
-            sums["uniform_on_target"] += len(j) / (t + 1)
-            sums["argmax_is_target"] += float(np.isin(p[t, : t + 1].argmax(), j + 1))
-        n += len(queries)
-        real = np.flatnonzero(tok[1:] != code_splits.PAD) + 1
-        prev.append(p[real, real - 1])
-    return {**{k: v / max(n, 1) for k, v in sums.items()},
-            "all_q:prev": float(np.concatenate(prev).mean()), "queries": n}
+def _table(columns, measures):
+    """A markdown table: a row per measure, a column per head ({label: {measure: value}})."""
+    print("| measure | " + " | ".join(columns) + " |")
+    print("|---|" + "---|" * len(columns))
+    for k in measures:
+        print(f"| {k} | " + " | ".join(f"{columns[c][k]:.3f}" for c in columns) + " |")
 
 
 def analyse(state, settings, model_cfg, splits, curve_row):
@@ -221,6 +167,7 @@ def analyse(state, settings, model_cfg, splits, curve_row):
     import numpy as np  # noqa: PLC0415
 
     from jaxillusions import model as model_lib  # noqa: PLC0415
+    from jaxillusions import tasks  # noqa: PLC0415
     from jaxillusions.studies import induction  # noqa: PLC0415
     from jaxillusions.tasks.code_completion import lexer  # noqa: PLC0415
     from jaxillusions.tasks.code_completion import splits as code_splits  # noqa: PLC0415
@@ -239,54 +186,47 @@ def analyse(state, settings, model_cfg, splits, curve_row):
           f"{np.round(found.score[0], 3).tolist()}; layer-0 previous-token: "
           f"{np.round(prev, 3).tolist()}\n")
     heads = [(layer, h) for layer in range(model_cfg.n_layers) for h in range(model_cfg.n_heads)]
-    masses = {(layer, h): attention_mass(np.asarray(cache[sites[layer]])[:, h], L)
+    masses = {f"L{layer}H{h}": attention_mass(np.asarray(cache[sites[layer]])[:, h], L)
               for layer, h in heads}
-    keys = list(next(iter(masses.values())))
-    print("| measure | " + " | ".join(f"L{layer}H{h}" for layer, h in heads) + " |")
-    print("|---|" + "---|" * len(heads))
-    for k in keys:
-        print(f"| {k} | " + " | ".join(f"{masses[lh][k]:.3f}" for lh in heads) + " |")
+    _table(masses, list(next(iter(masses.values()))))
 
-    rows = splits["iid"].tokens[:CODE_ROWS.value]
-    _, cc = model_lib.forward(params, jnp.asarray(rows), model_cfg, cache=sites)
-    code = {(layer, h): code_attention(np.asarray(cc[sites[layer]])[:, h], rows,
-                                       splits["iid"].category[:CODE_ROWS.value])
-            for layer, h in heads}
-    print("\nOn iid code, queries inside repeated identifiers with an earlier bigram match "
-          f"({code[heads[0]]['queries']} queries):\n")
-    print("| measure | " + " | ".join(f"L{layer}H{h}" for layer, h in heads) + " |")
-    print("|---|" + "---|" * len(heads))
-    for k in [k for k in code[heads[0]] if k != "queries"]:
-        print(f"| {k} | " + " | ".join(f"{code[lh][k]:.3f}" for lh in heads) + " |")
+    # The study's measures on real code (studies/induction.py, as the main job's code_analyses):
+    # attention inside repeated identifiers of --code_rows iid rows, and each head mean-ablated
+    # (its mean over the non-PAD positions of --ablate_rows training rows) on iid.
+    iid = splits["iid"]
+    code = induction.code_attention(state.params, model_cfg, iid.tokens[:CODE_ROWS.value],
+                                    iid.category[:CODE_ROWS.value])
+    on_code = {f"L{layer}H{h}": {k: float(v[0, layer, h]) for k, v in code.values.items()}
+               for layer, h in heads}
+    print(f"\nOn iid code, queries inside repeated identifiers with an earlier bigram match "
+          f"({code.queries} queries; uniform attention on the targets "
+          f"{code.uniform_on_target:.3f}):\n")
+    _table(on_code, induction.CODE_MEASURES)
     if not ABLATE.value:
-        return masses, code
+        return masses, on_code
 
-    # Mean ablation: each head's z replaced by its mean over the non-PAD positions of training
-    # rows.
-    rows = jnp.asarray(splits["train"].tokens[:ABLATE_ROWS.value])
-    zsites = [f"blocks.{i}.attn.z" for i in range(model_cfg.n_layers)]
-    _, zc = model_lib.forward(params, rows, model_cfg, cache=zsites)
-    real = (rows != code_splits.PAD)[..., None, None]
-    means = {s: (zc[s] * real).sum((0, 1)) / real.sum((0, 1)) for s in zsites}  # [head, e]
-
-    def ablate(layer, h):
-        site = zsites[layer]
-
-        def intervene(name, value):
-            return value.at[:, :, h].set(means[site][h]) if name == site else value
-        return intervene
-
+    means = induction.head_means(state.params, model_cfg,
+                                 splits["train"].tokens[:ABLATE_ROWS.value], pad=code_splits.PAD)
+    ablation = induction.head_ablation(state.params, model_cfg, means,
+                                       {"iid": tasks.get("code").view(iid)},
+                                       labels=lexer.CATEGORIES)
+    acc = ablation.accuracy()[0, :, 0]  # [1 + heads, category] on iid
+    count = ablation.count[0]
     print("\n| ablated | loss drop | iid acc | identifier_first | identifier_repeat | gap |")
     print("|---|---|---|---|---|---|")
     out = []
-    for label, iv in [("none", None)] + [(f"L{layer}H{h}", ablate(layer, h))
-                                          for layer, h in heads]:
+    for a, head in enumerate([None, *ablation.heads]):
+        mask = np.zeros((model_cfg.n_layers, model_cfg.n_heads), bool)
+        if head is not None:
+            mask[head] = True
         res = induction.induction(state.params, model_cfg, jax.random.key(0), length=L,
-                                  batch=BATCH.value, special=special, intervention=iv)
-        by_cat, acc = category_accuracy(params, splits["iid"], model_cfg, intervention=iv)
-        first, rep = by_cat[lexer.IDENT_FIRST], by_cat[lexer.IDENT_REPEAT]
-        out.append((label, float(res.loss_drop[0]), acc, first, rep))
-        print(f"| {label} | {res.loss_drop[0]:.2f} | {acc:.3f} | {first:.3f} | {rep:.3f} | "
+                                  batch=BATCH.value, special=special,
+                                  intervention=induction.mean_ablation(means[0], mask))
+        total = float(ablation.correct[0, a, 0].sum() / count.sum())
+        first, rep = acc[a, lexer.IDENT_FIRST], acc[a, lexer.IDENT_REPEAT]
+        label = "none" if head is None else f"L{head[0]}H{head[1]}"
+        out.append((label, float(res.loss_drop[0]), total, first, rep))
+        print(f"| {label} | {res.loss_drop[0]:.2f} | {total:.3f} | {first:.3f} | {rep:.3f} | "
               f"{rep - first:+.3f} |", flush=True)
     return masses, out
 
