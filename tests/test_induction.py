@@ -278,6 +278,10 @@ def test_head_strength_predicts_the_identifier_repeat_gap_across_seeds(tmp_path)
     assert out.loc["deeper", "p_value"] < 0.01
     with pytest.raises(ValueError, match="strength='nope'"):
         induction.head_predicts_gap(df, per_seed, strength="nope")
+    # The causal strength (the best head's ablation drop, induction_seeds.csv's code columns).
+    causal = per_seed.assign(ablation_drop_repeat=-per_seed["max_induction_score"])
+    out = induction.head_predicts_gap(df, causal, strength="ablation_drop_repeat")
+    assert out.set_index("split").loc["deeper", "rho"] == pytest.approx(-1.0)
 
 
 # --- The code task's analyses: attention on its repeats and head mean-ablation --------------------
