@@ -4,6 +4,30 @@ import pytest
 
 from configs import dyck_small
 
+# The suite's XLA compiles with LLVM's optimizations off: most of the suite's time is compiling
+# many small programs, and these programs run for milliseconds. The level changes how XLA:CPU
+# vectorises and schedules a program, not which operations it runs, so results differ from the
+# default level by float32 rounding, which every tolerance of the suite is derived to cover (as
+# it must be for AMD vs Intel); bit-for-bit comparisons are between two runs at one level. An
+# XLA_FLAGS that names a level keeps it: `XLA_FLAGS=--xla_backend_optimization_level=2 pytest`
+# runs the suite as users' programs are compiled. Launched subprocesses inherit the flag.
+TEST_XLA_FLAG = "--xla_backend_optimization_level=0"
+
+
+def xla_flags(*extra: str, base: str | None = None) -> str:
+    """XLA_FLAGS for a test's subprocess: `base` (default: this process's XLA_FLAGS, which
+    carry the suite's TEST_XLA_FLAG) with `extra` flags added, and no device-count flag of the
+    test process unless `extra` brings one."""
+    flags = (os.environ.get("XLA_FLAGS", "") if base is None else base).split()
+    flags = [f for f in flags if not f.startswith("--xla_force_host_platform_device_count")]
+    return " ".join([*flags, *extra])
+
+
+def pytest_configure(config):
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_backend_optimization_level" not in flags:  # before JAX starts its backend
+        os.environ["XLA_FLAGS"] = f"{flags} {TEST_XLA_FLAG}".strip()
+
 
 def tiny_config(cache_dir: str = ""):
     """A config small enough that a few hundred steps take seconds on a 2-core CPU."""

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 import tolerance as tol
-from conftest import checked, tiny_config_file
+from conftest import checked, tiny_config_file, xla_flags
 
 from benchmarks import reference, suite
 from jaxillusions import model as model_lib
@@ -143,7 +143,7 @@ def test_benchmark_sweep_runs_on_every_device(cache_dir):
             "row = training.training_row(config, splits, m, tx, 3, steps=2, repeats=1, "
             "peak=training.peak_flops(256), loop=False, torch_loop=False, xla_flops=False); "
             "print(json.dumps(row))")
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=4")}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]

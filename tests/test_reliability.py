@@ -22,7 +22,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import checked, tiny_config, tiny_config_file
+from conftest import checked, tiny_config, tiny_config_file, xla_flags
 
 from jaxillusions import faithfulness
 from jaxillusions.config import settings
@@ -922,7 +922,10 @@ def test_read_only_or_full_disk_is_one_line(mount, expected, tmp_path, cache_dir
 
 
 def _env_without_jax_settings():
-    return {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_FLAGS"))}
+    """The environment without JAX's settings (the launcher's own defaults apply), but for the
+    suite's compiler flags (conftest.xla_flags)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_FLAGS"))}
+    return {**env, "XLA_FLAGS": xla_flags()}
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import checked, tiny_config, tiny_config_file
+from conftest import checked, tiny_config, tiny_config_file, xla_flags
 
 from jaxillusions import faithfulness
 from jaxillusions import model as model_lib
@@ -199,7 +199,7 @@ def test_sharded_sweep_equals_one_device(one_device, cache_dir, tmp_path):
     # checkpoint; then the same seeds in 2 chunks of 4. The one-device numbers up to float32
     # rounding: XLA:CPU rounds the partitioned step differently in the last bit (so does a
     # shard_map of it), while unsharded runs of 2 and of 6 seeds agree bit for bit.
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=4")}
     out = tmp_path / "sharded.npz"
     [(code, stdout, stderr)] = _run_children(
         [_child_cmd("sharded", cache_dir, tmp_path / "run", out)], env)
@@ -246,7 +246,7 @@ def test_two_processes_equal_one(one_device, cache_dir, tmp_path):
     # writes the files once. The merged arrays and rows equal the one-process run (up to the
     # rounding of a partitioned program, as above).
     port, out, workdir = _free_port(), tmp_path / "merged.npz", tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags()}  # one device per process
     results = _run_children([_child_cmd("process", cache_dir, workdir, out, port, i)
                              for i in range(2)], env)
     for code, _, stderr in results:
@@ -436,7 +436,7 @@ def test_a_killed_peer_is_named_in_one_line(tmp_path, cache_dir):
 
 def _two_processes(module: str, config_file, workdir, port: int) -> list[subprocess.Popen]:
     """`python -m <module>` as processes 0 and 1 of a 2-process run over 127.0.0.1."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags()}  # one device per process
     return [subprocess.Popen(
         [sys.executable, "-m", module, f"--config={config_file}", f"--workdir={workdir}",
          f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
