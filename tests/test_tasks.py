@@ -42,9 +42,10 @@ def test_dyck_results_unchanged_by_the_task_interface_and_by_adding_dictionaries
     an SAE and a transcoder added to the run (they change no number of the other proxies);
     the dictionary metrics are new columns after the fixture's.
 
-    On the machine that wrote the fixture the file is byte-identical. Elsewhere XLA:CPU may
-    pick other vector instructions (AVX2 vs AVX-512 reductions round differently), and 20
-    training steps carry that rounding into the parameters, so floats are compared to 1e-6.
+    On the machine that wrote the fixture, at XLA's default optimization level, the file is
+    byte-identical. Elsewhere, or at the suite's level 0 (conftest.TEST_XLA_FLAG), XLA:CPU
+    vectorises differently (AVX2 vs AVX-512 reductions round differently), and 20 training
+    steps carry that rounding into the parameters, so floats are compared to 1e-6.
     """
     config = regression_config(str(tmp_path / "cache"))
     config.proxies.methods = (*config.proxies.methods, "sae", "transcoder")
