@@ -24,7 +24,7 @@ NAMES = sorted(info.name for info in pkgutil.iter_modules(configs.__path__))
 # A case still running after this long has hung (validation alone takes about 0.003-0.07 s on
 # the 2-core CPU): the alarm interrupts it, so a hang fails the test instead of stalling it.
 HANG_SECONDS = 5
-TRIED = {"cases": 0, "accepted": 0}
+TRIED = {"cases": 0}
 
 
 def _config(name: str) -> ConfigDict:
@@ -106,7 +106,6 @@ def _validate(config: ConfigDict, key: str, value) -> None:
         # Accepted: its memory plan fits this machine (CPU: one pool of host RAM).
         need = sum(t.num_bytes for t in memory.plan(checked, train.model_config(checked)))
         assert need <= memory.host_ram(), (key, value, need)
-        TRIED["accepted"] += 1
 
 
 @pytest.mark.parametrize("name", NAMES)

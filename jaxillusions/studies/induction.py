@@ -679,10 +679,13 @@ def run(ctx) -> object:
     found = induction(state.params, model_cfg, jax.random.key(config.seed), length=length,
                       batch=ic.batch, special=special, seeds=labels)
     bad = ~np.asarray(state.healthy, bool)
-    found = dataclasses.replace(
-        found, score=np.where(bad[:, None, None], np.nan, found.score),
-        loss_first=np.where(bad, np.nan, found.loss_first),
-        loss_second=np.where(bad, np.nan, found.loss_second))
+
+    def diverged_nan(x: np.ndarray) -> np.ndarray:  # NaN in the diverged seeds' rows (axis 0)
+        return np.where(bad.reshape(-1, *[1] * (np.ndim(x) - 1)), np.nan, x)
+
+    found = dataclasses.replace(found, score=diverged_nan(found.score),
+                                loss_first=diverged_nan(found.loss_first),
+                                loss_second=diverged_nan(found.loss_second))
     names = [s for s in dict.fromkeys([*tasks.get(config).IN_DISTRIBUTION,
                                         *config.proxies.eval_splits])
              if tasks.name(config) == "code" and s in ctx.splits and len(ctx.splits[s].tokens)]
@@ -690,10 +693,9 @@ def run(ctx) -> object:
         code, ablation = code_analyses(state.params, model_cfg, ctx.splits, rows=ic.code_rows,
                                        split_names=names, seeds=labels,
                                        batch_size=config.train.eval_batch_size)
-        code = dataclasses.replace(code, values={
-            k: np.where(bad[:, None, None], np.nan, v) for k, v in code.values.items()})
-        ablation = dataclasses.replace(
-            ablation, correct=np.where(bad[:, None, None, None], np.nan, ablation.correct))
+        code = dataclasses.replace(code, values={k: diverged_nan(v)
+                                                 for k, v in code.values.items()})
+        ablation = dataclasses.replace(ablation, correct=diverged_nan(ablation.correct))
         found = dataclasses.replace(found, code=code, ablation=ablation, split="iid")
     with tensorboard.board(workdir, labels) as writer:
         write(found, workdir, writer, step)
@@ -762,7 +764,6 @@ def _cell(values, stats, fmt: str = ".3f") -> str:
         return format(float(v.mean()), fmt) if len(v) else "n/a"
     mean, low, high = stats.t_interval(v)
     return f"{mean:{fmt}} [{low:{fmt}}, {high:{fmt}}]"
-
 
 
 HEAD_GAP_COLUMNS = ("site", "method", "size", "split", "metric", "category", "n_seeds", "rho",
