@@ -14,7 +14,9 @@ batch 64 rows of up to 512 characters; on the 2-core CPU machine that would take
 on a GPU. Override e.g.
 `--config.train.num_seeds=16` for a smaller one.
 
-Memory: the seeds train and are evaluated in 8 sequential chunks of 8 (train.seed_chunk_size).
+Memory: the seeds train, are evaluated and are probed for induction heads (the induction
+stage's ablations run an evaluation pass per head) in 8 sequential chunks of 8
+(train.seed_chunk_size).
 All 64 at once cannot fit one GPU: the memory plan (a lower bound) counts 136 GiB for one layer's
 attention scores of an evaluation batch of 64 seeds on `longer` (128 rows x 1024 characters x 4
 heads). At 8 seeds the plan counts 28.6 GiB per device and admits the config on an 80 GB GPU

@@ -20,13 +20,5 @@ from configs import code_population
 def get_config() -> ConfigDict:
     config = code_population.get_config()
 
-    config.model.d_model = 64  # 2 heads of 32
-    config.model.pos_encoding = "learned"
-
     config.train.num_seeds = 1
-    config.train.num_steps = 8000
-    config.train.batch_size = 32
-    config.train.learning_rate = 3e-3
-    config.train.max_position_offset = 0
-    config.train.checkpoint_every = 500
     return config

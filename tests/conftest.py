@@ -60,6 +60,9 @@ def tiny_config(cache_dir: str = ""):
     config.proxies.kmeans_iters = 5
     config.proxies.collect_batch_size = 256
     config.proxies.eval_batch_size = 64
+    # No result or activation figures (seconds a sweep): the tests that look at figures ask for
+    # them (the tiny_sweep fixture, test_figures.py, test_faithfulness.py).
+    config.figures = "none"
     return config
 
 
@@ -159,7 +162,9 @@ def tiny_sweep(tmp_path_factory, cache_dir) -> str:
     from jaxillusions.pipeline import sweep
 
     workdir = str(tmp_path_factory.mktemp("tiny_sweep") / "run")
-    sweep.run(checked(tiny_sweep_config(cache_dir)), workdir, verbose=False)
+    config = tiny_sweep_config(cache_dir)
+    config.figures = "summary"  # the default; test_figures.py looks at them
+    sweep.run(checked(config), workdir, verbose=False)
     return workdir
 
 

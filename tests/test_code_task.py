@@ -385,6 +385,53 @@ def test_induction_stage_on_code_leaves_a_diverged_seed_out_of_the_code_analyses
     assert all(np.isnan(per_seed[1][k]) for k in induction.CODE_SEED_COLUMNS)
 
 
+def test_induction_stage_in_seed_chunks_equals_one_call(tmp_path):
+    """With train.seed_chunk_size (configs/code.py: 8 chunks of 8, so that the stage fits where
+    the evaluation does) the stage gives what one call over every seed gives: 3 seeds in chunks
+    of 2 (the last padded with a copy of seed 2) against all 3 at once. Attention and loss are
+    means of float32 terms computed in programs of another seed width, so they agree within a
+    mean's rounding (tolerance.mean_error); correct predictions are counts, and a near-tie of two
+    logits may flip one of them."""
+    import dataclasses  # noqa: PLC0415
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    import jax  # noqa: PLC0415
+    from tolerance import mean_error, two_ways  # noqa: PLC0415
+
+    from jaxillusions import model  # noqa: PLC0415
+    from jaxillusions.training import train  # noqa: PLC0415
+
+    settings = checked(code_config(tmp_path))
+    splits, model_cfg, _ = train.build(settings)
+    params = jax.vmap(lambda k: model.init_params(k, model_cfg))(
+        jax.random.split(jax.random.key(0), 3))
+    state = SimpleNamespace(params=params, healthy=np.ones(3, bool), step=np.zeros(3, np.int32))
+    found = {}
+    for size in (0, 2):
+        config = dataclasses.replace(settings, train=dataclasses.replace(
+            settings.train, num_seeds=3, seed_chunk_size=size))
+        workdir = tmp_path / f"chunks_{size}"
+        workdir.mkdir()
+        ctx = stages.Context(settings=config, workdir=str(workdir), say=lambda *a, **k: None,
+                             verbose=False, move_aside=None, splits=splits, model_cfg=model_cfg,
+                             state=state)
+        found[size] = induction.run(ctx).results["induction"]
+    whole, chunked = found[0], found[2]
+    assert chunked.seeds == whole.seeds == (0, 1, 2)
+    rows = settings.induction.code_rows * settings.data.context
+    attention = two_ways(mean_error(rows, 1.0, 1.0))
+    np.testing.assert_allclose(chunked.score, whole.score, rtol=0, atol=attention)
+    for k, v in whole.code.values.items():
+        np.testing.assert_allclose(chunked.code.values[k], v, rtol=0, atol=attention, err_msg=k)
+    nats = np.log(model_cfg.vocab_size)  # an untrained model's loss per position, about ln V
+    loss = two_ways(mean_error(settings.induction.batch * whole.length, nats, nats))
+    np.testing.assert_allclose(chunked.loss_first, whole.loss_first, rtol=0, atol=loss)
+    np.testing.assert_allclose(chunked.loss_second, whole.loss_second, rtol=0, atol=loss)
+    assert chunked.ablation.correct.shape == whole.ablation.correct.shape
+    assert np.abs(chunked.ablation.correct - whole.ablation.correct).sum() <= 3
+    np.testing.assert_array_equal(chunked.ablation.count, whole.ablation.count)
+
+
 @pytest.mark.slow
 def test_sweep_ablates_each_head_and_measures_attention_on_the_repeats_of_code(code_sweep):
     """The induction stage's code analyses in the main job: induction_code.csv (every head's
@@ -423,3 +470,27 @@ def test_sweep_ablates_each_head_and_measures_attention_on_the_repeats_of_code(c
     with open(os.path.join(workdir, "gap_table.txt")) as f:
         headline = tables.summary_of(f.read())
     assert "Best head mean-ablated (iid, 2 seeds): accuracy drop on identifier_repeat " in headline
+
+
+def test_code_claims_tables_the_paired_gaps_per_category_and_depth(code_sweep):
+    """benchmarks/code_claims.py (the docs' tables of a code population): one table per proxy
+    family and size, a row per category with the gap and interval of gaps_by_category.csv, and
+    the seeds' induction verdict."""
+    from benchmarks import code_claims
+
+    _, workdir = code_sweep
+    by_family = code_claims.gap_tables(workdir, "category", sizes={1})
+    written = [g for g in tables.read_csv(os.path.join(workdir, "gaps_by_category.csv"))
+               if g["metric"] == "same_pred"]
+    assert set(by_family) == {(g["method"], g["site"], g["size"]) for g in written
+                              if g["size"] in (0, 1)}
+    g = next(g for g in written if (g["method"], g["size"], g["split"], g["label"])
+             == ("svd", 1, "deeper", "identifier_repeat"))
+    (line,) = [ln for ln in by_family["svd", g["site"], 1].splitlines()
+               if ln.startswith("| identifier_repeat |")]
+    assert f"{g['gap']:+.3f} [{g['ci_low']:+.3f}, {g['ci_high']:+.3f}]" in line
+    assert len(by_family["svd", g["site"], 1].splitlines()) == 2 + len(
+        {r["label"] for r in written if (r["method"], r["size"]) == ("svd", 1)})
+    depth = code_claims.gap_tables(workdir, "bracket_depth")
+    assert set(depth) == {(g["method"], g["site"], g["size"]) for g in written}
+    assert "of 2 seeds by the random-token test" in code_claims.mechanism(workdir)

@@ -232,6 +232,36 @@ def test_the_main_job_draws_the_summary_and_launch_figures_the_rest(tiny_sweep, 
     assert {p: p.stat().st_mtime_ns for p in workdir.rglob("*") if p.is_file()} == before
 
 
+def test_figures_none_draws_no_figure_and_launch_figures_draws_every_one_later(
+        tiny_sweep, tmp_path, cache_dir, capsys):
+    # figures="none" (batch work, the test suite): the reports without a figure or an image;
+    # launch.figures (complete_figures) then draws them all, the summary byte for byte as the
+    # sweep draws it, and the marker vouches for them.
+    workdir = tmp_path / "run"
+    shutil.copytree(tiny_sweep, workdir)
+    for name in ("figures", os.path.join("tensorboard", "images")):
+        shutil.rmtree(workdir / name)
+    os.remove(workdir / sweep.DONE_FILE)  # as if stopped in the report stage: written again
+    config = tiny_sweep_config(cache_dir)
+    config.figures = "none"
+    sweep.run(checked(config), str(workdir))
+    assert (f"figures: none (setting figures); python -m launch.figures {workdir} draws the "
+            "rest") in capsys.readouterr().out
+    assert not (workdir / "figures").exists() and not _images(workdir)
+    assert json.loads((workdir / sweep.DONE_FILE).read_text())["figures"] == "none"
+    sweep.run(checked(config), str(workdir))  # finished: nothing to draw with "none"
+    assert "is finished (finished " in capsys.readouterr().out
+    assert not (workdir / "figures").exists()
+
+    sweep.complete_figures(checked(config), str(workdir), say=lambda *a, **k: None)
+    drawn = _figures(workdir)
+    assert set(drawn) == SUMMARY | REST
+    assert {name: drawn[name] for name in SUMMARY} == _figures(tiny_sweep)
+    assert set(_images(workdir).values()) == {1} and len(_images(workdir)) == len(drawn)
+    done = json.loads((workdir / sweep.DONE_FILE).read_text())
+    assert sweep._unverified(done, str(workdir)) is None and done["figures"] == "all"
+
+
 def test_figures_all_on_a_finished_sweep_draws_the_rest_as_the_sweep_draws_them(
         tiny_sweep, tmp_path, cache_dir, capsys):
     # The relaunch with figures="all" draws what the summary left out (from results.csv,

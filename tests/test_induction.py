@@ -460,6 +460,19 @@ def test_the_headline_line_on_the_ablation_is_a_paired_difference_over_seeds():
     assert f"paired difference {mean:+.3f} [{low:+.3f}, {high:+.3f}]" in line
 
 
+def test_the_verdict_counts_heads_by_the_random_test_and_on_code():
+    # Seed 0 passes both; 1 copies on code but scores 0.1 on random tokens; 2 attends on code
+    # without a 1-nat loss drop; 3 diverged (NaN) and is not counted.
+    score = np.array([0.5, 0.1, 0.1, np.nan])
+    drop = np.array([1.5, 1.2, 0.5, np.nan])
+    on_code = np.array([0.6, 0.35, 0.4, np.nan])
+    assert induction.verdict(score, drop) == (
+        "1 of 3 seeds by the random-token test (best-head score >= 0.3, loss drop >= 1 nat)")
+    assert induction.verdict(score, drop, on_code).endswith(
+        ", 2 of 3 on code (its attention on repeated identifiers' induction targets >= 0.3, "
+        "loss drop >= 1 nat)")
+
+
 def _stage_context(settings, workdir, healthy):
     """A stages.Context of a run whose training left randomly initialised members."""
     from types import SimpleNamespace

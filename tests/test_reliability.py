@@ -716,7 +716,8 @@ def test_sigterm_in_the_report_stage_exits_143(swept, tmp_path, cache_dir, signa
     proxies = swept["config"].proxies
     config_file = tiny_config_file(tmp_path / "swept_config.py", cache_dir, {
         "train.num_steps": 20, "train.log_every": 5, "proxies.targets": proxies.targets,
-        "proxies.methods": proxies.methods, "proxies.eval_splits": proxies.eval_splits})
+        "proxies.methods": proxies.methods, "proxies.eval_splits": proxies.eval_splits,
+        "figures": "summary"})  # the figures keep the report stage busy for the signal
     proc = _launch("launch.sweep", config_file, workdir)
     signalled = False
     for line in proc.stdout:  # the headline is printed first, then the figures are drawn

@@ -60,7 +60,7 @@ def test_a_missing_key_takes_its_default_and_lists_become_tuples():
     ({"model": {"uniform_attention_layers": (2,)}},
      "model.uniform_attention_layers=(2,): must be layer indices in [0, model.n_layers)"),
     ({"task": "nope"}, "task='nope': must be one of dyck, code"),
-    ({"figures": "every"}, "figures='every': must be one of summary, all"),
+    ({"figures": "every"}, "figures='every': must be one of summary, all, none"),
     # JAX would hang starting 10**15 devices: refused before it starts.
     ({"cpu_devices": 10**15}, "cpu_devices=1000000000000000: must be 0 to 1024"),
 ])

@@ -316,7 +316,7 @@ class Induction:
 
 
 # Which figures the main job draws (figures/ and TensorBoard IMAGES; sweep.figure_jobs).
-FIGURES = ("summary", "all")
+FIGURES = ("summary", "all", "none")
 
 SECTIONS = {"model": Model, "train": Train, "proxies": Proxies, "dictionaries": Dictionaries,
             "geometry": Geometry, "probes": Probes, "fit_shift": FitShift, "wen": Wen,
@@ -349,8 +349,9 @@ class Settings:
         "summary", STR, *one_of(FIGURES),
         doc="which figures the main job draws (docs/configs.md, Figures): summary (gaps, "
         "faithfulness, categories, attention patterns, one key projection) or all (also "
-        "accuracy per bin of every proxy family, every key projection); `python -m "
-        "launch.figures W` draws the rest later")
+        "accuracy per bin of every proxy family, every key projection) or none (for batch "
+        "work; the studies' own figures are still drawn); `python -m launch.figures W` draws "
+        "the rest later")
     data: Any = None  # the task's Data
     model: Model = dataclasses.field(default_factory=Model)
     train: Train = dataclasses.field(default_factory=Train)

@@ -392,7 +392,7 @@ def _finished(config: Settings, workdir: str, done: dict, say) -> list[dict]:
     rows = [row for _, group_dir in _weight_groups(config, workdir) if pc.methods
             for row in results.read_csv(os.path.join(group_dir, "results.csv"))]
     where = f"{workdir}/results.csv" if pc.methods else workdir
-    todo = ("nothing to do" if not pc.methods or config.figures == "summary"
+    todo = ("nothing to do" if not pc.methods or config.figures != "all"
             or done.get("figures", "all") == "all" else "")
     if not todo and distributed.is_main():
         with timing.stage("figures"):
@@ -463,9 +463,9 @@ def _run(config: Settings, workdir: str, *, verbose: bool, start_over: bool,
     logdir = os.path.join(workdir, "tensorboard") if len(groups) == 1 else workdir
     say(f"[{time.perf_counter() - start:.0f}s] done: {workdir}, TensorBoard: "
         f"tensorboard --logdir {logdir}")
-    if config.figures == "summary":
-        say(f"figures: the summary set (setting figures); python -m launch.figures {workdir} "
-            "draws the rest")
+    if config.figures != "all":
+        say(f"figures: {'none' if config.figures == 'none' else 'the summary set'} (setting "
+            f"figures); python -m launch.figures {workdir} draws the rest")
     return [row for group in groups for row in group.results.get("rows", [])]
 
 
@@ -600,7 +600,9 @@ def figure_jobs(rows, config: Settings, gaps=(), which: str = "all") -> list[tup
     gaps_attention_proxies; with `gaps`), faithfulness against size (faithfulness_<method>) and
     the task's categorical breakdowns (same_pred_by_<breakdown>_<method>); "all": also accuracy
     per bin of every breakdown with a training bound, one figure per proxy family
-    (accuracy_by_<breakdown>_<method>_<site>)."""
+    (accuracy_by_<breakdown>_<method>_<site>); "none": no figure."""
+    if which == "none":
+        return []
     splits = list(config.proxies.eval_splits)
     methods = list(dict.fromkeys(r["method"] for r in rows))
     sized = [m for m in methods if any(r["method"] == m and r["size"] > 0 for r in rows)]
@@ -660,9 +662,9 @@ def activation_jobs(params, splits, model_cfg, config: Settings, seeds, healthy=
     on one iid sentence for the first healthy seeds, and the 2-D SVD projection of the last
     layer's keys at training positions of the first 3 healthy seeds, one figure each).
     `which`="summary": the first figure of each kind (the attention patterns, the first healthy
-    seed's key projection); "all": every one."""
+    seed's key projection); "all": every one; "none": none."""
     healthy = np.ones(len(seeds), bool) if healthy is None else np.asarray(healthy, bool)
-    if not healthy.any():
+    if which == "none" or not healthy.any():
         return []
     index = np.flatnonzero(healthy)[:max_seeds]  # diverged seeds are not drawn
     shown = [seeds[i] for i in index]
