@@ -446,3 +446,27 @@ def test_sweep_runs_the_wen_stage_and_proxies_with_a_lambda_axis(config, tmp_pat
     assert "Paired differences vs weight 0" in text and "Spearman" in text
     assert (tmp_path / "figures" / "wen_length_generalization.png").exists()
     assert (tmp_path / "tensorboard" / "seed_2_cw0.5").exists()
+
+
+def test_wen_stage_leaves_out_the_balance_violation_where_it_is_undefined(config, tmp_path,
+                                                                          capsys):
+    # Was: a minimal first layer under a uniform last layer trained, then the stage stopped with
+    # "balance violation: uniform_attention_layers is not supported" and wrote nothing.
+    import pandas as pd
+
+    from configs import wen_attention_variation
+    from jaxillusions.pipeline import sweep
+
+    config.wen = wen_attention_variation.get_config().wen
+    config.wen.length_min_len, config.wen.length_max_len = 17, 40
+    config.wen.length_num_prefixes = 4
+    config.model.update(first_layer="minimal", pos_encoding="none", d_model=64, max_len=41,
+                        uniform_attention_layers=(1,))
+    config.train.update(num_seeds=2, num_steps=10)
+    config.proxies.methods = ()
+    sweep.run(checked(config), str(tmp_path))
+    assert ("balance violation: left out (the attention of model.uniform_attention_layers is "
+            "not the model's own)") in capsys.readouterr().out
+    rows = pd.read_csv(tmp_path / "wen_results.csv")
+    assert list(rows.seed) == [0, 1] and "balance_violation" not in rows
+    assert rows["length_gen_acc"].between(0, 1).all()

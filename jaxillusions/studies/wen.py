@@ -133,14 +133,24 @@ def _last_layer_terms(params, cfg: model_lib.ModelConfig, keys: jax.Array, queri
     return u.reshape(*u.shape[:-2], -1)
 
 
-def _check_balance_model(cfg: model_lib.ModelConfig) -> None:
+def balance_undefined(cfg: model_lib.ModelConfig) -> str | None:
+    """Why the balance violation is not defined for (or not computed on) this model, or None."""
     if not isinstance(cfg.front, MinimalFirstLayer) or cfg.n_layers != 2:
-        raise ValueError("balance violation is defined for 2-layer models with a minimal first "
-                         f"layer (model.first_layer='minimal', n_layers=2); got first layer "
-                         f"{type(cfg.front).__name__ if cfg.front else 'standard'}, n_layers="
-                         f"{cfg.n_layers}")
-    if cfg.interventions:
-        raise ValueError("balance violation: uniform_attention_layers is not supported")
+        return ("it is defined for 2-layer models with a minimal first layer "
+                "(model.first_layer='minimal', n_layers=2); got first layer "
+                f"{type(cfg.front).__name__ if cfg.front else 'standard'}, n_layers={cfg.n_layers}")
+    if cfg.interventions:  # eq. 17 reads the last layer's own attention scores
+        return "the attention of model.uniform_attention_layers is not the model's own"
+    k, depth = len(cfg.front.open_ids), cfg.front.max_depth
+    if k ** depth > 1 << 16:
+        return f"it enumerates k^D = {k}^{depth} open prefixes; more than 65536 is not supported"
+    return None
+
+
+def _check_balance_model(cfg: model_lib.ModelConfig) -> None:
+    why = balance_undefined(cfg)
+    if why is not None:
+        raise ValueError(f"balance violation: {why}")
 
 
 def balance_terms(params, cfg: model_lib.ModelConfig) -> dict[str, jax.Array]:
@@ -157,9 +167,6 @@ def balance_terms(params, cfg: model_lib.ModelConfig) -> dict[str, jax.Array]:
     _check_balance_model(cfg)
     part = cfg.front
     k, depth = len(part.open_ids), part.max_depth
-    if k ** depth > 1 << 16:
-        raise ValueError(f"balance violation enumerates k^D = {k}^{depth} open prefixes; more "
-                         "than 65536 is not supported")
     opens, closes = jnp.asarray(part.open_ids), jnp.asarray(part.close_ids)
     d = jnp.arange(1, depth + 1)
     feats = functools.partial(part.features_of, params)
@@ -348,7 +355,10 @@ def measure(state, results, model_cfg: model_lib.ModelConfig, config, workdir: s
             row.update(length_gen_acc=float(acc), length_gen_argmax_acc=float(arg))
         say(f"  length generalization: {int(lg['count'][0])} closing brackets at prefix lengths "
             f"{wc.length_min_len}..{wc.length_max_len}")
-    if isinstance(model_cfg.front, MinimalFirstLayer) and model_cfg.n_layers == 2:
+    undefined = balance_undefined(model_cfg)
+    if isinstance(model_cfg.front, MinimalFirstLayer) and undefined is not None:
+        say(f"  balance violation: left out ({undefined})")
+    elif undefined is None:
         bv = balance_violation(params, model_cfg)
         for i, row in enumerate(rows):
             row.update({name: float(v[i]) for name, v in bv.items()})
