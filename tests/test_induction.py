@@ -467,10 +467,11 @@ def test_the_verdict_counts_heads_by_the_random_test_and_on_code():
     drop = np.array([1.5, 1.2, 0.5, np.nan])
     on_code = np.array([0.6, 0.35, 0.4, np.nan])
     assert induction.verdict(score, drop) == (
-        "1 of 3 seeds by the random-token test (best-head score >= 0.3, loss drop >= 1 nat)")
+        "1 of 3 seeds by the random-token test (best-head score >= 0.3: 1, loss drop >= 1 nat: "
+        "2)")
     assert induction.verdict(score, drop, on_code).endswith(
-        ", 2 of 3 on code (its attention on repeated identifiers' induction targets >= 0.3, "
-        "loss drop >= 1 nat)")
+        ", 2 of 3 with its attention measured on code (on repeated identifiers' induction "
+        "targets >= 0.3: 3)")
 
 
 def _stage_context(settings, workdir, healthy):

@@ -640,16 +640,21 @@ def has_head(max_score: np.ndarray, loss_drop: np.ndarray) -> np.ndarray:
 
 def verdict(max_score, loss_drop, code_attention=None) -> str:
     """'k of n seeds ...': the seeds with an induction head (`has_head`) by the random-token
-    test and, with the code analyses, with the best head's attention on the induction targets
-    of repeated identifiers in real code in place of its score (the same MIN_SCORE; issue 37,
-    docs/code_completion.md). n counts the healthy seeds (finite max_score)."""
+    test, with the seeds that pass each part and, with the code analyses, with the best head's
+    attention on the induction targets of repeated identifiers in real code in place of its
+    score (the same MIN_SCORE; docs/code_completion.md). n counts the healthy seeds (finite
+    max_score)."""
     n = int(np.isfinite(np.asarray(max_score, np.float64)).sum())
-    drop = f"loss drop >= {MIN_LOSS_DROP:g} nat"
+    def passing(values, bar) -> int:
+        return int((np.asarray(values) >= bar).sum())  # NaN (a diverged seed) never passes
+
     text = (f"{int(has_head(max_score, loss_drop).sum())} of {n} seeds by the random-token "
-            f"test (best-head score >= {MIN_SCORE}, {drop})")
+            f"test (best-head score >= {MIN_SCORE}: {passing(max_score, MIN_SCORE)}, loss drop "
+            f">= {MIN_LOSS_DROP:g} nat: {passing(loss_drop, MIN_LOSS_DROP)})")
     if code_attention is not None:
-        text += (f", {int(has_head(code_attention, loss_drop).sum())} of {n} on code (its "
-                 f"attention on repeated identifiers' induction targets >= {MIN_SCORE}, {drop})")
+        text += (f", {int(has_head(code_attention, loss_drop).sum())} of {n} with its attention "
+                 f"measured on code (on repeated identifiers' induction targets >= {MIN_SCORE}: "
+                 f"{passing(code_attention, MIN_SCORE)})")
     return text
 
 
