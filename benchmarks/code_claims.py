@@ -75,6 +75,34 @@ def gap_tables(workdir: str, breakdown: str, sizes: set[int] | None = None
     return out
 
 
+def category_contrast(workdir: str, first: str = "identifier_repeat",
+                      second: str = "identifier_first", sizes: set[int] | None = None) -> str:
+    """A markdown table: per proxy family, size and OOD split, the gap (same_pred, iid minus the
+    split) on `first` minus that on `second`, paired over seeds: mean [95% Student-t
+    interval], and the seeds where it is positive."""
+    df = results.load_results(workdir)
+    bins = [lexer.CATEGORIES.index(c) for c in (first, second)]
+    sel = df[(df["breakdown"] == "category") & (df["method"] != "original")
+             & df["bin"].isin(bins)]
+    wide = sel.pivot_table(index=["method", "site", "size", "seed", "bin"], columns="split",
+                           values="same_pred", observed=True, aggfunc="first")
+    splits = [s for s in wide.columns if s != BASELINE]
+    lines = ["| proxy | size | " + " | ".join(f"{first} - {second} gap, {s}" for s in splits)
+             + " |", "|---|---|" + "---|" * len(splits)]
+    for (method, site, size), g in wide.groupby(level=[0, 1, 2], observed=True, sort=False):
+        if sizes is not None and size and size not in sizes:
+            continue
+        cells = []
+        for split in splits:
+            gap = (g[BASELINE] - g[split]).unstack("bin")  # [seed, bin]
+            diff = (gap[bins[0]] - gap[bins[1]]).dropna().to_numpy()
+            mean, low, high = stats.t_interval(diff)
+            cells.append(f"{mean:+.3f} [{low:+.3f}, {high:+.3f}] {int((diff > 0).sum())}/"
+                         f"{len(diff)}")
+        lines.append(f"| {method} {site} | {size} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def mechanism(workdir: str) -> str:
     """The induction heads per seed, the verdict, the ablation line and head strength against
     the identifier_repeat gap (Spearman, permutation p; bootstrap interval from 16 seeds)."""
@@ -135,6 +163,10 @@ def main() -> None:
     for breakdown in ("category", "bracket_depth"):
         for (method, site, size), table in gap_tables(args.workdir, breakdown, sizes).items():
             print(f"same_pred gap by {breakdown}, {method} {site} size {size}:\n\n{table}\n")
+    for first, second in (("identifier_repeat", "identifier_first"),
+                          ("close_bracket", "open_bracket")):
+        print(f"## {first} minus {second}: the gaps' paired difference\n")
+        print(category_contrast(args.workdir, first, second, sizes), "\n")
     print("## Induction heads\n")
     print(mechanism(args.workdir))
 

@@ -1,9 +1,8 @@
-"""The single-seed recipe that comes closest to an induction head on the code data (issue 37;
-curves in docs/code_completion.md, "Getting an induction head on this data: single-seed
-curves"): configs/code_population.py's data (Python functions of up to 254 characters, context
-256) with an attention-only model of 2 layers, d_model 64, 2 heads of 32, learned positions and
-no position offsets; batch 32, peak learning rate 3e-3 (100 warmup steps, cosine decay over
-8,000 steps), one seed, a checkpoint every 500 steps.
+"""The single-seed version of configs/code_population.py, for the curves of
+docs/code_completion.md ("Getting an induction head on this data: single-seed curves"): Python
+functions of up to 254 characters (context 256), an attention-only model of 2 layers, d_model
+64, 2 heads of 32, learned positions and no position offsets; batch 32, peak learning rate 3e-3
+(100 warmup steps, cosine decay over 8,000 steps), one seed, a checkpoint every 500 steps.
 
     nice -n 15 python -m benchmarks.induction_curves --config=configs/code_induction.py \\
         --workdir=runs/induction_learned --stops=500,1000,2000,3000
