@@ -247,7 +247,8 @@ def test_figures_none_draws_no_figure_and_launch_figures_draws_every_one_later(
     sweep.run(checked(config), str(workdir))
     assert (f"figures: none (setting figures); python -m launch.figures {workdir} draws the "
             "rest") in capsys.readouterr().out
-    assert not (workdir / "figures").exists() and not _images(workdir)
+    assert not (workdir / "figures").exists()
+    assert not (workdir / "tensorboard" / "images").exists()  # no image was logged
     assert json.loads((workdir / sweep.DONE_FILE).read_text())["figures"] == "none"
     sweep.run(checked(config), str(workdir))  # finished: nothing to draw with "none"
     assert "is finished (finished " in capsys.readouterr().out
