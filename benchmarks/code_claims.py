@@ -94,7 +94,8 @@ def category_contrast(workdir: str, first: str = "identifier_repeat",
             continue
         cells = []
         for split in splits:
-            gap = (g[BASELINE] - g[split]).unstack("bin")  # [seed, bin]
+            gap = pd.Series(stats.signed_gap(g[BASELINE].to_numpy(), g[split].to_numpy(),
+                                             "same_pred"), index=g.index).unstack("bin")
             diff = (gap[bins[0]] - gap[bins[1]]).dropna().to_numpy()
             mean, low, high = stats.t_interval(diff)
             cells.append(f"{mean:+.3f} [{low:+.3f}, {high:+.3f}] {int((diff > 0).sum())}/"
@@ -118,9 +119,7 @@ def mechanism(workdir: str) -> str:
             f"{r['ablation_drop_repeat']:+.3f} / {r['ablation_drop_other']:+.3f} |")
     lines += ["", induction.verdict(ok["max_induction_score"], ok["loss_drop"],
                                     ok["code_target_attention"]),
-              induction.ablation_line(ok, stats), "",
-              "| split | category | accuracy | drop when the best head is mean-ablated |",
-              "|---|---|---|---|"]
+              induction.ablation_line(ok, stats)]
     code = pd.read_csv(os.path.join(workdir, "induction_code.csv"))
     scores = pd.read_csv(os.path.join(workdir, "induction.csv")).merge(
         code[["seed", "layer", "head", "best", "target_attention"]], on=["seed", "layer", "head"])
@@ -128,10 +127,12 @@ def mechanism(workdir: str) -> str:
                         ("other layer-1 heads", scores[(scores["best"] == 0)
                                                        & (scores["layer"] > 0)]),
                         ("layer-0 heads", scores[scores["layer"] == 0])):
-        lines.insert(-3, f"{name} ({len(heads)}): random-test score "
+        lines.append(f"{name} ({len(heads)}): random-test score "
                      f"{heads['induction_score'].min():.3f} to {heads['induction_score'].max():.3f}"
                      f", on code {heads['target_attention'].min():.3f} to "
                      f"{heads['target_attention'].max():.3f}")
+    lines += ["", "| split | category | accuracy | drop when the best head is mean-ablated |",
+              "|---|---|---|---|"]
     ablation = pd.read_csv(os.path.join(workdir, "induction_ablation.csv"))
     best = ablation[ablation["best"] == 1]
     for (split, category), g in best.groupby(["split", "category"], sort=False):

@@ -645,6 +645,7 @@ def verdict(max_score, loss_drop, code_attention=None) -> str:
     score (the same MIN_SCORE; docs/code_completion.md). n counts the healthy seeds (finite
     max_score)."""
     n = int(np.isfinite(np.asarray(max_score, np.float64)).sum())
+
     def passing(values, bar) -> int:
         return int((np.asarray(values) >= bar).sum())  # NaN (a diverged seed) never passes
 
@@ -742,14 +743,12 @@ def _joined(parts: Sequence, seeded: Sequence[str], num: int):
     chunks (distributed.seed_chunks: the last chunk padded with copies of the last seed): its
     `seeded` fields (arrays, or dicts of arrays, with a leading seed axis) and seeds joined and
     cut to the first `num` seeds; the other fields are the first chunk's (the same in all)."""
-    def cat(values):
-        if isinstance(values[0], dict):
-            return {k: np.concatenate([v[k] for v in values])[:num] for k in values[0]}
-        return np.concatenate(values)[:num]
+    from jaxillusions.runtime import distributed  # noqa: PLC0415
 
-    return dataclasses.replace(
-        parts[0], seeds=tuple(s for p in parts for s in p.seeds)[:num],
-        **{name: cat([getattr(p, name) for p in parts]) for name in seeded})
+    joined = distributed.concat_host([{name: getattr(p, name) for name in seeded}
+                                      for p in parts], num)
+    return dataclasses.replace(parts[0], seeds=tuple(s for p in parts for s in p.seeds)[:num],
+                               **joined)
 
 
 def report_lines(config, workdir: str) -> list[str]:

@@ -356,12 +356,12 @@ def measure(state, results, model_cfg: model_lib.ModelConfig, config, workdir: s
         say(f"  length generalization: {int(lg['count'][0])} closing brackets at prefix lengths "
             f"{wc.length_min_len}..{wc.length_max_len}")
     undefined = balance_undefined(model_cfg)
-    if isinstance(model_cfg.front, MinimalFirstLayer) and undefined is not None:
-        say(f"  balance violation: left out ({undefined})")
-    elif undefined is None:
+    if undefined is None:
         bv = balance_violation(params, model_cfg)
         for i, row in enumerate(rows):
             row.update({name: float(v[i]) for name, v in bv.items()})
+    elif isinstance(model_cfg.front, MinimalFirstLayer):  # a model the measure is meant for
+        say(f"  balance violation: left out ({undefined})")
 
     prefix = attention_prefix(k, depth)
     patterns = attention_patterns(params, prefix, model_cfg)
