@@ -15,6 +15,13 @@ occurrence" is unambiguous. With the first copy at positions o .. o+L-1 (o = 1 w
   copy (unpredictable: uniform over the pool gives ln(pool)) minus the same on tokens 2..L of the
   second copy (predictable by copying). Large when the model uses the repeat, ~0 when it does not.
 
+The tokens are drawn from a pool: every id but the special ones by default; for the code task the
+stage also runs the test on **identifier characters** (`identifier_pool`: ASCII letters, digits
+and underscore, L = half of them), the characters its copying heads copy. Random characters of
+every kind (quotes, brackets, rare symbols) are far out of a code model's distribution; random
+name characters less so, and the loss drop's floor (ln 2 at L = pool / 2, see the threshold in
+docs/code_completion.md) holds for them the same.
+
 `induction(...)` returns an `Induction` with arrays and tidy rows (`rows()`, `seed_rows()`) for a
 CSV, and `scalars()` for TensorBoard; `write(...)` writes both (induction.csv,
 induction_seeds.csv, and the board's seed_<s> runs). `identifier_gap(df)` is the code
@@ -78,6 +85,10 @@ MIN_SCORE = 0.3
 MIN_LOSS_DROP = 1.0
 SEED_COLUMNS = ("seed", "max_induction_score", "best_layer", "best_head", "loss_first",
                 "loss_second", "loss_drop")
+# induction_seeds.csv's further columns with the test on identifier characters (the code task):
+# its best-head score and loss drop (and induction.csv's identifier_score per head).
+IDENTIFIER_SEED_COLUMNS = ("identifier_max_score", "identifier_loss_first",
+                           "identifier_loss_second", "identifier_loss_drop")
 # The code task's analyses (`code_attention`, `head_ablation`): measures of a head's attention at
 # identifier_repeat queries with an earlier bigram match j, by the key's offset from the match
 # (the induction target is j+1, the character after the earlier occurrence).
@@ -97,24 +108,38 @@ REPEAT = "identifier_repeat"
 
 @dataclasses.dataclass(frozen=True)
 class SpecialTokens:
-    """A task's special tokens as the test needs them (`task_tokens`): `exclude`, the ids never
-    drawn (PAD, BOS, EOS, UNK), and `bos`, the token every training row starts with (None: the
-    rows have none)."""
+    """A task's tokens as the test needs them (`task_tokens`): `exclude`, the ids never
+    drawn (PAD, BOS, EOS, UNK), `bos`, the token every training row starts with (None: the
+    rows have none), and `pool`, the ids drawn from (None: every id of the vocabulary; the code
+    task's `identifier_pool`), less `exclude`."""
 
     exclude: tuple[int, ...] = ()
     bos: int | None = None
+    pool: tuple[int, ...] | None = None
+
+
+def drawable(vocab_size: int, special: SpecialTokens = SpecialTokens()) -> np.ndarray:
+    """The sorted ids the test draws from: special.pool (default: every id below vocab_size)
+    minus special.exclude; ValueError if the pool names an id outside the vocabulary."""
+    pool = special.pool
+    ids = np.arange(vocab_size) if pool is None else np.asarray(pool, np.int64).ravel()
+    if len(ids) and not (0 <= ids.min() and ids.max() < vocab_size):
+        raise ValueError(f"induction pool: ids must be in [0, {vocab_size}), got "
+                         f"{int(ids.min())}..{int(ids.max())}")
+    return np.setdiff1d(ids, np.asarray(special.exclude, dtype=np.int64))
 
 
 def repeated_tokens(key: jax.Array, vocab_size: int, length: int, batch: int,
                     special: SpecialTokens = SpecialTokens()) -> jax.Array:
-    """int32 [batch, (bos) + 2*length]: per row, `length` distinct tokens from range(vocab_size)
-    minus special.exclude, repeated once, after special.bos when given. Deterministic in
-    `key`."""
+    """int32 [batch, (bos) + 2*length]: per row, `length` distinct tokens of `drawable(vocab_size,
+    special)`, repeated once, after special.bos when given. Deterministic in `key`."""
     exclude, bos = special.exclude, special.bos
-    pool = np.setdiff1d(np.arange(vocab_size), np.asarray(exclude, dtype=np.int64))
+    pool = drawable(vocab_size, special)
     if not 2 <= length <= len(pool):
+        source = (f"the vocabulary of {vocab_size}" if special.pool is None
+                  else f"a pool of {len(set(special.pool))}")
         raise ValueError(f"induction length={length}: must be in [2, {len(pool)}] (the tokens "
-                         f"left of the vocabulary of {vocab_size} after excluding {list(exclude)})")
+                         f"left of {source} after excluding {list(exclude)})")
     if batch < 1:
         raise ValueError(f"induction batch={batch}: must be >= 1")
     keys = jax.random.split(key, batch)
@@ -142,7 +167,9 @@ class Induction:
     loss_second: np.ndarray  # [S] nats, tokens 2..L of the second copy
     length: int
     chance: float  # the score of uniform causal attention (chance_score)
-    # The code task's analyses, on real code (None elsewhere): `code_attention`, `head_ablation`.
+    # The code task's: the same test on identifier characters (`identifier_pool`), and the
+    # analyses on real code, `code_attention` and `head_ablation` (None elsewhere).
+    identifier: Induction | None = None
     code: CodeAttention | None = None
     ablation: HeadAblation | None = None
     split: str = "iid"  # the ablation split of the per-seed summary (CODE_SEED_COLUMNS)
@@ -176,49 +203,71 @@ class Induction:
         flat = self.score.reshape(len(self.seeds), -1)
         return np.where(np.isnan(flat).all(1), np.nan, np.nanmax(np.nan_to_num(flat, nan=-1), 1))
 
+    def identifier_seed_values(self) -> dict[str, np.ndarray]:
+        """{IDENTIFIER_SEED_COLUMNS name: [S]}, {} without the test on identifier characters."""
+        found = self.identifier
+        if found is None:
+            return {}
+        return {"identifier_max_score": found.max_score, "identifier_loss_first": found.loss_first,
+                "identifier_loss_second": found.loss_second,
+                "identifier_loss_drop": found.loss_drop}
+
+    @property
+    def row_columns(self) -> tuple[str, ...]:
+        """induction.csv's columns: ROW_COLUMNS, and identifier_score with that test."""
+        return ROW_COLUMNS + (("identifier_score",) if self.identifier is not None else ())
+
     def rows(self) -> list[dict]:
-        """One row per (seed, layer, head) with attention (ROW_COLUMNS)."""
+        """One row per (seed, layer, head) with attention (`row_columns`)."""
+        extra = {} if self.identifier is None else {"identifier_score": self.identifier.score}
         return [{"seed": s, "layer": layer, "head": head,
-                 "induction_score": float(self.score[i, layer, head])}
+                 "induction_score": float(self.score[i, layer, head]),
+                 **{k: float(v[i, layer, head]) for k, v in extra.items()}}
                 for i, s in enumerate(self.seeds)
                 for layer in range(self.score.shape[1]) for head in range(self.score.shape[2])
                 if not np.isnan(self.score[i, layer, head])]
 
     @property
     def seed_columns(self) -> tuple[str, ...]:
-        """induction_seeds.csv's columns: SEED_COLUMNS, and CODE_SEED_COLUMNS with the code
-        analyses."""
-        return SEED_COLUMNS + (CODE_SEED_COLUMNS if self.code_seed_values() else ())
+        """induction_seeds.csv's columns: SEED_COLUMNS, then CODE_SEED_COLUMNS with the code
+        analyses and IDENTIFIER_SEED_COLUMNS with the test on identifier characters."""
+        return (SEED_COLUMNS + (CODE_SEED_COLUMNS if self.code_seed_values() else ())
+                + (IDENTIFIER_SEED_COLUMNS if self.identifier is not None else ()))
 
     def seed_rows(self) -> list[dict]:
         """One row per seed (`seed_columns`): its best head (-1: a diverged seed) and the loss
-        drop, and with the code analyses the best head's ablation and attention on code."""
-        code, best = self.code_seed_values(), self.best
+        drop, with the code analyses the best head's ablation and attention on code, and with
+        the test on identifier characters its best-head score and loss drop."""
+        more, best = {**self.code_seed_values(), **self.identifier_seed_values()}, self.best
         return [{"seed": s, "max_induction_score": float(self.max_score[i]),
                  "best_layer": int(best[i, 0]), "best_head": int(best[i, 1]),
                  "loss_first": float(self.loss_first[i]),
                  "loss_second": float(self.loss_second[i]),
                  "loss_drop": float(self.loss_drop[i]),
-                 **{k: float(v[i]) for k, v in code.items()}}
+                 **{k: float(v[i]) for k, v in more.items()}}
                 for i, s in enumerate(self.seeds)]
 
     def scalars(self) -> dict[str, np.ndarray]:
         """{name: [S] values in the order of `seeds`}, TensorBoard's induction/<name>:
         score/layer<l>_head<h>, max_score, loss_drop, and with the code analyses the
-        CODE_SEED_COLUMNS."""
+        CODE_SEED_COLUMNS and IDENTIFIER_SEED_COLUMNS' score and loss drop."""
         out = {f"score/layer{layer}_head{head}": self.score[:, layer, head]
                for layer in range(self.score.shape[1]) for head in range(self.score.shape[2])
                if not np.isnan(self.score[:, layer, head]).all()}
+        ident = self.identifier_seed_values()
         return {**out, "max_score": self.max_score, "loss_drop": self.loss_drop,
-                **self.code_seed_values()}
+                **self.code_seed_values(),
+                **{k: ident[k] for k in ("identifier_max_score", "identifier_loss_drop")
+                   if k in ident}}
 
 
 def write(result: Induction, workdir: str, writer=None, step: int = 0) -> None:
-    """induction.csv (ROW_COLUMNS) and induction_seeds.csv (result.seed_columns) in `workdir`,
+    """induction.csv (result.row_columns) and induction_seeds.csv (result.seed_columns) in
+    `workdir`,
     with the code analyses induction_code.csv (CODE_COLUMNS) and induction_ablation.csv
     (ABLATION_COLUMNS), and the scalars to a board (tensorboard.board) when given, its members
     in the order of result.seeds."""
-    tables.write_csv(result.rows(), os.path.join(workdir, "induction.csv"), ROW_COLUMNS)
+    tables.write_csv(result.rows(), os.path.join(workdir, "induction.csv"), result.row_columns)
     tables.write_csv(result.seed_rows(), os.path.join(workdir, "induction_seeds.csv"),
                      result.seed_columns)
     if result.code is not None:
@@ -239,7 +288,8 @@ def induction(params: model_lib.Params, cfg: model_lib.ModelConfig, key: jax.Arr
 
     `params` has a leading seed axis on every leaf. `special`: the task's special tokens
     (`task_tokens(config.task)`): special.exclude are never drawn, and the sequences start with
-    special.bos when there is one. `intervention` is passed to `model.forward` (e.g. to probe a
+    special.bos when there is one, and special.pool is the ids drawn from (default every
+    non-special one). `intervention` is passed to `model.forward` (e.g. to probe a
     proxy-replaced model).
     """
     bos = special.bos
@@ -289,23 +339,41 @@ def _seed_labels(params: model_lib.Params, seeds: Sequence | None) -> tuple:
     return seeds
 
 
-def default_length(cfg: model_lib.ModelConfig,
-                   special: SpecialTokens = SpecialTokens()) -> int:
-    """Half the tokens that can be drawn (so a model that only learned "tokens already in the
-    context are likely" gains at most ln 2 nats on the repeat: see the threshold in the docs),
-    capped so that the repeated sequence fits the model (after special.bos)."""
-    pool = cfg.vocab_size - len(set(special.exclude) & set(range(cfg.vocab_size)))
-    return max(2, min(pool // 2, (cfg.max_len - (special.bos is not None)) // 2))
+def default_length(cfg: model_lib.ModelConfig, special: SpecialTokens = SpecialTokens()) -> int:
+    """Half the tokens that can be drawn (`drawable`; so a model that only learned "tokens
+    already in the context are likely" gains at most ln 2 nats on the repeat: see the threshold
+    in the docs), capped so that the repeated sequence fits the model (after special.bos)."""
+    size = len(drawable(cfg.vocab_size, special))
+    return max(2, min(size // 2, (cfg.max_len - (special.bos is not None)) // 2))
 
 
-def probe(workdir: str, length: int | None = None, batch: int = 64, key: int = 0) -> Induction:
+def identifier_pool(vocab) -> tuple[int, ...]:
+    """The code task's identifier characters (lexer.IDENTIFIER_CHARS) in `vocab` (a
+    splits.Vocab): the pool of the test on identifier characters."""
+    from jaxillusions.tasks.code_completion import lexer  # noqa: PLC0415
+
+    return vocab.ids_of(lexer.IDENTIFIER_CHARS)
+
+
+# Fewer identifier characters than this in the vocabulary (a tiny max_vocab): no such test.
+MIN_IDENTIFIER_POOL = 4
+
+
+def probe(workdir: str, length: int | None = None, batch: int = 64, key: int = 0,
+          identifier: bool = False) -> Induction:
     """The induction test on the newest checkpoint of a finished workdir (analysis.load_run),
-    every member (a diverged one gives NaN); `length` None: default_length. Write the result
-    with `write(result, workdir)`."""
+    every member (a diverged one gives NaN); `length` None: default_length. `identifier`: a
+    code run's test on identifier characters instead (`identifier_pool`). Write the result with
+    `write(result, workdir)`."""
     from jaxillusions.report import results  # noqa: PLC0415 - results imports pandas lazily
 
     run = results.load_run(workdir)
     special = task_tokens(run.config.task)
+    if identifier:
+        if run.config.task != "code":
+            raise ValueError(f"identifier=True: the test on identifier characters is the code "
+                             f"task's, and {workdir} is a {run.config.task} run")
+        special = dataclasses.replace(special, pool=identifier_pool(run.splits.vocab))
     if length is None:
         length = default_length(run.model_config, special)
     return induction(run.params, run.model_config, jax.random.key(key), length=length,
@@ -638,24 +706,35 @@ def has_head(max_score: np.ndarray, loss_drop: np.ndarray) -> np.ndarray:
     return (np.asarray(max_score) >= MIN_SCORE) & (np.asarray(loss_drop) >= MIN_LOSS_DROP)
 
 
-def verdict(max_score, loss_drop, code_attention=None) -> str:
+def verdict(max_score, loss_drop, code_attention=None, identifier=None) -> str:
     """'k of n seeds ...': the seeds with an induction head (`has_head`) by the random-token
-    test, with the seeds that pass each part and, with the code analyses, with the best head's
-    attention on the induction targets of repeated identifiers in real code in place of its
-    score (the same MIN_SCORE; docs/code_completion.md). n counts the healthy seeds (finite
-    max_score)."""
+    test, with the seeds that pass each part; with `identifier` ([S] best-head score, [S] loss
+    drop of the test on identifier characters) the same for that test; with the code analyses
+    the code task's test (docs/code_completion.md): the best head's attention on the induction
+    targets of repeated identifiers in real code in place of its score, with the loss drop on
+    identifier characters (on random tokens when `identifier` is None). n counts the healthy
+    seeds (finite max_score)."""
     n = int(np.isfinite(np.asarray(max_score, np.float64)).sum())
 
     def passing(values, bar) -> int:
         return int((np.asarray(values) >= bar).sum())  # NaN (a diverged seed) never passes
 
-    text = (f"{int(has_head(max_score, loss_drop).sum())} of {n} seeds by the random-token "
-            f"test (best-head score >= {MIN_SCORE}: {passing(max_score, MIN_SCORE)}, loss drop "
-            f">= {MIN_LOSS_DROP:g} nat: {passing(loss_drop, MIN_LOSS_DROP)})")
+    def counts(score, drop, test: str, score_name: str = "best-head score") -> str:
+        return (f"{int(has_head(score, drop).sum())} of {n} seeds by {test} ({score_name} >= "
+                f"{MIN_SCORE}: {passing(score, MIN_SCORE)}, loss drop >= {MIN_LOSS_DROP:g} nat: "
+                f"{passing(drop, MIN_LOSS_DROP)})")
+
+    text = counts(max_score, loss_drop, "the random-token test")
+    if identifier is not None:
+        text += ", " + counts(*identifier, "the test on identifier characters")
     if code_attention is not None:
-        text += (f", {int(has_head(code_attention, loss_drop).sum())} of {n} with its attention "
-                 f"measured on code (on repeated identifiers' induction targets >= {MIN_SCORE}: "
-                 f"{passing(code_attention, MIN_SCORE)})")
+        if identifier is None:  # a run from before the test on identifier characters
+            return text + (f", {int(has_head(code_attention, loss_drop).sum())} of {n} with its "
+                           f"attention measured on code (on repeated identifiers' induction "
+                           f"targets >= {MIN_SCORE}: {passing(code_attention, MIN_SCORE)})")
+        text += "; code task: " + counts(
+            code_attention, identifier[1], "attention on code and loss drop on identifier "
+            "characters", "attention on repeated identifiers' induction targets")
     return text
 
 
@@ -670,7 +749,7 @@ def check_config(config, model_cfg: model_lib.ModelConfig) -> None:
         return
     special = task_tokens(config.task)
     length = config.induction.length or default_length(model_cfg, special)
-    pool = model_cfg.vocab_size - len(set(special.exclude) & set(range(model_cfg.vocab_size)))
+    pool = len(drawable(model_cfg.vocab_size, special))
     width = (special.bos is not None) + 2 * length
     if not 2 <= length <= pool or width > model_cfg.max_len:
         raise ValueError(f"induction.length={config.induction.length}: must be 0 (the default, "
@@ -712,9 +791,24 @@ def run(ctx) -> object:
     def diverged_nan(x: np.ndarray) -> np.ndarray:  # NaN in the diverged seeds' rows (axis 0)
         return np.where(bad.reshape(-1, *[1] * (np.ndim(x) - 1)), np.nan, x)
 
-    found = dataclasses.replace(found, score=diverged_nan(found.score),
-                                loss_first=diverged_nan(found.loss_first),
-                                loss_second=diverged_nan(found.loss_second))
+    def diverged_nan_test(test: Induction) -> Induction:
+        return dataclasses.replace(test, score=diverged_nan(test.score),
+                                   loss_first=diverged_nan(test.loss_first),
+                                   loss_second=diverged_nan(test.loss_second))
+
+    found = diverged_nan_test(found)
+    pool = identifier_pool(ctx.splits.vocab) if tasks.name(config) == "code" else ()
+    if len(pool) >= MIN_IDENTIFIER_POOL:  # the code task's test on identifier characters
+        names = dataclasses.replace(special, pool=pool)
+        ident = _joined([induction(params, model_cfg, jax.random.key(config.seed),
+                                   length=default_length(model_cfg, names), batch=ic.batch,
+                                   special=names, seeds=seeds)
+                         for params, seeds in chunks], ("score", "loss_first", "loss_second"),
+                        len(labels))
+        found = dataclasses.replace(found, identifier=diverged_nan_test(ident))
+    elif tasks.name(config) == "code":
+        ctx.say(f"note: the vocabulary has {len(pool)} identifier characters (fewer than "
+                f"{MIN_IDENTIFIER_POOL}): no induction test on identifier characters")
     names = [s for s in dict.fromkeys([*tasks.get(config).IN_DISTRIBUTION,
                                         *config.proxies.eval_splits])
              if tasks.name(config) == "code" and s in ctx.splits and len(ctx.splits[s].tokens)]
@@ -732,7 +826,11 @@ def run(ctx) -> object:
     with tensorboard.board(workdir, labels) as writer:
         write(found, workdir, writer, step)
     in_code = found.code_seed_values().get("code_target_attention")
-    ctx.say(f"induction heads (L={length}): {verdict(found.max_score, found.loss_drop, in_code)}; "
+    ident = (None if found.identifier is None
+             else (found.identifier.max_score, found.identifier.loss_drop))
+    ctx.say(f"induction heads (L={length}"
+            + ("" if ident is None else f", {found.identifier.length} on identifier characters")
+            + f"): {verdict(found.max_score, found.loss_drop, in_code, ident)}; "
             f"{workdir}/induction_seeds.csv"
             + (", induction_code.csv, induction_ablation.csv" if found.code else ""))
     return ctx.produced(induction=found)
@@ -769,11 +867,17 @@ def report_lines(config, workdir: str) -> list[str]:
         per_seed = pd.read_csv(seeds_path).dropna(subset=["max_induction_score"])
         score, drop = per_seed["max_induction_score"], per_seed["loss_drop"]
         in_code = per_seed.get("code_target_attention")
+        ident = None
+        if "identifier_loss_drop" in per_seed:
+            ident = (per_seed["identifier_max_score"], per_seed["identifier_loss_drop"])
         lines.append(
-            f"Induction heads: {verdict(score, drop, in_code)}; "
+            f"Induction heads: {verdict(score, drop, in_code, ident)}; "
             f"best-head score {_cell(score, stats)}"
             + ("" if in_code is None else f", on code {_cell(in_code, stats)}")
-            + f", loss drop {_cell(drop, stats)} nats (induction_seeds.csv)")
+            + f", loss drop {_cell(drop, stats)} nats"
+            + ("" if ident is None else f"; on identifier characters best-head score "
+               f"{_cell(ident[0], stats)}, loss drop {_cell(ident[1], stats)} nats")
+            + " (induction_seeds.csv)")
         if "ablation_drop_repeat" in per_seed:
             lines.append(ablation_line(per_seed, stats))
     results_path = os.path.join(workdir, "results.csv")

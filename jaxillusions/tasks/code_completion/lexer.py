@@ -45,6 +45,9 @@ CATEGORIES = ("whitespace", "keyword", "identifier_first", "identifier_repeat", 
 (WHITESPACE, KEYWORD, IDENT_FIRST, IDENT_REPEAT, OPEN, CLOSE, OPERATOR, DIGIT,
  STRING) = range(len(CATEGORIES))
 LANGUAGES = ("python", "javascript")
+# The characters names are made of (ASCII letters, digits, underscore; JavaScript's `$` and `#`
+# left out): the pool of the induction test on identifier characters (studies/induction.py).
+IDENTIFIER_CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz"
 
 PY_KEYWORDS = frozenset(keyword.kwlist)
 JS_KEYWORDS = frozenset("""

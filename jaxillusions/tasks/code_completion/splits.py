@@ -142,6 +142,11 @@ class Vocab:
     def encode(self, text: str) -> np.ndarray:
         return self.encode_codepoints(_codepoints(text))
 
+    def ids_of(self, chars: str) -> tuple[int, ...]:
+        """The ids of those of `chars` that are in the vocabulary, in the vocabulary's order."""
+        ids = self.encode(chars)
+        return tuple(int(i) for i in np.unique(ids[ids != UNK]))
+
     def decode(self, ids: Any) -> str:
         """Characters of ids >= 4; UNK as U+FFFD; PAD, BOS, EOS dropped."""
         out = []
