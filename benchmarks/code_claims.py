@@ -6,24 +6,71 @@ model's accuracy; then the induction heads per seed, the best heads' ablation, a
 strength predicts the identifier_repeat gap.
 
     python -m benchmarks.code_claims runs/code_population --sizes=1,4,16
+    python -m benchmarks.code_claims RUN_A RUN_B --sizes=1,4,16   # one population, two runs
 
-docs/code_completion.md's tables of the population run are its output. Reads results.csv and
-induction_seeds.csv; computes nothing the main job did not measure.
+Several workdirs are one population when their runs share a config but for `seed` (e.g. a second
+run with --config.seed=8) and no seed: their seeds are pooled (`load`). docs/code_completion.md's
+tables of the population run are its output. Reads results.csv and the induction CSVs; computes
+nothing the main job did not measure.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 
+from jaxillusions.config import settings
 from jaxillusions.report import results, stats, tables
 from jaxillusions.studies import induction
 from jaxillusions.tasks.code_completion import lexer
 
 BASELINE = "iid"
+INDUCTION_FILES = {"per_seed": "induction_seeds.csv", "heads": "induction.csv",
+                   "code": "induction_code.csv", "ablation": "induction_ablation.csv"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Population:
+    """A finished code population's tables, read once: results.csv (`df`, typed; `rows`, as
+    tables.bin_gaps reads them) and the induction stage's CSVs (INDUCTION_FILES)."""
+
+    workdirs: tuple[str, ...]
+    df: pd.DataFrame
+    rows: list[dict]
+    per_seed: pd.DataFrame
+    heads: pd.DataFrame
+    code: pd.DataFrame
+    ablation: pd.DataFrame
+
+
+def load(workdirs: Sequence[str]) -> Population:
+    """The runs in `workdirs` as one population: ValueError (one line) unless their configs
+    agree on every setting but `seed` and their seeds are disjoint."""
+    workdirs = tuple(workdirs)
+    configs = [settings.flat(settings.read_stored(w)) for w in workdirs]
+    for w, config in zip(workdirs[1:], configs[1:], strict=True):
+        differ = sorted(k for k in configs[0].keys() | config.keys()
+                        if k != "seed" and configs[0].get(k) != config.get(k))
+        if differ:
+            raise ValueError(f"{w} is not a run of {workdirs[0]}'s config: they differ in "
+                             f"{', '.join(differ[:5])}{' ...' if len(differ) > 5 else ''}")
+    dfs = [results.load_results(w) for w in workdirs]
+    seeds = [set(d["seed"]) for d in dfs]
+    if len(set().union(*seeds)) < sum(len(s) for s in seeds):
+        raise ValueError(f"the runs in {', '.join(workdirs)} share seeds: pool runs of "
+                         "disjoint seeds (--config.seed)")
+    induction_tables = {name: pd.concat([pd.read_csv(os.path.join(w, f)) for w in workdirs],
+                                        ignore_index=True)
+                        for name, f in INDUCTION_FILES.items()}
+    return Population(workdirs=workdirs, df=pd.concat(dfs, ignore_index=True),
+                      rows=[r for w in workdirs
+                            for r in results.read_csv(os.path.join(w, "results.csv"))],
+                      **induction_tables)
 
 
 def _counts(df: pd.DataFrame, breakdown: str) -> pd.DataFrame:
@@ -38,12 +85,11 @@ def _interval(g: dict) -> str:
     return f"{g['gap']:+.3f} [{g['ci_low']:+.3f}, {g['ci_high']:+.3f}]{star}"
 
 
-def gap_tables(workdir: str, breakdown: str, sizes: set[int] | None = None
+def gap_tables(population: Population, breakdown: str, sizes: set[int] | None = None
                ) -> dict[tuple[str, str, int], str]:
     """{(method, site, size): a markdown table of `breakdown`'s bins (code: category,
     bracket_depth)} for every proxy family and size (`sizes`: None for all)."""
-    df = results.load_results(workdir)
-    rows = results.read_csv(os.path.join(workdir, "results.csv"))
+    df, rows = population.df, population.rows
     labels = lexer.CATEGORIES if breakdown == "category" else [str(d) for d in range(1024)]
     gaps = tables.bin_gaps(rows, breakdown, labels, BASELINE, metrics=("same_pred",))
     splits = [s for s in dict.fromkeys(str(s) for s in df["split"].cat.categories)
@@ -75,12 +121,12 @@ def gap_tables(workdir: str, breakdown: str, sizes: set[int] | None = None
     return out
 
 
-def category_contrast(workdir: str, first: str = "identifier_repeat",
+def category_contrast(population: Population, first: str = "identifier_repeat",
                       second: str = "identifier_first", sizes: set[int] | None = None) -> str:
     """A markdown table: per proxy family, size and OOD split, the gap (same_pred, iid minus the
     split) on `first` minus that on `second`, paired over seeds: mean [95% Student-t
     interval], and the seeds where it is positive."""
-    df = results.load_results(workdir)
+    df = population.df
     bins = [lexer.CATEGORIES.index(c) for c in (first, second)]
     sel = df[(df["breakdown"] == "category") & (df["method"] != "original")
              & df["bin"].isin(bins)]
@@ -104,46 +150,54 @@ def category_contrast(workdir: str, first: str = "identifier_repeat",
     return "\n".join(lines)
 
 
-def mechanism(workdir: str) -> str:
+def mechanism(population: Population) -> str:
     """The induction heads per seed, the verdict, the ablation line and head strength against
-    the identifier_repeat gap (Spearman, permutation p; bootstrap interval from 16 seeds)."""
-    per_seed = pd.read_csv(os.path.join(workdir, "induction_seeds.csv"))
-    ok = per_seed.dropna(subset=["max_induction_score"])
+    the identifier_repeat gap (Spearman, permutation p; bootstrap interval from 16 seeds). With
+    the test on identifier characters (its columns in induction_seeds.csv) its score and loss
+    drop too, and the code task's verdict."""
+    ok = population.per_seed.dropna(subset=["max_induction_score"])
+    ident = "identifier_loss_drop" in ok
     lines = ["| seed | best head | score | loss drop | on code (uniform) | ablation drop "
-             "identifier_repeat / other |", "|---|---|---|---|---|---|"]
+             "identifier_repeat / other |" + (" identifier characters: score / loss drop |"
+                                              if ident else ""),
+             "|---|---|---|---|---|---|" + ("---|" if ident else "")]
     for _, r in ok.iterrows():
         lines.append(
             f"| {int(r['seed'])} | {int(r['best_layer'])}.{int(r['best_head'])} | "
             f"{r['max_induction_score']:.3f} | {r['loss_drop']:.2f} | "
             f"{r['code_target_attention']:.3f} ({r['code_uniform_on_target']:.3f}) | "
-            f"{r['ablation_drop_repeat']:+.3f} / {r['ablation_drop_other']:+.3f} |")
-    lines += ["", induction.verdict(ok["max_induction_score"], ok["loss_drop"],
-                                    ok["code_target_attention"]),
-              induction.ablation_line(ok, stats)]
-    code = pd.read_csv(os.path.join(workdir, "induction_code.csv"))
-    scores = pd.read_csv(os.path.join(workdir, "induction.csv")).merge(
-        code[["seed", "layer", "head", "best", "target_attention"]], on=["seed", "layer", "head"])
+            f"{r['ablation_drop_repeat']:+.3f} / {r['ablation_drop_other']:+.3f} |"
+            + (f" {r['identifier_max_score']:.3f} / {r['identifier_loss_drop']:.2f} |"
+               if ident else ""))
+    lines += ["", induction.verdict(
+        ok["max_induction_score"], ok["loss_drop"], ok["code_target_attention"],
+        (ok["identifier_max_score"], ok["identifier_loss_drop"]) if ident else None),
+        induction.ablation_line(ok, stats)]
+    columns = {"random-test score": "induction_score",
+               **({"on identifier characters": "identifier_score"} if ident else {}),
+               "on code": "target_attention"}
+    scores = population.heads.merge(
+        population.code[["seed", "layer", "head", "best", "target_attention"]],
+        on=["seed", "layer", "head"])
     for name, heads in (("best heads", scores[scores["best"] == 1]),
                         ("other layer-1 heads", scores[(scores["best"] == 0)
                                                        & (scores["layer"] > 0)]),
                         ("layer-0 heads", scores[scores["layer"] == 0])):
-        lines.append(f"{name} ({len(heads)}): random-test score "
-                     f"{heads['induction_score'].min():.3f} to {heads['induction_score'].max():.3f}"
-                     f", on code {heads['target_attention'].min():.3f} to "
-                     f"{heads['target_attention'].max():.3f}")
+        lines.append(f"{name} ({len(heads)}): " + ", ".join(
+            f"{label} {heads[c].min():.3f} to {heads[c].max():.3f}"
+            for label, c in columns.items()))
     lines += ["", "| split | category | accuracy | drop when the best head is mean-ablated |",
               "|---|---|---|---|"]
-    ablation = pd.read_csv(os.path.join(workdir, "induction_ablation.csv"))
-    best = ablation[ablation["best"] == 1]
+    best = population.ablation[population.ablation["best"] == 1]
     for (split, category), g in best.groupby(["split", "category"], sort=False):
         mean, low, high = stats.t_interval(g["drop"].to_numpy())
         lines.append(f"| {split} | {category} | {g['acc_original'].mean():.3f} | "
                      f"{mean:+.3f} [{low:+.3f}, {high:+.3f}] |")
     lines.append("")
-    df = results.load_results(workdir)
-    for strength in ("max_induction_score", "loss_drop", "code_target_attention",
-                     "ablation_drop_repeat"):
-        table = induction.head_predicts_gap(df, ok, strength=strength)
+    strengths = ["max_induction_score", "loss_drop", "code_target_attention",
+                 "ablation_drop_repeat"] + (["identifier_loss_drop"] if ident else [])
+    for strength in strengths:
+        table = induction.head_predicts_gap(population.df, ok, strength=strength)
         best = table.sort_values("p_value").head(3)
         lines.append(
             f"{strength} vs the identifier_repeat gap: {int((table['p_value'] < 0.05).sum())} of "
@@ -157,19 +211,25 @@ def mechanism(workdir: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("workdir")
+    parser.add_argument("workdirs", nargs="+", metavar="workdir",
+                        help="a finished code run, or runs of one config with disjoint seeds")
     parser.add_argument("--sizes", default="", help="comma-separated sizes (default: all)")
     args = parser.parse_args()
     sizes = {int(s) for s in args.sizes.split(",")} if args.sizes else None
+    try:
+        population = load(args.workdirs)
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"error: {err}") from None
+    print(f"{population.df['seed'].nunique()} seeds from {', '.join(population.workdirs)}\n")
     for breakdown in ("category", "bracket_depth"):
-        for (method, site, size), table in gap_tables(args.workdir, breakdown, sizes).items():
+        for (method, site, size), table in gap_tables(population, breakdown, sizes).items():
             print(f"same_pred gap by {breakdown}, {method} {site} size {size}:\n\n{table}\n")
     for first, second in (("identifier_repeat", "identifier_first"),
                           ("close_bracket", "open_bracket")):
         print(f"## {first} minus {second}: the gaps' paired difference\n")
-        print(category_contrast(args.workdir, first, second, sizes), "\n")
+        print(category_contrast(population, first, second, sizes), "\n")
     print("## Induction heads\n")
-    print(mechanism(args.workdir))
+    print(mechanism(population))
 
 
 if __name__ == "__main__":

@@ -301,6 +301,16 @@ def test_sweep_probes_induction_heads_once_and_again_when_its_settings_change(co
     again = induction.probe(workdir, batch=config.induction.batch, key=config.seed)
     np.testing.assert_allclose(again.max_score, [r["max_induction_score"] for r in best],
                                rtol=1e-6)
+    # The code task's second test, on identifier characters: its own columns, the same numbers.
+    names = induction.probe(workdir, batch=config.induction.batch, key=config.seed,
+                            identifier=True)
+    vocab = code_task.load(checked(config).data, verbose=False).vocab
+    assert names.length == len(induction.identifier_pool(vocab)) // 2 < again.length
+    assert list(best[0])[-4:] == list(induction.IDENTIFIER_SEED_COLUMNS)
+    np.testing.assert_allclose([r["identifier_loss_drop"] for r in best], names.loss_drop,
+                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose([h["identifier_score"] for h in heads], names.score.ravel(),
+                               rtol=1e-6)
     gap = tables.read_csv(os.path.join(workdir, "identifier_gap.csv"))
     expected = induction.identifier_gap(load_results(workdir))
     assert [(r["seed"], r["split"]) for r in gap] == list(
@@ -311,6 +321,7 @@ def test_sweep_probes_induction_heads_once_and_again_when_its_settings_change(co
     with open(os.path.join(workdir, "gap_table.txt")) as f:
         headline = tables.summary_of(f.read())
     assert "Induction heads: " in headline and "of 2 seeds" in headline
+    assert "by the test on identifier characters" in headline and "; code task: " in headline
     assert "identifier_repeat - identifier_first accuracy (original model): iid " in headline
     board = read_scalars(os.path.join(workdir, "tensorboard"))
     step = config.train.num_steps
@@ -479,7 +490,8 @@ def test_code_claims_tables_the_paired_gaps_per_category_and_depth(code_sweep):
     from benchmarks import code_claims
 
     _, workdir = code_sweep
-    by_family = code_claims.gap_tables(workdir, "category", sizes={1})
+    population = code_claims.load([workdir])
+    by_family = code_claims.gap_tables(population, "category", sizes={1})
     written = [g for g in tables.read_csv(os.path.join(workdir, "gaps_by_category.csv"))
                if g["metric"] == "same_pred"]
     assert set(by_family) == {(g["method"], g["site"], g["size"]) for g in written
@@ -491,6 +503,46 @@ def test_code_claims_tables_the_paired_gaps_per_category_and_depth(code_sweep):
     assert f"{g['gap']:+.3f} [{g['ci_low']:+.3f}, {g['ci_high']:+.3f}]" in line
     assert len(by_family["svd", g["site"], 1].splitlines()) == 2 + len(
         {r["label"] for r in written if (r["method"], r["size"]) == ("svd", 1)})
-    depth = code_claims.gap_tables(workdir, "bracket_depth")
+    depth = code_claims.gap_tables(population, "bracket_depth")
     assert set(depth) == {(g["method"], g["site"], g["size"]) for g in written}
-    assert "of 2 seeds by the random-token test" in code_claims.mechanism(workdir)
+    assert "of 2 seeds by the random-token test" in code_claims.mechanism(population)
+
+
+def test_code_claims_pools_the_seeds_of_runs_of_one_config(code_sweep, tmp_path):
+    """Two runs of one config with disjoint seeds are one population (here the tiny sweep and a
+    copy of it relabeled as seeds 2 and 3); runs sharing seeds, or of another config, are
+    refused."""
+    import pandas as pd
+
+    from benchmarks import code_claims
+
+    _, workdir = code_sweep
+    other = tmp_path / "seeds2"
+    shutil.copytree(workdir, other)
+    with open(other / "config.json") as f:
+        stored = json.load(f)
+    stored["seed"] = 2
+    with open(other / "config.json", "w") as f:
+        json.dump(stored, f)
+    for name in ("results.csv", *code_claims.INDUCTION_FILES.values()):
+        table = pd.read_csv(other / name, keep_default_na=False, na_values={})
+        table.assign(seed=table["seed"] + 2).to_csv(other / name, index=False)
+    with pytest.raises(ValueError, match="share seeds"):
+        code_claims.load([workdir, workdir])
+    pooled = code_claims.load([workdir, str(other)])
+    assert sorted(set(pooled.df["seed"])) == [0, 1, 2, 3]
+    one = code_claims.gap_tables(code_claims.load([workdir]), "category", sizes={1})
+    both = code_claims.gap_tables(pooled, "category", sizes={1})
+    assert set(both) == set(one)
+    for key, table in both.items():  # each seed twice: the same mean gaps, of 4 seeds
+        rows = [ln for ln in table.splitlines() if ln.startswith("| identifier_repeat |")]
+        assert rows and rows[0].endswith(" of 4 |")
+        single = [ln for ln in one[key].splitlines() if ln.startswith("| identifier_repeat |")]
+        mean = [c.split(" [")[0] for c in rows[0].split(" | ")[4:-1]]
+        assert mean == [c.split(" [")[0] for c in single[0].split(" | ")[4:-1]]
+    assert "of 4 seeds by the random-token test" in code_claims.mechanism(pooled)
+    stored["train"]["num_steps"] += 1
+    with open(other / "config.json", "w") as f:
+        json.dump(stored, f)
+    with pytest.raises(ValueError, match="differ in train.num_steps"):
+        code_claims.load([workdir, str(other)])

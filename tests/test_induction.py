@@ -173,6 +173,38 @@ def test_repeated_tokens_are_distinct_deterministic_and_exclude_special():
         induction.repeated_tokens(jax.random.key(3), V, 10, 5, TOKENS)
 
 
+def test_a_pool_narrows_the_draw_and_the_default_length():
+    # The code task's test on identifier characters draws from a pool (less the specials).
+    pool = (1, 4, 5, 6, 7, 9, 11)
+    names = induction.SpecialTokens(exclude=SPECIAL, bos=BOS, pool=pool)
+    np.testing.assert_array_equal(induction.drawable(V, names), [4, 5, 6, 7, 9, 11])
+    a = np.asarray(induction.repeated_tokens(jax.random.key(3), V, 3, 50, names))
+    body = a[:, 1:4]
+    np.testing.assert_array_equal(body, a[:, 4:])
+    assert np.isin(body, [4, 5, 6, 7, 9, 11]).all() and all(len(set(r)) == 3 for r in body)
+    assert set(body.ravel()) == {4, 5, 6, 7, 9, 11}  # 150 draws reach every id of the pool
+    cfg, _ = copier()
+    assert induction.default_length(cfg, names) == 3
+    with pytest.raises(ValueError, match=r"length=7: must be in \[2, 6\].*a pool of 7"):
+        induction.repeated_tokens(jax.random.key(3), V, 7, 5, names)
+    with pytest.raises(ValueError, match=r"ids must be in \[0, 12\)"):
+        induction.drawable(V, induction.SpecialTokens(pool=(3, 12)))
+    # The copier copies whatever it is given: the same head, the same use of the repeat.
+    _, params = copier()
+    out = induction.induction(stack(params), cfg, jax.random.key(7), length=3, batch=16,
+                              special=names)
+    assert out.score[0, 1, 0] > 0.95 and out.loss_drop[0] > 1.0
+
+
+def test_identifier_pool_is_the_vocabularys_name_characters():
+    from jaxillusions.tasks.code_completion import splits
+
+    vocab = splits.Vocab(chars="".join(sorted("\n (),:=_abcxyz019")))  # by code point
+    ids = induction.identifier_pool(vocab)
+    assert vocab.decode(ids) == "019_abcxyz"
+    assert all(i >= splits.NUM_SPECIAL for i in ids)
+
+
 def test_too_long_for_the_model_is_refused():
     cfg, params = copier(max_len=2 * L)
     with pytest.raises(ValueError, match="max_len"):
@@ -472,6 +504,22 @@ def test_the_verdict_counts_heads_by_the_random_test_and_on_code():
     assert induction.verdict(score, drop, on_code).endswith(
         ", 2 of 3 with its attention measured on code (on repeated identifiers' induction "
         "targets >= 0.3: 3)")
+
+
+def test_the_verdict_of_the_code_task_uses_the_loss_drop_on_identifier_characters():
+    # Seeds: 0 passes everything; 1 attends on code and copies identifier characters but not
+    # random ones; 2 attends on code without copying either; 3 copies identifier characters
+    # without attending on code; 4 diverged.
+    score = np.array([0.5, 0.1, 0.1, 0.1, np.nan])
+    drop = np.array([1.5, 0.8, 0.5, 0.9, np.nan])
+    on_code = np.array([0.6, 0.35, 0.4, 0.2, np.nan])
+    ident = (np.array([0.4, 0.35, 0.1, 0.2, np.nan]), np.array([2.0, 1.2, 0.6, 1.4, np.nan]))
+    assert induction.verdict(score, drop, on_code, ident) == (
+        "1 of 4 seeds by the random-token test (best-head score >= 0.3: 1, loss drop >= 1 nat: "
+        "1), 2 of 4 seeds by the test on identifier characters (best-head score >= 0.3: 2, loss "
+        "drop >= 1 nat: 3); code task: 2 of 4 seeds by attention on code and loss drop on "
+        "identifier characters (attention on repeated identifiers' induction targets >= 0.3: "
+        "3, loss drop >= 1 nat: 3)")
 
 
 def _stage_context(settings, workdir, healthy):
