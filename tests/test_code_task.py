@@ -468,7 +468,8 @@ def test_sweep_ablates_each_head_and_measures_attention_on_the_repeats_of_code(c
         row = original.loc[(r["seed"], r["split"], CATS.index(r["category"]))]
         assert r["n"] == row["n"] and r["acc_original"] == pytest.approx(row["acc"], abs=1e-6)
     per_seed = tables.read_csv(os.path.join(workdir, "induction_seeds.csv"))
-    assert list(per_seed[0]) == list(induction.SEED_COLUMNS + induction.CODE_SEED_COLUMNS)
+    assert list(per_seed[0]) == list(induction.SEED_COLUMNS + induction.CODE_SEED_COLUMNS
+                                     + induction.IDENTIFIER_SEED_COLUMNS)
     for seed in per_seed:
         (best,) = [r for r in ablation if r["seed"] == seed["seed"] and r["best"]
                    and r["split"] == "iid" and r["category"] == "identifier_repeat"]
