@@ -14,7 +14,13 @@ at each stop prints a markdown row and appends to <workdir>/curve.csv (COLUMNS):
   induction test's sequences to the position before it;
 - score, loss_drop: `induction.induction` (L = --length, batch --batch, key 0);
 - iid accuracy, identifier_repeat and identifier_first accuracy on iid and their difference
-  (the evaluation's per-category accuracy: the category of the predicted character).
+  (the evaluation's per-category accuracy: the category of the predicted character);
+- the code task's test as the main job's induction stage runs it (its defaults: key 0, batch
+  64, --code_rows iid rows): code_attention, the attention of the best head of the random-token
+  test (at its default length) on repeated identifiers' induction targets in iid code;
+  identifier_score and identifier_loss_drop, the test on random identifier characters; passes,
+  1 where code_attention >= induction.MIN_SCORE and identifier_loss_drop >=
+  induction.MIN_LOSS_DROP.
 
 --analyse, at the last stop, for every head: where it attends on the test's sequences
 (`attention_mass`: the target = the token after the earlier occurrence, target +-1 and +-2, BOS,
@@ -55,7 +61,8 @@ CODE_ROWS = flags.DEFINE_integer("code_rows", 128, "With --analyse: iid rows for
                                  "attention on real repeated identifiers.")
 
 COLUMNS = ("step", "loss", "prev_token", "score", "best_layer", "best_head", "loss_drop",
-           "iid_acc", "acc_first", "acc_repeat", "identifier_gap", "seconds")
+           "iid_acc", "acc_first", "acc_repeat", "identifier_gap", "code_attention",
+           "identifier_score", "identifier_loss_drop", "passes", "seconds")
 
 
 class _Tee(io.TextIOBase):
@@ -111,12 +118,37 @@ def test(state, settings, model_cfg, splits, losses, step, seconds):
     first, repeat = by_cat[lexer.IDENT_FIRST], by_cat[lexer.IDENT_REPEAT]
     recent = [v for s, v in losses.items() if step - LOSS_WINDOW.value < s <= step]
     row = found.seed_rows()[0]
+    code = code_task_test(state, model_cfg, splits)
     return {"step": step, "loss": float(np.mean(recent)) if recent else math.nan,
             "prev_token": float(previous_token(params, model_cfg, tokens).max()),
             "score": row["max_induction_score"], "best_layer": row["best_layer"],
             "best_head": row["best_head"], "loss_drop": row["loss_drop"],
             "iid_acc": float(acc), "acc_first": float(first), "acc_repeat": float(repeat),
-            "identifier_gap": float(repeat - first), "seconds": seconds}
+            "identifier_gap": float(repeat - first), **code, "seconds": seconds}
+
+
+def code_task_test(state, model_cfg, splits):
+    """The code task's test of the main job's induction stage (studies/induction.py, run) on the
+    first seed: {code_attention, identifier_score, identifier_loss_drop, passes}."""
+    import dataclasses  # noqa: PLC0415
+
+    import jax  # noqa: PLC0415
+
+    from jaxillusions.studies import induction  # noqa: PLC0415
+
+    defaults = induction.task_tokens("code")
+    names = dataclasses.replace(defaults, pool=induction.identifier_pool(splits.vocab))
+    tests = [induction.induction(state.params, model_cfg, jax.random.key(0),
+                                 length=induction.default_length(model_cfg, special), batch=64,
+                                 special=special) for special in (defaults, names)]
+    iid = splits["iid"]
+    code = induction.code_attention(state.params, model_cfg, iid.tokens[:CODE_ROWS.value],
+                                    iid.category[:CODE_ROWS.value])
+    attention = float(code.of_heads(tests[0].best)["target_attention"][0])
+    drop = float(tests[1].loss_drop[0])
+    return {"code_attention": attention, "identifier_score": float(tests[1].max_score[0]),
+            "identifier_loss_drop": drop,
+            "passes": int(attention >= induction.MIN_SCORE and drop >= induction.MIN_LOSS_DROP)}
 
 
 def attention_mass(pattern, length, offset=1):
@@ -240,7 +272,8 @@ def main(settings, workdir, start_over=False):
     splits, model_cfg, _ = train.build(settings)
     path = os.path.join(workdir, "curve.csv")
     print("| step | loss | previous-token | best-head score | loss drop (nats) | iid acc | "
-          "identifier_repeat - first | s |\n|---|---|---|---|---|---|---|---|")
+          "identifier_repeat - first | attention on code | identifier loss drop | passes | "
+          "s |\n|---|---|---|---|---|---|---|---|---|---|---|")
     tee, start, state, row = _Tee(sys.stdout), time.perf_counter(), None, None
     for stop in stops:
         with contextlib.redirect_stdout(tee):
@@ -251,7 +284,8 @@ def main(settings, workdir, start_over=False):
                    round(time.perf_counter() - start, 1))
         print(f"| {step} | {row['loss']:.2f} | {row['prev_token']:.2f} | {row['score']:.3f} | "
               f"{row['loss_drop']:.2f} | {row['iid_acc']:.3f} | {row['identifier_gap']:+.3f} | "
-              f"{row['seconds']:.0f} |", flush=True)
+              f"{row['code_attention']:.3f} | {row['identifier_loss_drop']:.2f} | "
+              f"{row['passes']} | {row['seconds']:.0f} |", flush=True)
         new = not os.path.exists(path)
         if not new:
             with open(path) as f:

@@ -106,13 +106,16 @@ def load_jax_params(model: Transformer, params: dict) -> Transformer:
 
 
 def _schedule(train_cfg):
-    warmup = train_cfg.warmup_steps
-    decay = max(train_cfg.num_steps, warmup + 1) - warmup
+    warmup, num_steps = train_cfg.warmup_steps, train_cfg.num_steps
+    # objective.learning_rate_schedule: the cosine over every step after the warmup, or over the
+    # last train.decay_steps with the peak rate held before them.
+    start = num_steps - train_cfg.decay_steps if train_cfg.decay_steps else warmup
+    decay = train_cfg.decay_steps or max(num_steps, warmup + 1) - warmup
 
-    def factor(step: int) -> float:  # optax.warmup_cosine_decay_schedule, relative to peak
+    def factor(step: int) -> float:  # relative to the peak
         if step < warmup:
             return step / warmup
-        frac = min(step - warmup, decay) / decay
+        frac = min(max(step - start, 0), decay) / decay
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
 
     return factor

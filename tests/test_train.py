@@ -5,6 +5,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from conftest import checked
 
@@ -163,3 +164,31 @@ def test_splits_share_the_model_max_len(config):
     splits, model_cfg, _ = train.build(checked(config))
     assert model_cfg.max_len == splits["longer"].tokens.shape[1]
     assert model_cfg.vocab_size == dyck.vocab_size(config.data.num_types)
+
+
+def test_decay_steps_hold_the_peak_rate_then_decay_over_the_last_steps(config):
+    default = objective_lib.learning_rate_schedule(3e-3, 10, 100)
+    cosine = optax.warmup_cosine_decay_schedule(0.0, 3e-3, 10, 100, 3e-4)
+    steps = np.arange(0, 121)
+    np.testing.assert_array_equal(default(steps), cosine(steps))  # decay_steps 0: unchanged
+    held = np.asarray(objective_lib.learning_rate_schedule(3e-3, 10, 100, decay_steps=30)(steps))
+    np.testing.assert_allclose(held[:11], np.asarray(cosine(steps))[:11], rtol=1e-6)  # warmup
+    np.testing.assert_allclose(held[10:71], 3e-3, rtol=1e-6)  # the peak up to step 70
+    assert np.all(np.diff(held[70:101]) < 0)
+    np.testing.assert_allclose(held[[85, 100, 120]], [1.65e-3, 3e-4, 3e-4], rtol=1e-5)
+    config.train.num_steps, config.train.warmup_steps, config.train.decay_steps = 100, 10, 91
+    with pytest.raises(ValueError, match="train.decay_steps"):
+        settings.from_config(config)
+
+
+def test_the_torch_loop_follows_the_same_schedule(config):
+    pytest.importorskip("torch")
+    from benchmarks import torch_loop
+
+    for decay in (0, 30):
+        config.train.num_steps, config.train.warmup_steps, config.train.decay_steps = 100, 10, decay
+        train_cfg = settings.from_config(config).train
+        factor = torch_loop._schedule(train_cfg)
+        ours = objective_lib.learning_rate_schedule(3e-3, 10, 100, decay)
+        np.testing.assert_allclose([3e-3 * factor(s) for s in range(0, 101, 5)],
+                                   [float(ours(s)) for s in range(0, 101, 5)], rtol=1e-5)

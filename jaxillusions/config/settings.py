@@ -134,13 +134,18 @@ LOSS_ON = ("all", "closing")
 
 @dataclasses.dataclass(frozen=True)
 class Train:
-    """The optimizer (AdamW, warmup and cosine decay) and the training loop."""
+    """The optimizer (AdamW, warmup, a constant peak rate if decay_steps says so, cosine decay)
+    and the training loop."""
 
     num_seeds: int = setting(4, INT, ">= 1", positive, "seeds config.seed, config.seed + 1, ...")
     num_steps: int = setting(3000, INT, ">= 1", positive)
     batch_size: int = setting(32, INT, ">= 1", positive, "rows per step and seed")
     learning_rate: float = setting(3e-3, NUMBER, "> 0", lambda v, s: v > 0)
     warmup_steps: int = setting(200, INT, ">= 0", nonnegative)
+    decay_steps: int = setting(
+        0, INT, "0 (every step after the warmup) or 1 .. num_steps - warmup_steps",
+        lambda v, s: v == 0 or 1 <= v <= s.train.num_steps - s.train.warmup_steps,
+        "the cosine decay's steps, the last of the run; the rate stays at its peak before them")
     weight_decay: float = setting(0.01, NUMBER, ">= 0", nonnegative)
     grad_clip: float = setting(1.0, NUMBER, "> 0", lambda v, s: v > 0)
     loss_on: str = setting("all", STR, *one_of(LOSS_ON),

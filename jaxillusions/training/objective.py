@@ -55,24 +55,37 @@ def from_settings(settings: Settings) -> Objective:
 
 
 def make_optimizer(train_cfg: Train, frozen: tuple[str, ...] = ()) -> optax.GradientTransformation:
-    """AdamW with linear warmup and cosine decay to 10% of the peak rate. The parameters at the
-    '/'-joined paths `frozen` (model.frozen_paths) get zero updates (no decay either)."""
+    """AdamW with linear warmup and cosine decay to 10% of the peak rate, over every step after
+    the warmup or (train.decay_steps > 0) over the last decay_steps, the rate held at its peak
+    until then. The parameters at the '/'-joined paths `frozen` (model.frozen_paths) get zero
+    updates (no decay either)."""
     return _optimizer(train_cfg.learning_rate, train_cfg.warmup_steps, train_cfg.num_steps,
-                      train_cfg.weight_decay, train_cfg.grad_clip, tuple(frozen))
+                      train_cfg.weight_decay, train_cfg.grad_clip, tuple(frozen),
+                      train_cfg.decay_steps)
+
+
+def learning_rate_schedule(learning_rate: float, warmup_steps: int, num_steps: int,
+                           decay_steps: int = 0) -> optax.Schedule:
+    """The schedule of `make_optimizer` (decay_steps 0: the cosine over every step after the
+    warmup)."""
+    if not decay_steps:
+        return optax.warmup_cosine_decay_schedule(
+            init_value=0.0, peak_value=learning_rate, warmup_steps=warmup_steps,
+            decay_steps=max(num_steps, warmup_steps + 1), end_value=0.1 * learning_rate)
+    return optax.join_schedules(
+        [optax.linear_schedule(0.0, learning_rate, max(warmup_steps, 1)),
+         optax.constant_schedule(learning_rate),
+         optax.cosine_decay_schedule(learning_rate, decay_steps, alpha=0.1)],
+        boundaries=[warmup_steps, num_steps - decay_steps])
 
 
 @functools.cache
 def _optimizer(learning_rate: float, warmup_steps: int, num_steps: int, weight_decay: float,
-               grad_clip: float, frozen: tuple[str, ...] = ()) -> optax.GradientTransformation:
+               grad_clip: float, frozen: tuple[str, ...] = (),
+               decay_steps: int = 0) -> optax.GradientTransformation:
     # Cached so equal hyper-parameters give the same object: `tx` is a static jit argument, and a
     # fresh (unhashably different) optimizer would recompile the training step.
-    schedule = optax.warmup_cosine_decay_schedule(
-        init_value=0.0,
-        peak_value=learning_rate,
-        warmup_steps=warmup_steps,
-        decay_steps=max(num_steps, warmup_steps + 1),
-        end_value=0.1 * learning_rate,
-    )
+    schedule = learning_rate_schedule(learning_rate, warmup_steps, num_steps, decay_steps)
     tx = optax.chain(
         optax.clip_by_global_norm(grad_clip),
         optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=weight_decay),
