@@ -7,6 +7,7 @@ strength predicts the identifier_repeat gap.
 
     python -m benchmarks.code_claims runs/code_population --sizes=1,4,16
     python -m benchmarks.code_claims RUN_A RUN_B --sizes=1,4,16   # one population, two runs
+    python -m benchmarks.code_claims RUN --against OTHER_RUN      # the same seeds, paired
 
 Several workdirs are one population when their runs share a config but for `seed` (e.g. a second
 run with --config.seed=8) and no seed: their seeds are pooled (`load`). docs/code_completion.md's
@@ -104,7 +105,7 @@ def gap_tables(population: Population, breakdown: str, sizes: set[int] | None = 
                 if (g["method"], g["site"], g["size"]) == (method, site, size)}
         head = (f"| {breakdown} | characters {'/'.join([BASELINE, *splits])} | model accuracy "
                 f"| {BASELINE} same_pred | " + " | ".join(f"gap {s}" for s in splits)
-                + " | seeds > 0 |")
+                + f" | seeds > 0 ({'/'.join(splits)}) |")
         lines = [head, "|" + "---|" * (head.count("|") - 1)]
         for b in sorted({b for b, _ in ours}):
             cells = [ours.get((b, s)) for s in splits]
@@ -115,7 +116,7 @@ def gap_tables(population: Population, breakdown: str, sizes: set[int] | None = 
             lines.append(
                 f"| {labels[b]} | {n} | {acc} | {base['baseline_mean']:.3f} | "
                 + " | ".join("" if c is None else _interval(c) for c in cells) + " | "
-                + "/".join("-" if c is None else f"{c['seeds_positive']}" for c in cells)
+                + ", ".join("-" if c is None else f"{c['seeds_positive']}" for c in cells)
                 + f" of {base['n_seeds']} |")
         out[method, site, size] = "\n".join(lines)
     return out
@@ -209,15 +210,60 @@ def mechanism(population: Population) -> str:
     return "\n".join(lines)
 
 
+# Per-seed measures that `compare` pairs across two populations (induction_seeds.csv).
+COMPARED = ("max_induction_score", "loss_drop", "code_target_attention", "identifier_max_score",
+            "identifier_loss_drop", "ablation_repeat_minus_other")
+
+
+def compare(population: Population, other: Population) -> str:
+    """A markdown table: per-seed measures of `population` minus `other` on the seeds both have
+    (e.g. two recipes' runs of the same seeds), mean [95% t interval], the seeds whose difference
+    is > 0 and the two-sided sign-flip permutation p (exact up to 2^12 sign patterns): the
+    original model's accuracy per split, then COMPARED (those both populations measured)."""
+    import scipy.stats  # noqa: PLC0415
+
+    def accuracy(p: Population) -> pd.DataFrame:
+        own = p.df[(p.df["method"] == "original") & (p.df["breakdown"] == "all")]
+        return own.pivot_table(index="seed", columns="split", values="acc", observed=True)
+
+    ours, theirs = accuracy(population), accuracy(other)
+    seeds = sorted(set(ours.index) & set(theirs.index))
+    if len(seeds) < 2:
+        raise ValueError(f"the populations share {len(seeds)} seed(s): compare runs of the same "
+                         "seeds (at least 2)")
+    pairs = {f"accuracy {s}": (ours.loc[seeds, s], theirs.loc[seeds, s])
+             for s in ours.columns if s in theirs.columns}
+    a, b = (p.per_seed.set_index("seed").loc[seeds] for p in (population, other))
+    pairs |= {c: (a[c], b[c]) for c in COMPARED if c in a and c in b}
+    lines = ["| measure | this | other | difference [95% t] | seeds > 0 | sign-flip p |",
+             "|---|---|---|---|---|---|"]
+    for name, (x, y) in pairs.items():
+        d = np.asarray(x, np.float64) - np.asarray(y, np.float64)
+        mean, low, high = stats.t_interval(d)
+        p = scipy.stats.permutation_test(
+            (d,), np.mean, permutation_type="samples",
+            n_resamples=np.inf if len(d) <= 12 else 9999, random_state=0).pvalue
+        lines.append(f"| {name} | {np.mean(x):.3f} | {np.mean(y):.3f} | {mean:+.3f} "
+                     f"[{low:+.3f}, {high:+.3f}] | {int((d > 0).sum())}/{len(d)} | {p:.4f} |")
+    return f"{len(seeds)} seeds in both ({', '.join(map(str, seeds))}):\n\n" + "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("workdirs", nargs="+", metavar="workdir",
                         help="a finished code run, or runs of one config with disjoint seeds")
     parser.add_argument("--sizes", default="", help="comma-separated sizes (default: all)")
+    parser.add_argument("--against", nargs="+", default=(), metavar="workdir",
+                        help="another population of the same seeds (e.g. another recipe's "
+                        "run): print the per-seed differences of this one minus it, and only "
+                        "them")
     args = parser.parse_args()
     sizes = {int(s) for s in args.sizes.split(",")} if args.sizes else None
     try:
         population = load(args.workdirs)
+        if args.against:
+            print(compare(population, load(args.against)))
+            return
     except (OSError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
     print(f"{population.df['seed'].nunique()} seeds from {', '.join(population.workdirs)}\n")

@@ -263,14 +263,27 @@ def analyse(state, settings, model_cfg, splits, curve_row):
     return masses, out
 
 
+def check_curve_file(path: str) -> None:
+    """Refuses, before any work, a curve.csv whose header is not COLUMNS (one written by an
+    older version of this script), which the rows of this one would corrupt."""
+    if not os.path.exists(path):
+        return
+    with open(path, newline="") as f:
+        header = next(csv.reader(f), [])
+    if tuple(header) != COLUMNS:
+        raise SystemExit(f"{path} has other columns than this script writes (an older "
+                         f"version's); move it aside or use another --workdir")
+
+
 def main(settings, workdir, start_over=False):
     import numpy as np  # noqa: PLC0415
 
     from jaxillusions.training import train  # noqa: PLC0415
 
     stops = sorted(int(s) for s in STOPS.value)
-    splits, model_cfg, _ = train.build(settings)
     path = os.path.join(workdir, "curve.csv")
+    check_curve_file(path)
+    splits, model_cfg, _ = train.build(settings)
     print("| step | loss | previous-token | best-head score | loss drop (nats) | iid acc | "
           "identifier_repeat - first | attention on code | identifier loss drop | passes | "
           "s |\n|---|---|---|---|---|---|---|---|---|---|---|")

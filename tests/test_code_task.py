@@ -502,6 +502,12 @@ def test_code_claims_tables_the_paired_gaps_per_category_and_depth(code_sweep):
     (line,) = [ln for ln in by_family["svd", g["site"], 1].splitlines()
                if ln.startswith("| identifier_repeat |")]
     assert f"{g['gap']:+.3f} [{g['ci_low']:+.3f}, {g['ci_high']:+.3f}]" in line
+    # The last cell: the seeds with a positive gap per split, in the header's order, of n.
+    header = by_family["svd", g["site"], 1].splitlines()[0].split("|")[-2].strip()
+    splits = header.removeprefix("seeds > 0 (").removesuffix(")").split("/")
+    positive, n = line.split("|")[-2].strip().split(" of ")
+    assert positive.split(", ")[splits.index("deeper")] == str(g["seeds_positive"])
+    assert n == str(g["n_seeds"])
     assert len(by_family["svd", g["site"], 1].splitlines()) == 2 + len(
         {r["label"] for r in written if (r["method"], r["size"]) == ("svd", 1)})
     depth = code_claims.gap_tables(population, "bracket_depth")
@@ -547,3 +553,32 @@ def test_code_claims_pools_the_seeds_of_runs_of_one_config(code_sweep, tmp_path)
         json.dump(stored, f)
     with pytest.raises(ValueError, match="differ in train.num_steps"):
         code_claims.load([workdir, str(other)])
+
+
+def test_code_claims_compares_two_populations_of_the_same_seeds(code_sweep, tmp_path):
+    """`compare`: per seed, this population's measures minus another's on their shared seeds
+    (here the tiny sweep against a copy whose loss drops on identifier characters are 0.1
+    lower): the accuracies differ by 0, that loss drop by +0.1 in every seed (exact sign-flip
+    p of 2 seeds: 2/4); populations without 2 shared seeds are refused."""
+    import pandas as pd
+
+    from benchmarks import code_claims
+
+    _, workdir = code_sweep
+    other = tmp_path / "lower"
+    shutil.copytree(workdir, other)
+    per_seed = pd.read_csv(other / "induction_seeds.csv")
+    per_seed["identifier_loss_drop"] -= 0.1
+    per_seed.to_csv(other / "induction_seeds.csv", index=False)
+    table = code_claims.compare(code_claims.load([workdir]), code_claims.load([str(other)]))
+    rows = {ln.split(" | ")[0].removeprefix("| "): ln.split(" | ")
+            for ln in table.splitlines() if ln.startswith("| ")}
+    assert table.startswith("2 seeds in both (0, 1):")
+    assert rows["accuracy iid"][3].startswith("+0.000 [") and rows["accuracy iid"][4] == "0/2"
+    drop = rows["identifier_loss_drop"]
+    assert drop[3].startswith("+0.100 [+0.100, +0.100]") and drop[4] == "2/2"
+    assert drop[5] == "0.5000 |"
+    relabeled = pd.read_csv(other / "results.csv", keep_default_na=False, na_values={})
+    relabeled.assign(seed=relabeled["seed"] + 2).to_csv(other / "results.csv", index=False)
+    with pytest.raises(ValueError, match="share 0 seed"):
+        code_claims.compare(code_claims.load([workdir]), code_claims.load([str(other)]))

@@ -3,6 +3,7 @@
 import io
 
 import numpy as np
+import pytest
 
 from benchmarks import induction_curves
 
@@ -39,3 +40,13 @@ def test_tee_keeps_the_logged_losses():
     tee.write("step    100/8000 | loss 2.4353 (min 2.4353) | 1 seeds\n")
     assert tee.losses == {50: 2.6399, 100: 2.4353}
     assert out.getvalue().count("\n") == 2
+
+
+def test_a_curve_file_of_other_columns_is_refused_before_any_work(tmp_path):
+    path = tmp_path / "curve.csv"
+    induction_curves.check_curve_file(str(path))  # none yet: fine
+    path.write_text(",".join(induction_curves.COLUMNS) + "\n500,1.0\n")
+    induction_curves.check_curve_file(str(path))
+    path.write_text("step,loss,prev_token,score\n500,1.0,0.2,0.01\n")
+    with pytest.raises(SystemExit, match="other columns"):
+        induction_curves.check_curve_file(str(path))

@@ -77,3 +77,13 @@ def test_a_toy_stage_runs_resumes_from_its_stage_file_and_is_timed(tiny_sweep, t
     assert calls["count"] == 2
     moved = [f for _, _, files in os.walk(os.path.join(workdir, "superseded")) for f in files]
     assert "toy.txt" in moved and "stage_toy.json" in moved
+    capsys.readouterr()
+
+    # Its stage file lost: it runs again, and the note on its output says why.
+    os.remove(stages.stage_file(workdir, "toy"))
+    os.remove(os.path.join(workdir, sweep.DONE_FILE))
+    sweep.run(checked(config), workdir, pipeline=pipeline)
+    out = capsys.readouterr().out
+    assert calls["count"] == 3
+    assert ("note: toy.txt has no stage file (proxies/stage_toy.json) to say which settings "
+            "made it; moved to superseded/") in out

@@ -262,17 +262,23 @@ def _run_stage(stage: Stage, ctx: Context) -> Context:
     if stage.stamped:
         stamp = _stage_stamp(stage, ctx)
         outputs = [os.path.join(directory, o) for o in stage.outputs]
-        try:
+        rel, unreadable = os.path.relpath(path, ctx.workdir), False
+        try:  # why the outputs there, if any, are moved aside (None: the stage is done)
             saved = stages.read_json(path)
-            current = isinstance(saved, dict) and saved.get("stamp") == stamp
+            why = (f"has no stage file ({rel}) to say which settings made it" if saved is None
+                   else None if isinstance(saved, dict) and saved.get("stamp") == stamp
+                   else stages.STALE)
         except (OSError, ValueError):
-            current = False
-        if current and all(glob.glob(glob.escape(o) if "*" not in o else o) for o in outputs):
-            ctx.say(f"{stage.name}: done before (stage file {os.path.relpath(path, ctx.workdir)})")
+            why, unreadable = f"has an unreadable stage file ({rel})", True
+        missing = [os.path.relpath(o, ctx.workdir) for o in outputs
+                   if not glob.glob(glob.escape(o) if "*" not in o else o)]
+        if why is None and not missing:
+            ctx.say(f"{stage.name}: done before (stage file {rel})")
             return ctx
+        why = why or f"belongs with {', '.join(missing)}, which is missing: the stage runs again"
         for p in [path, *outputs]:
             for found in sorted(glob.glob(p)):
-                ctx.move_aside(found)
+                ctx.move_aside(found, "is unreadable" if unreadable and found == path else why)
     with timing.stage(stage.name):
         ctx = stage.run(ctx)
     if stage.stamped:
