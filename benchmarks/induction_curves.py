@@ -19,8 +19,7 @@ at each stop prints a markdown row and appends to <workdir>/curve.csv (COLUMNS):
   64, --code_rows iid rows): code_attention, the attention of the best head of the random-token
   test (at its default length) on repeated identifiers' induction targets in iid code;
   identifier_score and identifier_loss_drop, the test on random identifier characters; passes,
-  1 where code_attention >= induction.MIN_SCORE and identifier_loss_drop >=
-  induction.MIN_LOSS_DROP.
+  1 where the two pass `induction.has_head`'s thresholds.
 
 --analyse, at the last stop, for every head: where it attends on the test's sequences
 (`attention_mass`: the target = the token after the earlier occurrence, target +-1 and +-2, BOS,
@@ -148,7 +147,7 @@ def code_task_test(state, model_cfg, splits):
     drop = float(tests[1].loss_drop[0])
     return {"code_attention": attention, "identifier_score": float(tests[1].max_score[0]),
             "identifier_loss_drop": drop,
-            "passes": int(attention >= induction.MIN_SCORE and drop >= induction.MIN_LOSS_DROP)}
+            "passes": int(induction.has_head(attention, drop))}
 
 
 def attention_mass(pattern, length, offset=1):
