@@ -129,14 +129,11 @@ def test(state, settings, model_cfg, splits, losses, step, seconds):
 def code_task_test(state, model_cfg, splits):
     """The code task's test of the main job's induction stage (studies/induction.py, run) on the
     first seed: {code_attention, identifier_score, identifier_loss_drop, passes}."""
-    import dataclasses  # noqa: PLC0415
-
     import jax  # noqa: PLC0415
 
     from jaxillusions.studies import induction  # noqa: PLC0415
 
-    defaults = induction.task_tokens("code")
-    names = dataclasses.replace(defaults, pool=induction.identifier_pool(splits.vocab))
+    defaults, names = induction.task_tokens("code"), induction.identifier_tokens(splits.vocab)
     tests = [induction.induction(state.params, model_cfg, jax.random.key(0),
                                  length=induction.default_length(model_cfg, special), batch=64,
                                  special=special) for special in (defaults, names)]

@@ -203,6 +203,11 @@ def test_identifier_pool_is_the_vocabularys_name_characters():
     ids = induction.identifier_pool(vocab)
     assert vocab.decode(ids) == "019_abcxyz"
     assert all(i >= splits.NUM_SPECIAL for i in ids)
+    # The test on identifier characters keeps the code task's special tokens.
+    names = induction.identifier_tokens(vocab)
+    assert names.pool == ids
+    assert (names.exclude, names.bos) == (tuple(range(splits.NUM_SPECIAL)), splits.BOS)
+    assert not set(induction.drawable(vocab.size, names)) & set(names.exclude)
 
 
 def test_too_long_for_the_model_is_refused():

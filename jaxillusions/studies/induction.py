@@ -355,6 +355,12 @@ def identifier_pool(vocab) -> tuple[int, ...]:
     return vocab.ids_of(lexer.IDENTIFIER_CHARS)
 
 
+def identifier_tokens(vocab) -> SpecialTokens:
+    """The `special` argument of the code task's test on identifier characters: the code
+    task's special tokens (`task_tokens`) with `identifier_pool(vocab)` as the pool."""
+    return dataclasses.replace(task_tokens("code"), pool=identifier_pool(vocab))
+
+
 # Fewer identifier characters than this in the vocabulary (a tiny max_vocab): no such test.
 MIN_IDENTIFIER_POOL = 4
 
@@ -373,7 +379,7 @@ def probe(workdir: str, length: int | None = None, batch: int = 64, key: int = 0
         if run.config.task != "code":
             raise ValueError(f"identifier=True: the test on identifier characters is the code "
                              f"task's, and {workdir} is a {run.config.task} run")
-        special = dataclasses.replace(special, pool=identifier_pool(run.splits.vocab))
+        special = identifier_tokens(run.splits.vocab)
     if length is None:
         length = default_length(run.model_config, special)
     return induction(run.params, run.model_config, jax.random.key(key), length=length,
@@ -797,9 +803,9 @@ def run(ctx) -> object:
                                    loss_second=diverged_nan(test.loss_second))
 
     found = diverged_nan_test(found)
-    pool = identifier_pool(ctx.splits.vocab) if tasks.name(config) == "code" else ()
+    names = identifier_tokens(ctx.splits.vocab) if tasks.name(config) == "code" else None
+    pool = () if names is None else names.pool
     if len(pool) >= MIN_IDENTIFIER_POOL:  # the code task's test on identifier characters
-        names = dataclasses.replace(special, pool=pool)
         ident = _joined([induction(params, model_cfg, jax.random.key(config.seed),
                                    length=default_length(model_cfg, names), batch=ic.batch,
                                    special=names, seeds=seeds)
