@@ -194,19 +194,26 @@ def mechanism(population: Population) -> str:
         mean, low, high = stats.t_interval(g["drop"].to_numpy())
         lines.append(f"| {split} | {category} | {g['acc_original'].mean():.3f} | "
                      f"{mean:+.3f} [{low:+.3f}, {high:+.3f}] |")
-    lines.append("")
+    lines.append("" if len(ok) >= stats.MIN_BOOTSTRAP_SEEDS else
+                 f"\n(rho's bootstrap interval from {stats.MIN_BOOTSTRAP_SEEDS} seeds; here "
+                 f"{len(ok)})")
     strengths = ["max_induction_score", "loss_drop", "code_target_attention",
                  "ablation_drop_repeat"] + (["identifier_loss_drop"] if ident else [])
     for strength in strengths:
         table = induction.head_predicts_gap(population.df, ok, strength=strength)
+        table = table[np.isfinite(table["rho"])]  # Spearman is undefined below 3 seeds
+        if table.empty:
+            lines.append(f"{strength} vs the identifier_repeat gap: undefined at {len(ok)} "
+                         "seeds")
+            continue
         best = table.sort_values("p_value").head(3)
         lines.append(
             f"{strength} vs the identifier_repeat gap: {int((table['p_value'] < 0.05).sum())} of "
             f"{len(table)} with p < 0.05 (rho {table['rho'].min():+.2f} to "
             f"{table['rho'].max():+.2f}); smallest p: " + "; ".join(
                 f"{r.method} {r.site} {r.size} {r.split} rho {r.rho:+.2f} "
-                f"[{r.rho_low:+.2f}, {r.rho_high:+.2f}] p {r.p_value:.3f}"
-                for r in best.itertuples()))
+                + ("" if np.isnan(r.rho_low) else f"[{r.rho_low:+.2f}, {r.rho_high:+.2f}] ")
+                + f"p {r.p_value:.3f}" for r in best.itertuples()))
     return "\n".join(lines)
 
 

@@ -512,7 +512,11 @@ def test_code_claims_tables_the_paired_gaps_per_category_and_depth(code_sweep):
         {r["label"] for r in written if (r["method"], r["size"]) == ("svd", 1)})
     depth = code_claims.gap_tables(population, "bracket_depth")
     assert set(depth) == {(g["method"], g["site"], g["size"]) for g in written}
-    assert "of 2 seeds by the random-token test" in code_claims.mechanism(population)
+    text = code_claims.mechanism(population)
+    assert "of 2 seeds by the random-token test" in text
+    # At 2 seeds Spearman's rho and its bootstrap interval are undefined: said, not printed.
+    assert "nan" not in text
+    assert "loss_drop vs the identifier_repeat gap: undefined at 2 seeds" in text
 
 
 def test_code_claims_pools_the_seeds_of_runs_of_one_config(code_sweep, tmp_path):
