@@ -194,9 +194,7 @@ def mechanism(population: Population) -> str:
         mean, low, high = stats.t_interval(g["drop"].to_numpy())
         lines.append(f"| {split} | {category} | {g['acc_original'].mean():.3f} | "
                      f"{mean:+.3f} [{low:+.3f}, {high:+.3f}] |")
-    lines.append("" if len(ok) >= stats.MIN_BOOTSTRAP_SEEDS else
-                 f"\n(rho's bootstrap interval from {stats.MIN_BOOTSTRAP_SEEDS} seeds; here "
-                 f"{len(ok)})")
+    lines.append("")
     strengths = ["max_induction_score", "loss_drop", "code_target_attention",
                  "ablation_drop_repeat"] + (["identifier_loss_drop"] if ident else [])
     for strength in strengths:
@@ -211,9 +209,9 @@ def mechanism(population: Population) -> str:
             f"{strength} vs the identifier_repeat gap: {int((table['p_value'] < 0.05).sum())} of "
             f"{len(table)} with p < 0.05 (rho {table['rho'].min():+.2f} to "
             f"{table['rho'].max():+.2f}); smallest p: " + "; ".join(
-                f"{r.method} {r.site} {r.size} {r.split} rho {r.rho:+.2f} "
-                + ("" if np.isnan(r.rho_low) else f"[{r.rho_low:+.2f}, {r.rho_high:+.2f}] ")
-                + f"p {r.p_value:.3f}" for r in best.itertuples()))
+                f"{r.method} {r.site} {r.size} {r.split} rho "
+                f"{tables.rho_cell(r.rho, r.rho_low, r.rho_high)} p {r.p_value:.3f}"
+                for r in best.itertuples()))
     return "\n".join(lines)
 
 
@@ -225,10 +223,8 @@ COMPARED = ("max_induction_score", "loss_drop", "code_target_attention", "identi
 def compare(population: Population, other: Population) -> str:
     """A markdown table: per-seed measures of `population` minus `other` on the seeds both have
     (e.g. two recipes' runs of the same seeds), mean [95% t interval], the seeds whose difference
-    is > 0 and the two-sided sign-flip permutation p (exact up to 2^12 sign patterns): the
-    original model's accuracy per split, then COMPARED (those both populations measured)."""
-    import scipy.stats  # noqa: PLC0415
-
+    is > 0 and the two-sided sign-flip permutation p (`stats.sign_flip_p`): the original
+    model's accuracy per split, then COMPARED (those both populations measured)."""
     def accuracy(p: Population) -> pd.DataFrame:
         own = p.df[(p.df["method"] == "original") & (p.df["breakdown"] == "all")]
         return own.pivot_table(index="seed", columns="split", values="acc", observed=True)
@@ -246,12 +242,10 @@ def compare(population: Population, other: Population) -> str:
              "|---|---|---|---|---|---|"]
     for name, (x, y) in pairs.items():
         d = np.asarray(x, np.float64) - np.asarray(y, np.float64)
-        mean, low, high = stats.t_interval(d)
-        p = scipy.stats.permutation_test(
-            (d,), np.mean, permutation_type="samples",
-            n_resamples=np.inf if len(d) <= 12 else 9999, random_state=0).pvalue
-        lines.append(f"| {name} | {np.mean(x):.3f} | {np.mean(y):.3f} | {mean:+.3f} "
-                     f"[{low:+.3f}, {high:+.3f}] | {int((d > 0).sum())}/{len(d)} | {p:.4f} |")
+        s = stats.paired_summary(d)
+        lines.append(f"| {name} | {np.mean(x):.3f} | {np.mean(y):.3f} | {s['mean']:+.3f} "
+                     f"[{s['ci_low']:+.3f}, {s['ci_high']:+.3f}] | "
+                     f"{s['seeds_positive']}/{s['n_seeds']} | {stats.sign_flip_p(d):.4f} |")
     return f"{len(seeds)} seeds in both ({', '.join(map(str, seeds))}):\n\n" + "\n".join(lines)
 
 

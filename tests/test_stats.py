@@ -111,6 +111,17 @@ def test_spearman_and_bootstrap_interval():
     assert corr["same_pred"]["n_seeds"] == 20
 
 
+def test_sign_flip_p_is_exact_at_small_n():
+    # 3 positive differences: of the 8 sign patterns only all-positive and all-negative reach
+    # |mean| >= 2, so p = 2/8; a NaN seed is dropped; one seed has no test.
+    assert stats.sign_flip_p(np.array([1.0, 2.0, 3.0])) == pytest.approx(2 / 8)
+    assert stats.sign_flip_p(np.array([1.0, 2.0, np.nan, 3.0])) == pytest.approx(2 / 8)
+    assert math.isnan(stats.sign_flip_p(np.array([1.0])))
+    # Differences of both signs: the statistic ties |mean| at the observed 0, every pattern
+    # is as extreme.
+    assert stats.sign_flip_p(np.array([1.0, -1.0])) == pytest.approx(1.0)
+
+
 def test_bootstrap_ranks_and_stacked_p_values_equal_one_pair_at_a_time():
     """The report's shortcuts give the very same floats: bootstrap ranks from draw counts equal
     scipy's rankdata of each resample (ties included), and p-values of stacked pairs equal one

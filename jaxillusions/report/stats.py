@@ -9,7 +9,8 @@ of seeds whose difference is positive.
 
 Small n: Spearman p-values come from the permutation distribution (exact, over all n!
 pairings, up to n = 7; 9,999 fixed-seed random pairings above), never from the asymptotic
-approximation (which gives p = 0 for a perfect ranking of 4 seeds; the exact p is 2/24).
+approximation (which gives p = 0 for a perfect ranking of 4 seeds; the exact p is 2/24); so do
+the sign-flip p-values of paired differences (`sign_flip_p`: exact up to n = 13).
 
 Bounded quantities (accuracy, same_pred, JSD: all in [0, 1]) get `bounded_interval`: a Student-t
 interval of the per-seed values on the logit scale, mapped back, so it never leaves [0, 1].
@@ -315,6 +316,19 @@ def spearman_p(x: np.ndarray, y: np.ndarray) -> float | np.ndarray:
         n_resamples=NUM_PERMUTATIONS, alternative="two-sided", axis=-1,
         rng=np.random.default_rng(BOOTSTRAP_SEED))
     return float(result.pvalue) if x.ndim == 1 else np.asarray(result.pvalue, np.float64)
+
+
+def sign_flip_p(diffs: np.ndarray) -> float:
+    """Two-sided permutation p-value of a zero mean of per-seed paired differences, each seed's
+    sign flipped: exact (all 2^n sign patterns) when 2^n <= NUM_PERMUTATIONS, else
+    NUM_PERMUTATIONS random patterns (fixed seed). NaN entries dropped; NaN below 2 seeds."""
+    d = np.asarray(diffs, np.float64)
+    d = d[np.isfinite(d)]
+    if len(d) < 2:
+        return math.nan
+    return float(scipy.stats.permutation_test(
+        (d,), np.mean, permutation_type="samples", n_resamples=NUM_PERMUTATIONS,
+        alternative="two-sided", rng=np.random.default_rng(BOOTSTRAP_SEED)).pvalue)
 
 
 def _spearman_ps(pairs: Sequence[tuple[np.ndarray, np.ndarray]], chunk: int = 8

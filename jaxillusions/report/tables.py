@@ -113,6 +113,13 @@ def _gap_cells(gap_rows: Sequence[dict | None], digits: int) -> tuple[list[str],
     return cells, base
 
 
+def rho_cell(rho: float, low: float, high: float) -> str:
+    """'rho [low,high]', or 'rho [n too small]' where the bootstrap interval is undefined
+    (below stats.MIN_BOOTSTRAP_SEEDS seeds)."""
+    interval = "n too small" if np.isnan(low) else f"{low:+.2f},{high:+.2f}"
+    return f"{rho:+.2f} [{interval}]"
+
+
 def _label(method: str, size: int) -> str:
     return "-" if size == 0 else str(size)  # size 0: a data-independent proxy
 
@@ -477,10 +484,6 @@ def statistics_report(rows: Sequence[dict], splits: Sequence[str], baseline: str
              f"split) have p < 0.05, about {0.05 * len(tested):.1f} expected by chance alone "
              "(all in id_predicts_gap.csv; bootstrap intervals of rho from "
              f"{stats.MIN_BOOTSTRAP_SEEDS} seeds up):"]
-
-    def rho_cell(rho: float, low: float, high: float) -> str:
-        interval = "n too small" if np.isnan(low) else f"{low:+.2f},{high:+.2f}"
-        return f"{rho:+.2f} [{interval}]"
 
     for c in sorted(detected, key=lambda c: c["p_value"])[:40]:
         text.append(f"  {c['method']:<18} {c['site']:<34} {_label(c['method'], c['size']):>4}  "
