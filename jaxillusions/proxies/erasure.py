@@ -25,6 +25,7 @@ every position.
 import jax
 import jax.numpy as jnp
 
+from jaxillusions.runtime import linalg
 from jaxillusions.tasks import MAX_CONCEPT_CLASSES
 
 STATISTIC = "labelled"
@@ -50,9 +51,8 @@ def leace(x: jax.Array, z: jax.Array, valid: jax.Array, *, num_classes: int = MA
     """x [N, F], classes z int [N] (< 0: undefined), valid bool [N] -> the LEACE eraser of the
     rows that are valid and labelled: {"mean": [F], "left": [F, M], "right": [M, F]}, M =
     min(F, num_classes), with erase(x) = x - ((x - mean) @ right.T) @ left.T. With z [N, C]
-    (C concepts): one eraser per concept, leaves [C, ...], from ONE batched eigendecomposition
-    and ONE batched SVD: two LAPACK calls that XLA:CPU may run at once can deadlock its thread
-    pool (each waits for its batch's work, queued behind the other's, on a 2-core machine)."""
+    (C concepts): one eraser per concept, leaves [C, ...] (the decompositions through
+    runtime.linalg, one matrix per LAPACK call, which cannot deadlock XLA:CPU's thread pool)."""
     single = z.ndim == 1
     z = z[:, None] if single else z
     f = x.shape[-1]
@@ -65,7 +65,7 @@ def leace(x: jax.Array, z: jax.Array, valid: jax.Array, *, num_classes: int = MA
     zc = (onehot - onehot.sum(1, keepdims=True) / n) * w[..., None]
     sxx = jnp.einsum("cnf,cng->cfg", xc, xc, precision=_HI) / n
     sxz = jnp.einsum("cnf,cnk->cfk", xc, zc, precision=_HI) / n
-    lam, vecs = jnp.linalg.eigh(0.5 * (sxx + jnp.swapaxes(sxx, 1, 2)))
+    lam, vecs = linalg.eigh(0.5 * (sxx + jnp.swapaxes(sxx, 1, 2)))
     # Pseudo-inverse square root, with the threshold of numpy's / torch's pinv.
     keep = lam > lam[:, -1:] * f * jnp.finfo(jnp.float32).eps
     lam = jnp.maximum(lam, 0.0)
@@ -74,7 +74,7 @@ def leace(x: jax.Array, z: jax.Array, valid: jax.Array, *, num_classes: int = MA
     vt = jnp.swapaxes(vecs, 1, 2)
     whiten = jnp.matmul(vecs * inv_root[:, None, :], vt, precision=_HI)
     unwhiten = jnp.matmul(vecs * root[:, None, :], vt, precision=_HI)
-    u, s, _ = jnp.linalg.svd(jnp.matmul(whiten, sxz, precision=_HI), full_matrices=False)
+    u, s, _ = linalg.svd(jnp.matmul(whiten, sxz, precision=_HI), full_matrices=False)
     u = u * (s > tol)[:, None, :]
     out = {"mean": mean, "left": jnp.matmul(unwhiten, u, precision=_HI),
            "right": jnp.matmul(jnp.swapaxes(u, 1, 2), whiten, precision=_HI)}

@@ -8,6 +8,8 @@ the ranks differ only in a mask over the sorted eigenvector columns.
 import jax
 import jax.numpy as jnp
 
+from jaxillusions.runtime import linalg
+
 STATISTIC = "moments"
 SITE = "vector"
 SIZES_KEY = "svd_ranks"
@@ -59,7 +61,7 @@ def fit(
     mean = stats["total"] / count if center else jnp.zeros(f, jnp.float32)
     # Normalizing by count only rescales eigenvalues but keeps float32 well scaled.
     m = stats["gram"] / count - jnp.outer(mean, mean)
-    _, vecs = jnp.linalg.eigh(0.5 * (m + m.T))
+    _, vecs = linalg.eigh(0.5 * (m + m.T))
     basis = vecs[:, ::-1]  # eigh sorts ascending; we want decreasing eigenvalue
     ranks = jnp.minimum(jnp.asarray(sizes), f)
     r = len(sizes)

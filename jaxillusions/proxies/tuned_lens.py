@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxillusions.proxies import _lens
+from jaxillusions.runtime import linalg
 
 STATISTIC = "pairs"
 SITE = "vector"
@@ -66,11 +67,11 @@ def translator(x: jax.Array, y: jax.Array, valid: jax.Array, ranks: tuple[int, .
     cov = jnp.matmul(xc.T, xc, precision=_HI) / n
     lam = ridge * jnp.trace(cov) / f
     # The correction D solves (Cov + lam I) D = Cov(x, y - x).
-    d = jnp.linalg.solve(cov + lam * jnp.eye(f), jnp.matmul(xc.T, yc - xc, precision=_HI) / n)
+    d = linalg.solve(cov + lam * jnp.eye(f), jnp.matmul(xc.T, yc - xc, precision=_HI) / n)
     # Reduced rank: the top-r directions of the fitted corrections x D (eigenvectors of
     # D^T Cov D, decreasing), as svd.py orders its basis.
     fitted = jnp.matmul(d.T, jnp.matmul(cov, d, precision=_HI), precision=_HI)
-    _, vecs = jnp.linalg.eigh(0.5 * (fitted + fitted.T))
+    _, vecs = linalg.eigh(0.5 * (fitted + fitted.T))
     vecs = vecs[:, ::-1]
     out = []
     for r in ranks:

@@ -58,7 +58,7 @@ from flax import serialization
 from jaxillusions import faithfulness, tasks
 from jaxillusions.faithfulness import dictionary_metrics as dictionaries
 from jaxillusions.report import figures, stats, tables
-from jaxillusions.runtime import distributed, stages
+from jaxillusions.runtime import distributed, linalg, stages
 from jaxillusions.studies import fit_shift
 
 _HI = jax.lax.Precision.HIGHEST
@@ -112,8 +112,8 @@ def subspace_angles(a: jax.Array, b: jax.Array, rank: jax.Array) -> jax.Array:
     keep = jnp.arange(f) < rank
     a, b = a * keep, b * keep
     cross = jnp.matmul(a.T, b, precision=_HI)
-    sigma = jnp.linalg.svd(cross, compute_uv=False)  # decreasing; first `rank` are the cosines
-    sines = jnp.linalg.svd(b - jnp.matmul(a, cross, precision=_HI), compute_uv=False)
+    sigma = linalg.svd(cross, compute_uv=False)  # decreasing; first `rank` are the cosines
+    sines = linalg.svd(b - jnp.matmul(a, cross, precision=_HI), compute_uv=False)
     ascending = sigma[jnp.where(keep, rank - 1 - jnp.arange(f), 0)]  # sigma[::-1] of the block
     theta = jnp.where(sigma**2 >= 0.5, jnp.arcsin(jnp.clip(sines, -1.0, 1.0)),
                       jnp.arccos(jnp.clip(ascending, -1.0, 1.0)))
@@ -164,7 +164,7 @@ def geometry(train: dict, splits: dict, *, ranks: tuple[int, ...], center: bool)
 
 def procrustes(a: jax.Array, b: jax.Array) -> jax.Array:
     """The orthogonal R minimizing |a R - b|_F (scipy.linalg.orthogonal_procrustes's R)."""
-    u, _, vt = jnp.linalg.svd(jnp.matmul(a.T, b, precision=_HI))
+    u, _, vt = linalg.svd(jnp.matmul(a.T, b, precision=_HI))
     return jnp.matmul(u, vt, precision=_HI)
 
 
