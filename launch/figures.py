@@ -15,7 +15,12 @@ import os
 import sys
 import time
 
-from launch import common
+from jaxillusions.runtime import interrupt
+
+if __name__ == "__main__":  # first: a signal during the slow imports below is one line
+    interrupt.catch_start_up()
+
+from launch import common  # noqa: E402
 
 USAGE = "python -m launch.figures WORKDIR, e.g. python -m launch.figures runs/dyck_small"
 

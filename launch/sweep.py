@@ -3,9 +3,14 @@
     python -m launch.sweep --config=configs/dyck_small.py --workdir=runs/dyck_small
 """
 
-from jaxillusions.config.settings import Settings
-from jaxillusions.pipeline import sweep
-from launch import common
+from jaxillusions.runtime import interrupt
+
+if __name__ == "__main__":  # first: a signal during the slow imports below is one line
+    interrupt.catch_start_up()
+
+from jaxillusions.config.settings import Settings  # noqa: E402
+from jaxillusions.pipeline import sweep  # noqa: E402
+from launch import common  # noqa: E402
 
 
 def main(settings: Settings, workdir: str, start_over: bool = False) -> None:

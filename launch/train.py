@@ -3,14 +3,19 @@
     python -m launch.train --config=configs/dyck_small.py --workdir=runs/dyck_small_train
 """
 
-import numpy as np
+from jaxillusions.runtime import interrupt
 
-from jaxillusions.config.settings import Settings
-from jaxillusions.report import board
-from jaxillusions.runtime import distributed
-from jaxillusions.runtime import tensorboard as log_lib
-from jaxillusions.training import train
-from launch import common
+if __name__ == "__main__":  # first: a signal during the slow imports below is one line
+    interrupt.catch_start_up()
+
+import numpy as np  # noqa: E402
+
+from jaxillusions.config.settings import Settings  # noqa: E402
+from jaxillusions.report import board  # noqa: E402
+from jaxillusions.runtime import distributed  # noqa: E402
+from jaxillusions.runtime import tensorboard as log_lib  # noqa: E402
+from jaxillusions.training import train  # noqa: E402
+from launch import common  # noqa: E402
 
 
 def main(settings: Settings, workdir: str, start_over: bool = False) -> None:

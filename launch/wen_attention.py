@@ -11,14 +11,19 @@ SIGTERM/SIGINT, and turns errors into one line (--debug, --start_over as in laun
 import os
 import sys
 
-from absl import flags
+from jaxillusions.runtime import interrupt
 
-from configs import wen_attention_variation
-from jaxillusions.pipeline import sweep
-from jaxillusions.report import figures, tables
-from jaxillusions.runtime import distributed
-from jaxillusions.studies import wen
-from launch import common
+if __name__ == "__main__":  # first: a signal during the slow imports below is one line
+    interrupt.catch_start_up()
+
+from absl import flags  # noqa: E402
+
+from configs import wen_attention_variation  # noqa: E402
+from jaxillusions.pipeline import sweep  # noqa: E402
+from jaxillusions.report import figures, tables  # noqa: E402
+from jaxillusions.runtime import distributed  # noqa: E402
+from jaxillusions.studies import wen  # noqa: E402
+from launch import common  # noqa: E402
 
 VARIANTS = flags.DEFINE_list("variants", list(wen_attention_variation.VARIANTS),
                              "Which architectures to run.")

@@ -128,6 +128,7 @@ def test_every_lapack_call_of_a_sweep_has_one_matrix(tmp_path, cache_dir):
     dump = tmp_path / "hlo"
     config = tiny_config_file(tmp_path / "config.py", cache_dir, {
         "cpu_devices": 2,
+        "stall_seconds": 120,  # a deadlock is an error, not a hang
         "train.num_seeds": 4,
         "proxies.methods": ("svd", "kmeans", "tuned_lens", "erasure", "logit_lens"),
         "proxies.targets": ("blocks.-1.attn.k",),

@@ -420,6 +420,7 @@ def test_a_signal_stops_a_main_thread_blocked_in_native_code(tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert lines.get(timeout=30) == "\n"  # (old code: nothing, the handler never ran)
         assert lines.get(timeout=30).startswith("received SIGTERM: stopping")
+        time.sleep(interrupt.SAME_DELIVERY_S)  # (sooner, it is the first delivered twice)
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
         err = proc.stderr.read()
@@ -428,6 +429,109 @@ def test_a_signal_stops_a_main_thread_blocked_in_native_code(tmp_path):
     assert proc.returncode == 143, err
     (line,) = err.strip().splitlines()
     assert line.startswith("error: stopped at once by a second SIGTERM"), err
+
+
+def _caught(pid, signum):
+    """Whether process `pid` has a handler for `signum` (Linux: SigCgt of /proc/<pid>/status)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(line for line in f if line.startswith("SigCgt:")).split()[1]
+    except (OSError, StopIteration):
+        return False
+    return bool(int(mask, 16) >> (signum - 1) & 1)
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
+                         ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_start_up_is_one_line(tmp_path, signum, code):
+    # Was: Ctrl-C in the first seconds (the imports of JAX and co., before catch_signals) gave a
+    # 37-line KeyboardInterrupt traceback; SIGTERM killed the launcher with no line at all.
+    workdir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "launch.sweep", "--config=configs/dyck_small.py",
+                             f"--workdir={workdir}", f"--config.data.cache_dir={tmp_path}"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # As soon as the launcher catches SIGTERM (its first lines; the imports take seconds),
+        # or after 0.3 s (the old launcher never caught it there).
+        deadline = time.monotonic() + 0.3
+        while not _caught(proc.pid, signal.SIGTERM) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert err.splitlines() == [f"stopped by {signum.name} during start-up; nothing was "
+                                "computed"], err[-3000:]
+    assert not workdir.exists()
+
+
+def _watch(signums, clock=None):
+    """interrupt._watch on these signal numbers, as the C handler writes them to the wakeup fd
+    (`clock`: the watcher's clock, if given)."""
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, bytes(signums))
+    os.close(write_fd)
+    try:
+        interrupt._watch(read_fd, **({"clock": iter(clock).__next__} if clock else {}))
+    finally:
+        os.close(read_fd)
+
+
+def test_one_signal_delivered_twice_at_once_counts_once(monkeypatch, capfd):
+    # Was: under coreutils `timeout`, which sends SIGTERM to the process and then to its group,
+    # the watcher saw a "second SIGTERM" and stopped at once, unsaved (1 run in 7).
+    stops = []
+    monkeypatch.setattr(interrupt, "_stop_at_once", lambda signum, frame=None: stops.append(signum))
+    term, sigint = int(signal.SIGTERM), int(signal.SIGINT)
+    _watch([term, term])  # both bytes in one read: the same delivery
+    assert stops == []
+    assert capfd.readouterr().out.count("received SIGTERM: stopping") == 1
+    window = interrupt.SAME_DELIVERY_S
+    _watch([term, term, term], clock=[0.0, window / 2, window + 0.5])  # a later one stops
+    assert stops == [term]
+    _watch([term, sigint], clock=[0.0, 0.01])  # another signal at once is no repeat
+    assert stops == [term, sigint]
+
+
+def test_sigterm_to_the_process_and_its_group_stops_once_with_everything_saved(tmp_path):
+    # A real pair, as `timeout` sends it: os.kill(pid), then os.killpg 50 ms later (apart enough
+    # that the kernel does not merge them into one pending signal, as it mostly did).
+    code = ("import sys, time\nfrom jaxillusions.runtime import interrupt\n"
+            "with interrupt.catch_signals():\n"
+            "    print('ready', flush=True)\n"
+            "    while not interrupt.requested():\n"
+            "        time.sleep(0.01)\n"
+            "    signum = interrupt.requested()\n"
+            "    time.sleep(float(sys.argv[1]))  # saving\n"
+            "print('saved', flush=True)\n"
+            "sys.exit(interrupt.EXIT_CODES[signum])\n")
+    for later in (False, True):
+        saving = 3 * interrupt.SAME_DELIVERY_S if later else 1.5
+        proc = subprocess.Popen([sys.executable, "-c", code, str(saving)], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # its own group, for os.killpg
+        try:
+            assert proc.stdout.readline() == "ready\n"
+            os.kill(proc.pid, signal.SIGTERM)
+            time.sleep(0.05)
+            os.killpg(proc.pid, signal.SIGTERM)
+            if later:  # a signal after the window still stops at once
+                time.sleep(interrupt.SAME_DELIVERY_S + 0.3)
+                assert proc.poll() is None, proc.stderr.read()
+                os.kill(proc.pid, signal.SIGTERM)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+        assert proc.returncode == 143, err
+        assert out.count("received SIGTERM: stopping") == 1, out
+        if later:
+            assert "saved" not in out.splitlines()
+            (line,) = err.strip().splitlines()
+            assert line.startswith("error: stopped at once by a second SIGTERM"), err
+        else:
+            assert out.splitlines()[-1] == "saved" and err == "", (out, err)
 
 
 @pytest.mark.parametrize("config_file", ["configs/dyck_small.py", "configs/code_small.py"])
@@ -589,6 +693,34 @@ def test_every_report_of_an_earlier_analysis_is_kept(swept, tmp_path):
             assert not (workdir / name).exists(), name
 
 
+def test_reports_of_an_unfinished_sweep_are_kept_when_the_analysis_changes(swept, tmp_path,
+                                                                          capsys):
+    # Was: a sweep killed during its figures (no sweep_done.json), relaunched with a changed
+    # analysis key, overwrote results.csv, the tables and the figures in place, no copy kept.
+    workdir = tmp_path / "run"
+    shutil.copytree(swept["workdir"], workdir)
+    os.remove(workdir / sweep.DONE_FILE)
+    reports = ["gap_table.txt", "gaps.csv", "figures/faithfulness_svd.png"]
+    for name in reports:  # stand-ins (this fixture writes no reports), each with its own bytes
+        (workdir / name).parent.mkdir(exist_ok=True)
+        (workdir / name).write_text(f"earlier {name}")
+    config = _config(swept["config"].data.cache_dir)
+    config.proxies.targets = swept["config"].proxies.targets
+    config.proxies.methods = swept["config"].proxies.methods
+    config.proxies.eval_splits = swept["config"].proxies.eval_splits
+    config.proxies.kmeans_sizes = (2, 4)  # was (2, 4, 8)
+    rows = sweep.run(checked(config), str(workdir))
+    out = capsys.readouterr().out
+    assert "note: results.csv is from a sweep that did not finish" in out, out
+    assert {r["size"] for r in rows if r["method"] == "kmeans"} == {2, 4}
+    (aside,) = (workdir / "superseded").iterdir()
+    assert (aside / "results.csv").read_bytes() == swept["csv"]
+    assert (workdir / "results.csv").read_bytes() != swept["csv"]
+    for name in reports:
+        assert (aside / name).read_text() == f"earlier {name}", name
+        assert not (workdir / name).exists(), name
+
+
 def test_damaged_stage_files_are_recomputed_and_kept(swept, tmp_path, capsys):
     # Was: "error: JSONDecodeError: ..." or "error: Unpack failed: incomplete input", naming no
     # file, and no way on but deleting files by hand.
@@ -724,7 +856,7 @@ def test_sigterm_in_the_report_stage_exits_143(swept, tmp_path, cache_dir, signa
         if line.startswith("(full tables: "):
             for _ in range(signals):
                 proc.send_signal(signal.SIGTERM)
-                time.sleep(0.3)
+                time.sleep(0.3 if signals == 1 else interrupt.SAME_DELIVERY_S + 0.2)
             signalled = True
             break
     out, err = proc.communicate(timeout=300)

@@ -52,6 +52,7 @@ from jaxillusions.tasks import minimal_layer
 # Keys (fnmatch patterns) that may change on resume: analysis, evaluation and logging settings.
 ANALYSIS_KEYS = (
     "figures",
+    "stall_seconds",
     "proxies.*",
     "dictionaries.*",
     "geometry.*",
@@ -357,6 +358,11 @@ class Settings:
         "accuracy per bin of every proxy family, every key projection) or none (for batch "
         "work; the studies' own figures are still drawn); `python -m launch.figures W` draws "
         "the rest later")
+    stall_seconds: float = setting(
+        900, NUMBER, ">= 0 (0: no watchdog)", lambda v, s: v >= 0,
+        "seconds without progress (a training chunk, a batch of activations, a proxy family) "
+        "after which the main job ends with a one-line error naming what stalled and a stack "
+        "dump in the workdir (runtime/watchdog.py); relaunching resumes")
     data: Any = None  # the task's Data
     model: Model = dataclasses.field(default_factory=Model)
     train: Train = dataclasses.field(default_factory=Train)

@@ -26,7 +26,7 @@ from jaxillusions import model as model_lib
 from jaxillusions import proxies, tasks
 from jaxillusions.faithfulness import dictionary_metrics as dictionaries
 from jaxillusions.faithfulness import metrics
-from jaxillusions.runtime import distributed, schema
+from jaxillusions.runtime import distributed, schema, watchdog
 from jaxillusions.runtime.chunks import padded_chunks
 from jaxillusions.training import memory
 
@@ -247,6 +247,7 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
                                    *(PAIR_OUTPUT + s for s in writes))}
         chunks = [train.tokens] + ([labels] if labelled else [])
         for tokens, *chunk_labels in padded_chunks(chunks, batch_size):
+            watchdog.progress()
             moments, vectors = _collect_chunk(
                 params, tokens, **dict(static, with_vectors=sampling and kept < num_samples))
             moments = distributed.to_host(moments)  # summed on the host: no jit(add) per shape
@@ -308,6 +309,7 @@ def _collect_model(params, train, model_cfg: model_lib.ModelConfig, spec: ProxyS
         for pass_index in range(spec.module.PASSES):
             totals = None
             for (tokens,) in padded_chunks([sentences], batch_size):
+                watchdog.progress()
                 sums = distributed.to_host(_model_statistic(params, tokens, stats,
                                                             pass_index=pass_index, **static))
                 totals = sums if totals is None else jax.tree.map(np.add, totals, sums)
@@ -750,6 +752,7 @@ def _eval_batches(eval_set: EvalSet, batch_size: int, widths: Sequence[int] = ()
     widest split (one shape: one compilation), with the index into `widths` (sorted, the last
     the widest) of the narrowest that holds the chunk's tokens."""
     for chunk in padded_chunks([eval_set.tokens, eval_set.evaluated, eval_set.bins], batch_size):
+        watchdog.progress()
         used = int((chunk[0] != tasks.PAD).any(0).nonzero()[0].max()) + 1
         yield [*chunk, np.int32(next((i for i, w in enumerate(widths) if w >= used), 0))]
 

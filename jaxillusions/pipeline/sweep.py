@@ -55,7 +55,15 @@ from PIL import Image
 from jaxillusions import faithfulness, model, tasks
 from jaxillusions.config.settings import Settings
 from jaxillusions.report import board, figures, results, tables
-from jaxillusions.runtime import checkpoint, distributed, interrupt, schema, stages, timing
+from jaxillusions.runtime import (
+    checkpoint,
+    distributed,
+    interrupt,
+    schema,
+    stages,
+    timing,
+    watchdog,
+)
 from jaxillusions.runtime import tensorboard as log_lib
 from jaxillusions.runtime.stages import Context, Stage
 from jaxillusions.studies import circuits, dictionaries, fit_shift, geometry, induction, probes, wen
@@ -126,6 +134,9 @@ def _fit(ctx: Context, specs: list) -> tuple[list, list[str]]:
         stats = {}
         if specs[group[0]].module.STATISTIC is not None:  # the whole group, as in one run
             with timing.stage("collection"):
+                watchdog.progress("collecting activations for "
+                                  + ", ".join(f"{specs[i].method} on {specs[i].target}"
+                                              for i in group))
                 data = fit_shift.fit_data(ctx.splits, "train", config)
                 stats = faithfulness.collect(
                     ctx.params, data, ctx.model_cfg, [specs[i] for i in group],
@@ -133,6 +144,9 @@ def _fit(ctx: Context, specs: list) -> tuple[list, list[str]]:
                     labels=faithfulness.labels_for([specs[i] for i in group], config, data),
                     chunking=chunking)
         for i in (i for i in group if i in todo):
+            say(f"  fitting [{done + 1}/{len(todo)}] {specs[i].method} on {specs[i].target}",
+                flush=True)
+            watchdog.progress(f"fitting {specs[i].method} on {specs[i].target}")
             with timing.stage("fitting"):
                 proxy = faithfulness.fit_one(specs[i], i, stats, jax.random.PRNGKey(config.seed),
                                              len(ctx.seeds), chunking=chunking)
@@ -162,6 +176,7 @@ def _evaluate(ctx: Context) -> list[dict]:
         family = files.load(path, stamp, stages.read_json, lambda value, spec=spec: _rows_shape(
             value, spec, ctx.seeds, ctx.healthy, scored))
         if family is None:
+            watchdog.progress(f"evaluating {spec.method} on {spec.target}")
             with timing.stage("evaluation"):
                 # All families shared, so that those of one proxy method share one program.
                 family = faithfulness.evaluate(
@@ -279,6 +294,7 @@ def _run_stage(stage: Stage, ctx: Context) -> Context:
         for p in [path, *outputs]:
             for found in sorted(glob.glob(p)):
                 ctx.move_aside(found, "is unreadable" if unreadable and found == path else why)
+    watchdog.progress(f"the {stage.name} stage")
     with timing.stage(stage.name):
         ctx = stage.run(ctx)
     if stage.stamped:
@@ -383,7 +399,7 @@ def run(config: Settings, workdir: str, *, verbose: bool = True, start_over: boo
                         "call `settings, notes = validate.check(config)` first")
     # the check's devices, or a one-line error
     distributed.use_devices(config.cpu_devices, config.gpu_deterministic)
-    with timing.Breakdown() as clock:
+    with timing.Breakdown() as clock, watchdog.watching(config.stall_seconds, workdir):
         rows = _run(config, workdir, verbose=verbose, start_over=start_over, pipeline=pipeline)
     if clock.seconds and verbose and distributed.is_main():  # not when there was nothing to do
         print(clock.line(clocks(pipeline)))
@@ -440,9 +456,12 @@ def _run(config: Settings, workdir: str, *, verbose: bool, start_over: bool,
     elif done is not None and done["analysis"] is not None:
         say("analysis settings changed since the sweep finished: training is kept; proxy "
             "families are refitted and re-evaluated where their settings changed")
-    if done is not None:  # the earlier reports are kept, under superseded/
-        for path in _reports(config, workdir, pipeline, stamped=False):
-            move_aside(path)
+    # The earlier reports are kept, under superseded/, before they are written again; without a
+    # done-file too (a sweep stopped in its report stage), whose analysis may have been another.
+    for path in _reports(config, workdir, pipeline, stamped=False):
+        move_aside(path, stages.STALE if done is not None else
+                   f"is from a sweep that did not finish (no {DONE_FILE}); the reports are "
+                   "written again")
 
     splits, model_cfg, _ = train.build(config)
     ctx = Context(settings=config, workdir=workdir, say=say, verbose=verbose,

@@ -6,7 +6,13 @@
 
 A loop that sees the flag saves what it has and raises `Stopped` with the exit code a scheduler
 expects for that signal (143 for SIGTERM, 130 for SIGINT). A second signal stops the process at
-once, without saving, with the exit code of that signal.
+once, without saving, with the exit code of that signal. The same signal again within
+SAME_DELIVERY_S of the first is not a second one but the first delivered twice: coreutils
+`timeout` (and many schedulers) send SIGTERM to the process and then to its process group.
+
+Before catch_signals, while a launcher starts (its imports of JAX and co. take seconds), a
+launcher's first lines call `catch_start_up()`: a signal then ends the process with one line and
+that signal's exit code, not a KeyboardInterrupt traceback.
 
 Python runs a signal handler only when the main thread returns to the interpreter; a main thread
 blocked inside JAX (waiting on a computation or an allocation) would never see the signal. So
@@ -20,8 +26,12 @@ import contextlib
 import os
 import signal
 import threading
+import time
 
 EXIT_CODES = {signal.SIGTERM: 143, signal.SIGINT: 130}
+# Seconds after a signal in which the same signal again is that one delivered twice (to the
+# process and to its group), not a second request.
+SAME_DELIVERY_S = 1.0
 
 
 class Stopped(Exception):
@@ -33,6 +43,35 @@ class Stopped(Exception):
 
 
 _received: list[int] = []
+_first: list[tuple[int, float]] = []  # (signal, time.monotonic()) of the first, for repeats
+_before_start_up: dict[int, object] = {}  # the handlers catch_start_up replaced
+
+
+def _repeat(signum: int, now: float) -> bool:
+    """Whether `signum` at `now` is the first signal delivered again, not a second one."""
+    return bool(_first) and _first[0][0] == signum and now - _first[0][1] < SAME_DELIVERY_S
+
+
+def _stop_in_start_up(signum, frame) -> None:
+    del frame
+    if _first:  # already stopping: a repeat is ignored, a second signal ends it at once
+        if not _repeat(signum, time.monotonic()):
+            os._exit(EXIT_CODES[signum])
+        return
+    _first.append((signum, time.monotonic()))
+    os.write(2, f"stopped by {_name(signum)} during start-up; nothing was computed\n".encode())
+    raise SystemExit(EXIT_CODES[signum])  # finally blocks run (a lock taken is released)
+
+
+def catch_start_up() -> None:
+    """A launcher's first lines: until catch_signals takes over, SIGTERM/SIGINT end the process
+    with one line (`stopped by SIGINT during start-up; nothing was computed`) and exit code
+    143/130, instead of a KeyboardInterrupt traceback from inside an import (or no line at all
+    for SIGTERM). Main thread only."""
+    for s in EXIT_CODES:
+        previous = signal.signal(s, _stop_in_start_up)
+        if previous is not _stop_in_start_up:
+            _before_start_up[s] = previous
 
 
 def _handler(signum, frame) -> None:
@@ -46,10 +85,11 @@ def _name(signum: int) -> str:
     return signal.Signals(signum).name
 
 
-def _watch(read_fd: int) -> None:
+def _watch(read_fd: int, clock=time.monotonic) -> None:
     """The watcher thread: reads the signal numbers that the C-level handler writes to the
-    wakeup fd (even while the main thread is blocked in C++), until the fd closes."""
-    count = 0
+    wakeup fd (even while the main thread is blocked in C++), until the fd closes. The same
+    signal again within SAME_DELIVERY_S of the first is that one delivered twice: ignored."""
+    first = None
     while True:
         try:
             data = os.read(read_fd, 64)
@@ -60,13 +100,17 @@ def _watch(read_fd: int) -> None:
         for signum in data:
             if signum not in EXIT_CODES:
                 continue
-            count += 1
-            # os.write: no buffered I/O shared with the main thread.
-            if count == 1:
+            now = clock()
+            if first is None:
+                first = (signum, now)
+                _first[:] = [first]  # for _after_stop, once catch_signals has ended
+                # os.write: no buffered I/O shared with the main thread.
                 os.write(1, f"\nreceived {_name(signum)}: stopping after the current chunk of "
                             "work, with everything saved (send it again to stop at once)\n"
                             .encode())
                 continue
+            if signum == first[0] and now - first[1] < SAME_DELIVERY_S:
+                continue  # sent to the process and to its group (`timeout`): one delivery
             _stop_at_once(signum)
 
 
@@ -77,6 +121,13 @@ def _stop_at_once(signum: int, frame=None) -> None:
                 "checkpoint or saved stage is lost); relaunch the same command to resume\n"
                 .encode())
     os._exit(EXIT_CODES[signum])
+
+
+def _after_stop(signum: int, frame=None) -> None:
+    """The handler once catch_signals ended on a signal: a repeat of that signal is ignored,
+    any other stops at once."""
+    if not _repeat(signum, time.monotonic()):
+        _stop_at_once(signum, frame)
 
 
 def requested() -> int | None:
@@ -100,21 +151,27 @@ def catch_signals():
         yield
         return
     _received.clear()
+    _first.clear()
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)  # the C handler must never block on a full pipe
     watcher = threading.Thread(target=_watch, args=(read_fd,), name="signal-watcher",
                                daemon=True)
     previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
     previous = {s: signal.signal(s, _handler) for s in EXIT_CODES}
+    # catch_start_up's handlers end here: afterwards, those from before it.
+    previous = {s: _before_start_up.get(s, signal.SIG_DFL) if h is _stop_in_start_up else h
+                for s, h in previous.items()}
     watcher.start()
     try:
         yield
     finally:
         # Stopping on a signal: the process is about to exit with its code, so a second signal
-        # that arrives now still exits with a signal's code, not the default handler's -15.
+        # that arrives now still exits with a signal's code, not the default handler's -15 (or
+        # a KeyboardInterrupt), and the first one delivered again is still ignored.
         stopping = bool(_received)
         for s, h in previous.items():
-            signal.signal(s, _stop_at_once if stopping and h == signal.SIG_DFL else h)
+            signal.signal(s, _after_stop if stopping and h in (
+                signal.SIG_DFL, signal.default_int_handler) else h)
         signal.set_wakeup_fd(previous_fd)
         os.close(write_fd)  # the watcher reads EOF and ends
         watcher.join(timeout=5)

@@ -13,7 +13,7 @@ from jaxillusions import model as model_lib
 from jaxillusions import tasks
 from jaxillusions.config import settings
 from jaxillusions.config.settings import Settings, Train
-from jaxillusions.runtime import distributed
+from jaxillusions.runtime import distributed, watchdog
 from jaxillusions.training import memory, objective
 from jaxillusions.training.evaluation import evaluate_splits
 from jaxillusions.training.evaluation import log as log_eval
@@ -214,6 +214,7 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
         _stop_if_all_diverged(state.healthy, step)
         while step < end:
             steps = _next_stop(step, end, tc) - step
+            watchdog.progress(f"training steps {step} to {step + steps}")
             losses = []
             for k, (chunk_state, chunk_hparams) in enumerate(placed):  # sequential chunks
                 chunk_state, chunk_losses = train_steps(

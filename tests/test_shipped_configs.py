@@ -1,0 +1,54 @@
+"""Every shipped config runs to its end, shrunk to test size, through the launcher a user runs:
+its model, proxies, studies and devices as shipped, with 2 seeds, a few dozen steps and little
+data. A hang (a deadlock in a fit, a stage that never returns) is the watchdog's one-line error
+or the suite's per-test timeout here, not a user's silent process."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import configs
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CONFIGS = sorted(p.stem for p in pathlib.Path(configs.__file__).parent.glob("*.py")
+                 if p.name != "__init__.py")
+# The arguments of configs that take one (the part after ':'), each a config of its own.
+VARIANTS = {"wen_attention_variation": ("minimal", "standard_nope", "standard_linear")}
+
+SHRINK = {"train.num_seeds": 2, "train.num_steps": 40, "train.warmup_steps": 5,
+          "train.log_every": 20, "train.checkpoint_every": 20, "figures": "none",
+          "stall_seconds": 300, "proxies.kmeans_samples": 500}
+SHRINK_TASK = {"dyck": {"data.num_train": 1000, "data.num_eval": 64},
+               "code": {"data.num_eval": 48, "induction.code_rows": 16, "induction.batch": 8}}
+
+
+def _shrunk(name: str, arg: str | None) -> list[str]:
+    module = __import__(f"configs.{name}", fromlist=["get_config"])
+    config = module.get_config(arg) if arg else module.get_config()
+    keys = {**SHRINK, **SHRINK_TASK[config.task]}
+    if config.train.decay_steps:
+        keys["train.decay_steps"] = 20
+    if config.train.eval_every:
+        keys["train.eval_every"] = 40
+    if config.wen.enabled:
+        keys["wen.length_num_prefixes"] = 2
+    return [f"--config.{k}={v}" for k, v in keys.items()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, arg", [(n, a) for n in CONFIGS
+                                       for a in VARIANTS.get(n, (None,))])
+def test_a_shipped_config_runs_to_the_end_at_test_size(name, arg, tmp_path, cache_dir):
+    path = f"configs/{name}.py" + (f":{arg}" if arg else "")
+    workdir = tmp_path / "run"
+    env = {**os.environ, "JAX_NUM_CPU_DEVICES": "2"}
+    done = subprocess.run(
+        [sys.executable, "-m", "launch.sweep", f"--config={path}", f"--workdir={workdir}",
+         f"--config.data.cache_dir={cache_dir}", *_shrunk(name, arg)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"{path}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert (workdir / "sweep_done.json").exists()
+    assert "time " in done.stdout.splitlines()[-1]  # the job's last line: where the time went
