@@ -19,7 +19,7 @@ stage's ablations run an evaluation pass per head) in 8 sequential chunks of 8
 (train.seed_chunk_size).
 All 64 at once cannot fit one GPU: the memory plan (a lower bound) counts 136 GiB for one layer's
 attention scores of an evaluation batch of 64 seeds on `longer` (128 rows x 1024 characters x 4
-heads). At 8 seeds the plan counts 28.6 GiB per device and admits the config on an 80 GB GPU
+heads). At 8 seeds the plan counts 30.3 GiB per device and admits the config on an 80 GB GPU
 (59.4 GiB for JAX by default; tests/test_scale.py). XLA:CPU's compiled estimate at 8 seeds (not
 run; a GPU's XLA fuses more) is 27.3 GiB for the training step and 36.1 GiB for an evaluation
 batch, each within 59.4 GiB; at 16 seeds the evaluation batch would need 72 GiB.

@@ -9,8 +9,11 @@ import pytest
 from conftest import checked, tiny_sweep_config
 from test_logging import _gaps, _rows
 
+from jaxillusions import model
 from jaxillusions.config import settings
+from jaxillusions.model import patching
 from jaxillusions.pipeline import sweep
+from jaxillusions.proxies import circuit
 from jaxillusions.report import figures
 
 SPLITS = ("iid", "unseen_depth", "longer")
@@ -321,3 +324,44 @@ def test_launch_figures_refuses_what_is_not_a_run_with_results_in_one_line(tmp_p
         f"{sweep.DONE_FILE}; relaunch") and "\n" not in str(err.value)
     assert json.loads((changed / sweep.DONE_FILE).read_text())["figures"] == "summary"
     assert set(_figures(changed)) == SUMMARY
+
+
+def _circuit_rows(families, seeds=(0, 1, 2)):
+    """faithfulness.evaluate-shaped rows of circuit families [(target, sizes, units)]: a size of
+    every unit is the original model (same predictions, JSD 0); smaller ones are not."""
+    rows = []
+    for seed in seeds:
+        for site, sizes, units in families:
+            for size in sizes:
+                for j, split in enumerate(SPLITS):
+                    whole = size == units
+                    same = 1.0 if whole else 0.9 - 0.02 * j - 0.001 * seed + 0.01 * size / units
+                    for breakdown, bin_ in (("all", ""), ("depth", 1), ("depth", 2)):
+                        rows.append({"seed": seed, "site": site, "method": "circuit",
+                                     "size": size, "split": split, "breakdown": breakdown,
+                                     "bin": bin_, "n": 50, "jsd": 1.0 - same, "same_pred": same,
+                                     "acc_original": 0.9,
+                                     "acc_proxy": 0.9 if whole else same - 0.1})
+    return rows
+
+
+@pytest.mark.parametrize("sizes", [(10**9,), "every edge", (5,), (0, 3, 10**9)])
+def test_circuit_figures_draw_any_size_set(sizes, tmp_path):
+    # Was: proxies.circuit_sizes=(1000000000,) (clipped to every unit) or (23,) on a model of 23
+    # edges left faithfulness_curves no line to draw (the whole model is not drawn), and its
+    # legend of no labels failed in matplotlib ("number sections must be larger than 0").
+    cfg = model.ModelConfig(vocab_size=11, max_len=10, n_layers=1, d_model=16, d_mlp=24)
+    edges = patching.num_units(cfg, "edge")
+    proxy_cfg = settings.from_config({"proxies": {
+        "circuit_sizes": (edges,) if sizes == "every edge" else sizes,
+        "circuit_granularity": ("edge", "node")}}).proxies
+    families = [(target, found, patching.num_units(cfg, target.split(".")[1]))
+                for target, found, _ in circuit.families(proxy_cfg, cfg)]
+    for _, found, units in families:  # clipped to the units there are, each size once
+        assert found == tuple(sorted({min(s, units) for s in proxy_cfg.circuit_sizes}))
+    rows = _circuit_rows(families)
+    site = families[0][0]
+    for name, fig in (("curves", figures.faithfulness_curves(rows, "circuit", SPLITS)),
+                      ("gaps", figures.gap_vs_size(_gaps(rows), "circuit", SPLITS)),
+                      ("depth", figures.accuracy_by_depth(rows, site, "circuit", SPLITS, 1))):
+        assert figures.save(fig, str(tmp_path / f"{name}.png")).size

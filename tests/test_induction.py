@@ -216,6 +216,42 @@ def test_too_long_for_the_model_is_refused():
         measure(cfg, stack(params))
 
 
+def test_a_batch_whose_probe_cannot_fit_is_refused_at_the_door():
+    # Was: induction.batch=1000000000 passed the door, and after training the stage captured
+    # 132 GB of tokens as constants and aborted in C++ (exit 134).
+    from configs import dyck_small
+    from jaxillusions.config import settings
+    from jaxillusions.pipeline import validate
+    from jaxillusions.training import memory, train
+
+    config = dyck_small.get_config()
+    config.cpu_devices = 0  # the test process's devices (conftest.jax_started)
+    config.induction.enabled = True
+    parsed = settings.from_config(config)
+    model_cfg = train.model_config(parsed)
+    gpu = memory.Machine("gpu", 1, 60 * 2**30, 128 * 2**30, "test GPU")
+    memory.check_config(parsed, model_cfg, gpu)  # the default batch, 64 rows, fits
+    # Per row: its tokens; per seed trained together, every attention layer's pattern (cached
+    # as float32), the float32 log-probabilities and one layer's activations.
+    (term,) = [t for t in memory.plan(parsed, model_cfg, 1) if "induction" in t.what]
+    special = induction.task_tokens("dyck")
+    width = 1 + 2 * induction.default_length(model_cfg, special)
+    mc, seeds = model_cfg, parsed.train.num_seeds
+    per_row = width * 4 + seeds * (
+        width * (mc.n_layers * mc.n_heads * width + mc.vocab_size) * 4
+        + width * (max(mc.n_heads * width, mc.d_mlp) + mc.d_model) * 4)
+    assert term.num_bytes == 64 * per_row
+    huge = parsed.replace(induction={"batch": 10**9})
+    with pytest.raises(ValueError, match=r"^induction\.batch=1000000000: needs an estimated "
+                                         r".* lower induction\.batch$") as err:
+        memory.check_config(huge, model_cfg, gpu)
+    assert "\n" not in str(err.value)
+    memory.check_config(huge.replace(induction={"enabled": False}), model_cfg, gpu)  # no stage
+    config.induction.batch = 10**9  # the door itself, on this machine
+    with pytest.raises(ValueError, match=r"^induction\.batch=1000000000: "):
+        validate.check(config)
+
+
 def test_identifier_gap_pairs_repeat_and_first_per_seed_and_split(tmp_path):
     first, repeat = (lexer.CATEGORIES.index(c) for c in ("identifier_first",
                                                          "identifier_repeat"))

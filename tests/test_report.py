@@ -1,7 +1,11 @@
 """The report a reader sees: the headline summary, practical significance, statistics at small
 n, bounded intervals, figure panel order and split colours, TensorBoard against gaps.csv."""
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -238,3 +242,23 @@ def test_headline_wraps_the_accuracy_line_between_splits():
     assert len(lines) > 1  # wider than one line
     assert all(line.rstrip(",").endswith("]") for line in lines), lines
     assert ", ".join(line.strip().rstrip(",") for line in lines).count("[") == len(splits)
+
+
+def test_gap_table_is_the_same_under_every_string_hash_seed(tmp_path):
+    """Was: circuit families of one ablation (circuit.edge.mean, circuit.node.mean) tie on
+    site_key, and gap_table.txt listed them in the order of a set of strings, which follows the
+    process's string hashing: a resumed run and a rewrite of the reports gave other row orders."""
+    rows = [row(seed, split, site=f"circuit.{g}.mean", method="circuit", size=size,
+                same_pred=0.9 - 0.01 * seed - 0.05 * (split == "longer") - 0.001 * i)
+            for seed in range(3) for split in ("iid", "longer")
+            for i, g in enumerate(("edge", "node", "neuron")) for size in (1, 4)]
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(rows))
+    code = ("import json, sys; from jaxillusions.report import tables; "
+            f"sys.stdout.write(tables.statistics_report(json.load(open({str(path)!r})), "
+            "['iid', 'longer'])[0])")
+    texts = {seed: subprocess.run([sys.executable, "-c", code], capture_output=True, check=True,
+                                  env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+             for seed in ("0", "1", "2", "3")}
+    assert b"circuit.neuron.mean" in texts["0"]
+    assert len(set(texts.values())) == 1

@@ -104,7 +104,10 @@ def _grid(n: int, panel: tuple[float, float], cols: int = 3, extra_height: float
 
 
 def _legend_below(fig, handles, labels, ncol: int | None = None) -> bool:
-    """The legend in an empty grid cell if the figure has one (returns True), else below."""
+    """The legend in an empty grid cell if the figure has one (returns True), else below; none
+    without labels (e.g. every size of a family is the original model, not drawn)."""
+    if not labels:
+        return False
     spare = [ax for ax in fig.axes if not ax.get_visible()]
     if spare:
         spare[-1].set_visible(True)

@@ -131,7 +131,8 @@ _COMPONENTS = ("embed", "pos_embed", "resid_pre", "q", "k", "v", "pattern", "z",
 def site_key(site: str) -> tuple:
     """Model order of a site: by layer, single sites before '+'-joined ones, then by component
     in forward order (q, k, v, pattern, z, ...): blocks.1.attn.q < blocks.1.attn.k <
-    blocks.1.attn.q+blocks.1.attn.k. Unknown components sort by name after the known ones."""
+    blocks.1.attn.q+blocks.1.attn.k. Unknown components sort by name after the known ones, and
+    sites that tie (circuit.edge.mean, circuit.node.mean) by name: a total order."""
     parts = [p for p in site.split("+") if p]
     layers, comps = [], []
     for part in parts:
@@ -141,7 +142,7 @@ def site_key(site: str) -> tuple:
         name = pieces[-1].removeprefix("hook_")
         comps.append((_COMPONENTS.index(name), "") if name in _COMPONENTS
                      else (len(_COMPONENTS), name))
-    return (max(layers, default=-1), len(parts), comps)
+    return (max(layers, default=-1), len(parts), comps, site)
 
 
 def row_order(methods: Sequence[str], splits: Sequence[str] = ()):
@@ -396,7 +397,7 @@ def statistics_report(rows: Sequence[dict], splits: Sequence[str], baseline: str
     gap_rows = sorted((g for b in baselines for g in stats.gaps(rows, baseline=b)),
                       key=lambda g: (baselines.index(g["baseline"]), order(g),
                                      stats.GAP_METRICS.index(g["metric"])
-                                     if g["metric"] in stats.GAP_METRICS else 99))
+                                     if g["metric"] in stats.GAP_METRICS else 99, g["metric"]))
     versus = sorted(stats.proxy_vs_original(rows), key=order)
     correlation = sorted(stats.id_predicts_gap(rows, baseline=baseline,
                                                in_distribution=in_distribution),
@@ -468,7 +469,7 @@ def statistics_report(rows: Sequence[dict], splits: Sequence[str], baseline: str
         if len(differ) > 40:
             text.append(f"  ... {len(differ) - 40} more")
         text.append("")
-    better = sorted((v for v in versus if _verdict(v) > 0), key=lambda v: -v["diff"])
+    better = sorted((v for v in versus if _verdict(v) > 0), key=lambda v: (-v["diff"], order(v)))
     worse = [v for v in versus if _verdict(v) < 0]
     text += [f"Where the proxy beats the original: acc_proxy - acc_original with the 95% "
              f"interval above +{res['diff']:g} ({len(better)} of {len(versus)} (proxy, size, "
@@ -485,7 +486,7 @@ def statistics_report(rows: Sequence[dict], splits: Sequence[str], baseline: str
              "(all in id_predicts_gap.csv; bootstrap intervals of rho from "
              f"{stats.MIN_BOOTSTRAP_SEEDS} seeds up):"]
 
-    for c in sorted(detected, key=lambda c: c["p_value"])[:40]:
+    for c in sorted(detected, key=lambda c: (c["p_value"], order(c)))[:40]:
         text.append(f"  {c['method']:<18} {c['site']:<34} {_label(c['method'], c['size']):>4}  "
                     f"{c['split']:<17} rho {rho_cell(c['rho'], c['rho_low'], c['rho_high'])} "
                     f"p {c['p_value']:.3f}  rho(id, ood) "

@@ -313,6 +313,22 @@ def plan(config, model_cfg, num_devices: int | None = None) -> list[Term]:
             (("wen.members_per_call", min(wc.members_per_call, members)),
              ("wen.length_batch_size", wc.length_batch_size),
              ("wen.length_max_len", wc.length_max_len)), True))
+    ic = config.induction
+    if ic.enabled:  # studies/induction.py: the whole batch in one call per chunk of seeds
+        from jaxillusions.studies import induction  # noqa: PLC0415
+
+        special = induction.task_tokens(config.task)
+        length = ic.length or induction.default_length(mc, special)
+        # a longer sequence than the model takes is induction.check_config's error
+        width = min((special.bos is not None) + 2 * length, mc.max_len)
+        layers = mc.n_layers - model_lib.first_attention_layer(mc)
+        # per row: its tokens; per seed, every attention layer's pattern (cached as float32),
+        # the float32 log-probabilities and one layer's activations
+        per_row = width * 4 + chunk * (
+            width * (layers * mc.n_heads * width + mc.vocab_size) * 4
+            + _forward_bytes(1, width, mc, item))
+        terms.append(Term("the attention patterns and logits of the induction probe's batch",
+                          ic.batch * per_row, (seeds, ("induction.batch", ic.batch)), True))
     return terms
 
 
