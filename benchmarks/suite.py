@@ -1,12 +1,14 @@
 """The whole benchmark: training throughput and MFU per seed count, the sweep against JAX and
-PyTorch per-seed loops, proxy fitting and evaluation throughput, peak memory. Prints a table as
-it goes and returns everything as a JSON-ready dict."""
+PyTorch per-seed loops and a PyTorch torch.func ensemble of all seeds (eager and compiled), proxy
+fitting and evaluation throughput, peak memory. Prints a table as it goes and returns everything
+as a JSON-ready dict."""
 
 from __future__ import annotations
 
 import os
 import platform
 import runpy
+import subprocess
 import time
 
 import jax
@@ -37,6 +39,29 @@ def _torch_status(config) -> tuple[bool, str]:
     return True, torch_loop.describe()
 
 
+def cpu_model() -> str:
+    """The CPU's model name: lscpu's "Model name", else /proc/cpuinfo's "model name", else
+    platform.processor() (empty on some systems), else "unknown"."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10,
+                             env={**os.environ, "LC_ALL": "C"}).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    for path_text, key in ((out, "Model name:"), (_read("/proc/cpuinfo"), "model name")):
+        for line in path_text.splitlines():
+            if line.startswith(key) and ":" in line:
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
 def _reraise_unless_out_of_memory(error: Exception) -> None:
     """Out of device memory is a result of the benchmark (reported, the run goes on); any other
     runtime error is not."""
@@ -47,6 +72,7 @@ def _reraise_unless_out_of_memory(error: Exception) -> None:
 def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
         proxy_seeds: int, with_torch: bool = True, with_kmeans: bool = True,
         bfloat16: bool = False, peak_n: int | None = None, with_sae: bool = True,
+        with_torch_compile: bool = True,
         sae_options: dict | None = None, say=print, save=lambda report: None,
         circuit_options: dict | None = None) -> dict:
     """The whole benchmark; `save(report)` is called after every row and section, so a run that
@@ -55,7 +81,10 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
     its calls after warm-up calls, so its compilations do not count in its rates).
     sae_options: keyword arguments of proxies.bench_sae (default: its real size);
     circuit_options: keyword arguments of proxies.bench_circuits (default: 32 seeds), or False
-    to skip circuit discovery. `config`:
+    to skip circuit discovery. with_torch: the PyTorch loop (up to loop_max_seeds) and the
+    torch.func ensemble (every seed count), where torch is installed; with_torch_compile: also
+    the ensemble through torch.compile (a failure of torch.compile is reported in its row, one
+    line, and not tried again at larger seed counts). `config`:
     settings.Settings (validate.check, as launch.benchmark calls it)."""
     config = settings.require(config, "benchmarks.suite.run")
     with timing.Breakdown() as clock:
@@ -66,7 +95,7 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
         peak = training.peak_flops(peak_n)
         report = {
             "platform": platform.platform(), "processor": platform.processor(),
-            "cpu_count": os.cpu_count(), "backend": jax.default_backend(),
+            "cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "backend": jax.default_backend(),
             "device": str(jax.devices()[0].device_kind), "device_count": jax.device_count(),
             "jax": jax.__version__, "torch": torch_note,
             "model": {k: getattr(model_cfg, k) for k in ("n_layers", "n_heads", "d_model",
@@ -75,6 +104,7 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
         }
         say(f"jax {jax.__version__}, {jax.device_count()} x {report['device']} "
             f"({jax.default_backend()}); PyTorch: {torch_note}")
+        say(f"CPU: {report['cpu_model']}, {report['cpu_count']} logical cores")
         say(f"model: {model_cfg.n_layers} layers, d_model {model_cfg.d_model}, {model_cfg.n_heads} "
             f"head(s), MLP {model_cfg.d_mlp}, vocabulary {model_cfg.vocab_size}, "
             f"{model_cfg.compute_dtype}; batch {config.train.batch_size} x {seq} tokens; "
@@ -82,21 +112,25 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
         say(f"peak: {peak['n']}x{peak['n']} matmul at {peak['flops_per_s'] / 1e9:.0f} GFLOP/s "
             f"in float32 (default precision), {peak['bf16_flops_per_s'] / 1e9:.0f} GFLOP/s in "
             "bfloat16")
-        say("\nTraining (seed-steps/s, higher is better; ratios: loop time over sweep time; a "
-            "ratio in parentheses uses the loop's rate at the most seeds it was timed with; "
+        say("\nTraining (seed-steps/s, higher is better; ratios: the other's time over the "
+            "sweep's; a ratio in parentheses uses the loop's rate at the most seeds it was timed "
+            "with; PyTorch ensemble: all seeds as one torch.func ensemble (vmap of grad over the "
+            "stacked parameters), eager, and +compile: its step through torch.compile; "
             "compiled: XLA programs of the row and their seconds):")
-        say(f"{'seeds':>5} | {'sweep':>7} | {'JAX loop':>8} | {'PyTorch loop':>12} | "
-            f"{'sweep/JAX':>9} | {'sweep/PyTorch':>13} | {'MFU':>6} | {'bf16 sweep':>10} | "
-            f"{'bf16 MFU':>8} | {'compiled':>13}")
+        say(" | ".join(f"{title:>{width}}" for title, _, _, width in _COLUMNS)
+            + f" | {'compiled':>13}")
         rows = report["training"] = []
+        compile_failed = False  # or the reason torch.compile failed at a smaller seed count
         for n in seed_counts:
             try:
                 with timing.stage(f"training {n} seeds"):
                     row = training.training_row(
                         config, splits, model_cfg, tx, n, steps=steps, repeats=repeats,
                         peak=peak, loop=n <= loop_max_seeds,
-                        torch_loop=torch_ok and n <= loop_max_seeds, bfloat16=bfloat16,
-                        xla_flops=not rows)
+                        torch_loop=torch_ok and n <= loop_max_seeds,
+                        torch_ensemble=torch_ok,
+                        torch_compile=compile_failed or (torch_ok and with_torch_compile),
+                        bfloat16=bfloat16, xla_flops=not rows)
                 row["compiles"], row["compile_s"] = clock.compiles[f"training {n} seeds"]
             except jax.errors.JaxRuntimeError as e:
                 _reraise_unless_out_of_memory(e)
@@ -111,19 +145,16 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
                     row[f"sweep_over_{name}_rate"] = (row["sweep_seed_steps_per_s"]
                                                       / timed[-1][f"{name}_seed_steps_per_s"])
             rows.append(row)
-
-            def fmt(key, spec=".0f", row=row):
-                if key in row:
-                    return format(row[key], spec)
-                return f"({row[key + '_rate']:{spec}})" if key + "_rate" in row else "-"
-
-            say(f"{n:>5} | {fmt('sweep_seed_steps_per_s'):>7} | "
-                f"{fmt('jax_loop_seed_steps_per_s'):>8} | "
-                f"{fmt('torch_loop_seed_steps_per_s'):>12} | "
-                f"{fmt('sweep_over_jax_loop', '.2f'):>9} | "
-                f"{fmt('sweep_over_torch_loop', '.2f'):>13} | {row['sweep_mfu']:>6.1%} | "
-                f"{fmt('sweep_bf16_seed_steps_per_s'):>10} | {fmt('sweep_bf16_mfu', '.1%'):>8} | "
-                f"{_compiled(row['compiles'], row['compile_s']):>13}", flush=True)
+            say(_table_row(row), flush=True)
+            for name, title in (("torch_loop", "PyTorch loop"),
+                                ("torch_ensemble", "PyTorch ensemble"),
+                                ("torch_ensemble_compiled", "PyTorch ensemble +compile")):
+                reason = row.get(f"{name}_unavailable")
+                if reason and reason != compile_failed:  # a compiler failure: said once
+                    say(f"      {title} at {n} seeds: unavailable ({reason})")
+            reason = row.get("torch_ensemble_compiled_unavailable")
+            if reason and reason != "out of device memory":  # torch.compile: not tried again
+                compile_failed = reason
             save(report)
         if rows:
             xla = rows[0]["xla_flops_per_seed_step"]
@@ -200,6 +231,39 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
             f"{report['seconds']:.0f} s, of which compilation {clock.compile_seconds:.1f} s "
             f"({clock.compile_count} XLA programs)")
         return report
+
+
+# The training table: (title, row key, format, width); a rate or ratio beyond loop_max_seeds
+# is the loop's last rate's ratio, in parentheses; "n/a": a contender that could not run.
+_COLUMNS = (("seeds", "num_seeds", "d", 5),
+            ("sweep", "sweep_seed_steps_per_s", ".0f", 7),
+            ("JAX loop", "jax_loop_seed_steps_per_s", ".0f", 8),
+            ("PyTorch loop", "torch_loop_seed_steps_per_s", ".0f", 12),
+            ("PT ensemble", "torch_ensemble_seed_steps_per_s", ".0f", 11),
+            ("PT ens.+compile", "torch_ensemble_compiled_seed_steps_per_s", ".0f", 15),
+            ("sweep/JAX", "sweep_over_jax_loop", ".2f", 9),
+            ("sweep/PyTorch", "sweep_over_torch_loop", ".2f", 13),
+            ("sweep/PT ens.", "sweep_over_torch_ensemble", ".2f", 13),
+            ("sweep/PT ens.+c", "sweep_over_torch_ensemble_compiled", ".2f", 15),
+            ("MFU", "sweep_mfu", ".1%", 6),
+            ("bf16 sweep", "sweep_bf16_seed_steps_per_s", ".0f", 10),
+            ("bf16 MFU", "sweep_bf16_mfu", ".1%", 8))
+
+
+def _table_row(row: dict) -> str:
+    """One line of the training table (_COLUMNS, then the row's XLA compilations)."""
+    def cell(key, spec):
+        if key in row:
+            return format(row[key], spec)
+        if key + "_rate" in row:
+            return f"({row[key + '_rate']:{spec}})"
+        for name in training.TORCH:  # a rate of it, or the sweep's ratio to it
+            if key in (f"{name}_seed_steps_per_s", f"sweep_over_{name}"):
+                return "n/a" if f"{name}_unavailable" in row else "-"
+        return "-"
+
+    return " | ".join(f"{cell(key, spec):>{width}}" for _, key, spec, width in _COLUMNS) + (
+        f" | {_compiled(row['compiles'], row['compile_s']):>13}")
 
 
 def _timed(name: str, clock, bench) -> dict:

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import reference
-from jaxillusions.runtime import distributed
+from jaxillusions.runtime import cache, distributed
 from jaxillusions.training import objective as objective_lib
 from jaxillusions.training.step import init_state, place_on_devices, train_steps
 
@@ -74,15 +74,29 @@ def peak_memory_bytes() -> dict:
                                                           else 1024))}
 
 
+# The PyTorch contenders (benchmarks/torch_loop.py), each timed where torch is installed: the
+# per-seed loop, the torch.func ensemble of all seeds, eager and through torch.compile.
+TORCH = ("torch_loop", "torch_ensemble", "torch_ensemble_compiled")
+
+
 def training_row(config, splits, model_cfg, tx, num_seeds: int, *, steps: int, repeats: int,
                  peak: dict, loop: bool = True, torch_loop: bool = True,
+                 torch_ensemble: bool = False, torch_compile: bool | str = False,
                  bfloat16: bool = False, xla_flops: bool = True) -> dict:
     """Seed-steps/s of the sweep (train_steps over all seeds, sharded over all devices
     as launch.train shards them), of a JAX loop over seeds
     (the same jitted train_steps, one seed per call), of a PyTorch loop over seeds of the same
-    model (when torch is installed) and of the sweep with model.compute_dtype="bfloat16" (if
-    `bfloat16`), measured side by side; and the sweep's MFU. `xla_flops`: also compile a
-    one-step sweep for XLA's FLOP count (one more compilation: slow on GPUs)."""
+    model (when torch is installed), of all seeds as one torch.func ensemble (`torch_ensemble`;
+    torch_loop.Ensemble) eager and, with `torch_compile`, its step through torch.compile, and of
+    the sweep with model.compute_dtype="bfloat16" (if `bfloat16`), measured side by side; the
+    sweep's speed-up over each (`sweep_over_<name>`: the other's seconds over the sweep's); and
+    the sweep's MFU. A PyTorch contender that cannot run (torch.compile failing on this machine,
+    out of GPU memory) is no rate but `<name>_unavailable`, the one-line reason; `torch_compile`
+    may be such a reason already (a failure at a smaller seed count: not tried again).
+    `torch_ensemble_compiled_first_call_s`: the compiled ensemble's first call, torch.compile
+    included.
+    `xla_flops`: also compile a one-step sweep for XLA's FLOP count (one more compilation: slow
+    on GPUs)."""
     local_tokens = jnp.asarray(splits["train"].tokens)
     objective = objective_lib.from_settings(config)
     run = dict(model_cfg=model_cfg, tx=tx, batch_size=config.train.batch_size,
@@ -110,8 +124,31 @@ def training_row(config, splits, model_cfg, tx, num_seeds: int, *, steps: int, r
         fns["torch_loop"] = functools.partial(
             torch_lib.train_seeds, num_seeds, splits["train"].tokens, model_cfg, config.train,
             steps, objective)
-    for fn in fns.values():
-        jax.block_until_ready(fn())  # compile (and warm up torch)
+    unavailable = {}
+    if torch_ensemble:
+        from benchmarks import torch_loop as torch_lib  # noqa: PLC0415 - optional
+
+        variants = {"torch_ensemble": False}
+        if isinstance(torch_compile, str):
+            unavailable["torch_ensemble_compiled"] = torch_compile
+        elif torch_compile:
+            variants["torch_ensemble_compiled"] = True
+        for name, compiled in variants.items():
+            fns[name] = functools.partial(
+                torch_lib.Ensemble(model_cfg, config.train, objective, compiled=compiled).train,
+                num_seeds, splits["train"].tokens, steps)
+    first_call = {}
+    for name, fn in list(fns.items()):
+        try:
+            start = time.perf_counter()
+            jax.block_until_ready(fn())  # compile (and warm up torch)
+            first_call[name] = time.perf_counter() - start
+        except Exception as err:
+            reason = _torch_unavailable(name, err)
+            if reason is None:
+                raise
+            unavailable[name] = reason
+            del fns[name]
     seconds = best_times(fns, repeats)
     flops = reference.train_flops(model_cfg, config.train.batch_size,
                                   splits["train"].tokens.shape[1] - 1)
@@ -126,11 +163,28 @@ def training_row(config, splits, model_cfg, tx, num_seeds: int, *, steps: int, r
     # devices (--xla_force_host_platform_device_count) share the cores the peak matmul used.
     devices = 1 if jax.default_backend() == "cpu" else jax.device_count()
     row["sweep_mfu"] = row["sweep_seed_steps_per_s"] * flops / (devices * peak["flops_per_s"])
-    for name in ("jax_loop", "torch_loop"):  # speed-ups of the sweep
+    for name in ("jax_loop", *TORCH):  # speed-ups of the sweep
         if name in seconds:
             row[f"sweep_over_{name}"] = seconds[name] / seconds["sweep"]
+    for name, reason in unavailable.items():
+        row[f"{name}_unavailable"] = reason
+    if "torch_ensemble_compiled" in first_call:  # torch.compile's time (XLA's: `compiles`)
+        row["torch_ensemble_compiled_first_call_s"] = first_call["torch_ensemble_compiled"]
     if "sweep_bf16" in seconds:  # speed-up of bf16 over f32
         row["bf16_over_f32"] = seconds["sweep"] / seconds["sweep_bf16"]
         row["sweep_bf16_mfu"] = (row["sweep_bf16_seed_steps_per_s"] * flops
                                  / (devices * peak["bf16_flops_per_s"]))
     return row
+
+
+def _torch_unavailable(name: str, err: Exception) -> str | None:
+    """The one-line reason a PyTorch contender's warm-up call failed, where that is a result of
+    the benchmark rather than a bug: any failure of the torch.compile'd ensemble (the compiler
+    and its toolchain are the machine's), out of GPU memory for every contender. None: raise."""
+    if name not in TORCH:
+        return None
+    import torch  # noqa: PLC0415 - optional
+
+    if isinstance(err, torch.OutOfMemoryError):
+        return "out of device memory"
+    return cache.error_line(err) if name == "torch_ensemble_compiled" else None

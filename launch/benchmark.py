@@ -6,8 +6,11 @@
     python -m launch.benchmark --config=configs/dyck.py      # the paper config's model
 
 Training seed-steps/s of the sweep (train_steps, all seeds in one call) against a JAX loop
-over seeds and, with the `bench` extra installed, a PyTorch loop over seeds of the same model and
-optimizer (benchmarks/torch_loop.py); model FLOP utilization against a large matmul timed in the
+over seeds and, with the `bench` extra installed, the PyTorch peers of the same model, optimizer
+and batches (benchmarks/torch_loop.py): a loop over seeds, and all seeds as one torch.func
+ensemble (vmap of grad over the stacked parameters), eager and through torch.compile, at every
+seed count; the table puts their rates side by side with the sweep's ratio to each, under a
+header naming the CPU model (lscpu). Model FLOP utilization against a large matmul timed in the
 same run; proxy fitting and evaluation throughput; SAE fitting of 32 seeds x 4 widths in one
 program against a JAX loop over (seed, width); circuit discovery (attribution patching) of 32
 seeds in one program against a JAX loop over seeds; peak memory. The defaults took 2 min 50 s on
@@ -103,7 +106,11 @@ def main() -> None:
                              "(sentences per call, all seeds at once: lower it for many seeds)")
     parser.add_argument("--bfloat16", action="store_true",
                         help="also time the sweep with model.compute_dtype=bfloat16")
-    parser.add_argument("--no_torch", action="store_true", help="skip the PyTorch loop")
+    parser.add_argument("--no_torch", action="store_true",
+                        help="skip the PyTorch loop and ensembles")
+    parser.add_argument("--no_torch_compile", action="store_true",
+                        help="skip the torch.compile'd PyTorch ensemble (its compilation takes "
+                             "a minute or more per seed count on a CPU)")
     parser.add_argument("--no_kmeans", action="store_true", help="skip k-means vs scikit-learn")
     parser.add_argument("--no_sae", action="store_true",
                         help="skip SAE fitting (32 seeds x 4 widths, one program vs a loop)")
@@ -128,6 +135,7 @@ def main() -> None:
                            loop_max_seeds=args.loop_max_seeds, proxy_seeds=args.proxy_seeds,
                            with_torch=not args.no_torch, with_kmeans=not args.no_kmeans,
                            bfloat16=args.bfloat16, with_sae=not args.no_sae, save=save,
+                           with_torch_compile=not args.no_torch_compile,
                            circuit_options=False if args.no_circuits else None)
         save(report)
     except Exception as err:

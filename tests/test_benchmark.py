@@ -1,6 +1,7 @@
 """The benchmark runs end to end on a tiny config (no timing asserts), its FLOP count agrees with
 XLA's, and its PyTorch baseline is the same model as jaxillusions.model."""
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -29,10 +30,11 @@ def test_benchmark_smoke(config):
     # process (a program another test compiled would be a cache hit, no compilation).
     jax.clear_caches()
     saved = []  # what launch.benchmark would have written after each row and section
+    said = []  # what it printed
     report = suite.run(checked(config), seed_counts=[2, 3], steps=2, repeats=1, loop_max_seeds=2,
                        proxy_seeds=2, with_torch=True, with_kmeans=False, bfloat16=True, peak_n=256,
                        sae_options=dict(num_seeds=2, widths=(4, 8), dim=4, num_points=64,
-                                        steps=3), say=lambda *a, **k: None,
+                                        steps=3), say=lambda *a, **k: said.append(" ".join(a)),
                        circuit_options=dict(num_seeds=2, sentences=8),
                        save=lambda r: saved.append(json.loads(json.dumps(r))))
     rows = report["training"]
@@ -54,6 +56,34 @@ def test_benchmark_smoke(config):
     has_torch = importlib.util.find_spec("torch") is not None
     assert ("torch_loop_seed_steps_per_s" in rows[0]) == has_torch
     assert report["torch"].startswith("torch not installed") != has_torch
+    # The torch.func ensemble, eager and compiled, at every seed count the sweep ran (the loops
+    # only up to loop_max_seeds); a torch.compile that fails on this machine is a one-line
+    # reason in its row, not a crash.
+    for row in rows:
+        if not has_torch:
+            assert not any(k.startswith("torch_ensemble") for k in row)
+            continue
+        rate = row["torch_ensemble_seed_steps_per_s"]
+        assert rate > 0 and row["sweep_over_torch_ensemble"] == pytest.approx(
+            row["sweep_seed_steps_per_s"] / rate)
+        if "torch_ensemble_compiled_unavailable" in row:
+            assert "\n" not in row["torch_ensemble_compiled_unavailable"]
+        else:
+            rate = row["torch_ensemble_compiled_seed_steps_per_s"]
+            assert rate > 0 and row["sweep_over_torch_ensemble_compiled"] == pytest.approx(
+                row["sweep_seed_steps_per_s"] / rate)
+    # The table: the sweep, the per-seed loop and both ensembles side by side, and the sweep's
+    # ratio to each, under a header naming the CPU model.
+    assert report["cpu_model"] and f"CPU: {report['cpu_model']}, " in "\n".join(said)
+    (header,) = [line for line in said if line.lstrip().startswith("seeds |")]
+    titles = [t.strip() for t in header.split("|")]
+    assert titles[:10] == ["seeds", "sweep", "JAX loop", "PyTorch loop", "PT ensemble",
+                           "PT ens.+compile", "sweep/JAX", "sweep/PyTorch", "sweep/PT ens.",
+                           "sweep/PT ens.+c"]
+    table = [line.split("|") for line in said if line.split("|")[0].strip() in ("2", "3")]
+    assert [len(cells) for cells in table] == [len(titles)] * 2
+    if has_torch:  # the rates and ratios of both ensembles in both rows (or n/a: unavailable)
+        assert all(cells[i].strip() not in ("", "-") for cells in table for i in (4, 5, 8, 9))
     for row in rows:
         assert row["sweep_seed_steps_per_s"] > 0
         assert row["sweep_bf16_seed_steps_per_s"] > 0
@@ -84,6 +114,38 @@ def test_benchmark_smoke(config):
     assert report["peak_memory"]["bytes"] > 0
     assert report["peak_matmul"]["flops_per_s"] > 0
     assert report["peak_matmul"]["bf16_flops_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_benchmark_reports_a_failing_torch_compile_in_one_line(config, monkeypatch):
+    # torch.compile failing on the machine (no C++ compiler, an unsupported op) is a result:
+    # the compiled ensemble's row reads n/a with the one-line reason, said once, and larger seed
+    # counts do not try again; the eager ensemble is timed all the same.
+    torch = pytest.importorskip("torch")
+    compiles = []
+
+    def failing_compile(fn, **options):
+        compiles.append(options)
+
+        def compiled(*args):
+            raise RuntimeError("InductorError: no working C++ compiler found\n(traceback)")
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", failing_compile)
+    said = []
+    report = suite.run(checked(config), seed_counts=[2, 3], steps=1, repeats=1,
+                       loop_max_seeds=0, proxy_seeds=2, with_kmeans=False, with_sae=False,
+                       circuit_options=False, peak_n=256,
+                       say=lambda *a, **k: said.append(" ".join(a)))
+    reason = "RuntimeError: InductorError: no working C++ compiler found"
+    rows = report["training"]
+    assert [r["torch_ensemble_compiled_unavailable"] for r in rows] == [reason] * 2
+    assert len(compiles) == 1 and all(r["torch_ensemble_seed_steps_per_s"] > 0 for r in rows)
+    assert not any("torch_ensemble_compiled_seed_steps_per_s" in r for r in rows)
+    assert [line for line in said if reason in line] == [
+        f"      PyTorch ensemble +compile at 2 seeds: unavailable ({reason})"]
+    table = [line.split("|") for line in said if line.split("|")[0].strip() in ("2", "3")]
+    assert [(cells[5].strip(), cells[9].strip()) for cells in table] == [("n/a", "n/a")] * 2
 
 
 def test_reference_flops_match_xla_for_the_reference_model():
@@ -118,6 +180,94 @@ def test_torch_baseline_is_the_same_model():
     # d_mlp terms (tests/tolerance.py), per row.
     want = np.asarray(logits, np.float64)
     assert np.all(np.abs(theirs - want) <= tol.two_ways(tol.activation_error(want, cfg.d_mlp)))
+
+
+def _first_step_tolerance(p0, g, lr, width):
+    """Between a parameter after AdamW's first step from p0 (no warmup: the peak rate lr) with
+    its clipped gradient g computed two ways (a loop of single models against a vmapped
+    ensemble: other matmul shapes, other roundings). The first step moves each element by
+    lr * f(g) with f(g) = g / (|g| + eps) (m and v debiased: g and g^2; the weight decay term is
+    the same elementwise computation of the same p0 both ways). g: within d = two_ways of
+    activation_error over the whole leaf (backward matmuls of up to `width` terms; the leaf's
+    norm, not the element's: a gradient element is a sum of terms that cancel), so f differs by
+    at most d * eps / (max(|g| - d, 0) + eps)^2 (f's slope at the smallest |g| within d), and
+    never by more than 2; plus TERM_ULPS roundings of the update and of p0."""
+    g = np.asarray(g, np.float64)
+    d = tol.two_ways(tol.activation_error(g.reshape(1, -1), width)[0, 0])
+    smallest = np.maximum(np.abs(g) - d, 0.0)
+    slope = np.minimum(2.0, d * 1e-8 / (smallest + 1e-8) ** 2)
+    return lr * slope + tol.TERM_ULPS * tol.EPS32 * (np.abs(np.asarray(p0, np.float64)) + lr)
+
+
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_torch_ensemble_first_step_is_the_loops(compiled):
+    # The torch.func ensemble of launch.benchmark (vmap of grad over stacked parameters, clipping
+    # per seed, torch.optim's AdamW on the stacked leaves) takes, for each seed, the per-seed
+    # loop's first step: same initial parameters, same batch, same update. Seeds 3 and 0, in
+    # that order: seed s of the ensemble is the loop's seed s, wherever it stands.
+    torch = pytest.importorskip("torch")
+    from benchmarks import torch_loop
+    from jaxillusions.training import objective as objective_lib
+
+    cfg = model_lib.ModelConfig(vocab_size=11, max_len=14, d_model=16, d_mlp=32, n_heads=2)
+    # No warmup (the first step at the peak rate, not 0), clipping on (a small grad_clip).
+    train_cfg = dataclasses.replace(settings.Train(), learning_rate=1e-2, warmup_steps=0,
+                                    weight_decay=0.1, batch_size=4, grad_clip=0.05)
+    objective = objective_lib.Objective(max_position_offset=2)
+    tokens = np.random.default_rng(0).integers(1, 11, (50, 11))
+    tokens[::3, 7:] = 0  # PAD targets, left out of the loss
+    seeds = [3, 0]
+    ensemble = torch_loop.Ensemble(cfg, train_cfg, objective, compiled=compiled)
+    try:
+        stacked, _ = ensemble.train_params(seeds, tokens, num_steps=1)
+    except Exception as err:  # noqa: BLE001 - the benchmark reports this row as unavailable
+        if not compiled:
+            raise
+        pytest.skip(f"torch.compile fails on this machine: {err}".splitlines()[0])
+    width = max(cfg.d_mlp, train_cfg.batch_size * (tokens.shape[1] - 1))
+    for i, seed in enumerate(seeds):
+        torch.manual_seed(seed)
+        initial = dict(torch_loop.Transformer(cfg).named_parameters())
+        model, _ = torch_loop._train_model(seed, tokens, cfg, train_cfg, 1,
+                                            objective.max_position_offset)
+        for name, p in model.named_parameters():
+            # The clipped gradients (each seed clipped by its own norm; AdamW's first step alone
+            # would not show it: it is g / |g| elementwise), then the parameters.
+            g = p.grad.numpy()
+            gradient_limit = tol.two_ways(tol.activation_error(g.reshape(1, -1), width))
+            assert np.all(np.abs(stacked[name].grad[i].numpy() - g) <= gradient_limit), name
+            p0 = initial[name].detach().numpy()
+            theirs, want = stacked[name][i].detach().numpy(), p.detach().numpy()
+            assert np.any(theirs != p0), name  # it moved
+            limit = _first_step_tolerance(p0, g, train_cfg.learning_rate, width)
+            assert np.all(np.abs(theirs - want) <= limit), (seed, name)
+
+
+def test_torch_ensemble_clips_each_seed_by_its_own_norm():
+    # vmapped over seeds, clip_by_global_norm is nn.utils.clip_grad_norm_ of each seed: one
+    # seed above max_norm (scaled down), one below (unchanged).
+    torch = pytest.importorskip("torch")
+    from benchmarks import torch_loop
+
+    gen = torch.Generator().manual_seed(0)
+    shapes = {"a": (3, 5), "b": (7,), "c": (2, 2, 4)}
+    grads = {k: torch.randn((2, *s), generator=gen) for k, s in shapes.items()}
+    for g in grads.values():
+        g[1] *= 0.01  # seed 1's norm is below max_norm
+    clipped = torch.func.vmap(lambda g: torch_loop.clip_by_global_norm(g, 1.0))(grads)
+    n = sum(int(np.prod(s)) for s in shapes.values())
+    for i in range(2):
+        params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes.values()]
+        for p, g in zip(params, grads.values(), strict=True):
+            p.grad = g[i].clone()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        for p, name in zip(params, grads, strict=True):
+            want = p.grad.numpy().astype(np.float64)
+            # Both scale by 1 / norm: the norm's sum of n squares, in another order.
+            limit = tol.two_ways(np.abs(want) * (tol.sum_error(n, 1.0) + tol.TERM_ULPS
+                                                 * tol.EPS32))
+            assert np.all(np.abs(clipped[name][i].numpy() - want) <= limit), (i, name)
+    assert torch.equal(clipped["a"][1], grads["a"][1])  # below max_norm: unchanged
 
 
 def test_compute_dtype_is_a_validated_training_key(config):
