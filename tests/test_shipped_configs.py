@@ -1,6 +1,6 @@
 """Every shipped config runs to its end, shrunk to test size, through the launcher a user runs:
-its model, proxies, studies and devices as shipped, with 2 seeds, a few dozen steps and little
-data. A hang (a deadlock in a fit, a stage that never returns) is the watchdog's one-line error
+its model, proxies, studies and devices as shipped, with 2 seeds, 20 steps of batch 8 and
+little data. A hang (a deadlock in a fit, a stage that never returns) is the watchdog's one-line error
 or the suite's per-test timeout here, not a user's silent process."""
 
 import os
@@ -18,9 +18,10 @@ CONFIGS = sorted(p.stem for p in pathlib.Path(configs.__file__).parent.glob("*.p
 # The arguments of configs that take one (the part after ':'), each a config of its own.
 VARIANTS = {"wen_attention_variation": ("minimal", "standard_nope", "standard_linear")}
 
-SHRINK = {"train.num_seeds": 2, "train.num_steps": 40, "train.warmup_steps": 5,
-          "train.log_every": 20, "train.checkpoint_every": 20, "figures": "none",
-          "stall_seconds": 300, "proxies.kmeans_samples": 500}
+SHRINK = {"train.num_seeds": 2, "train.num_steps": 20, "train.warmup_steps": 5,
+          "train.batch_size": 8, "train.log_every": 10, "train.checkpoint_every": 10,
+          "figures": "none",
+          "stall_seconds": 120, "proxies.kmeans_samples": 500}
 SHRINK_TASK = {"dyck": {"data.num_train": 1000, "data.num_eval": 64},
                "code": {"data.num_eval": 48, "induction.code_rows": 16, "induction.batch": 8}}
 
@@ -30,9 +31,9 @@ def _shrunk(name: str, arg: str | None) -> list[str]:
     config = module.get_config(arg) if arg else module.get_config()
     keys = {**SHRINK, **SHRINK_TASK[config.task]}
     if config.train.decay_steps:
-        keys["train.decay_steps"] = 20
+        keys["train.decay_steps"] = 10
     if config.train.eval_every:
-        keys["train.eval_every"] = 40
+        keys["train.eval_every"] = 20
     if config.wen.enabled:
         keys["wen.length_num_prefixes"] = 2
     return [f"--config.{k}={v}" for k, v in keys.items()]

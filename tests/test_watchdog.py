@@ -46,13 +46,31 @@ def test_a_main_thread_blocked_in_c_is_ended_with_one_line(tmp_path):
                           text=True, timeout=60)
     assert done.returncode == watchdog.EXIT_CODE
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: no progress for "), done.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: no progress and no CPU use for "), done.stderr
     assert "while fitting svd on blocks.0.attn.k (stall_seconds=1)" in lines[0]
     (dump,) = glob.glob(str(tmp_path / "stall_*.txt"))
     assert dump in lines[0]
     with open(dump) as f:
         text = f.read()
     assert "while fitting svd on blocks.0.attn.k" in text and "<module>" in text
+
+
+def test_a_piece_of_work_that_computes_is_not_a_stall(tmp_path):
+    # Three times the limit without a progress mark, but busy: a slow chunk, not a stall.
+    code = textwrap.dedent(f"""
+        import time
+        from jaxillusions.runtime import watchdog
+        with watchdog.watching(1.0, {str(tmp_path)!r}):
+            watchdog.progress("training steps 0 to 100")
+            end = time.monotonic() + 3.0
+            while time.monotonic() < end:
+                sum(range(10000))
+        print("finished")
+        """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip(), done.stderr) == (0, "finished", "")
+    assert not os.listdir(tmp_path)
 
 
 _SCRIPT = """

@@ -359,10 +359,11 @@ class Settings:
         "work; the studies' own figures are still drawn); `python -m launch.figures W` draws "
         "the rest later")
     stall_seconds: float = setting(
-        900, NUMBER, ">= 0 (0: no watchdog)", lambda v, s: v >= 0,
+        600, NUMBER, ">= 0 (0: no watchdog)", lambda v, s: v >= 0,
         "seconds without progress (a training chunk, a batch of activations, a proxy family) "
-        "after which the main job ends with a one-line error naming what stalled and a stack "
-        "dump in the workdir (runtime/watchdog.py); relaunching resumes")
+        "and without CPU use (a deadlock, a lost peer) after which the main job ends with a "
+        "one-line error naming what stalled and a stack dump in the workdir "
+        "(runtime/watchdog.py); relaunching resumes")
     data: Any = None  # the task's Data
     model: Model = dataclasses.field(default_factory=Model)
     train: Train = dataclasses.field(default_factory=Train)

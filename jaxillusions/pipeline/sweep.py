@@ -835,6 +835,9 @@ def draw(jobs, writer, workdir: str) -> None:
             _stop_in_reports(workdir)  # each figure takes a while: a signal stops between them
             with stages.writing("report", paths[i]):
                 pixels[i] = figures.render(*jobs[i][2:], paths[i])
+        while helper is not None and helper.poll() is None:  # it draws; this process waits
+            watchdog.progress()
+            time.sleep(0.2)
         helped = helper is not None and helper.wait() == 0
     finally:
         if helper is not None:

@@ -1,14 +1,19 @@
-"""A stall ends the run: no progress for `stall_seconds` is a one-line error, never a hang.
+"""A stall ends the run: no progress and no CPU use for `stall_seconds` is a one-line error.
 
     with watchdog.watching(settings.stall_seconds, workdir):   # around the main job
         watchdog.progress("fitting tuned_lens on blocks.0.resid_pre")   # at each piece of work
 
-A thread checks the time since the last `progress` call. Past the limit it writes the Python
-stack of every thread to <workdir>/stall_<time>.txt, prints one line naming what was in
-progress, and ends the process with exit code 124 (a main thread blocked inside XLA never
-returns to Python, so nothing gentler can stop it). Every stage saves its work as it finishes,
-so relaunching the same command resumes; what the stalled piece had computed is lost.
-`progress` outside `watching` does nothing, so library code may call it freely.
+A thread checks the time since the last `progress` call. A piece of work may legitimately take
+long (a chunk of training steps is one XLA call); a stalled one waits without computing (a
+deadlock, a wait on a lost peer or a hung disk). So the run is declared stalled when no progress
+was marked for the limit AND the process used under 5% of one core over the last `limit`
+seconds. Then it writes the Python stack of every thread to <workdir>/stall_<time>.txt, prints
+one line naming what was in progress, and ends the process with exit code 124 (a main thread
+blocked inside XLA never returns to Python, so nothing gentler can stop it). Every stage saves
+its work as it finishes, so relaunching the same command resumes; what the stalled piece had
+computed is lost. A piece of work that waits for a child process (the figures' helper) marks
+progress while it waits. `progress` outside `watching` does nothing, so library code may call
+it freely.
 """
 
 from __future__ import annotations
@@ -33,21 +38,30 @@ def progress(what: str | None = None) -> None:
             _state["what"] = what
 
 
+IDLE_CPU = 0.05  # of one core: below it over the window, the process is waiting, not working
+
+
 def _watch(limit: float, workdir: str, stop: threading.Event) -> None:
+    samples = [(time.monotonic(), time.process_time())]  # (wall, CPU of every thread)
     while not stop.wait(min(limit, 5.0) / 5):
-        idle = time.monotonic() - _state["last"]
-        if idle < limit:
+        now, cpu = time.monotonic(), time.process_time()
+        samples.append((now, cpu))
+        while len(samples) > 2 and samples[1][0] <= now - limit:
+            samples.pop(0)  # keep the last `limit` seconds (and one sample before them)
+        idle = now - _state["last"]
+        wall, used = now - samples[0][0], cpu - samples[0][1]
+        if idle < limit or wall < limit or used > IDLE_CPU * wall:
             continue
         os.makedirs(workdir, exist_ok=True)
         path = os.path.join(workdir, f"stall_{time.strftime('%Y%m%d-%H%M%S')}.txt")
         with open(path, "w") as f:
-            f.write(f"no progress for {idle:.0f} s while {_state['what']}; the Python stack of "
-                    "every thread:\n\n")
+            f.write(f"no progress for {idle:.0f} s while {_state['what']}, {used:.1f} s of CPU "
+                    f"in the last {wall:.0f} s; the Python stack of every thread:\n\n")
             f.flush()
             faulthandler.dump_traceback(f, all_threads=True)
-        os.write(2, f"error: no progress for {idle:.0f} s while {_state['what']} (stall_seconds="
-                    f"{limit:g}); stacks in {path}; what was saved is kept: relaunch the same "
-                    "command to resume\n".encode())
+        os.write(2, f"error: no progress and no CPU use for {idle:.0f} s while {_state['what']} "
+                    f"(stall_seconds={limit:g}); stacks in {path}; what was saved is kept: "
+                    "relaunch the same command to resume\n".encode())
         os._exit(EXIT_CODE)
 
 
