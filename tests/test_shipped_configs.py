@@ -1,7 +1,7 @@
 """Every shipped config runs to its end, shrunk to test size, through the launcher a user runs:
 its model, proxies, studies and devices as shipped, with 2 seeds, 20 steps of batch 8 and
-little data. A hang (a deadlock in a fit, a stage that never returns) is the watchdog's one-line error
-or the suite's per-test timeout here, not a user's silent process."""
+little data. A hang (a deadlock in a fit, a stage that never returns) is the watchdog's one-line
+error or the suite's per-test timeout here, not a user's silent process."""
 
 import os
 import pathlib

@@ -46,7 +46,8 @@ def test_a_main_thread_blocked_in_c_is_ended_with_one_line(tmp_path):
                           text=True, timeout=60)
     assert done.returncode == watchdog.EXIT_CODE
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: no progress and no CPU use for "), done.stderr
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: no progress and no CPU use for "), done.stderr
     assert "while fitting svd on blocks.0.attn.k (stall_seconds=1)" in lines[0]
     (dump,) = glob.glob(str(tmp_path / "stall_*.txt"))
     assert dump in lines[0]
