@@ -234,13 +234,20 @@ def test_a_batch_whose_probe_cannot_fit_is_refused_at_the_door():
     # Per row: its tokens; per seed trained together, every attention layer's pattern (cached
     # as float32), the float32 log-probabilities and one layer's activations.
     (term,) = [t for t in memory.plan(parsed, model_cfg, 1) if "induction" in t.what]
-    special = induction.task_tokens("dyck")
-    width = 1 + 2 * induction.default_length(model_cfg, special)
     mc, seeds = model_cfg, parsed.train.num_seeds
-    per_row = width * 4 + seeds * (
-        width * (mc.n_layers * mc.n_heads * width + mc.vocab_size) * 4
-        + width * (max(mc.n_heads * width, mc.d_mlp) + mc.d_model) * 4)
-    assert term.num_bytes == 64 * per_row
+
+    def per_row(width):
+        return width * 4 + seeds * (
+            width * (mc.n_layers * mc.n_heads * width + mc.vocab_size) * 4
+            + width * (max(mc.n_heads * width, mc.d_mlp) + mc.d_model) * 4)
+
+    # The plan, below the studies' layer, counts the default length from the vocabulary less
+    # one special token (the BOS): the stage's width, or up to 2 tokens more (Dyck has 3).
+    width = 1 + 2 * induction.default_length(model_cfg, induction.task_tokens("dyck"))
+    planned = min(1 + 2 * max(2, min((mc.vocab_size - 1) // 2, (mc.max_len - 1) // 2)),
+                  mc.max_len)
+    assert width <= planned <= width + 2
+    assert term.num_bytes == 64 * per_row(planned)
     huge = parsed.replace(induction={"batch": 10**9})
     with pytest.raises(ValueError, match=r"^induction\.batch=1000000000: needs an estimated "
                                          r".* lower induction\.batch$") as err:

@@ -23,7 +23,8 @@ SHRINK = {"train.num_seeds": 2, "train.num_steps": 20, "train.warmup_steps": 5,
           "figures": "none",
           "stall_seconds": 120, "proxies.kmeans_samples": 500}
 SHRINK_TASK = {"dyck": {"data.num_train": 1000, "data.num_eval": 64},
-               "code": {"data.num_eval": 48, "induction.code_rows": 16, "induction.batch": 8}}
+               "code": {"data.num_train": 200, "data.num_eval": 48, "induction.code_rows": 16,
+                        "induction.batch": 8}}
 
 
 def _shrunk(name: str, arg: str | None) -> list[str]:

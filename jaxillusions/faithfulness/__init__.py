@@ -377,8 +377,14 @@ class FittedProxy:
 
 @functools.partial(jax.jit, static_argnames=("method", "sizes", "options"))
 def _fit_seeds_and_heads(stats, keys, *, method: str, sizes: tuple[int, ...], options: tuple):
+    """Each device fits its own seeds (shard_map over the seed axis): a fit's decompositions
+    loop over matrices one at a time (runtime.linalg), and a loop over a sharded axis would
+    otherwise be run whole on every device."""
     fit_one = functools.partial(proxies.get(method).fit, sizes=sizes, **dict(options))
-    return jax.vmap(jax.vmap(lambda st, k: fit_one(st, key=k)))(stats, keys)
+    seeds = jax.sharding.PartitionSpec(distributed.AXIS)
+    return jax.shard_map(jax.vmap(jax.vmap(lambda st, k: fit_one(st, key=k))),
+                         mesh=distributed.mesh(), in_specs=seeds, out_specs=seeds,
+                         check_vma=False)(stats, keys)
 
 
 def fit(specs: Sequence[ProxySpec], stats: dict, key: jax.Array, num_seeds: int, *,

@@ -10,8 +10,8 @@ ones hang, on whichever CPU model the timing allows. jax 0.11 no longer splits i
 builds; until it can be required, every call here reaches LAPACK with one matrix, which the
 kernel runs inline: a batch (leading axes, or the axes `jax.vmap` adds) becomes a sequential
 `lax.map` over single matrices. LAPACK computes each matrix alone either way, so the results
-are the same bits; the cost is that a batch no longer uses the pool's threads (measured in
-docs/speed.md).
+are the same bits; the cost is that a batch no longer uses the pool's threads, which the
+fits barely notice (docs/reliability.md, No hang).
 
 tests/test_lapack.py lowers every program of a sweep that uses these and checks that each
 LAPACK custom call has one matrix, and that no module calls jnp.linalg or jax.scipy.linalg's

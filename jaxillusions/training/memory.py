@@ -315,12 +315,11 @@ def plan(config, model_cfg, num_devices: int | None = None) -> list[Term]:
              ("wen.length_max_len", wc.length_max_len)), True))
     ic = config.induction
     if ic.enabled:  # studies/induction.py: the whole batch in one call per chunk of seeds
-        from jaxillusions.studies import induction  # noqa: PLC0415
-
-        special = induction.task_tokens(config.task)
-        length = ic.length or induction.default_length(mc, special)
+        # its default length (induction.default_length) is half the drawable tokens, at most
+        # vocab_size - 1 of them (every task has a BOS), capped to fit the model after the BOS;
         # a longer sequence than the model takes is induction.check_config's error
-        width = min((special.bos is not None) + 2 * length, mc.max_len)
+        length = ic.length or max(2, min((mc.vocab_size - 1) // 2, (mc.max_len - 1) // 2))
+        width = min(1 + 2 * length, mc.max_len)
         layers = mc.n_layers - model_lib.first_attention_layer(mc)
         # per row: its tokens; per seed, every attention layer's pattern (cached as float32),
         # the float32 log-probabilities and one layer's activations
