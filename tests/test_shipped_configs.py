@@ -1,6 +1,7 @@
 """Every shipped config runs to its end, shrunk to test size, through the launcher a user runs:
 its model, proxies, studies and devices as shipped, with 2 seeds, 20 steps of batch 8 and
-little data. A hang (a deadlock in a fit, a stage that never returns) is the watchdog's one-line
+little data (configs/code.py, a GPU's paper-scale model, also with width 64 and context 128:
+at its own it needs 32 GiB per device to evaluate on the CPU and 12 min here). A hang (a deadlock in a fit, a stage that never returns) is the watchdog's one-line
 error or the suite's per-test timeout here, not a user's silent process."""
 
 import os
@@ -31,6 +32,9 @@ def _shrunk(name: str, arg: str | None) -> list[str]:
     module = __import__(f"configs.{name}", fromlist=["get_config"])
     config = module.get_config(arg) if arg else module.get_config()
     keys = {**SHRINK, **SHRINK_TASK[config.task]}
+    if name == "code":  # the paper-scale code model (a GPU's): its width and context shrunk
+        keys.update({"model.d_model": 64, "model.d_mlp": 256, "data.context": 128,
+                     "data.longer_context": 256, "proxies.eval_batch_size": 16})
     if config.train.decay_steps:
         keys["train.decay_steps"] = 10
     if config.train.eval_every:
