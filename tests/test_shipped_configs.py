@@ -1,8 +1,9 @@
 """Every shipped config runs to its end, shrunk to test size, through the launcher a user runs:
 its model, proxies, studies and devices as shipped, with 2 seeds, 20 steps of batch 8 and
 little data (configs/code.py, a GPU's paper-scale model, also with width 64 and context 128:
-at its own it needs 32 GiB per device to evaluate on the CPU and 12 min here). A hang (a deadlock in a fit, a stage that never returns) is the watchdog's one-line
-error or the suite's per-test timeout here, not a user's silent process."""
+at its own it needs 32 GiB per device to evaluate on the CPU and 12 min here). A hang (a
+deadlock in a fit, a stage that never returns) is the watchdog's one-line error or the suite's
+per-test timeout here, not a user's silent process."""
 
 import os
 import pathlib
