@@ -669,6 +669,18 @@ def test_finished_sweep_is_left_as_it_is(swept, tmp_path, capsys):
     assert any(f[0].startswith("superseded") and f[0].endswith("results.csv") for f in after)
 
 
+def _earlier_reports_and_config(swept, workdir, reports: list[str]):
+    """Writes a stand-in for each report (this fixture writes none), each with its own bytes,
+    and returns a config of the swept run's proxies."""
+    for name in reports:
+        (workdir / name).parent.mkdir(exist_ok=True)
+        (workdir / name).write_text(f"earlier {name}")
+    config = _config(swept["config"].data.cache_dir)
+    config.proxies.targets = swept["config"].proxies.targets
+    config.proxies.methods = swept["config"].proxies.methods
+    return config
+
+
 def test_every_report_of_an_earlier_analysis_is_kept(swept, tmp_path):
     # Was: only results.csv, gap_table.txt and figures/ were moved aside; gaps.csv and the other
     # tables, and the Wen files, were overwritten in place.
@@ -677,12 +689,7 @@ def test_every_report_of_an_earlier_analysis_is_kept(swept, tmp_path):
     reports = ["gaps.csv", "proxy_vs_original.csv", "id_predicts_gap.csv", "min_size.csv",
                "baselines.csv", "gaps_by_category.csv", "wen_results.csv", "wen_summary.txt",
                "figures/faithfulness_svd.png", "dictionaries_equal_id.csv"]
-    for name in reports:  # stand-ins (this fixture writes no reports), each with its own bytes
-        (workdir / name).parent.mkdir(exist_ok=True)
-        (workdir / name).write_text(f"earlier {name}")
-    config = _config(swept["config"].data.cache_dir)
-    config.proxies.targets = swept["config"].proxies.targets
-    config.proxies.methods = swept["config"].proxies.methods
+    config = _earlier_reports_and_config(swept, workdir, reports)
     config.proxies.eval_splits = ("iid", "longer")
     sweep.run(checked(config), str(workdir), verbose=False)
     (aside,) = (workdir / "superseded").iterdir()
@@ -701,12 +708,7 @@ def test_reports_of_an_unfinished_sweep_are_kept_when_the_analysis_changes(swept
     shutil.copytree(swept["workdir"], workdir)
     os.remove(workdir / sweep.DONE_FILE)
     reports = ["gap_table.txt", "gaps.csv", "figures/faithfulness_svd.png"]
-    for name in reports:  # stand-ins (this fixture writes no reports), each with its own bytes
-        (workdir / name).parent.mkdir(exist_ok=True)
-        (workdir / name).write_text(f"earlier {name}")
-    config = _config(swept["config"].data.cache_dir)
-    config.proxies.targets = swept["config"].proxies.targets
-    config.proxies.methods = swept["config"].proxies.methods
+    config = _earlier_reports_and_config(swept, workdir, reports)
     config.proxies.eval_splits = swept["config"].proxies.eval_splits
     config.proxies.kmeans_sizes = (2, 4)  # was (2, 4, 8)
     rows = sweep.run(checked(config), str(workdir))
