@@ -1,1 +1,1 @@
-"""Benchmark helpers for `python -m launch.benchmark` (not part of the library)."""
+"""Benchmark helpers for `jaxillusions benchmark` (not part of the library)."""

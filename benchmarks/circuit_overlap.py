@@ -19,7 +19,9 @@ import os
 import jax
 from flax import serialization
 
-from jaxillusions import faithfulness
+from jaxillusions.faithfulness.collect import collect
+from jaxillusions.faithfulness.fit import fit_one
+from jaxillusions.faithfulness.specs import specs_from_config
 from jaxillusions.report import load_run
 from jaxillusions.studies import circuits, fit_shift
 
@@ -27,7 +29,7 @@ from jaxillusions.studies import circuits, fit_shift
 def overlap(workdir: str, split: str) -> list[dict]:
     run = load_run(workdir)
     pc = run.config.proxies
-    specs = faithfulness.specs_from_config(pc, run.model_config)
+    specs = specs_from_config(pc, run.model_config)
     data = fit_shift.fit_data(run.splits, split, run.config)
     out = []
     for index, spec in enumerate(specs):
@@ -36,10 +38,10 @@ def overlap(workdir: str, split: str) -> list[dict]:
         (path,) = glob.glob(os.path.join(workdir, "proxies", f"{index:02d}_circuit_*.msgpack"))
         with open(path, "rb") as f:
             train_fit = serialization.msgpack_restore(f.read())["value"]
-        stats = faithfulness.collect(run.params, data, run.model_config, [spec], num_samples=0,
-                                     batch_size=pc.collect_batch_size)
-        refit = faithfulness.fit_one(spec, index, stats, jax.random.PRNGKey(run.config.seed),
-                                     len(run.seeds))
+        stats = collect(run.params, data, run.model_config, [spec], num_samples=0,
+                        batch_size=pc.collect_batch_size)
+        refit = fit_one(spec, index, stats, jax.random.PRNGKey(run.config.seed),
+                        len(run.seeds))
         out += circuits.overlap_rows(spec, train_fit, {split: refit.params}, run.model_config,
                                      run.healthy)
     return out

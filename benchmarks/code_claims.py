@@ -25,10 +25,12 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from jaxillusions import tasks
 from jaxillusions.config import settings
+from jaxillusions.pipeline import validate
 from jaxillusions.report import results, stats, tables
 from jaxillusions.studies import induction
-from jaxillusions.tasks.code_completion import lexer
+from jaxillusions.tasks.code_completion import copying, lexer
 
 BASELINE = "iid"
 INDUCTION_FILES = {"per_seed": "induction_seeds.csv", "heads": "induction.csv",
@@ -53,7 +55,7 @@ def load(workdirs: Sequence[str]) -> Population:
     """The runs in `workdirs` as one population: ValueError (one line) unless their configs
     agree on every setting but `seed` and their seeds are disjoint."""
     workdirs = tuple(workdirs)
-    configs = [settings.flat(settings.read_stored(w)) for w in workdirs]
+    configs = [settings.flat(validate.read_stored(w)) for w in workdirs]
     for w, config in zip(workdirs[1:], configs[1:], strict=True):
         differ = sorted(k for k in configs[0].keys() | config.keys()
                         if k != "seed" and configs[0].get(k) != config.get(k))
@@ -170,10 +172,9 @@ def mechanism(population: Population) -> str:
             f"{r['ablation_drop_repeat']:+.3f} / {r['ablation_drop_other']:+.3f} |"
             + (f" {r['identifier_max_score']:.3f} / {r['identifier_loss_drop']:.2f} |"
                if ident else ""))
-    lines += ["", induction.verdict(
-        ok["max_induction_score"], ok["loss_drop"], ok["code_target_attention"],
-        (ok["identifier_max_score"], ok["identifier_loss_drop"]) if ident else None),
-        induction.ablation_line(ok, stats)]
+    lines += ["", induction.verdict(ok["max_induction_score"], ok["loss_drop"], ok,
+                                    tasks.get("code")),
+              copying.ablation_line(ok, induction.cell)]
     columns = {"random-test score": "induction_score",
                **({"on identifier characters": "identifier_score"} if ident else {}),
                "on code": "target_attention"}
@@ -198,7 +199,7 @@ def mechanism(population: Population) -> str:
     strengths = ["max_induction_score", "loss_drop", "code_target_attention",
                  "ablation_drop_repeat"] + (["identifier_loss_drop"] if ident else [])
     for strength in strengths:
-        table = induction.head_predicts_gap(population.df, ok, strength=strength)
+        table = copying.head_predicts_gap(population.df, ok, stats, strength=strength)
         table = table[np.isfinite(table["rho"])]  # Spearman is undefined below 3 seeds
         if table.empty:
             lines.append(f"{strength} vs the identifier_repeat gap: undefined at {len(ok)} "

@@ -1,6 +1,6 @@
 """Induction-head curve of one code-task seed: train in increments, test every stop (issue 37).
 
-    nice -n 15 python -m benchmarks.induction_curves --config=configs/code_induction.py \\
+    nice -n 15 python -m benchmarks.induction_curves --config=code_induction \\
         --workdir=runs/induction_learned --stops=500,1000,2000,3000 [--analyse] \\
         [--config.model.attn_only=false --config.model.d_mlp=256 ...]
 
@@ -27,8 +27,8 @@ entropy) and inside repeated identifiers of --code_rows iid functions, and with 
 default) its mean-ablation (blocks.<l>.attn.z of that head replaced by its mean over the
 non-PAD positions of --ablate_rows training rows): loss drop and iid identifier accuracies with
 the head ablated. The code measures and the ablation are the main job's
-(`jaxillusions.studies.induction.code_analyses`, `mean_ablation`). A stop already reached only
-restores, so `--stops=<step> --analyse` analyses a finished workdir.
+(`jaxillusions.tasks.code_completion.copying.code_analyses`, `mean_ablation`). A stop already
+reached only restores, so `--stops=<step> --analyse` analyses a finished workdir.
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ import time
 
 from absl import flags
 
-from launch import common
+from jaxillusions.launch import common
 
-# launch.common's flags, which this script takes as the launchers do (common.run).
+# jaxillusions.launch.common's flags, which this script takes as the launchers do (common.run).
 SHARED_FLAGS = ("config", "workdir", "start_over", "debug")
 STOPS = flags.DEFINE_list("stops", ["500", "1000", "2000", "3000"], "Steps to test at.")
 LENGTH = flags.DEFINE_integer("length", 48, "Induction test: tokens per copy (L).")
@@ -111,7 +111,7 @@ def test(state, settings, model_cfg, splits, losses, step, seconds):
     params = jax.tree.map(lambda x: jnp.asarray(x[0]), state.params)
     task = tasks.get(settings)
     ev = evaluation.evaluate([state.params], splits["iid"], model_cfg, num_seeds=1,
-                             batch_size=64, num_depths=task.train_num_bins(settings.data),
+                             batch_size=64, num_bins=task.train_num_bins(settings.data),
                              task=task)  # the evaluation's own per-category accuracy
     by_cat, acc = ev["acc_by_category"][0], float(ev["acc"][0])
     first, repeat = by_cat[lexer.IDENT_FIRST], by_cat[lexer.IDENT_REPEAT]
@@ -131,15 +131,18 @@ def code_task_test(state, model_cfg, splits):
     first seed: {code_attention, identifier_score, identifier_loss_drop, passes}."""
     import jax  # noqa: PLC0415
 
+    from jaxillusions import tasks  # noqa: PLC0415
     from jaxillusions.studies import induction  # noqa: PLC0415
+    from jaxillusions.tasks.code_completion import copying  # noqa: PLC0415
 
-    defaults, names = induction.task_tokens("code"), induction.identifier_tokens(splits.vocab)
+    defaults = induction.task_tokens("code")
+    names = induction.pool_special(tasks.get("code"), "identifier", splits, defaults)
     tests = [induction.induction(state.params, model_cfg, jax.random.key(0),
                                  length=induction.default_length(model_cfg, special), batch=64,
                                  special=special) for special in (defaults, names)]
     iid = splits["iid"]
-    code = induction.code_attention(state.params, model_cfg, iid.tokens[:CODE_ROWS.value],
-                                    iid.category[:CODE_ROWS.value])
+    code = copying.code_attention(state.params, model_cfg, iid.tokens[:CODE_ROWS.value],
+                                  iid.category[:CODE_ROWS.value])
     attention = float(code.of_heads(tests[0].best)["target_attention"][0])
     drop = float(tests[1].loss_drop[0])
     return {"code_attention": attention, "identifier_score": float(tests[1].max_score[0]),
@@ -197,7 +200,7 @@ def analyse(state, settings, model_cfg, splits, curve_row):
     from jaxillusions import model as model_lib  # noqa: PLC0415
     from jaxillusions import tasks  # noqa: PLC0415
     from jaxillusions.studies import induction  # noqa: PLC0415
-    from jaxillusions.tasks.code_completion import lexer  # noqa: PLC0415
+    from jaxillusions.tasks.code_completion import copying, lexer  # noqa: PLC0415
     from jaxillusions.tasks.code_completion import splits as code_splits  # noqa: PLC0415
 
     special = induction.task_tokens(settings.task)
@@ -218,26 +221,27 @@ def analyse(state, settings, model_cfg, splits, curve_row):
               for layer, h in heads}
     _table(masses, list(next(iter(masses.values()))))
 
-    # The study's measures on real code (studies/induction.py, as the main job's code_analyses):
+    # The study's measures on real code (the code task's copying.py, as the main job's
+    # code_analyses):
     # attention inside repeated identifiers of --code_rows iid rows, and each head mean-ablated
     # (its mean over the non-PAD positions of --ablate_rows training rows) on iid.
     iid = splits["iid"]
-    code = induction.code_attention(state.params, model_cfg, iid.tokens[:CODE_ROWS.value],
-                                    iid.category[:CODE_ROWS.value])
+    code = copying.code_attention(state.params, model_cfg, iid.tokens[:CODE_ROWS.value],
+                                  iid.category[:CODE_ROWS.value])
     on_code = {f"L{layer}H{h}": {k: float(v[0, layer, h]) for k, v in code.values.items()}
                for layer, h in heads}
     print(f"\nOn iid code, queries inside repeated identifiers with an earlier bigram match "
           f"({code.queries} queries; uniform attention on the targets "
           f"{code.uniform_on_target:.3f}):\n")
-    _table(on_code, induction.CODE_MEASURES)
+    _table(on_code, copying.CODE_MEASURES)
     if not ABLATE.value:
         return masses, on_code
 
-    means = induction.head_means(state.params, model_cfg,
-                                 splits["train"].tokens[:ABLATE_ROWS.value], pad=code_splits.PAD)
-    ablation = induction.head_ablation(state.params, model_cfg, means,
-                                       {"iid": tasks.get("code").view(iid)},
-                                       labels=lexer.CATEGORIES)
+    means = copying.head_means(state.params, model_cfg,
+                               splits["train"].tokens[:ABLATE_ROWS.value], pad=code_splits.PAD)
+    ablation = copying.head_ablation(state.params, model_cfg, means,
+                                     {"iid": tasks.get("code").view(iid)},
+                                     labels=lexer.CATEGORIES)
     acc = ablation.accuracy()[0, :, 0]  # [1 + heads, category] on iid
     count = ablation.count[0]
     print("\n| ablated | loss drop | iid acc | identifier_first | identifier_repeat | gap |")
@@ -249,7 +253,7 @@ def analyse(state, settings, model_cfg, splits, curve_row):
             mask[head] = True
         res = induction.induction(state.params, model_cfg, jax.random.key(0), length=L,
                                   batch=BATCH.value, special=special,
-                                  intervention=induction.mean_ablation(means[0], mask))
+                                  intervention=copying.mean_ablation(means[0], mask))
         total = float(ablation.correct[0, a, 0].sum() / count.sum())
         first, rep = acc[a, lexer.IDENT_FIRST], acc[a, lexer.IDENT_REPEAT]
         label = "none" if head is None else f"L{head[0]}H{head[1]}"

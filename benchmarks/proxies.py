@@ -1,4 +1,4 @@
-"""Benchmarks of the proxies (wired into `python -m launch.benchmark`).
+"""Benchmarks of the proxies (wired into `jaxillusions benchmark`).
 
 Times are the best of `repeats` interleaved runs (the machine may be shared), compilation
 excluded (every jitted function is warmed up first), results waited for with block_until_ready.
@@ -13,7 +13,7 @@ import numpy as np
 
 from benchmarks.training import times
 from jaxillusions import model, tasks
-from jaxillusions.proxies import circuit, kmeans, sae
+from jaxillusions.proxies import circuit, kmeans, sae, svd
 from jaxillusions.training.step import init_state
 
 
@@ -162,44 +162,47 @@ def bench_fit_and_evaluate(config, num_seeds: int, repeats: int = 3,
     seeds and ranks in one call each (what the sweep does), on the `iid` split; in seeds x ranks
     per second. The models are untrained (throughput does not depend on the weights); the fit
     streams the first `fit_sentences` training sentences (the sweep streams all of them)."""
-    from jaxillusions import faithfulness, tasks  # noqa: PLC0415
+    from jaxillusions import tasks  # noqa: PLC0415
     from jaxillusions.config import settings  # noqa: PLC0415
+    from jaxillusions.faithfulness.collect import collect  # noqa: PLC0415
+    from jaxillusions.faithfulness.evaluate import EvalOptions, evaluate, make_eval_set  # noqa: PLC0415
+    from jaxillusions.faithfulness.fit import fit  # noqa: PLC0415
+    from jaxillusions.faithfulness.specs import ProxySpec, resolve_site, specs_from_config  # noqa: PLC0415
     from jaxillusions.runtime import timing  # noqa: PLC0415
     from jaxillusions.training import train  # noqa: PLC0415
 
     config = settings.require(config, "benchmarks.proxies.bench_fit_and_evaluate")
     splits, model_cfg, tx = train.build(config)
     params = init_state(np.arange(num_seeds), model_cfg, tx).params
-    site = faithfulness.resolve_site("blocks.-1.attn.k", model_cfg)
-    (spec,) = [s for s in faithfulness.specs_from_config(config.proxies, model_cfg)
-               if s.method == "svd" and s.sites == (site,)] or [faithfulness.ProxySpec(
-                   "svd", (site,), faithfulness._powers_of_two_up_to(model_cfg.head_dim))]
+    site = resolve_site("blocks.-1.attn.k", model_cfg)
+    (spec,) = [s for s in specs_from_config(config.proxies, model_cfg)
+               if s.method == "svd" and s.sites == (site,)] or [ProxySpec(
+                   "svd", (site,), svd.ranks(config.proxies, model_cfg.head_dim))]
     ranks = spec.sizes
-    eval_set = faithfulness.make_eval_set(splits, ["iid"], tasks.get(config))
+    eval_set = make_eval_set(splits, ["iid"], tasks.get(config))
     pc = config.proxies
     train_part = types.SimpleNamespace(tokens=splits["train"].tokens[:fit_sentences])
 
-    def fit():
-        stats = faithfulness.collect(params, train_part, model_cfg, [spec], num_samples=0,
-                                     batch_size=pc.collect_batch_size)
-        return faithfulness.fit([spec], stats, jax.random.PRNGKey(0), num_seeds)
+    def fit_proxy():
+        stats = collect(params, train_part, model_cfg, [spec], num_samples=0,
+                        batch_size=pc.collect_batch_size)
+        return fit([spec], stats, jax.random.PRNGKey(0), num_seeds)
 
     with timing.stage("proxy fit"):  # compile (counted by the caller's timing.Breakdown)
-        (fitted,) = fit()
+        (fitted,) = fit_proxy()
 
-    def evaluate(share_prefix: bool = True):
-        return faithfulness.evaluate(params, model_cfg, eval_set, [fitted],
-                                     batch_size=pc.eval_batch_size,
-                                     seeds=list(range(num_seeds)),
-                                     options=faithfulness.EvalOptions(share_prefix=share_prefix))
+    def evaluate_proxy(share_prefix: bool = True):
+        return evaluate(params, model_cfg, eval_set, [fitted], batch_size=pc.eval_batch_size,
+                        seeds=list(range(num_seeds)),
+                        options=EvalOptions(share_prefix=share_prefix))
 
     with timing.stage("proxy evaluate"):  # compile
-        evaluate()
-    evaluate(share_prefix=False)  # compile the whole-pass program too (not counted above)
+        evaluate_proxy()
+    evaluate_proxy(share_prefix=False)  # compile the whole-pass program too (not counted above)
     # The sweep's evaluation (each size's pass from the first replaced block) and whole passes
     # per size (before prefix sharing), interleaved in one run.
-    seconds = times({"fit": lambda: fit()[0].params, "evaluate": evaluate,
-                     "evaluate_whole": lambda: evaluate(share_prefix=False)}, repeats)
+    seconds = times({"fit": lambda: fit_proxy()[0].params, "evaluate": evaluate_proxy,
+                     "evaluate_whole": lambda: evaluate_proxy(share_prefix=False)}, repeats)
     fit_s, eval_s, whole_s = (min(seconds[k]) for k in ("fit", "evaluate", "evaluate_whole"))
     work = num_seeds * len(ranks)
     sentences = int(len(eval_set.tokens))

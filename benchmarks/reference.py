@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
-from configs import dyck as dyck_config
+from jaxillusions.configs import dyck as dyck_config
 
 
 def get_config() -> ConfigDict:

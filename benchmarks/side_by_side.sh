@@ -6,7 +6,9 @@
 # BEFORE defaults to 5fc6b14 (the code before issue 25), AFTER to HEAD, REPEATS to 1 (runs
 # alternate before/after, so a drift in the machine's load hits both alike). Each commit is
 # exported (git archive) to a scratch directory and runs
-#     python -m launch.sweep --config=configs/dyck_small.py --workdir=<fresh directory>
+#     python -m jaxillusions.launch.sweep --config=jaxillusions/configs/dyck_small.py --workdir=<fresh directory>
+# (`python -m launch.sweep --config=configs/dyck_small.py` in a commit from before the launchers
+# and configs moved into the package), each from its export's root: the commit's own code.
 # with the data cached (made once first, untimed) and JAX_ENABLE_COMPILATION_CACHE=false, so
 # every run compiles everything. Logs and workdirs are kept under $OUT (default
 # runs/side_by_side/<time>); the table ends with whether the two results.csv are identical.
@@ -16,7 +18,12 @@ before=${1:-5fc6b14}
 after=${2:-HEAD}
 repeats=${3:-1}
 out=${OUT:-runs/side_by_side/$(date +%Y%m%dT%H%M%S)}
-config=${CONFIG:-configs/dyck_small.py}  # another config file: CONFIG=path
+config=${CONFIG:-}  # another config file: CONFIG=path (default: each commit's Quickstart config)
+
+layout() {  # the launcher module and the Quickstart config of the export in $1
+    if [ -d "$1/launch" ]; then echo "launch.sweep configs/dyck_small.py"
+    else echo "jaxillusions.launch.sweep jaxillusions/configs/dyck_small.py"; fi
+}
 
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -29,16 +36,19 @@ done
 echo "machine: $(lscpu | grep 'Model name' | sed 's/.*: *//'), $(nproc) cores"
 
 # The data, once, untimed (both commits read the same cache file).
+read -r _ quickstart <<< "$(layout "$out/after")"
 (cd "$out/after" && python -c "import runpy, sys; from jaxillusions import train, validate; \
-train.build(validate.check(runpy.run_path(sys.argv[1])['get_config']())[0])" "$config" > /dev/null)
+train.build(validate.check(runpy.run_path(sys.argv[1])['get_config']())[0])" \
+    "${config:-$quickstart}" > /dev/null)
 
 printf '%-7s %-6s %9s\n' side repeat seconds | tee "$out/times.txt"
 for repeat in $(seq "$repeats"); do
     for side in before after; do
         log="$out/$side-$repeat.log"
+        read -r module quickstart <<< "$(layout "$out/$side")"
         start=$(date +%s.%N)
-        (cd "$out/$side" && JAX_ENABLE_COMPILATION_CACHE=false python -m launch.sweep \
-            --config="$config" --workdir="$out/runs/$side-$repeat" > "$log" 2>&1) \
+        (cd "$out/$side" && JAX_ENABLE_COMPILATION_CACHE=false python -m "$module" \
+            --config="${config:-$quickstart}" --workdir="$out/runs/$side-$repeat" > "$log" 2>&1) \
             || { echo "$side run $repeat failed: see $log"; exit 1; }
         end=$(date +%s.%N)
         awk -v s="$side" -v r="$repeat" -v a="$start" -v b="$end" \

@@ -14,6 +14,7 @@ import time
 import jax
 
 from benchmarks import proxies, reference, training
+from jaxillusions import configs
 from jaxillusions.config import settings
 from jaxillusions.runtime import timing
 from jaxillusions.training import objective as objective_lib
@@ -21,8 +22,14 @@ from jaxillusions.training import train
 
 
 def load_config(path: str | None, compute_dtype: str | None = None):
-    """The reference model (benchmarks/reference.py), or the config file at `path`."""
-    config = reference.get_config() if path is None else runpy.run_path(path)["get_config"]()
+    """The reference model (benchmarks/reference.py), or the config `path`: a shipped config's
+    name or a config file (configs.locate), either with an optional `:argument`."""
+    if path is None:
+        config = reference.get_config()
+    else:
+        file, _, arg = configs.locate(path).partition(":")
+        get_config = runpy.run_path(file)["get_config"]
+        config = get_config(arg) if arg else get_config()
     if compute_dtype is not None:
         config.model.compute_dtype = compute_dtype
     return config
@@ -85,7 +92,7 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
     torch.func ensemble (every seed count), where torch is installed; with_torch_compile: also
     the ensemble through torch.compile (a failure of torch.compile is reported in its row, one
     line, and not tried again at larger seed counts). `config`:
-    settings.Settings (validate.check, as launch.benchmark calls it)."""
+    settings.Settings (validate.check, as `jaxillusions benchmark` calls it)."""
     config = settings.require(config, "benchmarks.suite.run")
     with timing.Breakdown() as clock:
         start = time.perf_counter()

@@ -1,7 +1,7 @@
 """The same model and optimizer in PyTorch, trained one seed after another (`train_seeds`: the
 baseline a researcher would write first) and all seeds as one torch.func ensemble (`Ensemble`:
 what a PyTorch user who wants many seeds writes, eager or through torch.compile);
-`python -m launch.benchmark` times them when torch is installed.
+`jaxillusions benchmark` times them when torch is installed.
 
 Same architecture as jaxillusions.model.forward for the standard model (pre-LN blocks, learned
 token and position embeddings, one bias-free key projection, tanh GELU, final layer norm,

@@ -1,4 +1,4 @@
-"""Training throughput, model FLOP utilization and memory (`python -m launch.benchmark`).
+"""Training throughput, model FLOP utilization and memory (`jaxillusions benchmark`).
 
 Every timing is the best of `repeats` calls, the contenders interleaved so that they share the
 machine's background load; compilation is excluded (each jitted function runs once first).
@@ -84,7 +84,7 @@ def training_row(config, splits, model_cfg, tx, num_seeds: int, *, steps: int, r
                  torch_ensemble: bool = False, torch_compile: bool | str = False,
                  bfloat16: bool = False, xla_flops: bool = True) -> dict:
     """Seed-steps/s of the sweep (train_steps over all seeds, sharded over all devices
-    as launch.train shards them), of a JAX loop over seeds
+    as `jaxillusions train` shards them), of a JAX loop over seeds
     (the same jitted train_steps, one seed per call), of a PyTorch loop over seeds of the same
     model (when torch is installed), of all seeds as one torch.func ensemble (`torch_ensemble`;
     torch_loop.Ensemble) eager and, with `torch_compile`, its step through torch.compile, and of
@@ -102,7 +102,7 @@ def training_row(config, splits, model_cfg, tx, num_seeds: int, *, steps: int, r
     run = dict(model_cfg=model_cfg, tx=tx, batch_size=config.train.batch_size,
                objective=objective)
     host_state = init_state(np.arange(num_seeds), model_cfg, tx)
-    # The sweep runs as launch.train runs it: seeds sharded over every device (padded to a
+    # The sweep runs as `jaxillusions train` runs it: seeds sharded over every device (padded to a
     # multiple of the device count), tokens on each; the loops run one seed on one device.
     ((state, _),), tokens = place_on_devices(host_state, {}, splits["train"].tokens,
                                                    distributed.seed_chunks(num_seeds))

@@ -2,7 +2,8 @@
 
 The package's folders are its layers, lowest first; a module imports only from its own layer or
 lower ones (tests/test_architecture.py), and `python -m jaxillusions.pipeline.sweep` prints the
-picture of docs/design.md from these folders' docstrings and the main job's stages.
+picture of docs/design.md from these folders' docstrings and the main job's stages. The command
+`jaxillusions` (also `python -m jaxillusions`, __main__.py) is launch/cli.py.
 """
 
 # Lowest first. config.fields (how a key is declared) is a leaf that tasks and proxies declare
@@ -16,4 +17,8 @@ LAYERS = (
     ("report",),
     ("studies",),
     ("pipeline",),
+    # The shipped configs (ml-collections files, read at the pipeline's door) and, above them,
+    # the launchers and the `jaxillusions` command: the only folders that name ml_collections.
+    ("configs",),
+    ("launch",),
 )

@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from configs import dyck_small
+from jaxillusions.configs import dyck_small
 
 # The suite's XLA compiles with LLVM's optimizations off: most of the suite's time is compiling
 # many small programs, and these programs run for milliseconds. The level changes how XLA:CPU

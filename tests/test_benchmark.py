@@ -29,7 +29,7 @@ def test_benchmark_smoke(config):
     # The compilations counted below happen in this test whatever ran before it in this worker
     # process (a program another test compiled would be a cache hit, no compilation).
     jax.clear_caches()
-    saved = []  # what launch.benchmark would have written after each row and section
+    saved = []  # what `jaxillusions benchmark` would have written after each row and section
     said = []  # what it printed
     report = suite.run(checked(config), seed_counts=[2, 3], steps=2, repeats=1, loop_max_seeds=2,
                        proxy_seeds=2, with_torch=True, with_kmeans=False, bfloat16=True, peak_n=256,
@@ -201,7 +201,7 @@ def _first_step_tolerance(p0, g, lr, width):
 
 @pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_torch_ensemble_first_step_is_the_loops(compiled):
-    # The torch.func ensemble of launch.benchmark (vmap of grad over stacked parameters, clipping
+    # The torch.func ensemble of the benchmark (vmap of grad over stacked parameters, clipping
     # per seed, torch.optim's AdamW on the stacked leaves) takes, for each seed, the per-seed
     # loop's first step: same initial parameters, same batch, same update. Seeds 3 and 0, in
     # that order: seed s of the ensemble is the loop's seed s, wherever it stands.
@@ -271,7 +271,7 @@ def test_torch_ensemble_clips_each_seed_by_its_own_norm():
 
 
 def test_compute_dtype_is_a_validated_training_key(config):
-    assert not settings.is_analysis_key("model.compute_dtype")
+    assert not validate.parse({}).is_analysis_key("model.compute_dtype")
     assert settings.Model().compute_dtype == "float32"  # workdirs from before the key
     config.model.compute_dtype = "float16"
     with pytest.raises(ValueError, match="model.compute_dtype"):
@@ -283,12 +283,12 @@ def test_compute_dtype_is_a_validated_training_key(config):
 
 @pytest.mark.slow
 def test_benchmark_sweep_runs_on_every_device(cache_dir):
-    # With 4 CPU devices, 3 seeds run as launch.train runs them: padded to 4, one per device;
+    # With 4 CPU devices, 3 seeds run as the train command runs them: padded to 4, one per device;
     # the reported rate counts the 3 real seeds.
     code = ("import json, sys; sys.path[:0] = ['tests']; import conftest, jax; "
-            "from benchmarks import training; from jaxillusions.config import settings; "
+            "from benchmarks import training; from jaxillusions.pipeline import validate; "
             "from jaxillusions.training import train; "
-            f"config = settings.from_config(conftest.tiny_config({cache_dir!r})); "
+            f"config = validate.parse(conftest.tiny_config({cache_dir!r})); "
             "splits, m, tx = train.build(config); "
             "row = training.training_row(config, splits, m, tx, 3, steps=2, repeats=1, "
             "peak=training.peak_flops(256), loop=False, torch_loop=False, xla_flops=False); "
@@ -303,7 +303,7 @@ def test_benchmark_sweep_runs_on_every_device(cache_dir):
 
 
 def _benchmark(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "launch.benchmark", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "jaxillusions", "benchmark", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -312,8 +312,9 @@ def _benchmark(*args, cwd=ROOT):
     (["--seeds=-1"], "--seeds=-1: expected positive integers"),
     (["--repeats=0"], "--repeats=0: must be >= 1"),
     (["--proxy_seeds=0"], "--proxy_seeds=0: must be >= 1"),
-    (["--config=configs/nope.py"], "config configs/nope.py: FileNotFoundError"),
-    (["--config=configs/dyck_small.py", "--compute_dtype=float16"], "invalid choice: 'float16'"),
+    (["--config=nope.py"], "config file nope.py not found; the shipped configs: code,"),
+    (["--config=nope"], "no shipped config named 'nope'; the shipped configs: code,"),
+    (["--config=dyck_small", "--compute_dtype=float16"], "invalid choice: 'float16'"),
 ])
 def test_benchmark_bad_input_is_one_line(args, message, tmp_path):
     # Was: tracebacks (ZeroDivisionError, ValueError), some after the first row was timed, and
@@ -328,7 +329,7 @@ def test_benchmark_keeps_an_earlier_report(tmp_path, cache_dir, monkeypatch, cap
     # Was: a rerun to the same --out replaced a finished report at its first row.
     # In this process (the launcher's main; its one-line errors are tested as subprocesses
     # above): the training step is then the one test_benchmark_smoke compiled.
-    from launch import benchmark
+    from jaxillusions.launch import benchmark
 
     config = tiny_config_file(tmp_path / "tiny.py", cache_dir)
     out = tmp_path / "b.json"

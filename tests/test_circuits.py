@@ -85,7 +85,7 @@ def test_every_node_kept_is_the_model_bit_for_bit(granularity):
 
 
 def _ln(x, p):
-    return model._layer_norm(x, p)
+    return model.transformer._layer_norm(x, p)
 
 
 def test_one_edge_ablated_is_the_hand_path_patched_forward():

@@ -10,7 +10,7 @@ import warnings
 import numpy as np
 import pytest
 
-from jaxillusions.tasks.code_completion import corpus, lexer, splits
+from jaxillusions.tasks.code_completion import corpus, lexer, splits, stored
 from jaxillusions.tasks.code_completion.lexer import CATEGORIES
 
 C = {name: i for i, name in enumerate(CATEGORIES)}
@@ -349,7 +349,7 @@ def small(tmp_path_factory):
     root = tmp_path_factory.mktemp("code_corpus")
     py, js = _write_corpus(root)
     cfg = _cfg(py, js, cache_dir=str(root / "cache"))
-    return cfg, splits.load_or_make(cfg, verbose=False)
+    return cfg, stored.load_or_make(cfg, verbose=False)
 
 
 def test_split_contents_and_thresholds(small):
@@ -464,8 +464,8 @@ def test_deterministic_and_cached(small):
     cfg, (data, vocab, report) = small
     again = splits.make_splits(cfg, verbose=False)
     assert again.vocab == vocab
-    cached = splits.load_or_make(cfg, verbose=False)  # from the cache file
-    assert os.path.exists(splits.cache_path(cfg))
+    cached = stored.load_or_make(cfg, verbose=False)  # from the cache file
+    assert os.path.exists(stored.cache_path(cfg))
     for other in (again, cached):
         for name in splits.SPLITS:
             for f in ("tokens", "category", "bracket_depth", "file_id", "lengths", "max_depth"):
@@ -478,19 +478,19 @@ def test_deterministic_and_cached(small):
 def test_cache_key_follows_files_and_bad_cache_regenerates(tmp_path):
     py, js = _write_corpus(tmp_path, n_files=12)
     cfg = _cfg(py, js, cache_dir=str(tmp_path / "cache"))
-    first = splits.load_or_make(cfg, verbose=False)
-    path = splits.cache_path(cfg)
+    first = stored.load_or_make(cfg, verbose=False)
+    path = stored.cache_path(cfg)
     assert os.path.exists(path)
     with open(path, "wb") as f:
         f.write(b"not an npz")
     with pytest.warns(UserWarning, match="unreadable cache"):
-        again = splits.load_or_make(cfg, verbose=False)
+        again = stored.load_or_make(cfg, verbose=False)
     np.testing.assert_array_equal(again.splits["train"].tokens, first.splits["train"].tokens)
     with open(py / "m0.py", "a") as f:
         f.write("\ndef extra(a):\n    return a\n")
-    assert splits.cache_path(cfg) != path  # an edited source file is a different corpus
-    assert splits.cache_path({**cfg, "cache_dir": "elsewhere"}).endswith(
-        os.path.basename(splits.cache_path(cfg)))  # where it is cached is not in the key
+    assert stored.cache_path(cfg) != path  # an edited source file is a different corpus
+    assert stored.cache_path({**cfg, "cache_dir": "elsewhere"}).endswith(
+        os.path.basename(stored.cache_path(cfg)))  # where it is cached is not in the key
 
 
 def test_default_config_checks_without_reading():
@@ -556,13 +556,13 @@ def test_other_language_skipped_with_one_warning(tmp_path, monkeypatch):
     notes = splits.check_data_config(cfg)
     assert any("other_language split skipped" in n for n in notes)
     with pytest.warns(UserWarning, match="other_language split is skipped") as caught:
-        data = splits.load_or_make(cfg, verbose=False)
+        data = stored.load_or_make(cfg, verbose=False)
     assert len(caught) == 1
     assert "other_language" not in data.splits and "train" in data.splits
     assert "other_language_skipped" in data.report
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # '' disables the split silently
-        splits.load_or_make({**cfg, "other_source": ""}, verbose=False)
+        stored.load_or_make({**cfg, "other_source": ""}, verbose=False)
 
 
 def test_impossible_split_is_one_line_error(tmp_path):

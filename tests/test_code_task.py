@@ -16,12 +16,14 @@ import pytest
 from conftest import checked
 from ml_collections import ConfigDict
 
-from jaxillusions import faithfulness, tasks
+from jaxillusions import tasks
+from jaxillusions.faithfulness.evaluate import make_eval_set
 from jaxillusions.pipeline import sweep, validate
 from jaxillusions.report import load_results, tables
 from jaxillusions.runtime import stages
-from jaxillusions.studies import induction
+from jaxillusions.studies import induction, stage
 from jaxillusions.tasks import code_completion as code_task
+from jaxillusions.tasks.code_completion import copying
 from jaxillusions.tasks.code_completion import splits as code_data
 
 CATS = code_data.CATEGORIES
@@ -63,7 +65,7 @@ def write_corpus(root) -> tuple[str, str]:
     return str(py), str(js)
 
 
-# configs/code_small.py shrunk to seconds: a tiny model, few steps (data: a tiny corpus).
+# The code_small config shrunk to seconds: a tiny model, few steps (data: a tiny corpus).
 TINY = {
     "data.context": 96, "data.longer_context": 160, "data.min_chars": 8, "data.num_train": -1,
     "data.num_eval": -1, "data.iid_fraction": 0.3, "data.length_quantile": 0.6,
@@ -79,8 +81,8 @@ TINY = {
 
 
 def tiny_code_small(settings: dict, **data) -> ConfigDict:
-    """configs/code_small.py with `settings` ({"section.key": value}) and `data` keys set."""
-    from configs import code_small
+    """The code_small config with `settings` ({"section.key": value}) and `data` keys set."""
+    from jaxillusions.configs import code_small
 
     config = code_small.get_config()
     for key, value in settings.items():
@@ -91,7 +93,7 @@ def tiny_code_small(settings: dict, **data) -> ConfigDict:
 
 
 def code_config(root) -> ConfigDict:
-    """configs/code_small.py shrunk to seconds: a tiny corpus and model, few steps."""
+    """The code_small config shrunk to seconds: a tiny corpus and model, few steps."""
     py, js = write_corpus(root)
     return tiny_code_small(TINY, source=py, other_source=js, cache_dir=str(root / "cache"))
 
@@ -108,7 +110,7 @@ def test_view_evaluates_every_character_and_bins_brackets_at_closers():
          c["digit"], c["close_bracket"], c["close_bracket"]])
     # Bracket depth only at closing-bracket targets: `]` closes depth 2, `)` depth 1.
     np.testing.assert_array_equal(view.bins["bracket_depth"][0, :7], [-1] * 5 + [2, 1])
-    eval_set = faithfulness.make_eval_set({"iid": split}, ["iid"], code_task)
+    eval_set = make_eval_set({"iid": split}, ["iid"], code_task)
     assert eval_set.breakdowns == ("all", "category", "bracket_depth")
     assert eval_set.per_split == (1, len(CATS), 3)
     assert (eval_set.bins[0, :5, 2] == -1).all()  # outside the bracket_depth breakdown
@@ -181,7 +183,7 @@ def test_tiny_code_sweep_end_to_end(code_sweep):
         labels = {r["label"] for r in csv.DictReader(f)}
     assert labels <= set(CATS) and "close_bracket" in labels
     # The summary figures (figures="summary", the default): the categorical ones among them;
-    # accuracy per bracket depth only with "all" (or python -m launch.figures).
+    # accuracy per bracket depth only with "all" (or jaxillusions figures).
     figs = set(os.listdir(os.path.join(workdir, "figures")))
     assert {"same_pred_by_category_svd.png", "same_pred_by_category_onehot_attention.png",
             "attention_patterns.png"} <= figs
@@ -234,20 +236,21 @@ def write_codesearchnet(root, n_python: int = 300, n_js: int = 60) -> tuple[str,
 
 @pytest.mark.slow
 def test_codesearchnet_directory_through_the_launcher(tmp_path):
-    """The documented CodeSearchNet command (launch.sweep with data.source and
+    """The documented CodeSearchNet command (`jaxillusions sweep` with data.source and
     data.other_source overrides) on a generated directory of 360 functions: every function is
     read, the JavaScript gives other_language, and the main job writes its results."""
     py_glob, js_glob = write_codesearchnet(tmp_path / "csn")
     config_file = tmp_path / "code_csn_tiny.py"
     settings = {**TINY, "data.cache_dir": str(tmp_path / "cache")}
-    config_file.write_text("from configs import code_small\n\n\ndef get_config():\n"
+    config_file.write_text("from jaxillusions.configs import code_small\n\n\ndef get_config():\n"
                            "    config = code_small.get_config()\n"
                            + "".join(f"    config.{k} = {v!r}\n" for k, v in settings.items())
                            + "    return config\n")
     workdir = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "launch.sweep", f"--config={config_file}", f"--workdir={workdir}",
-         f"--config.data.source={py_glob}", f"--config.data.other_source={js_glob}"],
+        [sys.executable, "-m", "jaxillusions.launch.sweep", f"--config={config_file}",
+         f"--workdir={workdir}", f"--config.data.source={py_glob}",
+         f"--config.data.other_source={js_glob}"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     read = {line.split(":")[1].strip(): line for line in proc.stdout.splitlines()
@@ -269,7 +272,7 @@ def test_codesearchnet_directory_through_the_launcher(tmp_path):
     assert np.isfinite(found.score).all() and np.isfinite(found.loss_drop).all()
     induction.write(found, str(workdir))
     assert len(tables.read_csv(str(workdir / "induction.csv"))) == 2 * 2 * 2
-    gap = induction.identifier_gap(load_results(str(workdir)))
+    gap = copying.identifier_gap(load_results(str(workdir)))
     assert set(gap["split"]) == {"iid", "longer", "deeper", "other_language"}
     assert sorted(set(gap["seed"])) == [0, 1]
 
@@ -303,16 +306,16 @@ def test_sweep_probes_induction_heads_once_and_again_when_its_settings_change(co
                                rtol=1e-6)
     # The code task's second test, on identifier characters: its own columns, the same numbers.
     names = induction.probe(workdir, batch=config.induction.batch, key=config.seed,
-                            identifier=True)
+                            pool="identifier")
     vocab = code_task.load(checked(config).data, verbose=False).vocab
-    assert names.length == len(induction.identifier_pool(vocab)) // 2 < again.length
-    assert list(best[0])[-4:] == list(induction.IDENTIFIER_SEED_COLUMNS)
+    assert names.length == len(copying.identifier_pool(vocab)) // 2 < again.length
+    assert list(best[0])[-4:] == [f"identifier_{c}" for c in induction.POOL_SEED_COLUMNS]
     np.testing.assert_allclose([r["identifier_loss_drop"] for r in best], names.loss_drop,
                                rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose([h["identifier_score"] for h in heads], names.score.ravel(),
                                rtol=1e-6)
     gap = tables.read_csv(os.path.join(workdir, "identifier_gap.csv"))
-    expected = induction.identifier_gap(load_results(workdir))
+    expected = copying.identifier_gap(load_results(workdir))
     assert [(r["seed"], r["split"]) for r in gap] == list(
         zip(expected["seed"], expected["split"], strict=True))
     assert {r["split"] for r in gap} == set(config.proxies.eval_splits)
@@ -380,12 +383,12 @@ def test_induction_stage_on_code_leaves_a_diverged_seed_out_of_the_code_analyses
                             step=np.zeros(2, np.int32))
     workdir = tmp_path / "run"
     workdir.mkdir()
-    ctx = stages.Context(settings=settings, workdir=str(workdir), say=lambda *a, **k: None,
+    ctx = stage.Context(settings=settings, workdir=str(workdir), say=lambda *a, **k: None,
                          verbose=False, move_aside=None, splits=splits, model_cfg=model_cfg,
                          state=state)
-    found = induction.run(ctx).results["induction"]
-    assert np.isfinite(found.code.values["prev_token_attention"][0]).all()
-    assert np.isnan(found.code.values["target_attention"][1]).all()
+    found = induction.run(ctx).made["induction"]["found"]
+    assert np.isfinite(found.analyses.code.values["prev_token_attention"][0]).all()
+    assert np.isnan(found.analyses.code.values["target_attention"][1]).all()
     code = tables.read_csv(str(workdir / "induction_code.csv"))
     assert {r["seed"] for r in code} == {0} and len(code) == 4
     ablation = tables.read_csv(str(workdir / "induction_ablation.csv"))
@@ -393,11 +396,11 @@ def test_induction_stage_on_code_leaves_a_diverged_seed_out_of_the_code_analyses
     assert {r["split"] for r in ablation} == set(settings.proxies.eval_splits)
     per_seed = tables.read_csv(str(workdir / "induction_seeds.csv"))
     assert np.isfinite(per_seed[0]["ablation_repeat_minus_other"])
-    assert all(np.isnan(per_seed[1][k]) for k in induction.CODE_SEED_COLUMNS)
+    assert all(np.isnan(per_seed[1][k]) for k in copying.CODE_SEED_COLUMNS)
 
 
 def test_induction_stage_in_seed_chunks_equals_one_call(tmp_path):
-    """With train.seed_chunk_size (configs/code.py: 8 chunks of 8, so that the stage fits where
+    """With train.seed_chunk_size (the code config: 8 chunks of 8, so that the stage fits where
     the evaluation does) the stage gives what one call over every seed gives: 3 seeds in chunks
     of 2 (the last padded with a copy of seed 2) against all 3 at once. Attention and loss are
     means of float32 terms computed in programs of another seed width, so they agree within a
@@ -423,24 +426,25 @@ def test_induction_stage_in_seed_chunks_equals_one_call(tmp_path):
             settings.train, num_seeds=3, seed_chunk_size=size))
         workdir = tmp_path / f"chunks_{size}"
         workdir.mkdir()
-        ctx = stages.Context(settings=config, workdir=str(workdir), say=lambda *a, **k: None,
+        ctx = stage.Context(settings=config, workdir=str(workdir), say=lambda *a, **k: None,
                              verbose=False, move_aside=None, splits=splits, model_cfg=model_cfg,
                              state=state)
-        found[size] = induction.run(ctx).results["induction"]
+        found[size] = induction.run(ctx).made["induction"]["found"]
     whole, chunked = found[0], found[2]
     assert chunked.seeds == whole.seeds == (0, 1, 2)
     rows = settings.induction.code_rows * settings.data.context
     attention = two_ways(mean_error(rows, 1.0, 1.0))
     np.testing.assert_allclose(chunked.score, whole.score, rtol=0, atol=attention)
-    for k, v in whole.code.values.items():
-        np.testing.assert_allclose(chunked.code.values[k], v, rtol=0, atol=attention, err_msg=k)
+    for k, v in whole.analyses.code.values.items():
+        np.testing.assert_allclose(chunked.analyses.code.values[k], v, rtol=0, atol=attention,
+                                   err_msg=k)
     nats = np.log(model_cfg.vocab_size)  # an untrained model's loss per position, about ln V
     loss = two_ways(mean_error(settings.induction.batch * whole.length, nats, nats))
     np.testing.assert_allclose(chunked.loss_first, whole.loss_first, rtol=0, atol=loss)
     np.testing.assert_allclose(chunked.loss_second, whole.loss_second, rtol=0, atol=loss)
-    assert chunked.ablation.correct.shape == whole.ablation.correct.shape
-    assert np.abs(chunked.ablation.correct - whole.ablation.correct).sum() <= 3
-    np.testing.assert_array_equal(chunked.ablation.count, whole.ablation.count)
+    assert chunked.analyses.ablation.correct.shape == whole.analyses.ablation.correct.shape
+    assert np.abs(chunked.analyses.ablation.correct - whole.analyses.ablation.correct).sum() <= 3
+    np.testing.assert_array_equal(chunked.analyses.ablation.count, whole.analyses.ablation.count)
 
 
 @pytest.mark.slow
@@ -453,12 +457,12 @@ def test_sweep_ablates_each_head_and_measures_attention_on_the_repeats_of_code(c
     config, workdir = code_sweep
     heads = [(s, layer, h) for s in (0, 1) for layer in (0, 1) for h in (0, 1)]
     code = tables.read_csv(os.path.join(workdir, "induction_code.csv"))
-    assert list(code[0]) == list(induction.CODE_COLUMNS)
+    assert list(code[0]) == list(copying.CODE_COLUMNS)
     assert [(r["seed"], r["layer"], r["head"]) for r in code] == heads
     assert all(r["queries"] > 0 and 0 <= r["target_attention"] <= 1 for r in code)
     assert all(r["uniform_on_target"] == code[0]["uniform_on_target"] for r in code)
     ablation = tables.read_csv(os.path.join(workdir, "induction_ablation.csv"))
-    assert list(ablation[0]) == list(induction.ABLATION_COLUMNS)
+    assert list(ablation[0]) == list(copying.ABLATION_COLUMNS)
     assert {r["split"] for r in ablation} == set(config.proxies.eval_splits)
     assert sorted({(r["seed"], r["layer"], r["head"]) for r in ablation}) == heads
     df = load_results(workdir)
@@ -468,8 +472,8 @@ def test_sweep_ablates_each_head_and_measures_attention_on_the_repeats_of_code(c
         row = original.loc[(r["seed"], r["split"], CATS.index(r["category"]))]
         assert r["n"] == row["n"] and r["acc_original"] == pytest.approx(row["acc"], abs=1e-6)
     per_seed = tables.read_csv(os.path.join(workdir, "induction_seeds.csv"))
-    assert list(per_seed[0]) == list(induction.SEED_COLUMNS + induction.CODE_SEED_COLUMNS
-                                     + induction.IDENTIFIER_SEED_COLUMNS)
+    assert list(per_seed[0]) == list(induction.SEED_COLUMNS + copying.CODE_SEED_COLUMNS) + [
+        f"identifier_{c}" for c in induction.POOL_SEED_COLUMNS]
     for seed in per_seed:
         (best,) = [r for r in ablation if r["seed"] == seed["seed"] and r["best"]
                    and r["split"] == "iid" and r["category"] == "identifier_repeat"]

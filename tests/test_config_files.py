@@ -1,8 +1,8 @@
-"""Config files state only what differs (issue 32): each configs/*.py starts from the task's
-defaults (configs.defaults) or from another config, and a statement `config.<section>.<key> =
-<literal>` whose value is the one the key already has there (its default, the base config's, or
-an earlier line's) fails, naming the file, line and key. The files are parsed (ast) and only
-their base configs are built: no JAX compilation."""
+"""Config files state only what differs (issue 32): each shipped config (jaxillusions/configs/)
+starts from the task's defaults (configs.defaults) or from another config, and a statement
+`config.<section>.<key> = <literal>` whose value is the one the key already has there (its
+default, the base config's, or an earlier line's) fails, naming the file, line and key. The files
+are parsed (ast) and only their base configs are built: no JAX compilation."""
 
 import ast
 import importlib
@@ -11,8 +11,8 @@ import pathlib
 
 import pytest
 
-import configs
-from jaxillusions.config import settings
+from jaxillusions import configs
+from jaxillusions.pipeline import validate
 
 FILES = sorted(p for p in pathlib.Path(configs.__file__).parent.glob("*.py")
                if p.name != "__init__.py")
@@ -61,7 +61,7 @@ def restated(source: str, namespace: dict, name: str) -> list[str]:
     first = next(n for n in assigns if [ast.unparse(t) for t in n.targets] == ["config"])
     base = eval(compile(ast.Expression(first.value), name, "eval"), namespace, dict(params))
     # Only data.* defaults depend on the task, and a base built from scratch sets no data key.
-    task_defaults = _flat(settings.defaults(base.get("task", "dyck")))
+    task_defaults = _flat(validate.defaults(base.get("task", "dyck")))
     known = {**task_defaults, **_flat(base.to_dict())}  # a key the base lacks: its default
     aliases: dict[str, str] = {}
     found = []
@@ -96,8 +96,8 @@ def restated(source: str, namespace: dict, name: str) -> list[str]:
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
 def test_config_files_state_only_what_differs_from_their_base(path):
-    module = importlib.import_module(f"configs.{path.stem}")
-    found = restated(path.read_text(), vars(module), f"configs/{path.name}")
+    module = importlib.import_module(f"jaxillusions.configs.{path.stem}")
+    found = restated(path.read_text(), vars(module), f"jaxillusions/configs/{path.name}")
     assert not found, (f"{len(found)} keys restated (drop the line, or set a value that "
                        "differs): " + "; ".join(found))
 
@@ -106,12 +106,13 @@ def test_config_files_state_only_what_differs_from_their_base(path):
 def test_config_files_start_from_the_defaults_or_another_config(path):
     tree = ast.parse(path.read_text())
     calls = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
-    assert "ConfigDict" not in calls, f"configs/{path.name} builds a ConfigDict from scratch"
+    assert "ConfigDict" not in calls, (f"jaxillusions/configs/{path.name} builds a ConfigDict "
+                                       "from scratch")
     assert "defaults" in calls or any(c.endswith(".get_config") for c in calls), path.name
 
 
 SOURCE = '''
-from configs import dyck_small
+from jaxillusions.configs import dyck_small
 
 
 def get_config():
@@ -136,7 +137,7 @@ def get_config():
 
 def test_restated_names_every_key_that_keeps_its_value():
     namespace: dict = {}
-    exec(compile(SOURCE, "example.py", "exec"), namespace)  # the base: configs/dyck_small.py
+    exec(compile(SOURCE, "example.py", "exec"), namespace)  # the base: the dyck_small config
     found = restated(SOURCE, namespace, "example.py")
     assert [f.split(" =")[0] for f in found] == [
         "example.py:8: train.num_seeds", "example.py:10: train.num_steps",

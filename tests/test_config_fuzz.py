@@ -1,5 +1,6 @@
-"""Config fuzz test (issue 20): for every key of every shipped config (configs/*.py), values of
-the right and wrong types and magnitudes go through validation and the memory plan, in process.
+"""Config fuzz test (issue 20): for every key of every shipped config (jaxillusions/configs/),
+values of the right and wrong types and magnitudes go through validation and the memory plan,
+in process.
 
 Each value must be accepted, or rejected with a one-line ValueError, without hanging; an
 accepted config's memory plan must fit this machine (a larger one is rejected by validate). It
@@ -16,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ml_collections import ConfigDict
 
-import configs
+from jaxillusions import configs
 from jaxillusions.pipeline import validate
 from jaxillusions.training import memory, train
 
@@ -31,8 +32,8 @@ def _config(name: str) -> ConfigDict:
     # Not type-safe: values of the wrong type reach validation (ml_collections would refuse
     # some at assignment, the command-line flags others at parsing). cpu_devices 0: the test
     # process's devices (validate.check refuses another count once JAX runs; fuzzed too).
-    config = ConfigDict(importlib.import_module(f"configs.{name}").get_config().to_dict(),
-                        type_safe=False)
+    module = importlib.import_module(f"jaxillusions.configs.{name}")
+    config = ConfigDict(module.get_config().to_dict(), type_safe=False)
     config.cpu_devices = 0
     return config
 

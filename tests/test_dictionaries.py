@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from conftest import planted_dictionary
 
-from jaxillusions.config import settings as run_settings
+from jaxillusions.pipeline import validate
 from jaxillusions.report import load_results, stats
 from jaxillusions.runtime import schema
 from jaxillusions.studies import dictionaries
@@ -200,18 +200,18 @@ def test_a_sweep_with_sae_writes_the_dictionary_tables(tiny_sweep, sae_sweep):
 
 
 def test_dictionaries_match_seeds_is_a_validated_analysis_key(config):
-    from jaxillusions.pipeline import validate
 
     config.dictionaries.match_seeds = -1
     with pytest.raises(ValueError, match=r"dictionaries.match_seeds=-1.*>= 0"):
         validate.validate(config)
     config.dictionaries.match_seeds = 0
     validate.validate(config)
-    assert run_settings.is_analysis_key("dictionaries.match_seeds")
+    assert validate.parse({}).is_analysis_key("dictionaries.match_seeds")
     # 0: no seed-match analysis, before any collection (nothing else is looked at).
-    from jaxillusions import faithfulness
+    from jaxillusions.faithfulness.fit import FittedProxy
+    from jaxillusions.faithfulness.specs import ProxySpec
 
-    sae = faithfulness.FittedProxy(faithfulness.ProxySpec("sae", ("blocks.1.attn.k",)), {})
+    sae = FittedProxy(ProxySpec("sae", ("blocks.1.attn.k",)), {})
     assert dictionaries.seed_match_tables(None, None, [0, 1], None, None, [sae], config) == {}
 
 
@@ -230,13 +230,13 @@ def test_results_tables_are_those_the_rows_allow():
 
 # ---------------------------------------------------------------------------------------------
 # Ratio metrics only where defined (faithfulness/dictionary_metrics.py,
-# faithfulness.JSD_MIN_POSITIONS)
+# faithfulness.evaluate.JSD_MIN_POSITIONS)
 
 SPLITS = ("iid", "unseen_depth", "longer")
 
 
 def _hand_built_sums():
-    """The device sums of dictionaries.seed_sums/size_sums for 3 seeds, one size, 3 splits of
+    """The device sums of dictionary_metrics.seed_sums/size_sums for 3 seeds, one size, 3 splits of
     1000 evaluated positions (and tokens), one site of 4 features, as float32 like the device's:
       iid:          CE original 0.5, zero 1.5, proxy 0.7 (ce_score 0.8); KL zero 0.4, proxy 0.1
       unseen_depth: zeroing the site LOWERS the loss (CE zero 0.45 < 0.5): ce_score undefined
@@ -264,11 +264,11 @@ def _hand_built_sums():
 
 
 def _hand_built_rows():
-    from jaxillusions.faithfulness import dictionary_metrics as metrics
+    from jaxillusions.faithfulness import dictionary_metrics
 
     spec = type("Spec", (), {"sites": ("x",)})()
     seed, size = _hand_built_sums()
-    values = metrics.columns(spec, {}, seed, size)  # [S, R, K, C]
+    values = dictionary_metrics.columns(spec, {}, seed, size)  # [S, R, K, C]
     rows = []
     for s in range(3):
         for k, split in enumerate(SPLITS):
@@ -335,17 +335,17 @@ def _read_csv(path):
 
 
 def test_jsd_quantiles_need_a_position_beyond_them():
-    """faithfulness._jsd_quantiles: p95 from 20 positions of a split, p99 from 100 (n (1 - q)
-    >= 1); below, the cell is NaN and the report names the rule."""
-    from jaxillusions import faithfulness
+    """faithfulness.evaluate._jsd_quantiles: p95 from 20 positions of a split, p99 from 100
+    (n (1 - q) >= 1); below, the cell is NaN and the report names the rule."""
+    from jaxillusions.faithfulness.evaluate import JSD_MIN_POSITIONS, _jsd_quantiles
     from jaxillusions.report import tables
 
-    assert faithfulness.JSD_MIN_POSITIONS == {"jsd_p95": 20, "jsd_p99": 100}
-    for name, n in faithfulness.JSD_MIN_POSITIONS.items():  # the report's reason says so
+    assert JSD_MIN_POSITIONS == {"jsd_p95": 20, "jsd_p99": 100}
+    for name, n in JSD_MIN_POSITIONS.items():  # the report's reason says so
         assert f"fewer than {n} evaluated positions" in stats.UNDEFINED_WHY[name]
     jsd = np.linspace(0.0, 1.0, 19 + 99 + 100, dtype=np.float32)[None, None]  # [S, R, n]
     split_ids = np.repeat([0, 1, 2], [19, 99, 100])
-    q = faithfulness._jsd_quantiles(jsd, split_ids, 3)[0, 0]  # [split, (p95, p99)]
+    q = _jsd_quantiles(jsd, split_ids, 3)[0, 0]  # [split, (p95, p99)]
     assert np.isnan(q[0]).all()  # 19 positions: neither
     assert np.isfinite(q[1, 0]) and np.isnan(q[1, 1])  # 99: p95 only
     assert q[2] == pytest.approx(np.quantile(jsd[0, 0, 118:], [0.95, 0.99]))  # 100: both

@@ -1,12 +1,15 @@
 """Docs that cannot drift: the README and docs/*.md are checked against the code.
 
 - Every ```python block runs, in the order of its page, with the page's blocks sharing one
-  namespace, on a tiny run: `configs.dyck_small.get_config` returns the tests' tiny config and
+  namespace, on a tiny run: `jaxillusions.configs.dyck_small.get_config` returns the tests' tiny
+  config and
   `runs/dyck_small` is a finished tiny sweep (conftest.tiny_sweep). A block that computes
   something must print it (no quoted outputs that go stale).
 - Every relative link points at a file of the repository, and every #anchor at a heading there.
-- Every `python -m <module>` names a module of the repository, with flags it defines, and every
-  configs/<name>.py exists.
+- Every `python -m <module>` names a module of the repository, and every `jaxillusions
+  <subcommand>` in code (a code span or a non-Python block) one of the command's subcommands,
+  with flags the launcher defines; every `--config=<name>` names a shipped config and every
+  jaxillusions/configs/<name>.py exists.
 """
 
 import ast
@@ -22,13 +25,18 @@ from pathlib import Path
 import pytest
 from conftest import tiny_config
 
-from configs import dyck_small
+from jaxillusions.configs import dyck_small
+from jaxillusions.pipeline import validate
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
-COMMAND = re.compile(r"python -m ([\w.]+)((?:\\\n|[^\n`|])*)")
+ARGS = r"((?:\\\n|[^\n`|])*)"  # the rest of a command: to the end of its (continued) line
+COMMAND = re.compile(r"python -m ([\w.]+)" + ARGS)
+# The command `jaxillusions <subcommand>`, where code is (not `from jaxillusions import ...`).
+SUBCOMMAND = re.compile(r"(?<![\w./-])(?<!from )(?<!import )(?<!-m )jaxillusions ([a-z][\w-]*)"
+                        + ARGS)
 
 
 def _page(path: Path) -> str:
@@ -115,42 +123,99 @@ def _module_source(module: str) -> str:
     path = ROOT / (module.replace(".", "/") + ".py")
     assert path.exists(), f"python -m {module}: no {path.relative_to(ROOT)}"
     source = path.read_text()
-    if module.startswith("launch."):
-        source += (ROOT / "launch" / "common.py").read_text()  # the launchers' shared flags
+    if module.startswith("jaxillusions.launch."):  # the launchers' shared flags
+        source += (ROOT / "jaxillusions" / "launch" / "common.py").read_text()
     return source
 
 
-def _unknown_overrides(module: str, args: str) -> list[str]:
+def _code(text: str) -> str:
+    """The page's code where a command can be: its non-Python fenced blocks and code spans."""
+    blocks = [m.group(2) for m in FENCE.finditer(text) if m.group(1) != "python"]
+    spans = re.findall(r"`([^`\n]+)`", FENCE.sub("", text))
+    return "\n".join(blocks + spans)
+
+
+def _commands(text: str) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """(how it is written, module, arguments) of every command of the repository's code on the
+    page: `python -m <module>` and `jaxillusions <subcommand>` (also `python -m jaxillusions
+    <subcommand>`), and the problems of those that name nothing."""
+    from jaxillusions.launch import cli
+
+    commands, problems = [], []
+    found = [(f"python -m {m}", m, a) for m, a in COMMAND.findall(text)]
+    found += [(f"jaxillusions {sub}", "jaxillusions", f"{sub}{a}")
+              for sub, a in SUBCOMMAND.findall(_code(text))]
+    for written, module, args in found:
+        top = module.split(".")[0]
+        if top in ("launch", "configs"):
+            problems.append(f"{written}: moved into the package (jaxillusions {top} ...)")
+        elif module == "jaxillusions":
+            sub, _, rest = args.strip().partition(" ")
+            if sub not in cli.SUBCOMMANDS:
+                if sub not in ("-h", "--help", "--version"):
+                    problems.append(f"{written}: no subcommand {sub!r} of the command")
+                continue
+            commands.append((f"jaxillusions {sub}", cli.SUBCOMMANDS[sub][0], rest))
+        elif top in ("jaxillusions", "benchmarks"):
+            commands.append((written, module, args))
+    return commands, problems
+
+
+def _unknown_overrides(written: str, args: str) -> list[str]:
     """`--config.<key>=` overrides of a command whose key the command's config does not have."""
     from jaxillusions.config import settings
 
     keys = re.findall(r"--config\.([\w.]+)=", args)
     if not keys:
         return []
-    name = re.search(r"--config=configs/(\w+)\.py", args)
-    config_module = importlib.import_module(f"configs.{name.group(1) if name else 'dyck_small'}")
-    config = config_module.get_config()
-    known = set(settings.flat(settings.from_config(config)))
-    return [f"python -m {module}: --config.{key} is not a key of {config_module.__name__}"
+    name = re.search(r"--config=(\w+)(?::(\w+))?(?!\w|/|\.)", args)
+    config_module = importlib.import_module(
+        f"jaxillusions.configs.{name.group(1) if name else 'dyck_small'}")
+    config = (config_module.get_config(name.group(2)) if name and name.group(2)
+              else config_module.get_config())
+    known = set(settings.flat(validate.parse(config)))
+    return [f"{written}: --config.{key} is not a key of {config_module.__name__}"
             for key in keys if key not in known]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_commands_name_real_modules_flags_and_configs(page):
+    from jaxillusions import configs
+
     text = _page(page)
-    problems = []
-    for module, args in COMMAND.findall(text):
-        if module in ("pip", "pytest") or not module.startswith(("launch", "benchmarks")):
-            continue
+    commands, problems = _commands(text)
+    for written, module, args in commands:
         source = _module_source(module)
         for flag in re.findall(r"(?<![\w-])--(\w+)", args):
             if f'"{flag}"' not in source and f'"--{flag}"' not in source:
-                problems.append(f"python -m {module}: no flag --{flag}")
-        problems += _unknown_overrides(module, args)
-    for config in set(re.findall(r"\bconfigs/\w+\.py", text)):
+                problems.append(f"{written}: no flag --{flag}")
+        for value in re.findall(r"--config=([^\s\\]+)", args):
+            name = value.partition(":")[0]
+            if re.fullmatch(r"[a-z0-9_]+", name) and name not in configs.names():
+                problems.append(f"{written}: no shipped config {name}")
+        problems += _unknown_overrides(written, args)
+    for config in set(re.findall(r"(?<![\w.-])((?:jaxillusions/)?configs/\w+\.py)", text)):
         if not (ROOT / config).exists():
             problems.append(f"{config} does not exist")
     assert not problems, f"{page.name}: " + "; ".join(sorted(set(problems)))
+
+
+def test_the_command_check_finds_planted_problems():
+    # The check can fail: a subcommand or a config key that does not exist, the old launchers'
+    # paths; `from jaxillusions import` and `jaxillusions --help` are no subcommands.
+    planted = ("Run `jaxillusions sweep --config=dyck_small --workdir=W --nope=1` or\n"
+               "```bash\njaxillusions swep --config=dyck_small\n"
+               "jaxillusions train --config=dyck_tiny --workdir=W\n"
+               "python -m jaxillusions figures W --config.train.nope=2\n"
+               "python -m launch.sweep --config=configs/dyck_small.py\n```\n"
+               "from jaxillusions import configs; `jaxillusions --help`\n")
+    commands, problems = _commands(planted)
+    assert sorted(c[0] for c in commands) == ["jaxillusions figures", "jaxillusions sweep",
+                                        "jaxillusions train"]
+    assert problems == ["python -m launch.sweep: moved into the package (jaxillusions launch ...)",
+                        "jaxillusions swep: no subcommand 'swep' of the command"]
+    assert _unknown_overrides("x", "--config.train.nope=2") == [
+        "x: --config.train.nope is not a key of jaxillusions.configs.dyck_small"]
 
 
 def test_the_project_cites_nothing_outside_itself():
@@ -167,11 +232,11 @@ def test_the_project_cites_nothing_outside_itself():
 
 
 def test_the_design_picture_is_the_code():
-    # docs/design.md's picture is `python -m jaxillusions.pipeline.sweep`: a folder, a layer or
+    # docs/design.md's picture is `python -m jaxillusions.pipeline.job`: a folder, a layer or
     # a stage changed (or its docstring) without the page fails here.
-    from jaxillusions.pipeline import sweep
+    from jaxillusions.pipeline import job
 
-    assert sweep.picture() in _page(ROOT / "docs" / "design.md")
+    assert job.picture() in _page(ROOT / "docs" / "design.md")
 
 
 def test_the_config_reference_is_the_settings_code():
@@ -179,8 +244,7 @@ def test_the_config_reference_is_the_settings_code():
     # or rule
     # changed in jaxillusions/config/settings.py (or a task's Data) without the page fails here.
     from jaxillusions import tasks
-    from jaxillusions.config import settings
 
     page = _page(ROOT / "docs" / "configs.md")
-    for table in [settings.reference()] + [settings.reference(t) for t in tasks.TASKS]:
+    for table in [validate.reference()] + [validate.reference(t) for t in tasks.TASKS]:
         assert table in page, table.splitlines()[2]

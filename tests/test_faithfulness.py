@@ -10,11 +10,14 @@ import tolerance as tol
 from conftest import checked
 from tensorboard.backend.event_processing import event_accumulator as ea
 
-from jaxillusions import faithfulness as F
 from jaxillusions import proxies
 from jaxillusions.faithfulness import metrics
+from jaxillusions.faithfulness.collect import Chunking, collect
+from jaxillusions.faithfulness.evaluate import EvalOptions, _eval_chunk, evaluate, make_eval_set
+from jaxillusions.faithfulness.fit import fit
+from jaxillusions.faithfulness.specs import ProxySpec, specs_from_config
 from jaxillusions.model import forward
-from jaxillusions.pipeline import sweep
+from jaxillusions.pipeline import sweep, validate
 from jaxillusions.report import board, results, tables
 from jaxillusions.runtime import tensorboard as log_lib
 from jaxillusions.runtime import timing
@@ -30,10 +33,10 @@ def trained(tmp_path_factory):
 @pytest.mark.slow
 def test_collect_streams_exact_moments_and_samples(trained):
     config, splits, model_cfg, params = trained
-    spec = F.ProxySpec("kmeans", ("blocks.1.attn.k", "blocks.1.resid_mid"), (2,))
+    spec = ProxySpec("kmeans", ("blocks.1.attn.k", "blocks.1.resid_mid"), (2,))
     # An odd chunk size exercises the padded last chunk.
-    stats = F.collect(params, splits["train"], model_cfg, [spec], num_samples=300,
-                      batch_size=333)
+    stats = collect(params, splits["train"], model_cfg, [spec], num_samples=300,
+                    batch_size=333)
     tokens = splits["train"].tokens
     valid = (tokens != 0).reshape(-1)
     width = model_cfg.d_mlp  # the widest matmul on the way to these sites
@@ -59,31 +62,31 @@ def test_collect_streams_exact_moments_and_samples(trained):
 
 def test_specs_from_config_resolve_last_layer_and_sizes(trained):
     config, _, model_cfg, _ = trained
-    specs = F.specs_from_config(config.proxies, model_cfg)
+    specs = specs_from_config(config.proxies, model_cfg)
     svd = [s for s in specs if s.method == "svd"]
     assert [s.target for s in svd] == ["blocks.1.attn.q", "blocks.1.attn.k",
                                       "blocks.1.attn.q+blocks.1.attn.k"]
     assert svd[0].sizes == (1, 2, 4, 8, 16)  # d_head = 16
     config.proxies.targets = ("blocks.5.attn.k",)
     with pytest.raises(ValueError, match="unknown activation site"):
-        F.specs_from_config(config.proxies, model_cfg)
+        specs_from_config(config.proxies, model_cfg)
     config.proxies.methods = ("nope",)
     with pytest.raises(ValueError, match="nope"):
-        F.specs_from_config(config.proxies, model_cfg)
+        specs_from_config(config.proxies, model_cfg)
 
 
 @pytest.mark.slow
 def test_batched_evaluation_equals_item_by_item(trained):
     config, splits, model_cfg, params = trained
-    specs = [F.ProxySpec("svd", ("blocks.1.attn.k",), (1, 4, 16), (("center", False),)),
-             F.ProxySpec("kmeans", ("blocks.1.attn.q", "blocks.1.attn.k"), (2, 8),
-                         (("num_iters", 5),)),
-             F.ProxySpec("onehot_attention", ("blocks.1.attn.pattern",))]
-    stats = F.collect(params, splits["train"], model_cfg, specs, num_samples=500,
-                      batch_size=256)
-    fitted = F.fit(specs, stats, jax.random.PRNGKey(0), num_seeds=2)
-    eval_set = F.make_eval_set(splits, ["iid", "longer"])
-    rows = F.evaluate(params, model_cfg, eval_set, fitted, batch_size=50, seeds=[0, 1])
+    specs = [ProxySpec("svd", ("blocks.1.attn.k",), (1, 4, 16), (("center", False),)),
+             ProxySpec("kmeans", ("blocks.1.attn.q", "blocks.1.attn.k"), (2, 8),
+                       (("num_iters", 5),)),
+             ProxySpec("onehot_attention", ("blocks.1.attn.pattern",))]
+    stats = collect(params, splits["train"], model_cfg, specs, num_samples=500,
+                    batch_size=256)
+    fitted = fit(specs, stats, jax.random.PRNGKey(0), num_seeds=2)
+    eval_set = make_eval_set(splits, ["iid", "longer"])
+    rows = evaluate(params, model_cfg, eval_set, fitted, batch_size=50, seeds=[0, 1])
 
     def lookup(**where):
         (row,) = [r for r in rows if all(r[k] == v for k, v in where.items())]
@@ -168,23 +171,23 @@ def test_demo_families_compile_once_per_method_at_any_width(trained):
     quantiles within one position's."""
     _, splits, model_cfg, params = trained
     targets = [("blocks.1.attn.q",), ("blocks.1.attn.k",), ("blocks.1.attn.q", "blocks.1.attn.k")]
-    specs = [F.ProxySpec(method, sites, sizes, options) for method, sizes, options in
+    specs = [ProxySpec(method, sites, sizes, options) for method, sizes, options in
              (("svd", (1, 4, 16), (("center", False),)), ("kmeans", (2, 8), (("num_iters", 5),)))
              for sites in targets]
-    specs += [F.ProxySpec(m, ("blocks.1.attn.pattern",))
+    specs += [ProxySpec(m, ("blocks.1.attn.pattern",))
               for m in ("onehot_attention", "uniform_attention")]
-    stats = F.collect(params, splits["train"], model_cfg, specs, num_samples=500,
-                      batch_size=256)
-    fitted = F.fit(specs, stats, jax.random.PRNGKey(0), num_seeds=2)
-    eval_set = F.make_eval_set(splits, ["iid", "longer"])
+    stats = collect(params, splits["train"], model_cfg, specs, num_samples=500,
+                    batch_size=256)
+    fitted = fit(specs, stats, jax.random.PRNGKey(0), num_seeds=2)
+    eval_set = make_eval_set(splits, ["iid", "longer"])
     assert len(eval_set.widths) == 2
     rows = {}
     for one_width in (False, True):
-        F._eval_chunk.clear_cache()  # count its compilations, whatever ran before
+        _eval_chunk.clear_cache()  # count its compilations, whatever ran before
         with timing.Breakdown() as clock:  # one family at a time, as the sweep does
-            rows[one_width] = [row for proxy in fitted for row in F.evaluate(
+            rows[one_width] = [row for proxy in fitted for row in evaluate(
                 params, model_cfg, eval_set, [proxy], batch_size=64, seeds=[0, 1],
-                options=F.EvalOptions(shared=fitted, one_width=one_width))]
+                options=EvalOptions(shared=fitted, one_width=one_width))]
         assert clock.programs["jit(_eval_chunk)"] == 4, (one_width, clock.programs)
         assert "jit(add)" not in clock.programs  # chunk sums on the host: was one per shape
     keys = ("seed", "site", "method", "size", "split", "breakdown", "bin", "n")
@@ -203,11 +206,11 @@ def test_demo_families_compile_once_per_method_at_any_width(trained):
 
 def test_full_rank_svd_is_faithful_and_rank_one_is_not(trained):
     config, splits, model_cfg, params = trained
-    spec = F.ProxySpec("svd", ("blocks.1.attn.q", "blocks.1.attn.k"), (1, 16))
-    stats = F.collect(params, splits["train"], model_cfg, [spec], num_samples=0, batch_size=512)
-    fitted = F.fit([spec], stats, jax.random.PRNGKey(0), num_seeds=2)
-    rows = F.evaluate(params, model_cfg, F.make_eval_set(splits, ["iid", "unseen_depth"]),
-                      fitted, batch_size=64, seeds=[0, 1])
+    spec = ProxySpec("svd", ("blocks.1.attn.q", "blocks.1.attn.k"), (1, 16))
+    stats = collect(params, splits["train"], model_cfg, [spec], num_samples=0, batch_size=512)
+    fitted = fit([spec], stats, jax.random.PRNGKey(0), num_seeds=2)
+    rows = evaluate(params, model_cfg, make_eval_set(splits, ["iid", "unseen_depth"]),
+                    fitted, batch_size=64, seeds=[0, 1])
     full = [r for r in rows if r["size"] == 16 and r["breakdown"] == "all"]
     assert all(r["same_pred"] == 1.0 and r["jsd"] < 1e-6 for r in full)
     assert all(r["acc_proxy"] == r["acc_original"] for r in full)
@@ -217,13 +220,13 @@ def test_full_rank_svd_is_faithful_and_rank_one_is_not(trained):
 
 def test_unhealthy_seed_rows_are_left_out(trained):
     _, splits, model_cfg, params = trained
-    fitted = F.fit([F.ProxySpec("uniform_attention", ("blocks.1.attn.pattern",))], {},
-                   jax.random.PRNGKey(0), num_seeds=2)
-    rows = F.evaluate(params, model_cfg, F.make_eval_set(splits, ["iid"]), fitted,
-                      batch_size=64, seeds=[10, 11], healthy=np.array([True, False]))
+    fitted = fit([ProxySpec("uniform_attention", ("blocks.1.attn.pattern",))], {},
+                 jax.random.PRNGKey(0), num_seeds=2)
+    rows = evaluate(params, model_cfg, make_eval_set(splits, ["iid"]), fitted,
+                    batch_size=64, seeds=[10, 11], healthy=np.array([True, False]))
     assert {r["seed"] for r in rows} == {10}
     with pytest.raises(ValueError, match="do not exist"):
-        F.make_eval_set(splits, ["iid", "nonsense"])
+        make_eval_set(splits, ["iid", "nonsense"])
 
 
 @pytest.mark.slow
@@ -234,7 +237,7 @@ def test_sweep_end_to_end_writes_table_figures_and_tensorboard(trained, tmp_path
     config.proxies.eval_splits = ("iid", "unseen_depth")
     config.figures = "all"  # every figure (the default draws the summary: test_figures.py)
     workdir = str(tmp_path / "run")
-    F._eval_chunk.clear_cache()  # count its compilations; other programs stay compiled
+    _eval_chunk.clear_cache()  # count its compilations; other programs stay compiled
     with timing.Breakdown() as clock:
         rows = sweep.run(checked(config), workdir, verbose=False)
     # The families of a method share one compiled evaluation (5 families, 3 methods).
@@ -332,10 +335,9 @@ def test_prefix_sharing_gives_the_rows_of_whole_passes_for_every_proxy_method(tr
     near-tie (counted below), and the dictionary metrics within a few ulps of their sums."""
     from jaxillusions import model as model_lib
     from jaxillusions import tasks
-    from jaxillusions.config import settings
 
     config, splits, model_cfg, params = trained
-    config = settings.from_config(config)
+    config = validate.parse(config)
     proxy_cfg = dataclasses.replace(
         config.proxies, methods=proxies.available(), targets=("blocks.-1.attn.k",),
         svd_ranks=(1, 4), kmeans_sizes=(4,), sae_targets=("blocks.-1.attn.k",), sae_sizes=(8,),
@@ -343,20 +345,20 @@ def test_prefix_sharing_gives_the_rows_of_whole_passes_for_every_proxy_method(tr
         transcoder_sizes=(8,), logit_lens_targets=("blocks.1.resid_mid", "blocks.0.resid_post"),
         tuned_lens_targets=("blocks.1.resid_pre",), tuned_lens_ranks=(0, 4),
         concepts=("depth",), erasure_targets=("blocks.1.resid_pre",))
-    specs = F.specs_from_config(proxy_cfg, model_cfg)
+    specs = specs_from_config(proxy_cfg, model_cfg)
     assert {s.method for s in specs} == set(proxies.available())
     starts = {model_lib.first_block(model_cfg, s.sites) for s in specs
               if s.module.SITE != "model"}  # the circuit replaces whole passes: never shared
     assert starts == {0, 1}  # a family in block 0 (nothing shared) and families in block 1
     labels = tasks.concept_labels(tasks.get("dyck"), splits["train"], proxy_cfg.concepts)
-    stats = F.collect(params, splits["train"], model_cfg, specs, num_samples=500,
-                      batch_size=256, labels=labels)
-    fitted = F.fit(specs, stats, jax.random.PRNGKey(0), num_seeds=2,
-                   chunking=F.Chunking(say=None))
-    eval_set = F.make_eval_set(splits, ["longer"])  # one width: one branch per program
-    rows = {share: [row for proxy in fitted for row in F.evaluate(
+    stats = collect(params, splits["train"], model_cfg, specs, num_samples=500,
+                    batch_size=256, labels=labels)
+    fitted = fit(specs, stats, jax.random.PRNGKey(0), num_seeds=2,
+                 chunking=Chunking(say=None))
+    eval_set = make_eval_set(splits, ["longer"])  # one width: one branch per program
+    rows = {share: [row for proxy in fitted for row in evaluate(
         params, model_cfg, eval_set, [proxy], batch_size=64, seeds=[0, 1],
-        options=F.EvalOptions(shared=fitted, share_prefix=share))] for share in (True, False)}
+        options=EvalOptions(shared=fitted, share_prefix=share))] for share in (True, False)}
     keys = ("seed", "site", "method", "size", "split", "breakdown", "bin", "n")
     assert [[r[k] for k in keys] for r in rows[True]] == [[r[k] for k in keys]
                                                           for r in rows[False]]

@@ -10,11 +10,10 @@ from conftest import checked, tiny_sweep_config
 from test_logging import _gaps, _rows
 
 from jaxillusions import model
-from jaxillusions.config import settings
 from jaxillusions.model import patching
-from jaxillusions.pipeline import sweep
+from jaxillusions.pipeline import sweep, validate
 from jaxillusions.proxies import circuit
-from jaxillusions.report import figures
+from jaxillusions.report import drawing, figures
 
 SPLITS = ("iid", "unseen_depth", "longer")
 
@@ -141,8 +140,8 @@ def test_a_helper_process_draws_every_other_figure_into_the_same_files(tmp_path,
         def image(self, tag, pixels):
             self.images.append((tag, pixels))
 
-    helped, start = [], sweep._start_helper
-    monkeypatch.setattr(sweep, "_start_helper", lambda jobs: helped.append(len(jobs)) or
+    helped, start = [], drawing._start_helper
+    monkeypatch.setattr(drawing, "_start_helper", lambda jobs: helped.append(len(jobs)) or
                         start(jobs))
     images = {}
     for name, cores, executable in (("alone", {0}, sys.executable),
@@ -152,7 +151,7 @@ def test_a_helper_process_draws_every_other_figure_into_the_same_files(tmp_path,
         monkeypatch.setattr(sys, "executable", executable)
         writer = Writer()
         writer.images = []
-        sweep.draw(jobs, writer, str(tmp_path / name))
+        drawing.draw(jobs, writer, str(tmp_path / name))
         images[name] = writer.images
     assert helped == [1, 1]  # job b, in the runs with two cores
     for name in ("helped", "failed"):
@@ -166,7 +165,7 @@ def test_a_helper_process_draws_every_other_figure_into_the_same_files(tmp_path,
 
 
 # ---------------------------------------------------------------------------------------------
-# Which figures the main job draws (the setting `figures`), and launch.figures for the rest.
+# Which figures the main job draws (the setting `figures`), and `jaxillusions figures` for the rest.
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # conftest.tiny_sweep_config: svd (sized) and onehot_attention (not) on blocks.1.attn.k, seeds
@@ -211,8 +210,8 @@ def test_the_main_job_draws_the_summary_and_launch_figures_the_rest(tiny_sweep, 
     done = json.loads((workdir / sweep.DONE_FILE).read_text())
     assert done["figures"] == "summary"
 
-    proc = subprocess.run([sys.executable, "-m", "launch.figures", str(workdir)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "jaxillusions", "figures", str(workdir)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (f"{workdir}: drawing {len(REST)} figures ({len(SUMMARY)} of "
             f"{len(SUMMARY) + len(REST)} are there and kept)") in proc.stdout
@@ -238,7 +237,7 @@ def test_the_main_job_draws_the_summary_and_launch_figures_the_rest(tiny_sweep, 
 def test_figures_none_draws_no_figure_and_launch_figures_draws_every_one_later(
         tiny_sweep, tmp_path, cache_dir, capsys):
     # figures="none" (batch work, the test suite): the reports without a figure or an image;
-    # launch.figures (complete_figures) then draws them all, the summary byte for byte as the
+    # The figures command (complete_figures) then draws them all, the summary byte for byte as the
     # sweep draws it, and the marker vouches for them.
     workdir = tmp_path / "run"
     shutil.copytree(tiny_sweep, workdir)
@@ -248,7 +247,7 @@ def test_figures_none_draws_no_figure_and_launch_figures_draws_every_one_later(
     config = tiny_sweep_config(cache_dir)
     config.figures = "none"
     sweep.run(checked(config), str(workdir))
-    assert (f"figures: none (setting figures); python -m launch.figures {workdir} draws the "
+    assert (f"figures: none (setting figures); jaxillusions figures {workdir} draws the "
             "rest") in capsys.readouterr().out
     assert not (workdir / "figures").exists()
     assert not (workdir / "tensorboard" / "images").exists()  # no image was logged
@@ -295,19 +294,19 @@ def test_launch_figures_refuses_what_is_not_a_run_with_results_in_one_line(tmp_p
 
     (tmp_path / "empty").mkdir()
     for args, message in [([str(tmp_path / "nope")], f"error: {tmp_path / 'nope'} is not a "
-                           "directory (python -m launch.figures WORKDIR"),
+                           "directory (jaxillusions figures WORKDIR"),
                           ([str(tmp_path / "empty")], f"error: {tmp_path / 'empty'} is not the "
                            "workdir of a run: it has no config.json"),
-                          ([], "error: give one workdir (python -m launch.figures WORKDIR"),
-                          (["--config=configs/dyck_small.py", tiny_sweep],
-                           "error: launch.figures takes no --config")]:
-        proc = subprocess.run([sys.executable, "-m", "launch.figures", *args], cwd=ROOT,
-                              capture_output=True, text=True, timeout=60)
+                          ([], "error: give one workdir (jaxillusions figures WORKDIR"),
+                          (["--config=dyck_small", tiny_sweep],
+                           "error: jaxillusions figures takes no --config")]:
+        proc = subprocess.run([sys.executable, "-m", "jaxillusions.launch.figures", *args],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 1 and proc.stderr.startswith(message), proc.stderr
         assert proc.stderr.count("\n") == 1
     # A run without results yet (training only), and a finished one whose reports changed
     # since: one line each, before anything is drawn.
-    config = settings.from_config(tiny_sweep_config(cache_dir))
+    config = validate.parse(tiny_sweep_config(cache_dir))
     trained = tmp_path / "trained"
     trained.mkdir()
     shutil.copy(os.path.join(tiny_sweep, "config.json"), trained)
@@ -352,7 +351,7 @@ def test_circuit_figures_draw_any_size_set(sizes, tmp_path):
     # legend of no labels failed in matplotlib ("number sections must be larger than 0").
     cfg = model.ModelConfig(vocab_size=11, max_len=10, n_layers=1, d_model=16, d_mlp=24)
     edges = patching.num_units(cfg, "edge")
-    proxy_cfg = settings.from_config({"proxies": {
+    proxy_cfg = validate.parse({"proxies": {
         "circuit_sizes": (edges,) if sizes == "every edge" else sizes,
         "circuit_granularity": ("edge", "node")}}).proxies
     families = [(target, found, patching.num_units(cfg, target.split(".")[1]))

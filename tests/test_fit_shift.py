@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from ml_collections import ConfigDict
 from test_tasks import FIXTURE, _read, regression_config
 
-from jaxillusions import faithfulness, tasks
 from jaxillusions import model as model_lib
-from jaxillusions.config import settings as run_settings
-from jaxillusions.pipeline import sweep
+from jaxillusions import tasks
+from jaxillusions.faithfulness.specs import resolve_site
+from jaxillusions.pipeline import sweep, validate
 from jaxillusions.report import results, tables
 from jaxillusions.studies import fit_shift
 from jaxillusions.studies import fit_shift as report
@@ -140,7 +140,7 @@ def test_a_proxy_fitted_on_a_splits_fit_half_uses_those_sentences_and_is_exact_a
     second moments (not those of train or of the whole split); at full rank (16 = d_head) it
     reproduces the model on every split: same prediction everywhere, JSD ~ 0."""
     run = results.load_run(shifted)
-    site = faithfulness.resolve_site("blocks.-1.attn.k", run.model_config)
+    site = resolve_site("blocks.-1.attn.k", run.model_config)
     path = [p for p in os.listdir(os.path.join(shifted, "proxies", "fit_unseen_depth"))
             if p.endswith(f"svd_{site}.msgpack")][0]
     with open(os.path.join(shifted, "proxies", "fit_unseen_depth", path), "rb") as f:
@@ -284,6 +284,7 @@ def test_a_bad_fit_setting_is_a_one_line_error_before_any_work(config, tmp_path,
 
 
 def test_fit_settings_are_analysis_keys_with_defaults():
-    assert run_settings.is_analysis_key("fit_shift.splits")
-    assert run_settings.is_analysis_key("fit_shift.sentences")
-    assert run_settings.FitShift().splits == ("train",)
+    assert validate.parse({}).is_analysis_key("fit_shift.splits")
+    assert validate.parse({}).is_analysis_key("fit_shift.sentences")
+    assert validate.parse({}).fit_shift == fit_shift.FitShift()
+    assert fit_shift.FitShift().splits == ("train",)

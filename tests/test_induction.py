@@ -8,12 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxillusions import model
+from jaxillusions import model, tasks
+from jaxillusions.pipeline import validate
 from jaxillusions.report import load_results, results, tables
 from jaxillusions.runtime import schema
 from jaxillusions.runtime.tensorboard import SweepWriter, read_scalars
-from jaxillusions.studies import induction
-from jaxillusions.tasks.code_completion import lexer
+from jaxillusions.studies import induction, stage
+from jaxillusions.tasks.code_completion import copying, lexer
 from jaxillusions.tasks.minimal_layer import MinimalFirstLayer
 
 V, L, BOS = 12, 8, 1  # vocab, repeat length, BOS token (tokens 0..2 are special)
@@ -200,11 +201,14 @@ def test_identifier_pool_is_the_vocabularys_name_characters():
     from jaxillusions.tasks.code_completion import splits
 
     vocab = splits.Vocab(chars="".join(sorted("\n (),:=_abcxyz019")))  # by code point
-    ids = induction.identifier_pool(vocab)
+    ids = copying.identifier_pool(vocab)
     assert vocab.decode(ids) == "019_abcxyz"
     assert all(i >= splits.NUM_SPECIAL for i in ids)
     # The test on identifier characters keeps the code task's special tokens.
-    names = induction.identifier_tokens(vocab)
+    loaded = tasks.get("code").Splits()
+    loaded.vocab = vocab
+    names = induction.pool_special(tasks.get("code"), "identifier", loaded,
+                                   induction.task_tokens("code"))
     assert names.pool == ids
     assert (names.exclude, names.bos) == (tuple(range(splits.NUM_SPECIAL)), splits.BOS)
     assert not set(induction.drawable(vocab.size, names)) & set(names.exclude)
@@ -219,15 +223,13 @@ def test_too_long_for_the_model_is_refused():
 def test_a_batch_whose_probe_cannot_fit_is_refused_at_the_door():
     # Was: induction.batch=1000000000 passed the door, and after training the stage captured
     # 132 GB of tokens as constants and aborted in C++ (exit 134).
-    from configs import dyck_small
-    from jaxillusions.config import settings
-    from jaxillusions.pipeline import validate
+    from jaxillusions.configs import dyck_small
     from jaxillusions.training import memory, train
 
     config = dyck_small.get_config()
     config.cpu_devices = 0  # the test process's devices (conftest.jax_started)
     config.induction.enabled = True
-    parsed = settings.from_config(config)
+    parsed = validate.parse(config)
     model_cfg = train.model_config(parsed)
     gpu = memory.Machine("gpu", 1, 60 * 2**30, 128 * 2**30, "test GPU")
     memory.check_config(parsed, model_cfg, gpu)  # the default batch, 64 rows, fits
@@ -273,7 +275,7 @@ def test_identifier_gap_pairs_repeat_and_first_per_seed_and_split(tmp_path):
                          "split": split, "breakdown": "category", "bin": repeat, "n": 90,
                          "acc": 0.1, "jsd": 0.2, "same_pred": 0.3})
     results.tables.write_csv(rows, tmp_path / "results.csv", schema.CSV)
-    gap = induction.identifier_gap(load_results(str(tmp_path / "results.csv"),
+    gap = copying.identifier_gap(load_results(str(tmp_path / "results.csv"),
                                                 splits=["iid", "deeper"]))
     assert len(gap) == 4
     by = gap.set_index(["seed", "split"])
@@ -281,7 +283,7 @@ def test_identifier_gap_pairs_repeat_and_first_per_seed_and_split(tmp_path):
     assert by.loc[(1, "deeper"), "repeat_minus_first"] == pytest.approx(-0.05)
     assert (by["n_first"] == 40).all() and (by["n_repeat"] == 90).all()
     with pytest.raises(ValueError, match="no category rows"):
-        induction.identifier_gap(load_results(str(tmp_path / "results.csv"),
+        copying.identifier_gap(load_results(str(tmp_path / "results.csv"),
                                               splits=["iid", "deeper"]), method="kmeans")
 
 
@@ -331,6 +333,8 @@ def test_head_strength_predicts_the_identifier_repeat_gap_across_seeds(tmp_path)
     where it shrinks; other categories and the original model's rows are not read."""
     import pandas as pd
 
+    from jaxillusions.report import stats
+
     repeat = lexer.CATEGORIES.index("identifier_repeat")
     rows = []
     for seed in range(16):  # stats.MIN_BOOTSTRAP_SEEDS: intervals from 16
@@ -347,20 +351,20 @@ def test_head_strength_predicts_the_identifier_repeat_gap_across_seeds(tmp_path)
     df = load_results(str(tmp_path / "results.csv"), splits=["iid", "deeper", "other_language"])
     per_seed = pd.DataFrame({"seed": range(16), "max_induction_score": np.linspace(0.1, 0.8, 16),
                              "loss_drop": np.ones(16)})
-    out = induction.head_predicts_gap(df, per_seed).set_index("split")
+    out = copying.head_predicts_gap(df, per_seed, stats).set_index("split")
     assert list(out["method"]) == ["svd", "svd"]
     assert out.loc["deeper", "rho"] == pytest.approx(1.0)  # gap 0.005 * seed
     assert out.loc["other_language", "rho"] == pytest.approx(-1.0)  # gap 0.4 - 0.01 * seed
     assert (out["n_seeds"] == 16).all()
     assert out.loc["deeper", "rho_low"] == pytest.approx(1.0)  # every resample is monotone
-    few = induction.head_predicts_gap(df[df["seed"] < 8], per_seed).set_index("split")
+    few = copying.head_predicts_gap(df[df["seed"] < 8], per_seed, stats).set_index("split")
     assert few.loc["deeper", "rho"] == pytest.approx(1.0) and np.isnan(few.loc["deeper", "rho_low"])
     assert out.loc["deeper", "p_value"] < 0.01
     with pytest.raises(ValueError, match="strength='nope'"):
-        induction.head_predicts_gap(df, per_seed, strength="nope")
+        copying.head_predicts_gap(df, per_seed, stats, strength="nope")
     # The causal strength (the best head's ablation drop, induction_seeds.csv's code columns).
     causal = per_seed.assign(ablation_drop_repeat=-per_seed["max_induction_score"])
-    out = induction.head_predicts_gap(df, causal, strength="ablation_drop_repeat")
+    out = copying.head_predicts_gap(df, causal, stats, strength="ablation_drop_repeat")
     assert out.set_index("split").loc["deeper", "rho"] == pytest.approx(-1.0)
 
 
@@ -372,7 +376,7 @@ REPEAT, FIRST = lexer.IDENT_REPEAT, lexer.IDENT_FIRST
 def _loop_code_attention(pattern, tokens, category, pad=0):
     """The per-row loop of benchmarks/induction_curves.py (before the study vectorized it), for
     one head's pattern [N, q, k]: {measure: mean over the queries}, queries."""
-    sums, n, prev = dict.fromkeys(induction.CODE_MEASURES[:-1] + ("uniform",), 0.0), 0, []
+    sums, n, prev = dict.fromkeys(copying.CODE_MEASURES[:-1] + ("uniform",), 0.0), 0, []
     width = tokens.shape[1]
     tri = np.tril(np.ones((width, width), bool), -2)
     for p, tok, cat in zip(pattern, tokens, category, strict=True):
@@ -409,13 +413,13 @@ def test_vectorized_code_attention_equals_the_loop_over_rows_on_random_patterns(
     scores = np.where(np.tril(np.ones((width, width), bool)), scores, -np.inf)
     pattern = np.exp(scores - scores.max(-1, keepdims=True))
     pattern /= pattern.sum(-1, keepdims=True)
-    match, query = induction.repeat_queries(tokens, category, REPEAT)
-    sums = induction.attention_sums(jnp.asarray(pattern, jnp.float32), match, tokens, pad=0)
-    counts = induction.query_counts(match, query, tokens, pad=0)
+    match, query = copying.repeat_queries(tokens, category, REPEAT)
+    sums = copying.attention_sums(jnp.asarray(pattern, jnp.float32), match, tokens, pad=0)
+    counts = copying.query_counts(match, query, tokens, pad=0)
     for h in range(heads):
         want, queries = _loop_code_attention(pattern[:, h], tokens, category)
         assert queries == int(counts["queries"]) > 20
-        for k in induction.CODE_MEASURES:
+        for k in copying.CODE_MEASURES:
             denominator = counts["real" if k == "prev_token_attention" else "queries"]
             assert float(sums[k][h] / denominator) == pytest.approx(want[k], rel=1e-5), k
         assert float(counts["uniform_sum"] / counts["queries"]) == pytest.approx(want["uniform"])
@@ -452,7 +456,7 @@ def test_the_copier_attends_to_its_repeats_in_code_and_ablating_its_induction_he
     blind["blocks"][1]["attn"]["w_q"] = jnp.zeros_like(params["blocks"][1]["attn"]["w_q"])
     both = stack(params, blind)
     tokens, category = _code_rows()
-    code = induction.code_attention(both, cfg, tokens, category, batch_size=5, seeds=(10, 11))
+    code = copying.code_attention(both, cfg, tokens, category, batch_size=5, seeds=(10, 11))
     assert code.queries == 12 * (L - 2)  # repeat positions L+2 .. 2L-1 have a bigram match
     target = code.values["target_attention"]
     assert target[0, 1, 0] > 0.95 and target[0, 0, 0] < 0.05
@@ -460,16 +464,16 @@ def test_the_copier_attends_to_its_repeats_in_code_and_ablating_its_induction_he
     assert code.uniform_on_target < 0.15 and target[1, 1, 0] == pytest.approx(
         code.uniform_on_target, rel=1e-3)  # the blind head attends uniformly
 
-    means = induction.head_means(both, cfg, tokens, pad=0)
-    ablation = induction.head_ablation(both, cfg, means, {"iid": _view(tokens, category)},
+    means = copying.head_means(both, cfg, tokens, pad=0)
+    ablation = copying.head_ablation(both, cfg, means, {"iid": _view(tokens, category)},
                                        labels=lexer.CATEGORIES, seeds=(10, 11))
     assert ablation.heads == ((0, 0), (1, 0))
     acc = ablation.accuracy()  # [seed, none + heads, split, category]
     assert acc[0, 0, 0, REPEAT] > 0.85  # all but the repeat's first character
     assert acc[0, 2, 0, REPEAT] < 0.2  # the induction head ablated
     assert abs(acc[0, 2, 0, FIRST] - acc[0, 0, 0, FIRST]) < 0.2
-    found = dataclasses.replace(measure(cfg, both, seeds=(10, 11)), code=code,
-                                ablation=ablation)
+    found = dataclasses.replace(measure(cfg, both, seeds=(10, 11)),
+                                analyses=copying.Analyses(code=code, ablation=ablation))
     np.testing.assert_array_equal(found.best[0], (1, 0))
     repeat, other = ablation.contrast(found.best, "iid")
     assert repeat[0] > 0.7 and repeat[0] - other[0] > 0.5
@@ -477,14 +481,14 @@ def test_the_copier_attends_to_its_repeats_in_code_and_ablating_its_induction_he
 
     induction.write(found, str(tmp_path))
     seeds = tables.read_csv(str(tmp_path / "induction_seeds.csv"))
-    assert list(seeds[0]) == list(induction.SEED_COLUMNS + induction.CODE_SEED_COLUMNS)
+    assert list(seeds[0]) == list(induction.SEED_COLUMNS + copying.CODE_SEED_COLUMNS)
     assert seeds[0]["ablation_repeat_minus_other"] == pytest.approx(repeat[0] - other[0])
     assert seeds[0]["code_target_attention"] == pytest.approx(target[0, 1, 0])
     rows = tables.read_csv(str(tmp_path / "induction_code.csv"))
-    assert list(rows[0]) == list(induction.CODE_COLUMNS) and len(rows) == 4
+    assert list(rows[0]) == list(copying.CODE_COLUMNS) and len(rows) == 4
     assert [r["best"] for r in rows if r["seed"] == 10] == [0, 1]
     rows = tables.read_csv(str(tmp_path / "induction_ablation.csv"))
-    assert list(rows[0]) == list(induction.ABLATION_COLUMNS)
+    assert list(rows[0]) == list(copying.ABLATION_COLUMNS)
     assert {r["category"] for r in rows} == {"identifier_first", "identifier_repeat"}
     assert len(rows) == 2 * 2 * 2  # seeds x heads x categories with characters, one split
     (best,) = [r for r in rows if r["seed"] == 10 and r["best"] and
@@ -502,8 +506,8 @@ def test_the_ablation_vmapped_over_seeds_equals_each_seed_alone():
     both = stack(params, noisy)
     tokens, category = _code_rows(batch=9)
     tokens[3, 12:], category[3, 11:] = 0, -1  # a shorter row: PAD is left out of the means
-    means = induction.head_means(both, cfg, tokens, pad=0, batch_size=4)
-    ablation = induction.head_ablation(both, cfg, means, {"iid": _view(tokens, category)},
+    means = copying.head_means(both, cfg, tokens, pad=0, batch_size=4)
+    ablation = copying.head_ablation(both, cfg, means, {"iid": _view(tokens, category)},
                                        batch_size=4)
     evaluated = category >= 0
     for s in range(2):
@@ -518,7 +522,7 @@ def test_the_ablation_vmapped_over_seeds_equals_each_seed_alone():
             if head is not None:
                 mask[head] = True
             logits, _ = model.forward(one, tokens, cfg,
-                                      intervention=induction.mean_ablation(means[s], mask))
+                                      intervention=copying.mean_ablation(means[s], mask))
             right = np.asarray(logits.argmax(-1)) == np.roll(tokens, -1, 1)
             for c in (FIRST, REPEAT):
                 at = evaluated & (category == c)
@@ -533,7 +537,7 @@ def test_the_headline_line_on_the_ablation_is_a_paired_difference_over_seeds():
 
     per_seed = pd.DataFrame({"seed": [0, 1, 2, 3], "ablation_drop_repeat": [0.5, 0.6, 0.7, np.nan],
                              "ablation_drop_other": [0.1, 0.1, 0.2, np.nan]})
-    line = induction.ablation_line(per_seed, stats)
+    line = copying.ablation_line(per_seed, induction.cell)
     mean, low, high = stats.t_interval(np.array([0.4, 0.5, 0.5]))
     assert line.startswith("Best head mean-ablated (iid, 3 seeds): accuracy drop on "
                            "identifier_repeat +0.600 [")
@@ -549,7 +553,8 @@ def test_the_verdict_counts_heads_by_the_random_test_and_on_code():
     assert induction.verdict(score, drop) == (
         "1 of 3 seeds by the random-token test (best-head score >= 0.3: 1, loss drop >= 1 nat: "
         "2)")
-    assert induction.verdict(score, drop, on_code).endswith(
+    code = {"code_target_attention": on_code}
+    assert induction.verdict(score, drop, code, tasks.get("code")).endswith(
         ", 2 of 3 with its attention measured on code (on repeated identifiers' induction "
         "targets >= 0.3: 3)")
 
@@ -562,7 +567,9 @@ def test_the_verdict_of_the_code_task_uses_the_loss_drop_on_identifier_character
     drop = np.array([1.5, 0.8, 0.5, 0.9, np.nan])
     on_code = np.array([0.6, 0.35, 0.4, 0.2, np.nan])
     ident = (np.array([0.4, 0.35, 0.1, 0.2, np.nan]), np.array([2.0, 1.2, 0.6, 1.4, np.nan]))
-    assert induction.verdict(score, drop, on_code, ident) == (
+    columns = {"code_target_attention": on_code, "identifier_max_score": ident[0],
+               "identifier_loss_drop": ident[1]}
+    assert induction.verdict(score, drop, columns, tasks.get("code")) == (
         "1 of 4 seeds by the random-token test (best-head score >= 0.3: 1, loss drop >= 1 nat: "
         "1), 2 of 4 seeds by the test on identifier characters (best-head score >= 0.3: 2, loss "
         "drop >= 1 nat: 3); code task: 2 of 4 seeds by attention on code and loss drop on "
@@ -571,10 +578,9 @@ def test_the_verdict_of_the_code_task_uses_the_loss_drop_on_identifier_character
 
 
 def _stage_context(settings, workdir, healthy):
-    """A stages.Context of a run whose training left randomly initialised members."""
+    """A stage.Context of a run whose training left randomly initialised members."""
     from types import SimpleNamespace
 
-    from jaxillusions.runtime import stages
     from jaxillusions.training import train
 
     splits, model_cfg, _ = train.build(settings)
@@ -582,7 +588,7 @@ def _stage_context(settings, workdir, healthy):
         jax.random.split(jax.random.key(0), len(healthy)))
     state = SimpleNamespace(params=params, healthy=np.asarray(healthy),
                             step=np.zeros(len(healthy), np.int32))
-    return stages.Context(settings=settings, workdir=str(workdir), say=lambda *a, **k: None,
+    return stage.Context(settings=settings, workdir=str(workdir), say=lambda *a, **k: None,
                           verbose=False, move_aside=None, splits=splits, model_cfg=model_cfg,
                           state=state)
 
@@ -598,7 +604,7 @@ def test_the_stage_on_a_dyck_run_writes_the_probe_alone(tmp_path, cache_dir):
     config = tiny_config(cache_dir)
     config.induction.enabled = True
     found = induction.run(_stage_context(checked(config), tmp_path, [True, True]))
-    assert found.results["induction"].code is None
+    assert found.made["induction"]["found"].analyses is None
     csvs = sorted(p for p in os.listdir(tmp_path) if p.endswith(".csv"))
     assert csvs == ["induction.csv", "induction_seeds.csv"]
     assert all(any(fnmatch.fnmatch(p, o) for p in csvs) for o in induction.OUTPUTS)

@@ -147,7 +147,7 @@ def test_every_lapack_call_of_a_sweep_has_one_matrix(tmp_path, cache_dir):
     })
     env = {**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false",
            "XLA_FLAGS": xla_flags(f"--xla_dump_to={dump}", "--xla_dump_hlo_as_text")}
-    done = subprocess.run([sys.executable, "-m", "launch.sweep", f"--config={config}",
+    done = subprocess.run([sys.executable, "-m", "jaxillusions.launch.sweep", f"--config={config}",
                            f"--workdir={tmp_path / 'run'}"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

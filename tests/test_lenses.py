@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 from conftest import checked
 
-from jaxillusions import faithfulness, tasks
 from jaxillusions import model as model_lib
+from jaxillusions import tasks
+from jaxillusions.faithfulness.fit import fit_one, make_intervention
+from jaxillusions.faithfulness.specs import ProxySpec
 from jaxillusions.pipeline import sweep
 from jaxillusions.proxies import erasure, logit_lens, tuned_lens
 from jaxillusions.studies import probes
@@ -107,8 +109,8 @@ def test_erasure_fit_batched_over_seeds_equals_a_loop():
     x = np.stack(xs)[:, None]  # [S, G=1, N, F]
     z = np.stack([np.stack([z_, (z_ + 1) % 4], -1) for z_ in zs])[:, None]  # two concepts
     stats = {"site": {"labelled": {"x": x, "z": z, "valid": np.ones(x.shape[:3], bool)}}}
-    spec = faithfulness.ProxySpec("erasure", ("site",), (0, 1))
-    batched = faithfulness.fit_one(spec, 0, stats, jax.random.key(0), 3).params["site"]
+    spec = ProxySpec("erasure", ("site",), (0, 1))
+    batched = fit_one(spec, 0, stats, jax.random.key(0), 3).params["site"]
     for s in range(3):
         one = erasure.fit({"x": x[s, 0], "z": z[s, 0], "valid": np.ones(600, bool)}, (0, 1))
         for size in (0, 1):
@@ -123,8 +125,8 @@ def test_tuned_lens_fit_batched_over_seeds_equals_a_loop():
     x = rng.normal(size=(3, 1, 500, 6)).astype(np.float32)  # [S, G, N, F]
     y = (x @ rng.normal(size=(6, 6)) + 0.1 * rng.normal(size=x.shape)).astype(np.float32)
     stats = {"site": {"pairs": {"x": x, "y": y, "valid": np.ones(x.shape[:3], bool)}}}
-    spec = faithfulness.ProxySpec("tuned_lens", ("site",), (0, 3, 6), (("ridge", 1e-4),))
-    batched = faithfulness.fit_one(spec, 0, stats, jax.random.key(0), 3).params["site"]
+    spec = ProxySpec("tuned_lens", ("site",), (0, 3, 6), (("ridge", 1e-4),))
+    batched = fit_one(spec, 0, stats, jax.random.key(0), 3).params["site"]
     for s in range(3):
         one = tuned_lens.fit({"x": x[s, 0], "y": y[s, 0], "valid": np.ones(500, bool)},
                              (0, 3, 6), ridge=1e-4)
@@ -173,7 +175,7 @@ def small_model():
 
 def _lens_logits(module, site, site_params, params, tokens, cfg):
     def one(p, sp):
-        intervention = faithfulness.make_intervention(module, {site: sp}, model_params=p)
+        intervention = make_intervention(module, {site: sp}, model_params=p)
         return model_lib.forward(p, tokens, cfg, intervention=intervention)[0]
     return jax.vmap(one)(params, site_params)
 
@@ -193,7 +195,7 @@ def test_logit_lens_decodes_the_site(small_model):
 
     def decode(p):
         h = model_lib.forward(p, tokens, cfg, cache=(site,))[1][site]
-        ln = model_lib._layer_norm(h, p["ln_final"])  # noqa: SLF001 - the model's own
+        ln = model_lib.transformer._layer_norm(h, p["ln_final"])  # noqa: SLF001 - the model's own
         return ln @ p["unembed"]["w"] + p["unembed"]["b"]
 
     want = jax.vmap(decode)(params)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator as ea
 
+from jaxillusions.pipeline import validate
 from jaxillusions.runtime import tensorboard as log_lib
 from jaxillusions.runtime.tensorboard import SweepWriter, flatten_config, read_scalars
 
@@ -232,13 +233,12 @@ def _gaps(rows):
 
 
 def _board_config(splits=("iid", "seen_structure", "unseen_depth", "longer", "iid_with_train")):
-    from configs import dyck_small
-    from jaxillusions.config import settings
+    from jaxillusions.configs import dyck_small
 
     config = dyck_small.get_config()
     config.proxies.eval_splits = splits
     config.proxies.svd_ranks = ()  # the default, resolved to 1, 2, 4, ... d_head
-    return settings.from_config(config)
+    return validate.parse(config)
 
 
 def test_board_headline_is_one_true_point_per_card_and_names_the_headline_proxies(tmp_path):
@@ -393,7 +393,7 @@ def test_board_hparams_one_session_per_seed_and_few_tags(tmp_path):
 def test_board_hparams_gaps_use_the_configured_baseline(tmp_path):
     """With proxies.gap_baseline = "longer", HPARAMS gaps are same_pred on longer minus the
     split's, as in gaps.csv, and there is no gap of the baseline to itself."""
-    from configs import dyck_small
+    from jaxillusions.configs import dyck_small
     from jaxillusions.report import board
 
     config = dyck_small.get_config()
@@ -411,7 +411,7 @@ def test_board_hparams_gaps_use_the_configured_baseline(tmp_path):
 
 def test_board_hparams_sessions_for_sweep_members(tmp_path):
     """Members of a contrastive-weight sweep: one session each, told apart by the weight."""
-    from configs import dyck_small
+    from jaxillusions.configs import dyck_small
     from jaxillusions.report import board
 
     config = dyck_small.get_config()

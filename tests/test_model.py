@@ -165,7 +165,7 @@ def test_forward_has_no_variant_branch_and_the_config_no_task_fields():
     assert {f.name for f in dataclasses.fields(model_lib.ModelConfig)} == {
         "vocab_size", "max_len", "n_layers", "n_heads", "d_model", "d_head", "d_mlp",
         "pos_encoding", "rotary_base", "attn_only", "embedding", "compute_dtype", "front",
-        "interventions"}
+        "interventions"} | set(model_lib.IMPORTED_FIELDS)  # what checkpoints set (pretrained.py)
 
 
 def test_vmap_over_seed_axis_matches_single_models():

@@ -286,7 +286,7 @@ def test_a_new_proxy_is_one_file(tmp_path, monkeypatch):
     specs built and its figures labelled, with no other change."""
     from conftest import checked, tiny_config
 
-    from jaxillusions import faithfulness
+    from jaxillusions.faithfulness.specs import specs_from_config
     from jaxillusions.pipeline import validate
     from jaxillusions.training import train
 
@@ -301,7 +301,7 @@ def test_a_new_proxy_is_one_file(tmp_path, monkeypatch):
         config.proxies.scaled_sizes = (5, 10)
     assert validate.validate(config) == []
     _, model_cfg, _ = train.build(checked(config))
-    specs = faithfulness.specs_from_config(config.proxies, model_cfg)
+    specs = specs_from_config(config.proxies, model_cfg)
     assert {s.method for s in specs} == {"scaled"} and {s.sizes for s in specs} == {(5, 10)}
     assert proxies.size_label("scaled") == "size" and proxies.size_label("svd") == "rank"
     config.proxies.scaled_sizes = (0, 10)

@@ -14,8 +14,11 @@ import pytest
 import tolerance as tol
 from conftest import checked, tiny_config
 
-from jaxillusions import faithfulness
-from jaxillusions.faithfulness import dictionary_metrics as dictionaries
+from jaxillusions.faithfulness import dictionary_metrics
+from jaxillusions.faithfulness.collect import Chunking, _collect_chunk, collect
+from jaxillusions.faithfulness.evaluate import EvalOptions, evaluate, make_eval_set
+from jaxillusions.faithfulness.fit import fit
+from jaxillusions.faithfulness.specs import specs_from_config
 from jaxillusions.pipeline import sweep, validate
 from jaxillusions.runtime import checkpoint
 from jaxillusions.training import memory, train
@@ -35,31 +38,31 @@ def setup(tmp_path_factory):
     config.proxies.eval_splits = ("iid", "longer")
     splits, model_cfg, tx = train.build(checked(config))
     params = jax.tree.map(np.asarray, init_state(range(NUM_SEEDS), model_cfg, tx).params)
-    specs = faithfulness.specs_from_config(config.proxies, model_cfg)
-    eval_set = faithfulness.make_eval_set(splits, config.proxies.eval_splits)
+    specs = specs_from_config(config.proxies, model_cfg)
+    eval_set = make_eval_set(splits, config.proxies.eval_splits)
     return config, splits, model_cfg, params, specs, eval_set
 
 
 def _run(setup, chunk: int, say=None):
     """(stats, fitted params, rows, the dictionary metrics' sums per family): the sums that
-    dictionaries.columns forms its ratios from, kept to derive the ratios' tolerances."""
+    dictionary_metrics.columns forms its ratios from, kept to derive the ratios' tolerances."""
     config, splits, model_cfg, params, specs, eval_set = setup
-    pc, chunking = config.proxies, faithfulness.Chunking(chunk, say)
-    stats = faithfulness.collect(params, splits["train"], model_cfg, specs,
-                                 num_samples=pc.kmeans_samples, batch_size=pc.collect_batch_size,
-                                 chunking=chunking)
-    fitted = faithfulness.fit(specs, stats, jax.random.PRNGKey(0), NUM_SEEDS, chunking=chunking)
-    sums, columns = {}, dictionaries.columns
+    pc, chunking = config.proxies, Chunking(chunk, say)
+    stats = collect(params, splits["train"], model_cfg, specs,
+                    num_samples=pc.kmeans_samples, batch_size=pc.collect_batch_size,
+                    chunking=chunking)
+    fitted = fit(specs, stats, jax.random.PRNGKey(0), NUM_SEEDS, chunking=chunking)
+    sums, columns = {}, dictionary_metrics.columns
 
     def keep(spec, params, seed, size):
         sums[(spec.method, spec.target)] = jax.tree.map(np.asarray, {**seed, **size})
         return columns(spec, params, seed, size)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(dictionaries, "columns", keep)
-        rows = faithfulness.evaluate(params, model_cfg, eval_set, fitted,
-                                     batch_size=pc.eval_batch_size, seeds=SEEDS,
-                                     options=faithfulness.EvalOptions(chunking=chunking))
+        patch.setattr(dictionary_metrics, "columns", keep)
+        rows = evaluate(params, model_cfg, eval_set, fitted,
+                        batch_size=pc.eval_batch_size, seeds=SEEDS,
+                        options=EvalOptions(chunking=chunking))
     return stats, [f.params for f in fitted], rows, sums
 
 
@@ -124,7 +127,7 @@ def _assert_close_fits(a, b, stats):
 
 def _ratio_tolerances(sums: dict) -> dict:
     """Per family, the tolerance of each dictionary ratio [S, R, K] between two computations,
-    from the terms dictionaries.columns forms it from (tolerance.score_tolerances and
+    from the terms dictionary_metrics.columns forms it from (tolerance.score_tolerances and
     fvu_tolerance)."""
     out = {}
     for key, f in sums.items():
@@ -151,7 +154,7 @@ def _assert_same_rows(a, b, sums, setup):
     module docstring): JSD a mean of per-position values computed from three entropies of up to
     log2(V) bits, its quantiles one position's rounding, the dictionary ratios from their terms
     (_ratio_tolerances). A ratio undefined in one computation (NaN: its denominator is not 1000x
-    its rounding, dictionaries.py) is undefined in the other."""
+    its rounding, dictionary_metrics.py) is undefined in the other."""
     _, _, model_cfg, _, specs, eval_set = setup
     assert len(a) == len(b) > 0
     floats = ("jsd", "jsd_p95", "jsd_p99", "fvu", "l0", "dead", "ce_score", "kl_score")
@@ -200,7 +203,7 @@ def test_planner_picks_the_largest_chunk_that_fits(setup, one_call, monkeypatch)
     sites = ("blocks.1.attn.k",)
 
     def need(width):  # what the planner measures for activation collection
-        return memory.compiled_bytes(faithfulness._collect_chunk,  # noqa: SLF001
+        return memory.compiled_bytes(_collect_chunk,
                                      memory.seed_shapes(params, width), tokens,
                                      model_cfg=model_cfg, sites=sites, with_vectors=True)
 
@@ -208,10 +211,10 @@ def test_planner_picks_the_largest_chunk_that_fits(setup, one_call, monkeypatch)
     # A device of this capacity holds 2 of the 3 seeds within its 90%.
     monkeypatch.setattr(memory, "capacity", lambda: int(need(2) / 0.9) + 1)
     lines = []
-    stats = faithfulness.collect(params, splits["train"], model_cfg, specs,
-                                 num_samples=config.proxies.kmeans_samples,
-                                 batch_size=config.proxies.collect_batch_size,
-                                 chunking=faithfulness.Chunking(say=lines.append))
+    stats = collect(params, splits["train"], model_cfg, specs,
+                    num_samples=config.proxies.kmeans_samples,
+                    batch_size=config.proxies.collect_batch_size,
+                    chunking=Chunking(say=lines.append))
     assert len(lines) == 1 and "3 seeds at once need" in lines[0]
     assert "running 2 seeds per chunk" in lines[0] and "2 chunks" in lines[0]
     _assert_close_stats(stats, one_call[0])
@@ -226,13 +229,13 @@ def test_planner_error_names_the_key_to_lower(setup, monkeypatch):
     with pytest.raises(ValueError, match=r"^activation collection does not fit in device memory "
                        r"even at one seed per device: XLA estimates .* MiB per device, capacity "
                        r"0.0 MiB; lower proxies.collect_batch_size \(now 256\)$"):
-        faithfulness.collect(params, splits["train"], model_cfg, specs, num_samples=10,
-                             batch_size=config.proxies.collect_batch_size)
-    onehot = faithfulness.fit([specs[-1]], {}, jax.random.PRNGKey(0), NUM_SEEDS)
+        collect(params, splits["train"], model_cfg, specs, num_samples=10,
+                batch_size=config.proxies.collect_batch_size)
+    onehot = fit([specs[-1]], {}, jax.random.PRNGKey(0), NUM_SEEDS)
     with pytest.raises(ValueError, match=r"^evaluating onehot_attention on blocks.1.attn.pattern "
                        r"does not fit .* lower proxies.eval_batch_size \(now 64\)$"):
-        faithfulness.evaluate(params, model_cfg, eval_set, onehot, batch_size=64,
-                              seeds=[0, 1, 2])
+        evaluate(params, model_cfg, eval_set, onehot, batch_size=64,
+                 seeds=[0, 1, 2])
 
 
 def test_plan_with_several_devices(monkeypatch):

@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 from conftest import checked, tiny_config, tiny_config_file, xla_flags
 
-from jaxillusions import faithfulness
-from jaxillusions.config import settings
-from jaxillusions.pipeline import sweep, validate
+from jaxillusions.faithfulness.specs import specs_from_config
+from jaxillusions.pipeline import reports, sweep, validate
+from jaxillusions.report import drawing
 from jaxillusions.runtime import checkpoint, interrupt, stages
 from jaxillusions.runtime import tensorboard as log_lib
 from jaxillusions.training import train
@@ -199,7 +199,7 @@ def test_checkpoint_of_another_model_is_refused_and_nothing_is_moved(trained, tm
     try:
         # config.json agrees (as after a code change to the model's shapes): the checkpoint not.
         with open(os.path.join(workdir, checkpoint.CONFIG_FILE), "w") as f:
-            json.dump(settings.from_config(trained["config"]).to_dict(), f)
+            json.dump(validate.parse(trained["config"]).to_dict(), f)
         with pytest.raises(checkpoint.CheckpointMismatch,
                            match=r"params\.blocks\.0\.attn\.b_o: checkpoint \(2, 16\) float32 "
                                  r"vs config \(2, 24\) float32"):
@@ -249,13 +249,13 @@ def test_analysis_keys_may_change_on_resume_and_are_recorded(trained, tmp_path, 
     config.train.learning_rate = 1e-3
     with pytest.raises(ValueError, match="train.learning_rate: 0.003 there vs 0.001 now"):
         train.train_sweep(checked(config), workdir, splits=trained["splits"], verbose=False)
-    assert settings.is_analysis_key("proxies.kmeans_sizes")
-    assert not settings.is_analysis_key("model.d_model")
+    assert validate.parse({}).is_analysis_key("proxies.kmeans_sizes")
+    assert not validate.parse({}).is_analysis_key("model.d_model")
 
 
 @pytest.mark.parametrize("damage", ["missing", "garbage", "a_list"])
 def test_checkpoints_without_a_readable_config_json_are_refused(trained, tmp_path, damage):
-    # Was (missing): `launch.train --config.train.learning_rate=0.001` resumed a run trained at
+    # Was (missing): `train --config.train.learning_rate=0.001` resumed a run trained at
     # 0.003 and wrote 0.001 into config.json for the whole run; (garbage) "JSONDecodeError:
     # Expecting value", naming no file; (a list) "AttributeError: 'list' object has no ...".
     workdir = _copy(trained, tmp_path)
@@ -321,7 +321,7 @@ def test_unknown_key_and_duplicate_sizes(config):
     (note,) = validate.validate(config)
     assert "proxies.kmeans_sizes=(8, 2, 4, 2) has duplicates" in note
     _, model_cfg, _ = train.build(checked(config))
-    specs = faithfulness.specs_from_config(config.proxies, model_cfg)
+    specs = specs_from_config(config.proxies, model_cfg)
     assert {s.sizes for s in specs if s.method == "kmeans"} == {(2, 4, 8)}
 
 
@@ -329,12 +329,12 @@ def test_shipped_configs_validate(monkeypatch):
     import importlib
     import pkgutil
 
-    import configs
+    from jaxillusions import configs
     from jaxillusions.training import memory
 
     check = memory.check_config
     for info in pkgutil.iter_modules(configs.__path__):
-        config = importlib.import_module(f"configs.{info.name}").get_config()
+        config = importlib.import_module(f"jaxillusions.configs.{info.name}").get_config()
         config.cpu_devices = 0  # the test process's devices (conftest.jax_started)
         try:
             assert validate.validate(config) == [], info.name
@@ -447,8 +447,9 @@ def test_a_signal_during_start_up_is_one_line(tmp_path, signum, code):
     # Was: Ctrl-C in the first seconds (the imports of JAX and co., before catch_signals) gave a
     # 37-line KeyboardInterrupt traceback; SIGTERM killed the launcher with no line at all.
     workdir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "launch.sweep", "--config=configs/dyck_small.py",
-                             f"--workdir={workdir}", f"--config.data.cache_dir={tmp_path}"],
+    proc = subprocess.Popen([sys.executable, "-m", "jaxillusions.launch.sweep",
+                             "--config=dyck_small", f"--workdir={workdir}",
+                             f"--config.data.cache_dir={tmp_path}"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         # As soon as the launcher catches SIGTERM (its first lines; the imports take seconds),
@@ -534,12 +535,13 @@ def test_sigterm_to_the_process_and_its_group_stops_once_with_everything_saved(t
             assert out.splitlines()[-1] == "saved" and err == "", (out, err)
 
 
-@pytest.mark.parametrize("config_file", ["configs/dyck_small.py", "configs/code_small.py"])
+@pytest.mark.parametrize("config_file", ["dyck_small", "code_small"])
 def test_a_model_that_cannot_fit_is_a_one_line_error_before_any_work(config_file, tmp_path):
     # Was: a hang after "data: loaded", in the allocation of the initial state.
     # The timeout catches a hang; that nothing was allocated shows in the absent run and cache.
-    line = _one_line_error([sys.executable, "-m", "launch.sweep", f"--config={config_file}",
-                            "--config.model.max_len=100000000", f"--workdir={tmp_path / 'run'}",
+    line = _one_line_error([sys.executable, "-m", "jaxillusions.launch.sweep",
+                            f"--config={config_file}", "--config.model.max_len=100000000",
+                            f"--workdir={tmp_path / 'run'}",
                             f"--config.data.cache_dir={tmp_path / 'cache'}"], timeout=120)
     assert line.startswith("error: model.max_len=100000000: needs an estimated "), line
     assert "GiB of RAM (CPU: device memory is host RAM)" in line and line.endswith(
@@ -552,7 +554,7 @@ def test_sigterm_saves_and_the_resumed_run_is_bit_identical(tmp_path, cache_dir)
     # Was: exit 143 with nothing saved (up to checkpoint_every steps lost).
     steps = 60
     config_file, workdir = _config_file(tmp_path, cache_dir, steps), str(tmp_path / "run")
-    rc, out, err = _signal_after(_launch("launch.train", config_file, workdir),
+    rc, out, err = _signal_after(_launch("jaxillusions.launch.train", config_file, workdir),
                                  f"step      3/{steps}", signal.SIGTERM)
     assert rc == 143, err[-2000:]
     (line,) = err.strip().splitlines()
@@ -561,7 +563,7 @@ def test_sigterm_saves_and_the_resumed_run_is_bit_identical(tmp_path, cache_dir)
     assert 3 <= stopped < steps
     assert os.listdir(os.path.join(workdir, "checkpoints")) == [str(stopped)]
     assert max(_logged_steps(workdir)) == stopped  # flushed before exiting
-    proc = _launch("launch.train", config_file, workdir)
+    proc = _launch("jaxillusions.launch.train", config_file, workdir)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
     assert f"resumed from checkpoint at step {stopped}" in out
@@ -587,7 +589,7 @@ def test_second_launch_is_refused_and_a_dead_holder_is_taken_over(tmp_path, cach
     lock = checkpoint.WorkdirLock(workdir)
     assert lock.acquire() is None
     try:
-        proc = _launch("launch.train", _config_file(tmp_path, cache_dir), workdir)
+        proc = _launch("jaxillusions.launch.train", _config_file(tmp_path, cache_dir), workdir)
         _, err = proc.communicate(timeout=300)
     finally:
         lock.release()
@@ -629,8 +631,8 @@ def no_reports():
     """The stage tests leave out the tables and figures (~20 s a sweep on the 2-core CPU);
     test_faithfulness covers them end to end."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(sweep, "write_reports", lambda *args, **kwargs: None)
-        mp.setattr(sweep, "write_activation_figures", lambda *args, **kwargs: None)
+        mp.setattr(reports, "write_reports", lambda *args, **kwargs: None)
+        mp.setattr(drawing, "write_activation_figures", lambda *args, **kwargs: None)
         yield
 
 
@@ -828,7 +830,7 @@ def test_sweep_stopped_during_proxy_work_resumes_with_identical_results(swept, t
     config_file = tiny_config_file(tmp_path / "swept_config.py", cache_dir, {
         "train.num_steps": 20, "train.log_every": 5, "proxies.targets": proxies.targets,
         "proxies.methods": proxies.methods, "proxies.eval_splits": proxies.eval_splits})
-    rc, out, err = _signal_after(_launch("launch.sweep", config_file, workdir),
+    rc, out, err = _signal_after(_launch("jaxillusions.launch.sweep", config_file, workdir),
                                  "fitting", signal.SIGINT)
     assert rc == 130, err[-2000:]
     (line,) = err.strip().splitlines()
@@ -852,7 +854,7 @@ def test_sigterm_in_the_report_stage_exits_143(swept, tmp_path, cache_dir, signa
         "train.num_steps": 20, "train.log_every": 5, "proxies.targets": proxies.targets,
         "proxies.methods": proxies.methods, "proxies.eval_splits": proxies.eval_splits,
         "figures": "summary"})  # the figures keep the report stage busy for the signal
-    proc = _launch("launch.sweep", config_file, workdir)
+    proc = _launch("jaxillusions.launch.sweep", config_file, workdir)
     signalled = False
     for line in proc.stdout:  # the headline is printed first, then the figures are drawn
         if line.startswith("(full tables: "):
@@ -916,32 +918,37 @@ def _one_line_error(cmd, cwd=ROOT, timeout=300):
     return lines[0]
 
 
-@pytest.mark.parametrize("case", ["missing_config", "unknown_key", "workdir_is_a_file",
-                                  "bad_rank", "checkpoints_is_a_file", "other_training_config"])
+@pytest.mark.parametrize("case", ["missing_config", "unknown_config", "no_get_config",
+                                  "unknown_key", "workdir_is_a_file", "bad_rank",
+                                  "checkpoints_is_a_file", "other_training_config"])
 def test_launcher_bad_input_is_exactly_one_line(case, tmp_path):
     cache = tmp_path / "cache"  # stays empty: errors come before any data generation
-    args = {"missing_config": ["--config=configs/nope.py"],
-            "unknown_key": ["--config=configs/dyck_small.py", "--config.train.foo=1"],
-            "workdir_is_a_file": ["--config=configs/dyck_small.py"],
-            "bad_rank": ["--config=configs/dyck_small.py", "--config.proxies.svd_ranks=abc"],
-            "checkpoints_is_a_file": ["--config=configs/dyck_small.py"],
-            "other_training_config": ["--config=configs/dyck_small.py", "--config.data.seed=7"]}
+    args = {"missing_config": ["--config=nope.py"], "unknown_config": ["--config=nope"],
+            "no_get_config": [f"--config={tmp_path / 'empty.py'}"],
+            "unknown_key": ["--config=dyck_small", "--config.train.foo=1"],
+            "workdir_is_a_file": ["--config=dyck_small"],
+            "bad_rank": ["--config=dyck_small", "--config.proxies.svd_ranks=abc"],
+            "checkpoints_is_a_file": ["--config=dyck_small"],
+            "other_training_config": ["--config=dyck_small", "--config.data.seed=7"]}
     workdir = tmp_path / "run"
+    (tmp_path / "empty.py").write_text("config = None\n")
     if case == "workdir_is_a_file":
         workdir.write_text("")
     if case == "checkpoints_is_a_file":  # was: trained, then failed at the first checkpoint
         workdir.mkdir()
         (workdir / "checkpoints").write_text("")
-    if case == "other_training_config":  # was: launch.train generated the data first
-        from configs import dyck_small
+    if case == "other_training_config":  # was: `jaxillusions train` generated the data first
+        from jaxillusions.configs import dyck_small
 
         config = dyck_small.get_config()
         config.data.cache_dir = str(cache)
         checkpoint.claim_workdir(str(workdir), config)
-    module = "launch.train" if case == "other_training_config" else "launch.sweep"
-    line = _one_line_error([sys.executable, "-m", module, *args[case],
+    command = "train" if case == "other_training_config" else "sweep"
+    line = _one_line_error([sys.executable, "-m", "jaxillusions", command, *args[case],
                             f"--workdir={workdir}", f"--config.data.cache_dir={cache}"])
-    expected = {"missing_config": "config file configs/nope.py not found",
+    expected = {"missing_config": "config file nope.py not found; the shipped configs: code,",
+                "unknown_config": "no shipped config named 'nope'; the shipped configs: code,",
+                "no_get_config": "empty.py defines no get_config()",
                 "unknown_key": "unknown config key train.foo; train has: batch_size,",
                 "workdir_is_a_file": "exists and is not a directory",
                 "bad_rank": "proxies.svd_ranks=('abc',): must be a tuple of integers",
@@ -989,11 +996,12 @@ def test_a_data_error_leaves_a_fresh_workdir_unclaimed(tmp_path, cache_dir):
     # was refused as "a different config". (Dyck-1 with these sizes: the data cannot be made.)
     config_file = _config_file(tmp_path, cache_dir, steps=2)
     workdir = tmp_path / "run"
-    line = _one_line_error([sys.executable, "-m", "launch.train", f"--config={config_file}",
-                            "--config.data.num_types=1", f"--workdir={workdir}"])
+    line = _one_line_error([sys.executable, "-m", "jaxillusions.launch.train",
+                            f"--config={config_file}", "--config.data.num_types=1",
+                            f"--workdir={workdir}"])
     assert line.startswith("error: dyck split 'seen_structure': found 0 of 64"), line
     assert not (workdir / checkpoint.CONFIG_FILE).exists()
-    proc = _launch("launch.train", config_file, workdir)
+    proc = _launch("jaxillusions.launch.train", config_file, workdir)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
     assert (workdir / checkpoint.CONFIG_FILE).exists()
@@ -1001,8 +1009,8 @@ def test_a_data_error_leaves_a_fresh_workdir_unclaimed(tmp_path, cache_dir):
 
 def test_a_repeated_config_override_the_last_one_wins(tmp_path):
     # Was: repeated tuple overrides concatenated, (2,4) then (0,) gave (2, 4, 0).
-    line = _one_line_error([sys.executable, "-m", "launch.sweep", "--config=configs/dyck_small.py",
-                            "--config.proxies.kmeans_sizes=(2,4)",
+    line = _one_line_error([sys.executable, "-m", "jaxillusions.launch.sweep",
+                            "--config=dyck_small", "--config.proxies.kmeans_sizes=(2,4)",
                             "--config.proxies.kmeans_sizes=(0,)", f"--workdir={tmp_path / 'run'}"])
     assert line.startswith("error: proxies.kmeans_sizes=(0,): must be cluster counts"), line
 
@@ -1014,7 +1022,7 @@ def test_wen_attention_launcher_bad_input_is_exactly_one_line(case, tmp_path):
             "workdir_is_a_file": ["--variants=minimal"]}[case]
     if case == "workdir_is_a_file":
         workdir.write_text("")
-    line = _one_line_error([sys.executable, "-m", "launch.wen_attention", *args,
+    line = _one_line_error([sys.executable, "-m", "jaxillusions.launch.wen_attention", *args,
                             f"--workdir={workdir}"])
     assert {"bad_variant": "expected one of ('minimal',",
             "no_variant": "--variants is empty; choose from minimal,standard_nope",
@@ -1024,8 +1032,8 @@ def test_wen_attention_launcher_bad_input_is_exactly_one_line(case, tmp_path):
 
 def test_a_config_file_argument_error_gives_its_reason(tmp_path):
     # Was: "error: flag --config=...: Error whilst parsing config file:", the reason cut off.
-    line = _one_line_error([sys.executable, "-m", "launch.sweep",
-                            "--config=configs/wen_attention_variation.py:bogus",
+    line = _one_line_error([sys.executable, "-m", "jaxillusions.launch.sweep",
+                            "--config=wen_attention_variation:bogus",
                             f"--workdir={tmp_path / 'run'}"])
     assert line.endswith("bogus: expected one of ('minimal', 'standard_nope', "
                          "'standard_linear')"), line
@@ -1046,8 +1054,9 @@ def test_read_only_or_full_disk_is_one_line(mount, expected, tmp_path, cache_dir
     config_file = _config_file(tmp_path, cache_dir)
     disk = tmp_path / "disk"
     disk.mkdir()
-    launch = (f"mount -t tmpfs -o {mount} tmpfs {disk} && exec {sys.executable} -m launch.train "
-              f"--config={config_file} --config.train.checkpoint_every=10 --workdir={disk}/run")
+    launch = (f"mount -t tmpfs -o {mount} tmpfs {disk} && exec {sys.executable} -m "
+              f"jaxillusions.launch.train --config={config_file} "
+              f"--config.train.checkpoint_every=10 --workdir={disk}/run")
     line = _one_line_error(["unshare", "-rm", "sh", "-c", launch])
     assert expected in line, line
 
@@ -1070,7 +1079,7 @@ def test_compiled_programs_are_reused_and_an_unreadable_entry_is_rewritten(tmp_p
     base = _env_without_jax_settings()
 
     def launch(name, **env):
-        proc = _launch("launch.train", config_file, str(tmp_path / name),
+        proc = _launch("jaxillusions.launch.train", config_file, str(tmp_path / name),
                        env={**base, "JAXILLUSIONS_CACHE": str(tmp_path / "cache"), **env})
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-2000:]
@@ -1105,7 +1114,7 @@ def test_compilation_cache_on_a_full_disk_is_one_warning(tmp_path, cache_dir):
     config_file, disk = _config_file(tmp_path, cache_dir), tmp_path / "disk"
     disk.mkdir()
     launch = (f"mount -t tmpfs -o size=60k tmpfs {disk} && JAX_COMPILATION_CACHE_DIR={disk}/xla "
-              f"exec {sys.executable} -m launch.train --config={config_file} "
+              f"exec {sys.executable} -m jaxillusions.launch.train --config={config_file} "
               f"--workdir={tmp_path}/run")
     proc = subprocess.run(["unshare", "-rm", "sh", "-c", launch], capture_output=True, text=True,
                           cwd=ROOT, timeout=300, env=_env_without_jax_settings())
@@ -1117,13 +1126,14 @@ def test_compilation_cache_on_a_full_disk_is_one_warning(tmp_path, cache_dir):
 
 @pytest.mark.slow
 def test_a_cache_path_that_is_a_file_is_two_warning_lines(tmp_path):
-    # Was: the data cache's warning on two lines (shown twice: launch.train loaded the data a
+    # Was: the data cache's warning on two lines (shown twice: the train launcher loaded the data a
     # second time) and a read error of the compilation cache reported as if an entry were bad.
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("")
     config_file = _config_file(tmp_path, "")  # data.cache_dir "": $JAXILLUSIONS_CACHE
-    proc = subprocess.run([sys.executable, "-m", "launch.train", f"--config={config_file}",
-                           f"--workdir={tmp_path / 'run'}"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "jaxillusions.launch.train",
+                           f"--config={config_file}", f"--workdir={tmp_path / 'run'}"],
+                          capture_output=True, text=True,
                           cwd=ROOT, timeout=300,
                           env={**_env_without_jax_settings(), "JAXILLUSIONS_CACHE": str(blocker)})
     assert proc.returncode == 0, proc.stderr[-2000:]

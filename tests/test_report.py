@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from test_logging import _rows
 
+from jaxillusions.pipeline import validate
 from jaxillusions.report import figures, stats, tables
 from jaxillusions.tasks import dyck
 
@@ -149,8 +150,7 @@ def test_tensorboard_headline_reproduces_gaps_from_results_csv(tmp_path):
     description, and TEXT holds the report's headline."""
     from tensorboard.backend.event_processing import event_accumulator
 
-    from configs import dyck_small
-    from jaxillusions.config import settings
+    from jaxillusions.configs import dyck_small
     from jaxillusions.report import board, results
     from jaxillusions.runtime import tensorboard as log_lib
     from jaxillusions.runtime.tensorboard import SweepWriter, read_scalars
@@ -158,7 +158,7 @@ def test_tensorboard_headline_reproduces_gaps_from_results_csv(tmp_path):
     splits = ("iid", "unseen_depth", "longer")
     config = dyck_small.get_config()
     config.proxies.eval_splits = splits
-    config = settings.from_config(config)
+    config = validate.parse(config)
     results.write_csv(_rows(), str(tmp_path / "results.csv"))
     back = results.read_csv(str(tmp_path / "results.csv"))
     text, stat_tables = tables.statistics_report(back, list(splits),
@@ -194,7 +194,7 @@ def test_tensorboard_headline_reproduces_gaps_from_results_csv(tmp_path):
 def test_key_projections_for_several_healthy_seeds():
     from types import SimpleNamespace
 
-    from configs import dyck_small
+    from jaxillusions.configs import dyck_small
 
     rng = np.random.default_rng(0)
     config = dyck_small.get_config()

@@ -14,6 +14,7 @@ from scipy.special import log_softmax
 
 from jaxillusions import proxies
 from jaxillusions.config import settings as run_settings
+from jaxillusions.pipeline import validate
 from jaxillusions.proxies import _sparse_coding as dictionary
 from jaxillusions.proxies import sae
 
@@ -121,7 +122,7 @@ def test_fit_is_deterministic_from_the_key():
 
 
 def test_several_k_make_the_sizes_axis_widths_times_ks():
-    cfg = dataclasses.replace(run_settings.Proxies(), sae_sizes=(8, 16), sae_k=(2, 4))
+    cfg = dataclasses.replace(run_settings.proxies_class()(), sae_sizes=(8, 16), sae_k=(2, 4))
     sizes, options = sae.settings(cfg, dim=8)
     assert sizes == (200008, 400008, 200016, 400016)
     assert [sae.width_and_k(s, dict(options)["k"]) for s in sizes] == [(8, 2), (8, 4), (16, 2),
@@ -133,7 +134,7 @@ def test_several_k_make_the_sizes_axis_widths_times_ks():
     codes = jax.jit(jax.vmap(sae.encode, in_axes=(0, None)))(params, jnp.asarray(x))
     np.testing.assert_array_equal(np.asarray(codes != 0).sum(-1).max(1), [2, 4, 2, 4])
     # One k: the sizes are the widths themselves; configs without the sae_* keys get defaults.
-    sizes, options = sae.settings(run_settings.from_config({"proxies": {"sae_sizes": (8, 16)}})
+    sizes, options = sae.settings(validate.parse({"proxies": {"sae_sizes": (8, 16)}})
                                   .proxies, dim=8)
     assert sizes == (8, 16)
     assert dict(options) == {"k": 4, "steps": 1000, "lr": 1e-3, "batch_size": 256}
@@ -150,7 +151,7 @@ def test_several_k_make_the_sizes_axis_widths_times_ks():
     ({"sae_batch": 0}, r"sae batch=0: must be >= 1"),
 ])
 def test_bad_options_are_one_line_errors(settings, message):
-    cfg = dataclasses.replace(run_settings.Proxies(), **{"sae_sizes": (8, 16), **settings})
+    cfg = dataclasses.replace(run_settings.proxies_class()(), **{"sae_sizes": (8, 16), **settings})
     with pytest.raises(ValueError, match=message) as err:
         sae.check(sae.settings(cfg, 8)[0], cfg, 8, "blocks.1.attn.k (d_head 8)")
     assert "\n" not in str(err.value) and "blocks.1.attn.k" in str(err.value)
@@ -191,14 +192,13 @@ def test_validate_runs_the_checks(config):
 
 def test_sae_is_available_but_never_enabled_by_default(config):
     """Adding the file adds a method; configs that do not name it fit nothing new."""
-    from jaxillusions import faithfulness
+    from jaxillusions.faithfulness.specs import specs_from_config
     from jaxillusions.training import train
 
     assert "sae" in proxies.available() and proxies.get("sae") is sae
     assert "sae" not in config.proxies.methods
     _, model_cfg, _ = train.build(checked(config))
-    assert all(s.method != "sae" for s in faithfulness.specs_from_config(config.proxies,
-                                                                           model_cfg))
+    assert all(s.method != "sae" for s in specs_from_config(config.proxies, model_cfg))
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -407,7 +407,7 @@ def trained(tmp_path_factory):
 
 
 def _means(logits, replaced, zeroed, targets, weight) -> dict:
-    """The means dictionaries.py forms ce_score and kl_score from, in float64: CE of the
+    """The means dictionary_metrics.py forms ce_score and kl_score from, in float64: CE of the
     original, the zero ablation and the proxy, KL(original || zero) and KL(original || proxy),
     over the weighted positions, and their number n."""
     w = np.asarray(weight, np.float64)
@@ -425,7 +425,7 @@ def _means(logits, replaced, zeroed, targets, weight) -> dict:
 
 
 def _fvu_terms(x, x_hat, valid) -> dict:
-    """fvu's terms over the valid tokens, in float64 (dictionaries.py): count, sumsq, total,
+    """fvu's terms over the valid tokens, in float64 (dictionary_metrics.py): count, sumsq, total,
     err."""
     x = np.asarray(x, np.float64)[np.asarray(valid)].reshape(int(np.sum(valid)), -1)
     x_hat = np.asarray(x_hat, np.float64)[np.asarray(valid)].reshape(x.shape)
@@ -442,19 +442,22 @@ def test_engine_fits_and_scores_dictionaries(trained):
     "Equal" within float32 rounding estimated from the terms (tests/tolerance.py): activations
     through the model's matmuls (d_mlp = 32 terms at most), fvu and the scores from their sums
     and conditioning; latent counts exactly."""
-    from jaxillusions import faithfulness as F
     from jaxillusions import model as model_lib
     from jaxillusions import tasks
-    from jaxillusions.faithfulness import dictionary_metrics as engine_metrics
+    from jaxillusions.faithfulness import dictionary_metrics
+    from jaxillusions.faithfulness.collect import collect
+    from jaxillusions.faithfulness.evaluate import EvalOptions, _eval_chunk, evaluate, make_eval_set
+    from jaxillusions.faithfulness.fit import fit
+    from jaxillusions.faithfulness.specs import ProxySpec, specs_from_config
     from jaxillusions.proxies import transcoder
     from jaxillusions.runtime import timing
 
     config, splits, model_cfg, params = trained
     width = model_cfg.d_mlp  # the widest matmul on the way to any site compared here
-    specs = F.specs_from_config(config.proxies, model_cfg)
-    specs.append(F.ProxySpec("kmeans", ("blocks.1.attn.k",), (4,), (("num_iters", 5),)))
-    stats = F.collect(params, splits["train"], model_cfg, specs, num_samples=500,
-                      batch_size=256)
+    specs = specs_from_config(config.proxies, model_cfg)
+    specs.append(ProxySpec("kmeans", ("blocks.1.attn.k",), (4,), (("num_iters", 5),)))
+    stats = collect(params, splits["train"], model_cfg, specs, num_samples=500,
+                    batch_size=256)
     # The pairs statistic: the MLP's input (after its layer norm) and output, same positions.
     tokens = splits["train"].tokens
     p0 = jax.tree.map(lambda a: a[0], params)
@@ -468,20 +471,20 @@ def test_engine_fits_and_scores_dictionaries(trained):
     for got, want in ((pairs["x"][0, 0], mlp_in), (pairs["y"][0, 0], mlp_out)):
         assert np.all(np.abs(got - want) <= tol.two_ways(tol.activation_error(want, width)))
 
-    fitted = F.fit(specs, stats, jax.random.PRNGKey(0), num_seeds=2)
-    eval_set = F.make_eval_set(splits, ["iid", "longer"])
-    F._eval_chunk.clear_cache()  # count its compilations; other programs stay compiled
-    sums, columns = {}, engine_metrics.columns
+    fitted = fit(specs, stats, jax.random.PRNGKey(0), num_seeds=2)
+    eval_set = make_eval_set(splits, ["iid", "longer"])
+    _eval_chunk.clear_cache()  # count its compilations; other programs stay compiled
+    sums, columns = {}, dictionary_metrics.columns
 
     def keep(spec, params, seed, size):  # the sums the engine forms its ratios from
         sums[(spec.method, spec.target)] = jax.tree.map(np.asarray, {**seed, **size})
         return columns(spec, params, seed, size)
 
     with timing.Breakdown() as clock, pytest.MonkeyPatch.context() as patch:
-        patch.setattr(engine_metrics, "columns", keep)
-        rows = [r for proxy in fitted for r in F.evaluate(  # one family at a time, as the sweep
+        patch.setattr(dictionary_metrics, "columns", keep)
+        rows = [r for proxy in fitted for r in evaluate(  # one family at a time, as the sweep
             params, model_cfg, eval_set, [proxy], batch_size=64, seeds=[0, 1],
-            options=F.EvalOptions(shared=fitted))]
+            options=EvalOptions(shared=fitted))]
     assert clock.programs["jit(_eval_chunk)"] == 4, clock.programs  # svd, sae, transcoder, km
     alls = [r for r in rows if r["breakdown"] == "all"]
     assert {r["method"] for r in alls} == {"svd", "kmeans", "sae", "transcoder"}
@@ -569,8 +572,8 @@ def test_engine_fits_and_scores_dictionaries(trained):
     bound = tol.score_tolerances(n, *means.values())
     ce = (means["ce_zero"] - means["ce_proxy"]) / (means["ce_zero"] - means["ce_original"])
     kl = (means["kl_zero"] - means["kl_proxy"]) / means["kl_zero"]
-    # Empty only where the denominator is within 1000x its rounding (dictionaries.py), which
-    # tolerance.mean_error estimates at least as generously as the engine.
+    # Empty only where the denominator is within 1000x its rounding (dictionary_metrics.py),
+    # which tolerance.mean_error estimates at least as generously as the engine.
     loss = max(means["ce_original"], means["ce_zero"], means["ce_proxy"])
     floors = {"ce_score": (means["ce_zero"] - means["ce_original"],
                            tol.mean_error(n, means["ce_zero"], loss)

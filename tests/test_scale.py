@@ -20,8 +20,14 @@ import numpy as np
 import pytest
 from conftest import checked, tiny_config, tiny_config_file, xla_flags
 
-from jaxillusions import faithfulness
+import jaxillusions.faithfulness.collect
+import jaxillusions.faithfulness.evaluate
+import jaxillusions.faithfulness.fit
 from jaxillusions import model as model_lib
+from jaxillusions.faithfulness.collect import collect
+from jaxillusions.faithfulness.evaluate import evaluate, make_eval_set
+from jaxillusions.faithfulness.fit import fit
+from jaxillusions.faithfulness.specs import specs_from_config
 from jaxillusions.pipeline import validate
 from jaxillusions.runtime import checkpoint, distributed
 from jaxillusions.training import evaluation, train
@@ -57,16 +63,16 @@ def job(cache_dir: str, workdir: str | None = None, chunk: int = 0, proxies: boo
     out.update({f"eval/{split}/{k}": v for split, res in evals.items() for k, v in res.items()})
     if proxies:
         pc = config.proxies
-        specs = faithfulness.specs_from_config(pc, model_cfg)
-        stats = faithfulness.collect(state.params, splits["train"], model_cfg, specs,
-                                     num_samples=pc.kmeans_samples,
-                                     batch_size=pc.collect_batch_size)
-        fitted = faithfulness.fit(specs, stats, jax.random.PRNGKey(config.seed), NUM_SEEDS)
+        specs = specs_from_config(pc, model_cfg)
+        stats = collect(state.params, splits["train"], model_cfg, specs,
+                        num_samples=pc.kmeans_samples,
+                        batch_size=pc.collect_batch_size)
+        fitted = fit(specs, stats, jax.random.PRNGKey(config.seed), NUM_SEEDS)
         for i, proxy in enumerate(fitted):
             for p, x in jax.tree_util.tree_flatten_with_path(proxy.params)[0]:
                 out[f"fitted/{i}/{jax.tree_util.keystr(p)}"] = np.asarray(x)
-        rows = faithfulness.evaluate(
-            state.params, model_cfg, faithfulness.make_eval_set(splits, pc.eval_splits),
+        rows = evaluate(
+            state.params, model_cfg, make_eval_set(splits, pc.eval_splits),
             fitted, batch_size=pc.eval_batch_size, seeds=list(train.seed_list(config)),
             healthy=state.healthy)
         out["rows"] = np.asarray(json.dumps(rows))
@@ -88,8 +94,9 @@ def _spy_on_shardings(seen: dict) -> None:
     # Patched where they are looked up: train_sweep calls train.train_steps (imported from
     # step.py), evaluation.evaluate its own _eval_batch.
     for module, name in [(train, "train_steps"), (evaluation, "_eval_batch"),
-                         (faithfulness, "_collect_chunk"),
-                         (faithfulness, "_fit_seeds_and_heads"), (faithfulness, "_eval_chunk")]:
+                         (jaxillusions.faithfulness.collect, "_collect_chunk"),
+                         (jaxillusions.faithfulness.fit, "_fit_seeds_and_heads"),
+                         (jaxillusions.faithfulness.evaluate, "_eval_chunk")]:
         setattr(module, name, wrap(name, getattr(module, name)))
 
 
@@ -218,7 +225,7 @@ def test_sharded_sweep_equals_one_device(one_device, cache_dir, tmp_path):
             # dictionary metrics' counts of tokens and evaluated positions per split; the SVD's
             # mask and mean, which are constants without centering).
             assert spec in (["seed"], [None, "seed"]) or (
-                spec == [] and leaf.endswith(("['count']", "['count_by_depth']", "['mask']",
+                spec == [] and leaf.endswith(("['count']", "['count_by_bin']", "['mask']",
                                               "['mean']", "['evaluated']"))), (name, leaf, spec)
     # The checkpoints hold the 6 seeds, without the padding.
     saved = checkpoint.Checkpointer(str(tmp_path / "run" / "checkpoints"))
@@ -260,7 +267,7 @@ def test_two_processes_equal_one(one_device, cache_dir, tmp_path):
 def test_missing_process_is_named(tmp_path, cache_dir):
     # Process 0 of 2 is started alone: after the join timeout it names process 1, in one line.
     port = _free_port()
-    cmd = [sys.executable, "-m", "launch.train", "--config=configs/dyck_small.py",
+    cmd = [sys.executable, "-m", "jaxillusions.launch.train", "--config=dyck_small",
            f"--workdir={tmp_path}", f"--config.data.cache_dir={cache_dir}",
            f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", "--process_id=0",
            "--join_timeout=3"]
@@ -279,7 +286,7 @@ def test_a_signal_to_one_process_stops_all_at_the_same_proxy_family(tmp_path, ca
         "proxies.targets": ("blocks.-1.attn.k",),
         "proxies.methods": ("svd", "kmeans", "uniform_attention")})  # 3 proxy families
     port, workdir = _free_port(), tmp_path / "run"
-    procs = _two_processes("launch.sweep", config_file, workdir, port)
+    procs = _two_processes("jaxillusions.launch.sweep", config_file, workdir, port)
     for line in procs[0].stdout:  # process 0 reports progress; process 1 gets the signal
         if "fitting" in line:
             procs[1].send_signal(signal.SIGTERM)
@@ -330,11 +337,10 @@ def test_chunked_evaluation_equals_one_call(config):
     # padded) against one call for all 5. Each seed's numbers come from its own forward pass,
     # but XLA:CPU blocks the float32 sums differently for 2 seeds than for 5 (the logits
     # differ in their last bits), so the loss agrees within float32 rounding, derived below.
-    from jaxillusions.config import settings  # noqa: PLC0415
     from jaxillusions.training.step import init_state  # noqa: PLC0415
 
     config.train.eval_batch_size = 16  # several sentence batches per split
-    parsed = settings.from_config(config)
+    parsed = validate.parse(config)
     splits, model_cfg, tx = train.build(parsed)
     params = init_state(np.arange(5), model_cfg, tx).params
     leaves, tree = jax.tree.flatten(params)  # far from init: five clearly different models
@@ -370,12 +376,11 @@ def test_chunked_evaluation_equals_one_call(config):
 
 def test_memory_plan_admits_configs_code_on_one_80gb_gpu_and_not_on_8gb():
     # The plan from the config alone, against a given machine: no GPU needed.
-    from configs import code  # noqa: PLC0415
-    from jaxillusions.config import settings  # noqa: PLC0415
+    from jaxillusions.configs import code  # noqa: PLC0415
     from jaxillusions.training import memory  # noqa: PLC0415
 
     gib = 2**30
-    parsed = settings.from_config(code.get_config())
+    parsed = validate.parse(code.get_config())
     model_cfg = train.model_config(parsed)
 
     def gpu(device_gib: float):  # one GPU, 128 GiB of host RAM
@@ -416,7 +421,7 @@ def test_a_killed_peer_is_named_in_one_line(tmp_path, cache_dir):
         "train.num_steps": 100_000, "train.log_every": 10, "train.eval_every": 0,
         "train.checkpoint_every": 0})
     port, workdir = _free_port(), tmp_path / "run"
-    procs = _two_processes("launch.train", config_file, workdir, port)
+    procs = _two_processes("jaxillusions.launch.train", config_file, workdir, port)
     try:
         for line in procs[0].stdout:
             if line.startswith("step     20/"):
@@ -451,7 +456,7 @@ def test_config_cpu_devices_sets_the_launchers_devices(tmp_path, cache_dir):
     config_file = tiny_config_file(tmp_path / "two.py", cache_dir,
                                    {"cpu_devices": 2, "train.num_steps": 10})
     env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
-    cmd = [sys.executable, "-m", "launch.train", f"--config={config_file}"]
+    cmd = [sys.executable, "-m", "jaxillusions.launch.train", f"--config={config_file}"]
     [(code, stdout, stderr)] = _run_children([cmd + [f"--workdir={tmp_path / 'two'}"]], env)
     assert code == 0, stderr[-3000:]
     assert "on 2 cpu device(s)" in stdout
@@ -475,10 +480,9 @@ def test_cpu_devices_after_jax_started_must_match(config, tmp_path, monkeypatch)
     with pytest.raises(ValueError, match=r"already runs on 1 CPU device\(s\)"):
         validate.check(config)  # the door sets the devices, or refuses
     # Settings read without the door's check (as a notebook could) are refused by the jobs too.
-    from jaxillusions.config import settings  # noqa: PLC0415
     from jaxillusions.pipeline import sweep  # noqa: PLC0415
 
-    unchecked = settings.from_config(config)
+    unchecked = validate.parse(config)
     with pytest.raises(ValueError, match=r"already runs on 1 CPU device\(s\)"):
         train.train_sweep(unchecked, str(tmp_path / "run"), verbose=False)
     assert not os.path.exists(tmp_path / "run")
@@ -519,11 +523,10 @@ def test_evaluation_during_training_scores_the_first_training_sentences(config):
     split's first N sentences (the same numbers as evaluating that subset), the other splits
     whole; 0 scores all of them."""
     from jaxillusions import tasks  # noqa: PLC0415
-    from jaxillusions.config import settings  # noqa: PLC0415
     from jaxillusions.training.step import init_state  # noqa: PLC0415
 
     config.train.eval_train_sentences = 100
-    parsed = settings.from_config(config)
+    parsed = validate.parse(config)
     splits, model_cfg, tx = train.build(parsed)
     params = init_state(np.arange(2), model_cfg, tx).params
     some = {"train": splits["train"], "iid": splits["iid"]}

@@ -10,8 +10,7 @@ import types
 import pytest
 from ml_collections import ConfigDict
 
-import configs
-from jaxillusions import tasks
+from jaxillusions import configs, tasks
 from jaxillusions.config import settings
 from jaxillusions.pipeline import validate
 
@@ -19,7 +18,7 @@ NAMES = sorted(info.name for info in pkgutil.iter_modules(configs.__path__))
 
 
 def _config(name: str) -> ConfigDict:
-    module = importlib.import_module(f"configs.{name}")
+    module = importlib.import_module(f"jaxillusions.configs.{name}")
     try:
         return module.get_config()
     except TypeError:  # a config that takes an argument (its variants)
@@ -29,25 +28,27 @@ def _config(name: str) -> ConfigDict:
 @pytest.mark.parametrize("name", NAMES)
 def test_every_shipped_config_becomes_frozen_typed_settings(name):
     config = _config(name)
-    run = settings.from_config(config)
+    run = validate.parse(config)
     assert isinstance(run.data, tasks.get(run.task).Data)
     flat = settings.flat(run)
-    for section in ("data", *settings.SECTIONS):
+    for section in ("data", *settings.SECTIONS, *type(run).STUDIES):
         for key, value in config[section].items():  # every key of the config, as typed
             want = tuple(value) if isinstance(value, list | tuple) else value
+            if isinstance(value, ConfigDict):  # a mapping-valued key (text: data.files)
+                want = value.to_dict()
             assert flat[f"{section}.{key}"] == want, key
     with pytest.raises(dataclasses.FrozenInstanceError):
         run.train.num_steps = 1
     # Written to config.json and read back (lists become tuples again): the same settings.
-    assert settings.from_config(run.to_dict()) == run
+    assert validate.parse(run.to_dict()) == run
 
 
 def test_a_missing_key_takes_its_default_and_lists_become_tuples():
-    run = settings.from_config({"task": "dyck", "train": {"num_steps": 7},
+    run = validate.parse({"task": "dyck", "train": {"num_steps": 7},
                                 "proxies": {"svd_ranks": [1, 2]}})
     assert run.train.num_steps == 7 and run.train.batch_size == settings.Train().batch_size
     assert run.proxies.svd_ranks == (1, 2) and run.data == tasks.get("dyck").Data()
-    assert settings.from_config(run) is run  # Settings pass through unchanged
+    assert validate.parse(run) is run  # Settings pass through unchanged
 
 
 @pytest.mark.parametrize("change, message", [
@@ -66,15 +67,15 @@ def test_a_missing_key_takes_its_default_and_lists_become_tuples():
 ])
 def test_a_bad_key_is_a_one_line_error_naming_it(change, message):
     with pytest.raises(ValueError) as err:
-        settings.from_config(change)
+        validate.parse(change)
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 
 def test_the_code_task_has_its_own_data_settings():
-    run = settings.from_config({"task": "code", "data": {"context": 64}})
+    run = validate.parse({"task": "code", "data": {"context": 64}})
     assert run.data.context == 64 and not hasattr(run.data, "num_types")
     with pytest.raises(ValueError, match="unknown config key data.num_types"):
-        settings.from_config({"task": "code", "data": {"num_types": 3}})
+        validate.parse({"task": "code", "data": {"num_types": 3}})
 
 
 def test_check_gives_settings_and_the_cross_checks_need_the_model():
@@ -95,10 +96,32 @@ def test_a_new_proxy_files_sizes_key_gets_a_field(monkeypatch):
     monkeypatch.setattr(proxies, "available", lambda: ("svd", "scaled"))
     monkeypatch.setattr(proxies, "get", lambda name: module if name == "scaled"
                         else importlib.import_module(f"jaxillusions.proxies.{name}"))
-    run = settings.from_config({"proxies": {"scaled_sizes": (5, 10)}})
+    run = validate.parse({"proxies": {"scaled_sizes": (5, 10)}})
     assert run.proxies.scaled_sizes == (5, 10)
     with pytest.raises(ValueError, match=r"proxies.scaled_sizes=\(0,\): must be scaled"):
-        settings.from_config({"proxies": {"scaled_sizes": (0,)}})
+        validate.parse({"proxies": {"scaled_sizes": (0,)}})
+
+
+def test_a_proxy_file_owns_its_options(monkeypatch):
+    # A proxy declares its own keys in its file (OPTIONS): config.proxies gains them, with
+    # their rules and defaults, and nothing else names them.
+    from jaxillusions import proxies
+    from jaxillusions.config import fields
+
+    module = types.ModuleType("jaxillusions.proxies.scaled")
+    module.STATISTIC, module.SITE = "moments", "vector"
+    module.OPTIONS = {"scaled_gain": fields.setting(2.0, fields.NUMBER, "> 0",
+                                                    lambda v, s: v > 0, "the scale's gain")}
+    monkeypatch.setattr(proxies, "available", lambda: ("svd", "scaled"))
+    monkeypatch.setattr(proxies, "get", lambda name: module if name == "scaled"
+                        else importlib.import_module(f"jaxillusions.proxies.{name}"))
+    settings._proxies_class.cache_clear()  # noqa: SLF001 - the class of these proxy files
+    assert validate.parse({}).proxies.scaled_gain == 2.0
+    assert validate.parse({"proxies": {"scaled_gain": 0.5}}).proxies.scaled_gain == 0.5
+    with pytest.raises(ValueError, match=r"^proxies.scaled_gain=-1.0: must be > 0$"):
+        validate.parse({"proxies": {"scaled_gain": -1.0}})
+    assert "`proxies.scaled_gain`" in validate.reference()
+    settings._proxies_class.cache_clear()  # noqa: SLF001
 
 
 # ----------------------------------------------------------------------------- command line
@@ -106,28 +129,28 @@ def test_a_new_proxy_files_sizes_key_gets_a_field(monkeypatch):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_the_launchers_add_every_key_a_config_leaves_out_and_change_no_setting(name):
-    from launch import common
+    from jaxillusions.launch import common
 
     config = _config(name)
     completed = common.with_defaults(_config(name))
-    run = settings.from_config(config)
-    for key in settings.flat(settings.from_config({"task": run.task})):
+    run = validate.parse(config)
+    for key in settings.flat(validate.parse({"task": run.task})):
         section, _, field = key.rpartition(".")
         assert field in (completed[section] if section else completed), key  # overridable
     # The same settings (so the same numbers, config.json and stage stamps) as the file's own.
-    assert settings.from_config(completed) == run
-    assert settings.from_config(completed).to_dict() == run.to_dict()
+    assert validate.parse(completed) == run
+    assert validate.parse(completed).to_dict() == run.to_dict()
 
 
 def _command_line(*overrides: str):
-    """The launchers' --config flag parsed from `overrides` on configs/dyck_small.py (a flag set
-    of its own, not the process's), as launch.sweep reads it; cpu_devices 0: the test
+    """The launchers' --config flag parsed from `overrides` on the dyck_small config (a flag set
+    of its own, not the process's), as `jaxillusions sweep` reads it; cpu_devices 0: the test
     process's devices (conftest.jax_started)."""
     from absl import flags
 
-    from launch import common
+    from jaxillusions.launch import common
 
-    argv = ["launch.sweep", "--config=configs/dyck_small.py", "--config.cpu_devices=0",
+    argv = ["jaxillusions.launch.sweep", "--config=dyck_small", "--config.cpu_devices=0",
             *overrides]
     values = flags.FlagValues()
     holder = common.define_config_flag(values, argv)
@@ -136,7 +159,7 @@ def _command_line(*overrides: str):
 
 
 def test_the_dictionary_keys_can_be_overridden_on_the_demo_config():
-    # Was: --config.proxies.sae_targets=... "unknown config key", because configs/dyck_small.py
+    # Was: --config.proxies.sae_targets=... "unknown config key", because the dyck_small config
     # does not name the dictionary keys.
     config = _command_line('--config.proxies.methods=("svd","sae","transcoder")',
                            '--config.proxies.sae_targets=("blocks.-1.attn.k","blocks.0.resid_mid")',
@@ -166,7 +189,7 @@ def test_every_renamed_key_is_read_under_its_new_name_with_one_note():
     # Each old name of settings.RENAMED, set to a value that is not its default, lands on the
     # new key; the old name is no field any more (so no key is read twice), and the note says
     # both names.
-    run = settings.default_settings()
+    run = validate.parse({})
     for old, new in settings.RENAMED.items():
         section, _, name = new.partition(".")
         value = {"geometry.enabled": True, "geometry.repair_sentences": (4, 16),
@@ -176,7 +199,7 @@ def test_every_renamed_key_is_read_under_its_new_name_with_one_note():
         assert settings.flat(run)[new] != value  # not the default: the move is visible
         config = {"proxies": {old.partition(".")[2]: list(value) if isinstance(value, tuple)
                               else value}}
-        assert settings.flat(settings.from_config(config))[new] == value, old
+        assert settings.flat(validate.parse(config))[new] == value, old
         assert settings.renamed(config) == [
             f"note: {old} is now {new}; the old name goes in the next release"]
         assert old not in settings.flat(run) and not settings.renamed({section: {name: value}})
@@ -192,19 +215,19 @@ def test_both_names_of_a_renamed_key_must_agree(old, new, value, other):
     # unset, since configs.defaults writes every key: the old name's value is read. Another
     # value: a one-line error naming both.
     section = settings.RENAMED[f"proxies.{old}"].partition(".")[0]
-    default = getattr(getattr(settings.default_settings(), section), new)
+    default = getattr(getattr(validate.parse({}), section), new)
     for new_value in (list(value) if isinstance(value, tuple) else value, default):
-        run = settings.from_config({"proxies": {old: value}, section: {new: new_value}})
+        run = validate.parse({"proxies": {old: value}, section: {new: new_value}})
         assert getattr(getattr(run, section), new) == value
     with pytest.raises(ValueError) as err:
-        settings.from_config({"proxies": {old: value}, section: {new: other}})
+        validate.parse({"proxies": {old: value}, section: {new: other}})
     assert str(err.value) == (f"proxies.{old}={value!r} and {section}.{new}={other!r}: "
                               f"proxies.{old} is the old name of {section}.{new}; set "
                               f"{section}.{new} only")
 
 
 def test_an_old_name_in_a_file_or_on_the_command_line_is_read_with_the_doors_note():
-    # configs/dyck_small.py starts from configs.defaults (every new name at its default); the
+    # The dyck_small config starts from configs.defaults (every new name at its default); the
     # launchers make the old names overridable (placeholders, unset until given).
     note = "note: proxies.{} is now {}; the old name goes in the next release"
     run, notes = validate.check(_command_line("--config.proxies.geometry=True",
@@ -228,7 +251,7 @@ def test_a_workdir_written_before_the_rename_is_read_and_resumed(tmp_path):
     # run resumes under them (a renamed key is an analysis key under either name).
     from jaxillusions.training import train
 
-    run = settings.from_config({"geometry": {"enabled": True}, "probes": {"ridge": 0.5}})
+    run = validate.parse({"geometry": {"enabled": True}, "probes": {"ridge": 0.5}})
     stored = run.to_dict()
     for old, new in settings.RENAMED.items():
         section, _, name = new.partition(".")
@@ -236,10 +259,10 @@ def test_a_workdir_written_before_the_rename_is_read_and_resumed(tmp_path):
     for section in {new.partition(".")[0] for new in settings.RENAMED.values()}:
         assert not stored.pop(section)  # emptied: only the old names hold these values
     (tmp_path / "config.json").write_text(json.dumps(stored))
-    assert settings.read_stored(str(tmp_path)) == run
+    assert validate.read_stored(str(tmp_path)) == run
     notes = train.claim_workdir(str(tmp_path), run)
     assert notes and all("(analysis setting;" in n for n in notes)
-    assert settings.read_stored(str(tmp_path)) == run  # config.json now holds the new names
+    assert validate.read_stored(str(tmp_path)) == run  # config.json now holds the new names
     assert "geometry" not in json.loads((tmp_path / "config.json").read_text())["proxies"]
 
 
@@ -271,18 +294,18 @@ def test_the_library_takes_settings_and_names_the_door_for_a_config():
 def test_a_stored_run_is_read_at_its_own_door(tmp_path):
     # settings.read_stored: a workdir's config.json (lists for tuples) gives the Settings it
     # was written from; a missing, garbled or foreign file is one line naming it.
-    run = settings.from_config(_config("dyck_small"))
+    run = validate.parse(_config("dyck_small"))
     path = tmp_path / "config.json"
     with pytest.raises(FileNotFoundError, match=f"^{path} not found: is {tmp_path} a "):
-        settings.read_stored(str(tmp_path))
+        validate.read_stored(str(tmp_path))
     path.write_text(json.dumps(run.to_dict()))
-    assert settings.read_stored(str(tmp_path)) == run
+    assert validate.read_stored(str(tmp_path)) == run
     for text, why in [('{"train": {"lear', "JSONDecodeError: "),
                       ("[1]", "valid JSON, but a list, not a config"),
                       ('{"train": {"foo": 1}}', "unknown config key train.foo; allowed in train:")]:
         path.write_text(text)
         with pytest.raises(ValueError) as err:
-            settings.read_stored(str(tmp_path))
+            validate.read_stored(str(tmp_path))
         assert str(err.value).startswith(f"{path} is unreadable ({why}"), str(err.value)
         assert "\n" not in str(err.value)
 
@@ -295,7 +318,8 @@ def test_the_model_section_and_the_model_config_are_one_set_of_fields_and_defaul
     # The variants aside: they are built into a part and standing interventions.
     variants = {"uniform_attention_layers", "first_layer", "minimal_embedding"}
     section = settings.Model()
-    keys = {f.name for f in dataclasses.fields(section)} - {"max_len"} - variants
+    # model.pretrained says where the model comes from (imported checkpoints), not what it is.
+    keys = {f.name for f in dataclasses.fields(section)} - {"max_len", "pretrained"} - variants
     assert keys == set(model.SETTINGS_FIELDS)
     assert {k: getattr(section, k) for k in keys} == model.SETTINGS_FIELDS
     # ... and ModelConfig.from_settings carries each of them over: every value changed here.

@@ -11,7 +11,7 @@ import tolerance as tol
 from conftest import checked
 
 from jaxillusions import tasks
-from jaxillusions.faithfulness import dictionary_metrics as dictionaries
+from jaxillusions.faithfulness import dictionary_metrics
 from jaxillusions.pipeline import sweep
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "data", "dyck_regression_results.csv")
@@ -55,7 +55,7 @@ def test_dyck_results_unchanged_by_the_task_interface_and_by_adding_dictionaries
     config.proxies.transcoder_sizes = (16,)
     config.proxies.sae_k = (2, 4)
     config.proxies.sae_steps = 50
-    sums, columns = {}, dictionaries.columns
+    sums, columns = {}, dictionary_metrics.columns
 
     def keep(spec, params, seed, size):  # the sums each family's ratios are formed from
         sums[(spec.method, spec.target)] = {k: np.asarray(v, np.float64)
@@ -63,7 +63,7 @@ def test_dyck_results_unchanged_by_the_task_interface_and_by_adding_dictionaries
         return columns(spec, params, seed, size)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(dictionaries, "columns", keep)
+        patch.setattr(dictionary_metrics, "columns", keep)
         sweep.run(checked(config), str(tmp_path / "run"), verbose=False)
     want, got = _read(FIXTURE), _read(str(tmp_path / "run" / "results.csv"))
     new = [r for r in got if r["method"] in ("sae", "transcoder")]
@@ -73,7 +73,7 @@ def test_dyck_results_unchanged_by_the_task_interface_and_by_adding_dictionaries
     # The same columns, in the same order, then the dictionary metrics.
     assert list(got[0]) == [*want[0], "fvu", "l0", "dead", "ce_score", "kl_score"]
     # Every (seed, target, size, split) of both dictionaries, each metric filled in, but for
-    # a score whose denominator is within 1000x of its float32 rounding (dictionaries.py),
+    # a score whose denominator is within 1000x of its float32 rounding (dictionary_metrics.py),
     # which tolerance.mean_error estimates at least as generously as the engine does.
     alls = [r for r in new if r["breakdown"] == "all"]
     assert len(alls) == 2 * (2 * 4 + 1 * 2) * 3
@@ -102,12 +102,18 @@ def test_dyck_results_unchanged_by_the_task_interface_and_by_adding_dictionaries
 
 @pytest.mark.parametrize("name", tasks.TASKS)
 def test_every_task_provides_the_interface(name):
-    """What the shared code calls (tasks/__init__.py docstring), with consistent values."""
+    """What the shared code calls (the members of tasks.Task), with consistent values; its
+    optional hooks (tasks.Hooks) are resolved by tasks.hook."""
     task = tasks.get(name)
-    for attr in ("check_config", "load", "view", "model_fields", "train_width",
-                 "widest_width", "train_num_bins", "bounds", "bin_labels", "baselines",
-                 "activation_plots", "concepts"):
+    methods = [n for n in vars(tasks.Task) if not n.startswith("_")]
+    assert {"check_config", "load", "view", "train_num_bins"} <= set(methods)
+    for attr in methods:
         assert callable(getattr(task, attr)), attr
+    for attr in tasks.Task.__annotations__:
+        assert getattr(task, attr, None) is not None, attr
+    for hook in tasks.DEFAULTS:
+        found = tasks.hook(task, hook)
+        assert found is None or callable(found), hook
     assert task.CONCEPTS and len(set(task.CONCEPTS)) == len(task.CONCEPTS)
     assert task.NAME == name and task.SPLITS[0] == "train"
     assert set(task.DEFAULT_EVAL_SPLITS) <= set(task.SPLITS) and "iid" in task.DEFAULT_EVAL_SPLITS
@@ -118,6 +124,23 @@ def test_every_task_provides_the_interface(name):
 def test_unknown_task_is_a_one_line_error():
     with pytest.raises(ValueError, match="task='nope': unknown task; available: dyck, code"):
         tasks.get("nope")
+
+
+def test_optional_hooks_are_the_protocols_and_a_missing_one_is_named():
+    """tasks.Hooks lists the optional hooks, DEFAULTS their defaults; a task without one that a
+    setting needs gets a one-line error naming the hook."""
+    import types
+
+    assert set(tasks.DEFAULTS) == {n for n in vars(tasks.Hooks) if not n.startswith("_")}
+    bare = types.ModuleType("bare")
+    bare.NAME = "bare"
+    assert tasks.hook(bare, "bracket_ids")(None) == ((), ())
+    assert tasks.hook(bare, "copying_analyses") is None
+    with pytest.raises(ValueError, match=r"^induction.enabled=True: the bare task does not "
+                                         r"define the hook special_tokens \(tasks.Hooks\)$"):
+        tasks.require(bare, "special_tokens", "induction.enabled=True")
+    with pytest.raises(KeyError, match="not an optional task hook"):
+        tasks.hook(bare, "speical_tokens")
 
 
 def test_dyck_view_is_the_closing_bracket_positions(config):

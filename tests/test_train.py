@@ -9,7 +9,7 @@ import optax
 import pytest
 from conftest import checked
 
-from jaxillusions.config import settings
+from jaxillusions.pipeline import validate
 from jaxillusions.runtime import tensorboard as log_lib
 from jaxillusions.tasks import dyck_sentences as dyck
 from jaxillusions.training import objective as objective_lib
@@ -62,12 +62,12 @@ def test_tiny_config_learns_closing_brackets(config):
 def test_position_offset_trains_positions_past_the_training_length(config):
     splits, model_cfg, tx = train.build(checked(config))
     width = splits["train"].tokens.shape[1] - 1  # training inputs: positions 0 .. width - 1
-    goal = objective_lib.from_settings(settings.from_config(config))
+    goal = objective_lib.from_settings(validate.parse(config))
     assert goal.max_position_offset == model_cfg.max_len - width
     longest = np.argsort(-splits["train"].lengths, kind="stable")[:256]
     tokens = jnp.asarray(splits["train"].tokens[longest])  # long sentences at large offsets
     params = jax.tree.map(lambda x: x[0], init_state([0], model_cfg, tx).params)
-    objective = objective_lib.from_settings(settings.from_config(config))
+    objective = objective_lib.from_settings(validate.parse(config))
 
     def pos_grad(objective):
         grads = jax.grad(objective_lib.objective_loss)(params, tokens, jax.random.PRNGKey(0), {},
@@ -150,7 +150,7 @@ def test_corrupt_checkpoint_falls_back_to_older_and_is_kept(config, tmp_path, ca
     ("--config.train.log_every=0", "train.log_every=0"),
 ])
 def test_launcher_bad_input_is_a_one_line_error(override, message, tmp_path, cache_dir):
-    cmd = [sys.executable, "-m", "launch.train", "--config=configs/dyck_small.py",
+    cmd = [sys.executable, "-m", "jaxillusions.launch.train", "--config=dyck_small",
            f"--workdir={tmp_path}", override, f"--config.data.cache_dir={cache_dir}"]
     root = os.path.dirname(os.path.dirname(__file__))
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=120)
@@ -178,7 +178,7 @@ def test_decay_steps_hold_the_peak_rate_then_decay_over_the_last_steps(config):
     np.testing.assert_allclose(held[[85, 100, 120]], [1.65e-3, 3e-4, 3e-4], rtol=1e-5)
     config.train.num_steps, config.train.warmup_steps, config.train.decay_steps = 100, 10, 91
     with pytest.raises(ValueError, match="train.decay_steps"):
-        settings.from_config(config)
+        validate.parse(config)
 
 
 def test_the_torch_loop_follows_the_same_schedule(config):
@@ -187,7 +187,7 @@ def test_the_torch_loop_follows_the_same_schedule(config):
 
     for decay in (0, 30):
         config.train.num_steps, config.train.warmup_steps, config.train.decay_steps = 100, 10, decay
-        train_cfg = settings.from_config(config).train
+        train_cfg = validate.parse(config).train
         factor = torch_loop._schedule(train_cfg)
         ours = objective_lib.learning_rate_schedule(3e-3, 10, 100, decay)
         np.testing.assert_allclose([3e-3 * factor(s) for s in range(0, 101, 5)],

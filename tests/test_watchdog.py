@@ -78,8 +78,7 @@ _SCRIPT = """
 import os, sys
 sys.path.insert(0, {tests!r})
 from conftest import checked, tiny_sweep_config
-from jaxillusions import faithfulness
-from jaxillusions.pipeline import sweep
+from jaxillusions.pipeline import proxy_stage, sweep
 
 config = tiny_sweep_config({cache!r})
 config.figures = "summary"  # as the tiny_sweep fixture
@@ -89,7 +88,7 @@ if {stall_on_purpose}:
     def stalled_fit(*args, **kwargs):
         read, _ = os.pipe()
         os.read(read, 1)  # never returns: a stage made to stall
-    faithfulness.fit_one = stalled_fit
+    proxy_stage.fit_one = stalled_fit  # where the proxy stage looks it up
 sweep.run(checked(config), {workdir!r}, verbose=True)
 """
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import checked
 
 from jaxillusions import model as model_lib
-from jaxillusions.config import settings
+from jaxillusions.pipeline import validate
 from jaxillusions.studies import wen
 from jaxillusions.tasks import dyck as dyck_task
 from jaxillusions.tasks import dyck_sentences as dyck
@@ -230,7 +230,7 @@ def test_vmapped_lambda_sweep_equals_single_runs(config):
     config.train.loss_on = "closing"
     config.model.update(n_layers=1, attn_only=True)  # small graphs: two compilations
     splits, model_cfg, tx = train.build(checked(config))
-    objective = objective_lib.from_settings(settings.from_config(config))
+    objective = objective_lib.from_settings(validate.parse(config))
     members = train.members(checked(config))
     assert list(members.seeds) == [0, 1, 0, 1]
     np.testing.assert_array_equal(members.hparams["contrastive_weight"], [0, 0, 0.5, 0.5])
@@ -415,7 +415,7 @@ def test_length_prefixes_are_valid_and_scoring_matches_numpy():
 def test_sweep_runs_the_wen_stage_and_proxies_with_a_lambda_axis(config, tmp_path):
     import pandas as pd
 
-    from configs import wen_attention_variation
+    from jaxillusions.configs import wen_attention_variation
     from jaxillusions.pipeline import sweep
 
     config.wen = wen_attention_variation.get_config().wen
@@ -454,7 +454,7 @@ def test_wen_stage_leaves_out_the_balance_violation_where_it_is_undefined(config
     # "balance violation: uniform_attention_layers is not supported" and wrote nothing.
     import pandas as pd
 
-    from configs import wen_attention_variation
+    from jaxillusions.configs import wen_attention_variation
     from jaxillusions.pipeline import sweep
 
     config.wen = wen_attention_variation.get_config().wen

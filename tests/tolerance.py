@@ -15,7 +15,7 @@ The model (Higham, Accuracy and Stability of Numerical Algorithms, 2002, ch. 3-4
   activations) carries its own rounding, a few EPS32 * s: `term_ulps` of them;
 - a ratio num / den: (error(num) + |num / den| * error(den)) / |den| to first order: large where
   den is small against its error (ill-conditioned), which is why the library reports ratio
-  metrics only where the denominator exceeds 1000 times its rounding (dictionaries.py).
+  metrics only where the denominator exceeds 1000 times its rounding (dictionary_metrics.py).
 """
 
 from __future__ import annotations
@@ -49,6 +49,33 @@ def activation_error(x, width):
     return TERM_ULPS * EPS32 * np.sqrt(width) * norm
 
 
+def rotation_error(x, max_angle):
+    """Float32 rounding of vectors x [..., F] turned by rotary angles of up to `max_angle`
+    radians (position times frequency, the highest frequency being 1), the angles computed in
+    float32 (a power, a reciprocal, a product: TERM_ULPS roundings of the angle cover them) or
+    in float64 and rounded once: each cos and sin is off by at most TERM_ULPS * EPS32 *
+    max_angle plus its own rounding, EPS32, and a pair turned with them by twice that of its
+    norm. -> [..., 1], per row."""
+    norm = np.linalg.norm(np.asarray(x, np.float64), axis=-1, keepdims=True)
+    return 2 * (TERM_ULPS * EPS32 * max(max_angle, 1.0) + EPS32) * norm
+
+
+def softmax_error(p, scores, score_error):
+    """Float32 error of p = softmax(scores) over the last axis [..., K] when each score is known
+    within `score_error` (broadcastable to it; masked scores, -inf, have p = 0 and no error).
+    To first order p_j moves by p_j (|d_j| + sum_k p_k |d_k|), where d is the score error plus
+    the rounding of s - max(s) (EPS32 of it); the softmax's own roundings (an exponential, a
+    sum of K terms, a division) add p_j (TERM_ULPS + sqrt(K)) EPS32."""
+    p = np.asarray(p, np.float64)
+    scores = np.asarray(scores, np.float64)
+    live = np.isfinite(scores)
+    top = np.max(np.where(live, scores, -np.inf), axis=-1, keepdims=True)
+    shift = np.where(live, np.abs(scores - top), 0.0)
+    d = np.where(live, np.abs(np.broadcast_to(score_error, p.shape)) + EPS32 * shift, 0.0)
+    own = (TERM_ULPS + np.sqrt(p.shape[-1])) * EPS32
+    return p * (d + np.sum(p * d, axis=-1, keepdims=True) + own)
+
+
 def ratio_error(num, den, num_error, den_error):
     """First-order error of num / den from the errors of num and den."""
     num, den = np.asarray(num, np.float64), np.asarray(den, np.float64)
@@ -77,11 +104,12 @@ def score_tolerances(n, ce_original, ce_zero, ce_proxy, kl_zero, kl_proxy) -> di
 
 
 def fvu_tolerance(count, sumsq, total, err, width):
-    """Between two computations of fvu = err / total (dictionaries.py: err = sum |x - x_hat|^2,
-    total = sum |x - mean|^2 = sumsq - |sum|^2 / count over `count` tokens): total's rounding
-    as dictionaries.columns estimates it (the cancellation of sumsq and |sum|^2 / count), err's
-    float32 sum, and the activations' rounding d (`activation_error` of the rms row, matmuls of
-    `width` terms) moving err by 2 sqrt(err * count) d (Cauchy-Schwarz over the tokens)."""
+    """Between two computations of fvu = err / total (dictionary_metrics.py: err =
+    sum |x - x_hat|^2, total = sum |x - mean|^2 = sumsq - |sum|^2 / count over `count` tokens):
+    total's rounding as dictionary_metrics.columns estimates it (the cancellation of sumsq and
+    |sum|^2 / count), err's float32 sum, and the activations' rounding d (`activation_error` of
+    the rms row, matmuls of `width` terms) moving err by 2 sqrt(err * count) d (Cauchy-Schwarz
+    over the tokens)."""
     d = activation_error(np.sqrt(sumsq / count)[..., None], width)[..., 0]
     err_error = EPS32 * np.sqrt(count) * err + 2 * np.sqrt(err * count) * d
     total_error = EPS32 * (3 * np.sqrt(count) + 1) * sumsq

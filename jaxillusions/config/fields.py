@@ -1,5 +1,6 @@
 """How a setting is declared: its kind (the Python type it must have), its default, its rule and
-what is allowed, for the one-line error (see config/settings.py, which holds every key).
+what is allowed, for the one-line error (config/settings.py holds the run's sections; a task's
+Data and a study's section declare theirs with it too).
 
     num_seeds: int = setting(4, INT, ">= 1", positive, "seeds trained together")
 
@@ -14,6 +15,8 @@ import math
 import numbers
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 
 def _is_int(v: Any) -> bool:
@@ -54,6 +57,13 @@ def nonnegative(v, s) -> bool:
 
 def anything(v, s) -> bool:
     return True
+
+
+def distinct(values) -> bool:
+    """No value twice, also once rounded to float32 (what a member's hyper-parameter becomes:
+    train.members)."""
+    with np.errstate(over="ignore"):  # past float32's range: inf
+        return len({float(np.float32(v)) for v in values}) == len(set(values)) == len(values)
 
 
 def one_of(options) -> tuple[str, Callable]:

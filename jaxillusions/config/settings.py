@@ -1,23 +1,25 @@
 """Every setting of a run: one frozen dataclass per config section, each field with its type,
 default, rule and what is allowed (config/fields.py). The data.* section is the task's own
-(`tasks.<name>.Data`).
+(`tasks.<name>.Data`); a study's section is declared beside its stage (`Stage.section`), and
+`settings_class(studies)` is Settings with those sections as fields.
 
-    settings = from_config(config)   # ml-collections ConfigDict -> Settings, checked key by key
+    settings = from_config(config, studies)   # a ConfigDict -> Settings, checked key by key
 
-Two doors call it, and nothing below them: `validate.check` (the launchers, and a notebook,
-call it once per run; it adds the checks that need the resolved model: proxy sites, memory)
-and `read_stored` (a stored run's config.json). The library takes Settings, or one section of
-them, only (`require` turns a ConfigDict into a one-line TypeError;
-tests/test_architecture.py fails on a from_config elsewhere). A key missing from a config takes
-its default; an unknown key, a value of the wrong kind or one its rule refuses is a one-line
-ValueError naming the key. docs/configs.md's reference is `reference()`, and a test keeps the
-two equal. The studies' keys have sections of their own (dictionaries, geometry, probes,
-fit_shift, wen, induction); their old names under proxies.* (`RENAMED`) are read for one more
-release, with a note (`renamed`, which validate.check shows).
+The door, pipeline/validate.py, calls these with the pipeline's study sections, and nothing
+else does: `validate.check` (the launchers, and a notebook, once per run; it adds the checks
+that need the resolved model: proxy sites, memory) and `validate.read_stored` (a stored run's
+config.json). The library takes Settings, or one section of them, only (`require` turns a
+ConfigDict into a one-line TypeError; tests/test_architecture.py fails on a from_config
+elsewhere). A key missing from a config takes its default; an unknown key, a value of the wrong
+kind or one its rule refuses is a one-line ValueError naming the key. docs/configs.md's
+reference is `reference()`, and a test keeps the two equal. Old names of study keys under
+proxies.* (`RENAMED`) are read for one more release, with a note (`renamed`, which
+validate.check shows).
 
-`ANALYSIS_KEYS` lists the keys that only change what is measured or logged, not the trained
-parameters: they may change between a run and its resumption (the change is recorded in the
-workdir's config_history.jsonl). Every other key defines the training run.
+`ANALYSIS_KEYS` and every study section's keys (`Settings.is_analysis_key`) only change what is
+measured or logged, not the trained parameters: they may change between a run and its
+resumption (the change is recorded in the workdir's config_history.jsonl). Every other key
+defines the training run.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import fnmatch
 import functools
 import json
 import os
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from jaxillusions import model, tasks
 from jaxillusions.config.fields import (
@@ -39,6 +42,8 @@ from jaxillusions.config.fields import (
     STR,
     STRS,
     anything,
+    distinct,
+    kind_of,
     nonnegative,
     one_of,
     positive,
@@ -46,7 +51,6 @@ from jaxillusions.config.fields import (
     setting,
 )
 from jaxillusions.model import patching
-from jaxillusions.proxies import sae
 from jaxillusions.tasks import minimal_layer
 
 # Keys (fnmatch patterns) that may change on resume: analysis, evaluation and logging settings.
@@ -54,12 +58,6 @@ ANALYSIS_KEYS = (
     "figures",
     "stall_seconds",
     "proxies.*",
-    "dictionaries.*",
-    "geometry.*",
-    "probes.*",
-    "fit_shift.*",
-    "wen.*",
-    "induction.*",
     "train.eval_batch_size",
     "train.log_every",
     "train.eval_every",
@@ -83,11 +81,6 @@ RENAMED = {
     "proxies.fit_splits": "fit_shift.splits",
     "proxies.fit_sentences": "fit_shift.sentences",
 }
-
-
-def is_analysis_key(key: str) -> bool:
-    """True for keys that may change between a run and its resumption (see ANALYSIS_KEYS)."""
-    return any(fnmatch.fnmatchcase(key, pattern) for pattern in ANALYSIS_KEYS)
 
 
 def _below_layers(v, s) -> bool:
@@ -128,9 +121,13 @@ class Model:
                            "positions the model supports")
     compute_dtype: str = setting(_ARCH["compute_dtype"], STR, *one_of(model.COMPUTE_DTYPES),
                                  doc="bfloat16: bf16 matmuls, f32 parameters and softmax")
+    pretrained: tuple[str, ...] = setting((), STRS, "checkpoint directories, or () to train",
+                                          doc="imported members (docs/pretrained.md)")
 
 
 LOSS_ON = ("all", "closing")
+# The kinds of member (train.null), in the order of their codes, the `null` hyper-parameter.
+NULL_KINDS = ("trained", "untrained", "shuffled")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +151,28 @@ class Train:
     contrastive_weights: tuple[float, ...] = setting(
         (), NUMBERS, "distinct weights >= 0, or () for none",
         lambda v, s: all(w >= 0 for w in v) and len(set(v)) == len(v),
-        "Wen et al. eq. 22; several: members = weights x seeds, trained together")
+        "Wen et al. eq. 22; several: a member per weight (members: the product of the lists "
+        "of hyper-parameters x seeds, trained together)")
+    learning_rates: tuple[float, ...] = setting(
+        (), NUMBERS, "distinct rates > 0, or () for train.learning_rate",
+        lambda v, s: all(r > 0 for r in v) and distinct(v),
+        "several: a member per peak rate (the schedule's shape is shared); replaces "
+        "train.learning_rate")
+    weight_decays: tuple[float, ...] = setting(
+        (), NUMBERS, "distinct decays >= 0, or () for train.weight_decay",
+        lambda v, s: all(d >= 0 for d in v) and distinct(v),
+        "several: a member per AdamW weight decay; replaces train.weight_decay")
+    init_scales: tuple[float, ...] = setting(
+        (), NUMBERS, "distinct factors > 0, or () for 1",
+        lambda v, s: all(f > 0 for f in v) and distinct(v),
+        "several: a member per factor; multiplies a member's randomly drawn initial "
+        "parameters (LayerNorm gains, zero biases and fixed tables stay)")
+    null: tuple[str, ...] = setting(
+        (), STRS, f"distinct kinds of {', '.join(NULL_KINDS[1:])}, or () for none",
+        lambda v, s: set(v) <= set(NULL_KINDS[1:]) and len(set(v)) == len(v),
+        "null members: per trained member, a copy that keeps its initialisation (untrained) "
+        "or trains on each row's targets in a random order (shuffled); hyper-parameter null: "
+        "0 trained, 1 untrained, 2 shuffled")
     log_every: int = setting(100, INT, ">= 1", positive)
     eval_every: int = setting(1000, INT, ">= 0 (0: only at the end)", nonnegative)
     checkpoint_every: int = setting(1000, INT, ">= 0 (0: only at the end)", nonnegative)
@@ -201,15 +219,6 @@ class Proxies:
         lambda v, s: len(v) >= 1 and all(k >= 1 for k in v))
     kmeans_samples: int = setting(20_000, INT, ">= 1", positive, "vectors per seed fitted on")
     kmeans_iters: int = setting(25, INT, ">= 1", positive)
-    sae_sizes: tuple[int, ...] = setting(
-        (32, 64, 128), INTS, "sae sizes >= 1 (dictionary widths, at most 99999)",
-        lambda v, s: len(v) >= 1 and all(1 <= w < 100_000 for w in v))
-    sae_k: tuple[int, ...] = setting(sae.DEFAULTS["sae_k"], INTS, "k values >= 1, at least one",
-                                     lambda v, s: len(v) >= 1 and all(k >= 1 for k in v),
-                                     "TopK's k; several: every width x every k")
-    sae_steps: int = setting(sae.DEFAULTS["sae_steps"], INT, ">= 1", positive)
-    sae_lr: float = setting(sae.DEFAULTS["sae_lr"], NUMBER, "> 0", lambda v, s: v > 0)
-    sae_batch: int = setting(sae.DEFAULTS["sae_batch"], INT, ">= 1", positive)
     # Lenses and concept erasure (docs/lenses.md); the erasure proxy's sizes are the concepts.
     concepts: tuple[str, ...] = setting(
         (), STRS, "distinct concepts of the task (dyck: depth, bracket; code: category)",
@@ -250,83 +259,12 @@ class Proxies:
                                    "seeds per call of the proxy stage")
 
 
-@dataclasses.dataclass(frozen=True)
-class Dictionaries:
-    """The SAE proxy's seed-dependence analysis (jaxillusions/studies/dictionaries.py)."""
-
-    match_seeds: int = setting(8, INT, ">= 0 (0: no SAE seed-match analysis)", nonnegative,
-                               "seeds of the SAE seed-dependence analysis")
-
-
-@dataclasses.dataclass(frozen=True)
-class Geometry:
-    """Subspace geometry of the SVD proxies and their repair (jaxillusions/studies/geometry.py)."""
-
-    enabled: bool = setting(False, BOOL, "true or false",
-                            doc="principal angles and outside energy of the SVD subspaces")
-    repair_sentences: tuple[int, ...] = setting(
-        (), INTS, "distinct sentence counts >= 1, or () for no repair",
-        lambda v, s: all(m >= 1 for m in v) and len(set(v)) == len(v),
-        "refit / rotate each proxy with M unlabelled OOD sentences")
-
-
-@dataclasses.dataclass(frozen=True)
-class Probes:
-    """Linear probes of proxies.concepts per split (jaxillusions/studies/probes.py)."""
-
-    sites: tuple[str, ...] = setting(
-        (), STRS, "vector sites, or () for no probe table",
-        doc="sites of the linear-probe table (probes.csv, probes.txt)")
-    ridge: float = setting(1e-3, NUMBER, "> 0", lambda v, s: v > 0,
-                           "ridge of the probes, times Cov's mean eigenvalue")
-
-
-@dataclasses.dataclass(frozen=True)
-class FitShift:
-    """Proxies fitted on other splits than train too (jaxillusions/studies/fit_shift.py)."""
-
-    splits: tuple[str, ...] = setting(
-        ("train",), STRS, "splits of the task, 'train' among them (checked below)",
-        lambda v, s: len(v) >= 1, "splits the proxies are fitted on (an OOD one: its fit half)")
-    sentences: int = setting(0, INT, ">= 0 (0: every sentence of the fit split or half)",
-                             nonnegative, "cap on the sentences a proxy is fitted on")
-
-
-@dataclasses.dataclass(frozen=True)
-class Wen:
-    """Wen et al.'s measurements of a trained Dyck sweep (jaxillusions/studies/wen.py)."""
-
-    enabled: bool = setting(False, BOOL, "true or false")
-    label: str = setting("wen", STR, "a name for the measurements")
-    length_min_len: int = setting(25, INT, ">= 1", positive)
-    length_max_len: int = setting(0, INT, ">= 0 (0: no length generalization)", nonnegative)
-    length_num_prefixes: int = setting(16, INT, ">= 1", positive)
-    length_threshold: float = setting(0.8, NUMBER, "in (0, 1)", lambda v, s: 0 < v < 1,
-                                      "correct close's share of the closing probability")
-    length_seed: int = setting(0, INT, ">= 0", nonnegative)
-    length_batch_size: int = setting(8, INT, ">= 1", positive)
-    members_per_call: int = setting(8, INT, ">= 1", positive)
-
-
-@dataclasses.dataclass(frozen=True)
-class Induction:
-    """The induction-head test after training (jaxillusions/studies/induction.py)."""
-
-    enabled: bool = setting(False, BOOL, "true or false")
-    length: int = setting(0, INT, ">= 0 (0: half the drawable tokens, capped to fit)",
-                          nonnegative, "tokens of the random sequence, repeated once")
-    batch: int = setting(64, INT, ">= 1", positive, "sequences")
-    code_rows: int = setting(128, INT, ">= 1", positive,
-                             "code task: iid rows for the heads' attention on repeated "
-                             "identifiers, training rows for the ablation means")
-
-
 # Which figures the main job draws (figures/ and TensorBoard IMAGES; sweep.figure_jobs).
 FIGURES = ("summary", "all", "none")
 
-SECTIONS = {"model": Model, "train": Train, "proxies": Proxies, "dictionaries": Dictionaries,
-            "geometry": Geometry, "probes": Probes, "fit_shift": FitShift, "wen": Wen,
-            "induction": Induction}
+# The sections every run has; a study's section (its settings, declared beside its stage) is a
+# field of the class `settings_class` makes for the pipeline's studies.
+SECTIONS = {"model": Model, "train": Train, "proxies": Proxies}
 
 
 # JAX takes 2.9 s and 0.3 GB to start 1,024 CPU devices, 39 s and 1 GB for 8,192 (AMD EPYC),
@@ -348,15 +286,15 @@ class Settings:
     gpu_deterministic: bool = setting(
         True, BOOL, "true or false",
         doc="deterministic GPU kernels (XLA's --xla_gpu_deterministic_ops), so that a GPU run "
-        "gives the same bits every time; false trains about 3.4x faster on an H100 (the "
-        "configs/dyck.py model, 32 seeds) with numbers that change from run to run. Ignored on "
+        "gives the same bits every time; false trains about 3.4x faster on an H100 (the dyck "
+        "config's model, 32 seeds) with numbers that change from run to run. Ignored on "
         "a CPU, whose kernels are deterministic")
     figures: str = setting(
         "summary", STR, *one_of(FIGURES),
         doc="which figures the main job draws (docs/configs.md, Figures): summary (gaps, "
         "faithfulness, categories, attention patterns, one key projection) or all (also "
         "accuracy per bin of every proxy family, every key projection) or none (for batch "
-        "work; the studies' own figures are still drawn); `python -m launch.figures W` draws "
+        "work; the studies' own figures are still drawn); `jaxillusions figures W` draws "
         "the rest later")
     stall_seconds: float = setting(
         600, NUMBER, ">= 0 (0: no watchdog)", lambda v, s: v >= 0,
@@ -368,12 +306,19 @@ class Settings:
     model: Model = dataclasses.field(default_factory=Model)
     train: Train = dataclasses.field(default_factory=Train)
     proxies: Proxies = dataclasses.field(default_factory=Proxies)
-    dictionaries: Dictionaries = dataclasses.field(default_factory=Dictionaries)
-    geometry: Geometry = dataclasses.field(default_factory=Geometry)
-    probes: Probes = dataclasses.field(default_factory=Probes)
-    fit_shift: FitShift = dataclasses.field(default_factory=FitShift)
-    wen: Wen = dataclasses.field(default_factory=Wen)
-    induction: Induction = dataclasses.field(default_factory=Induction)
+    # The study sections: fields of settings_class(studies), the class the door parses into.
+    STUDIES: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def is_analysis_key(cls, key: str) -> bool:
+        """True for keys that may change between a run and its resumption (ANALYSIS_KEYS, and
+        every key of a study section: a study measures the trained members)."""
+        return any(fnmatch.fnmatchcase(key, pattern)
+                   for pattern in (*ANALYSIS_KEYS, *(f"{name}.*" for name in cls.STUDIES)))
+
+    def defaults(self) -> Settings:
+        """A run of the same task and study sections with every key at its default."""
+        return type(self)(task=self.task, data=type(self.data)(), proxies=proxies_class()())
 
     def to_dict(self) -> dict:
         """Nested {section: {key: value}} with lists for tuples (what config.json holds)."""
@@ -394,8 +339,9 @@ def _plain(value):
 
 def proxies_class() -> type:
     """Proxies, plus for every proxy file: a field for its sizes key when Proxies does not name
-    it (sizes >= 1, default ()), and for a vector proxy `<name>_targets` (its own targets;
-    default (): proxies.targets). Adding a proxy is adding a file (proxies/__init__.py)."""
+    it (sizes >= 1, default ()), for a vector proxy `<name>_targets` (its own targets;
+    default (): proxies.targets), and its own keys (its OPTIONS). Adding a proxy is adding a
+    file (proxies/__init__.py)."""
     from jaxillusions import proxies  # noqa: PLC0415 - the proxy files, found on first use
 
     return _proxies_class(proxies.available())
@@ -405,7 +351,9 @@ def proxies_class() -> type:
 def _proxies_class(names: tuple[str, ...]) -> type:
     from jaxillusions import proxies  # noqa: PLC0415
 
-    known = {f.name for f in dataclasses.fields(Proxies)}
+    options = {key: field for name in names
+               for key, field in proxies.hook(proxies.get(name), "OPTIONS").items()}
+    known = {f.name for f in dataclasses.fields(Proxies)} | set(options)
     extra = [(key, tuple, setting((), INTS, f"{name} sizes >= 1",
                                   lambda v, s: all(k >= 1 for k in v), f"sizes of {name}"))
              for name in names
@@ -415,20 +363,45 @@ def _proxies_class(names: tuple[str, ...]) -> type:
         (), STRS, "'+'-joined lists of sites, or () for proxies.targets",
         doc=f"the sites {name} is fitted on, if not proxies.targets"))
         for name in proxies.available() if proxies.get(name).SITE == "vector"]
+    extra += [(key, Any, dataclasses.field(default=field.default, metadata=field.metadata))
+              for key, field in options.items()]
     if not extra:
         return Proxies
     return dataclasses.make_dataclass("Proxies", extra, bases=(Proxies,), frozen=True)
 
 
-def _section_classes(task: str) -> dict[str, type]:
-    return {"data": tasks.get(task).Data, **SECTIONS, "proxies": proxies_class()}
+Studies = tuple[tuple[str, type], ...]  # (section name, its dataclass) of each study
+
+
+@functools.cache
+def settings_class(studies: Studies = ()) -> type[Settings]:
+    """Settings with a field per study section (the pipeline's stages declare them: the door,
+    pipeline/validate.py, passes them), each at its defaults unless a config sets its keys."""
+    if not studies:
+        return Settings
+    taken = [name for name, _ in studies if name in {f.name for f in dataclasses.fields(Settings)}]
+    if taken or len({name for name, _ in studies}) != len(studies):
+        raise ValueError(f"study sections {[n for n, _ in studies]}: each name once, none of "
+                         f"the run's own ({taken or 'duplicates'})")
+    cls = dataclasses.make_dataclass(
+        "Settings", [(name, section, dataclasses.field(default_factory=section))
+                     for name, section in studies],
+        bases=(Settings,), frozen=True, namespace={"STUDIES": tuple(n for n, _ in studies)})
+    cls.__module__, cls.__qualname__ = __name__, "Settings"  # reads as Settings in messages
+    return cls
+
+
+def _section_classes(task: str, studies: Studies) -> dict[str, type]:
+    return {"data": tasks.get(task).Data, **SECTIONS, "proxies": proxies_class(),
+            **dict(studies)}
 
 
 def _fail_unknown(key: str, known) -> None:
     section = key.rsplit(".", 1)[0] if "." in key else "the top level"
     raise ValueError(f"unknown config key {key}; allowed in {section}: "
                      f"{', '.join(sorted(known))} (a new key needs a field in "
-                     "jaxillusions/config/settings.py, or in its task's Data for data.*)")
+                     "jaxillusions/config/settings.py, in its task's Data for data.*, or in "
+                     "its study's section)")
 
 
 def _typed(key: str, value: Any, field: dataclasses.Field) -> Any:
@@ -448,30 +421,31 @@ def _build(cls: type, values: dict, prefix: str):
     return cls(**{k: _typed(prefix + k, v, fields[k]) for k, v in values.items()})
 
 
-def from_config(config: Any) -> Settings:
-    """Settings from an ml-collections ConfigDict (or a nested mapping, or Settings: returned as
-    is). Raises ValueError (one line: key, value, what is allowed) for the first bad key."""
+def from_config(config: Any, studies: Studies = ()) -> Settings:
+    """Settings (of settings_class(studies)) from an ml-collections ConfigDict (or a nested
+    mapping, or Settings: returned as is). Raises ValueError (one line: key, value, what is
+    allowed) for the first bad key."""
     if isinstance(config, Settings):
         return config
-    raw = _renamed(_raw(config))
+    raw = _renamed(_raw(config), dict(studies))
     top = {k: v for k, v in raw.items() if not isinstance(v, dict)}
     nested = {k: v for k, v in raw.items() if isinstance(v, dict)}
     top_fields = {f.name: f for f in dataclasses.fields(Settings) if f.name not in {
         "data", *SECTIONS}}
     for key in top:
         if key not in top_fields:
-            _fail_unknown(key, [*top_fields, "data", *SECTIONS])
+            _fail_unknown(key, [*top_fields, "data", *SECTIONS, *dict(studies)])
     top = {k: _typed(k, v, top_fields[k]) for k, v in top.items()}
     task = top.get("task", "dyck")
     if task not in tasks.TASKS:
         raise ValueError(f"task={task!r}: must be one of {', '.join(tasks.TASKS)}")
-    classes = _section_classes(task)
+    classes = _section_classes(task, studies)
     for name in nested:
         if name not in classes:
             _fail_unknown(name, [*top_fields, *classes])
     sections = {name: _build(cls, nested.get(name, {}), f"{name}.")
                 for name, cls in classes.items()}
-    settings = Settings(**top, **sections)
+    settings = settings_class(studies)(**top, **sections)
     for key, value, field in _leaves(settings):
         r = rule(field)
         if not r.test(value, settings):
@@ -497,7 +471,7 @@ def _value(raw: dict, key: str) -> Any:
     return raw[section].get(name) if isinstance(raw.get(section), dict) else None
 
 
-def _renamed(raw: dict) -> dict:
+def _renamed(raw: dict, studies: Mapping[str, type]) -> dict:
     """`raw` with RENAMED's old names read as the new ones (a copy; unset old names dropped); a
     one-line ValueError when a config sets both names of a pair to different values."""
     raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
@@ -508,7 +482,10 @@ def _renamed(raw: dict) -> dict:
                 raw["proxies"].pop(old.partition(".")[2], None)
             continue
         section, _, name = new.partition(".")
-        default = next(f.default for f in dataclasses.fields(SECTIONS[section]) if f.name == name)
+        if section not in studies:  # a study not read here (read_stored without studies)
+            del raw["proxies"][old.partition(".")[2]]
+            continue
+        default = next(f.default for f in dataclasses.fields(studies[section]) if f.name == name)
         if new_value is not None and _plain(new_value) not in (_plain(old_value),
                                                                 _plain(default)):
             raise ValueError(f"{old}={old_value!r} and {new}={new_value!r}: {old} is the old "
@@ -529,10 +506,12 @@ def require(config: Any, where: str) -> Settings:
     return config
 
 
-def read_stored(workdir: str) -> Settings:
+def read_stored(workdir: str, studies: Studies = ()) -> Settings:
     """The Settings of a stored run: its workdir's config.json (written when the run claimed the
-    workdir), read key by key as from_config reads a config. The door for everything that
-    loads a stored run; the checks against the machine (validate.check) are not repeated.
+    workdir), read key by key as from_config reads a config, with the study sections `studies`
+    (validate.read_stored passes the pipeline's); without them (report/results.load_run), each
+    study section as stored, its values typed by what they are. The checks against the machine
+    (validate.check) are not repeated.
     FileNotFoundError if there is no config.json; ValueError (one line, naming the file) if it
     is unreadable or not a config this version reads."""
     path = os.path.join(workdir, "config.json")  # checkpoint.CONFIG_FILE (a module with orbax)
@@ -543,12 +522,24 @@ def read_stored(workdir: str) -> Settings:
             stored = json.load(f)
         if not isinstance(stored, dict):
             raise ValueError(f"valid JSON, but a {type(stored).__name__}, not a config")
-        return from_config(stored)
+        return from_config(stored, studies or _as_stored(stored))
     except (OSError, ValueError) as err:  # garbage, or JSON that is not a config: name the file
         line = str(err).splitlines()[0] if str(err) else ""
         raise ValueError(f"{path} is unreadable ("
                          + (line if type(err) is ValueError else f"{type(err).__name__}: {line}")
                          + ")") from None
+
+
+def _as_stored(stored: dict) -> Studies:
+    """A section for each study section of a stored config.json, its keys typed by their stored
+    values (kind_of) and otherwise unchecked: what read_stored gives without the stages."""
+    def section(name: str, values: dict) -> type:
+        return dataclasses.make_dataclass(name, [
+            (key, object, setting(tuple(v) if isinstance(v, list) else v, kind_of(v), "as stored"))
+            for key, v in values.items()], frozen=True)
+
+    return tuple((name, section(name, values)) for name, values in stored.items()
+                 if isinstance(values, dict) and name not in ("data", *SECTIONS))
 
 
 def _leaves(settings: Settings):
@@ -567,28 +558,29 @@ def flat(settings: Settings) -> dict[str, Any]:
     return {key: value for key, value, _ in _leaves(settings)}
 
 
-def default_settings(task: str = "dyck") -> Settings:
+def default_settings(task: str = "dyck", studies: Studies = ()) -> Settings:
     """A run of `task` with every key at its default (what a config of `task` alone reads as)."""
-    return Settings(task=task, data=tasks.get(task).Data(), proxies=proxies_class()())
+    return settings_class(studies)(task=task, data=tasks.get(task).Data(),
+                                   proxies=proxies_class()())
 
 
-def defaults(task: str = "dyck") -> dict[str, Any]:
+def defaults(task: str = "dyck", studies: Studies = ()) -> dict[str, Any]:
     """Every key of a run of `task` at its default, nested as a config is ({"seed": 0, "train":
     {"num_steps": 3000, ...}, ...}; tuples stay tuples). The launchers add the keys a config
     file leaves out from here, so that any key can be overridden on the command line."""
     nested: dict[str, Any] = {}
-    for key, value, _ in _leaves(default_settings(task)):
+    for key, value, _ in _leaves(default_settings(task, studies)):
         section, _, name = key.rpartition(".")
         (nested.setdefault(section, {}) if section else nested)[name] = value
     return nested
 
 
-def reference(task: str | None = None) -> str:
+def reference(task: str | None = None, studies: Studies = ()) -> str:
     """A markdown table of keys, types, defaults and rules: every section but data.* (None), or
     a task's data.* section. docs/configs.md holds these tables (`python -m
     jaxillusions.config.settings` prints them; a test keeps the page equal to them)."""
     lines = ["| key | type | default | allowed | notes |", "|---|---|---|---|---|"]
-    defaults = default_settings(task or "dyck")
+    defaults = default_settings(task or "dyck", studies)
     for key, value, field in _leaves(defaults):
         if (task is None) == key.startswith("data."):
             continue
@@ -597,8 +589,3 @@ def reference(task: str | None = None) -> str:
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)
 
-
-if __name__ == "__main__":  # the tables of docs/configs.md
-    print("#### Every task\n\n" + reference() + "\n")
-    for name in tasks.TASKS:
-        print(f"#### data.* of task={name}\n\n" + reference(name) + "\n")

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxillusions import model as model_lib
-from jaxillusions import tasks
+from jaxillusions import proxies, tasks
 from jaxillusions.proxies import _sparse_coding as _dictionary
 from jaxillusions.runtime import schema
 
@@ -68,12 +68,13 @@ def enabled(module) -> bool:
     """Whether a proxy module's families get the dictionary metrics: data-dependent vector
     proxies, but not a lens (it writes another site than it reads: no reconstruction)."""
     return (module.SITE == "vector" and module.STATISTIC is not None
-            and not hasattr(module, "output_site"))
+            and proxies.hook(module, "output_site") is None)
 
 
 def cache_sites(module, sites) -> tuple[str, ...]:
     """The sites (and a transcoder's input sites) whose original values the metrics read."""
-    extra = tuple(module.input_site(s) for s in sites) if hasattr(module, "input_site") else ()
+    extra = (tuple(module.input_site(s) for s in sites)
+             if proxies.hook(module, "input_site") is not None else ())
     return tuple(dict.fromkeys((*sites, *extra)))
 
 
@@ -101,7 +102,7 @@ class Batch:
 
 
 def _proxy_input(module, model_params, site: str, cache: dict) -> jax.Array:
-    if hasattr(module, "input_site"):
+    if proxies.hook(module, "input_site") is not None:
         return module.input_of(model_params, site, cache[module.input_site(site)])
     return cache[site]
 
@@ -160,7 +161,7 @@ def size_sums(module, size_params: dict, model_params, active: dict, cache: dict
             x_hat = apply_grouped(module, params, x, value)
             err = jnp.sum(((value - x_hat) ** 2).reshape(*tokens.shape, -1), -1)
             sums = {f"err/{site}": jnp.einsum("bt,btk->k", err, per_token)}
-            if hasattr(module, "latents"):
+            if proxies.hook(module, "latents") is not None:
                 grouped = x if x.ndim == 4 else x[:, :, None, :]
                 idx, on = jax.vmap(module.latents, in_axes=(0, 2), out_axes=2)(params, grouped)
                 groups, width = params["mask"].shape

@@ -72,10 +72,13 @@ class Graph:
 
 def check(cfg: model_lib.ModelConfig) -> None:
     """The architectures the graph covers: the token embedding first (no built front part, such
-    as Wen et al.'s minimal first layer)."""
+    as Wen et al.'s minimal first layer), and none of an imported checkpoint's options."""
     if cfg.front is not None:
         raise ValueError("circuits: model.first_layer='minimal' has no embedding sender; "
                          "circuits need the standard first layer")
+    if model_lib.imported_options(cfg):  # edge_forward recomputes the trained architecture
+        raise ValueError(f"circuits: an imported architecture ({model_lib.imported_options(cfg)})"
+                         " is not covered by the graph's edge forward")
 
 
 def _head(layer: int, h: int) -> str:
@@ -223,7 +226,7 @@ def edge_forward(params: model_lib.Params, tokens: jax.Array, cfg: model_lib.Mod
     x = params["embed"][tokens].astype(jnp.float32)
     rotary = cfg.pos_encoding == "rotary"
     if cfg.pos_encoding not in ("none", "rotary"):
-        x = x + model_lib._position_embedding(params, cfg, seq_len)
+        x = x + model_lib.transformer._position_embedding(params, cfg, seq_len)
     outputs = [x]  # the senders' outputs in this pass, in graph order
     bias = jnp.zeros((cfg.d_model,), jnp.float32)  # the b_O of the attention layers so far
 
@@ -247,12 +250,13 @@ def edge_forward(params: model_lib.Params, tokens: jax.Array, cfg: model_lib.Mod
         inputs = jnp.stack([read(receiver + r) for r in range(3 * h)]).reshape(
             3, h, *x.shape)
         receiver += 3 * h
-        normed = model_lib._layer_norm(inputs, block["ln1"])
+        normed = model_lib.transformer._layer_norm(inputs, block["ln1"])
         q = jnp.einsum("hbtd,dhe->bthe", normed[0], a["w_q"]) + a["b_q"]
         k = jnp.einsum("hbtd,dhe->bthe", normed[1], a["w_k"])
         v = jnp.einsum("hbtd,dhe->bthe", normed[2], a["w_v"]) + a["b_v"]
         if rotary:
-            q, k = model_lib._rotate(q, cos, sin), model_lib._rotate(k, cos, sin)
+            rotate = model_lib.transformer._rotate  # noqa: SLF001 - the model's own
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         scores = jnp.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(cfg.head_dim)
         scores = jnp.where(causal, scores, -jnp.inf)
         pattern = jax.nn.softmax(scores, axis=-1)
@@ -267,7 +271,7 @@ def edge_forward(params: model_lib.Params, tokens: jax.Array, cfg: model_lib.Mod
                                  + m["b_in"])
             outputs.append(hidden @ m["w_out"] + m["b_out"])
             receiver += 1
-    final = model_lib._layer_norm(read(receiver), params["ln_final"])
+    final = model_lib.transformer._layer_norm(read(receiver), params["ln_final"])
     logits = final @ params["unembed"]["w"] + params["unembed"]["b"]
     return logits, jnp.stack(outputs)
 

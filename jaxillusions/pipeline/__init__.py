@@ -1,2 +1,2 @@
-"""The main job: the tuple of stages (sweep.PIPELINE), its runner, and the check at
-the door (validate.check)."""
+"""The main job: the tuple of stages (job.PIPELINE), its runner (sweep.run), its proxy and
+reports stages, and the door (validate.check)."""

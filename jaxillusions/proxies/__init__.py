@@ -1,5 +1,9 @@
 """Simplified proxies for activations, one module per proxy (adding one = adding one file).
 
+The contract is typed in _proxy_contract.py: `Proxy` (every proxy), `SiteProxy` or `ModelProxy`
+(by SITE), and the optional `Hooks`, which the shared code resolves in one place,
+`hook(module, name)` (the proxy's own, else its default). `available()` finds the modules.
+
 Each proxy module defines:
   STATISTIC: "moments" | "samples" | "pairs" | "labelled" | "model" | None
                                            what fit() consumes (svd.moments sums, a
@@ -17,6 +21,8 @@ Sizes are python ints (static); fit/apply are pure and work under jax.vmap / jax
 A "pairs" proxy (the transcoder) replaces a site by a function of another site's value:
   input_site(site) -> str                  the site it reads (visited earlier by forward).
   input_of(model_params, site, value)      that site's value -> apply()'s input.
+  check_model(model_cfg, target)           a one-line ValueError for a model it cannot read
+                                           (the door; an imported architecture).
 A lens (logit_lens, tuned_lens) reads its site and writes another one, visited later:
   output_site(site, n_layers) -> str       the site it replaces (the final residual stream) by
                                            apply(params, the site's value); the site itself is
@@ -52,11 +58,32 @@ A proxy with sizes (STATISTIC not None) may also define, to own its config setti
                                            features (default: proxy_cfg[SIZES_KEY], no options).
   check(sizes, proxy_cfg, dim, target)     raises a one-line ValueError for sizes that cannot
                                            be fitted on `target` (run by validate).
+  OPTIONS: {key: config.fields.setting(...)}
+                                           its own keys of config.proxies (e.g. sae_k): the
+                                           Proxies section gains them (config/settings.py).
 """
+
+from __future__ import annotations
 
 import importlib
 import pkgutil
 import types
+from typing import Any
+
+from jaxillusions.proxies._proxy_contract import DEFAULTS as DEFAULTS
+from jaxillusions.proxies._proxy_contract import Hooks as Hooks
+from jaxillusions.proxies._proxy_contract import ModelProxy as ModelProxy
+from jaxillusions.proxies._proxy_contract import Proxy as Proxy
+from jaxillusions.proxies._proxy_contract import SiteProxy as SiteProxy
+
+
+def hook(module: types.ModuleType, name: str) -> Any:
+    """The optional hook `name` of a proxy module (a name of `Hooks`): its own, else the
+    default (DEFAULTS). KeyError for a name that is no hook."""
+    if name not in DEFAULTS:
+        raise KeyError(f"{name!r} is not an optional proxy hook (proxies.Hooks): "
+                       f"{', '.join(DEFAULTS)}")
+    return getattr(module, name, DEFAULTS[name])
 
 
 def available() -> tuple[str, ...]:
@@ -75,12 +102,21 @@ def get(name: str) -> types.ModuleType:
 
 def sizes_key(module: types.ModuleType) -> str:
     """The config.proxies key that lists the sizes of a proxy module."""
-    return getattr(module, "SIZES_KEY", f"{module.__name__.rsplit('.', 1)[-1]}_sizes")
+    return hook(module, "SIZES_KEY") or f"{module.__name__.rsplit('.', 1)[-1]}_sizes"
 
 
 def size_label(name: str) -> str:
     """What a size of proxy `name` is called in figures ("rank", "clusters k", ...)."""
-    return getattr(get(name), "SIZE_LABEL", "size")
+    return hook(get(name), "SIZE_LABEL")
+
+
+def settings_of(module: types.ModuleType, proxy_cfg, dim: int) -> tuple[tuple[int, ...], tuple]:
+    """(sizes, fit() options) of a proxy with sizes for a site of `dim` features: its hook
+    `settings`, by default config.proxies[sizes_key(module)] (none: ()) and no options."""
+    own = hook(module, "settings")
+    if own is not None:
+        return own(proxy_cfg, dim)
+    return tuple(getattr(proxy_cfg, sizes_key(module), ())), ()
 
 
 def fit_without_data(stats: None, sizes: tuple[int, ...], *, key=None) -> dict:

@@ -37,13 +37,26 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxillusions.config.fields import INT, INTS, NUMBER, positive, setting
+
 STATISTIC = "samples"
 SITE = "vector"
 SIZES_KEY = "sae_sizes"
 SIZE_LABEL = "width (k * 100000 + width with several sae_k)"
 K_BASE = 100_000  # a size code k * K_BASE + width; a plain width (< K_BASE) uses the option k
-# The defaults of fit() and of settings.Proxies' sae_* fields (the transcoder shares them).
+# The defaults of fit() and of its keys of config.proxies (the transcoder shares them).
 DEFAULTS = {"sae_k": (4,), "sae_steps": 1000, "sae_lr": 1e-3, "sae_batch": 256}
+# Its own keys of config.proxies (the Proxies section gains them: config/settings.py).
+OPTIONS = {
+    "sae_sizes": setting((32, 64, 128), INTS, "sae sizes >= 1 (dictionary widths, at most 99999)",
+                         lambda v, s: len(v) >= 1 and all(1 <= w < K_BASE for w in v)),
+    "sae_k": setting(DEFAULTS["sae_k"], INTS, "k values >= 1, at least one",
+                     lambda v, s: len(v) >= 1 and all(k >= 1 for k in v),
+                     "TopK's k; several: every width x every k"),
+    "sae_steps": setting(DEFAULTS["sae_steps"], INT, ">= 1", positive),
+    "sae_lr": setting(DEFAULTS["sae_lr"], NUMBER, "> 0", lambda v, s: v > 0),
+    "sae_batch": setting(DEFAULTS["sae_batch"], INT, ">= 1", positive),
+}
 
 _HI = jax.lax.Precision.HIGHEST  # full float32 matmuls on accelerators too (TF32 by default)
 

@@ -10,7 +10,9 @@ needs the block's input at its output site: the engine caches `input_site(site)`
 (`blocks.<l>.resid_mid`) when `forward` visits it and, at the output site (visited later in the
 same trace), applies the transcoder to `input_of` it (`model.mlp_input`, the MLP's layer norm).
 This is the ordinary intervention protocol with no flag in the model; site names are unchanged,
-the model's own MLP output is unused and XLA drops its computation.
+the model's own MLP output is unused and XLA drops its computation. An imported architecture
+whose MLP reads otherwise (parallel attention and MLP, another layer-norm epsilon) is refused at
+the door (`check_model`).
 
 Fitted on the "pairs" statistic: the MLP's input and output at the same training positions
 (proxies.kmeans_samples of them, as the SAE's sample). Widths are proxies.transcoder_sizes; k,
@@ -46,6 +48,19 @@ def input_site(site: str) -> str:
 def input_of(model_params: dict, site: str, value: jax.Array) -> jax.Array:
     """The value of input_site(site) -> the MLP's input (its layer norm), as forward computes."""
     return model_lib.mlp_input(model_params, _layer(site), value)
+
+
+def check_model(model_cfg: model_lib.ModelConfig, target: str) -> None:
+    """One-line ValueError for a model whose MLP input is not input_of(resid_mid): attention
+    and MLP in parallel (the MLP reads resid_pre) or layer norms of another epsilon (imported
+    checkpoints, model.pretrained)."""
+    default = model_lib.ModelConfig.__dataclass_fields__["ln_eps"].default
+    if model_cfg.parallel_residual or model_cfg.ln_eps != default:
+        what = ("attention and MLP in parallel (the MLP reads resid_pre)"
+                if model_cfg.parallel_residual else f"layer norms of epsilon {model_cfg.ln_eps}")
+        raise ValueError(f"proxies.transcoder_targets: the transcoder of {target} reads the "
+                         f"MLP's input as the layer norm of resid_mid at epsilon {default}, "
+                         f"but this model has {what}; leave transcoder out of proxies.methods")
 
 
 def settings(proxy_cfg, dim: int) -> tuple[tuple[int, ...], tuple]:
@@ -92,7 +107,7 @@ latents = sae.latents
 def intervention(site_params: dict, model_params: dict) -> model_lib.Intervention:
     """{"blocks.{i}.mlp.out": one size's transcoder params}, one model's params -> an
     intervention for `model.forward` that replaces each of those MLPs by its transcoder (the
-    engine's own is faithfulness.make_intervention, with a head axis and per-site flags)."""
+    engine's own is faithfulness.fit.make_intervention, with a head axis and per-site flags)."""
     inputs = {}  # output site -> its MLP input in the forward pass being traced
 
     def replace(name: str, value: jax.Array) -> jax.Array:

@@ -117,14 +117,14 @@ def write_report_text(writer, text: str, step: int = 0) -> None:
 
 def hparams(config, model_cfg) -> dict[str, Any]:
     """The headline config values, resolved: model.d_head as used, the SVD ranks as used."""
-    from jaxillusions import faithfulness
+    from jaxillusions.faithfulness.specs import specs_from_config
 
     flat = tensorboard.flatten_config(config)
     out = {k: flat[k] for k in HPARAM_KEYS if k in flat}
     if model_cfg is not None:
         out["model.d_head"] = model_cfg.head_dim
         if "svd" in config.proxies.methods:
-            specs = faithfulness.specs_from_config(config.proxies, model_cfg)
+            specs = specs_from_config(config.proxies, model_cfg)
             ranks = sorted({s for spec in specs if spec.method == "svd" for s in spec.sizes})
             out["proxies.svd_ranks"] = ",".join(map(str, ranks))
     if "proxies.kmeans_sizes" in out:

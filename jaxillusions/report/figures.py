@@ -374,7 +374,7 @@ def render_file(jobs_path: str) -> None:
 def save(fig, path: str) -> np.ndarray:
     """Writes `fig` as a PNG at DPI and closes it; returns the pixels it drew [H, W, 4]. The file
     appears whole or not at all (a temporary file, then a rename): a run killed while saving
-    leaves no cut figure, which launch.figures would take for a drawn one."""
+    leaves no cut figure, which `jaxillusions figures` would take for a drawn one."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     # tight_layout leaves a placeholder layout engine, for which savefig draws the whole figure
     # once more before the draw it saves; the layout is done, so none is needed.

@@ -196,26 +196,31 @@ class Run:
 
 
 def load_run(workdir: str, *, verbose: bool = False) -> Run:
-    """The newest checkpoint of a workdir with its config, model config, data splits and seeds."""
+    """The newest checkpoint of a workdir with its config, model config, data splits and seeds
+    (imported members, model.pretrained: their checkpoint directories, step 0)."""
     import jax
 
     from jaxillusions import tasks
     from jaxillusions.config import settings
     from jaxillusions.runtime import checkpoint as ckpt_lib
+    from jaxillusions.training import imported, train
     from jaxillusions.training import step as step_lib
-    from jaxillusions.training import train
 
     config = settings.read_stored(workdir)
     splits, model_cfg, tx = train.build(config, tasks.get(config).load(config.data,
                                                                       verbose=verbose))
     members = train.members(config)
-    # The checkpoint's tree has the shapes of a fresh state (no compute: eval_shape).
-    target = jax.eval_shape(lambda: step_lib.init_state(members.seeds, model_cfg, tx))
-    checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, ckpt_lib.CHECKPOINT_DIR))
-    try:
-        step, state = checkpointer.restore_latest(target)
-    finally:
-        checkpointer.close()
+    if config.model.pretrained:  # imported: read from their directories again, at step 0
+        params, healthy = imported.load_params(config)
+        state, step = step_lib.SweepState(params, (), None, None, healthy), 0
+    else:
+        # The checkpoint's tree has the shapes of a fresh state (no compute: eval_shape).
+        target = jax.eval_shape(lambda: step_lib.init_state(members.seeds, model_cfg, tx))
+        checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, ckpt_lib.CHECKPOINT_DIR))
+        try:
+            step, state = checkpointer.restore_latest(target)
+        finally:
+            checkpointer.close()
     if step is None:
         raise FileNotFoundError(f"{workdir}/checkpoints has no readable checkpoint")
     if verbose:

@@ -57,7 +57,8 @@ _LOGIT_EPS = 1e-6  # per-seed proportions are clipped to [eps, 1 - eps] before t
 GAP_METRICS = ("same_pred", "jsd", "jsd_p95", "jsd_p99", "fvu", "ce_score", "kl_score")
 LOWER_IS_FAITHFUL = ("jsd", "jsd_p95", "jsd_p99", "fvu")  # gap = split - baseline for these
 # Why a cell of a derived metric is left empty (NaN) on an `all` row that should have it: the
-# rules of faithfulness.JSD_MIN_POSITIONS and dictionaries.DENOMINATOR_MARGIN (x 1000).
+# rules of faithfulness.evaluate.JSD_MIN_POSITIONS and dictionary_metrics.DENOMINATOR_MARGIN
+# (x 1000).
 UNDEFINED_WHY = {
     "jsd_p95": "the split has fewer than 20 evaluated positions (none would lie beyond p95)",
     "jsd_p99": "the split has fewer than 100 evaluated positions (none would lie beyond p99)",
@@ -205,9 +206,9 @@ def gaps(rows: Iterable[dict], baseline: str = "iid",
     Only seeds where the metric is defined (not NaN) on both the baseline and the split enter
     (n_seeds counts them): a cell left undefined (a ratio metric whose denominator is
     rounding, a JSD quantile of too few positions, see faithfulness/dictionary_metrics.py and
-    faithfulness.py) contributes to no gap. A comparison with no such seed has no row: a metric
-    that the rows do not have, or have as NaN only (the dictionary metrics of a pattern proxy),
-    is left out."""
+    faithfulness/evaluate.py) contributes to no gap. A comparison with no such seed has no row:
+    a metric that the rows do not have, or have as NaN only (the dictionary metrics of a pattern
+    proxy), is left out."""
     table = by_seed(rows)
     out = []
     for (site, method, size, split), per_seed in sorted(table.items()):

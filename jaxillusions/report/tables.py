@@ -22,7 +22,7 @@ _INT_COLUMNS = ("seed", "size", "n", "n_seeds", "seeds_positive",
                 "layer", "head", "num_seeds", "num_pairs", "prefix_len")  # + wen_attention.csv
 _TEXT_COLUMNS = ("site", "method", "split", "breakdown", "bin", "metric", "baseline", "predictor",
                  "label", "fit_split", "part",  # these two: studies/fit_shift.py
-                 "category")  # studies/induction.py's induction_ablation.csv
+                 "category")  # induction_ablation.csv (tasks/code_completion/copying.py)
 
 
 def _cell(value):

@@ -1,5 +1,6 @@
-"""Datasets: Dyck-(k, m) with generalization splits (dyck.py); the on-disk cache of generated
-data, shared with the code task (cache.py)."""
+"""Fixed-shape row chunks of arrays (`padded_chunks`): how the shared code batches a task's rows,
+or any arrays with a leading row axis, for a compiled program (evaluation, proxies, studies);
+and how many rows a large vocabulary's logits allow in one (`logit_rows`)."""
 
 from collections.abc import Iterator, Sequence
 
@@ -17,3 +18,20 @@ def padded_chunks(arrays: Sequence[np.ndarray], batch_size: int) -> Iterator[lis
         pad = max(0, start + batch_size - n)
         yield [np.pad(a[start:start + batch_size], [(0, pad)] + [(0, 0)] * (a.ndim - 1))
                for a in arrays]
+
+
+# The float32 logits [rows, T, vocab] that an evaluation call holds at once for one member: the
+# original model's and each proxy size's (faithfulness.evaluate), or the logits and their
+# log-softmax (training/evaluation.py). A call whose `copies` of them would exceed LOGITS_BYTES
+# runs its batch in chunks of the rows that stay within it: at a vocabulary of 50k, 128-token
+# rows run about 40 at a time in training's evaluation. The cap depends on the config alone,
+# never on the machine, so that the numbers do too; the shipped configs (a vocabulary of at
+# most 256) stay well below it, so their batches are as set. training/memory.py counts it.
+LOGITS_BYTES = 2 * 2**30
+
+
+def logit_rows(rows: int, width: int, vocab: int, copies: int) -> int:
+    """`rows` if `copies` float32 logits of rows x width x vocab fit in LOGITS_BYTES, else the
+    most rows that do (at least 1)."""
+    per_row = copies * width * vocab * 4
+    return rows if rows * per_row <= LOGITS_BYTES else max(1, LOGITS_BYTES // per_row)

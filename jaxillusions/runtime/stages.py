@@ -1,27 +1,24 @@
-"""The stages of the main job, and their stage files.
+"""The stage files of the main job, and the helpers its stages write with.
 
-A `Stage` is one step of the pipeline (`sweep.PIPELINE` lists them in order): a name, when it
-runs (`enabled`), `run` (a `Context` in, the same context with what the stage
-produced out), the settings its results depend on (`keys`) and the report files it writes
-(`outputs`). A stage with `stamped=True` is saved whole: the runner skips it on a relaunch while
-its stage file (proxies/stage_<name>.json, stamped with the values of its `keys`) and its outputs
-are there, and moves them aside when a key changed. Stages with finer-grained work (a proxy
-family at a time) save each piece in a stamped stage file of their own (`Stages`), so a relaunch
-resumes where a run stopped and a changed analysis setting recomputes only what it affects (a
-stale file is moved to superseded/, never overwritten).
+A stage (studies/stage.py) saved whole (Stage.stamped) has one stage file,
+proxies/stage_<name>.json, stamped with the values of its keys: the runner skips the stage on a
+relaunch while that file and its outputs are there, and moves them aside when a key changed.
+Stages with finer-grained work (a proxy family at a time) save each piece in a stamped stage
+file of their own (`StageFiles`), so a relaunch resumes where a run stopped and a changed
+analysis setting recomputes only what it affects (a stale file is moved to superseded/, never
+overwritten). Writes go through `write`/`writing`: an OSError becomes one line naming the file
+and the stage.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import os
 import shutil
 import time
 from collections.abc import Callable
-from typing import Any
 
 from flax import serialization
 
@@ -29,73 +26,6 @@ from jaxillusions.runtime import distributed, interrupt
 from jaxillusions.runtime.cache import error_line, write_atomic
 
 STAGE_DIR = "proxies"
-
-
-def _always(settings) -> bool:
-    del settings
-    return True
-
-
-@dataclasses.dataclass(frozen=True)
-class Stage:
-    """One step of the main job.
-
-    `scope`: "run" (once per run, in the workdir) or "group" (once per weight group, in its
-    directory: the workdir itself unless train.contrastive_weights sweeps several weights).
-    `keys`: fnmatch patterns of the settings keys (as settings.flatten names them) that define
-    the stage's results: analysis keys (settings.ANALYSIS_KEYS); a change redoes the analysis.
-    `outputs`: glob patterns of the report files it writes in its directory: moved aside before
-    an analysis with other settings, checksummed in sweep_done.json. `clocks`: the names its
-    time is counted under in the timing line (default: its name). A stage's settings are
-    checked at the door, before any work (pipeline/validate.py calls each study's checks)."""
-
-    name: str
-    run: Callable[[Context], Context]
-    enabled: Callable[[Any], bool] = _always
-    scope: str = "group"
-    keys: tuple[str, ...] = ()
-    outputs: tuple[str, ...] = ()
-    clocks: tuple[str, ...] = ()
-    stamped: bool = False
-
-    def __post_init__(self):
-        if self.scope not in ("run", "group"):
-            raise ValueError(f"stage {self.name}: scope must be 'run' or 'group', got "
-                             f"{self.scope!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Context:
-    """What the stages share, by name: the run (settings, workdir, data, model), what training
-    produced, and, in a weight group's stages, the group (its directory, members, stage files)
-    and what its stages produced. A stage returns `dataclasses.replace(ctx, field=...)`; nothing
-    travels by position."""
-
-    settings: Any
-    workdir: str
-    say: Callable[..., None]
-    verbose: bool
-    move_aside: Callable[..., None]
-    splits: dict
-    model_cfg: Any
-    start: float = 0.0  # time.perf_counter() at the start of the job (progress lines)
-    start_over: bool = False
-    # Training.
-    state: Any = None  # the trained TrainState (params, healthy, step; leading member axis)
-    final_eval: dict | None = None  # the final evaluation per split (evaluation.evaluate_splits)
-    # A weight group (scope "group").
-    directory: str = ""
-    members: Any = None  # member indices of the group
-    params: Any = None
-    healthy: Any = None  # [members] bool
-    seeds: tuple[int, ...] = ()
-    files: Stages | None = None
-    # What the group's stages produced.
-    results: dict = dataclasses.field(default_factory=dict)
-
-    def produced(self, **values) -> Context:
-        """The context with `values` added to `results` (by the stage that computed them)."""
-        return dataclasses.replace(self, results={**self.results, **values})
 
 
 def write(path: str, data: str | bytes, stage: str) -> None:
@@ -172,7 +102,7 @@ def mover(workdir: str, say) -> Callable[..., None]:
     return move_aside
 
 
-class Stages:
+class StageFiles:
     """Per-family stage files under <workdir>/proxies, each stamped with the settings it used."""
 
     def __init__(self, workdir: str, move_aside):

@@ -42,6 +42,7 @@ from jaxillusions.model import patching
 from jaxillusions.report import stats, tables
 from jaxillusions.runtime import distributed, stages
 from jaxillusions.studies import dictionaries
+from jaxillusions.studies.stage import PROXIES, Context, Stage
 
 METHOD = "circuit"
 MEASURES = ("cpr", "cmd")
@@ -168,21 +169,21 @@ def equal_iid(rows: Sequence[dict], baseline: str, model_cfg) -> list[dict]:
     return out
 
 
-def run(ctx: stages.Context) -> stages.Context:
+def run(ctx: Context) -> Context:
     """The stage: circuits.csv, circuits_overlap.csv and circuits_equal_iid.csv (process 0)."""
-    r, pc = ctx.results, ctx.settings.proxies
-    shift_fits = r.get("shift_fits", {})
-    areas_rows = area_table(per_seed_areas(r["rows"], ctx.model_cfg), pc.gap_baseline)
+    r, pc = ctx.proxies, ctx.settings.proxies
+    shift_fits = ctx.made.get("fit_shift", {}).get("fits", {})  # with fit_shift.splits
+    areas_rows = area_table(per_seed_areas(r.rows, ctx.model_cfg), pc.gap_baseline)
     overlap = []
-    for i, spec in enumerate(r["specs"]):
+    for i, spec in enumerate(r.specs):
         if spec.method == METHOD:
             shifted = {split: fits[i].params for split, fits in shift_fits.items()}
-            overlap += overlap_rows(spec, r["fitted"][i], shifted, ctx.model_cfg, ctx.healthy)
+            overlap += overlap_rows(spec, r.fitted[i], shifted, ctx.model_cfg, ctx.healthy)
     if distributed.is_main():
         for name, table, columns in (
                 ("circuits.csv", areas_rows, COLUMNS),
                 ("circuits_overlap.csv", overlap, OVERLAP_COLUMNS),
-                ("circuits_equal_iid.csv", equal_iid(r["rows"], pc.gap_baseline, ctx.model_cfg),
+                ("circuits_equal_iid.csv", equal_iid(r.rows, pc.gap_baseline, ctx.model_cfg),
                  dictionaries.EQUAL_ID_COLUMNS)):
             path = os.path.join(ctx.directory, name)
             with stages.writing("report", path):
@@ -195,6 +196,6 @@ def enabled(settings) -> bool:
     return METHOD in settings.proxies.methods
 
 
-# The main job's stage (sweep.PIPELINE): per weight group, after the fit shift.
-STAGE = stages.Stage("circuits", run, enabled=enabled,
-                     keys=("proxies.*", "fit_shift.*"), outputs=REPORTS)
+# The main job's stage (job.PIPELINE): per weight group, after the fit shift.
+STAGE = Stage("circuits", run, enabled=enabled, keys=("proxies.*", "fit_shift.*"),
+              outputs=REPORTS, needs=(PROXIES, "fit_shift"))

@@ -27,8 +27,10 @@ Gaps follow report/stats.py: positive = less faithful on the split than on the b
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+import os
 import types
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
@@ -39,12 +41,15 @@ import numpy as np
 import pandas as pd
 import scipy.optimize
 
+from jaxillusions import tasks
+from jaxillusions.config.fields import INT, nonnegative, setting
 from jaxillusions.proxies import sae, svd
 from jaxillusions.report import stats, tables
 from jaxillusions.runtime import stages
+from jaxillusions.studies.stage import PROXIES, Stage
 
 if TYPE_CHECKING:
-    from jaxillusions.faithfulness import FittedProxy
+    from jaxillusions.faithfulness.fit import FittedProxy
 
 THRESHOLD = 0.9  # a matched pair "agrees" above this cosine (Paulo & Belrose 2025)
 EQUAL_ID_COLUMNS = ("site", "rank", "split", "metric", "reference", "dictionary", "matched_on",
@@ -369,7 +374,8 @@ def seed_match_tables(params, healthy, seeds: Sequence[int], train_split, model_
     svd.settings' ranks, clipped to the site's dimension). The sample is collected again
     (faithfulness.collect, the same first proxies.kmeans_samples positions) for those seeds in
     one batched call."""
-    from jaxillusions import faithfulness, tasks  # noqa: PLC0415 - the engine, only here
+    from jaxillusions import tasks  # noqa: PLC0415 - the engine, only here
+    from jaxillusions.faithfulness.collect import Chunking, collect  # noqa: PLC0415
 
     pc = config.proxies
     wanted = config.dictionaries.match_seeds
@@ -380,10 +386,10 @@ def seed_match_tables(params, healthy, seeds: Sequence[int], train_split, model_
     pick = np.asarray(indices)
     sub = jax.tree.map(lambda x: x[pick], params)
     tokens = _first_sentences(np.asarray(train_split.tokens), pc.kmeans_samples, tasks.PAD)
-    collected = faithfulness.collect(
+    collected = collect(
         sub, types.SimpleNamespace(tokens=tokens), model_cfg, [s for _, s in saes],
         num_samples=pc.kmeans_samples, batch_size=pc.collect_batch_size,
-        chunking=faithfulness.Chunking(pc.seed_chunk_size, say))
+        chunking=Chunking(pc.seed_chunk_size, say))
     key = jax.random.fold_in(jax.random.PRNGKey(config.seed), MATCH_SALT)
     per_seed, svd_done = [], set()
     for i, spec in saes:
@@ -407,21 +413,32 @@ def seed_match_tables(params, healthy, seeds: Sequence[int], train_split, model_
 
 
 def run(ctx):
-    """The main job's stage (stages.Context in and out): the SAE seed-match tables of
+    """The main job's stage (a Context in and out): the SAE seed-match tables of
     `seed_match_tables`, written by process 0 (dictionaries_seed_match*.csv)."""
-    import os  # noqa: PLC0415
-
     from jaxillusions.runtime import distributed  # noqa: PLC0415
 
-    r = ctx.results
     matched = seed_match_tables(ctx.params, ctx.healthy, ctx.seeds, ctx.splits["train"],
-                                ctx.model_cfg, r["shared"], ctx.settings, say=ctx.say)
+                                ctx.model_cfg, ctx.proxies.families, ctx.settings, say=ctx.say)
     if distributed.is_main():
-        for name, (table, columns) in matched.items():
-            path = os.path.join(ctx.directory, f"{name}.csv")
-            with stages.writing("report", path):
-                tables.write_csv(table, path, columns)
+        _write(ctx.directory, matched)
     return ctx
+
+
+def _write(directory: str, named: dict) -> None:
+    """<directory>/<name>.csv of each {name: (rows, columns)}."""
+    for name, (table, columns) in named.items():
+        path = os.path.join(directory, f"{name}.csv")
+        with stages.writing("report", path):
+            tables.write_csv(table, path, columns)
+
+
+def report_lines(ctx) -> list[str]:
+    """The reports stage's part: dictionaries_equal_id.csv and dictionaries_quality.csv from the
+    result rows (`results_tables`); no lines for gap_table.txt."""
+    pc = ctx.settings.proxies
+    _write(ctx.directory, results_tables(ctx.proxies.rows, pc.gap_baseline,
+                                         tasks.get(ctx.settings.task).IN_DISTRIBUTION))
+    return []
 
 
 def enabled(settings) -> bool:
@@ -429,6 +446,15 @@ def enabled(settings) -> bool:
     return "sae" in settings.proxies.methods
 
 
-# The main job's stage (sweep.PIPELINE): per weight group, after the proxies.
-STAGE = stages.Stage("dictionaries", run, enabled=enabled, keys=("dictionaries.*", "proxies.*"),
-                     outputs=("dictionaries_*.csv",))
+@dataclasses.dataclass(frozen=True)
+class Dictionaries:
+    """The SAE proxy's seed-dependence analysis (jaxillusions/studies/dictionaries.py)."""
+
+    match_seeds: int = setting(8, INT, ">= 0 (0: no SAE seed-match analysis)", nonnegative,
+                               "seeds of the SAE seed-dependence analysis")
+
+
+# The main job's stage (job.PIPELINE): per weight group, after the proxies.
+STAGE = Stage("dictionaries", run, enabled=enabled, keys=("dictionaries.*", "proxies.*"),
+              outputs=("dictionaries_*.csv",), section=Dictionaries, report=report_lines,
+              needs=(PROXIES,))

@@ -57,6 +57,7 @@ distribution part is 0 and its capacity part is its whole gap.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -68,9 +69,15 @@ import jax
 import numpy as np
 from flax import serialization
 
-from jaxillusions import faithfulness, proxies, tasks
+from jaxillusions import proxies, tasks
+from jaxillusions.config.fields import INT, STRS, nonnegative, setting
+from jaxillusions.faithfulness.collect import Chunking, collect
+from jaxillusions.faithfulness.evaluate import EvalOptions, evaluate, make_eval_set
+from jaxillusions.faithfulness.fit import FittedProxy, fit_one
+from jaxillusions.faithfulness.specs import labels_for
 from jaxillusions.report import figures, stats, tables
 from jaxillusions.runtime import schema, stages, timing
+from jaxillusions.studies.stage import PROXIES, Context, Stage
 
 REFERENCE = "train"
 
@@ -338,16 +345,19 @@ def fit_stamp(config) -> dict:
     return {"fit_sentences": config.fit_shift.sentences} if config.fit_shift.sentences else {}
 
 
-def check_config(config) -> None:
-    """One-line ValueError for bad fit settings (validate runs it before any work)."""
+def check(config, model_cfg) -> list[str]:
+    """One-line ValueError for bad fit settings (the door runs it before any work)."""
+    del model_cfg
     pc, task = config.proxies, tasks.get(config)
     names = config.fit_shift.splits
+    named = tasks.hook(task, "split_names")  # the splits the data names (text), else SPLITS
+    available = named(config.data) if named is not None else task.SPLITS
     for name in names:
-        if name not in task.SPLITS:
+        if name not in available:
             other = [t for t in tasks.TASKS if name in tasks.get(t).SPLITS]
             where = f"a split of task {other[0]}, not" if other else "unknown in"
             raise ValueError(f"fit_shift.splits: {name!r} is {where} task {task.NAME}; "
-                             f"available: {', '.join(task.SPLITS)}")
+                             f"available: {', '.join(available)}")
     if REFERENCE not in names or len(set(names)) != len(names):
         raise ValueError(f"fit_shift.splits={names}: must list {REFERENCE!r} (the reference "
                          "of every paired comparison) and each split once")
@@ -359,6 +369,7 @@ def check_config(config) -> None:
             raise ValueError(f"fit_shift.sentences={cap}: at most {cap * width} positions "
                              f"to fit {method} on, fewer than its largest size {largest}; use "
                              f"at least {-(-largest // width)} sentences, or 0 (all)")
+    return []
 
 
 def enabled(config) -> bool:
@@ -366,25 +377,24 @@ def enabled(config) -> bool:
     return any(s != REFERENCE for s in config.fit_shift.splits)
 
 
-def run(ctx: stages.Context) -> stages.Context:
-    """The stage, on a weight group's context: adds `shift_rows`, the rows of every proxy fitted
-    on every split of fit_shift.splits (column fit_split), evaluated on the halved evaluation
-    set, from the proxy stage's train fits (`specs`, `fitted`, `fit_stamps`); the report stage
-    writes their tables. Adds `shift_fits` too: {split: the FittedProxy list fitted on it}
-    (train's are `shared`), for studies/circuits.py's overlaps."""
+def run(ctx: Context) -> Context:
+    """The stage, on a weight group's context: makes `rows`, the rows of every proxy fitted on
+    every split of fit_shift.splits (column fit_split), evaluated on the halved evaluation set,
+    from the proxy stage's train fits; its report (`report`) writes their tables. Makes `fits`
+    too: {split: the FittedProxy list fitted on it} (train's are the proxy stage's families),
+    for studies/circuits.py's overlaps."""
     config, params, splits, say = ctx.settings, ctx.params, ctx.splits, ctx.say
-    specs, fitted, fit_stamps = (ctx.results[k] for k in ("specs", "fitted", "fit_stamps"))
+    specs, fitted, fit_stamps = ctx.proxies.specs, ctx.proxies.fitted, ctx.proxies.fit_stamps
     others = [s for s in config.fit_shift.splits if s != REFERENCE]
     pc, seed = config.proxies, config.seed
-    chunking = faithfulness.Chunking(pc.seed_chunk_size, say)
+    chunking = Chunking(pc.seed_chunk_size, say)
     files, model_cfg, seeds, healthy = ctx.files, ctx.model_cfg, ctx.seeds, ctx.healthy
     halved = {n: tasks.subset(splits[n], halves(len(splits[n].tokens), seed)[1])
               for n in pc.eval_splits if n in others}
-    eval_set = faithfulness.make_eval_set({**splits, **halved}, pc.eval_splits,
-                                          tasks.get(config))
+    eval_set = make_eval_set({**splits, **halved}, pc.eval_splits, tasks.get(config))
     eval_stamp = dict(splits=list(pc.eval_splits), halved=sorted(halved), seed=seed,
                       batch=pc.eval_batch_size)
-    train_fitted = [faithfulness.FittedProxy(s, f) for s, f in zip(specs, fitted, strict=True)]
+    train_fitted = [FittedProxy(s, f) for s, f in zip(specs, fitted, strict=True)]
     dependent = [i for i, s in enumerate(specs) if s.module.STATISTIC is not None]
     say(f"fit shift: fitting on {', '.join(others)} (their fit halves), evaluating every fit on "
         f"{', '.join(pc.eval_splits)} (halved: {', '.join(halved) or 'none'})")
@@ -408,11 +418,10 @@ def run(ctx: stages.Context) -> stages.Context:
             family = files.load(path, stamp, stages.read_json)
             if family is None:
                 with timing.stage("evaluation"):
-                    family = faithfulness.evaluate(
+                    family = evaluate(
                         params, model_cfg, eval_set, [family_fits[i]],
                         batch_size=pc.eval_batch_size, seeds=seeds, healthy=healthy,
-                        options=faithfulness.EvalOptions(shared=family_fits,
-                                                         chunking=chunking))
+                        options=EvalOptions(shared=family_fits, chunking=chunking))
                 stages.write(path, json.dumps({"stamp": stamp, "value": family}),
                              "fit-shift evaluation")
             rows += [{"fit_split": name, **row} for row in family]
@@ -420,17 +429,17 @@ def run(ctx: stages.Context) -> stages.Context:
                 f"while evaluating proxies fitted on {name}; the finished families are saved "
                 f"in {directory}; relaunch the same command to resume")
         say(f"  fit on {name}: {len(stamps)} families evaluated", flush=True)
-    return ctx.produced(shift_rows=rows, shift_fits=shift_fits)
+    return ctx.produced("fit_shift", rows=rows, fits=shift_fits)
 
 
-def _fit(ctx: stages.Context, data, dependent: list[int], stamps: dict, directory: str,
+def _fit(ctx: Context, data, dependent: list[int], stamps: dict, directory: str,
          family_fits: list) -> list:
     """family_fits with the data-dependent families (indices `dependent` of the proxy stage's
     specs) fitted on `data` by the group of `ctx` (loaded from their stage files under
     `directory` where those carry `stamps`). Collected once for all families that need it."""
     config, params, model_cfg, files = ctx.settings, ctx.params, ctx.model_cfg, ctx.files
-    specs, pc, out = ctx.results["specs"], config.proxies, list(family_fits)
-    chunking = faithfulness.Chunking(pc.seed_chunk_size, ctx.say)
+    specs, pc, out = ctx.proxies.specs, config.proxies, list(family_fits)
+    chunking = Chunking(pc.seed_chunk_size, ctx.say)
     paths = {i: os.path.join(directory, os.path.basename(files.path(i, specs[i], ".msgpack")))
              for i in dependent}
     loaded = {i: files.load(paths[i], stamps[i], stages.read_msgpack)
@@ -441,29 +450,46 @@ def _fit(ctx: stages.Context, data, dependent: list[int], stamps: dict, director
             raise ValueError(f"fit_shift.splits: the fit half of {os.path.basename(directory)}"
                              " has no sentences")
         with timing.stage("collection"):
-            stats = faithfulness.collect(params, data, model_cfg, [specs[i] for i in todo],
-                                         num_samples=pc.kmeans_samples,
-                                         batch_size=pc.collect_batch_size,
-                                         chunking=chunking,
-                                         labels=faithfulness.labels_for(
-                                             [specs[i] for i in todo], config, data))
+            stats = collect(params, data, model_cfg, [specs[i] for i in todo],
+                            num_samples=pc.kmeans_samples, batch_size=pc.collect_batch_size,
+                            chunking=chunking,
+                            labels=labels_for([specs[i] for i in todo], config, data))
         for i in todo:
             with timing.stage("fitting"):
                 # The train fit's random keys (spec index i): only the data differ.
-                proxy = faithfulness.fit_one(specs[i], i, stats, jax.random.PRNGKey(config.seed),
-                                             jax.tree.leaves(params)[0].shape[0],
-                                             chunking=chunking)
+                proxy = fit_one(specs[i], i, stats, jax.random.PRNGKey(config.seed),
+                                jax.tree.leaves(params)[0].shape[0], chunking=chunking)
                 loaded[i] = jax.tree.map(np.asarray, proxy.params)
             stages.write(paths[i], serialization.msgpack_serialize(
                 {"stamp": stamps[i], "value": loaded[i]}), "fit-shift fitting")
         del stats
     for i in dependent:
-        out[i] = faithfulness.FittedProxy(specs[i], loaded[i])
+        out[i] = FittedProxy(specs[i], loaded[i])
     return out
 
 
+def report_lines(ctx: Context) -> list[str]:
+    """The reports stage's part: the tables and figures of `write_reports` from the stage's
+    rows (process 0); no lines for gap_table.txt."""
+    rows = ctx.made.get("fit_shift", {}).get("rows")
+    if rows:
+        with stages.writing("report", ctx.directory):
+            write_reports(rows, ctx.settings, ctx.directory, say=ctx.say)
+    return []
 
-# The main job's stage (sweep.PIPELINE): per weight group, after the proxies; the report stage
-# writes its tables (studies/fit_shift.py).
-STAGE = stages.Stage("fit_shift", run, enabled=enabled,
-                     keys=("fit_shift.*", "proxies.*"), outputs=REPORTS)
+
+@dataclasses.dataclass(frozen=True)
+class FitShift:
+    """Proxies fitted on other splits than train too (jaxillusions/studies/fit_shift.py)."""
+
+    splits: tuple[str, ...] = setting(
+        ("train",), STRS, "splits of the task, 'train' among them (checked below)",
+        lambda v, s: len(v) >= 1, "splits the proxies are fitted on (an OOD one: its fit half)")
+    sentences: int = setting(0, INT, ">= 0 (0: every sentence of the fit split or half)",
+                             nonnegative, "cap on the sentences a proxy is fitted on")
+
+
+# The main job's stage (job.PIPELINE): per weight group, after the proxies.
+STAGE = Stage("fit_shift", run, enabled=enabled, keys=("fit_shift.*", "proxies.*"),
+              outputs=REPORTS, section=FitShift, check=check, report=report_lines,
+              needs=(PROXIES,), makes=("fit_shift",))

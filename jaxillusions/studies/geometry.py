@@ -42,6 +42,7 @@ All of it is batched over seeds and heads with jax.vmap, ranks and sample counts
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -55,11 +56,17 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
-from jaxillusions import faithfulness, tasks
-from jaxillusions.faithfulness import dictionary_metrics as dictionaries
+from jaxillusions import tasks
+from jaxillusions.config.fields import BOOL, INTS, setting
+from jaxillusions.faithfulness import dictionary_metrics
+from jaxillusions.faithfulness.collect import Chunking, collect
+from jaxillusions.faithfulness.evaluate import EvalOptions, evaluate, make_eval_set
+from jaxillusions.faithfulness.fit import FittedProxy
+from jaxillusions.faithfulness.specs import ProxySpec
 from jaxillusions.report import figures, stats, tables
 from jaxillusions.runtime import distributed, linalg, stages
 from jaxillusions.studies import fit_shift
+from jaxillusions.studies.stage import PROXIES, Context, Stage
 
 _HI = jax.lax.Precision.HIGHEST
 
@@ -125,7 +132,7 @@ def outside_energy(moments: dict, mean: jax.Array, basis: jax.Array, rank: jax.A
     """Share of the energy of the activations (`moments`) about `mean` that lies outside the
     span of the first `rank` columns of `basis`: E|(I - P)(x - mean)|^2 / E|x - mean|^2; NaN
     where that energy (a centred proxy: the split's variance about the training mean) is not
-    dictionaries.DENOMINATOR_MARGIN times its float32 rounding, as fvu: the sums of squares
+    dictionary_metrics.DENOMINATOR_MARGIN times its float32 rounding, as fvu: the sums of squares
     carry about eps * sqrt(n) of themselves, and subtracting the mean's terms cancels them."""
     count = jnp.maximum(moments["count"], 1.0)
     own = moments["total"] / count
@@ -135,9 +142,9 @@ def outside_energy(moments: dict, mean: jax.Array, basis: jax.Array, rank: jax.A
     inside = jnp.trace(jnp.matmul(kept.T, jnp.matmul(second, kept, precision=_HI),
                                   precision=_HI))
     total = jnp.trace(second)
-    rounding = dictionaries.EPS32 * (3 * jnp.sqrt(count) + 1) * (
+    rounding = dictionary_metrics.EPS32 * (3 * jnp.sqrt(count) + 1) * (
         jnp.trace(moments["gram"]) / count + jnp.dot(mean, mean))
-    return jnp.where(total > dictionaries.DENOMINATOR_MARGIN * rounding, 1.0 - inside / total,
+    return jnp.where(total > dictionary_metrics.DENOMINATOR_MARGIN * rounding, 1.0 - inside / total,
                      jnp.nan)
 
 
@@ -368,14 +375,14 @@ def enabled(config) -> bool:
     return bool(gc.enabled or gc.repair_sentences)
 
 
-def run(ctx: stages.Context) -> stages.Context:
+def run(ctx: Context) -> Context:
     """The stage (module docstring), on a weight group's context: its parameters and the proxy
     stage's results (`shared`: the FittedProxy list, `fit_stamps` their stage stamps, `rows`
     the evaluation rows). Writes geometry.csv, geometry_predicts_gap.csv and repair.csv."""
     params, healthy, seeds, splits = ctx.params, ctx.healthy, ctx.seeds, ctx.splits
     model_cfg, config, workdir, files, say = (ctx.model_cfg, ctx.settings, ctx.directory,
                                               ctx.files, ctx.say)
-    shared, fit_stamps, rows = (ctx.results[k] for k in ("shared", "fit_stamps", "rows"))
+    shared, fit_stamps, rows = ctx.proxies.families, ctx.proxies.fit_stamps, ctx.proxies.rows
     pc, task = config.proxies, tasks.get(config)
     baseline = pc.gap_baseline
     counts = config.geometry.repair_sentences
@@ -392,7 +399,7 @@ def run(ctx: stages.Context) -> stages.Context:
     if short:  # a task whose split sizes validate could not know (code: num_eval -1)
         raise ValueError(f"geometry.repair_sentences={counts}: split {short[0]} has "
                          f"{len(halves[short[0]][0])} sentences in its fit half; at most that")
-    chunking = faithfulness.Chunking(pc.seed_chunk_size, say)
+    chunking = Chunking(pc.seed_chunk_size, say)
 
     # 1. Moments.
     sets = {"train": task.view(splits["train"]).tokens}
@@ -405,9 +412,9 @@ def run(ctx: stages.Context) -> stages.Context:
     path = os.path.join(files.dir, MOMENTS_FILE)
     moments = files.load(path, moments_stamp, stages.read_msgpack)
     if moments is None:
-        spec = faithfulness.ProxySpec("svd", sites)
+        spec = ProxySpec("svd", sites)
         say(f"geometry: collecting moments of {len(sites)} sites on {len(sets)} sentence sets")
-        moments = {name: {s: v["moments"] for s, v in faithfulness.collect(
+        moments = {name: {s: v["moments"] for s, v in collect(
             params, types.SimpleNamespace(tokens=tokens), model_cfg, [spec], num_samples=0,
             batch_size=pc.collect_batch_size, chunking=chunking).items()}
             for name, tokens in sets.items()}
@@ -465,7 +472,7 @@ def run(ctx: stages.Context) -> stages.Context:
     return ctx
 
 
-def _repair_family(ctx: stages.Context, proxy, moments: dict, ood: list[str],
+def _repair_family(ctx: Context, proxy, moments: dict, ood: list[str],
                    halves: dict) -> list[dict]:
     """Rows of the train-fitted proxy and of its refits and rotations on each OOD split's
     evaluation half (the group of `ctx`); the variants go on the size axis of one evaluation
@@ -494,16 +501,12 @@ def _repair_family(ctx: stages.Context, proxy, moments: dict, ood: list[str],
                 *parts)
         labels = [("train", 0, r) for r in sizes] + [
             (v, m, r) for v in variants for m in counts for r in sizes]
-        wide = faithfulness.ProxySpec(spec.method, spec.sites, tuple(range(len(labels))),
-                                      spec.options)
+        wide = ProxySpec(spec.method, spec.sites, tuple(range(len(labels))), spec.options)
         half = tasks.subset(splits[split], halves[split][1])
-        eval_set = faithfulness.make_eval_set({split: half}, [split], task)
-        got = faithfulness.evaluate(ctx.params, ctx.model_cfg, eval_set,
-                                    [faithfulness.FittedProxy(wide, per_site)],
-                                    batch_size=pc.eval_batch_size, seeds=ctx.seeds,
-                                    healthy=ctx.healthy, options=faithfulness.EvalOptions(
-                                        chunking=faithfulness.Chunking(pc.seed_chunk_size,
-                                                                       ctx.say)))
+        eval_set = make_eval_set({split: half}, [split], task)
+        got = evaluate(ctx.params, ctx.model_cfg, eval_set, [FittedProxy(wide, per_site)],
+                       batch_size=pc.eval_batch_size, seeds=ctx.seeds, healthy=ctx.healthy,
+                       options=EvalOptions(chunking=Chunking(pc.seed_chunk_size, ctx.say)))
         for row in got:
             if row["breakdown"] != "all":
                 continue
@@ -527,6 +530,38 @@ def _headline(table: list[dict]) -> str:
             f"(|Spearman rho| larger): {', '.join(parts)} (geometry_predicts_gap.csv)")
 
 
-# The main job's stage (sweep.PIPELINE): per weight group, after the proxies.
-STAGE = stages.Stage("geometry", run, enabled=enabled, keys=("geometry.*", "proxies.*"),
-                     outputs=("geometry.csv", "geometry_predicts_gap.csv", "repair.csv"))
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+    """Subspace geometry of the SVD proxies and their repair (jaxillusions/studies/geometry.py)."""
+
+    enabled: bool = setting(False, BOOL, "true or false",
+                            doc="principal angles and outside energy of the SVD subspaces")
+    repair_sentences: tuple[int, ...] = setting(
+        (), INTS, "distinct sentence counts >= 1, or () for no repair",
+        lambda v, s: all(m >= 1 for m in v) and len(set(v)) == len(v),
+        "refit / rotate each proxy with M unlabelled OOD sentences")
+
+
+def check(config, model_cfg) -> list[str]:
+    """geometry.enabled / repair_sentences need an SVD proxy, and M within a split's fit half
+    (one-line ValueError at the door)."""
+    del model_cfg
+    gc = config.geometry
+    if not enabled(config):
+        return []
+    key = "repair_sentences" if gc.repair_sentences else "enabled"
+    if not any(m in METHODS for m in config.proxies.methods):
+        raise ValueError(f"geometry.{key}={getattr(gc, key)!r}: needs svd or pca in "
+                         f"proxies.methods (now {tuple(config.proxies.methods)})")
+    counts, per_split = gc.repair_sentences, getattr(config.data, "num_eval", None)
+    if counts and per_split is not None and per_split > 0 and max(counts) > (per_split + 1) // 2:
+        raise ValueError(f"geometry.repair_sentences={counts}: must be at most "
+                         f"{(per_split + 1) // 2}, the fit half of a split of data.num_eval="
+                         f"{per_split} sentences")
+    return []
+
+
+# The main job's stage (job.PIPELINE): per weight group, after the proxies.
+STAGE = Stage("geometry", run, enabled=enabled, keys=("geometry.*", "proxies.*"),
+              outputs=("geometry.csv", "geometry_predicts_gap.csv", "repair.csv"),
+              section=Geometry, check=check, needs=(PROXIES,))

@@ -12,7 +12,7 @@ of the training sentences):
     eigenvalue), predicting the argmax; closed form, batched over seeds. Least squares, not
     logistic regression: it is exact, deterministic and LEACE's own notion of linear (after
     LEACE the least-squares probe is constant);
-  - the eraser: the erasure proxy's (erasure.leace, fitted by faithfulness.fit_one), per head;
+  - the eraser: the erasure proxy's (erasure.leace, fitted by faithfulness.fit.fit_one), per head;
     a site's probe reads all its heads at once.
 Closed form, batched over seeds, on the host in float64 (the eraser in float32, as the proxy's).
 Every position of a split where the concept is defined counts (not only evaluated ones).
@@ -43,6 +43,7 @@ differences with Student-t 95% intervals and the count of seeds above zero.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -50,10 +51,15 @@ import os
 import jax
 import numpy as np
 
-from jaxillusions import faithfulness, tasks
+from jaxillusions import tasks
+from jaxillusions.config.fields import NUMBER, STRS, setting
+from jaxillusions.faithfulness.collect import Chunking, collect
+from jaxillusions.faithfulness.fit import fit_one
+from jaxillusions.faithfulness.specs import ProxySpec, resolve_site
 from jaxillusions.report import stats, tables
 from jaxillusions.runtime import distributed, stages
 from jaxillusions.studies import fit_shift
+from jaxillusions.studies.stage import Context, Stage
 
 
 def _by(rows, *keys) -> dict:
@@ -136,29 +142,30 @@ def enabled(config) -> bool:
     return bool(config.probes.sites)
 
 
-def check_config(config, model_cfg) -> None:
+def check(config, model_cfg) -> list[str]:
     """One-line ValueError for probe sites that are not vector sites, or concepts the task does
-    not have (validate runs it before any work)."""
+    not have (the door runs it before any work)."""
     pc, task = config.proxies, tasks.get(config)
     unknown = [c for c in pc.concepts if c not in task.CONCEPTS]
     if unknown:
         raise ValueError(f"proxies.concepts: {unknown[0]!r} is not a concept of task "
                          f"{task.NAME}; available: {', '.join(task.CONCEPTS)}")
     if not enabled(config):
-        return
+        return []
     if not pc.concepts:
         raise ValueError(f"probes.sites={tuple(config.probes.sites)}: needs proxies.concepts "
                          f"(the concepts to probe; task {task.NAME} has "
                          f"{', '.join(task.CONCEPTS)})")
     for site in config.probes.sites:
         try:
-            resolved = faithfulness.resolve_site(site, model_cfg)
+            resolved = resolve_site(site, model_cfg)
         except ValueError as err:
             raise ValueError(f"probes.sites: {err}") from None
         if resolved.split(".")[-1] in ("scores", "pattern", "logits"):
             raise ValueError(f"probes.sites: {site!r} is not a vector site of the "
                              "residual stream's kind (attention scores, patterns and logits "
                              "are not probed)")
+    return []
 
 
 def fit_probe(x: np.ndarray, z: np.ndarray, weight: np.ndarray, ridge: float,
@@ -241,22 +248,22 @@ def heldout_train(train, num_samples: int, size: int):
 def compute(params, healthy, seeds, splits, model_cfg, config, say=print) -> list[dict]:
     """The rows of probes.csv (module docstring)."""
     pc, task = config.proxies, tasks.get(config)
-    sites = tuple(faithfulness.resolve_site(s, model_cfg) for s in config.probes.sites)
+    sites = tuple(resolve_site(s, model_cfg) for s in config.probes.sites)
     # The erasure proxy on the probe sites: its sample, and its erasers (fitted as the
     # proxy's, per head).
-    spec = faithfulness.ProxySpec("erasure", sites, tuple(range(len(pc.concepts))))
-    chunking = faithfulness.Chunking(pc.seed_chunk_size, say)
+    spec = ProxySpec("erasure", sites, tuple(range(len(pc.concepts))))
+    chunking = Chunking(pc.seed_chunk_size, say)
 
     def sample(split, num_samples: int) -> dict:
-        return faithfulness.collect(params, split, model_cfg, [spec], num_samples=num_samples,
-                                    batch_size=pc.collect_batch_size,
-                                    labels=tasks.concept_labels(task, split, pc.concepts),
-                                    chunking=chunking)
+        return collect(params, split, model_cfg, [spec], num_samples=num_samples,
+                       batch_size=pc.collect_batch_size,
+                       labels=tasks.concept_labels(task, split, pc.concepts),
+                       chunking=chunking)
 
     train = fit_shift.fit_data(splits, "train", config)
     fit = sample(train, pc.kmeans_samples)
-    erasers = faithfulness.fit_one(spec, 0, fit, jax.random.PRNGKey(config.seed), len(seeds),
-                                   chunking=chunking).params
+    erasers = fit_one(spec, 0, fit, jax.random.PRNGKey(config.seed), len(seeds),
+                      chunking=chunking).params
     sets = {n: splits[n] for n in pc.eval_splits}
     heldout = heldout_train(train, pc.kmeans_samples, max(len(v.tokens) for v in sets.values()))
     if heldout is not None:  # the in-distribution reference of erasure: unseen training rows
@@ -309,7 +316,7 @@ def _rows(sums: dict, seeds, healthy, site: str, concept: str, names) -> list[di
     return out
 
 
-def run(ctx: stages.Context) -> stages.Context:
+def run(ctx: Context) -> Context:
     """The stage, on a weight group's context: rows (one stage file, proxies/probes_rows.json,
     stamped with the settings it used), then probes.csv and probes.txt in its directory."""
     config, workdir, files, say = ctx.settings, ctx.directory, ctx.files, ctx.say
@@ -336,15 +343,26 @@ def run(ctx: stages.Context) -> stages.Context:
     return ctx
 
 
-def report_lines(config, workdir: str) -> list[str]:
+def report_lines(ctx: Context) -> list[str]:
     """probes.txt's lines for the main report (gap_table.txt), or [] without a probe table."""
-    path = os.path.join(workdir, "probes.txt")
-    if not enabled(config) or not os.path.exists(path):
+    path = os.path.join(ctx.directory, "probes.txt")
+    if not enabled(ctx.settings) or not os.path.exists(path):
         return []
     with open(path) as f:
         return ["", *f.read().rstrip("\n").split("\n")]
 
 
-# The main job's stage (sweep.PIPELINE): per weight group, after the proxies.
-STAGE = stages.Stage("probes", run, enabled=enabled,
-                     keys=("probes.*", "proxies.*"), outputs=REPORTS)
+@dataclasses.dataclass(frozen=True)
+class Probes:
+    """Linear probes of proxies.concepts per split (jaxillusions/studies/probes.py)."""
+
+    sites: tuple[str, ...] = setting(
+        (), STRS, "vector sites, or () for no probe table",
+        doc="sites of the linear-probe table (probes.csv, probes.txt)")
+    ridge: float = setting(1e-3, NUMBER, "> 0", lambda v, s: v > 0,
+                           "ridge of the probes, times Cov's mean eigenvalue")
+
+
+# The main job's stage (job.PIPELINE): per weight group, after the proxies.
+STAGE = Stage("probes", run, enabled=enabled, keys=("probes.*", "proxies.*"), outputs=REPORTS,
+              section=Probes, check=check, report=report_lines)

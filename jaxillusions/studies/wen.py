@@ -13,6 +13,7 @@ over the leading seed (member) axis of the parameters.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -24,13 +25,14 @@ import numpy as np
 from scipy import stats
 
 from jaxillusions import model as model_lib
-from jaxillusions.config.settings import Wen
+from jaxillusions.config.fields import BOOL, INT, NUMBER, STR, nonnegative, positive, setting
 from jaxillusions.report import figures, tables
 from jaxillusions.report import stats as interval_stats
-from jaxillusions.runtime import distributed, stages
+from jaxillusions.runtime import distributed
 from jaxillusions.runtime.chunks import padded_chunks
+from jaxillusions.studies.stage import TRAINED, Stage
 from jaxillusions.tasks import dyck as dyck_task
-from jaxillusions.tasks import dyck_sentences as dyck
+from jaxillusions.tasks import dyck_sentences
 from jaxillusions.tasks.minimal_layer import MinimalFirstLayer
 from jaxillusions.training import train
 
@@ -40,9 +42,10 @@ from jaxillusions.training import train
 def attention_prefix(num_types: int, max_depth: int) -> np.ndarray:
     """BOS, then for each type t: D opens of t and D closes of t. Every bracket type appears
     open at every depth 1..D and closed at every depth 0..D-1. int32 [1 + 2kD]."""
-    body = [np.r_[np.full(max_depth, dyck.open_id(t, num_types)),
-                  np.full(max_depth, dyck.close_id(t, num_types))] for t in range(num_types)]
-    return np.concatenate([[dyck.BOS], *body]).astype(np.int32)
+    body = [np.r_[np.full(max_depth, dyck_sentences.open_id(t, num_types)),
+                  np.full(max_depth, dyck_sentences.close_id(t, num_types))]
+            for t in range(num_types)]
+    return np.concatenate([[dyck_sentences.BOS], *body]).astype(np.int32)
 
 
 def attention_patterns(params, tokens: np.ndarray, cfg: model_lib.ModelConfig
@@ -172,7 +175,7 @@ def balance_terms(params, cfg: model_lib.ModelConfig) -> dict[str, jax.Array]:
     feats = functools.partial(part.features_of, params)
     open_f = feats(opens[:, None], d[None])  # [k, D, d_model]: open t at depth d
     close_f = feats(closes[:, None], d[None] - 1)  # its matching close, at depth d - 1
-    bos_f = feats(jnp.asarray([dyck.BOS]), jnp.zeros(1, jnp.int32))  # [1, d_model]
+    bos_f = feats(jnp.asarray([dyck_sentences.BOS]), jnp.zeros(1, jnp.int32))  # [1, d_model]
     queries = jnp.concatenate([open_f.reshape(-1, open_f.shape[-1]),
                                close_f.reshape(-1, close_f.shape[-1]), bos_f])
     pair = (_last_layer_terms(params, cfg, open_f, queries)
@@ -212,7 +215,7 @@ def length_prefixes(rng: np.random.Generator, num: int, num_types: int, max_dept
     depth D close, otherwise open or close with probability 1/2; open types uniform, a close
     matches the innermost open bracket. Every position is itself a valid prefix."""
     tokens = np.zeros((num, length + 1), np.int32)
-    tokens[:, 0] = dyck.BOS
+    tokens[:, 0] = dyck_sentences.BOS
     stack = np.zeros((num, max_depth), np.int32)
     depth = np.zeros(num, np.int32)
     rows = np.arange(num)
@@ -221,8 +224,8 @@ def length_prefixes(rng: np.random.Generator, num: int, num_types: int, max_dept
         opening = (depth == 0) | ((depth < max_depth) & coin)
         types = rng.integers(num_types, size=num)
         top = stack[rows, np.maximum(depth - 1, 0)]
-        tokens[:, t] = np.where(opening, dyck.open_id(types, num_types),
-                                dyck.close_id(top, num_types))
+        tokens[:, t] = np.where(opening, dyck_sentences.open_id(types, num_types),
+                                dyck_sentences.close_id(top, num_types))
         stack[rows[opening], depth[opening]] = types[opening]
         depth += np.where(opening, 1, -1)
     return tokens
@@ -292,10 +295,11 @@ def enabled(config) -> bool:
     return config.wen.enabled
 
 
-def check_config(wc: Wen, model_cfg: model_lib.ModelConfig) -> None:
-    """One-line errors for the wen.* settings `wc` that cannot work with the model (before
-    training; each key's own range is checked in settings.py)."""
-    if wc.length_max_len > 0:
+def check(config, model_cfg: model_lib.ModelConfig) -> list[str]:
+    """One-line errors for the wen.* settings that cannot work with the model (at the door,
+    before training; each key's own range is checked with the section)."""
+    wc = config.wen
+    if enabled(config) and wc.length_max_len > 0:
         if not wc.length_min_len <= wc.length_max_len:
             raise ValueError(f"wen.length_min_len={wc.length_min_len}: must be in [1, "
                              f"wen.length_max_len={wc.length_max_len}]")
@@ -306,6 +310,7 @@ def check_config(wc: Wen, model_cfg: model_lib.ModelConfig) -> None:
         if wc.length_max_len + 1 > model_cfg.max_len:
             raise ValueError(f"wen.length_max_len={wc.length_max_len} needs model.max_len >= "
                              f"{wc.length_max_len + 1}, got {model_cfg.max_len}")
+    return []
 
 
 def _member_rows(state, results, config) -> list[dict]:
@@ -323,13 +328,13 @@ def _member_rows(state, results, config) -> list[dict]:
 
 
 def run(ctx) -> object:
-    """The main job's stage (stages.Context in and out; process 0 alone): `measure` on the trained
-    state, its rows added as `wen_rows` and `wen_attention`."""
+    """The main job's stage (a Context in and out; process 0 alone): `measure` on the trained
+    state; makes its `rows` and `attention`."""
     if not distributed.is_main():
         return ctx
     rows, attention = measure(ctx.state, ctx.final_eval, ctx.model_cfg, ctx.settings,
                               ctx.workdir, say=ctx.say)
-    return ctx.produced(wen_rows=rows, wen_attention=attention)
+    return ctx.produced("wen", rows=rows, attention=attention)
 
 
 def measure(state, results, model_cfg: model_lib.ModelConfig, config, workdir: str, *,
@@ -339,7 +344,7 @@ def measure(state, results, model_cfg: model_lib.ModelConfig, config, workdir: s
     generalization, balance violation), wen_attention.csv (attention variation per weight
     group, layer and head, with the random baseline), wen_summary.txt, figures/wen_*.png and
     TensorBoard. Returns (member rows, attention rows)."""
-    from jaxillusions.runtime import tensorboard as log_lib  # noqa: PLC0415
+    from jaxillusions.runtime import tensorboard  # noqa: PLC0415
     wc, k, depth = config.wen, config.data.num_types, config.data.max_depth
     params, healthy = state.params, np.asarray(state.healthy)
     rows = _member_rows(state, results, config)
@@ -395,14 +400,14 @@ def measure(state, results, model_cfg: model_lib.ModelConfig, config, workdir: s
         figs["wen_length_generalization"] = length_figure(rows)
     if "balance_violation" in rows[0] and "length_gen_acc" in rows[0]:
         figs["wen_balance_vs_length"] = balance_figure(rows)
-    with log_lib.board(workdir, members.labels) as writer:
+    with tensorboard.board(workdir, members.labels) as writer:
         for name, fig in figs.items():
-            log_lib.write_figure(writer, f"wen/{name}", fig)
+            tensorboard.write_figure(writer, f"wen/{name}", fig)
             figures.save(fig, os.path.join(workdir, "figures", name + ".png"))
         per_member = {key: np.array([r[key] for r in rows]) for key in
                       ("length_gen_acc", "length_gen_argmax_acc", "balance_violation")
                       if key in rows[0]}
-        log_lib.write_scalars(writer, config.train.num_steps, {"wen": per_member}, healthy)
+        tensorboard.write_scalars(writer, config.train.num_steps, {"wen": per_member}, healthy)
     return rows, attention
 
 
@@ -538,7 +543,23 @@ def _patterns_figure(patterns: dict, prefix: np.ndarray, k: int, labels, healthy
     return fig
 
 
-# The main job's stage (sweep.PIPELINE): after training, once per run, saved whole.
-STAGE = stages.Stage(
-    "wen", run, enabled=enabled, scope="run", keys=("wen.*",),
-    outputs=("wen_results.csv", "wen_attention.csv", "wen_summary.txt"), stamped=True)
+@dataclasses.dataclass(frozen=True)
+class Wen:
+    """Wen et al.'s measurements of a trained Dyck sweep (jaxillusions/studies/wen.py)."""
+
+    enabled: bool = setting(False, BOOL, "true or false")
+    label: str = setting("wen", STR, "a name for the measurements")
+    length_min_len: int = setting(25, INT, ">= 1", positive)
+    length_max_len: int = setting(0, INT, ">= 0 (0: no length generalization)", nonnegative)
+    length_num_prefixes: int = setting(16, INT, ">= 1", positive)
+    length_threshold: float = setting(0.8, NUMBER, "in (0, 1)", lambda v, s: 0 < v < 1,
+                                      "correct close's share of the closing probability")
+    length_seed: int = setting(0, INT, ">= 0", nonnegative)
+    length_batch_size: int = setting(8, INT, ">= 1", positive)
+    members_per_call: int = setting(8, INT, ">= 1", positive)
+
+
+# The main job's stage (job.PIPELINE): after training, once per run, saved whole.
+STAGE = Stage("wen", run, enabled=enabled, scope="run", keys=("wen.*",),
+              outputs=("wen_results.csv", "wen_attention.csv", "wen_summary.txt"),
+              stamped=True, section=Wen, check=check, needs=(TRAINED,), makes=("wen",))

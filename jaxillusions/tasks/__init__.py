@@ -1,50 +1,12 @@
 """Tasks: the testbeds (one module or package each; adding one = adding one module).
 
-`config.task` picks one ("dyck" when the key is absent). Training, proxies, evaluation, statistics
-and reporting are shared and call only what a task module defines. A hook is handed what it
-reads: `data` is the task's data.* settings (settings.data, an instance of its `Data`), and only
-check_config, which also refuses other sections' options, gets the whole settings.
-
-  NAME, SPLITS                 its name and every split it can make ("train" first)
-  IN_DISTRIBUTION              its splits drawn from the training distribution (gap baselines,
-                               never reported as out of distribution)
-  DEFAULT_EVAL_SPLITS          its generalization suite (what its configs' proxies.eval_splits
-                               list)
-  BREAKDOWNS                   names of the per-position breakdowns besides "all", in row order
-  TRAIN_BREAKDOWN              the breakdown logged while training (eval_by_<name>/<split>/...);
-                               it must cover every evaluated position
-  CONCEPTS                     names of its per-position concepts (what linear probes decode and
-                               the erasure proxy erases; proxies.concepts picks among them)
-  concepts(split)              -> {name: int32 [N, T]}: each position's class of every concept
-                               (< 0 where undefined, e.g. PAD), classes < MAX_CONCEPT_CLASSES
-  train_num_bins(data)         its number of bins (Dyck: depths up to the deepest split)
-  EVALUATED                    what an evaluated position predicts, for messages and axis labels
-  WIDTH_KEYS, VOCAB_KEY        the data.* keys that set the splits' widths and the vocabulary
-                               size (named by memory.check_config when a size cannot fit)
-  Data                         the frozen dataclass of its data.* settings (fields.setting)
-  check_config(settings)       the task's combined checks (one-line ValueError) -> notes
-  contrastive_loss(...)        (optional) the regularizer of train.contrastive_weights
-  load(data, verbose)          -> {split name: split}, built or read from the cache
-  view(split)                  -> View: the generic per-position arrays of one split
-  model_fields(data, splits)   -> keyword arguments of model.ModelConfig the data decides
-                                  (vocab_size); splits None: from the settings alone
-  bracket_ids(data)            (optional) -> (open ids, close ids) by bracket type: the targets
-                               of train.loss_on="closing" and the contrastive prefixes
-  first_layer(data, features)  (optional) -> the model.Part of model.first_layer="minimal"
-                               (Wen et al.'s minimal first layer, tasks/minimal_layer.py)
-  train_width(data), widest_width(data)  tokens per training row and per row of the widest
-                                  split, BOS and EOS included (from the settings alone)
-  bounds(data)                 {breakdown: largest bin value seen in training, or None}: these
-                               breakdowns get accuracy-by-bin figures (the bound marked)
-  bin_labels(breakdown)        names of a breakdown's bins, or None for numbers
-  activation_plots(run, splits, data, shown, pattern_site, key_site)
-                               -> {name: (function of report/figures.py, its arguments)}:
-                                  figures of activations (may be empty); run(tokens, site)
-                                  gives the site's values for the seeds `shown`
-  baselines(splits, names)     -> {split: {metric: value}} of data-only predictors, or {}
-  data_problems(splits, data)  (optional) -> one-line problems of the loaded data that make
-                               results meaningless (code: an UNK rate above MAX_UNK_RATE)
-
+`config.task` picks one (DEFAULT when the key is absent). A task is a module of this package that
+defines NAME (`available()` finds them; the others are their helpers) and `get(name)` gives it.
+Training, proxies, evaluation, reporting and the studies call only what a task module defines
+(_task_contract.py): the members of `Task`, which every task defines, and the optional `Hooks`,
+resolved here alone: `hook(task, name)`, the task's own or its default, `require(task, name,
+what)`, the task's own or a one-line error naming the missing hook. A hook is handed what it
+reads: `data` is the task's data.* settings (its `Data`); only check_config gets the settings.
 `check_data` refuses degenerate data before any training (train.build calls it): a split with rows
 but no evaluated position, a split whose evaluated targets are all one token (any model scores
 1.0 by predicting it), and the task's own data_problems.
@@ -53,30 +15,68 @@ but no evaluated position, a split whose evaluated targets are all one token (an
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
+import pkgutil
 import types
+from collections.abc import Callable
 
 import numpy as np
 
-TASKS = ("dyck", "code")
-# A task's module, where its name is not one (the standard library has a module `code`).
-MODULES = {"code": "code_completion"}
+from jaxillusions.tasks._task_contract import DEFAULTS as DEFAULTS
+from jaxillusions.tasks._task_contract import Hooks as Hooks
+from jaxillusions.tasks._task_contract import Report as Report
+from jaxillusions.tasks._task_contract import SpecialTokens as SpecialTokens
+from jaxillusions.tasks._task_contract import Task as Task
+from jaxillusions.tasks._task_contract import View as View
+
+DEFAULT = "dyck"  # config.task when the key is absent (first in `available()`)
 PAD = 0  # every task pads with token 0
 # Classes per concept (static one-hot width of the probes and of erasure): a concept with more
 # classes is refused by `concept_labels` with a one-line error.
 MAX_CONCEPT_CLASSES = 64
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class View:
-    """One split as the shared code sees it. Position t predicts tokens[:, t+1]."""
+def hook(task: types.ModuleType, name: str) -> Callable | None:
+    """The optional hook `name` of a task module (a name of `Hooks`): its own, else the
+    default (DEFAULTS; None: the task has none). KeyError for a name that is no hook."""
+    if name not in DEFAULTS:
+        raise KeyError(f"{name!r} is not an optional task hook (tasks.Hooks): "
+                       f"{', '.join(DEFAULTS)}")
+    return getattr(task, name, DEFAULTS[name])
 
-    tokens: np.ndarray  # int32 [N, T], PAD 0, every row starts with BOS
-    evaluated: np.ndarray  # bool [N, T]: the prediction at t is scored
-    # breakdown -> int32 [N, T] bin of each evaluated position; < 0: not in this breakdown (code:
-    # bracket depth exists at closing brackets only). TRAIN_BREAKDOWN must cover every one.
-    bins: dict[str, np.ndarray]
-    num_bins: dict[str, int]  # breakdown -> bins to allot per split (> every bin used)
+
+def require(task: types.ModuleType, name: str, what: str) -> Callable:
+    """`hook(task, name)`; ValueError (one line) where the task has none: `what` needs it (a
+    setting, e.g. "induction.enabled=True", or a study)."""
+    found = hook(task, name)
+    if found is None:
+        raise ValueError(f"{what}: the {task.NAME} task does not define the hook {name} "
+                         "(tasks.Hooks)")
+    return found
+
+
+@functools.cache
+def _task_modules() -> dict[str, str]:
+    """{task name: module name}: the modules of this package that define NAME."""
+    found = {}
+    for info in pkgutil.iter_modules(__path__):
+        if not info.name.startswith("_"):
+            module = importlib.import_module(f"{__name__}.{info.name}")
+            if isinstance(getattr(module, "NAME", None), str):
+                found[module.NAME] = module.__name__
+    return found
+
+
+def available() -> tuple[str, ...]:
+    """The tasks' names: DEFAULT first, then the others sorted."""
+    return tuple(sorted(_task_modules(), key=lambda n: (n != DEFAULT, n)))
+
+
+def __getattr__(name: str):
+    if name == "TASKS":  # the tasks' names (`available`), found on first use
+        return available()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def name(config) -> str:
@@ -87,9 +87,10 @@ def name(config) -> str:
 def get(config_or_name) -> types.ModuleType:
     """The task module of a config (or a name); ValueError listing the tasks if unknown."""
     task = config_or_name if isinstance(config_or_name, str) else name(config_or_name)
-    if task not in TASKS:
-        raise ValueError(f"task={task!r}: unknown task; available: {', '.join(TASKS)}")
-    return importlib.import_module(f"{__name__}.{MODULES.get(task, task)}")
+    modules = _task_modules()
+    if task not in modules:
+        raise ValueError(f"task={task!r}: unknown task; available: {', '.join(available())}")
+    return importlib.import_module(modules[task])
 
 
 def subset(split, index: np.ndarray):
@@ -110,7 +111,7 @@ def check_data(config, splits: dict) -> None:
     empty split other than train is left to the task (code: other_language without its
     source, which it warns about)."""
     task = get(config)
-    for problem in getattr(task, "data_problems", lambda s, d: [])(splits, config.data):
+    for problem in hook(task, "data_problems")(splits, config.data):
         raise ValueError(f"data: {problem}; nothing was trained")
     for split_name, split in splits.items():
         if not len(split.tokens):

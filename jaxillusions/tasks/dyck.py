@@ -15,12 +15,11 @@ import numpy as np
 
 from jaxillusions import model
 from jaxillusions.config.fields import INT, STR, nonnegative, positive, setting
-from jaxillusions.tasks import View, positions
-from jaxillusions.tasks import dyck_sentences as dyck
+from jaxillusions.tasks import SpecialTokens, View, dyck_sentences, positions
 from jaxillusions.tasks.minimal_layer import MinimalFirstLayer
 
 NAME = "dyck"
-SPLITS = dyck.SPLITS
+SPLITS = dyck_sentences.SPLITS
 # Splits drawn from the training distribution: gaps are measured against them, never reported
 # as out of distribution (iid_with_train: sentences that may also be in train).
 IN_DISTRIBUTION = ("iid", "iid_with_train")
@@ -38,7 +37,7 @@ VOCAB_KEY = "data.num_types"  # sets the vocabulary size
 
 @dataclasses.dataclass(frozen=True)
 class Data:
-    """The data.* settings of the Dyck task (dyck.make_splits checks the combinations)."""
+    """The data.* settings of the Dyck task (dyck_sentences.make_splits checks the combinations)."""
 
     seed: int = setting(0, INT, ">= 0", nonnegative)
     num_types: int = setting(8, INT, "in [1, 30000]", lambda x, s: 1 <= x <= 30000,
@@ -58,15 +57,15 @@ class Data:
 
 
 def check_config(config) -> list[str]:
-    dyck._params(config.data)  # noqa: SLF001 - the data module's own combined checks
+    dyck_sentences._params(config.data)  # noqa: SLF001 - the data module's own combined checks
     return []
 
 
-def load(data: Data, verbose: bool = True) -> dict[str, dyck.Split]:
-    return dyck.load_or_make(data, verbose=verbose)
+def load(data: Data, verbose: bool = True) -> dict[str, dyck_sentences.Split]:
+    return dyck_sentences.load_or_make(data, verbose=verbose)
 
 
-def view(split: dyck.Split) -> View:
+def view(split: dyck_sentences.Split) -> View:
     width = split.tokens.shape[1]
     return View(tokens=split.tokens, evaluated=split.is_close,
                 bins={"depth": split.depth, "distance": split.distance,
@@ -75,7 +74,7 @@ def view(split: dyck.Split) -> View:
                           "position": width})
 
 
-def concepts(split: dyck.Split) -> dict[str, np.ndarray]:
+def concepts(split: dyck_sentences.Split) -> dict[str, np.ndarray]:
     """{"depth": stack depth after each token, "bracket": type of the innermost open bracket
     after it (-1 at depth 0)}, int32 [N, T]; PAD positions get depth 0 (tasks.concept_labels
     marks them undefined)."""
@@ -90,20 +89,20 @@ def concepts(split: dyck.Split) -> dict[str, np.ndarray]:
     bracket = np.full(tokens.shape, -1, np.int32)
     for t in range(width):  # a scan over positions, vectorized over sentences
         opened = is_open[:, t]
-        last[rows[opened], depth[opened, t]] = tokens[opened, t] - dyck.open_id(0, 0)
+        last[rows[opened], depth[opened, t]] = tokens[opened, t] - dyck_sentences.open_id(0, 0)
         bracket[:, t] = np.where(depth[:, t] > 0, last[rows, depth[:, t]], -1)
     return {"depth": depth.astype(np.int32), "bracket": bracket}
 
 
 def model_fields(data: Data, splits=None) -> dict:
-    return {"vocab_size": dyck.vocab_size(data.num_types)}
+    return {"vocab_size": dyck_sentences.vocab_size(data.num_types)}
 
 
 def bracket_ids(data: Data) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The open and the close bracket token ids, by type."""
     k = data.num_types
-    return (tuple(int(dyck.open_id(t, k)) for t in range(k)),
-            tuple(int(dyck.close_id(t, k)) for t in range(k)))
+    return (tuple(int(dyck_sentences.open_id(t, k)) for t in range(k)),
+            tuple(int(dyck_sentences.close_id(t, k)) for t in range(k)))
 
 
 def first_layer(data: Data, features: str) -> MinimalFirstLayer:
@@ -112,6 +111,12 @@ def first_layer(data: Data, features: str) -> MinimalFirstLayer:
     opens, closes = bracket_ids(data)
     return MinimalFirstLayer(opens, closes, max_depth=int(data.max_depth),
                              depth_bins=train_num_bins(data), features=features)
+
+
+def special_tokens() -> SpecialTokens:
+    """PAD, BOS and EOS, never drawn by a random-token test; every row starts with BOS."""
+    return SpecialTokens(exclude=(dyck_sentences.PAD, dyck_sentences.BOS, dyck_sentences.EOS),
+                         bos=dyck_sentences.BOS)
 
 
 def train_width(data: Data) -> int:
@@ -141,7 +146,7 @@ def baselines(splits, names) -> dict:
 
 
 def token_label(token: int, num_types: int) -> str:
-    names = {dyck.PAD: "PAD", dyck.BOS: "BOS", dyck.EOS: "EOS"}
+    names = {dyck_sentences.PAD: "PAD", dyck_sentences.BOS: "BOS", dyck_sentences.EOS: "EOS"}
     return names.get(int(token), ("(" if token < 3 + num_types else ")")
                      + str((int(token) - 3) % num_types))
 
@@ -173,6 +178,17 @@ def activation_plots(run, splits, data: Data, shown, pattern_site: str, key_site
 # ---------------------------------------------------------------------------------------------
 # The task's contrastive regularizer (train.contrastive_weights; objective.py calls it).
 
+def contrastive_args(data: Data) -> tuple:
+    """contrastive_loss's arguments after model_cfg: the bracket ids and the depth bound of its
+    balanced prefixes."""
+    return bracket_ids(data), int(data.max_depth)
+
+
+def contrastive_width(data: Data) -> int:
+    """A contrastive prefix adds at most 2 * max_depth + 2 tokens to a training row."""
+    return 2 * int(data.max_depth) + 2
+
+
 def contrastive_prefixes(key: jax.Array, batch: int, brackets: tuple[tuple[int, ...], ...],
                          max_depth: int) -> tuple[jax.Array, jax.Array]:
     """Balanced prefixes for the contrastive regularizer: n ~ U{0..D} nested pairs of random
@@ -195,7 +211,7 @@ def contrastive_prefixes(key: jax.Array, batch: int, brackets: tuple[tuple[int, 
     is_open = before | after | (p == j)
     is_close = closing | (p == j + 1)
     tokens = jnp.where(is_open, jnp.asarray(open_ids)[t],
-                       jnp.where(is_close, jnp.asarray(close_ids)[t], dyck.PAD))
+                       jnp.where(is_close, jnp.asarray(close_ids)[t], dyck_sentences.PAD))
     return tokens, 2 * n[:, 0] + 2
 
 
@@ -212,9 +228,9 @@ def contrastive_loss(params: dict, x: jax.Array, logits_x: jax.Array, key: jax.A
     from_prefix = jnp.take_along_axis(prefix, jnp.clip(pos - 1, 0, prefix.shape[1] - 1), 1)
     from_x = jnp.take_along_axis(x, jnp.clip(pos - plen, 0, length - 1), 1)
     joined = jnp.where(pos == 0, x[:, :1], jnp.where(
-        pos <= plen, from_prefix, jnp.where(pos - plen < length, from_x, dyck.PAD)))
+        pos <= plen, from_prefix, jnp.where(pos - plen < length, from_x, dyck_sentences.PAD)))
     logits_joined, _ = model.forward(params, joined, model_cfg)
     aligned = jnp.take_along_axis(logits_joined, (jnp.arange(length)[None] + plen)[..., None], 1)
-    mask = ((x != dyck.PAD) & (jnp.arange(length) > 0)).astype(logits_x.dtype)[..., None]
+    mask = ((x != dyck_sentences.PAD) & (jnp.arange(length) > 0)).astype(logits_x.dtype)[..., None]
     sq = ((aligned - logits_x) ** 2 * mask).sum()
     return sq / jnp.maximum(mask.sum() * logits_x.shape[-1], 1.0)

@@ -1,5 +1,6 @@
 """Evaluation while training: accuracy and loss at the task's evaluated positions per split, and
-accuracy by the task's TRAIN_BREAKDOWN (Dyck: closing brackets by depth), batched over seeds.
+accuracy by the bins of the task's TRAIN_BREAKDOWN (Dyck: closing brackets by depth), batched
+over seeds.
 
 The seeds are evaluated in the chunks that train them (`train.seed_chunk_size`): one chunk's
 activations are live at a time, which is what the memory plan (memory.plan) counts. A seed's
@@ -21,26 +22,25 @@ from jaxillusions import model as model_lib
 from jaxillusions import tasks
 from jaxillusions.config.settings import Settings
 from jaxillusions.runtime import distributed, tensorboard
-from jaxillusions.runtime.chunks import padded_chunks
+from jaxillusions.runtime.chunks import logit_rows, padded_chunks
 
 
-@functools.partial(jax.jit, static_argnames=("model_cfg", "num_depths"))
-def _eval_batch(params, tokens, is_close, depth, *, model_cfg, num_depths: int):
-    # (is_close, depth, num_depths: the evaluated positions, their bins and the bin count)
+@functools.partial(jax.jit, static_argnames=("model_cfg", "num_bins"))
+def _eval_batch(params, tokens, evaluated, bins, *, model_cfg, num_bins: int):
+    # (evaluated, bins, num_bins: the evaluated positions, their bins and the bin count)
     def one_seed(p):
         logits, _ = model_lib.forward(p, tokens, model_cfg)
         targets = jnp.roll(tokens, -1, axis=1)
         nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-        correct = (logits.argmax(-1) == targets) & is_close
-        depth_onehot = jax.nn.one_hot(depth, num_depths, dtype=jnp.float32) * is_close[..., None]
+        correct = (logits.argmax(-1) == targets) & evaluated
+        bin_onehot = jax.nn.one_hot(bins, num_bins, dtype=jnp.float32) * evaluated[..., None]
         return {
-            "correct_by_depth": jnp.einsum("bt,btd->d", correct.astype(jnp.float32),
-                                           depth_onehot),
-            "nll_sum": (nll * is_close).sum(),
+            "correct_by_bin": jnp.einsum("bt,btd->d", correct.astype(jnp.float32), bin_onehot),
+            "nll_sum": (nll * evaluated).sum(),
         }
 
     out = jax.vmap(one_seed)(params)
-    out["count_by_depth"] = (jax.nn.one_hot(depth, num_depths) * is_close[..., None]).sum((0, 1))
+    out["count_by_bin"] = (jax.nn.one_hot(bins, num_bins) * evaluated[..., None]).sum((0, 1))
     return out
 
 
@@ -53,35 +53,37 @@ def seed_chunks(params: dict, chunk_size: int = 0) -> list[dict]:
 
 
 def evaluate(chunks: Sequence[dict], split, model_cfg: model_lib.ModelConfig, *,
-             num_seeds: int, batch_size: int, num_depths: int,
+             num_seeds: int, batch_size: int, num_bins: int,
              task=None) -> dict[str, np.ndarray]:
     """Accuracy [S] and loss [S] at the evaluated positions of a split (a task split; Dyck:
-    closing brackets), and accuracy by the task's TRAIN_BREAKDOWN (Dyck: depth) [S, num_depths]
-    as `acc_by_<breakdown>`, with the counts as `count_by_<breakdown>`.
+    closing brackets), and accuracy by the bins of the task's TRAIN_BREAKDOWN (Dyck: depth)
+    [S, num_bins] as `acc_by_<breakdown>`, with the counts as `count_by_<breakdown>`.
 
     `chunks`: the members' params in chunks of seeds (leading seed axis; `seed_chunks`, or
     train_sweep's placed chunks), evaluated one after the other and joined; the first
     `num_seeds` are kept (a last chunk's padding is dropped). Bins with no evaluated position
     are NaN. Chunks over sentences are padded to a fixed batch size so the evaluation compiles
-    once per sequence length. `task`: a tasks module (Dyck).
+    once per sequence length. `task`: a tasks module (default: tasks.DEFAULT's).
     """
-    task = task or tasks.get("dyck")
+    task = task or tasks.get(tasks.DEFAULT)
     breakdown = task.TRAIN_BREAKDOWN
     view = task.view(split)
     bins = np.clip(view.bins[breakdown], 0, None)
-    sums = []  # per chunk: {correct_by_depth [W, D], nll_sum [W], count_by_depth [D]}
+    # A large vocabulary's logits and log-softmax: in chunks of the rows that fit
+    batch_size = logit_rows(batch_size, view.tokens.shape[1], model_cfg.vocab_size, 2)
+    sums = []  # per chunk: {correct_by_bin [W, B], nll_sum [W], count_by_bin [B]}
     for params in chunks:
         width = jax.tree.leaves(params)[0].shape[0]
         params = distributed.shard_seeds(params)  # seeds sharded over the devices (padded)
         totals = None
         for batch in padded_chunks([view.tokens, view.evaluated, bins], batch_size):
-            out = _eval_batch(params, *batch, model_cfg=model_cfg, num_depths=num_depths)
+            out = _eval_batch(params, *batch, model_cfg=model_cfg, num_bins=num_bins)
             out = distributed.to_host(out)  # summed on the host: no jit(add) per shape
             totals = out if totals is None else jax.tree.map(np.add, totals, out)
-        sums.append({k: v if k == "count_by_depth" else v[:width] for k, v in totals.items()})
-    count = sums[0]["count_by_depth"]  # of the data: the same in every chunk
+        sums.append({k: v if k == "count_by_bin" else v[:width] for k, v in totals.items()})
+    count = sums[0]["count_by_bin"]  # of the data: the same in every chunk
     correct, nll = (np.concatenate([t[k] for t in sums])[:num_seeds]
-                    for k in ("correct_by_depth", "nll_sum"))
+                    for k in ("correct_by_bin", "nll_sum"))
     with np.errstate(invalid="ignore", divide="ignore"):
         return {
             "acc": correct.sum(-1) / count.sum(),
@@ -103,7 +105,7 @@ def evaluate_splits(chunks: Sequence[dict], num_seeds: int, splits,
         splits = {**splits, "train": tasks.subset(splits["train"], np.arange(cap))}
     return {name: evaluate(chunks, split, model_cfg, num_seeds=num_seeds,
                            batch_size=settings.train.eval_batch_size,
-                           num_depths=task.train_num_bins(settings.data), task=task)
+                           num_bins=task.train_num_bins(settings.data), task=task)
             for name, split in splits.items() if len(split.tokens)}  # (empty: none to score)
 
 

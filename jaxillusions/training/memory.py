@@ -28,7 +28,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from jaxillusions.runtime import distributed
+from jaxillusions.runtime import chunks, distributed
 
 GiB = 2**30
 
@@ -222,31 +222,53 @@ def host_ram() -> int:
     return total
 
 
-def _forward_bytes(batch: int, width: int, model_cfg, item: int, saved: bool = False) -> int:
+def _forward_bytes(batch: int, width: int, model_cfg, item: int, saved: bool = False,
+                   logits: int = 0) -> int:
     """The activations of one layer for `batch` rows that must be live together: the residual
     stream with the attention scores or with the MLP's hidden units (inference), or with both
-    (`saved`: a training layer's, kept for the backward pass)."""
+    (`saved`: a training layer's, kept for the backward pass); inference with `logits` copies
+    of the logits: those, where they are larger (a large vocabulary)."""
     scores, hidden = model_cfg.n_heads * width, 0 if model_cfg.attn_only else model_cfg.d_mlp
-    per_token = scores + hidden if saved else max(scores, hidden)
+    per_token = scores + hidden if saved else max(scores, hidden, logits * model_cfg.vocab_size)
     return batch * width * (per_token + model_cfg.d_model) * item
+
+
+def _evaluation(what: str, rows: int, width: int, model_cfg) -> tuple[str, int]:
+    """(the term's name, its rows) of an evaluation batch of `rows` rows x `width` tokens: its
+    logits (original and one proxy: a lower bound), row-chunked as chunks.logit_rows runs them,
+    where they outweigh one layer's attention scores."""
+    rows = chunks.logit_rows(rows, width, model_cfg.vocab_size, 2)
+    hidden = 0 if model_cfg.attn_only else model_cfg.d_mlp  # as _forward_bytes counts them
+    logits = 2 * model_cfg.vocab_size > max(model_cfg.n_heads * width, hidden)
+    return (f"the logits of {what}" if logits else f"one layer's attention scores of {what}",
+            rows)
 
 
 def plan(config, model_cfg, num_devices: int | None = None) -> list[Term]:
     """The memory terms of `config` (see above), with the config keys each one grows with, for
-    `num_devices` devices (default: this process's)."""
+    `num_devices` devices (default: this process's). An imported run (model.pretrained) holds
+    its members' parameters and trains nothing; an evaluation batch counts the logits (row-
+    chunked: runtime/chunks.py) where a large vocabulary makes them its largest buffer."""
     from jaxillusions import model as model_lib  # noqa: PLC0415
     from jaxillusions import tasks  # noqa: PLC0415
 
     task, tc, mc = tasks.get(config), config.train, model_cfg
     num_devices = num_devices or jax.device_count()
-    members = tc.num_seeds * max(len(tc.contrastive_weights), 1)
+    # imported checkpoints (model.pretrained): the members, loaded and evaluated, not trained;
+    # else the seeds times every combination of the per-member hyper-parameters' values and the
+    # null kinds (train.num_members, which imports this module; a test keeps the two equal)
+    imported = len(config.model.pretrained)
+    members = imported or tc.num_seeds * (1 + len(tc.null)) * math.prod(
+        max(len(values), 1) for values in (tc.contrastive_weights, tc.learning_rates,
+                                           tc.weight_decays, tc.init_scales))
     chunk = min(tc.seed_chunk_size or members, members)  # 0: all at once
     # the seeds trained and evaluated together, named by the key that sets their number
-    seeds = ("train.seed_chunk_size" if chunk < members else "train.num_seeds", chunk)
+    seeds = ("train.seed_chunk_size" if chunk < members else
+             "model.pretrained" if imported else "train.num_seeds", chunk)
     item = 2 if mc.compute_dtype == "bfloat16" else 4
     def shapes_of(layers: int) -> list:  # built for at most 3 layers: n_layers may be huge
         return jax.tree.leaves(
-            model_lib._param_shapes(dataclasses.replace(mc, n_layers=layers)),  # noqa: SLF001
+            model_lib.transformer._param_shapes(dataclasses.replace(mc, n_layers=layers)),  # noqa: SLF001
             is_leaf=lambda x: isinstance(x, tuple))
 
     def count(layers: int) -> int:
@@ -265,31 +287,42 @@ def plan(config, model_cfg, num_devices: int | None = None) -> list[Term]:
     dims = tuple((names.get(n, "model.d_model"), n) for n in biggest)
     train_width = task.train_width(config.data)
     widest = task.widest_width(config.data)
-    rows = max(_get(config, "data.num_train"), 0)  # code: -1 (all functions) is not counted
-    terms = [
-        # params and AdamW's two moments of every member stay on the devices (float32), the
-        # gradients exist for the chunk being trained
-        Term("parameters, gradients and AdamW moments", (members * 12 + chunk * 4) * params,
-             (("train.num_seeds", members), ("model.n_layers", mc.n_layers), *dims), True),
-        Term("the attention scores and activations of a training batch",
-             chunk * mc.n_layers * _forward_bytes(tc.batch_size, train_width - 1, mc, item,
-                                                  saved=True),
-             (seeds, ("train.batch_size", tc.batch_size), (width_key, train_width),
-              ("model.n_layers", mc.n_layers)), True),
-        Term("one layer's attention scores of an evaluation batch",
-             chunk * _forward_bytes(tc.eval_batch_size, widest, mc, item),
-             (seeds, ("train.eval_batch_size", tc.eval_batch_size), (width_key, widest)), True),
-        # the state of every member is also kept on the host (checkpoints, results)
-        Term("parameters and AdamW moments of every member on the host", members * params * 12,
-             (("train.num_seeds", members), *dims), False),
-        Term("the training data", rows * train_width * 13,
-             (("data.num_train", rows), (width_key, train_width)), False),
-    ]
+    rows_key = "data.num_train" if hasattr(config.data, "num_train") else "data.max_rows"
+    rows = max(_get(config, rows_key), 0)  # code: -1 (all functions) is not counted
+    what, eval_rows = _evaluation("an evaluation batch", tc.eval_batch_size, widest, mc)
+    evaluation = Term(what, chunk * _forward_bytes(eval_rows, widest, mc, item, logits=2),
+                      (seeds, ("train.eval_batch_size", tc.eval_batch_size),
+                       (width_key, widest)), True)
+    if imported:  # their float32 parameters, on the devices and on the host; no training
+        loaded = (("model.pretrained", members),)
+        terms = [Term("the parameters of every imported member", members * params * 4, loaded,
+                      True), evaluation,
+                 Term("the parameters of every imported member on the host",
+                      members * params * 4, loaded, False)]
+    else:
+        terms = [
+            # params and AdamW's two moments of every member stay on the devices (float32),
+            # the gradients exist for the chunk being trained
+            Term("parameters, gradients and AdamW moments", (members * 12 + chunk * 4) * params,
+                 (("train.num_seeds", members), ("model.n_layers", mc.n_layers), *dims), True),
+            Term("the attention scores and activations of a training batch",
+                 chunk * mc.n_layers * _forward_bytes(tc.batch_size, train_width - 1, mc, item,
+                                                      saved=True),
+                 (seeds, ("train.batch_size", tc.batch_size), (width_key, train_width),
+                  ("model.n_layers", mc.n_layers)), True),
+            evaluation,
+            # the state of every member is also kept on the host (checkpoints, results)
+            Term("parameters and AdamW moments of every member on the host",
+                 members * params * 12, (("train.num_seeds", members), *dims), False)]
+    terms.append(Term("the training data", rows * train_width * 13,
+                      ((rows_key, rows), (width_key, train_width)), False))
     pc = config.proxies
     # 0: the proxy stage plans its own chunks (plan_seed_chunk), down to 1 seed per device
     pchunk = min(pc.seed_chunk_size or num_devices, members)
     sites = sum(len(t.split("+")) for t in pc.targets)
-    pseeds = ("train.num_seeds", pchunk)
+    pseeds = ("model.pretrained" if imported else "train.num_seeds", pchunk)
+    proxy_eval, proxy_rows = _evaluation("a proxy evaluation batch", pc.eval_batch_size, widest,
+                                         mc)
     terms += [
         Term("the activations sampled for the proxies",
              pchunk * sites * pc.kmeans_samples * mc.d_model * 4,
@@ -299,8 +332,7 @@ def plan(config, model_cfg, num_devices: int | None = None) -> list[Term]:
              pchunk * _forward_bytes(pc.collect_batch_size, train_width, mc, item),
              (pseeds, ("proxies.collect_batch_size", pc.collect_batch_size),
               (width_key, train_width)), True),
-        Term("one layer's attention scores of a proxy evaluation batch",
-             pchunk * _forward_bytes(pc.eval_batch_size, widest, mc, item),
+        Term(proxy_eval, pchunk * _forward_bytes(proxy_rows, widest, mc, item, logits=2),
              (pseeds, ("proxies.eval_batch_size", pc.eval_batch_size),
               (width_key, widest)), True),
     ]

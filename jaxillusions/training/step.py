@@ -4,7 +4,13 @@ leading seed axis, and one jitted call runs `num_steps` optimizer steps for all 
 RNG, so the host dispatches one call per logging interval.
 
 A member whose loss or gradients become non-finite is marked unhealthy: its parameters freeze at
-the last finite values and the others train on untouched.
+the last finite values and the others train on untouched. An untrained null member (hparams'
+null == objective.UNTRAINED, train.null) is kept where it is the same way: its parameters and
+optimizer state stay at their initial values, bit for bit.
+
+The members' hyper-parameters (train.members' hparams, [S] arrays) reach the step as scalars:
+the contrastive weight and the null kind the loss (objective.objective_loss), the learning rate
+and the weight decay, where they vary, the optimizer's update (objective._member_optimizer).
 """
 
 from __future__ import annotations
@@ -20,7 +26,13 @@ import optax
 
 from jaxillusions import model as model_lib
 from jaxillusions.runtime import distributed
-from jaxillusions.training.objective import Objective, objective_loss
+from jaxillusions.training.objective import (
+    NULL,
+    OPTIMIZER_HPARAMS,
+    UNTRAINED,
+    Objective,
+    objective_loss,
+)
 
 DEFAULT_OBJECTIVE = Objective()  # the next-token loss on every target
 
@@ -37,9 +49,21 @@ class SweepState:
 
 
 def init_state(seeds: Sequence[int], model_cfg: model_lib.ModelConfig,
-               tx: optax.GradientTransformation) -> SweepState:
-    """Initial state for each seed; seed s's state depends only on s (not on the other seeds)."""
-    return _init_state(jnp.asarray(seeds, jnp.uint32), model_cfg, tx)
+               tx: optax.GradientTransformation,
+               init_scales: Sequence[float] | None = None) -> SweepState:
+    """Initial state for each seed; seed s's state depends only on s (not on the other seeds).
+    `init_scales` [S] (train.init_scales per member; None: 1): each member's randomly drawn
+    parameters (model.random_paths) times its factor, one float32 product each, after the
+    draw (so a factor of 1 changes no bit); the optimizer's state (zeros) is unchanged."""
+    state = _init_state(jnp.asarray(seeds, jnp.uint32), model_cfg, tx)
+    if init_scales is None or np.all(np.asarray(init_scales) == 1):
+        return state
+    drawn = set(model_lib.random_paths(model_cfg))
+    factors = jnp.asarray(init_scales, jnp.float32)
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, p: p * factors.reshape((-1,) + (1,) * (p.ndim - 1))
+        if model_lib.path_str(path) in drawn else p, state.params)
+    return state.replace(params=params)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
@@ -76,17 +100,22 @@ def seed_step(state: SweepState, train_tokens: jax.Array, hparams: dict | None =
               model_cfg, tx, batch_size: int, objective: Objective = DEFAULT_OBJECTIVE):
     """One optimizer step of ONE member (the state has no seed axis here; hparams holds its
     scalar hyper-parameters). Returns (state, loss)."""
+    hparams = hparams or {}
     rng, batch_key = jax.random.split(state.rng)
     idx = jax.random.randint(batch_key, (batch_size,), 0, train_tokens.shape[0])
     # The regularizer's prefixes come from their own stream: batches do not depend on it.
     loss, grads = jax.value_and_grad(objective_loss)(
-        state.params, train_tokens[idx], jax.random.fold_in(batch_key, 1), hparams or {},
+        state.params, train_tokens[idx], jax.random.fold_in(batch_key, 1), hparams,
         model_cfg, objective)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    # The per-member rate and decay, where they vary (train.members' hparams have them).
+    extra = {name: hparams[name] for name in OPTIMIZER_HPARAMS if name in hparams}
+    updates, opt_state = tx.update(grads, state.opt_state, state.params, **extra)
     params = optax.apply_updates(state.params, updates)
     healthy = state.healthy & jnp.isfinite(loss) & _all_finite(grads)
-    # Freeze a diverged seed at its last finite parameters instead of propagating NaNs.
-    keep = functools.partial(jnp.where, healthy)
+    # Freeze a diverged seed at its last finite parameters instead of propagating NaNs, and an
+    # untrained null member at its initial ones (static: only runs with null members check).
+    moves = healthy & (hparams[NULL] != UNTRAINED) if NULL in hparams else healthy
+    keep = functools.partial(jnp.where, moves)
     new = SweepState(
         params=jax.tree.map(keep, params, state.params),
         opt_state=jax.tree.map(keep, opt_state, state.opt_state),

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 import time
 
 import jax
@@ -14,15 +16,18 @@ from jaxillusions import tasks
 from jaxillusions.config import settings
 from jaxillusions.config.settings import Settings, Train
 from jaxillusions.runtime import distributed, watchdog
-from jaxillusions.training import memory, objective
+from jaxillusions.training import imported, memory, objective
 from jaxillusions.training.evaluation import evaluate_splits
 from jaxillusions.training.evaluation import log as log_eval
 from jaxillusions.training.step import SweepState, init_state, place_on_devices, train_steps
 
 
 def seed_list(config: Settings) -> np.ndarray:
-    """The sweep's seeds: config.seed, config.seed + 1, ..., num_seeds of them."""
+    """The sweep's seeds: config.seed, config.seed + 1, ..., num_seeds of them; imported
+    checkpoints (model.pretrained): theirs (imported.seeds)."""
     config = settings.require(config, "train.seed_list")
+    if imported.enabled(config):
+        return imported.seeds(config)
     return config.seed + np.arange(config.train.num_seeds)
 
 
@@ -32,30 +37,95 @@ def contrastive_weights(tc: Train) -> tuple[float, ...]:
     return tuple(float(w) for w in tc.contrastive_weights) or (0.0,)
 
 
+NULL = objective.NULL  # the hyper-parameter of the null kind: 0 trained, 1 untrained, 2 shuffled
+NULL_KINDS = settings.NULL_KINDS  # ("trained", "untrained", "shuffled"), by code
+# The per-member hyper-parameters, slowest first after the null kind: name -> its label tag.
+HPARAM_TAGS = {"contrastive_weight": "cw", "learning_rate": "lr", "weight_decay": "wd",
+               "init_scale": "init"}
+
+
+def hparam_values(tc: Train) -> dict[str, tuple[float, ...]]:
+    """The values of each per-member hyper-parameter of the train.* settings `tc`, in
+    HPARAM_TAGS' order (an empty list: the scalar key's value; init_scale: 1)."""
+    return {"contrastive_weight": contrastive_weights(tc),
+            "learning_rate": objective.learning_rates(tc),
+            "weight_decay": objective.weight_decays(tc),
+            "init_scale": tuple(float(f) for f in tc.init_scales) or (1.0,)}
+
+
+def null_kinds(tc: Train) -> tuple[str, ...]:
+    """The kinds of member of a run: "trained", then train.null's in NULL_KINDS' order (the
+    order of their codes, whatever the order of train.null)."""
+    return ("trained", *sorted(tc.null, key=NULL_KINDS.index))
+
+
+def num_members(tc: Train, num_seeds: int | None = None) -> int:
+    """How many members `members` gives (num_seeds: train.num_seeds unless given)."""
+    per_seed = math.prod(len(v) for v in hparam_values(tc).values()) * len(null_kinds(tc))
+    return (tc.num_seeds if num_seeds is None else num_seeds) * per_seed
+
+
 @dataclasses.dataclass(frozen=True)
 class Members:
-    """The sweep's members: every (hyper-parameter, seed) pair, hyper-parameters major.
+    """The sweep's members: every combination of the null kind (train.null), the per-member
+    hyper-parameters (HPARAM_TAGS: train.contrastive_weights, learning_rates, weight_decays,
+    init_scales) and the seed, in that order, the first slowest: null kind major, seed minor.
+    So the trained members come first, in the order a run without train.null has, and each
+    null kind's members follow as a slice of the same length and order (member i's null copy
+    of the first kind is member i + M/K, K the kinds).
 
-    The same seeds run under every weight (same init, same batches), so comparisons across
-    weights are paired. With one weight the members are just the seeds.
+    The same seeds run under every setting (same init, same batches: a shuffled member draws
+    the batches of its trained twin), so comparisons across settings are paired. With one
+    setting the members are just the seeds.
+
+    `hparams` (what the step, the groups of pipeline/sweep.py and the reports see): always
+    contrastive_weight; learning_rate, weight_decay and init_scale when their list has several
+    values; null (int32, NULL_KINDS' codes) when train.null is set. A null member keeps its
+    trained twin's values: only null tells them apart (an untrained member is trained with
+    rate 0 and no decay, i.e. not moved; a shuffled one with its twin's rate and decay).
+    `values`: every name's value per member (float32; null included), varying or not.
+    Labels: the seed (an int) with one setting; otherwise "<seed>" then "_<tag><value:g>" for
+    each hyper-parameter with several values (tag: HPARAM_TAGS, e.g. "3_cw0.5_lr0.001") and
+    "_untrained" or "_shuffled" for a null member.
     """
 
     seeds: np.ndarray  # [M] the seed of each member
-    hparams: dict[str, np.ndarray]  # {"contrastive_weight": [M] float32}
-    labels: list  # [M] TensorBoard run labels: the seed, or "<seed>_cw<weight>"
+    hparams: dict[str, np.ndarray]  # {"contrastive_weight": [M] float32, ...}: see above
+    labels: list  # [M] TensorBoard run labels: the seed, or "<seed>_cw<weight>..."
+    values: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 def members(config: Settings, seeds=None) -> Members:
     """The members of a run (`seeds`: the sweep's own, seed_list, unless given)."""
     config = settings.require(config, "train.members")
     seeds = np.asarray(seed_list(config) if seeds is None else seeds)
-    weights = contrastive_weights(config.train)
-    labels = ([int(s) for s in seeds] if len(weights) == 1 else
-              [f"{int(s)}_cw{w:g}" for w in weights for s in seeds])
-    return Members(seeds=np.tile(seeds, len(weights)),
-                   hparams={"contrastive_weight": np.repeat(np.asarray(weights, np.float32),
-                                                            len(seeds))},
-                   labels=labels)
+    axes, kinds = hparam_values(config.train), null_kinds(config.train)
+    grid = list(itertools.product(range(len(kinds)), *axes.values()))  # one per setting
+    per_setting = len(seeds)
+    values = {name: np.repeat(np.asarray([g[i] for g in grid], np.float32), per_setting)
+              for i, name in enumerate(axes, start=1)}
+    values[NULL] = np.repeat(np.asarray([NULL_KINDS.index(kinds[g[0]]) for g in grid],
+                                        np.int32), per_setting)
+    varying = [name for name, v in axes.items() if len(v) > 1]
+    hparams = {name: values[name] for name in axes
+               if name == "contrastive_weight" or name in varying}
+    if len(kinds) > 1:
+        hparams[NULL] = values[NULL]
+    if len(grid) == 1:
+        labels = [int(s) for s in seeds]
+    else:
+        column = dict(zip(axes, range(1, len(axes) + 1), strict=True))
+        labels = [f"{int(s)}" + "".join(f"_{HPARAM_TAGS[n]}{g[column[n]]:g}" for n in varying)
+                  + ("" if g[0] == 0 else f"_{kinds[g[0]]}") for g in grid for s in seeds]
+    return Members(seeds=np.tile(seeds, len(grid)), hparams=hparams, labels=labels,
+                   values=values)
+
+
+def null_kind(sweep: Members) -> np.ndarray:
+    """[M] the kind of each member: "trained", "untrained" or "shuffled" (train.null), so that
+    reports can split the trained members from the null population."""
+    codes = sweep.hparams.get(NULL, np.zeros(len(sweep.seeds), np.int32))
+    return np.asarray(NULL_KINDS)[codes]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,12 +152,21 @@ def model_config(config: Settings, widest_split: int | None = None,
     goal = objective.from_settings(config)
     if widest_split is None:
         widest_split = task.widest_width(config.data)
+    if imported.enabled(config):  # the checkpoints' architecture, one member each
+        if num_members(config.train, 1) != 1:
+            raise ValueError("model.pretrained: an imported run has one member per checkpoint; "
+                             "leave the train.* keys that make several members of a seed "
+                             "(per-member hyper-parameters, train.null) at their defaults")
+        return imported.model_config(config, widest_split)
     fields = task.model_fields(config.data, splits)
     if config.model.first_layer != "standard":  # a part the task builds from its data
-        fields["front"] = task.first_layer(config.data, config.model.minimal_embedding)
+        build_front = tasks.require(task, "first_layer",
+                                    f"model.first_layer={config.model.first_layer!r}")
+        fields["front"] = build_front(config.data, config.model.minimal_embedding)
     max_len = max([widest_split]
-                  # BOS + a contrastive prefix (<= 2D+2 tokens) + a training sentence + EOS
-                  + [task.train_width(config.data) + 2 * goal.prefix_depth + 2]
+                  # a training row (BOS ... EOS) and what the contrastive regularizer's inputs
+                  # add to it (Dyck: a balanced prefix of <= 2D+2 tokens after BOS)
+                  + [task.train_width(config.data) + goal.contrastive_width]
                   * goal.contrastive
                   + [config.model.max_len])
     model_cfg = model_lib.ModelConfig.from_settings(config.model, max_len=max_len, **fields)
@@ -110,12 +189,12 @@ def claim_workdir(workdir: str, config: Settings, record: bool = True) -> list[s
     workdir's config.json lacks (it predates the key) counts as its default. `record=False`:
     check only, write nothing (before the data has loaded)."""
     from jaxillusions.runtime import checkpoint as ckpt_lib  # noqa: PLC0415 - keeps orbax off pure use
-    from jaxillusions.runtime import tensorboard as log_lib  # noqa: PLC0415
+    from jaxillusions.runtime import tensorboard  # noqa: PLC0415
 
     config = settings.require(config, "train.claim_workdir")
-    defaults = log_lib.flatten_config(settings.default_settings(config.task))
+    defaults = tensorboard.flatten_config(config.defaults())
     return distributed.on_main(lambda: ckpt_lib.claim_workdir(
-        workdir, config, settings.is_analysis_key, defaults, record),
+        workdir, config, config.is_analysis_key, defaults, record),
         "checking the workdir") or []
 
 
@@ -155,10 +234,12 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
     interrupt.catch_signals), having saved a checkpoint at the step reached.
     """
     from jaxillusions.runtime import checkpoint as ckpt_lib  # noqa: PLC0415 - keeps orbax off pure use
-    from jaxillusions.runtime import interrupt  # noqa: PLC0415
-    from jaxillusions.runtime import tensorboard as log_lib  # noqa: PLC0415
+    from jaxillusions.runtime import interrupt, tensorboard  # noqa: PLC0415
 
     config = settings.require(config, "train.train_sweep")  # checked at the door
+    if imported.enabled(config):
+        raise ValueError("model.pretrained: imported checkpoints are not trained here; the main "
+                         "job (jaxillusions sweep) loads them in place of training")
     # before JAX starts, or checked
     distributed.use_devices(config.cpu_devices, config.gpu_deterministic)
     tc, task = config.train, tasks.get(config.task)
@@ -176,16 +257,16 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
     sweep = members(config, seeds)
     seeds, num = sweep.seeds, len(sweep.seeds)
     chunks = distributed.seed_chunks(num, tc.seed_chunk_size)
-    state = distributed.to_host(init_state(seeds, model_cfg, tx))
+    state = distributed.to_host(init_state(seeds, model_cfg, tx, sweep.values["init_scale"]))
 
     if workdir is not None:
         saved_step, state = checkpointer.restore_latest(state, start_over=start_over)
         if saved_step is not None:
             say(f"resumed from checkpoint at step {saved_step} in {workdir}")
         if distributed.is_main():
-            writer = log_lib.board(workdir, sweep.labels)
+            writer = tensorboard.board(workdir, sweep.labels)
             # Events logged after the restored step by the run that was stopped are superseded.
-            writer.restart(saved_step or 0, log_lib.SweepWriter.seed_runs(sweep.labels))
+            writer.restart(saved_step or 0, tensorboard.SweepWriter.seed_runs(sweep.labels))
     placed, train_tokens = place_on_devices(state, sweep.hparams, splits["train"].tokens, chunks)
 
     def host_state() -> SweepState:  # every member, no padding, as numpy
@@ -234,7 +315,7 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
             _stop_if_all_diverged(healthy, step)
             last = np.where(healthy, losses[-1], np.nan)
             if writer is not None:
-                log_lib.write_scalars(writer, step, {"train": {"loss": losses[-1]}}, healthy)
+                tensorboard.write_scalars(writer, step, {"train": {"loss": losses[-1]}}, healthy)
             if step % tc.log_every == 0 or step == end:
                 rate = (step - start_step) / (time.perf_counter() - start_time)
                 say(f"step {step:>6}/{tc.num_steps} | loss {np.nanmean(last):.4f} "

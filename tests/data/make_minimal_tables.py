@@ -11,5 +11,5 @@ for features in model.MINIMAL_EMBEDDINGS:
     cfg = model.ModelConfig(vocab_size=7, max_len=12, d_model=32, first_layer="minimal",
                             minimal_embedding=features, pos_encoding="none", open_ids=(3, 4),
                             close_ids=(5, 6), max_depth=2, depth_bins=4)
-    tables[features] = np.asarray(model._fixed_table("minimal", cfg))  # noqa: SLF001
+    tables[features] = np.asarray(model.transformer._fixed_table("minimal", cfg))  # noqa: SLF001
 np.savez("tests/data/minimal_tables.npz", **tables)

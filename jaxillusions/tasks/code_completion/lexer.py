@@ -46,7 +46,7 @@ CATEGORIES = ("whitespace", "keyword", "identifier_first", "identifier_repeat", 
  STRING) = range(len(CATEGORIES))
 LANGUAGES = ("python", "javascript")
 # The characters names are made of (ASCII letters, digits, underscore; JavaScript's `$` and `#`
-# left out): the pool of the induction test on identifier characters (studies/induction.py).
+# left out): the pool of the induction test on identifier characters (copying.py).
 IDENTIFIER_CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz"
 
 PY_KEYWORDS = frozenset(keyword.kwlist)

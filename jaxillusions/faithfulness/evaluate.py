@@ -1,0 +1,356 @@
+"""Evaluation: per-position metrics at the task's evaluated positions (Dyck: closing brackets),
+summed into (split, breakdown) bins, as tidy rows (`evaluate`, on a `make_eval_set`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxillusions import model as model_lib
+from jaxillusions import proxies, tasks
+from jaxillusions.faithfulness import dictionary_metrics, metrics
+from jaxillusions.faithfulness.collect import Chunking, over_seed_chunks, seed_chunk
+from jaxillusions.faithfulness.fit import FittedProxy, make_intervention
+from jaxillusions.faithfulness.specs import ProxySpec
+from jaxillusions.runtime import distributed, schema, watchdog
+from jaxillusions.runtime.chunks import logit_rows, padded_chunks
+from jaxillusions.training import memory
+
+# A quantile q of n positions is reported only where n (1 - q) >= 1, so that at least one
+# position lies beyond it: below, np.quantile interpolates between the largest values, the
+# split's maximum under another name (p95: 20 positions, p99: 100). Elsewhere NaN.
+JSD_MIN_POSITIONS = {name: math.ceil(round(1 / (1 - q), 6))
+                     for name, q in schema.JSD_QUANTILES.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSet:
+    """All evaluation splits concatenated and padded to one length, with bin ids per position:
+    for breakdown i of `breakdowns`, bins[..., i] = split index * per_split[i] + the bin."""
+
+    split_names: tuple[str, ...]
+    tokens: np.ndarray  # [N, T]
+    evaluated: np.ndarray  # [N, T] bool: the prediction at t is scored (Dyck: closing brackets)
+    bins: np.ndarray  # [N, T, B] bin id for breakdowns "all", then the task's BREAKDOWNS
+    num_bins: tuple[int, ...]
+    breakdowns: tuple[str, ...]  # ("all", *task.BREAKDOWNS)
+    per_split: tuple[int, ...]  # bins allotted to each split, per breakdown
+    widths: tuple[int, ...]  # the splits' own widths, sorted (see _eval_batches)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalOptions:
+    """How `evaluate` lays out and runs its compiled programs (its docstring says why each);
+    the rows agree within float32 rounding whatever these are.
+
+    shared: the run's other families, when the caller evaluates one family at a time: a proxy
+        method's program holds the sites of every family of the method here and in `fitted`.
+    one_width: every chunk padded to the widest split (True), or a branch per split width
+        (False); None: True on accelerators, False on CPU.
+    share_prefix: each size's pass starts from the original pass's residual stream at the first
+        replaced block (False: whole passes per size; for tests and benchmarks).
+    chunking: the seed chunks and where their plan is said (`Chunking`)."""
+
+    shared: Sequence[FittedProxy] = ()
+    one_width: bool | None = None
+    share_prefix: bool = True
+    chunking: Chunking = Chunking()
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalProgram:
+    """What one compiled evaluation program is: _eval_chunk's static argument (hashable; each
+    distinct value compiles once). `num_sizes` sizes of proxy `method`; `num_bins` per breakdown
+    (EvalSet.num_bins); one branch per width of `widths`; the sizes' passes start at block
+    `start_layer` (None: each runs the whole model)."""
+
+    model_cfg: model_lib.ModelConfig
+    method: str
+    num_sizes: int
+    num_bins: tuple[int, ...]
+    widths: tuple[int, ...]
+    start_layer: int | None
+    options: tuple = ()  # a whole-model proxy's options (its spec's): logits(**options)
+
+
+def make_eval_set(splits: dict, names: Sequence[str], task=None) -> EvalSet:
+    """The splits `names` of a task's `splits` (task: a tasks module; default Dyck)."""
+    task = task or tasks.get("dyck")
+    missing = [n for n in names if n not in splits]
+    if missing:
+        raise ValueError(f"evaluation splits {missing} do not exist; have {sorted(splits)}")
+    views = [task.view(splits[n]) for n in names]
+    width = max(v.tokens.shape[1] for v in views)
+    breakdowns = ("all", *task.BREAKDOWNS)
+    per_split = (1, *(max(max(v.num_bins[b] for v in views), 1) for b in task.BREAKDOWNS))
+    tokens, evaluated, bins = [], [], []
+    for index, v in enumerate(views):
+        pad = ((0, 0), (0, width - v.tokens.shape[1]))
+        split = np.full((len(v.tokens), width), index)
+        tokens.append(np.pad(v.tokens, pad))
+        evaluated.append(np.pad(v.evaluated, pad))
+        per = [split]
+        for b, n in zip(task.BREAKDOWNS, per_split[1:], strict=True):
+            value = np.pad(v.bins[b], pad)
+            # A negative bin (position not in this breakdown) stays -1: one_hot ignores it.
+            per.append(np.where(value >= 0, split * n + value, -1))
+        bins.append(np.stack(per, axis=-1))
+    n = len(names)
+    return EvalSet(tuple(names), np.concatenate(tokens), np.concatenate(evaluated),
+                   np.concatenate(bins).astype(np.int32), tuple(n * p for p in per_split),
+                   breakdowns, per_split, tuple(sorted({v.tokens.shape[1] for v in views})))
+
+
+@functools.partial(jax.jit, static_argnames=("program",))
+def _eval_chunk(params, proxy_params, active, tokens, evaluated, bins, width_index, *,
+                program: EvalProgram):
+    """One chunk [B, T] of every seed and size. The program holds one branch per width of
+    program.widths; `width_index` picks the one that runs, on the chunk's first `width` columns
+    (the rest are padding: a causal model's values before them do not depend on them).
+    program.start_layer: the sizes' passes start at this block from the original pass's
+    residual stream (nothing before it is replaced: model.first_block); None: each runs the
+    whole model.
+    Returns ((binned sums, dictionary metric sums: {} for pattern proxies), per-position JSD)."""
+    model_cfg, num_bins, start_layer = program.model_cfg, program.num_bins, program.start_layer
+    module = proxies.get(program.method)
+    extra = dictionary_metrics.enabled(module)  # dictionary metrics (fvu, l0, dead, ce/kl_score)
+    resume = () if start_layer is None else (model_lib.residual_site(model_cfg, start_layer),)
+
+    def at_width(width: int, tokens, evaluated, bins):
+        tokens, evaluated, bins = tokens[:, :width], evaluated[:, :width], bins[:, :width]
+        targets = jnp.roll(tokens, -1, axis=1)
+        weight = evaluated.astype(jnp.float32)
+
+        def binned(values: jax.Array) -> list[jax.Array]:
+            """values [B, T, M] -> per breakdown, sums [num_bins, M] over evaluated positions."""
+            return [jnp.einsum("btm,btk->km", values * weight[..., None],
+                               jax.nn.one_hot(bins[..., i], nb, dtype=jnp.float32))
+                    for i, nb in enumerate(num_bins)]
+
+        def one_seed(p, site_params):
+            # The sites' original values too for the dictionary metrics, and the residual
+            # stream where the sizes' passes start.
+            sites = dictionary_metrics.cache_sites(module, active) if extra else ()
+            logits, cache = model_lib.forward(p, tokens, model_cfg, cache=sites + resume)
+            if extra:
+                batch = dictionary_metrics.Batch(tokens=tokens, evaluated=evaluated,
+                                                 split_ids=bins[..., 0], num_splits=num_bins[0],
+                                                 logits=logits, targets=targets)
+                seed_sums = dictionary_metrics.seed_sums(p, model_cfg, active, cache, batch)
+            acc_original = metrics.correct(logits, targets)
+            start_at = (start_layer, cache[resume[0]]) if resume else None
+
+            def one_size(size_params):
+                if module.SITE == "model":  # one family per program: its one site
+                    (whole,) = size_params.values()
+                    proxy_logits = module.logits(jax.tree.map(lambda x: x[0], whole), p, tokens,
+                                                 model_cfg, **dict(program.options))
+                else:
+                    proxy_logits, _ = model_lib.forward(
+                        p, tokens, model_cfg, start_at=start_at,
+                        intervention=make_intervention(module, size_params, active, p))
+                values = jnp.stack([jnp.ones_like(weight), metrics.jsd(logits, proxy_logits),
+                                    metrics.same_pred(logits, proxy_logits), acc_original,
+                                    metrics.correct(proxy_logits, targets)], axis=-1)
+                if not extra:
+                    return binned(values), values[..., 1], {}  # and per-position JSD [B, T]
+                return binned(values), values[..., 1], dictionary_metrics.size_sums(
+                    module, size_params, p, active, cache, batch, proxy_logits)
+
+            size_axis = 0 if module.STATISTIC is None else 1  # see FittedProxy
+            sums, jsd, size_sums = jax.vmap(one_size, in_axes=size_axis,
+                                            axis_size=program.num_sizes)(site_params)
+            return sums, jsd, {"seed": seed_sums, "size": size_sums} if extra else {}
+
+        seed_axis = None if module.STATISTIC is None else 0
+        sums, jsd, dict_sums = jax.vmap(one_seed, in_axes=(0, seed_axis))(params, proxy_params)
+        pad = [(0, 0)] * (jsd.ndim - 1) + [(0, tokens_width - width)]
+        return (sums, dict_sums), jnp.pad(jsd, pad)  # one shape for every branch
+
+    tokens_width = tokens.shape[1]
+    branches = [functools.partial(at_width, w) for w in program.widths]
+    return jax.lax.switch(width_index, branches, tokens, evaluated, bins)
+
+
+def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
+             fitted: Sequence[FittedProxy], *, batch_size: int, seeds: Sequence[int],
+             healthy: np.ndarray | None = None, options: EvalOptions = EvalOptions()
+             ) -> list[dict]:
+    """Tidy rows: one per (seed, target, method, size, split, breakdown, bin).
+
+    Columns: seed, site, method, size, split, breakdown, bin, n, jsd, same_pred, acc_original,
+    acc_proxy (means over the evaluated positions in that bin), and on `all` rows jsd_p95,
+    jsd_p99: exact quantiles (linear interpolation) of the per-position JSD (NaN on other rows
+    and on splits of fewer than JSD_MIN_POSITIONS evaluated positions),
+    and for data-dependent vector proxies the dictionary metrics fvu, l0, dead, ce_score and
+    kl_score (faithfulness/dictionary_metrics.py; NaN on other rows and where undefined).
+    Seeds marked unhealthy (diverged in training) are left out. `options` (`EvalOptions`) sets
+    how the programs are laid out and run; none of it changes what is measured. Seeds run in
+    sequential chunks (options.chunking; the plan is made per proxy family).
+
+    Compilations: one program per proxy method (and list of sizes), whatever the families and
+    split widths. Its sites are those of every family of the method in `fitted` and
+    options.shared (the run's other families, when the caller evaluates one family at a time);
+    a family passes the sites it does not simplify through unchanged (a traced flag).
+    options.one_width: the program runs every chunk padded to the widest split (default on
+    accelerators, where a compilation costs more than the padding's extra work); else it holds
+    one branch per split width and runs a chunk at the narrowest that holds it (default on CPU,
+    where padding the Dyck demo's five short splits to `longer` made the evaluation 1.5x
+    slower). The numbers
+    of the two agree within float32 rounding (sums over more, zero, terms).
+
+    Per seed and chunk the model runs once; each size's pass then starts at the first block
+    that a family of the program replaces, from that pass's residual stream. This saves less
+    than it seems: under vmap over sizes, whole passes already compute what does not depend on
+    the size once (vmap batches only what reads the size's parameters), so what remains is the
+    duplicate of the original pass's prefix (docs/speed.md: 1.0-1.1x on the Dyck demo).
+    options.share_prefix=False runs whole passes per size (the same rows within float32
+    rounding; for tests and benchmarks).
+    """
+    rows, num_seeds = [], jax.tree.leaves(params)[0].shape[0]
+    # A large vocabulary's logits, the original's and each size's: in chunks of the rows that
+    # fit (chunks.logit_rows; a small vocabulary's batches are as given).
+    batch_size = logit_rows(batch_size, eval_set.tokens.shape[1], model_cfg.vocab_size,
+                            1 + max((len(p.spec.sizes) for p in fitted), default=1))
+    params = distributed.shard_seeds(params)  # placed once for all families (padded)
+    # The split of each evaluated position, in the order of the per-position JSD.
+    split_ids = np.concatenate([c[2][..., 0][c[1]] for c in _eval_batches(eval_set, batch_size)])
+    one_width = options.one_width
+    if one_width is None:
+        one_width = jax.default_backend() != "cpu"
+    widths = eval_set.widths[-1:] if one_width else eval_set.widths
+    programs = _program_sites([*fitted, *options.shared])
+    for proxy in fitted:
+        sites = programs[_program_key(proxy.spec)]
+        whole = proxy.spec.module.SITE == "model"  # replaces the whole forward pass
+        program = EvalProgram(model_cfg, proxy.spec.method, len(proxy.spec.sizes),
+                              eval_set.num_bins, widths,
+                              model_lib.first_block(model_cfg, sites)
+                              if options.share_prefix and not whole else None,
+                              proxy.spec.options if whole else ())
+        (totals, dict_sums), jsd = _evaluate_family(params, num_seeds, eval_set, proxy, sites,
+                                                    program, batch_size, options.chunking)
+        quantiles = _jsd_quantiles(jsd, split_ids, len(eval_set.split_names))
+        extra = dictionary_metrics.columns(proxy.spec, proxy.params, **dict_sums) if dict_sums \
+            else None
+        rows += _rows(proxy.spec, totals, quantiles, eval_set, seeds, healthy, extra)
+    return rows
+
+
+def _program_key(spec: ProxySpec) -> tuple:
+    """Families with the same key share one compiled evaluation (the sizes fix the shapes of
+    the fitted parameters of a site); a whole-model proxy's family has its own."""
+    if spec.module.SITE == "model":
+        return spec.method, spec.sizes, spec.sites, spec.options
+    return spec.method, spec.sizes
+
+
+def _program_sites(families: Sequence[FittedProxy]) -> dict[tuple, dict]:
+    """{program key: {site: one family's fitted params of that site}} over `families`: the
+    sites each program replaces, and the shapes of their parameters."""
+    programs: dict[tuple, dict] = {}
+    for proxy in families:
+        programs.setdefault(_program_key(proxy.spec), {}).update(proxy.params)
+    return {key: dict(sorted(sites.items())) for key, sites in programs.items()}
+
+
+def _evaluate_family(params, num_seeds: int, eval_set: EvalSet, proxy: FittedProxy,
+                     program_sites: dict, program: EvalProgram, batch_size: int,
+                     chunking: Chunking) -> tuple[tuple[list[np.ndarray], dict], np.ndarray]:
+    """One family's summed metrics per breakdown [S, R, bins, 5] with its dictionary metric
+    sums (dictionary_metrics.seed_sums/size_sums, {} for pattern proxies), and per-position JSD
+    at the evaluated positions [S, R, n], for the first `num_seeds` seeds of `params` (placed,
+    maybe padded), in chunks (see `evaluate`), by `program`, which replaces the sites of
+    `program_sites` ({site: one family's fitted params}, _program_sites)."""
+    spec = proxy.spec
+    per_seed = spec.module.STATISTIC is not None  # else one proxy for all seeds
+    # Sites of the program that this family does not simplify get zeros (never applied).
+    site_params = {s: proxy.params[s] if s in proxy.params
+                   else jax.tree.map(lambda x: np.zeros(np.shape(x), x.dtype), p)
+                   for s, p in program_sites.items()}
+    active = {s: np.bool_(s in proxy.params) for s in program_sites}
+    widest = [jax.ShapeDtypeStruct((batch_size, *a.shape[1:]), a.dtype)
+              for a in (eval_set.tokens, eval_set.evaluated, eval_set.bins)]
+    chunk_size = seed_chunk(
+        lambda w: memory.compiled_bytes(
+            _eval_chunk, memory.seed_shapes(params, w),
+            memory.seed_shapes(site_params, w) if per_seed else site_params, active, *widest,
+            np.int32(0), program=program),
+        num_seeds, chunking, what=f"evaluating {spec.method} on {spec.target}",
+        lower=f"proxies.eval_batch_size (now {batch_size})")
+
+    def one_chunk(params, proxy_params=site_params):
+        totals, jsd = None, []
+        for *chunk, width_index in _eval_batches(eval_set, batch_size, program.widths):
+            out, jsd_chunk = _eval_chunk(params, proxy_params, active, *chunk, width_index,
+                                         program=program)
+            # Summed on the host (the same float32 sums): jnp.add compiled a program per shape.
+            out = distributed.to_host(out)
+            totals = out if totals is None else jax.tree.map(np.add, totals, out)
+            # Per-position JSD at the evaluated positions only, one family at a time.
+            jsd.append(np.asarray(distributed.to_host(jsd_chunk), np.float32)
+                       [..., chunk[1]])  # [S, R, n]
+        return totals, np.concatenate(jsd, axis=-1)
+
+    trees = [params, site_params] if per_seed else [params]
+    return over_seed_chunks(one_chunk, trees, num_seeds, chunk_size)
+
+
+def _eval_batches(eval_set: EvalSet, batch_size: int, widths: Sequence[int] = ()):
+    """[tokens, evaluated, bins, width index] in chunks of batch_size sentences, as wide as the
+    widest split (one shape: one compilation), with the index into `widths` (sorted, the last
+    the widest) of the narrowest that holds the chunk's tokens."""
+    for chunk in padded_chunks([eval_set.tokens, eval_set.evaluated, eval_set.bins], batch_size):
+        watchdog.progress()
+        used = int((chunk[0] != tasks.PAD).any(0).nonzero()[0].max()) + 1
+        yield [*chunk, np.int32(next((i for i, w in enumerate(widths) if w >= used), 0))]
+
+
+def _jsd_quantiles(jsd: np.ndarray, split_ids: np.ndarray, num_splits: int) -> np.ndarray:
+    """jsd [S, R, n] at the evaluated positions -> quantiles [S, R, num_splits, Q] per split,
+    NaN where the split has fewer than JSD_MIN_POSITIONS positions."""
+    out = np.full(jsd.shape[:2] + (num_splits, len(schema.JSD_QUANTILES)), np.nan)
+    for k in range(num_splits):
+        values = jsd[..., split_ids == k]
+        for i, (name, q) in enumerate(schema.JSD_QUANTILES.items()):
+            if values.shape[-1] >= JSD_MIN_POSITIONS[name]:
+                out[:, :, k, i] = np.quantile(values, q, axis=-1)
+    return out
+
+
+def _rows(spec: ProxySpec, totals: list[np.ndarray], quantiles: np.ndarray, eval_set: EvalSet,
+          seeds, healthy, extra: np.ndarray | None = None):
+    """totals[breakdown]: [S, R, bins, 5] sums (count, jsd, same, acc_orig, acc_proxy); extra:
+    [S, R, splits, M] the `all` rows' schema.DICTIONARY_METRICS, or None."""
+    rows = []
+    per_split = dict(zip(eval_set.breakdowns, eval_set.per_split, strict=True))
+    for b, breakdown in enumerate(eval_set.breakdowns):
+        sums = totals[b]
+        for s, seed in enumerate(seeds):
+            if healthy is not None and not healthy[s]:
+                continue
+            for r, size in enumerate(spec.sizes):
+                for k in np.flatnonzero(sums[s, r, :, 0] > 0):
+                    split, value = divmod(int(k), per_split[breakdown])
+                    count = sums[s, r, k, 0]
+                    row = {"seed": int(seed), "site": spec.target, "method": spec.method,
+                           "size": int(size), "split": eval_set.split_names[split],
+                           "breakdown": breakdown, "bin": value if breakdown != "all" else "",
+                           "n": int(count)}
+                    row.update({m: float(sums[s, r, k, 1 + i] / count)
+                                for i, m in enumerate(schema.POSITION_METRICS)})
+                    row.update({q: float(quantiles[s, r, split, i]) if breakdown == "all"
+                                else float("nan") for i, q in enumerate(schema.JSD_QUANTILES)})
+                    if extra is not None:
+                        row.update({c: float(extra[s, r, split, i]) if breakdown == "all"
+                                    else float("nan")
+                                    for i, c in enumerate(schema.DICTIONARY_METRICS)})
+                    rows.append(row)
+    return rows

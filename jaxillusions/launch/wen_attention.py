@@ -1,0 +1,75 @@
+"""Wen et al. section 4.1: the three architectures of the config wen_attention_variation (minimal
+first layer; standard without / with linear positions), one sweep each into <workdir>/<variant>
+(each resumes like `jaxillusions sweep`), then one joined table and figure in <workdir>:
+
+    jaxillusions wen-attention --workdir=runs/wen_attention [--variants=minimal,standard_nope]
+
+It validates every variant's config before any work, locks the workdir, saves and exits on
+SIGTERM/SIGINT, and turns errors into one line (--debug, --start_over as in `jaxillusions
+sweep`).
+"""
+
+import os
+import sys
+
+from jaxillusions.runtime import interrupt
+
+if __name__ == "__main__":  # first: a signal during the slow imports below is one line
+    interrupt.catch_start_up()
+
+from absl import flags  # noqa: E402
+
+from jaxillusions.configs import wen_attention_variation  # noqa: E402
+from jaxillusions.launch import common  # noqa: E402
+from jaxillusions.pipeline import sweep  # noqa: E402
+from jaxillusions.report import figures, tables  # noqa: E402
+from jaxillusions.runtime import distributed  # noqa: E402
+from jaxillusions.studies import wen  # noqa: E402
+
+VARIANTS = flags.DEFINE_list("variants", list(wen_attention_variation.VARIANTS),
+                             "Which architectures to run.")
+
+
+def run_variants(configs: dict, workdir: str, start_over: bool) -> None:
+    for variant, config in configs.items():
+        sweep.run(config, os.path.join(workdir, variant), start_over=start_over)
+    if not distributed.is_main():  # process 0 wrote the variants' files
+        return
+    rows = [row for variant in configs
+            for row in tables.read_csv(os.path.join(workdir, variant, "wen_attention.csv"))]
+    tables.write_csv(rows, os.path.join(workdir, "wen_attention.csv"), list(rows[0]))
+    lines = [f"{'architecture':<16} {'layer':>5} {'seeds':>5}  variation [95% jackknife interval]"
+             f"  random baseline (causal)"]
+    for r in rows:
+        lines.append(f"{r['label']:<16} {r['layer']:>5} {r['num_seeds']:>5}  "
+                     f"{r['variation']:.3f} [{r['low']:.3f}, {r['high']:.3f}]  "
+                     f"{r['random_baseline']:.3f}")
+    text = "\n".join(lines)
+    with open(os.path.join(workdir, "wen_attention_table.txt"), "w") as f:
+        f.write(text + "\n")
+    figures.save(wen.attention_figure(rows), os.path.join(workdir, "wen_attention_variation.png"))
+    print(text)
+
+
+def main() -> None:
+    common.parse_flags(sys.argv, __doc__)
+    if common.WORKDIR.value is None:
+        sys.exit("error: --workdir is required, e.g. --workdir=runs/wen_attention")
+    if common.CONFIG.value is not None:
+        sys.exit("error: jaxillusions wen-attention takes no --config: it runs the variants "
+                 "of the config wen_attention_variation (choose them with --variants)")
+    if not VARIANTS.value:
+        sys.exit("error: --variants is empty; choose from "
+                 + ",".join(wen_attention_variation.VARIANTS))
+    try:
+        configs = {v: wen_attention_variation.get_config(v) for v in VARIANTS.value}
+    except ValueError as err:
+        sys.exit(f"error: {err}")
+    workdir = common.WORKDIR.value
+    common.guard(lambda *settings: run_variants(dict(zip(configs, settings, strict=True)),
+                                                workdir, common.START_OVER.value),
+                 workdir, list(configs.values()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,545 @@
+"""A decoder-only transformer as data plus pure functions.
+
+Parameters are a nested dict of arrays; `forward` is a pure function of (params, tokens), so it runs
+unchanged under `jax.vmap` over a leading seed axis of the parameters.
+
+Every intermediate value passes through a named *site* (TransformerLens-style names):
+
+    embed, pos_embed,
+    blocks.{i}.resid_pre, blocks.{i}.attn.{q,k,v}            [batch, pos, head, d_head]
+    blocks.{i}.attn.{rot_q,rot_k} (rotary positions only)    [batch, pos, head, d_head]
+    blocks.{i}.attn.scores, blocks.{i}.attn.pattern           [batch, head, query, key]
+    blocks.{i}.attn.z [batch, pos, head, d_head], blocks.{i}.attn.out, blocks.{i}.resid_mid,
+    blocks.{i}.mlp.hidden, blocks.{i}.mlp.out, blocks.{i}.resid_post, ln_final, logits
+
+A model may have a built *part* (`ModelConfig.front`, a `Part`) in place of the token embedding
+and its first blocks: its fixed tables, its sites and a pure apply, built from the data by the
+task (Wen et al.'s minimal first layer, tasks/minimal_layer.py: block 0 without attention, sites
+`blocks.0.minimal.out` and `blocks.0.resid_post`). The model knows parts only through `Part`.
+
+With `pos_encoding="rotary"` (Su et al.'s RoPE) nothing is added to the residual stream: every
+layer rotates its queries and keys by angles proportional to their positions, so an attention
+score depends on the query's and key's positions only through their difference. `attn.q` and
+`attn.k` are the vectors before the rotation (TransformerLens's hook_q/hook_k), `attn.rot_q` and
+`attn.rot_k` after it (hook_rot_q/hook_rot_k); a proxy at `attn.k` is rotated like the keys it
+replaces. Each adjacent pair (2i, 2i+1) of a head's dimensions turns by position * base^(-2i/d_head)
+(GPT-J's pairing, TransformerLens's `rotary_adjacent_pairs=True`, the only one of its 4.x native
+model); the cos/sin table is computed in float64 on the host and rounded to float32 once, so it
+is the same on every backend.
+
+Imported checkpoints (model/pretrained.py: GPT-2, GPT-NeoX/Pythia, TransformerLens) set options
+a trained model keeps at their defaults (`IMPORTED_FIELDS`, not settings keys): the activation
+(tanh or exact GELU), the LayerNorms' epsilon, a key bias (`attn.k` includes it), scores also
+divided by layer + 1, attention and MLP in parallel (both read `resid_pre`; `resid_mid` is then
+resid_pre + attn.out, which the MLP does not read, and resid_post adds mlp.out to it), and
+rotary positions on the first `rotary_dim` dimensions of each head, in GPT-J's adjacent pairs or
+GPT-NeoX's halves (`rotary_layout="half"`: dimension i pairs with i + rotary_dim / 2).
+
+An *intervention* is a function `(site_name, value) -> value` called at every site; it is how
+proxies replace activations. Site names are static Python strings, so an intervention that ignores
+a site costs nothing after tracing. `cache` names the sites whose values `forward` returns. A
+model's *standing* interventions (`ModelConfig.interventions`: `UniformAttention`, a layer whose
+pattern is frozen uniform over the causal prefix) are part of the model as trained: `forward`
+applies them at every call, before the caller's, so no caller can run the model without them.
+
+`start_at=(layer, residual)` runs only the rest of the model: block `layer` onwards, from the
+residual stream entering it (`residual_site(cfg, layer)`, cached from an earlier pass). An
+intervention that changes nothing before block `layer` (`first_block` of its sites) gives the
+same logits from there as from the tokens, so a proxy evaluated at many sizes shares the prefix
+of one pass (faithfulness.evaluate).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Params = dict
+Intervention = Callable[[str, jax.Array], jax.Array]
+
+POS_ENCODINGS = ("none", "learned", "sinusoidal", "linear", "rotary")
+EMBEDDINGS = ("learned", "onehot")  # onehot: frozen one-hot token embeddings
+# bfloat16: matmul operands and the activations between them in bf16 (f32 accumulation); the
+# residual stream, layer norms, attention scores and softmax, logits and loss stay in f32, and
+# parameters and optimizer state are f32 (mixed precision).
+COMPUTE_DTYPES = ("float32", "bfloat16")
+ACTIVATIONS = ("gelu_tanh", "gelu")  # GPT-2's gelu_new (tanh approximation); exact (erf) GELU
+ROTARY_LAYOUTS = ("adjacent", "half")  # pairs (2i, 2i+1) (GPT-J); (i, i + r/2) (GPT-NeoX)
+_BLOCK_SITES = (
+    "resid_pre", "attn.q", "attn.k", "attn.v", "attn.rot_q", "attn.rot_k", "attn.scores",
+    "attn.pattern", "attn.z", "attn.out", "resid_mid", "mlp.hidden", "mlp.out", "resid_post",
+)
+_ROTARY_SITES = ("attn.rot_q", "attn.rot_k")  # only with pos_encoding="rotary"
+Site = Callable[[str, jax.Array], jax.Array]  # forward's own: intervenes and caches
+
+
+class Part(Protocol):
+    """A built part of the model in place of the token embedding and blocks 0 .. layers - 1:
+    data plus pure functions. Frozen and hashable (the config is a static jit argument)."""
+
+    layers: int  # blocks it takes the place of; the attention blocks start at this one
+    sites: tuple[str, ...]  # its sites, in forward order
+
+    def check(self, cfg: ModelConfig) -> None:
+        """One-line ValueError where the rest of the architecture cannot take the part."""
+
+    def block_shapes(self, cfg: ModelConfig) -> list[Params]:
+        """The parameters of its `layers` blocks as `_param_shapes` leaves (shape, scale); a
+        callable scale is a fixed table, `scale(cfg)`, never trained (`frozen_paths`)."""
+
+    def apply(self, params: Params, tokens: jax.Array, site: Site) -> jax.Array:
+        """The residual stream entering block `layers`, each of its sites passed through
+        `site(name, value)`."""
+
+
+def uniform_pattern(shape: tuple[int, ...]) -> jax.Array:
+    """Attention [..., T, T] in which query i attends uniformly to keys 0..i (float32)."""
+    t = shape[-1]
+    assert shape[-2] == t, f"expected square [..., T, T] attention, got {shape}"
+    causal = jnp.tril(jnp.ones((t, t), jnp.float32))
+    return jnp.broadcast_to(causal / causal.sum(-1, keepdims=True), shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class UniformAttention:
+    """A standing intervention: the attention patterns of `layers` frozen uniform over the
+    causal prefix (the settings key model.uniform_attention_layers). Their queries and keys
+    then get no gradient; the uniform_attention proxy makes the same pattern after training."""
+
+    layers: tuple[int, ...]
+
+    def __call__(self, site: str, value: jax.Array) -> jax.Array:
+        # Static strings: the test runs once, at tracing.
+        if site in {f"blocks.{i}.attn.pattern" for i in self.layers}:
+            return uniform_pattern(value.shape).astype(value.dtype)
+        return value
+
+    def check(self, cfg: ModelConfig) -> None:
+        first = first_attention_layer(cfg)
+        bad = [i for i in self.layers if not first <= i < cfg.n_layers]
+        if bad:
+            raise ValueError(f"model.uniform_attention_layers={self.layers}: layers {bad} have "
+                             f"no attention (n_layers={cfg.n_layers}, attention blocks "
+                             f"{first}..{cfg.n_layers - 1})")
+
+
+def compose(*interventions: Intervention | None) -> Intervention | None:
+    """One intervention applying `interventions` in order (None ones skipped; none left: None)."""
+    chain = tuple(i for i in interventions if i is not None)
+    if len(chain) < 2:
+        return chain[0] if chain else None
+
+    def composed(site: str, value: jax.Array) -> jax.Array:
+        for intervention in chain:
+            value = intervention(site, value)
+        return value
+
+    return composed
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """The architecture. Its fields from n_layers on are settings.Model's keys, with the
+    defaults a config gets (settings.Model reads them from here: one source); vocab_size and
+    max_len come from the data, and `front` and `interventions` are built from settings
+    (`from_settings`, train.model_config)."""
+
+    vocab_size: int
+    # Number of positions the model supports (sequence length incl. BOS/EOS); rotary positions
+    # have no table and run any length (max_len is then TransformerLens's n_ctx on export).
+    max_len: int
+    n_layers: int = 2
+    n_heads: int = 1
+    d_model: int = 32
+    d_head: int = 0  # 0: d_model // n_heads
+    d_mlp: int = 64
+    pos_encoding: str = "learned"
+    rotary_base: int = 10_000  # pos_encoding="rotary": pair i turns by base^(-2i/d_head) a step
+    attn_only: bool = False  # attention-only blocks (no MLP)
+    embedding: str = "learned"  # "onehot": frozen one-hot token embeddings (d_model >= vocab)
+    compute_dtype: str = "float32"  # COMPUTE_DTYPES
+    # A built part in place of the token embedding and the first blocks (None: the embedding).
+    front: Part | None = None
+    # Standing interventions, applied by every forward pass before the caller's (`compose`);
+    # hashable, as the config is a static jit argument (frozen dataclasses: UniformAttention).
+    interventions: tuple[Intervention, ...] = ()
+    # What imported checkpoints need (IMPORTED_FIELDS; model/pretrained.py); the defaults are
+    # the trained model's architecture.
+    activation: str = "gelu_tanh"  # ACTIVATIONS
+    ln_eps: float = 1e-5  # every LayerNorm's epsilon
+    key_bias: bool = False  # a b_k parameter (GPT-2, GPT-NeoX)
+    attn_scale_by_layer: bool = False  # scores also / (layer + 1) (Mistral's GPT-2 runs)
+    parallel_residual: bool = False  # attention and MLP both read resid_pre (GPT-NeoX, GPT-J)
+    rotary_dim: int = 0  # rotary: dimensions turned, the first of each head (0: all of them)
+    rotary_layout: str = "adjacent"  # ROTARY_LAYOUTS
+
+    def __post_init__(self):
+        for name, allowed in (("pos_encoding", POS_ENCODINGS), ("embedding", EMBEDDINGS),
+                              ("compute_dtype", COMPUTE_DTYPES), ("activation", ACTIVATIONS),
+                              ("rotary_layout", ROTARY_LAYOUTS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"model.{name}={getattr(self, name)!r}: expected one of "
+                                 f"{allowed}")
+        for name in ("vocab_size", "max_len", "n_layers", "n_heads", "d_model"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model.{name}={getattr(self, name)}: must be >= 1")
+        if self.d_head == 0 and self.d_model % self.n_heads:
+            raise ValueError(f"model.d_model={self.d_model} is not divisible by "
+                             f"model.n_heads={self.n_heads}; set model.d_head explicitly")
+        if self.pos_encoding == "rotary" and ((self.head_dim % 2 and not self.rotary_dim)
+                                              or self.rotary_base < 2):
+            raise ValueError(f"model.pos_encoding='rotary' turns pairs of dimensions: needs an "
+                             f"even d_head (got {self.head_dim}) and model.rotary_base >= 2 "
+                             f"(got {self.rotary_base})")
+        if self.rotary_dim % 2 or not 0 <= self.rotary_dim <= self.head_dim:
+            raise ValueError(f"model.rotary_dim={self.rotary_dim}: rotary positions turn pairs "
+                             f"of a head's first dimensions; must be even and <= d_head "
+                             f"({self.head_dim})")
+        if self.ln_eps <= 0:
+            raise ValueError(f"model.ln_eps={self.ln_eps}: must be > 0")
+        if not self.attn_only and self.d_mlp < 1:
+            raise ValueError(f"model.d_mlp={self.d_mlp}: must be >= 1 (or set model.attn_only)")
+        if self.embedding == "onehot" and self.d_model < self.vocab_size:
+            raise ValueError(f"model.embedding='onehot' needs d_model >= vocab_size "
+                             f"({self.vocab_size}), got d_model={self.d_model}")
+        for part in (self.front, *self.interventions):
+            if hasattr(part, "check"):
+                part.check(self)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_head or self.d_model // self.n_heads
+
+    @property
+    def rotary_dims(self) -> int:
+        """The dimensions of each head that rotary positions turn."""
+        return self.rotary_dim or self.head_dim
+
+    @classmethod
+    def from_settings(cls, model_settings, vocab_size: int, max_len: int,
+                      front: Part | None = None) -> ModelConfig:
+        """The model config of a run: every field of settings.Model that is one of these (all but
+        its max_len, a lower bound on this one), its uniform_attention_layers as a standing
+        `UniformAttention`, plus what the data decides (sizes, and `front`, built by the task)."""
+        chosen = {name: getattr(model_settings, name) for name in SETTINGS_FIELDS}
+        layers = tuple(model_settings.uniform_attention_layers)
+        return cls(**chosen, vocab_size=vocab_size, max_len=max_len, front=front,
+                   interventions=(UniformAttention(layers),) if layers else ())
+
+
+# What the data or other settings decide, and what only imported checkpoints set; every other
+# field is a key of settings.Model.
+_BUILT = ("vocab_size", "max_len", "front", "interventions")
+IMPORTED_FIELDS = ("activation", "ln_eps", "key_bias", "attn_scale_by_layer",
+                   "parallel_residual", "rotary_dim", "rotary_layout")
+SETTINGS_FIELDS = {f.name: f.default for f in dataclasses.fields(ModelConfig)
+                   if f.name not in _BUILT + IMPORTED_FIELDS}
+"""{field: default} of the fields a config sets (model.<field>), in ModelConfig's order."""
+
+
+def site_names(cfg: ModelConfig) -> tuple[str, ...]:
+    """All activation sites of the model, in forward order."""
+    names = ["embed"] + (["pos_embed"] if cfg.pos_encoding not in ("none", "rotary") else [])
+    if cfg.front is not None:
+        names = list(cfg.front.sites)
+    for i in range(first_attention_layer(cfg), cfg.n_layers):
+        block = [s for s in _BLOCK_SITES if not (cfg.attn_only and s.startswith("mlp."))
+                 and (cfg.pos_encoding == "rotary" or s not in _ROTARY_SITES)]
+        names += [f"blocks.{i}.{s}" for s in block]
+    return tuple(names + ["ln_final", "logits"])
+
+
+def imported_options(cfg: ModelConfig) -> dict:
+    """{field: value} of the IMPORTED_FIELDS that differ from their defaults (none: a model
+    this project trains)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    return {f: getattr(cfg, f) for f in IMPORTED_FIELDS if getattr(cfg, f) != defaults[f]}
+
+
+def check_site(cfg: ModelConfig, site: str) -> str:
+    if site not in site_names(cfg):
+        raise ValueError(f"unknown activation site {site!r}; this model has: "
+                         f"{', '.join(site_names(cfg))}")
+    return site
+
+
+def first_block(cfg: ModelConfig, sites: Iterable[str]) -> int | None:
+    """The earliest attention block any of `sites` is in ('blocks.3.attn.k' -> 3; ln_final and
+    logits: n_layers, after the last), or None where one precedes every attention block (the
+    embeddings, the minimal first layer) or there are no sites."""
+    layers = []
+    for site in sites:
+        parts = site.split(".")
+        if parts[0] == "blocks" and int(parts[1]) >= first_attention_layer(cfg):
+            layers.append(int(parts[1]))
+        elif site in ("ln_final", "logits"):
+            layers.append(cfg.n_layers)
+        else:
+            return None
+    return min(layers, default=None)
+
+
+def residual_site(cfg: ModelConfig, layer: int) -> str:
+    """The site holding the residual stream that enters block `layer` (after the last block: the
+    last block's resid_post), to cache for `forward(start_at=(layer, value))`."""
+    first = first_attention_layer(cfg)
+    if not first <= layer <= cfg.n_layers:
+        raise ValueError(f"start_at layer {layer}: the model's attention blocks are "
+                         f"{first}..{cfg.n_layers - 1} (or {cfg.n_layers}: after the last)")
+    return f"blocks.{layer}.resid_pre" if layer < cfg.n_layers else \
+        f"blocks.{layer - 1}.resid_post"
+
+
+def first_attention_layer(cfg: ModelConfig) -> int:
+    """The first block with attention: the first after the built part, if any."""
+    return 0 if cfg.front is None else cfg.front.layers
+
+
+def _param_shapes(cfg: ModelConfig) -> Params:
+    """Shape and init scale of every parameter (scale 0: zeros, None: ones, a callable: a fixed
+    table, scale(cfg), never trained: see `frozen_paths`)."""
+    d, h, e, f = cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_mlp
+    # Residual-writing projections are scaled down with depth (GPT-2) to keep early training calm.
+    out = 1.0 / math.sqrt(2 * cfg.n_layers)
+    layer_norm = {"scale": ((d,), None), "bias": ((d,), 0.0)}
+    block = {
+        "ln1": layer_norm,
+        # No key bias: it adds the same q.b_k to every score of a query row, which softmax
+        # ignores, so its gradient is pure rounding noise that Adam would amplify (imported
+        # checkpoints have one: key_bias).
+        "attn": {"w_q": ((d, h, e), d**-0.5), "b_q": ((h, e), 0.0),
+                 "w_k": ((d, h, e), d**-0.5),
+                 "w_v": ((d, h, e), d**-0.5), "b_v": ((h, e), 0.0),
+                 "w_o": ((h, e, d), (h * e) ** -0.5 * out), "b_o": ((d,), 0.0)},
+    }
+    if cfg.key_bias:
+        block["attn"] = {**block["attn"], "b_k": ((h, e), 0.0)}
+    if not cfg.attn_only:
+        block["ln2"] = layer_norm
+        block["mlp"] = {"w_in": ((d, f), d**-0.5), "b_in": ((f,), 0.0),
+                        "w_out": ((f, d), f**-0.5 * out), "b_out": ((d,), 0.0)}
+    shapes: Params = {
+        "embed": ((cfg.vocab_size, d), _onehot_table if cfg.embedding == "onehot" else 0.02),
+        "unembed": {"w": ((d, cfg.vocab_size), d**-0.5), "b": ((cfg.vocab_size,), 0.0)},
+        "ln_final": layer_norm,
+        "blocks": [block] * cfg.n_layers,
+    }
+    if cfg.front is not None:
+        del shapes["embed"]
+        shapes["blocks"] = (cfg.front.block_shapes(cfg)
+                            + [block] * (cfg.n_layers - cfg.front.layers))
+    if cfg.pos_encoding == "learned":
+        shapes["pos_embed"] = ((cfg.max_len, d), 0.02)
+    elif cfg.pos_encoding == "linear":
+        shapes["pos_embed"] = ((d,), 0.02)
+    return shapes
+
+
+def init_params(key: jax.Array, cfg: ModelConfig) -> Params:
+    """Random parameters for one model (vmap over keys for a seed axis)."""
+    specs, treedef = jax.tree.flatten(_param_shapes(cfg), is_leaf=lambda x: isinstance(x, tuple))
+    sizes = [0 if callable(scale) else math.prod(shape) for shape, scale in specs]
+    # One draw carved into pieces: one threefry call compiles far faster than one per tensor.
+    noise = jax.random.normal(key, (sum(sizes),), jnp.float32)
+    leaves, offset = [], 0
+    for (shape, scale), size in zip(specs, sizes, strict=True):
+        if scale is None:
+            leaves.append(jnp.ones(shape))
+        elif callable(scale):
+            leaves.append(scale(cfg))
+        else:
+            leaves.append(noise[offset:offset + size].reshape(shape) * scale)
+        offset += size
+    return jax.tree.unflatten(treedef, leaves)
+
+
+def path_str(path) -> str:
+    """A jax key path as 'blocks/0/minimal/table'."""
+    return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+
+
+def frozen_paths(cfg: ModelConfig) -> tuple[str, ...]:
+    """Paths (path_str) of the parameters the optimizer must not move (fixed tables)."""
+    specs = jax.tree_util.tree_flatten_with_path(_param_shapes(cfg),
+                                                 is_leaf=lambda x: isinstance(x, tuple))[0]
+    return tuple(path_str(path) for path, (_, scale) in specs if callable(scale))
+
+
+def random_paths(cfg: ModelConfig) -> tuple[str, ...]:
+    """Paths (path_str) of the parameters init_params draws at random (not the LayerNorm gains,
+    ones; the biases, zeros; or the fixed tables): what train.init_scales multiplies."""
+    specs = jax.tree_util.tree_flatten_with_path(_param_shapes(cfg),
+                                                 is_leaf=lambda x: isinstance(x, tuple))[0]
+    return tuple(path_str(path) for path, (_, scale) in specs
+                 if not callable(scale) and scale)
+
+
+def _onehot_table(cfg: ModelConfig) -> jax.Array:
+    """Frozen token embeddings: row v is the one-hot vector of v."""
+    return jnp.eye(cfg.vocab_size, cfg.d_model)
+
+
+def mlp_input(params: Params, layer: int, resid_mid: jax.Array, eps: float = 1e-5) -> jax.Array:
+    """The input of block `layer`'s MLP: its layer norm of `blocks.{layer}.resid_mid`, as
+    `forward` computes it. An intervention that replaces the whole MLP (a transcoder at
+    `blocks.{layer}.mlp.out`) reads resid_mid, which `forward` visits first, and maps this.
+    An imported model's: eps=cfg.ln_eps, and with parallel_residual it reads resid_pre."""
+    return _layer_norm(resid_mid, params["blocks"][layer]["ln2"], eps)
+
+
+def _layer_norm(x: jax.Array, p: Params, eps: float = 1e-5) -> jax.Array:
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + eps) * p["scale"] + p["bias"]
+
+
+def _sinusoidal(num_pos: int, d: int) -> jax.Array:
+    pos = jnp.arange(num_pos)[:, None]
+    freq = jnp.exp(-math.log(10_000.0) * jnp.arange(0, d, 2) / d)
+    table = jnp.zeros((num_pos, d))
+    table = table.at[:, 0::2].set(jnp.sin(pos * freq))
+    return table.at[:, 1::2].set(jnp.cos(pos * freq[: d // 2]))
+
+
+def rotary_table(num_pos: int, head_dim: int, base: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [num_pos, head_dim // 2] float32 of the rotary angles p * base^(-2i/head_dim)
+    (position p, pair i), computed in float64 and rounded once: the same bits on every backend."""
+    inv_freq = float(base) ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    angles = np.arange(num_pos, dtype=np.float64)[:, None] * inv_freq
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array, layout: str = "adjacent") -> jax.Array:
+    """x [batch, pos, head, d_head] with each adjacent pair (x[2i], x[2i+1]) turned by the angle
+    whose cos/sin [(batch,) pos, r // 2] are given; the same products and sums, in the same
+    order, as TransformerLens's x * cos + rotate_every_two(x) * sin. Only the first r
+    dimensions turn; layout "half" pairs x[i] with x[i + r/2] (GPT-NeoX's rotate_half)."""
+    cos, sin = cos[..., None, :], sin[..., None, :]  # the same angle for every head
+    r = 2 * cos.shape[-1]
+    x, rest = (x, None) if r == x.shape[-1] else (x[..., :r], x[..., r:])
+    if layout == "half":
+        first, second = x[..., :r // 2], x[..., r // 2:]
+        x = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], -1)
+    else:
+        even, odd = x[..., 0::2], x[..., 1::2]
+        x = jnp.stack([even * cos + -odd * sin, odd * cos + even * sin], -1).reshape(x.shape)
+    return x if rest is None else jnp.concatenate([x, rest], -1)
+
+
+def _position_embedding(params: Params, cfg: ModelConfig, positions: jax.Array | int
+                        ) -> jax.Array:
+    """Position embeddings for integer positions [..., T] -> [..., T, d_model] (an int n:
+    positions 0 .. n-1)."""
+    if isinstance(positions, int):
+        positions = jnp.arange(positions)
+    if cfg.pos_encoding == "learned":
+        return params["pos_embed"][positions]
+    if cfg.pos_encoding == "sinusoidal":
+        return _sinusoidal(cfg.max_len, cfg.d_model)[positions]
+    # "linear" (Wen et al.): one learned direction scaled by the relative position t / max_len.
+    return (positions / cfg.max_len)[..., None] * params["pos_embed"]
+
+
+def forward(
+    params: Params,
+    tokens: jax.Array,
+    cfg: ModelConfig,
+    *,
+    intervention: Intervention | None = None,
+    cache: Iterable[str] = (),
+    position_offset: jax.Array | None = None,
+    start_at: tuple[int, jax.Array] | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Logits [batch, pos, vocab] for tokens [batch, pos], and the cached sites.
+
+    `intervention` applies after the model's standing ones (`cfg.interventions`).
+    `position_offset` (int [batch], default 0) shifts each sentence's positions: token t sits at
+    position offset + t. Training with random offsets trains positions past the sentence length.
+    `start_at=(layer, residual)`: skip the embeddings and the blocks before `layer`, whose
+    output is `residual` [batch, pos, d_model] (the value of `residual_site(cfg, layer)`); the
+    sites before block `layer` are not visited.
+    """
+    cache = frozenset(cache)
+    cached: dict[str, jax.Array] = {}
+    intervention = compose(*cfg.interventions, intervention)
+
+    def site(name: str, value: jax.Array) -> jax.Array:
+        # Interventions and the cache see f32 values whatever the compute dtype (a no-op in f32).
+        dtype = value.dtype
+        if intervention is not None:
+            value = intervention(name, value.astype(jnp.float32)).astype(dtype)
+        if name in cache:
+            cached[name] = value.astype(jnp.float32)
+        return value
+
+    cdt = jnp.dtype(cfg.compute_dtype)
+
+    def mm(spec: str, x: jax.Array, w: jax.Array, out=cdt) -> jax.Array:
+        """einsum with operands in the compute dtype, f32 accumulation, result in `out`."""
+        return jnp.einsum(spec, x.astype(cdt), w.astype(cdt),
+                          preferred_element_type=jnp.float32).astype(out)
+
+    seq_len = tokens.shape[-1]
+    rotary = cfg.pos_encoding == "rotary"
+    if seq_len > cfg.max_len and not rotary:
+        raise ValueError(f"sequence length {seq_len} exceeds the model's max_len {cfg.max_len}")
+    first = first_attention_layer(cfg)
+    if start_at is not None:
+        residual_site(cfg, start_at[0])  # checks the layer
+        first, x = start_at
+    elif cfg.front is not None:
+        x = cfg.front.apply(params, tokens, site)
+    else:
+        x = site("embed", params["embed"][tokens])
+    positions = jnp.arange(seq_len)
+    if position_offset is not None:  # caller keeps offset + seq_len <= max_len
+        positions = position_offset[:, None] + positions
+    if rotary:  # [(batch,) pos, d_head // 2], for every layer's queries and keys
+        cos, sin = rotary_table(max(cfg.max_len, seq_len), cfg.rotary_dims, cfg.rotary_base)
+        cos, sin = ((cos[:seq_len], sin[:seq_len]) if position_offset is None
+                    else (jnp.asarray(cos)[positions], jnp.asarray(sin)[positions]))
+    elif cfg.pos_encoding != "none" and start_at is None:
+        x = x + site("pos_embed", _position_embedding(params, cfg, positions))
+    causal = jnp.tril(jnp.ones((seq_len, seq_len), bool))
+    for i in range(first, cfg.n_layers):
+        block, name = params["blocks"][i], f"blocks.{i}"
+        x = site(f"{name}.resid_pre", x)
+        a = block["attn"]
+        resid_pre, h = x, _layer_norm(x, block["ln1"], cfg.ln_eps)
+        q = site(f"{name}.attn.q", mm("btd,dhe->bthe", h, a["w_q"]) + a["b_q"].astype(cdt))
+        k = mm("btd,dhe->bthe", h, a["w_k"])
+        k = site(f"{name}.attn.k", k + a["b_k"].astype(cdt) if cfg.key_bias else k)
+        v = site(f"{name}.attn.v", mm("btd,dhe->bthe", h, a["w_v"]) + a["b_v"].astype(cdt))
+        if rotary:  # turned in float32 (a no-op cast in float32 compute)
+            q, k = (site(f"{name}.attn.rot_{n}", _rotate(t.astype(jnp.float32), cos, sin,
+                                                          cfg.rotary_layout).astype(cdt))
+                    for n, t in (("q", q), ("k", k)))
+        scores = mm("bqhe,bkhe->bhqk", q, k, jnp.float32) / math.sqrt(cfg.head_dim)
+        if cfg.attn_scale_by_layer:
+            scores = scores / (i + 1)
+        scores = site(f"{name}.attn.scores", jnp.where(causal, scores, -jnp.inf))
+        pattern = site(f"{name}.attn.pattern", jax.nn.softmax(scores, axis=-1))
+        z = site(f"{name}.attn.z", mm("bhqk,bkhe->bqhe", pattern, v))
+        attn_out = site(f"{name}.attn.out", mm("bqhe,hed->bqd", z, a["w_o"])
+                        + a["b_o"].astype(cdt))
+        x = site(f"{name}.resid_mid", x + attn_out)
+        if not cfg.attn_only:
+            m = block["mlp"]
+            h = mlp_input(params, i, resid_pre if cfg.parallel_residual else x, cfg.ln_eps)
+            gelu = functools.partial(jax.nn.gelu, approximate=cfg.activation == "gelu_tanh")
+            hidden = site(f"{name}.mlp.hidden",
+                          gelu(mm("...d,df->...f", h, m["w_in"]) + m["b_in"].astype(cdt)))
+            x = x + site(f"{name}.mlp.out", mm("...f,fd->...d", hidden, m["w_out"])
+                         + m["b_out"].astype(cdt))
+        x = site(f"{name}.resid_post", x)
+    x = site("ln_final", _layer_norm(x, params["ln_final"], cfg.ln_eps))
+    logits = site("logits", mm("...d,dv->...v", x, params["unembed"]["w"], jnp.float32)
+                  + params["unembed"]["b"])
+    return logits, cached

@@ -1,0 +1,196 @@
+"""Does an interpretation predict behaviour? The held-out prediction test over the run's members
+(report/heldout.py, docs/prediction.md), as a stage of the main job.
+
+With prediction.enabled, after every group's proxies and reports, each healthy trained member
+becomes one row:
+
+- features (measured in distribution, on proxies.gap_baseline): each proxy family's and size's
+  `prediction.metrics` (default same_pred) on the baseline split, every breakdown pooled;
+- hyper-parameters: the member's hyper-parameters that vary over the run (train.members'
+  hparams, e.g. contrastive_weight), its setting the group it belongs to;
+- targets (out of distribution): the original model's accuracy on each evaluation split outside
+  the task's training distribution (`acc:<split>`), and, with prediction.gaps, each family's
+  gap in same_pred on it at its smallest size (`gap:<method>:<site>:<size>:<split>`).
+
+A null population (train.null, when the members have a `null` hyper-parameter: untrained or
+shuffled-label copies of the same seeds and settings) gives the same features on those copies:
+the test says whether the trained members' features predict better than theirs. Writes
+prediction.csv (report/heldout.py's columns), prediction.txt (its lines) and
+prediction_auroc.png in the workdir.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+import pandas as pd
+
+from jaxillusions import tasks
+from jaxillusions.config.fields import BOOL, INT, STR, STRS, positive, setting
+from jaxillusions.report import heldout, tables
+from jaxillusions.runtime import distributed, schema, stages
+from jaxillusions.studies.stage import PROXIES, Context, Stage
+from jaxillusions.training import train
+
+OUTPUTS = ("prediction.csv", "prediction.txt", "prediction_auroc.png")
+NULL = "null"  # the hyper-parameter of null members (0: trained)
+# What a proxy row measures per member: its faithfulness, its accuracy, a dictionary's metrics.
+FEATURE_METRICS = (*schema.FAITHFULNESS, "acc_proxy", *schema.DICTIONARY_METRICS)
+
+
+def _threshold_ok(v, s) -> bool:
+    if v == "median":
+        return True
+    try:
+        return -1.0 <= float(v) <= 1.0
+    except ValueError:
+        return False
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """The held-out prediction test over the members (jaxillusions/studies/prediction.py)."""
+
+    enabled: bool = setting(False, BOOL, "true or false",
+                            doc="predict each member's OOD behaviour from its in-distribution "
+                            "interpretation, its hyper-parameters, both, and a null population")
+    metrics: tuple[str, ...] = setting(
+        ("same_pred",), STRS, f"at least one of {', '.join(FEATURE_METRICS)}",
+        lambda v, s: len(v) >= 1 and set(v) <= set(FEATURE_METRICS),
+        "the proxy rows' metrics on the baseline split that are the features")
+    gaps: bool = setting(True, BOOL, "true or false",
+                         doc="also each proxy family's OOD gap (smallest size) as a target")
+    threshold: str = setting("median", STR, "'median' or a number in [-1, 1]", _threshold_ok,
+                             "AUROC's positive class: target > this (fixed before the run)")
+    n_splits: int = setting(5, INT, ">= 2", lambda v, s: v >= 2, "folds of the random splits")
+    n_repeats: int = setting(10, INT, ">= 1", positive, "repeats of the random splits")
+    seed: int = setting(0, INT, ">= 0", lambda v, s: v >= 0, "the random splits' seed")
+
+
+def enabled(config) -> bool:
+    """With prediction.enabled (the held-out prediction test over every group's members)."""
+    return config.prediction.enabled
+
+
+def settings_of(config) -> list[str]:
+    """The names of the members' hyper-parameter settings (the null kind left out)."""
+    hparams = {k: v for k, v in train.members(config).hparams.items() if k != NULL}
+    varying = [k for k, v in hparams.items() if len(np.unique(v)) > 1]
+    keys = zip(*(hparams[k].tolist() for k in varying), strict=True) if varying else [()]
+    return list(dict.fromkeys("_".join(f"{n}_{v:g}" for n, v in zip(varying, key, strict=True))
+                              for key in keys))
+
+
+def check(config, model_cfg) -> list[str]:
+    """One-line ValueError before any work: the test needs proxies, at least two settings of
+    the hyper-parameters (leave-one-setting-out) and a threshold in the metrics' range."""
+    del model_cfg
+    if not enabled(config):
+        return []
+    if not config.proxies.methods:
+        raise ValueError("prediction.enabled=True: needs proxies (proxies.methods is empty): "
+                         "the features are the proxies' faithfulness")
+    found = settings_of(config)
+    if len(found) < 2:
+        raise ValueError("prediction.enabled=True: needs members in at least 2 settings of "
+                         "their hyper-parameters (e.g. train.contrastive_weights), to hold "
+                         f"one out; this run has {len(found)}")
+    return []
+
+
+def _member_rows(group: Context, config, gaps: bool) -> list[dict]:
+    """One dict per healthy member of a group: features, hyper-parameters, targets."""
+    pc, task = config.proxies, tasks.get(config)
+    members = train.members(config)
+    baseline = pc.gap_baseline
+    ood = [s for s in pc.eval_splits if s not in task.IN_DISTRIBUTION]
+    rows = pd.DataFrame([r for r in group.proxies.rows if r["breakdown"] == "all"])
+    out = []
+    for index, seed, ok in zip(group.members, group.seeds, group.healthy, strict=True):
+        if not ok:
+            continue
+        mine = rows[rows["seed"] == seed]
+        row = {f"hp:{k}": float(v[index]) for k, v in members.hparams.items()}
+        row["seed"] = int(seed)
+        original = mine.groupby("split")["acc_original"].first()  # every proxy row has it
+        row.update({f"acc:{s}": float(original[s]) for s in ood if s in original})
+        proxies = mine
+        for (method, site, size), fam in proxies.groupby(["method", "site", "size"]):
+            at = fam.set_index("split")
+            for metric in config.prediction.metrics:
+                if metric in at and baseline in at.index and pd.notna(at.loc[baseline, metric]):
+                    row[f"{metric}:{method}:{site}:{size}"] = float(at.loc[baseline, metric])
+        if gaps:
+            for (method, site), fam in proxies.groupby(["method", "site"]):
+                size = int(fam["size"].min())
+                at = fam[fam["size"] == size].set_index("split")["same_pred"]
+                row.update({f"gap:{method}:{site}:{size}:{s}": float(at[baseline] - at[s])
+                            for s in ood if s in at and baseline in at})
+        out.append(row)
+    return out
+
+
+def population(ctx: Context) -> tuple[pd.DataFrame, pd.DataFrame | None, heldout.Design]:
+    """(the trained members' frame, the null members' frame or None, the design) of a
+    population context (every group's rows)."""
+    config, pc = ctx.settings, ctx.settings.prediction
+    frame = pd.DataFrame([r for g in ctx.groups for r in _member_rows(g, config, pc.gaps)])
+    hp = [c for c in frame if c.startswith("hp:") and c != f"hp:{NULL}"]
+    varying = [c for c in hp if frame[c].nunique() > 1]
+    frame["setting"] = frame[varying].astype(str).agg("/".join, axis=1)
+    frame.index = frame["setting"] + "/seed" + frame["seed"].astype(str)
+    null = None
+    if f"hp:{NULL}" in frame:
+        null = frame[frame[f"hp:{NULL}"] != 0]
+        frame = frame[frame[f"hp:{NULL}"] == 0]
+        varying = [c for c in varying if frame[c].nunique() > 1]
+    targets = [c for c in frame if c.startswith(("acc:", "gap:"))
+               and frame[c].notna().all() and frame[c].nunique() > 1]
+    features = [c for c in frame if ":" in c and c.split(":")[0] in pc.metrics
+                and frame[c].notna().all()]
+    if null is not None:
+        # One null copy per member: the first kind (train.null's order: untrained first).
+        null = null.sort_values(f"hp:{NULL}").groupby(level=0).first().reindex(frame.index)
+        features = [c for c in features if c in null and null[c].notna().all()]
+        null = null if len(null.dropna(subset=features)) == len(frame) else None
+    threshold = pc.threshold if pc.threshold == "median" else float(pc.threshold)
+    design = heldout.Design(features=tuple(features), hparams=tuple(varying),
+                               targets=tuple(targets), threshold=threshold,
+                               n_splits=pc.n_splits, n_repeats=pc.n_repeats)
+    return frame, null, design
+
+
+def run(ctx: Context) -> Context:
+    """The stage (scope population; process 0 writes): prediction.csv, prediction.txt and
+    prediction_auroc.png in the workdir."""
+    frame, null, design = population(ctx)
+    if not design.targets or not design.features:
+        what = "target" if not design.targets else "feature"
+        raise ValueError(f"prediction.enabled=True: no {what} varies over the {len(frame)} "
+                         "healthy members; nothing to predict")
+    ctx.say(f"prediction: {len(frame)} members in {frame['setting'].nunique()} settings, "
+            f"{len(design.features)} features, {len(design.hparams)} hyper-parameters, "
+            f"{len(design.targets)} targets" + ("" if null is None else ", with the null"))
+    result = heldout.predict(frame, design, null, random_state=ctx.settings.prediction.seed)
+    if distributed.is_main():
+        path = os.path.join(ctx.workdir, "prediction.csv")
+        with stages.writing("prediction", path):
+            tables.write_csv(result.to_dict("records"), path, heldout.COLUMNS)
+        lines = [f"Held-out prediction: {len(frame)} trained members, "
+                 f"{frame['setting'].nunique()} settings of {', '.join(design.hparams)}; "
+                 f"features: {len(design.features)} in-distribution measurements "
+                 f"({', '.join(ctx.settings.prediction.metrics)})",
+                 *heldout.report_lines(result)]
+        stages.write(os.path.join(ctx.workdir, "prediction.txt"), "\n".join(lines) + "\n",
+                     "prediction")
+        with stages.writing("prediction", os.path.join(ctx.workdir, OUTPUTS[2])):
+            heldout.figure(result, os.path.join(ctx.workdir, OUTPUTS[2]))
+    return ctx.produced("prediction", frame=result)
+
+
+# The main job's stage (job.PIPELINE): once, after every group's stages.
+STAGE = Stage("prediction", run, enabled=enabled, scope="population",
+              keys=("prediction.*", "proxies.*"), outputs=OUTPUTS, section=Prediction,
+              check=check, needs=(PROXIES,), makes=("prediction",))

@@ -1,0 +1,253 @@
+"""The held-out prediction test (report/heldout.py) on planted populations: a feature that
+is the target by construction, a null feature that is pure noise, hyper-parameters that shift
+the target between settings but say nothing inside one."""
+
+import dataclasses
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("sklearn")
+
+from sklearn.base import BaseEstimator, TransformerMixin  # noqa: E402
+from sklearn.pipeline import Pipeline  # noqa: E402
+
+from jaxillusions.report import heldout  # noqa: E402
+
+# 6 settings (depth x weight decay) of 36 members, plus one (depth 4) whose members all lie
+# above the median: its leave-one-setting-out AUROC fold has one class and is skipped.
+DEPTHS, DECAYS, PER_SETTING = (1, 2, 3), (0.0, 1.0), 36
+DESIGN = heldout.Design(features=("signal",), hparams=("depth", "wd"), targets=("ood",),
+                           n_splits=5, n_repeats=5)
+
+
+def population(seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(members, null): ood = shift(setting) + u, u ~ N(0, 1) per member; the feature `signal`
+    IS ood (it determines the target by construction); the null frame's `signal` is fresh
+    N(0, 1) noise for the same members."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for depth in (*DEPTHS, 4):
+        for wd in DECAYS if depth < 4 else (0.0,):
+            for _ in range(PER_SETTING):
+                shift = 5.0 if depth == 4 else 0.8 * (depth - 2) + 0.5 * (wd - 0.5)
+                ood = shift + (0.1 if depth == 4 else 1.0) * rng.normal()
+                rows.append({"depth": depth, "wd": wd, "setting": f"d{depth}-wd{wd:g}",
+                             "signal": ood, "ood": ood})
+    members = pd.DataFrame(rows, index=[f"m{i:03d}" for i in range(len(rows))])
+    null = members.copy()
+    null["signal"] = rng.normal(size=len(null))
+    return members, null
+
+
+@pytest.fixture(scope="module")
+def planted():
+    members, null = population()
+    return members, null, heldout.predict(members, DESIGN, null, random_state=0)
+
+
+def cell(frame, metric, scheme, predictors="features", null=False) -> pd.Series:
+    (i,) = np.flatnonzero((frame["metric"] == metric) & (frame["scheme"] == scheme)
+                          & (frame["predictors"] == predictors) & (frame["null"] == null))
+    return frame.iloc[i]
+
+
+def hanley_mcneil_se(auc: float, n1: int, n0: int) -> float:
+    """Standard error of an AUROC over n1 positives and n0 negatives (Hanley & McNeil 1982)."""
+    q1, q2 = auc / (2 - auc), 2 * auc**2 / (1 + auc)
+    return math.sqrt((auc * (1 - auc) + (n1 - 1) * (q1 - auc**2) + (n0 - 1) * (q2 - auc**2))
+                     / (n1 * n0))
+
+
+def chance_se(members, scheme: str) -> float:
+    """SE of the mean held-out AUROC of a predictor with no information (true AUROC 0.5): the
+    test folds of one repeat (random splits) or of the scheme (one per setting) are disjoint,
+    so their mean has SE sqrt(sum SE_k^2) / K with SE_k Hanley-McNeil's for fold k; the mean
+    over repeats, an average of such means, is no more variable than the largest of them."""
+    kept, _ = heldout.folds(members, DESIGN, "ood", "auroc", scheme)
+    y = members["ood"].to_numpy() > np.median(members["ood"])
+    per_repeat = DESIGN.n_splits if scheme == "random" else len(kept)
+    ses = [hanley_mcneil_se(0.5, int(y[test].sum()), int((~y[test]).sum())) for _, test in kept]
+    return max(math.sqrt(sum(s**2 for s in ses[r:r + per_repeat])) / per_repeat
+               for r in range(0, len(ses), per_repeat))
+
+
+def test_planted_feature_predicts_perfectly_and_noise_at_chance(planted):
+    members, _, frame = planted
+    for scheme in heldout.SCHEMES:
+        for metric in heldout.METRICS:  # signal == ood: every fold ranks perfectly
+            row = cell(frame, metric, scheme)  # (spearmanr's rho of equal ranks: 1 - 1 ulp)
+            assert [row["mean"], row["low"], row["high"]] == pytest.approx([1.0] * 3, abs=1e-12)
+            assert row["sd"] == pytest.approx(0.0, abs=1e-12)
+        # Pure noise: the mean AUROC within 4 standard errors of 0.5.
+        noise = cell(frame, "auroc", scheme, null=True)
+        assert abs(noise["mean"] - 0.5) < 4 * chance_se(members, scheme), (scheme, noise["mean"])
+        assert noise["low"] < 0.5 < noise["high"]
+        for label in ("features - null", "features - hparams"):
+            assert cell(frame, "auroc", scheme, label, null=label.endswith("null"))[
+                "verdict"] == "beats"
+        assert cell(frame, "auroc", scheme)["verdict"] == "vs hparams: beats; vs null: beats"
+    assert (frame["members"] == len(members)).all()
+    assert (frame.loc[frame["metric"] == "auroc", "threshold"] == np.median(members["ood"])).all()
+    assert frame.loc[frame["metric"] == "spearman", "threshold"].isna().all()
+
+
+def test_hyperparameters_predict_across_settings_but_not_inside_a_held_out_one(planted):
+    # Li et al.'s finding by construction: the settings' shifts separate members drawn from
+    # different settings (random splits), but a held-out setting's members share their
+    # hyper-parameters, so the hyper-parameter model scores them all alike: AUROC 0.5 (ties)
+    # and rho 0 in every fold, whatever it learnt from the other settings.
+    members, _, frame = planted
+    random = cell(frame, "auroc", "random", "hparams")
+    assert random["mean"] > 0.5 + 4 * chance_se(members, "random") and random["low"] > 0.5
+    for metric, chance in (("auroc", 0.5), ("spearman", 0.0)):
+        held_out = cell(frame, metric, "leave_one_setting_out", "hparams")
+        assert (held_out["mean"], held_out["sd"]) == (chance, 0.0)
+    assert cell(frame, "spearman", "random", "hparams")["low"] > 0
+
+
+def test_one_class_folds_are_skipped_and_counted(planted):
+    members, _, frame = planted
+    y = members["ood"] > np.median(members["ood"])
+    one_class = int((y.groupby(members["setting"]).nunique() == 1).sum())
+    assert one_class >= 1  # the depth-4 setting, all above the median
+    loso = frame[frame["scheme"] == "leave_one_setting_out"]
+    settings = members["setting"].nunique()
+    auroc, spearman = loso[loso["metric"] == "auroc"], loso[loso["metric"] == "spearman"]
+    assert (auroc["n_skipped"] == one_class).all()
+    assert (auroc["n_folds"] == settings - one_class).all()
+    assert (spearman["n_skipped"] == 0).all() and (spearman["n_folds"] == settings).all()
+    random = frame[frame["scheme"] == "random"]
+    assert (random["n_folds"] == DESIGN.n_splits * DESIGN.n_repeats).all()
+    assert (random["n_skipped"] == 0).all()
+
+
+FITTED = []  # the training rows of every fit (cross_validate clones the estimator)
+
+
+class Spy(BaseEstimator, TransformerMixin):
+    def fit(self, x, y=None):
+        FITTED.append(np.array(x, copy=True))
+        return self
+
+    def transform(self, x):
+        return x
+
+
+def test_leave_one_setting_out_never_trains_on_the_held_out_setting(monkeypatch):
+    members, _ = population()
+    setting = members["setting"].to_numpy()
+    for metric in heldout.METRICS:
+        kept, skipped = heldout.folds(members, DESIGN, "ood", metric, "leave_one_setting_out")
+        held_out = [set(setting[test]) for _, test in kept]
+        assert all(len(h) == 1 for h in held_out)
+        assert all(not set(setting[train]) & h for (train, _), h in zip(kept, held_out,
+                                                                         strict=True))
+        assert len({h.pop() for h in held_out}) == len(kept) == len(set(setting)) - skipped
+    # And what is fitted: a member id as a second feature shows which rows each fit saw.
+    members["member"] = np.arange(len(members), dtype=np.float64)
+    members["noise"] = np.random.default_rng(2).normal(size=len(members))
+    real = heldout.model
+    monkeypatch.setattr(heldout, "model",
+                        lambda metric: Pipeline([("spy", Spy()), *real(metric).steps]))
+    monkeypatch.setattr(heldout, "SCHEMES", ("leave_one_setting_out",))
+    FITTED.clear()
+    design = heldout.Design(("signal", "member", "noise"), DESIGN.hparams, DESIGN.targets)
+    heldout.predict(members, design)
+    num_folds = sum(len(heldout.folds(members, design, "ood", metric,
+                                         "leave_one_setting_out")[0])
+                    for metric in heldout.METRICS)
+    with_ids = [x for x in FITTED if x.shape[1] in (3, 5)]  # features (3), both (5 columns)
+    hparams = [x for x in FITTED if x.shape[1] == 2]
+    assert len(FITTED) == 3 * num_folds and len(with_ids) == 2 * num_folds
+    for x in with_ids:
+        seen = setting[x[:, 1].astype(int)]
+        missing = set(setting) - set(seen)
+        assert len(missing) == 1  # one setting held out, every member of the others trained on
+        assert len(seen) == (setting != missing.pop()).sum()
+    pairs = set(zip(members["depth"], members["wd"], strict=True))
+    assert all(len(pairs - set(map(tuple, x))) == 1 for x in hparams)
+
+
+def bad(members, null, case):
+    """(members, null, design) with one planted problem."""
+    design = DESIGN
+    if case == "missing column":
+        members = members.drop(columns="wd")
+    elif case == "NaN in a feature":
+        members.loc[members.index[3], "signal"] = np.nan
+    elif case == "NaN in the null features":
+        null.loc[null.index[5], "signal"] = np.nan
+    elif case == "one setting":
+        members["setting"] = "d2-wd0"
+    elif case == "one class after binarising":  # the median is the common value 1.0
+        members["ood"] = np.where(np.arange(len(members)) < 3, 0.5, 1.0)
+    elif case == "threshold outside the range":
+        design = dataclasses.replace(DESIGN, threshold={"ood": 9.5})
+    elif case == "not numeric":
+        members["depth"] = members["depth"].astype(str)
+    elif case == "null of other members":
+        null = null.iloc[1:]
+    return members, null, design
+
+
+CASES = {"missing column": "'wd'", "NaN in a feature": "'signal'",
+         "NaN in the null features": "'signal'", "one setting": "'setting'",
+         "one class after binarising": "'ood'", "threshold outside the range": "9.5",
+         "not numeric": "'depth'", "null of other members": "null frame"}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_raises_a_one_line_error_before_fitting(case, monkeypatch):
+    def fitted(*args, **kwargs):
+        raise AssertionError("fitted before the input was checked")
+
+    monkeypatch.setattr(heldout, "cross_validate", fitted)
+    members, null, design = bad(*population(), case)
+    with pytest.raises(ValueError) as error:
+        heldout.predict(members, design, null)
+    message = str(error.value)
+    assert "\n" not in message and CASES[case] in message, message
+
+
+def test_same_seed_gives_the_identical_frame():
+    members, null = population(seed=1)
+    members, null = members.iloc[::3], null.iloc[::3]  # 84 members: quicker
+    design = dataclasses.replace(DESIGN, n_repeats=2, n_splits=3)
+    first = heldout.predict(members, design, null, random_state=3)
+    pd.testing.assert_frame_equal(first, heldout.predict(members, design, null,
+                                                            random_state=3))
+    other = heldout.predict(members, design, null, random_state=4)
+    loso = first["scheme"] == "leave_one_setting_out"
+    pd.testing.assert_frame_equal(first[loso], other[loso])  # no randomness in these folds
+    assert not first[~loso].equals(other[~loso])
+    assert list(first.columns) == list(heldout.COLUMNS)
+
+
+def test_fold_interval_and_verdicts():
+    values = np.array([0.6, 0.7, 0.8, 0.5, 0.9])
+    mean, sd, low, high = heldout.fold_interval(values, test_over_train=0.25)
+    half = 2.7764451051977987 * values.std(ddof=1) * math.sqrt(1 / 5 + 0.25)  # t_{4, 0.975}
+    assert (mean, sd) == pytest.approx((0.7, values.std(ddof=1)))
+    assert (low, high) == pytest.approx((0.7 - half, 0.7 + half))
+    assert math.isnan(heldout.fold_interval([0.5], 0.25)[2])
+    assert heldout.compare(0.01, 0.2) == "beats"
+    assert heldout.compare(-0.2, -0.01) == "loses"
+    assert heldout.compare(-0.1, 0.1) == "within noise"
+    assert heldout.compare(math.nan, math.nan) == "undefined"
+
+
+def test_report_lines_and_figure(planted, tmp_path):
+    _, _, frame = planted
+    lines = heldout.report_lines(frame)
+    text = "\n".join(lines)
+    assert f"AUROC of ood > {frame['threshold'].iloc[0]:g}" in text
+    loso = cell(frame, "auroc", "leave_one_setting_out")
+    assert (f"leave one setting out ({loso['n_folds']} folds, {loso['n_skipped']} skipped)"
+            in text)
+    assert "features - hparams +0.500 ± 0.000 [+0.500, +0.500]: beats" in text
+    path = tmp_path / "heldout.png"
+    heldout.figure(frame, str(path))
+    assert path.stat().st_size > 10_000

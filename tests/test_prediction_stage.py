@@ -1,0 +1,68 @@
+"""The prediction study as a stage of the main job (studies/prediction.py): a tiny Dyck run whose
+members differ in one hyper-parameter (train.contrastive_weights) ends with prediction.csv,
+prediction.txt and its figure, each member one row; bad settings are refused at the door."""
+
+import os
+
+import pandas as pd
+import pytest
+from conftest import tiny_sweep_config
+
+from jaxillusions.pipeline import sweep, validate
+
+pytest.importorskip("sklearn")
+
+
+def _config(cache_dir):
+    config = tiny_sweep_config(cache_dir)
+    config.train.num_seeds = 4
+    config.train.contrastive_weights = (0.0, 1.0)  # 2 settings x 4 seeds
+    config.prediction.enabled = True
+    config.prediction.n_splits = 2
+    config.prediction.n_repeats = 2
+    config.figures = "none"
+    return config
+
+
+def test_the_prediction_stage_predicts_every_member_out_of_distribution(tmp_path, cache_dir):
+    config = _config(cache_dir)
+    workdir = str(tmp_path / "run")
+    sweep.run(validate.check(config)[0], workdir, verbose=False)
+    rows = pd.read_csv(os.path.join(workdir, "prediction.csv")).to_dict("records")
+    assert {r["scheme"] for r in rows} == {"random", "leave_one_setting_out"}
+    assert {r["predictors"] for r in rows} >= {"features", "hparams", "both",
+                                               "features - hparams"}
+    assert {r["members"] for r in rows} == {8}  # every healthy member, once
+    # Targets: the original model's accuracy on each OOD split, and each family's gap there.
+    targets = {r["target"] for r in rows}
+    assert {"acc:unseen_depth", "acc:longer"} <= targets
+    assert any(t.startswith("gap:svd:") for t in targets)
+    loso = [r for r in rows if r["scheme"] == "leave_one_setting_out"]
+    assert {r["n_folds"] + r["n_skipped"] for r in loso} == {2}  # one per setting
+    # Hyper-parameters alone cannot rank the members of a held-out setting: chance exactly.
+    assert {float(r["mean"]) for r in loso if r["predictors"] == "hparams"
+            and r["metric"] == "auroc"} == {0.5}
+    text = open(os.path.join(workdir, "prediction.txt")).read()
+    assert text.startswith("Held-out prediction: 8 trained members, 2 settings of "
+                           "hp:contrastive_weight")
+    assert os.path.getsize(os.path.join(workdir, "prediction_auroc.png")) > 0
+    # Each setting is a group of its own; the population stage's files are in the workdir.
+    assert os.path.isfile(os.path.join(workdir, "contrastive_weight_1", "results.csv"))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"train.contrastive_weights": ()},
+     "prediction.enabled=True: needs members in at least 2 settings of their hyper-parameters"),
+    ({"proxies.methods": ()}, "prediction.enabled=True: needs proxies"),
+    ({"prediction.threshold": "2.5"},
+     "prediction.threshold='2.5': must be 'median' or a number in [-1, 1]"),
+])
+def test_bad_prediction_settings_are_one_line_errors_at_the_door(cache_dir, change, message):
+    config = _config(cache_dir)
+    for key, value in change.items():
+        section, name = key.split(".")
+        config[section][name] = value
+    with pytest.raises(ValueError) as err:
+        validate.check(config)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+

@@ -1,0 +1,400 @@
+"""The text task (tasks/text.py) and runs on imported checkpoints (model.pretrained,
+training/imported.py): a BPE tokenizer trained here with `tokenizers` on this repository's own
+source, text files in a temporary directory, tiny random GPT-NeoX checkpoints saved with
+`transformers`. The splits, breakdowns and concepts on planted rows and text; the one-line
+refusals at the door; evaluation in row chunks at a large vocabulary; and a main job through
+the launcher on two imported checkpoints, training skipped."""
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import xla_flags
+from ml_collections import ConfigDict
+
+from jaxillusions import configs, tasks
+from jaxillusions.pipeline import validate
+from jaxillusions.runtime import chunks
+from jaxillusions.tasks import text
+from jaxillusions.training import memory
+
+tokenizers = pytest.importorskip("tokenizers")
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SOURCES = sorted((ROOT / "jaxillusions" / "tasks").glob("*.py"))
+
+
+def _tokenizer(files: list[str], path: str, vocab: int = 300, specials=("<|pad|>",
+                                                                          "<|endoftext|>")):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train(files, trainers.BpeTrainer(vocab_size=vocab, special_tokens=list(specials),
+                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(path)
+    return tok
+
+
+def _neox(path, vocab: int, seed: int, **options):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    cfg = transformers.GPTNeoXConfig(**{
+        "vocab_size": vocab, "num_hidden_layers": 2, "hidden_size": 32,
+        "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64,
+        "rotary_pct": 0.25, "use_parallel_residual": True, "bos_token_id": 1,
+        "eos_token_id": 1, "initializer_range": 0.2, **options})
+    transformers.GPTNeoXForCausalLM(cfg).eval().save_pretrained(str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """{name: path}: train.txt (four of the task modules, functions joined by <|endoftext|>),
+    other.jsonl (a fifth, a paragraph per line), the tokenizer trained on train.txt, and two
+    tiny GPT-NeoX checkpoints of its vocabulary (seed1, seed2)."""
+    root = tmp_path_factory.mktemp("text")
+    out = {"train": str(root / "train.txt"), "other": str(root / "other.jsonl"),
+           "tokenizer": str(root / "tokenizer.json"), "cache": str(root / "cache")}
+    pathlib.Path(out["train"]).write_text("\n<|endoftext|>\n".join(
+        p.read_text() for p in SOURCES[:4]))
+    with open(out["other"], "w") as f:
+        for paragraph in SOURCES[4].read_text().split("\n\n"):
+            f.write(json.dumps({"text": paragraph}) + "\n")
+    tok = _tokenizer([out["train"]], out["tokenizer"])
+    out["vocab"] = tok.get_vocab_size()
+    for seed in (1, 2):
+        out[f"seed{seed}"] = _neox(root / "ckpt" / f"seed{seed}", out["vocab"], seed)
+    return out
+
+
+def _config(corpus, **keys) -> ConfigDict:
+    """A text config on `corpus` (imported seed1 and seed2), `keys` ({"data.window": 16})
+    set on it."""
+    config = configs.defaults("text")
+    config.cpu_devices = 0
+    config.data.files = {"train": (corpus["train"],), "other": (corpus["other"],)}
+    config.data.tokenizer = corpus["tokenizer"]
+    config.data.window = 32
+    config.data.longer_window = 64
+    config.data.max_rows = 200
+    config.data.cache_dir = corpus["cache"]
+    config.model.pretrained = (corpus["seed1"], corpus["seed2"])
+    config.proxies.methods = ("svd", "kmeans")
+    config.proxies.targets = ("blocks.1.attn.k",)
+    config.proxies.eval_splits = ("iid", "other", "longer")
+    config.proxies.kmeans_sizes = (2, 4)
+    config.proxies.kmeans_samples = 500
+    config.proxies.kmeans_iters = 5
+    for key, value in keys.items():
+        *path, last = key.split(".")
+        node = config
+        for part in path:
+            node = node[part]
+        node[last] = value
+    return config
+
+
+# ---------------------------------------------------------------------------------------------
+# Breakdowns and splits.
+
+
+def test_copyable_marks_a_repeated_bigram_and_nothing_else():
+    tokens = np.array([[1, 5, 6, 7, 5, 6, 8, 5],
+                       [1, 5, 5, 5, 0, 9, 9, 9]])
+    got = text.copyable(tokens)
+    # Row 0: the bigram (5, 6) at positions 1 and 4: position 4 predicts a copyable 6.
+    np.testing.assert_array_equal(got[0], [0, 0, 0, 0, 1, 0, 0, -1])
+    # Row 1: (5, 5) again at 2; PAD (token 0) at 4 is not evaluated; (9, 9) again at 6.
+    np.testing.assert_array_equal(got[1], [0, 0, 1, 0, -1, 0, 1, -1])
+
+
+def test_frequency_bands_are_quarters_of_the_train_targets():
+    counts = np.array([0, 50, 30, 10, 5, 5, 0])
+    # Occurrences of more frequent ids before each: 1: 0, 2: 50, 3: 80, 4: 90, 5: 95.
+    np.testing.assert_array_equal(text.frequency_bands(counts), [4, 0, 2, 3, 3, 3, 4])
+    assert text.bin_labels("frequency")[4] == "unseen"
+    np.testing.assert_array_equal(text.position_bins(8), [0, 1, 1, 2, 2, 2, 2, 3])
+    assert text.bin_labels("position")[:4] == ("0", "1-2", "3-6", "7-14")
+
+
+def _brute_copyable(row) -> list[int]:
+    out = []
+    for t in range(len(row) - 1):
+        seen = any(row[s] == row[t] and row[s + 1] == row[t + 1] for s in range(t))
+        out.append(-1 if row[t] == tasks.PAD else int(seen))
+    return [*out, -1]
+
+
+def test_splits_are_windows_of_the_text_with_their_annotations(corpus, tmp_path):
+    settings = validate.parse(_config(corpus, **{"data.cache_dir": str(tmp_path)}))
+    data = settings.data
+    splits = text.load(data, verbose=False)
+    assert text.split_names(data) == ("train", "iid", "other", "longer")
+    assert set(splits) == set(text.split_names(data))
+    tok = text.tokenizer(data)
+    bos = tok.token_to_id("<|endoftext|>")  # auto: the first of text.AUTO_BOS it has
+    assert text.bos_id(data) == bos
+    stream = np.concatenate([tok.encode(open(corpus["train"]).read(),
+                                        add_special_tokens=False).ids])
+    windows = {tuple(stream[i:i + 31]) for i in range(len(stream) - 30)}
+    for name, width in (("train", 32), ("iid", 32), ("longer", 64), ("other", 32)):
+        rows = splits[name].tokens
+        assert rows.shape[1] == width and 0 < len(rows) <= data.max_rows, name
+        assert (rows[:, 0] == bos).all(), name
+        if name != "other":  # contiguous text of the train files
+            assert all(tuple(r[1:32]) in windows for r in rows[:20]), name
+    # iid and longer are held-out text that train never contains; iid's windows lie in longer's.
+    train_rows = {tuple(r) for r in splits["train"].tokens}
+    assert not any(tuple(r) in train_rows for r in splits["iid"].tokens)
+    longer_text = {tuple(r[1 + i:32 + i]) for r in splits["longer"].tokens for i in (0, 31)}
+    assert all(tuple(r[1:]) in longer_text for r in splits["iid"].tokens)
+    # The annotations: copyable against a brute force, frequency bands of train's targets.
+    for name in ("train", "other"):
+        split = splits[name]
+        for row, copy in zip(split.tokens[:10], split.copyable[:10], strict=True):
+            assert list(copy) == _brute_copyable(list(row))
+        view = text.view(split)
+        np.testing.assert_array_equal(view.evaluated, split.copyable >= 0)
+        assert not view.evaluated[:, -1].any() and view.evaluated[:, :-1].all()
+        assert set(np.unique(view.bins["frequency"][view.evaluated])) <= set(range(5))
+        assert view.num_bins["position"] == 5  # 32 positions: bins 0 .. 4 (15-30: bin 4)
+        labels = tasks.concept_labels(text, split, ("copyable",))[..., 0]
+        np.testing.assert_array_equal(labels, split.copyable)
+    train = splits["train"]
+    targets = train.tokens[:, 1:]
+    share = [np.mean(train.frequency[:, :-1] == b) for b in range(4)]
+    assert all(0.1 < s < 0.45 for s in share), share  # about a quarter each
+    assert int(train.frequency[:, :-1][targets == np.bincount(targets.ravel()).argmax()][0]) == 0
+    # The same data again (the cache) and a check_data that passes.
+    again = text.load(data, verbose=False)
+    np.testing.assert_array_equal(again["iid"].tokens, splits["iid"].tokens)
+    tasks.check_data(settings, splits)
+
+
+def test_a_repeated_phrase_in_the_text_is_copyable_where_it_repeats(corpus, tmp_path):
+    tok = text.tokenizer(validate.parse(_config(corpus)).data)
+    phrase = " zebra quokka narwhal axolotl"
+    body = "Some words come first and then" + phrase + " and more words follow" + phrase
+    (tmp_path / "planted.txt").write_text(body)
+    ids = tok.encode(body, add_special_tokens=False).ids
+    first = len(tok.encode("Some words come first and then", add_special_tokens=False).ids)
+    span = len(tok.encode(phrase, add_special_tokens=False).ids)
+    window = 1 + len(ids)  # one row: the BOS and the whole text
+    settings = validate.parse(_config(corpus, **{
+        "data.files": {"train": (corpus["train"],), "planted": (str(tmp_path / "planted.txt"),)},
+        "data.window": window, "data.longer_window": 0, "data.cache_dir": str(tmp_path)}))
+    row = text.load(settings.data, verbose=False)["planted"]
+    assert row.tokens.shape == (1, window)
+    copy = row.copyable[0]
+    second = 1 + len(ids) - span  # where the phrase starts again, in the row (BOS first)
+    # Each of the phrase's bigrams is copyable where the phrase repeats, and not the first time.
+    assert (copy[second:second + span - 1] == 1).all(), copy
+    assert (copy[1 + first:1 + first + span - 1] == 0).all(), copy
+
+
+# ---------------------------------------------------------------------------------------------
+# Refusals at the door, one line each.
+
+
+def _refused(config, match: str) -> str:
+    with pytest.raises(ValueError, match=match) as err:
+        validate.check(config)
+    assert "\n" not in str(err.value), str(err.value)
+    return str(err.value)
+
+
+def test_bad_inputs_are_one_line_errors_naming_the_path_or_key(corpus, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text('{"text": "   "}\n\n')
+    nofield = tmp_path / "nofield.jsonl"
+    nofield.write_text('{"body": "x"}\n')
+    csv = tmp_path / "a.csv"
+    csv.write_text("a,b")
+    missing = str(tmp_path / "missing.txt")
+    files = {"train": (corpus["train"],), "other": (corpus["other"],)}
+    _refused(_config(corpus, **{"data.files": {**files, "other": (missing,)}}),
+             rf"^data.files\['other'\]: {missing} is not a file$")
+    _refused(_config(corpus, **{"data.files": {**files, "other": (str(empty),)}}),
+             rf"^data.files\['other'\]: {empty} is empty$")
+    _refused(_config(corpus, **{"data.files": {**files, "other": (str(csv),)}}),
+             "must be a .txt or a .jsonl file")
+    _refused(_config(corpus, **{"data.files": {"other": (corpus["other"],)}}),
+             r"^data.files=.*: no 'train' split")
+    _refused(_config(corpus, **{"data.files": {**files, "iid": (corpus["other"],)}}),
+             "split name 'iid' is made from the train files")
+    _refused(_config(corpus, **{"data.tokenizer": missing}),
+             f"^data.tokenizer: {missing} is not a file$")
+    _refused(_config(corpus, **{"data.tokenizer": corpus["train"]}),
+             f"^data.tokenizer: {corpus['train']} is not a tokenizer.json")
+    _refused(_config(corpus, **{"data.bos": "<nope>"}), "data.bos='<nope>': not a token")
+    _refused(_config(corpus, **{"data.longer_window": 16}),
+             r"^data.longer_window=16: must be 0 \(no longer split\) or > data.window$")
+    # The model: its vocabulary, positions and the checkpoints' own tokenizer.
+    small = _neox(tmp_path / "small_vocab", corpus["vocab"] - 10, 3)
+    _refused(_config(corpus, **{"model.pretrained": (small,)}),
+             rf"^data.tokenizer=.*: its vocabulary of {corpus['vocab']} ids is larger than the "
+             rf"checkpoints' vocab_size {corpus['vocab'] - 10} \({small}\)")
+    transformers = pytest.importorskip("transformers")
+    gpt2 = tmp_path / "gpt2"
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=corpus["vocab"], n_layer=1, n_embd=16, n_head=2, n_positions=48,
+        bos_token_id=1, eos_token_id=1)
+    ).save_pretrained(str(gpt2))
+    _refused(_config(corpus, **{"model.pretrained": (str(gpt2),)}),
+             r"^data.longer_window=64: rows of 64 tokens, more than the 48 positions")
+    mine = tmp_path / "with_tokenizer"
+    shutil.copytree(corpus["seed1"], mine)
+    _tokenizer([corpus["other"]], str(mine / "tokenizer.json"), vocab=280)
+    _refused(_config(corpus, **{"model.pretrained": (str(mine),)}),
+             "its vocabulary is not that of the checkpoint's own")
+    _refused(_config(corpus, **{"model.pretrained": (missing,)}),
+             f"^model.pretrained: {missing}: not a directory")
+    _refused(_config(corpus, **{"model.d_model": 64}), "^model.d_model=64: the architecture "
+             "comes from the checkpoints of model.pretrained")
+    # The transcoder reads resid_mid: refused on Pythia's parallel blocks.
+    _refused(_config(corpus, **{"proxies.methods": ("transcoder",),
+                                "proxies.transcoder_sizes": (4,),
+                                "proxies.transcoder_targets": ("blocks.0.mlp.out",)}),
+             "^proxies.transcoder_targets: the transcoder of blocks.0.mlp.out reads .* "
+             r"attention and MLP in parallel")
+    _refused(_config(corpus, **{"proxies.eval_splits": ("iid", "python")}),
+             "unknown split 'python'; available: train, iid, other, longer$")
+    # Found when the data loads, before any work: a file of no text, one too short for a row.
+    for bad, match in ((blank, "has no text"), (nofield, 'line 1 has no "text" string')):
+        settings, _ = validate.check(_config(corpus, **{
+            "data.files": {**files, "bad": (str(bad),)}, "data.cache_dir": str(tmp_path)}))
+        with pytest.raises(ValueError, match=rf"^data.files\['bad'\]: {bad} {match}"):
+            text.load(settings.data, verbose=False)
+    short = tmp_path / "short.txt"
+    short.write_text("def f(): pass")
+    settings, _ = validate.check(_config(corpus, **{
+        "data.files": {**files, "short": (str(short),)}, "data.cache_dir": str(tmp_path)}))
+    with pytest.raises(ValueError, match=r"^data: data.files\['short'\] give no row of 32"):
+        text.load(settings.data, verbose=False)
+
+
+def test_the_memory_plan_counts_a_large_vocabularys_logits(corpus):
+    import dataclasses
+
+    from jaxillusions.training import train
+
+    settings = validate.parse(_config(corpus))
+    cfg = dataclasses.replace(train.model_config(settings), vocab_size=50304)
+    # Below LOGITS_BYTES the batches are as set; above, the rows that fit.
+    assert chunks.logit_rows(64, 32, 300, 2) == 64
+    assert chunks.logit_rows(256, 128, 50304, 2) == chunks.LOGITS_BYTES // (2 * 128 * 50304 * 4)
+    terms = {t.what: t for t in memory.plan(settings, cfg)}
+    assert "the logits of a proxy evaluation batch" in terms
+    assert "parameters, gradients and AdamW moments" not in terms  # nothing is trained
+    tiny = memory.Machine("cpu", 1, 2**30, 2**30)
+    with pytest.raises(ValueError, match=r"more than this machine's 1.0 GiB of RAM") as err:
+        memory.check_config(settings, cfg, tiny)
+    assert "\n" not in str(err.value)
+
+
+def test_evaluation_in_row_chunks_gives_the_same_numbers(corpus, monkeypatch):
+    from jaxillusions.model import pretrained
+    from jaxillusions.training import evaluation, train
+
+    settings = validate.parse(_config(corpus))
+    splits, cfg, _ = train.build(settings)
+    params, _ = pretrained.load_pretrained([corpus["seed1"], corpus["seed2"]])
+    split = splits["iid"]
+
+    def run():
+        return evaluation.evaluate([params], split, cfg, num_seeds=2, batch_size=64,
+                                   num_bins=2, task=text)
+
+    whole = run()
+    monkeypatch.setattr(chunks, "LOGITS_BYTES", 2 * 32 * cfg.vocab_size * 4 * 5)  # 5 rows
+    chunked = run()
+    for key in whole:
+        np.testing.assert_allclose(chunked[key], whole[key], rtol=1e-6, atol=1e-6)
+
+
+def test_proxy_evaluation_in_row_chunks_gives_the_same_rows(corpus, monkeypatch):
+    import jax
+
+    from jaxillusions.faithfulness import collect, evaluate, fit
+    from jaxillusions.faithfulness.specs import ProxySpec
+    from jaxillusions.model import pretrained
+    from jaxillusions.training import train
+
+    settings = validate.parse(_config(corpus))
+    splits, cfg, _ = train.build(settings)
+    params, _ = pretrained.load_pretrained([corpus["seed1"], corpus["seed2"]])
+    spec = ProxySpec("svd", ("blocks.1.attn.k",), (1, 2))
+    quiet = collect.Chunking(0, None)
+    stats = collect.collect(params, splits["train"], cfg, [spec], num_samples=0, batch_size=64,
+                            chunking=quiet)
+    fitted = fit.fit([spec], stats, jax.random.PRNGKey(0), 2, chunking=quiet)
+    eval_set = evaluate.make_eval_set(splits, ("iid", "other"), text)
+
+    def run():
+        return evaluate.evaluate(params, cfg, eval_set, fitted, batch_size=64, seeds=(1, 2),
+                                 options=evaluate.EvalOptions(chunking=quiet))
+
+    whole = run()
+    monkeypatch.setattr(chunks, "LOGITS_BYTES", 3 * 32 * cfg.vocab_size * 4 * 5)  # 5 rows
+    chunked = run()
+    assert len(chunked) == len(whole) > 0
+    for a, b in zip(whole, chunked, strict=True):
+        assert {k: v for k, v in a.items() if isinstance(v, str | int)} == {
+            k: v for k, v in b.items() if isinstance(v, str | int)}
+        for key, value in a.items():
+            if isinstance(value, float):
+                np.testing.assert_allclose(b[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+# ---------------------------------------------------------------------------------------------
+# The main job on imported checkpoints, through the launcher.
+
+
+def test_a_sweep_on_two_imported_checkpoints_skips_training(corpus, tmp_path):
+    config = tmp_path / "imported_text.py"
+    lines = [f"    config.{k} = {v!r}\n" for k, v in {
+        "data.files": {"train": (corpus["train"],), "other": (corpus["other"],)},
+        "data.tokenizer": corpus["tokenizer"], "data.window": 32, "data.longer_window": 64,
+        "data.max_rows": 200, "data.cache_dir": corpus["cache"],
+        "model.pretrained": (corpus["seed1"], corpus["seed2"]),
+        "proxies.methods": ("svd", "kmeans"), "proxies.targets": ("blocks.1.attn.k",),
+        "proxies.eval_splits": ("iid", "other", "longer"), "proxies.kmeans_sizes": (2, 4),
+        "proxies.kmeans_samples": 500, "proxies.kmeans_iters": 5, "figures": "none",
+        "stall_seconds": 120}.items()]
+    config.write_text("from jaxillusions.configs import defaults\n\n\ndef get_config():\n"
+                      '    config = defaults("text")\n' + "".join(lines) + "    return config\n")
+    workdir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "jaxillusions.launch.sweep", f"--config={config}",
+         f"--workdir={workdir}"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "XLA_FLAGS": xla_flags()})
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert (f"training: skipped, 2 imported checkpoints: seed 1 = {corpus['seed1']}, seed 2 = "
+            f"{corpus['seed2']}") in done.stdout
+    assert "step " not in done.stdout  # no training step
+    import pandas as pd
+
+    rows = pd.read_csv(workdir / "results.csv")
+    assert set(rows["seed"]) == {1, 2}
+    assert set(rows["split"]) == {"iid", "other", "longer"}
+    assert set(rows["method"]) >= {"svd", "kmeans"}
+    assert set(rows["breakdown"]) == {"all", "position", "copyable", "frequency"}
+    assert (workdir / "gap_table.txt").exists() and (workdir / "sweep_done.json").exists()
+    assert not (workdir / "checkpoints").exists()  # the weights stay where they are
+    from jaxillusions.model import pretrained
+    from jaxillusions.report import results
+
+    run = results.load_run(str(workdir))
+    assert run.seeds == [1, 2] and run.step == 0 and run.healthy.all()
+    params, _ = pretrained.load_pretrained([corpus["seed1"], corpus["seed2"]])
+    np.testing.assert_array_equal(run.params["embed"], params["embed"])
