@@ -31,6 +31,7 @@ from jaxillusions.model.transformer import (  # noqa: F401 - the package's publi
     random_paths,
     residual_site,
     rotary_table,
+    seed_labels,
     site_names,
     uniform_pattern,
 )

@@ -54,7 +54,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 import jax
@@ -543,3 +543,16 @@ def forward(
     logits = site("logits", mm("...d,dv->...v", x, params["unembed"]["w"], jnp.float32)
                   + params["unembed"]["b"])
     return logits, cached
+
+
+def seed_labels(params: Params, seeds: Sequence | None) -> tuple:
+    """The labels of params' leading seed axis (0.. by default); ValueError if the leaves
+    disagree on it or `seeds` has another length."""
+    num_seeds = {x.shape[0] for x in jax.tree.leaves(params)}
+    if len(num_seeds) != 1:
+        raise ValueError(f"params: leaves disagree on the leading seed axis {sorted(num_seeds)}")
+    num_seeds = num_seeds.pop()
+    seeds = tuple(range(num_seeds)) if seeds is None else tuple(seeds)
+    if len(seeds) != num_seeds:
+        raise ValueError(f"seeds: {len(seeds)} labels for {num_seeds} seeds of params")
+    return seeds

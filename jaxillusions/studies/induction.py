@@ -247,7 +247,7 @@ def induction(params: model_lib.Params, cfg: model_lib.ModelConfig, key: jax.Arr
     if width > cfg.max_len:
         raise ValueError(f"induction length={length}: the repeated sequence has {width} tokens, "
                          f"more than the model's max_len {cfg.max_len}")
-    seeds = _seed_labels(params, seeds)
+    seeds = model_lib.seed_labels(params, seeds)
     num_seeds = len(seeds)
     tokens = repeated_tokens(key, cfg.vocab_size, length, batch, special)
     layers = range(model_lib.first_attention_layer(cfg), cfg.n_layers)
@@ -274,19 +274,6 @@ def induction(params: model_lib.Params, cfg: model_lib.ModelConfig, key: jax.Arr
     return Induction(seeds=seeds, score=full, loss_first=np.asarray(loss_first),
                      loss_second=np.asarray(loss_second), length=length,
                      chance=chance_score(length, offset))
-
-
-def _seed_labels(params: model_lib.Params, seeds: Sequence | None) -> tuple:
-    """The labels of params' leading seed axis (0.. by default); ValueError if the leaves
-    disagree on it or `seeds` has another length."""
-    num_seeds = {x.shape[0] for x in jax.tree.leaves(params)}
-    if len(num_seeds) != 1:
-        raise ValueError(f"params: leaves disagree on the leading seed axis {sorted(num_seeds)}")
-    num_seeds = num_seeds.pop()
-    seeds = tuple(range(num_seeds)) if seeds is None else tuple(seeds)
-    if len(seeds) != num_seeds:
-        raise ValueError(f"seeds: {len(seeds)} labels for {num_seeds} seeds of params")
-    return seeds
 
 
 def default_length(cfg: model_lib.ModelConfig, special: SpecialTokens = EVERY_TOKEN) -> int:

@@ -90,19 +90,6 @@ def pool_tokens(name: str, splits) -> tuple[int, ...]:
     return identifier_pool(splits.vocab)
 
 
-def _seed_labels(params: model_lib.Params, seeds: Sequence | None) -> tuple:
-    """The labels of params' leading seed axis (0.. by default); ValueError if the leaves
-    disagree on it or `seeds` has another length."""
-    num_seeds = {x.shape[0] for x in jax.tree.leaves(params)}
-    if len(num_seeds) != 1:
-        raise ValueError(f"params: leaves disagree on the leading seed axis {sorted(num_seeds)}")
-    num_seeds = num_seeds.pop()
-    seeds = tuple(range(num_seeds)) if seeds is None else tuple(seeds)
-    if len(seeds) != num_seeds:
-        raise ValueError(f"seeds: {len(seeds)} labels for {num_seeds} seeds of params")
-    return seeds
-
-
 # --- Attention on the task's own repeats -------------------------------------------------------
 
 def repeat_queries(tokens: jax.Array, category: jax.Array, repeat: int
@@ -204,7 +191,7 @@ def code_attention(params: model_lib.Params, cfg: model_lib.ModelConfig, tokens:
     of `batch_size` (the last padded: one compilation per width)."""
     from jaxillusions.tasks.code_completion import splits as code_splits  # noqa: PLC0415
 
-    seeds = _seed_labels(params, seeds)
+    seeds = model_lib.seed_labels(params, seeds)
     tokens, category = np.asarray(tokens, np.int32), np.asarray(category, np.int32)
     sums = None
     for batch in padded_chunks([tokens, category], batch_size):
@@ -342,7 +329,7 @@ def head_ablation(params: model_lib.Params, cfg: model_lib.ModelConfig, means: n
     task View in `views` ({split: View}) per bin of `breakdown`, with nothing and with each head
     ablated, vmapped over seeds (the ablations one after the other in one compiled loop), in row
     batches of `batch_size`. `labels`: the bins' names (default their numbers)."""
-    seeds = _seed_labels(params, seeds)
+    seeds = model_lib.seed_labels(params, seeds)
     heads = tuple((layer, head)
                   for layer in range(model_lib.first_attention_layer(cfg), cfg.n_layers)
                   for head in range(cfg.n_heads))

@@ -1,16 +1,5 @@
-"""The code-completion task (Friedman et al. section 5): a character-level language model on
-source code, with faithfulness broken down by what the next character is.
-
-Data (corpus.py, lexer.py, splits.py): functions from CodeSearchNet jsonl files or from the
-source files every machine has; splits train / iid (held-out files) / longer / deeper /
-other_language; a category for every next character. Here: what the shared code needs (see
-jaxillusions/tasks/__init__.py); copying.py holds the induction study's hooks (INDUCTION_HOOKS).
-Every character target is evaluated (not PAD, not the EOS target); breakdowns `category` (bin =
-index into CATEGORIES) and `bracket_depth` (the nesting depth of a closing bracket, at
-closing-bracket targets only). The model is the standard
-transformer with learned embeddings; Dyck-only options (minimal first layer, contrastive
-regularizer, closing-bracket loss, Wen et al. measurements) are refused.
-"""
+"""The code-completion task's hooks (this package's __init__ re-exports them; its docstring
+describes the task)."""
 
 from __future__ import annotations
 
