@@ -19,9 +19,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Templates: configs whose paths are placeholders for files a user makes (checkpoints, text);
 # the door refuses them until those exist. tests/test_text_task.py runs pretrained_text's setup
 # on files it makes.
-TEMPLATES = {"pretrained_text"}
 CONFIGS = sorted(p.stem for p in pathlib.Path(configs.__file__).parent.glob("*.py")
-                 if p.name != "__init__.py" and p.stem not in TEMPLATES)
+                 if p.name != "__init__.py" and not getattr(
+                     importlib.import_module(f"jaxillusions.configs.{p.stem}"), "TEMPLATE", False))
 # The arguments of configs that take one (the part after ':'), each a config of its own.
 VARIANTS = {"wen_attention_variation": ("minimal", "standard_nope", "standard_linear")}
 
