@@ -320,18 +320,8 @@ def member_groups(config, workdir: str) -> list[tuple[np.ndarray, str]]:
     hparams that vary, e.g. contrastive_weight): the workdir itself when they all share one,
     else <workdir>/<name>_<value>[_<name>_<value>...] per setting, in the members' order, so
     that aggregates over seeds never mix settings."""
-    hparams = train.members(config).hparams
-    varying = [k for k, v in hparams.items() if len(np.unique(v)) > 1]
-    count = len(next(iter(hparams.values()))) if hparams else len(train.members(config).seeds)
-    if not varying:
-        return [(np.arange(count), workdir)]
-    keys = list(zip(*(hparams[k].tolist() for k in varying), strict=True))
-    out = []
-    for key in dict.fromkeys(keys):
-        idx = np.flatnonzero([k == key for k in keys])
-        name = "_".join(f"{n}_{v:g}" for n, v in zip(varying, key, strict=True))
-        out.append((idx, os.path.join(workdir, name)))
-    return out
+    return [(idx, os.path.join(workdir, name) if name else workdir)
+            for idx, name in train.member_settings(config)]
 
 
 def complete_figures(config: Settings, workdir: str, say=print) -> list[str]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import os
 
-import numpy as np
 import pandas as pd
 
 from jaxillusions import tasks
@@ -76,11 +75,7 @@ def enabled(config) -> bool:
 
 def settings_of(config) -> list[str]:
     """The names of the members' hyper-parameter settings (the null kind left out)."""
-    hparams = {k: v for k, v in train.members(config).hparams.items() if k != NULL}
-    varying = [k for k, v in hparams.items() if len(np.unique(v)) > 1]
-    keys = zip(*(hparams[k].tolist() for k in varying), strict=True) if varying else [()]
-    return list(dict.fromkeys("_".join(f"{n}_{v:g}" for n, v in zip(varying, key, strict=True))
-                              for key in keys))
+    return [name for _, name in train.member_settings(config, leave_out=(NULL,))]
 
 
 def check(config, model_cfg) -> list[str]:

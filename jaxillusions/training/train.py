@@ -128,6 +128,22 @@ def null_kind(sweep: Members) -> np.ndarray:
     return np.asarray(NULL_KINDS)[codes]
 
 
+def member_settings(config: Settings, leave_out: tuple[str, ...] = ()
+                    ) -> list[tuple[np.ndarray, str]]:
+    """(member indices, name) per setting of the members' hyper-parameters that vary (but those
+    in `leave_out`), in the members' order: the name is <name>_<value>[_<name>_<value>...], or
+    "" for all members when none varies."""
+    sweep = members(config)
+    hparams = {k: v for k, v in sweep.hparams.items() if k not in leave_out}
+    varying = [k for k, v in hparams.items() if len(np.unique(v)) > 1]
+    if not varying:
+        return [(np.arange(len(sweep.seeds)), "")]
+    keys = list(zip(*(hparams[k].tolist() for k in varying), strict=True))
+    return [(np.flatnonzero([k == key for k in keys]),
+             "_".join(f"{n}_{v:g}" for n, v in zip(varying, key, strict=True)))
+            for key in dict.fromkeys(keys)]
+
+
 # ---------------------------------------------------------------------------------------------
 # The sweep driver: data, training of all seeds, periodic evaluation, checkpoints, TensorBoard.
 
