@@ -169,6 +169,43 @@ def test_a_member_of_a_grid_equals_the_member_trained_alone_and_untrained_ones_s
     assert np.asarray(trained.healthy).all()
 
 
+def test_train_sweep_holds_untrained_members_without_stepping_them(cache_dir):
+    """train_sweep runs no step on untrained null members (chunks of their own, held by
+    step.hold_steps): they end at their initial parameters and optimizer state, with the RNG,
+    step counter and health the step would have given them (their trained twin's: the RNG's
+    course does not depend on the parameters); the trained members get the bits of the same run
+    without train.null (same chunk, same positions); the evaluation and the health flags come
+    back in the members' order."""
+    config = checked(_config(cache_dir, num_seeds=2, learning_rates=(3e-3, 1e-2),
+                             null=("untrained",)))
+    bare = checked(_config(cache_dir, num_seeds=2, learning_rates=(3e-3, 1e-2)))
+    splits, model_cfg, tx = train.build(config)
+    sweep = train.members(config)
+    chunks, held = train.member_chunks(sweep)
+    assert held == [False, True]
+    assert [list(c) for c in chunks] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    state, results = train.train_sweep(config, splits=splits, verbose=False)
+    alone, alone_results = train.train_sweep(bare, splits=splits, verbose=False)
+    start = init_state(sweep.seeds, model_cfg, tx, sweep.values["init_scale"])
+    kinds = train.null_kind(sweep)
+    assert list(kinds) == ["trained"] * 4 + ["untrained"] * 4
+    for i in range(4):
+        twin = i + 4
+        assert _bits_equal(_member(state.params, i), _member(alone.params, i)), sweep.labels[i]
+        assert not _bits_equal(_member(state.params, i), _member(start.params, i))
+        assert _bits_equal(_member(state.params, twin), _member(start.params, twin))
+        assert _bits_equal(_member(state.opt_state, twin), _member(start.opt_state, twin))
+        assert np.array_equal(state.rng[twin], state.rng[i])
+        assert state.step[twin] == state.step[i] == config.train.num_steps
+    assert np.asarray(state.healthy).all()
+    for split, r in results.items():
+        assert np.array_equal(r["acc"][:4], alone_results[split]["acc"]), split
+        assert len(r["acc"]) == 8
+    # The untrained members score as their initial parameters do, alike across their settings
+    # only through the seed (the learning rate does not touch them).
+    assert np.array_equal(results["iid"]["acc"][4:6], results["iid"]["acc"][6:8])
+
+
 def test_shuffled_targets_permute_each_rows_tokens():
     tokens = np.array([[5, 6, 7, 8, 9, 0, 0], [3, 4, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0],
                        [1, 2, 3, 4, 5, 6, 7]])

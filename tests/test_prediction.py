@@ -159,16 +159,18 @@ def test_leave_one_setting_out_never_trains_on_the_held_out_setting(monkeypatch)
     num_folds = sum(len(heldout.folds(members, design, "ood", metric,
                                          "leave_one_setting_out")[0])
                     for metric in heldout.METRICS)
-    with_ids = [x for x in FITTED if x.shape[1] in (3, 5)]  # features (3), both (5 columns)
-    hparams = [x for x in FITTED if x.shape[1] == 2]
+    width = heldout.hparam_matrix(members, design).shape[1]  # indicators of values, settings
+    assert width > 3
+    with_ids = [x for x in FITTED if x.shape[1] in (3, 3 + width)]  # features, both
+    hparams = [x for x in FITTED if x.shape[1] == width]
     assert len(FITTED) == 3 * num_folds and len(with_ids) == 2 * num_folds
     for x in with_ids:
         seen = setting[x[:, 1].astype(int)]
         missing = set(setting) - set(seen)
         assert len(missing) == 1  # one setting held out, every member of the others trained on
         assert len(seen) == (setting != missing.pop()).sum()
-    pairs = set(zip(members["depth"], members["wd"], strict=True))
-    assert all(len(pairs - set(map(tuple, x))) == 1 for x in hparams)
+    # The hyper-parameter fits see every setting's indicator row but the held-out one's.
+    assert all(len(set(map(tuple, x))) == len(set(setting)) - 1 for x in hparams)
 
 
 def bad(members, null, case):
@@ -251,3 +253,30 @@ def test_report_lines_and_figure(planted, tmp_path):
     path = tmp_path / "heldout.png"
     heldout.figure(frame, str(path))
     assert path.stat().st_size > 10_000
+
+
+def test_attention_targets_name_the_matched_bracket_and_the_copied_token():
+    """Dyck's stack_top: at a position whose next token closes a bracket, the open bracket it
+    closes; the text and code tasks' induction target: the position after the previous
+    occurrence of the current token."""
+    from jaxillusions.tasks import dyck, dyck_sentences, text
+
+    # BOS ( [ ] ) EOS PAD, 2 bracket types: opens 3, 4; closes 5, 6.
+    split = dyck_sentences.annotate(np.array([[1, 3, 4, 6, 5, 2, 0]]), num_types=2)
+    top = dyck.attention_targets(split)["stack_top"][0]
+    assert top.tolist() == [-1, -1, 2, 1, -1, -1, -1]
+    tokens = np.array([[1, 7, 8, 9, 7, 8, 0], [1, 5, 5, 5, 6, 0, 0]])
+    assert text.induction_targets(tokens).tolist() == [[-1, -1, -1, -1, 2, 3, -1],
+                                                       [-1, -1, 2, 3, -1, -1, -1]]
+
+
+def test_members_with_the_same_inputs_get_the_same_score():
+    """A scorer whose numbers drift with a row's place (as a matrix product's last bits can)
+    still scores identical rows alike: held-out members of one setting tie, AUROC 0.5."""
+    x = np.repeat(np.array([[0.0, 1.0], [1.0, 0.0]]), 50, axis=0)
+    drifting = lambda rows: rows[:, 0] + 1e-9 * np.arange(len(rows))  # noqa: E731
+    scores = heldout._per_row(drifting, x)  # noqa: SLF001
+    assert len(np.unique(scores[:50])) == len(np.unique(scores[50:])) == 1
+    y = np.tile([0, 1], 50)
+    from sklearn.metrics import roc_auc_score
+    assert roc_auc_score(y[:50], scores[:50]) == 0.5

@@ -50,6 +50,35 @@ def test_the_prediction_stage_predicts_every_member_out_of_distribution(tmp_path
     assert os.path.isfile(os.path.join(workdir, "contrastive_weight_1", "results.csv"))
 
 
+def test_heads_probes_and_the_null_are_features_each_family_tested_alone(tmp_path, cache_dir):
+    """With the untrained null, probes and the task's attention targets: the members frame
+    (prediction_members.csv) has each head's stack-top attention and each probe's accuracy
+    beside the proxies' features, for the trained members and their untrained copies; the test
+    runs on all features and on each family alone, each with its null rows."""
+    config = _config(cache_dir)
+    config.train.null = ("untrained",)
+    config.proxies.concepts = ("depth",)
+    config.probes.sites = ("blocks.-1.resid_post",)
+    workdir = str(tmp_path / "run")
+    sweep.run(validate.check(config)[0], workdir, verbose=False)
+    members = pd.read_csv(os.path.join(workdir, "prediction_members.csv"), index_col="member")
+    assert sorted(members["kind"].value_counts().items()) == [("trained", 8), ("untrained", 8)]
+    heads = [c for c in members if c.startswith("attn:stack_top:")]
+    assert heads == ["attn:stack_top:L0H0", "attn:stack_top:L1H0"]  # 2 layers x 1 head
+    assert ((members[heads] >= 0) & (members[heads] <= 1)).all().all()
+    assert [c for c in members if c.startswith("probe:")] == ["probe:blocks.1.resid_post:depth"]
+    trained, null = (members[members["kind"] == k] for k in ("trained", "untrained"))
+    assert sorted(trained.index) == sorted(null.index)  # each member beside its own null copy
+    # The untrained copies attend as initialised: not as their trained twins.
+    assert not (trained[heads].to_numpy() == null.loc[trained.index, heads].to_numpy()).all()
+    rows = pd.read_csv(os.path.join(workdir, "prediction.csv"))
+    assert list(dict.fromkeys(rows["family"])) == ["all", "proxies", "heads", "probes"]
+    for family, part in rows.groupby("family"):
+        assert part["null"].any(), family  # every family's features beside their null values
+    text = open(os.path.join(workdir, "prediction.txt")).read()
+    assert "Features: heads (2)" in text and "Features: probes (1)" in text
+
+
 @pytest.mark.parametrize("change, message", [
     ({"train.contrastive_weights": ()},
      "prediction.enabled=True: needs members in at least 2 settings of their hyper-parameters"),

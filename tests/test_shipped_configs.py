@@ -17,7 +17,7 @@ from jaxillusions import configs
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Templates: configs whose paths are placeholders for files a user makes (checkpoints, text);
-# the door refuses them until those exist. tests/test_text_task.py runs pretrained_text's setup
+# the door refuses them until those exist. tests/test_text_task.py runs pretrained_code's setup
 # on files it makes.
 CONFIGS = sorted(p.stem for p in pathlib.Path(configs.__file__).parent.glob("*.py")
                  if p.name != "__init__.py" and not getattr(

@@ -7,6 +7,9 @@ prediction.md states it in full. Per target (a continuous OOD metric of each mem
 predictor set (the interpretation `features`, the `hparams` alone, `both`, and the features
 of a `null` population: the same members untrained or trained on shuffled labels):
 
+The hyper-parameters enter as indicators (`hparam_matrix`): one column per value of each and
+one per setting, so that the baseline can fit every setting's own mean.
+
 - AUROC: StandardScaler + LogisticRegression (C = 1) on the target binarised as
   `value > threshold`; the threshold is fixed before the run: a number, or "median", resolved
   once on the whole population and written in the `threshold` column.
@@ -92,12 +95,20 @@ def model(metric: str):
     return make_pipeline(StandardScaler(), Ridge(alpha=1.0))
 
 
+def _per_row(method, x: np.ndarray) -> np.ndarray:
+    """method(x), computed once per distinct row of x: members with the same inputs (a held-out
+    setting's hyper-parameters) get the same score, not scores that differ in the last bits
+    with their place in the matrix product, whose order would then rank them."""
+    rows, inverse = np.unique(np.asarray(x), axis=0, return_inverse=True)
+    return np.asarray(method(rows))[inverse.reshape(-1)]
+
+
 def _auroc(estimator, x, y) -> float:
-    return float(roc_auc_score(y, estimator.decision_function(x)))
+    return float(roc_auc_score(y, _per_row(estimator.decision_function, x)))
 
 
 def _spearman(estimator, x, y) -> float:
-    predicted = estimator.predict(x)
+    predicted = _per_row(estimator.predict, x)
     if np.ptp(predicted) == 0:  # ranks nothing (AUROC would be 0.5 from the ties)
         return 0.0
     return float(scipy.stats.spearmanr(y, predicted).statistic)
@@ -290,6 +301,18 @@ def _rows(inputs: Mapping[str, np.ndarray], y: np.ndarray, metric: str, kept, co
     return rows
 
 
+def hparam_matrix(members, design: Design) -> np.ndarray:
+    """The hyper-parameters as the model sees them: one indicator column per value of each
+    hyper-parameter (its main effect) and per setting (their combination), so that the
+    baseline can fit any per-setting mean under random splits (a number's linear term could not
+    follow an effect that is not monotone in it), and a held-out setting still gets its values'
+    main effects."""
+    members = _frame(members)
+    parts = [pd.get_dummies(members[c].astype(str), prefix=c) for c in design.hparams]
+    parts.append(pd.get_dummies(members[design.setting].astype(str), prefix=design.setting))
+    return pd.concat(parts, axis=1).to_numpy(np.float64)
+
+
 def predict(members, design: Design, null=None, *, random_state: int = 0) -> pd.DataFrame:
     """The held-out prediction test: one row per (target, metric, scheme) and predictor set
     ("features", "hparams", "both", and "features" with null=True when a `null` frame of the
@@ -300,7 +323,7 @@ def predict(members, design: Design, null=None, *, random_state: int = 0) -> pd.
     thresholds = check(members, design, null)
     groups = pd.factorize(members[design.setting])[0]
     features = members[list(design.features)].to_numpy(np.float64)
-    hparams = members[list(design.hparams)].to_numpy(np.float64)
+    hparams = hparam_matrix(members, design)
     inputs = {"features": features, "hparams": hparams,
               "both": np.concatenate([features, hparams], axis=1)}
     if null is not None:
@@ -346,6 +369,20 @@ def report_lines(frame: pd.DataFrame) -> list[str]:
     return lines
 
 
+def wrapped(name: str, width: int = 30) -> str:
+    """`name` on lines of at most about `width` characters, broken after its colons (a panel
+    title: target names such as gap:svd:blocks.1.attn.q:8:unseen_depth are long)."""
+    lines = [""]
+    for part in name.split(":"):
+        piece = part if not lines[-1] else ":" + part
+        if lines[-1] and len(lines[-1]) + len(piece) > width:
+            lines[-1] += ":"
+            lines.append(part)
+        else:
+            lines[-1] += piece
+    return "\n".join(lines)
+
+
 def figure(frame: pd.DataFrame, path: str, metric: str = "auroc") -> None:
     """Writes a PNG at `path`: one panel per target, `metric` (AUROC by default) of features,
     hparams, both and null features under both schemes, mean and 95% corrected t interval
@@ -381,7 +418,7 @@ def figure(frame: pd.DataFrame, path: str, metric: str = "auroc") -> None:
         ax.set_xlim(-0.6, len(SCHEMES) - 0.4)
         low_end, high_end = _RANGE[metric]
         ax.set_ylim(low_end - 0.03 * (high_end - low_end), high_end + 0.03 * (high_end - low_end))
-        ax.set_title(target)
+        ax.set_title(wrapped(target), fontsize=9)
         ax.set_ylabel("AUROC" if metric == "auroc" else "Spearman rho")
     figures._legend_below(fig, list(handles.values()),  # noqa: SLF001
                           [_PREDICTOR_NAMES[n] for n in handles], ncol=4)

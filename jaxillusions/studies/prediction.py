@@ -22,10 +22,15 @@ prediction_auroc.png in the workdir.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pandas as pd
 
+from jaxillusions import model as model_lib
 from jaxillusions import tasks
 from jaxillusions.config.fields import BOOL, INT, STR, STRS, positive, setting
 from jaxillusions.report import heldout, tables
@@ -33,10 +38,23 @@ from jaxillusions.runtime import distributed, schema, stages
 from jaxillusions.studies.stage import PROXIES, Context, Stage
 from jaxillusions.training import train
 
-OUTPUTS = ("prediction.csv", "prediction.txt", "prediction_auroc.png")
+OUTPUTS = ("prediction.csv", "prediction.txt", "prediction_auroc.png", "prediction_members.csv")
 NULL = "null"  # the hyper-parameter of null members (0: trained)
 # What a proxy row measures per member: its faithfulness, its accuracy, a dictionary's metrics.
 FEATURE_METRICS = (*schema.FAITHFULNESS, "acc_proxy", *schema.DICTIONARY_METRICS)
+# The families of features (prediction.features), each tested alone and all together:
+# the proxies' prediction.metrics, the heads' attention on the task's targets ("attn:..."),
+# the probes' accuracies ("probe:...").
+FAMILIES = ("proxies", "heads", "probes")
+ALL = "all"  # the family column of the test on every feature
+COLUMNS = ("family", *heldout.COLUMNS)  # prediction.csv's
+
+
+def family(column: str, metrics) -> str | None:
+    """The feature family of a member frame's column (None: not a feature)."""
+    head = column.split(":")[0]
+    return ("proxies" if head in metrics else "heads" if head == "attn"
+            else "probes" if head == "probe" else None)
 
 
 def _threshold_ok(v, s) -> bool:
@@ -59,6 +77,14 @@ class Prediction:
         ("same_pred",), STRS, f"at least one of {', '.join(FEATURE_METRICS)}",
         lambda v, s: len(v) >= 1 and set(v) <= set(FEATURE_METRICS),
         "the proxy rows' metrics on the baseline split that are the features")
+    features: tuple[str, ...] = setting(
+        FAMILIES, STRS, f"a non-empty subset of {', '.join(FAMILIES)}",
+        lambda v, s: len(v) >= 1 and set(v) <= set(FAMILIES),
+        "the feature families (proxies: prediction.metrics of every proxy; heads: each head's "
+        "attention on the task's attention targets; probes: probes.sites' accuracies), each "
+        "tested alone and all together")
+    head_sentences: int = setting(256, INT, ">= 1", positive,
+                                  "sentences of proxies.gap_baseline the head features read")
     gaps: bool = setting(True, BOOL, "true or false",
                          doc="also each proxy family's OOD gap (smallest size) as a target")
     threshold: str = setting("median", STR, "'median' or a number in [-1, 1]", _threshold_ok,
@@ -66,6 +92,64 @@ class Prediction:
     n_splits: int = setting(5, INT, ">= 2", lambda v, s: v >= 2, "folds of the random splits")
     n_repeats: int = setting(10, INT, ">= 1", positive, "repeats of the random splits")
     seed: int = setting(0, INT, ">= 0", lambda v, s: v >= 0, "the random splits' seed")
+
+
+@functools.partial(jax.jit, static_argnames=("model_cfg", "layers"))
+def _attention_on(params, tokens, targets, *, model_cfg, layers):
+    """[members, properties, layers, heads]: each head's attention summed over the query
+    positions of `targets` [properties, B, T] (>= 0: the key position a head with the property
+    attends to), and [properties] the count of those positions."""
+    sites = tuple(f"blocks.{layer}.attn.pattern" for layer in layers)
+    defined = targets >= 0
+
+    def one(p):
+        _, cache = model_lib.forward(p, tokens, model_cfg, cache=sites)
+        out = []
+        for site in sites:
+            pattern = cache[site]  # [B, H, Q, K]
+            on = jnp.take_along_axis(pattern[None], jnp.maximum(targets, 0)[:, :, None, :, None],
+                                     axis=-1)[..., 0]  # [properties, B, H, Q]
+            out.append(jnp.sum(on * defined[:, :, None, :], axis=(1, 3)))  # [properties, H]
+        return jnp.stack(out, axis=1)  # [properties, layers, heads]
+
+    return jax.vmap(one)(params), jnp.sum(defined, axis=(1, 2))
+
+
+def head_features(params, split, task, model_cfg, sentences: int, batch_size: int = 64,
+                  member_chunk: int = 64) -> dict[str, np.ndarray]:
+    """{"attn:<property>:L<layer>H<head>": [members]}: each attention head's mean attention
+    weight on the key position of each of the task's attention targets (hook
+    attention_targets), over the first `sentences` rows of `split` (params: a leading member
+    axis). None of them without the hook's targets."""
+    targets = tasks.hook(task, "attention_targets")(split)
+    if not targets:
+        return {}
+    names = list(targets)
+    tokens = task.view(split).tokens[:sentences]
+    stacked = np.stack([targets[n][:sentences] for n in names])  # [properties, N, T]
+    layers = tuple(range(model_cfg.n_layers))
+    num = jax.tree.leaves(params)[0].shape[0]
+    sums, count = [], 0
+    for index in distributed.seed_chunks(num, member_chunk):
+        chunk = distributed.shard_seeds(jax.tree.map(lambda x, i=index: np.asarray(x)[i],
+                                                     params))
+        total, count = 0.0, 0
+        for start in range(0, len(tokens), batch_size):
+            rows = slice(start, start + batch_size)
+            tok, tgt = padded_rows(tokens[rows], batch_size), np.stack(
+                [padded_rows(t[rows], batch_size, fill=-1) for t in stacked])
+            on, n = _attention_on(chunk, tok, tgt, model_cfg=model_cfg, layers=layers)
+            total, count = total + distributed.to_host(on), count + distributed.to_host(n)
+        sums.append(total[:len(index)])
+    on = np.concatenate(sums)[:num] / np.maximum(count, 1)[None, :, None, None]
+    return {f"attn:{name}:L{layer}H{head}": on[:, p, layer, head]
+            for p, name in enumerate(names) if count[p] for layer in layers
+            for head in range(on.shape[-1])}
+
+
+def padded_rows(x: np.ndarray, size: int, fill: int = 0) -> np.ndarray:
+    """x's rows padded to `size` with `fill` (PAD tokens, or no target)."""
+    return np.pad(x, [(0, size - len(x))] + [(0, 0)] * (x.ndim - 1), constant_values=fill)
 
 
 def enabled(config) -> bool:
@@ -102,13 +186,25 @@ def _member_rows(group: Context, config, gaps: bool) -> list[dict]:
     baseline = pc.gap_baseline
     ood = [s for s in pc.eval_splits if s not in task.IN_DISTRIBUTION]
     rows = pd.DataFrame([r for r in group.proxies.rows if r["breakdown"] == "all"])
+    heads = (head_features(group.params, group.splits[baseline], task, group.model_cfg,
+                           config.prediction.head_sentences)
+             if "heads" in config.prediction.features else {})
+    probed = pd.DataFrame(group.made.get("probes", {}).get("rows", []),
+                          columns=["seed", "site", "concept", "split", "probe_acc"])
+    if "probes" not in config.prediction.features:
+        probed = probed.iloc[0:0]
+    probed = probed[probed["split"] == baseline]
     out = []
-    for index, seed, ok in zip(group.members, group.seeds, group.healthy, strict=True):
+    for local, (index, seed, ok) in enumerate(zip(group.members, group.seeds, group.healthy,
+                                                  strict=True)):
         if not ok:
             continue
         mine = rows[rows["seed"] == seed]
         row = {f"hp:{k}": float(v[index]) for k, v in members.hparams.items()}
         row["seed"] = int(seed)
+        row.update({name: float(v[local]) for name, v in heads.items()})
+        row.update({f"probe:{r.site}:{r.concept}": float(r.probe_acc)
+                    for r in probed[probed["seed"] == seed].itertuples()})
         original = mine.groupby("split")["acc_original"].first()  # every proxy row has it
         row.update({f"acc:{s}": float(original[s]) for s in ood if s in original})
         proxies = mine
@@ -143,7 +239,7 @@ def population(ctx: Context) -> tuple[pd.DataFrame, pd.DataFrame | None, heldout
         varying = [c for c in varying if frame[c].nunique() > 1]
     targets = [c for c in frame if c.startswith(("acc:", "gap:"))
                and frame[c].notna().all() and frame[c].nunique() > 1]
-    features = [c for c in frame if ":" in c and c.split(":")[0] in pc.metrics
+    features = [c for c in frame if family(c, pc.metrics) in pc.features
                 and frame[c].notna().all()]
     if null is not None:
         # One null copy per member: the first kind (train.null's order: untrained first).
@@ -165,23 +261,42 @@ def run(ctx: Context) -> Context:
         what = "target" if not design.targets else "feature"
         raise ValueError(f"prediction.enabled=True: no {what} varies over the {len(frame)} "
                          "healthy members; nothing to predict")
+    found = {f: tuple(c for c in design.features if family(c, ctx.settings.prediction.metrics)
+                      == f) for f in FAMILIES}
+    found = {f: cols for f, cols in found.items() if cols}
+    tested = {ALL: design.features, **(found if len(found) > 1 else {})}
     ctx.say(f"prediction: {len(frame)} members in {frame['setting'].nunique()} settings, "
-            f"{len(design.features)} features, {len(design.hparams)} hyper-parameters, "
-            f"{len(design.targets)} targets" + ("" if null is None else ", with the null"))
-    result = heldout.predict(frame, design, null, random_state=ctx.settings.prediction.seed)
+            f"{len(design.features)} features ("
+            + ", ".join(f"{f} {len(cols)}" for f, cols in found.items())
+            + f"), {len(design.hparams)} hyper-parameters, {len(design.targets)} targets"
+            + ("" if null is None else ", with the null"))
+    parts = []
+    for name, columns in tested.items():
+        part = heldout.predict(frame, dataclasses.replace(design, features=columns), null,
+                               random_state=ctx.settings.prediction.seed)
+        part.insert(0, "family", name)
+        parts.append(part)
+    result = pd.concat(parts, ignore_index=True)
     if distributed.is_main():
         path = os.path.join(ctx.workdir, "prediction.csv")
         with stages.writing("prediction", path):
-            tables.write_csv(result.to_dict("records"), path, heldout.COLUMNS)
+            tables.write_csv(result.to_dict("records"), path, COLUMNS)
+        path = os.path.join(ctx.workdir, "prediction_members.csv")
+        with stages.writing("prediction", path):
+            kinds = [frame.assign(kind="trained")] + ([] if null is None else [null.assign(
+                kind=[train.NULL_KINDS[int(k)] for k in null[f"hp:{NULL}"]])])
+            pd.concat(kinds).rename_axis("member").to_csv(path)
         lines = [f"Held-out prediction: {len(frame)} trained members, "
                  f"{frame['setting'].nunique()} settings of {', '.join(design.hparams)}; "
-                 f"features: {len(design.features)} in-distribution measurements "
-                 f"({', '.join(ctx.settings.prediction.metrics)})",
-                 *heldout.report_lines(result)]
+                 f"features: {len(design.features)} in-distribution measurements ("
+                 + "; ".join(f"{f}: {len(c)}" for f, c in found.items()) + ")"]
+        for name, part in zip(tested, parts, strict=True):
+            lines += ["", f"Features: {name} ({len(tested[name])})",
+                      *heldout.report_lines(part)]
         stages.write(os.path.join(ctx.workdir, "prediction.txt"), "\n".join(lines) + "\n",
                      "prediction")
         with stages.writing("prediction", os.path.join(ctx.workdir, OUTPUTS[2])):
-            heldout.figure(result, os.path.join(ctx.workdir, OUTPUTS[2]))
+            heldout.figure(parts[0], os.path.join(ctx.workdir, OUTPUTS[2]))
     return ctx.produced("prediction", frame=result)
 
 

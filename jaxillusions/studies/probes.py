@@ -332,6 +332,7 @@ def run(ctx: Context) -> Context:
         rows = compute(ctx.params, ctx.healthy, ctx.seeds, ctx.splits, ctx.model_cfg, config,
                        say)
         stages.write(path, json.dumps({"stamp": stamp, "value": rows}), "probes")
+    ctx = ctx.produced("probes", rows=rows)  # the prediction study's probe features
     if not distributed.is_main():
         return ctx
     with stages.writing("report", os.path.join(workdir, "probes.csv")):
@@ -365,4 +366,4 @@ class Probes:
 
 # The main job's stage (job.PIPELINE): per weight group, after the proxies.
 STAGE = Stage("probes", run, enabled=enabled, keys=("probes.*", "proxies.*"), outputs=REPORTS,
-              section=Probes, check=check, report=report_lines)
+              section=Probes, check=check, report=report_lines, makes=("probes",))

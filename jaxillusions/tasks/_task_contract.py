@@ -178,6 +178,13 @@ class Hooks(Protocol):
         induction_seeds.csv ([S] each, loss_drop included), counted with the study's `tally`
         (studies/induction.py, Tally)."""
 
+    def attention_targets(self, split) -> dict[str, np.ndarray]:
+        """{property: int32 [N, T]}: per query position of a split, the key position that a head
+        with the property attends to, -1 where the property says nothing (Dyck: "stack_top",
+        the open bracket that the next token closes; text and code: "induction", the token
+        after the previous occurrence of the current one). The prediction study measures each
+        head's attention on it (its head features). Default: none."""
+
     def copying_report(self, per_seed, results, cell: Callable[..., str]) -> Report:
         """Its part of the induction headline: per_seed (induction_seeds.csv's healthy seeds,
         or None without it), results (results.csv, or None), cell(values, fmt) a cell of mean
@@ -208,4 +215,5 @@ DEFAULTS: dict[str, Callable | None] = {
     "copying_analyses": None,
     "copying_verdict": None,
     "copying_report": None,
+    "attention_targets": lambda split: {},
 }

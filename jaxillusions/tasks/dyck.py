@@ -94,6 +94,14 @@ def concepts(split: dyck_sentences.Split) -> dict[str, np.ndarray]:
     return {"depth": depth.astype(np.int32), "bracket": bracket}
 
 
+def attention_targets(split: dyck_sentences.Split) -> dict[str, np.ndarray]:
+    """{"stack_top": int32 [N, T]}: at a position whose next token closes a bracket, the
+    position of the open bracket it closes (the top of the stack, what a hierarchical head
+    attends to); -1 elsewhere."""
+    t = np.arange(split.tokens.shape[1], dtype=np.int32)
+    return {"stack_top": np.where(split.is_close, t + 1 - split.distance, -1).astype(np.int32)}
+
+
 def model_fields(data: Data, splits=None) -> dict:
     return {"vocab_size": dyck_sentences.vocab_size(data.num_types)}
 

@@ -396,6 +396,27 @@ def copyable(tokens: np.ndarray) -> np.ndarray:
     return out
 
 
+def induction_targets(tokens: np.ndarray) -> np.ndarray:
+    """int32 [N, T]: at position t, the position after the latest earlier occurrence of
+    tokens[t] in its row (s + 1 for the largest s < t with tokens[s] == tokens[t]: where an
+    induction head attends), -1 where tokens[t] has none or is PAD."""
+    n, width = tokens.shape
+    out = np.full((n, width), -1, np.int32)
+    last: dict[tuple[int, int], int] = {}
+    for t in range(width):  # a scan over positions; rows and tokens by dictionary
+        for r in np.flatnonzero(tokens[:, t] != PAD):
+            key = (int(r), int(tokens[r, t]))
+            if key in last:
+                out[r, t] = last[key] + 1
+            last[key] = t
+    return out
+
+
+def attention_targets(split: TextSplit) -> dict[str, np.ndarray]:
+    """{"induction": induction_targets of the split's tokens}."""
+    return {"induction": induction_targets(split.tokens)}
+
+
 def frequency_bands(counts: np.ndarray) -> np.ndarray:
     """int8 [V]: each id's band, 0 (most frequent) .. FREQUENCY_BANDS - 1, by the share of the
     counts held by more frequent ids (ties: lower id first); FREQUENCY_BANDS: count 0."""

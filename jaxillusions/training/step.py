@@ -6,7 +6,10 @@ RNG, so the host dispatches one call per logging interval.
 A member whose loss or gradients become non-finite is marked unhealthy: its parameters freeze at
 the last finite values and the others train on untouched. An untrained null member (hparams'
 null == objective.UNTRAINED, train.null) is kept where it is the same way: its parameters and
-optimizer state stay at their initial values, bit for bit.
+optimizer state stay at their initial values, bit for bit. train.train_sweep does not run the
+step on them at all: they sit in chunks of their own that `hold_steps` advances (their RNG and
+step counter as the step would move them; nothing else moves), so a run's untrained copies cost
+no training.
 
 The members' hyper-parameters (train.members' hparams, [S] arrays) reach the step as scalars:
 the contrastive weight and the null kind the loss (objective.objective_loss), the learning rate
@@ -124,6 +127,19 @@ def seed_step(state: SweepState, train_tokens: jax.Array, hparams: dict | None =
         healthy=healthy,
     )
     return new, loss
+
+
+@functools.partial(jax.jit, static_argnames=("num_steps",), donate_argnums=0)
+def hold_steps(state: SweepState, num_steps: int) -> SweepState:
+    """`num_steps` steps of members the step keeps still (untrained null members), without the
+    model: their RNG and step counter move as `seed_step` moves them; parameters, optimizer
+    state and health stay (the step keeps an untrained member's; its loss at the initial
+    parameters, finite, leaves it healthy)."""
+    def split(_, rng):
+        return jax.vmap(lambda r: jax.random.split(r)[0])(rng)
+
+    rng = jax.lax.fori_loop(0, num_steps, split, state.rng)
+    return state.replace(rng=rng, step=state.step + num_steps)
 
 
 @functools.partial(jax.jit, static_argnames=("num_steps", "model_cfg", "tx", "batch_size",

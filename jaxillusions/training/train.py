@@ -19,7 +19,13 @@ from jaxillusions.runtime import distributed, watchdog
 from jaxillusions.training import imported, memory, objective
 from jaxillusions.training.evaluation import evaluate_splits
 from jaxillusions.training.evaluation import log as log_eval
-from jaxillusions.training.step import SweepState, init_state, place_on_devices, train_steps
+from jaxillusions.training.step import (
+    SweepState,
+    hold_steps,
+    init_state,
+    place_on_devices,
+    train_steps,
+)
 
 
 def seed_list(config: Settings) -> np.ndarray:
@@ -119,6 +125,18 @@ def members(config: Settings, seeds=None) -> Members:
                   + ("" if g[0] == 0 else f"_{kinds[g[0]]}") for g in grid for s in seeds]
     return Members(seeds=np.tile(seeds, len(grid)), hparams=hparams, labels=labels,
                    values=values)
+
+
+def member_chunks(sweep: Members, chunk_size: int = 0) -> tuple[list[np.ndarray], list[bool]]:
+    """The sequential chunks training runs (distributed.seed_chunks: member indices, padded),
+    and whether each holds untrained null members, which are not stepped (step.hold_steps):
+    the other members' chunks first, then theirs. Without untrained members, seed_chunks'."""
+    still = sweep.values[NULL] == objective.UNTRAINED
+    parts = [(index, bool(kind)) for kind, index in ((False, np.flatnonzero(~still)),
+                                                     (True, np.flatnonzero(still))) if len(index)]
+    chunks = [(index[c], kind) for index, kind in parts
+              for c in distributed.seed_chunks(len(index), chunk_size)]
+    return [c for c, _ in chunks], [k for _, k in chunks]
 
 
 def null_kind(sweep: Members) -> np.ndarray:
@@ -272,7 +290,10 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
     goal = objective.from_settings(config)
     sweep = members(config, seeds)
     seeds, num = sweep.seeds, len(sweep.seeds)
-    chunks = distributed.seed_chunks(num, tc.seed_chunk_size)
+    chunks, held = member_chunks(sweep, tc.seed_chunk_size)
+    kinds = null_kind(sweep)
+    # Each member's first place in the chunks, joined (the chunks' padding copies come later).
+    order = np.unique(np.concatenate(chunks), return_index=True)[1]
     state = distributed.to_host(init_state(seeds, model_cfg, tx, sweep.values["init_scale"]))
 
     if workdir is not None:
@@ -285,16 +306,26 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
             writer.restart(saved_step or 0, tensorboard.SweepWriter.seed_runs(sweep.labels))
     placed, train_tokens = place_on_devices(state, sweep.hparams, splits["train"].tokens, chunks)
 
+    def joined(trees):  # the chunks' members, joined in the members' order, no padding
+        return jax.tree.map(lambda x: x[order], distributed.concat_host(trees))
+
     def host_state() -> SweepState:  # every member, no padding, as numpy
-        return distributed.concat_host([s for s, _ in placed], num)
+        return joined([s for s, _ in placed])
 
     def evaluate() -> dict:  # chunk by chunk where they live, as they train (no host round trip)
-        return evaluate_splits([s.params for s, _ in placed], num, splits, model_cfg, config)
+        width = sum(len(c) for c in chunks)
+        results = evaluate_splits([s.params for s, _ in placed], width, splits, model_cfg,
+                                  config)
+        return {split: {k: v if k.startswith("count_by_") else v[order] for k, v in r.items()}
+                for split, r in results.items()}
 
     step = int(state.step[0])
     end = tc.num_steps if stop_at_step is None else min(stop_at_step, tc.num_steps)
-    layout = (f"{len(chunks)} chunks of {len(chunks[0])} members" if len(chunks) > 1
-              else f"{len(chunks[0]) - num} padding members" if len(chunks[0]) > num else "")
+    layout = ", ".join(
+        ([f"{len(chunks)} chunks of {len(chunks[0])} members"] if len(chunks) > 1
+         else [f"{len(chunks[0]) - num} padding members"] if len(chunks[0]) > num else [])
+        + ([f"{int(np.sum(sweep.values[NULL] == objective.UNTRAINED))} untrained members held at "
+            "their initialisation, not stepped"] if any(held) else []))
     say(f"training {num} members x {tc.num_steps} steps ({model_cfg.n_layers} layers, "
         f"d_model {model_cfg.d_model}) on {jax.device_count()} {jax.default_backend()} device(s)"
         + (f" in {jax.process_count()} processes" if jax.process_count() > 1 else "")
@@ -314,14 +345,18 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
             watchdog.progress(f"training steps {step} to {step + steps}")
             losses = []
             for k, (chunk_state, chunk_hparams) in enumerate(placed):  # sequential chunks
-                chunk_state, chunk_losses = train_steps(
-                    chunk_state, train_tokens, chunk_hparams, num_steps=steps,
-                    model_cfg=model_cfg, tx=tx, batch_size=tc.batch_size, objective=goal)
+                if held[k]:  # untrained members: no loss computed (NaN in the logs)
+                    chunk_state = hold_steps(chunk_state, num_steps=steps)
+                    chunk_losses = np.full((steps, len(chunks[k])), np.nan, np.float32)
+                else:
+                    chunk_state, chunk_losses = train_steps(
+                        chunk_state, train_tokens, chunk_hparams, num_steps=steps,
+                        model_cfg=model_cfg, tx=tx, batch_size=tc.batch_size, objective=goal)
                 placed[k] = (chunk_state, chunk_hparams)
                 losses.append(chunk_losses)
             step += steps
-            losses = np.concatenate([distributed.to_host(x) for x in losses], axis=1)[:, :num]
-            healthy = distributed.concat_host([s.healthy for s, _ in placed], num)
+            losses = np.concatenate([distributed.to_host(x) for x in losses], axis=1)[:, order]
+            healthy = joined([s.healthy for s, _ in placed])
             for i in np.flatnonzero(~healthy):
                 if i not in reported_unhealthy:
                     reported_unhealthy.add(i)
@@ -339,9 +374,12 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
                     f"ETA {_format_eta((end - step) / rate)}", flush=True)
             if (tc.eval_every > 0 and step % tc.eval_every == 0) or step == tc.num_steps:
                 results = evaluate()
-                say(f"  eval {task.EVALUATED} acc (mean over healthy seeds): " + ", ".join(
-                    f"{k} {np.nanmean(np.where(healthy, v['acc'], np.nan)):.3f}"
-                    for k, v in results.items()))
+                for kind in dict.fromkeys(kinds):  # the trained members, then each null kind
+                    mine = healthy & (kinds == kind)
+                    say(f"  eval {task.EVALUATED} acc (mean over healthy "
+                        + ("seeds" if len(set(kinds)) == 1 else f"{kind} members") + "): "
+                        + ", ".join(f"{k} {np.nanmean(np.where(mine, v['acc'], np.nan)):.3f}"
+                                    for k, v in results.items()))
                 if writer is not None:
                     log_eval(writer, step, results, healthy, task)
             # Every process stops at the same step, if any of them received a signal.

@@ -141,6 +141,14 @@ def view(split) -> View:
                           "bracket_depth": 1 + int(depth.max(initial=0))})
 
 
+def attention_targets(split) -> dict[str, np.ndarray]:
+    """{"induction": the position after the previous occurrence of each character}
+    (tasks.text.induction_targets: where an induction head attends)."""
+    from jaxillusions.tasks import text  # noqa: PLC0415 - the one use of the text task here
+
+    return {"induction": text.induction_targets(split.tokens)}
+
+
 def concepts(split) -> dict[str, np.ndarray]:
     """{"category": CATEGORIES index of the next character}, int32 [N, T], -1 where there is
     none (the EOS and PAD targets)."""
