@@ -53,5 +53,4 @@ def get_config() -> ConfigDict:
     # The test: targets binarised at the trained population's median, 5-fold x 10 random
     # splits and leave one of the 9 settings out.
     config.prediction.enabled = True
-    config.figures = "summary"
     return config
