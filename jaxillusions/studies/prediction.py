@@ -35,6 +35,7 @@ from jaxillusions import tasks
 from jaxillusions.config.fields import BOOL, INT, STR, STRS, positive, setting
 from jaxillusions.report import heldout, tables
 from jaxillusions.runtime import distributed, schema, stages
+from jaxillusions.runtime.chunks import padded_chunks
 from jaxillusions.studies.stage import PROXIES, Context, Stage
 from jaxillusions.training import train
 
@@ -126,7 +127,10 @@ def head_features(params, split, task, model_cfg, sentences: int, batch_size: in
         return {}
     names = list(targets)
     tokens = task.view(split).tokens[:sentences]
-    stacked = np.stack([targets[n][:sentences] for n in names])  # [properties, N, T]
+    # [N, properties, T], shifted by one so that the zero rows padded_chunks adds are no target
+    shifted = np.stack([targets[n][:sentences] for n in names], axis=1) + 1
+    batches = [(tok, np.moveaxis(tgt, 1, 0) - 1)  # the batches once, for every member chunk
+               for tok, tgt in padded_chunks([tokens, shifted], batch_size)]
     layers = tuple(range(model_cfg.n_layers))
     num = jax.tree.leaves(params)[0].shape[0]
     sums, count = [], 0
@@ -134,22 +138,14 @@ def head_features(params, split, task, model_cfg, sentences: int, batch_size: in
         chunk = distributed.shard_seeds(jax.tree.map(lambda x, i=index: np.asarray(x)[i],
                                                      params))
         total, count = 0.0, 0
-        for start in range(0, len(tokens), batch_size):
-            rows = slice(start, start + batch_size)
-            tok, tgt = padded_rows(tokens[rows], batch_size), np.stack(
-                [padded_rows(t[rows], batch_size, fill=-1) for t in stacked])
+        for tok, tgt in batches:
             on, n = _attention_on(chunk, tok, tgt, model_cfg=model_cfg, layers=layers)
             total, count = total + distributed.to_host(on), count + distributed.to_host(n)
-        sums.append(total[:len(index)])
+        sums.append(total)
     on = np.concatenate(sums)[:num] / np.maximum(count, 1)[None, :, None, None]
     return {f"attn:{name}:L{layer}H{head}": on[:, p, layer, head]
             for p, name in enumerate(names) if count[p] for layer in layers
             for head in range(on.shape[-1])}
-
-
-def padded_rows(x: np.ndarray, size: int, fill: int = 0) -> np.ndarray:
-    """x's rows padded to `size` with `fill` (PAD tokens, or no target)."""
-    return np.pad(x, [(0, size - len(x))] + [(0, 0)] * (x.ndim - 1), constant_values=fill)
 
 
 def enabled(config) -> bool:
