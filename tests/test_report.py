@@ -232,6 +232,16 @@ def test_headline_never_offers_the_original_model_itself():
                in line for line in head), head
 
 
+def test_headline_labels_longer_than_the_column_do_not_run_into_the_gap():
+    """Was: "transcoder out 16 (0.260, never 0.99)-0.012": a label longer than the column."""
+    rows = [row(seed, split, site="blocks.1.mlp.out", method="transcoder", size=16,
+                same_pred=0.26 - 0.01 * (split == "longer") - 0.01 * seed)
+            for seed in range(3) for split in ("iid", "longer")]
+    head = tables.summary_of(tables.statistics_report(rows, ["iid", "longer"])[0]).splitlines()
+    (line,) = [line for line in head if line.startswith("transcoder out 16")]
+    assert line.startswith("transcoder out 16 (0.250, never 0.99) +0.010"), line  # seed mean
+
+
 def test_headline_wraps_the_accuracy_line_between_splits():
     splits = ["iid", "seen_structure", "unseen_structure", "unseen_depth", "longer",
               "iid_with_train"]

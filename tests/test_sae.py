@@ -311,7 +311,7 @@ def test_transcoder_intervention_replaces_one_mlp():
     @jax.jit
     def run(tc):
         return model_lib.forward(params, tokens, cfg,
-                                 intervention=transcoder.intervention({site: tc}, params),
+                                 intervention=transcoder.intervention({site: tc}, params, cfg),
                                  cache=("blocks.1.resid_mid", site))
 
     replaced, cache2 = run(tc)
@@ -554,7 +554,7 @@ def test_engine_fits_and_scores_dictionaries(trained):
         codes, valid, sae_params["mask"])), rel=tol.EPS32)
 
     proxy = by_method["transcoderblocks.1.mlp.out"]
-    tc = proxy.intervention(1, 0, p1)
+    tc = proxy.intervention(1, 0, p1, model_cfg)
     replaced, _ = model_lib.forward(p1, tokens, model_cfg, intervention=tc)
     zeroed, _ = model_lib.forward(
         p1, tokens, model_cfg,

@@ -3,7 +3,7 @@ training/imported.py): a BPE tokenizer trained here with `tokenizers` on this re
 source, text files in a temporary directory, tiny random GPT-NeoX checkpoints saved with
 `transformers`. The splits, breakdowns and concepts on planted rows and text; the one-line
 refusals at the door; evaluation in row chunks at a large vocabulary; and a main job through
-the launcher on two imported checkpoints, training skipped."""
+the launcher on two imported checkpoints, training skipped, a transcoder among its proxies."""
 
 import json
 import os
@@ -261,12 +261,11 @@ def test_bad_inputs_are_one_line_errors_naming_the_path_or_key(corpus, tmp_path)
              f"^model.pretrained: {missing}: not a directory")
     _refused(_config(corpus, **{"model.d_model": 64}), "^model.d_model=64: the architecture "
              "comes from the checkpoints of model.pretrained")
-    # The transcoder reads resid_mid: refused on Pythia's parallel blocks.
-    _refused(_config(corpus, **{"proxies.methods": ("transcoder",),
-                                "proxies.transcoder_sizes": (4,),
-                                "proxies.transcoder_targets": ("blocks.0.mlp.out",)}),
-             "^proxies.transcoder_targets: the transcoder of blocks.0.mlp.out reads .* "
-             r"attention and MLP in parallel")
+    # Not refused: the transcoder reads what the MLP reads (resid_pre in Pythia's parallel
+    # blocks; tests/test_transcoder_imported.py).
+    validate.check(_config(corpus, **{"proxies.methods": ("transcoder",),
+                                      "proxies.transcoder_sizes": (4,),
+                                      "proxies.transcoder_targets": ("blocks.0.mlp.out",)}))
     _refused(_config(corpus, **{"proxies.eval_splits": ("iid", "python")}),
              "unknown split 'python'; available: train, iid, other, longer$")
     # Found when the data loads, before any work: a file of no text, one too short for a row.
@@ -367,7 +366,9 @@ def test_a_sweep_on_two_imported_checkpoints_skips_training(corpus, tmp_path):
         "data.tokenizer": corpus["tokenizer"], "data.window": 32, "data.longer_window": 64,
         "data.max_rows": 200, "data.cache_dir": corpus["cache"],
         "model.pretrained": (corpus["seed1"], corpus["seed2"]),
-        "proxies.methods": ("svd", "kmeans"), "proxies.targets": ("blocks.1.attn.k",),
+        "proxies.methods": ("svd", "kmeans", "transcoder"), "proxies.targets": ("blocks.1.attn.k",),
+        "proxies.transcoder_targets": ("blocks.0.mlp.out",),
+        "proxies.transcoder_sizes": (8,), "proxies.sae_k": (2,), "proxies.sae_steps": 50,
         "proxies.eval_splits": ("iid", "other", "longer"), "proxies.kmeans_sizes": (2, 4),
         "proxies.kmeans_samples": 500, "proxies.kmeans_iters": 5, "figures": "none",
         "stall_seconds": 120}.items()]
@@ -387,7 +388,11 @@ def test_a_sweep_on_two_imported_checkpoints_skips_training(corpus, tmp_path):
     rows = pd.read_csv(workdir / "results.csv")
     assert set(rows["seed"]) == {1, 2}
     assert set(rows["split"]) == {"iid", "other", "longer"}
-    assert set(rows["method"]) >= {"svd", "kmeans"}
+    assert set(rows["method"]) >= {"svd", "kmeans", "transcoder"}
+    # The transcoder on Pythia's parallel blocks (it reads resid_pre), scored on every split.
+    tc = rows[(rows["method"] == "transcoder") & (rows["breakdown"] == "all")]
+    assert set(tc["split"]) == {"iid", "other", "longer"} and set(tc["seed"]) == {1, 2}
+    assert (tc["fvu"] > 0).all() and tc["kl_score"].notna().all()
     assert set(rows["breakdown"]) == {"all", "position", "copyable", "frequency"}
     assert (workdir / "gap_table.txt").exists() and (workdir / "sweep_done.json").exists()
     assert not (workdir / "checkpoints").exists()  # the weights stay where they are

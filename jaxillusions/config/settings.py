@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from jaxillusions import model, tasks
+from jaxillusions.config import grid_axes
 from jaxillusions.config.fields import (
     BOOL,
     INT,
@@ -302,6 +303,11 @@ class Settings:
         "and without CPU use (a deadlock, a lost peer) after which the main job ends with a "
         "one-line error naming what stalled and a stack dump in the workdir "
         "(runtime/watchdog.py); relaunching resumes")
+    grid: tuple[str, ...] = setting(
+        (), STRS, "entries key=value1,value2,... (config/grid_axes.py)",
+        lambda v, s: all(map(grid_axes.entry_ok, v)),
+        "settings that change shapes (model.n_layers, model.d_model, ...): one run per point "
+        "of their product, each in <workdir>/<key>=<value>, joined in one population table")
     data: Any = None  # the task's Data
     model: Model = dataclasses.field(default_factory=Model)
     train: Train = dataclasses.field(default_factory=Train)

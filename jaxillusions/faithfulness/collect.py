@@ -49,7 +49,7 @@ def _collect_chunk(params, tokens, *, model_cfg, sites: tuple[str, ...], with_ve
     transcoder's MLP input) is sampled too, as vectors[PAIR_INPUT + site]."""
     valid = (tokens != tasks.PAD).reshape(-1)
     svd = proxies.get("svd")
-    inputs = {s: proxies.get(m).input_site(s) for s, m in pairs
+    inputs = {s: proxies.get(m).input_site(s, model_cfg) for s, m in pairs
               if proxies.hook(proxies.get(m), "input_site") is not None}
     outputs = {s: proxies.get(m).output_site(s, model_cfg.n_layers) for s, m in pairs
                if proxies.hook(proxies.get(m), "output_site") is not None}
@@ -61,7 +61,8 @@ def _collect_chunk(params, tokens, *, model_cfg, sites: tuple[str, ...], with_ve
         moments = {s: jax.vmap(svd.moments, in_axes=(1, None))(v, valid)
                    for s, v in vectors.items()}
         if with_vectors:
-            vectors |= {PAIR_INPUT + s: _grouped(proxies.get(m).input_of(p, s, cache[inputs[s]]))
+            vectors |= {PAIR_INPUT + s: _grouped(proxies.get(m).input_of(p, model_cfg, s,
+                                                                         cache[inputs[s]]))
                         for s, m in pairs if s in inputs}
             vectors |= {PAIR_OUTPUT + s: _grouped(cache[o]) for s, o in outputs.items()}
         # Vectors leave the device only while k-means samples are still being gathered.

@@ -71,9 +71,10 @@ def enabled(module) -> bool:
             and proxies.hook(module, "output_site") is None)
 
 
-def cache_sites(module, sites) -> tuple[str, ...]:
-    """The sites (and a transcoder's input sites) whose original values the metrics read."""
-    extra = (tuple(module.input_site(s) for s in sites)
+def cache_sites(module, sites, model_cfg) -> tuple[str, ...]:
+    """The sites (and a transcoder's input sites in the model `model_cfg`) whose original
+    values the metrics read."""
+    extra = (tuple(module.input_site(s, model_cfg) for s in sites)
              if proxies.hook(module, "input_site") is not None else ())
     return tuple(dict.fromkeys((*sites, *extra)))
 
@@ -101,9 +102,10 @@ class Batch:
     targets: jax.Array
 
 
-def _proxy_input(module, model_params, site: str, cache: dict) -> jax.Array:
+def _proxy_input(module, model_params, model_cfg, site: str, cache: dict) -> jax.Array:
     if proxies.hook(module, "input_site") is not None:
-        return module.input_of(model_params, site, cache[module.input_site(site)])
+        return module.input_of(model_params, model_cfg, site,
+                               cache[module.input_site(site, model_cfg)])
     return cache[site]
 
 
@@ -139,12 +141,13 @@ def seed_sums(model_params, model_cfg, active: dict, cache: dict, batch: Batch) 
     return out
 
 
-def size_sums(module, size_params: dict, model_params, active: dict, cache: dict,
+def size_sums(module, size_params: dict, model_params, model_cfg, active: dict, cache: dict,
               batch: Batch, proxy_logits: jax.Array) -> dict:
     """One seed's, one size's sums per split: the squared reconstruction error per site [K],
     how often each latent fired per site [K, G, W] (proxies with `latents`), and the proxy's CE
     and KL [K], for the sites of `active` (its keys); those whose flag is False contribute
-    zeros. `proxy_logits`: the pass with this size's proxy."""
+    zeros. `proxy_logits`: the pass with this size's proxy; model_params, model_cfg: the seed's
+    model (a transcoder's input, `_proxy_input`)."""
     tokens, logits, targets = batch.tokens, batch.logits, batch.targets
     split_ids, num_splits = batch.split_ids, batch.num_splits
     per_token, per_eval = _weights(batch)
@@ -157,7 +160,7 @@ def size_sums(module, size_params: dict, model_params, active: dict, cache: dict
         params, value = size_params[site], cache[site]
 
         def site_sums(params=params, value=value, site=site) -> dict:
-            x = _proxy_input(module, model_params, site, cache)
+            x = _proxy_input(module, model_params, model_cfg, site, cache)
             x_hat = apply_grouped(module, params, x, value)
             err = jnp.sum(((value - x_hat) ** 2).reshape(*tokens.shape, -1), -1)
             sums = {f"err/{site}": jnp.einsum("bt,btk->k", err, per_token)}

@@ -137,7 +137,7 @@ def _eval_chunk(params, proxy_params, active, tokens, evaluated, bins, width_ind
         def one_seed(p, site_params):
             # The sites' original values too for the dictionary metrics, and the residual
             # stream where the sizes' passes start.
-            sites = dictionary_metrics.cache_sites(module, active) if extra else ()
+            sites = dictionary_metrics.cache_sites(module, active, model_cfg) if extra else ()
             logits, cache = model_lib.forward(p, tokens, model_cfg, cache=sites + resume)
             if extra:
                 batch = dictionary_metrics.Batch(tokens=tokens, evaluated=evaluated,
@@ -155,14 +155,15 @@ def _eval_chunk(params, proxy_params, active, tokens, evaluated, bins, width_ind
                 else:
                     proxy_logits, _ = model_lib.forward(
                         p, tokens, model_cfg, start_at=start_at,
-                        intervention=make_intervention(module, size_params, active, p))
+                        intervention=make_intervention(module, size_params, active, p,
+                                                       model_cfg))
                 values = jnp.stack([jnp.ones_like(weight), metrics.jsd(logits, proxy_logits),
                                     metrics.same_pred(logits, proxy_logits), acc_original,
                                     metrics.correct(proxy_logits, targets)], axis=-1)
                 if not extra:
                     return binned(values), values[..., 1], {}  # and per-position JSD [B, T]
                 return binned(values), values[..., 1], dictionary_metrics.size_sums(
-                    module, size_params, p, active, cache, batch, proxy_logits)
+                    module, size_params, p, model_cfg, active, cache, batch, proxy_logits)
 
             size_axis = 0 if module.STATISTIC is None else 1  # see FittedProxy
             sums, jsd, size_sums = jax.vmap(one_size, in_axes=size_axis,

@@ -29,11 +29,13 @@ class FittedProxy:
     spec: ProxySpec
     params: dict
 
-    def intervention(self, seed_index: int, size_index: int,
-                     model_params: dict | None = None) -> model_lib.Intervention:
+    def intervention(self, seed_index: int, size_index: int, model_params: dict | None = None,
+                     model_cfg: model_lib.ModelConfig | None = None) -> model_lib.Intervention:
         """This proxy for one seed at one size, as an intervention for `model.forward`
         (model_params: that seed's, for a proxy that reads or writes another site: the
-        transcoder, the lenses). A whole-model proxy (the circuit) has none: ValueError."""
+        transcoder, the lenses; model_cfg: the model's config, for the transcoder, whose input
+        site and layer norm depend on the architecture). A whole-model proxy (the circuit) has
+        none: ValueError."""
         if self.spec.module.SITE == "model":
             raise ValueError(f"{self.spec.method} replaces the whole forward pass, not a site: "
                              f"call its module's logits() instead of an intervention")
@@ -41,7 +43,8 @@ class FittedProxy:
             params = jax.tree.map(lambda x: x[size_index], self.params)
         else:
             params = jax.tree.map(lambda x: x[seed_index, :, size_index], self.params)
-        return make_intervention(self.spec.module, params, model_params=model_params)
+        return make_intervention(self.spec.module, params, model_params=model_params,
+                                 model_cfg=model_cfg)
 
 
 @functools.partial(jax.jit, static_argnames=("method", "sizes", "options"))
@@ -92,19 +95,24 @@ def fit_one(spec: ProxySpec, spec_index: int, stats: dict, key: jax.Array, num_s
 
 
 def make_intervention(module, site_params: dict, active: dict | None = None,
-                      model_params: dict | None = None) -> model_lib.Intervention:
+                      model_params: dict | None = None,
+                      model_cfg: model_lib.ModelConfig | None = None) -> model_lib.Intervention:
     """Intervention replacing each site by the proxy with ONE seed's, ONE size's params.
 
     Data-dependent proxies carry a head axis G first (one proxy per head); others have none.
     `active` ({site: traced bool}, optional): a site whose flag is False passes through
     unchanged, so one compiled program serves every family of a proxy method (see `evaluate`).
-    A proxy with `input_site` (the transcoder) maps the value of input_site(site), kept when
-    forward visits it, to the site's value; it needs the seed's `model_params`. A proxy with
+    A proxy with `input_site` (the transcoder) maps the value of input_site(site, model_cfg),
+    kept when forward visits it, to the site's value; it needs the seed's `model_params` and
+    the model's `model_cfg` (which residual stream its MLP reads, its epsilon). A proxy with
     `output_site` (a lens) leaves its site unchanged and writes the proxy of the site's value
     at output_site (visited later); it needs `model_params` too (for the number of layers).
     """
     reads_input = proxies.hook(module, "input_site") is not None
-    input_for = {module.input_site(s): s for s in site_params} if reads_input else {}
+    if reads_input and (model_params is None or model_cfg is None):
+        raise ValueError(f"{module.__name__}: a proxy that reads another site needs the seed's "
+                         "model_params and the model's model_cfg")
+    input_for = {module.input_site(s, model_cfg): s for s in site_params} if reads_input else {}
     inputs = {}  # site -> its proxy's input, in the forward pass being traced
 
     def replace(name: str, x: jax.Array, value: jax.Array) -> jax.Array:
@@ -132,7 +140,8 @@ def make_intervention(module, site_params: dict, active: dict | None = None,
 
     def intervention(name: str, value: jax.Array) -> jax.Array:
         if name in input_for:
-            inputs[input_for[name]] = module.input_of(model_params, input_for[name], value)
+            inputs[input_for[name]] = module.input_of(model_params, model_cfg, input_for[name],
+                                                      value)
         if name not in site_params:
             return value
         if not reads_input:

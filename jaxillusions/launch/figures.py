@@ -30,6 +30,11 @@ def read_settings(workdir: str):
     a one-line SystemExit for a workdir that is not a run."""
     if not os.path.isdir(workdir):
         sys.exit(f"error: {workdir} is not a directory ({USAGE})")
+    if os.path.isfile(os.path.join(workdir, "grid.json")):
+        points = sorted(d for d in os.listdir(workdir)
+                        if os.path.isfile(os.path.join(workdir, d, "config.json")))
+        sys.exit(f"error: {workdir} is a grid: draw a point's figures, e.g. jaxillusions "
+                 f"figures {os.path.join(workdir, points[0] if points else '<point>')}")
     if not os.path.isfile(os.path.join(workdir, "config.json")):
         sys.exit(f"error: {workdir} is not the workdir of a run: it has no config.json ({USAGE})")
     from jaxillusions.pipeline import validate  # noqa: PLC0415 - JAX loads only for a workdir of a run

@@ -388,9 +388,9 @@ def _onehot_table(cfg: ModelConfig) -> jax.Array:
 
 def mlp_input(params: Params, layer: int, resid_mid: jax.Array, eps: float = 1e-5) -> jax.Array:
     """The input of block `layer`'s MLP: its layer norm of `blocks.{layer}.resid_mid`, as
-    `forward` computes it. An intervention that replaces the whole MLP (a transcoder at
-    `blocks.{layer}.mlp.out`) reads resid_mid, which `forward` visits first, and maps this.
-    An imported model's: eps=cfg.ln_eps, and with parallel_residual it reads resid_pre."""
+    `forward` computes it (eps: the model's cfg.ln_eps). With parallel_residual the MLP reads
+    `blocks.{layer}.resid_pre` instead, through the same layer norm; a transcoder (at
+    `blocks.{layer}.mlp.out`) reads whichever its model's MLP reads (proxies/transcoder.py)."""
     return _layer_norm(resid_mid, params["blocks"][layer]["ln2"], eps)
 
 

@@ -56,6 +56,10 @@ PIPELINE: tuple[Stage, ...] = (
     TRAINING, wen.STAGE, induction.STAGE, proxy_stage.STAGE, dictionaries.STAGE, geometry.STAGE,
     probes.STAGE, fit_shift.STAGE, circuits.STAGE, reports.REPORTS, reports.FIGURES,
     prediction.STAGE)
+# A grid's point (config.grid; pipeline/grid.py): the same, but the prediction stage only
+# writes the point's members, which the grid tests together.
+POINT_PIPELINE: tuple[Stage, ...] = tuple(prediction.MEMBERS if stage is prediction.STAGE
+                                          else stage for stage in PIPELINE)
 
 
 def picture(pipeline: Sequence[Stage] = PIPELINE) -> str:

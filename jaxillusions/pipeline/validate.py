@@ -23,10 +23,10 @@ from __future__ import annotations
 from typing import Any
 
 from jaxillusions import proxies, tasks
-from jaxillusions.config import settings
+from jaxillusions.config import grid_axes, settings
 from jaxillusions.config.settings import Settings
 from jaxillusions.faithfulness.specs import resolve_site, site_dim, specs_from_config
-from jaxillusions.pipeline.job import PIPELINE
+from jaxillusions.pipeline.job import PIPELINE, POINT_PIPELINE
 from jaxillusions.runtime import distributed
 from jaxillusions.studies.stage import Stage, check_order
 from jaxillusions.training import memory, train
@@ -71,6 +71,14 @@ def check(config: Any, pipeline: tuple[Stage, ...] = PIPELINE) -> tuple[Settings
     check_order(pipeline)
     renamed = settings.renamed(config)  # old names of keys, read as the new ones
     config = parse(config, pipeline)
+    if config.grid:  # every point checked as the run it is, before any of them runs
+        notes = list(renamed)
+        for name, point in points(config):
+            try:
+                notes += check(point, POINT_PIPELINE)[1]
+            except ValueError as err:
+                raise ValueError(f"grid point {name}: {err}") from None
+        return config, list(dict.fromkeys(notes))
     distributed.use_devices(config.cpu_devices, config.gpu_deterministic)
     notes = renamed + tasks.get(config.task).check_config(config)
     if config.train.contrastive_weights and tasks.hook(tasks.get(config.task),
@@ -86,6 +94,25 @@ def check(config: Any, pipeline: tuple[Stage, ...] = PIPELINE) -> tuple[Settings
         if stage.check is not None:
             notes += stage.check(config, model_cfg)
     return config, notes
+
+
+def points(config: Settings) -> list[tuple[str, Settings]]:
+    """(name, Settings) of every point of config.grid (config/grid_axes.py), parsed with the point
+    pipeline's sections; a one-line ValueError naming the entry or the point."""
+    found = grid_axes.axes(config.grid)
+    for key, _ in found:
+        if type(config).is_analysis_key(key):
+            raise ValueError(f"grid: {key} changes what is measured, not the trained members: "
+                             "set it for every point (a grid point trains a run of its own)")
+    raw = config.to_dict()
+    out = []
+    for point in grid_axes.points(config.grid):
+        name = grid_axes.name(point)
+        try:
+            out.append((name, parse(grid_axes.apply(raw, point), POINT_PIPELINE)))
+        except ValueError as err:
+            raise ValueError(f"grid point {name}: {err}") from None
+    return out
 
 
 def validate(config: Any) -> list[str]:
@@ -132,9 +159,6 @@ def _proxy_checks(config: Settings, model_cfg) -> list[str]:
                          "pattern site, blocks.<layer>.attn.pattern")
     specs = specs_from_config(pc, model_cfg)
     for spec in specs:
-        check_model = proxies.hook(spec.module, "check_model")
-        if check_model is not None:
-            check_model(model_cfg, spec.target)
         check_sizes = proxies.hook(spec.module, "check")
         if check_sizes is not None:
             dim = min(site_dim(model_cfg, s) for s in spec.sites)

@@ -19,10 +19,10 @@ Each proxy module defines:
 Sizes are python ints (static); fit/apply are pure and work under jax.vmap / jax.jit.
 
 A "pairs" proxy (the transcoder) replaces a site by a function of another site's value:
-  input_site(site) -> str                  the site it reads (visited earlier by forward).
-  input_of(model_params, site, value)      that site's value -> apply()'s input.
-  check_model(model_cfg, target)           a one-line ValueError for a model it cannot read
-                                           (the door; an imported architecture).
+  input_site(site, model_cfg) -> str       the site it reads in that model (visited earlier by
+                                           forward; it may depend on the architecture).
+  input_of(model_params, model_cfg, site, value)
+                                           that site's value -> apply()'s input.
 A lens (logit_lens, tuned_lens) reads its site and writes another one, visited later:
   output_site(site, n_layers) -> str       the site it replaces (the final residual stream) by
                                            apply(params, the site's value); the site itself is

@@ -47,14 +47,12 @@ class Hooks(Protocol):
     SIZES_KEY: str  # default "<name>_sizes" (`sizes_key`)
     SIZE_LABEL: str  # default "size"
 
-    def input_site(self, site: str) -> str:
-        """A "pairs" proxy's (the transcoder's) input site, visited earlier by forward."""
+    def input_site(self, site: str, model_cfg) -> str:
+        """A "pairs" proxy's (the transcoder's) input site in the model `model_cfg`, visited
+        earlier by forward."""
 
-    def input_of(self, model_params, site: str, value):
-        """That input site's value -> apply()'s input."""
-
-    def check_model(self, model_cfg, target: str) -> None:
-        """A one-line ValueError where it cannot read the model `model_cfg` (validate)."""
+    def input_of(self, model_params, model_cfg, site: str, value):
+        """That input site's value -> apply()'s input (in the model `model_cfg`)."""
 
     def output_site(self, site: str, n_layers: int) -> str:
         """A lens's output site (the final residual stream), which it replaces."""
@@ -78,6 +76,6 @@ class Hooks(Protocol):
 # none (`hook` gives None) or its default depends on the proxy (SIZES_KEY: `sizes_key`;
 # settings: `settings_of`).
 DEFAULTS: dict[str, Any] = {"SIZES_KEY": None, "SIZE_LABEL": "size", "input_site": None,
-                            "input_of": None, "check_model": None, "output_site": None,
+                            "input_of": None, "output_site": None,
                             "latents": None,
                             "settings": None, "check": None, "OPTIONS": {}}

@@ -6,13 +6,14 @@ MLP's output, with the SAE's sparsity, dead-latent loss and training (proxies/sa
 
 Its target is an MLP's output site, `blocks.<l>.mlp.out` (proxies.transcoder_targets, e.g.
 ("blocks.0.mlp.out", "blocks.-1.mlp.out")); it replaces the whole MLP. Replacing a whole MLP
-needs the block's input at its output site: the engine caches `input_site(site)`
-(`blocks.<l>.resid_mid`) when `forward` visits it and, at the output site (visited later in the
-same trace), applies the transcoder to `input_of` it (`model.mlp_input`, the MLP's layer norm).
-This is the ordinary intervention protocol with no flag in the model; site names are unchanged,
-the model's own MLP output is unused and XLA drops its computation. An imported architecture
-whose MLP reads otherwise (parallel attention and MLP, another layer-norm epsilon) is refused at
-the door (`check_model`).
+needs the block's input at its output site: the engine caches `input_site(site, model_cfg)`,
+the residual stream the MLP reads (`blocks.<l>.resid_mid`; with attention and MLP in parallel,
+GPT-NeoX/Pythia, `blocks.<l>.resid_pre`), when `forward` visits it and, at the output site
+(visited later in the same trace), applies the transcoder to `input_of` it (`model.mlp_input`,
+the MLP's layer norm at the model's epsilon, model.ln_eps). This is the ordinary intervention
+protocol with no flag in the model; site names are unchanged, the model's own MLP output is
+unused and XLA drops its computation. In a parallel block too the MLP's output is the term
+`mlp.out` that resid_post adds, so replacing that site replaces the whole MLP.
 
 Fitted on the "pairs" statistic: the MLP's input and output at the same training positions
 (proxies.kmeans_samples of them, as the SAE's sample). Widths are proxies.transcoder_sizes; k,
@@ -40,27 +41,17 @@ def _layer(site: str) -> int | None:
     return None
 
 
-def input_site(site: str) -> str:
-    """The site whose value the transcoder of `site` reads: the block's resid_mid."""
-    return f"blocks.{_layer(site)}.resid_mid"
+def input_site(site: str, model_cfg: model_lib.ModelConfig) -> str:
+    """The site whose value the transcoder of `site` reads, visited earlier by forward: the
+    block's resid_mid, or its resid_pre where attention and MLP run in parallel."""
+    return f"blocks.{_layer(site)}.{'resid_pre' if model_cfg.parallel_residual else 'resid_mid'}"
 
 
-def input_of(model_params: dict, site: str, value: jax.Array) -> jax.Array:
-    """The value of input_site(site) -> the MLP's input (its layer norm), as forward computes."""
-    return model_lib.mlp_input(model_params, _layer(site), value)
-
-
-def check_model(model_cfg: model_lib.ModelConfig, target: str) -> None:
-    """One-line ValueError for a model whose MLP input is not input_of(resid_mid): attention
-    and MLP in parallel (the MLP reads resid_pre) or layer norms of another epsilon (imported
-    checkpoints, model.pretrained)."""
-    default = model_lib.ModelConfig.__dataclass_fields__["ln_eps"].default
-    if model_cfg.parallel_residual or model_cfg.ln_eps != default:
-        what = ("attention and MLP in parallel (the MLP reads resid_pre)"
-                if model_cfg.parallel_residual else f"layer norms of epsilon {model_cfg.ln_eps}")
-        raise ValueError(f"proxies.transcoder_targets: the transcoder of {target} reads the "
-                         f"MLP's input as the layer norm of resid_mid at epsilon {default}, "
-                         f"but this model has {what}; leave transcoder out of proxies.methods")
+def input_of(model_params: dict, model_cfg: model_lib.ModelConfig, site: str,
+             value: jax.Array) -> jax.Array:
+    """The value of input_site(site, model_cfg) -> the MLP's input (its layer norm at the
+    model's epsilon), as forward computes it."""
+    return model_lib.mlp_input(model_params, _layer(site), value, model_cfg.ln_eps)
 
 
 def settings(proxy_cfg, dim: int) -> tuple[tuple[int, ...], tuple]:
@@ -104,16 +95,17 @@ encode = sae.encode
 latents = sae.latents
 
 
-def intervention(site_params: dict, model_params: dict) -> model_lib.Intervention:
-    """{"blocks.{i}.mlp.out": one size's transcoder params}, one model's params -> an
-    intervention for `model.forward` that replaces each of those MLPs by its transcoder (the
+def intervention(site_params: dict, model_params: dict,
+                 model_cfg: model_lib.ModelConfig) -> model_lib.Intervention:
+    """{"blocks.{i}.mlp.out": one size's transcoder params}, one model's params and config ->
+    an intervention for `model.forward` that replaces each of those MLPs by its transcoder (the
     engine's own is faithfulness.fit.make_intervention, with a head axis and per-site flags)."""
     inputs = {}  # output site -> its MLP input in the forward pass being traced
 
     def replace(name: str, value: jax.Array) -> jax.Array:
         for site in site_params:
-            if name == input_site(site):
-                inputs[site] = input_of(model_params, site, value)
+            if name == input_site(site, model_cfg):
+                inputs[site] = input_of(model_params, model_cfg, site, value)
         if name in site_params:
             return apply(site_params[name], inputs.pop(name)).astype(value.dtype)
         return value

@@ -324,17 +324,21 @@ def headline(stat_tables: dict[str, Sequence[dict]],
         found = _faithful_size(rows, method, site, baseline, identical.get((method, site), set()))
         if found is not None:
             chosen.append((method, site, *found))
-    width, cell = 34, 25
+    def label(method, site, size, base, reached) -> str:
+        short = site.split(".")[-1] if "+" not in site else "+".join(
+            p.split(".")[-1] for p in site.split("+"))
+        note = f"({base:.3f})" if reached or size == 0 else f"({base:.3f}, never {FAITHFUL:g})"
+        return f"{method} {short}" + ("" if size == 0 else f" {size}") + " " + note
+
+    # The label column fits the longest label (a long one, e.g. a transcoder's, not run on).
+    width = max(34, *(len(label(*c)) + 1 for c in chosen[:5])) if chosen else 34
+    cell = 25
     lines.append(f"{'proxy, size (' + baseline + ' same_pred)':<{width}}"
                  + "".join(f"{s:<{cell}}" for s in ood).rstrip())
     by_key = {(g["method"], g["site"], g["size"], g["split"]): g for g in rows
               if g["metric"] == "same_pred"}
     sentences = []
     for method, site, size, base, reached in chosen[:5]:
-        short = site.split(".")[-1] if "+" not in site else "+".join(
-            p.split(".")[-1] for p in site.split("+"))
-        name = f"{method} {short}" + ("" if size == 0 else f" {size}")
-        note = f"({base:.3f})" if reached or size == 0 else f"({base:.3f}, never {FAITHFUL:g})"
         cells = []
         found, missed = [], []
         for split in ood:
@@ -347,7 +351,8 @@ def headline(stat_tables: dict[str, Sequence[dict]],
                 found.append(f"{split} ({g['seeds_positive']}/{g['n_seeds']} seeds)")
             else:
                 missed.append(split)
-        lines.append(f"{name + ' ' + note:<{width}}" + "".join(cells).rstrip())
+        lines.append(f"{label(method, site, size, base, reached):<{width}}"
+                     + "".join(cells).rstrip())
         what = f"{method} on {site}" + ("" if size == 0 else f" at size {size}")
         if found:
             sentence = f"{what} is less faithful than on {baseline} on {_join(found)}"

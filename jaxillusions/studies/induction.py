@@ -17,8 +17,12 @@ occurrence" is unambiguous. With the first copy at positions o .. o+L-1 (o = 1 w
 
 The study calls only the task's hooks (tasks.Hooks), so it runs on any task that has them:
 
-- `special_tokens` (needed: induction.enabled is a one-line error naming it for a task without
-  it): the ids never drawn and the BOS. The tokens are drawn from every other id by default.
+- `special_tokens(data)` (needed: induction.enabled is a one-line error naming it for a task
+  without it): the ids never drawn, the BOS and the ids drawn from, for the run's data.*
+  settings (`task_tokens(config)`). The tokens are drawn from every other id of the model's
+  vocabulary by default; the text task (imported checkpoints, docs/pretrained.md) draws from its
+  tokenizer's ids, less its special tokens, PAD and the BOS (not from the rows an embedding has
+  beyond the tokenizer's ids, as Pythia's).
 - `token_pools` and `pool_tokens` (optional): further pools, each tested the same way at L = half
   of it (`Induction.pools`; columns <name>_*). The code task's "identifier" pool holds its
   identifier characters, the characters its copying heads copy: random characters of every kind
@@ -28,6 +32,8 @@ The study calls only the task's hooks (tasks.Hooks), so it runs on any task that
   induction_<name>.csv), its part of the verdict and of the headline. The code task's
   (jaxillusions/tasks/code_completion/copying.py): every head's attention on the induction
   targets of repeated identifiers in real code and its mean-ablation, and identifier_gap.csv.
+  The text task's (tasks/text.py): every head's attention on the induction targets at the
+  copyable tokens of iid text (induction_text.csv).
 
 `induction(...)` returns an `Induction` with arrays and tidy rows (`rows()`, `seed_rows()`) for a
 CSV, and `scalars()` for TensorBoard; `write(...)` writes both (induction.csv,
@@ -237,7 +243,7 @@ def induction(params: model_lib.Params, cfg: model_lib.ModelConfig, key: jax.Arr
     """Induction scores of every head and the loss drop on the repeat, per seed.
 
     `params` has a leading seed axis on every leaf. `special`: the task's special tokens
-    (`task_tokens(config.task)`): special.exclude are never drawn, and the sequences start with
+    (`task_tokens(config)`): special.exclude are never drawn, and the sequences start with
     special.bos when there is one, and special.pool is the ids drawn from (default every
     non-special one). `intervention` is passed to `model.forward` (e.g. to probe a
     proxy-replaced model).
@@ -284,10 +290,15 @@ def default_length(cfg: model_lib.ModelConfig, special: SpecialTokens = EVERY_TO
     return max(2, min(size // 2, (cfg.max_len - (special.bos is not None)) // 2))
 
 
-def task_tokens(name: str, what: str = "the induction test") -> SpecialTokens:
-    """The `special` argument of `induction` for a task: its hook special_tokens (a one-line
-    ValueError naming the hook, and `what` needs it, for a task without it)."""
-    return tasks.require(tasks.get(name), "special_tokens", what)()
+def task_tokens(config, what: str = "the induction test") -> SpecialTokens:
+    """The `special` argument of `induction` for a run's settings `config` (its task and its
+    data.* settings) or for a task's name (its data.* settings at their defaults: enough for the
+    Dyck and code tasks, whose ids are fixed; the text task's are its tokenizer's): the task's
+    hook special_tokens (a one-line ValueError naming the hook, and `what` needs it, for a task
+    without it)."""
+    task = tasks.get(config)
+    data = task.Data() if isinstance(config, str) else config.data
+    return tasks.require(task, "special_tokens", what)(data)
 
 
 def token_pools(task) -> dict[str, str]:
@@ -311,7 +322,7 @@ def probe(workdir: str, length: int | None = None, batch: int = 64, key: int = 0
     from jaxillusions.report import results  # noqa: PLC0415 - results imports pandas lazily
 
     run = results.load_run(workdir)
-    special = task_tokens(run.config.task)
+    special = task_tokens(run.config)
     if pool is not None:
         task = tasks.get(run.config.task)
         if pool not in token_pools(task):
@@ -381,7 +392,7 @@ def check(config, model_cfg: model_lib.ModelConfig) -> list[str]:
     """ValueError (one line) if induction.length does not fit the task's tokens or the model."""
     if not enabled(config):
         return []
-    special = task_tokens(config.task, "induction.enabled=True")
+    special = task_tokens(config, "induction.enabled=True")
     length = config.induction.length or default_length(model_cfg, special)
     pool = len(drawable(model_cfg.vocab_size, special))
     width = (special.bos is not None) + 2 * length
@@ -409,7 +420,7 @@ def run(ctx) -> object:
         return ctx
     config, model_cfg, workdir, state = ctx.settings, ctx.model_cfg, ctx.workdir, ctx.state
     task = tasks.get(config)
-    ic, special = config.induction, task_tokens(config.task, "induction.enabled=True")
+    ic, special = config.induction, task_tokens(config, "induction.enabled=True")
     length = ic.length or default_length(model_cfg, special)
     labels, step = train.members(config).labels, int(np.max(state.step))
     # The seeds in the chunks that train and evaluate them (train.seed_chunk_size), so that the

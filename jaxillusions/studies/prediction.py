@@ -158,20 +158,23 @@ def settings_of(config) -> list[str]:
     return [name for _, name in train.member_settings(config, leave_out=(NULL,))]
 
 
-def check(config, model_cfg) -> list[str]:
-    """One-line ValueError before any work: the test needs proxies, at least two settings of
-    the hyper-parameters (leave-one-setting-out) and a threshold in the metrics' range."""
+def check_members(config, model_cfg) -> list[str]:
+    """One-line ValueError before any work: the features need proxies."""
     del model_cfg
-    if not enabled(config):
-        return []
-    if not config.proxies.methods:
+    if enabled(config) and not config.proxies.methods:
         raise ValueError("prediction.enabled=True: needs proxies (proxies.methods is empty): "
                          "the features are the proxies' faithfulness")
-    found = settings_of(config)
+    return []
+
+
+def check(config, model_cfg) -> list[str]:
+    """check_members, and at least two settings of the hyper-parameters (to hold one out)."""
+    check_members(config, model_cfg)
+    found = settings_of(config) if enabled(config) else ["", ""]
     if len(found) < 2:
         raise ValueError("prediction.enabled=True: needs members in at least 2 settings of "
-                         "their hyper-parameters (e.g. train.contrastive_weights), to hold "
-                         f"one out; this run has {len(found)}")
+                         "their hyper-parameters (e.g. train.weight_decays, or a grid), to "
+                         f"hold one out; this run has {len(found)}")
     return []
 
 
@@ -219,20 +222,37 @@ def _member_rows(group: Context, config, gaps: bool) -> list[dict]:
     return out
 
 
-def population(ctx: Context) -> tuple[pd.DataFrame, pd.DataFrame | None, heldout.Design]:
-    """(the trained members' frame, the null members' frame or None, the design) of a
-    population context (every group's rows)."""
-    config, pc = ctx.settings, ctx.settings.prediction
-    frame = pd.DataFrame([r for g in ctx.groups for r in _member_rows(g, config, pc.gaps)])
+def members(ctx: Context) -> pd.DataFrame:
+    """Every group's healthy members, trained and null (column hp:null, the kind's code), one
+    row each, indexed <setting>/seed<seed> (`with_setting`)."""
+    rows = [r for g in ctx.groups for r in _member_rows(g, ctx.settings, ctx.settings.
+                                                          prediction.gaps)]
+    return with_setting(pd.DataFrame(rows))
+
+
+def with_setting(frame: pd.DataFrame) -> pd.DataFrame:
+    """The members frame with its `setting` column (the values of the hyper-parameters that
+    vary over it, the null kind left out, joined by "/") and index <setting>/seed<seed>."""
+    frame = frame.drop(columns=["setting"], errors="ignore")
     hp = [c for c in frame if c.startswith("hp:") and c != f"hp:{NULL}"]
     varying = [c for c in hp if frame[c].nunique() > 1]
-    frame["setting"] = frame[varying].astype(str).agg("/".join, axis=1)
+    frame.insert(len(frame.columns), "setting", frame[varying].astype(str).agg("/".join, axis=1)
+                 if varying else "")
     frame.index = frame["setting"] + "/seed" + frame["seed"].astype(str)
+    return frame.rename_axis("member")
+
+
+def population(frame: pd.DataFrame, pc: Prediction
+               ) -> tuple[pd.DataFrame, pd.DataFrame | None, heldout.Design]:
+    """(the trained members' frame, the null members' frame or None, the design) of a members
+    frame (`members`), with the settings `pc` (prediction.*)."""
+    frame = with_setting(frame)
+    hp = [c for c in frame if c.startswith("hp:") and c != f"hp:{NULL}"]
     null = None
     if f"hp:{NULL}" in frame:
         null = frame[frame[f"hp:{NULL}"] != 0]
         frame = frame[frame[f"hp:{NULL}"] == 0]
-        varying = [c for c in varying if frame[c].nunique() > 1]
+    varying = [c for c in hp if frame[c].nunique() > 1]
     targets = [c for c in frame if c.startswith(("acc:", "gap:"))
                and frame[c].notna().all() and frame[c].nunique() > 1]
     features = [c for c in frame if family(c, pc.metrics) in pc.features
@@ -244,44 +264,57 @@ def population(ctx: Context) -> tuple[pd.DataFrame, pd.DataFrame | None, heldout
         null = null if len(null.dropna(subset=features)) == len(frame) else None
     threshold = pc.threshold if pc.threshold == "median" else float(pc.threshold)
     design = heldout.Design(features=tuple(features), hparams=tuple(varying),
-                               targets=tuple(targets), threshold=threshold,
-                               n_splits=pc.n_splits, n_repeats=pc.n_repeats)
+                            targets=tuple(targets), threshold=threshold,
+                            n_splits=pc.n_splits, n_repeats=pc.n_repeats)
     return frame, null, design
 
 
-def run(ctx: Context) -> Context:
-    """The stage (scope population; process 0 writes): prediction.csv, prediction.txt and
-    prediction_auroc.png in the workdir."""
-    frame, null, design = population(ctx)
+def write_members(frame: pd.DataFrame, workdir: str) -> None:
+    """prediction_members.csv: the members frame (`members`), a `kind` column beside hp:null."""
+    if not distributed.is_main():
+        return
+    path = os.path.join(workdir, OUTPUTS[3])
+    with stages.writing("prediction", path):
+        kinds = [train.NULL_KINDS[int(k)] for k in frame[f"hp:{NULL}"]] \
+            if f"hp:{NULL}" in frame else "trained"
+        frame.assign(kind=kinds).to_csv(path)
+
+
+def read_members(path: str) -> pd.DataFrame:
+    """A prediction_members.csv as `members` made it (its `kind` column dropped)."""
+    return pd.read_csv(path, index_col="member").drop(columns=["kind"])
+
+
+def test(members_frame: pd.DataFrame, pc: Prediction, workdir: str, say) -> pd.DataFrame:
+    """The held-out test over a members frame (`members`, or several runs' joined): every
+    feature family alone and all together; writes prediction.csv, prediction.txt,
+    prediction_auroc.png and prediction_members.csv in `workdir` (process 0)."""
+    frame, null, design = population(members_frame, pc)
     if not design.targets or not design.features:
         what = "target" if not design.targets else "feature"
         raise ValueError(f"prediction.enabled=True: no {what} varies over the {len(frame)} "
                          "healthy members; nothing to predict")
-    found = {f: tuple(c for c in design.features if family(c, ctx.settings.prediction.metrics)
-                      == f) for f in FAMILIES}
+    found = {f: tuple(c for c in design.features if family(c, pc.metrics) == f)
+             for f in FAMILIES}
     found = {f: cols for f, cols in found.items() if cols}
     tested = {ALL: design.features, **(found if len(found) > 1 else {})}
-    ctx.say(f"prediction: {len(frame)} members in {frame['setting'].nunique()} settings, "
-            f"{len(design.features)} features ("
-            + ", ".join(f"{f} {len(cols)}" for f, cols in found.items())
-            + f"), {len(design.hparams)} hyper-parameters, {len(design.targets)} targets"
-            + ("" if null is None else ", with the null"))
+    say(f"prediction: {len(frame)} members in {frame['setting'].nunique()} settings, "
+        f"{len(design.features)} features ("
+        + ", ".join(f"{f} {len(cols)}" for f, cols in found.items())
+        + f"), {len(design.hparams)} hyper-parameters, {len(design.targets)} targets"
+        + ("" if null is None else ", with the null"))
     parts = []
     for name, columns in tested.items():
         part = heldout.predict(frame, dataclasses.replace(design, features=columns), null,
-                               random_state=ctx.settings.prediction.seed)
+                               random_state=pc.seed)
         part.insert(0, "family", name)
         parts.append(part)
     result = pd.concat(parts, ignore_index=True)
+    write_members(members_frame, workdir)
     if distributed.is_main():
-        path = os.path.join(ctx.workdir, "prediction.csv")
+        path = os.path.join(workdir, "prediction.csv")
         with stages.writing("prediction", path):
             tables.write_csv(result.to_dict("records"), path, COLUMNS)
-        path = os.path.join(ctx.workdir, "prediction_members.csv")
-        with stages.writing("prediction", path):
-            kinds = [frame.assign(kind="trained")] + ([] if null is None else [null.assign(
-                kind=[train.NULL_KINDS[int(k)] for k in null[f"hp:{NULL}"]])])
-            pd.concat(kinds).rename_axis("member").to_csv(path)
         lines = [f"Held-out prediction: {len(frame)} trained members, "
                  f"{frame['setting'].nunique()} settings of {', '.join(design.hparams)}; "
                  f"features: {len(design.features)} in-distribution measurements ("
@@ -289,14 +322,30 @@ def run(ctx: Context) -> Context:
         for name, part in zip(tested, parts, strict=True):
             lines += ["", f"Features: {name} ({len(tested[name])})",
                       *heldout.report_lines(part)]
-        stages.write(os.path.join(ctx.workdir, "prediction.txt"), "\n".join(lines) + "\n",
+        stages.write(os.path.join(workdir, "prediction.txt"), "\n".join(lines) + "\n",
                      "prediction")
-        with stages.writing("prediction", os.path.join(ctx.workdir, OUTPUTS[2])):
-            heldout.figure(parts[0], os.path.join(ctx.workdir, OUTPUTS[2]))
+        with stages.writing("prediction", os.path.join(workdir, OUTPUTS[2])):
+            heldout.figure(parts[0], os.path.join(workdir, OUTPUTS[2]))
+    return result
+
+
+def run(ctx: Context) -> Context:
+    """The stage (scope population): the test over the run's members, in the workdir."""
+    result = test(members(ctx), ctx.settings.prediction, ctx.workdir, ctx.say)
     return ctx.produced("prediction", frame=result)
+
+
+def run_members(ctx: Context) -> Context:
+    """The stage of a grid's point (scope population): its members frame only
+    (prediction_members.csv); the grid (pipeline/grid.py) tests every point's together."""
+    frame = members(ctx)
+    write_members(frame, ctx.workdir)
+    return ctx.produced("prediction", frame=frame)
 
 
 # The main job's stage (job.PIPELINE): once, after every group's stages.
 STAGE = Stage("prediction", run, enabled=enabled, scope="population",
               keys=("prediction.*", "proxies.*"), outputs=OUTPUTS, section=Prediction,
               check=check, needs=(PROXIES,), makes=("prediction",))
+# A grid point's (pipeline/job.py's POINT_PIPELINE): the members frame, tested by the grid.
+MEMBERS = dataclasses.replace(STAGE, run=run_members, outputs=OUTPUTS[3:], check=check_members)

@@ -33,9 +33,10 @@ class View:
 @dataclasses.dataclass(frozen=True)
 class SpecialTokens:
     """A task's tokens as a random-token test needs them (hook `special_tokens`): `exclude`,
-    the ids never drawn (PAD, BOS, EOS, UNK), `bos`, the token every training row starts with
-    (None: the rows have none), and `pool`, the ids drawn from (None: every id of the
-    vocabulary; a token pool's ids, hook `pool_tokens`), less `exclude`."""
+    the ids never drawn (PAD, BOS, EOS, UNK; a tokenizer's special tokens), `bos`, the token
+    every training row starts with (None: the rows have none), and `pool`, the ids drawn from
+    (None: every id of the model's vocabulary; the text task: its tokenizer's ids; a token
+    pool's ids, hook `pool_tokens`), less `exclude`."""
 
     exclude: tuple[int, ...] = ()
     bos: int | None = None
@@ -152,9 +153,11 @@ class Hooks(Protocol):
         """The tokens the regularizer's inputs add at most to a training row (Dyck: a balanced
         prefix, 2 * max_depth + 2): the model has positions for them. Default: 0."""
 
-    def special_tokens(self) -> SpecialTokens:
-        """The ids a random-token test never draws, and the BOS that starts every row (the
-        induction study's test)."""
+    def special_tokens(self, data) -> SpecialTokens:
+        """The ids a random-token test never draws, the BOS that starts every row and the ids
+        drawn from (the induction study's test), for the data.* settings `data` (Dyck and code:
+        fixed ids; text: its tokenizer's special tokens and BOS, drawing from the tokenizer's
+        ids only, not the rows a checkpoint's embedding has beyond them)."""
 
     def token_pools(self) -> dict[str, str]:
         """{name: what its tokens are}: further pools of the induction test, each its columns

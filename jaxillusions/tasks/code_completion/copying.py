@@ -67,8 +67,10 @@ REPEAT = "identifier_repeat"
 POOLS = {"identifier": "identifier characters"}  # the token pools of the induction test
 
 
-def special_tokens() -> tasks.SpecialTokens:
-    """PAD, BOS, EOS and UNK, never drawn by a random-token test; every row starts with BOS."""
+def special_tokens(data) -> tasks.SpecialTokens:
+    """PAD, BOS, EOS and UNK, never drawn by a random-token test; every row starts with BOS (the
+    same ids for any data.* settings `data`)."""
+    del data
     from jaxillusions.tasks.code_completion import splits  # noqa: PLC0415 - corpus code loads lazily
 
     return tasks.SpecialTokens(exclude=tuple(range(splits.NUM_SPECIAL)), bos=splits.BOS)

@@ -1,0 +1,115 @@
+"""The runner of a grid (config.grid, config/grid_axes.py): every point as a run of its own,
+then one population table.
+
+    jaxillusions sweep --config=dyck_grid --workdir=runs/dyck_grid
+
+Each point (e.g. model.n_layers=2) runs the main job (sweep.run, with job.POINT_PIPELINE) in
+`<workdir>/<point name>`: the run its config is on its own, resumed and left alone when done
+as any run is, with its own reports, figures and timing line. The grid then writes, in the
+workdir:
+
+- results.csv: every point's rows (each group's results.csv, cells as written), with a column
+  per grid key (e.g. `model.n_layers`) and per hyper-parameter that varies in the member axis
+  (e.g. `weight_decay`; `null`: trained, untrained or shuffled);
+- grid.json: the points, their directories and the grid's settings;
+- with prediction.enabled, the held-out prediction test over every point's members
+  (studies/prediction.py: prediction.csv, prediction.txt, prediction_auroc.png,
+  prediction_members.csv), the grid keys as hyper-parameters (`hp:<key>`) beside those of the
+  member axis, so that leaving one setting out holds out one (point, member setting) pair.
+  Points of different depths name their last layer's sites and heads as -1 too (`align`), so
+  that features of the last layer line up; a feature a point lacks is left out of the test.
+
+Ends with the grid's timing line: each stage's seconds summed over the points.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+import pandas as pd
+
+from jaxillusions.config import settings
+from jaxillusions.config.grid_axes import axes
+from jaxillusions.config.settings import Settings
+from jaxillusions.pipeline import job, sweep, validate
+from jaxillusions.runtime import distributed, stages, timing
+from jaxillusions.studies import prediction
+from jaxillusions.training import train
+
+OUTPUTS = ("results.csv", "grid.json")
+
+
+def align(frame: pd.DataFrame, n_layers: int) -> pd.DataFrame:
+    """A point's members frame with its last layer's features also under layer -1
+    (`blocks.<n-1>.` -> `blocks.-1.`, `:L<n-1>H` -> `:L-1H`), and each attention target's
+    best head (`attn:<target>:max`, the largest of its heads' columns)."""
+    last, out = n_layers - 1, {}
+    for column in frame:
+        alias = column.replace(f"blocks.{last}.", "blocks.-1.").replace(f":L{last}H", ":L-1H")
+        if alias != column and alias not in frame:
+            out[alias] = frame[column]
+    heads: dict[str, list[str]] = {}
+    for column in frame:
+        match = re.fullmatch(r"attn:(.+):L\d+H\d+", column)
+        if match:
+            heads.setdefault(match.group(1), []).append(column)
+    for target, columns in heads.items():
+        out[f"attn:{target}:max"] = frame[columns].max(axis=1)
+    return pd.concat([frame, pd.DataFrame(out, index=frame.index)], axis=1)
+
+
+def population_table(point: Settings, directory: str, values: dict) -> pd.DataFrame:
+    """A point's results.csv rows (every group's, cells as written) with a column per grid key
+    (`values`) and per hyper-parameter of its member axis that varies (its null kind by name)."""
+    sweep_members = train.members(point)
+    parts = []
+    for idx, group in sweep.member_groups(point, directory):
+        table = pd.read_csv(os.path.join(group, "results.csv"), dtype=str,
+                            keep_default_na=False)
+        hparams = {name: v[idx[0]].item() for name, v in sweep_members.hparams.items()
+                   if len(np.unique(v)) > 1}
+        if prediction.NULL in hparams:
+            hparams[prediction.NULL] = train.NULL_KINDS[int(hparams[prediction.NULL])]
+        parts.append(table.assign(**values, **hparams))
+    return pd.concat(parts, ignore_index=True)
+
+
+def run(config: Settings, workdir: str, *, verbose: bool = True,
+        start_over: bool = False) -> pd.DataFrame:
+    """Runs every point of config.grid (checked at the door: validate.check), then writes the
+    grid's outputs; returns the joined results.csv (cells as written)."""
+    points = validate.points(config)
+    say = print if verbose and distributed.is_main() else (lambda *a, **k: None)
+    os.makedirs(workdir, exist_ok=True)
+    keys = [key for key, _ in axes(config.grid)]
+    tables, members = [], []
+    with timing.Breakdown() as clock:
+        for index, (name, point) in enumerate(points):
+            directory = os.path.join(workdir, name)
+            say(f"grid point {index + 1} of {len(points)}: {name} (in {directory})")
+            sweep.run(point, directory, verbose=verbose, start_over=start_over,
+                      pipeline=job.POINT_PIPELINE)
+            values = {key: settings.flat(point)[key] for key in keys}
+            tables.append(population_table(point, directory, values))
+            if prediction.enabled(point):
+                frame = prediction.read_members(os.path.join(directory,
+                                                             prediction.OUTPUTS[3]))
+                frame = align(frame, point.model.n_layers)
+                members.append(frame.assign(**{f"hp:{k}": v for k, v in values.items()}))
+        joined = pd.concat(tables, ignore_index=True)
+        if distributed.is_main():
+            path = os.path.join(workdir, OUTPUTS[0])
+            with stages.writing("grid", path):
+                joined.to_csv(path, index=False)
+            stages.write(os.path.join(workdir, OUTPUTS[1]), json.dumps(
+                {"points": {name: {key: settings.flat(point)[key] for key in keys}
+                            for name, point in points},
+                 "settings": config.to_dict()}, indent=1, default=str), "grid")
+        if members:
+            with timing.stage("prediction"):
+                prediction.test(pd.concat(members), config.prediction, workdir, say)
+    say(f"grid of {len(points)} points: {clock.line(sweep.clocks(job.POINT_PIPELINE))}")
+    return joined

@@ -1,0 +1,127 @@
+"""A grid of shape-changing settings (config.grid, config/grid_axes.py, pipeline/grid.py): one run
+per point, each the run its config is alone, bit for bit; one results table with a column per grid
+key; the held-out prediction test over every point's members, the grid key a hyper-parameter;
+bad grids refused at the door in one line."""
+
+import glob
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import tiny_sweep_config
+
+from jaxillusions.config import grid_axes
+from jaxillusions.pipeline import grid, sweep, validate
+
+pytest.importorskip("sklearn")
+
+
+def _config(cache_dir):
+    config = tiny_sweep_config(cache_dir)
+    config.train.num_seeds = 4
+    config.train.weight_decays = (0.0, 1.0)
+    config.train.null = ("untrained",)
+    config.grid = ("model.n_layers=1,2",)  # 2 points x 2 settings x 4 seeds
+    config.prediction.enabled = True
+    config.prediction.n_splits = 2
+    config.prediction.n_repeats = 2
+    config.figures = "none"
+    return config
+
+
+def test_points_are_the_product_of_the_axes_in_order():
+    points = grid_axes.points(("model.n_layers=1,2", "model.d_model=16,32"))
+    assert [grid_axes.name(p) for p in points] == [
+        "model.n_layers=1,model.d_model=16", "model.n_layers=1,model.d_model=32",
+        "model.n_layers=2,model.d_model=16", "model.n_layers=2,model.d_model=32"]
+    assert points[0] == {"model.n_layers": 1, "model.d_model": 16}  # typed as Python reads them
+    assert grid_axes.points(("model.pos_encoding=rotary,learned",))[0] == {
+        "model.pos_encoding": "rotary"}
+
+
+@pytest.mark.slow
+def test_a_grid_point_is_the_run_alone_and_the_grid_tests_every_points_members(tmp_path,
+                                                                              cache_dir):
+    config = _config(cache_dir)
+    workdir = str(tmp_path / "grid")
+    joined = grid.run(validate.check(config)[0], workdir, verbose=False)
+
+    # One table, a column per grid key and per varying hyper-parameter: every group's rows.
+    table = pd.read_csv(os.path.join(workdir, "results.csv"))
+    assert table.groupby(["model.n_layers", "weight_decay", "null"]).size().index.tolist() == [
+        (n, wd, kind) for n in (1, 2) for wd in (0.0, 1.0) for kind in ("trained", "untrained")]
+    for layers in (1, 2):  # each point's groups (a directory per weight decay and null kind)
+        groups = glob.glob(os.path.join(workdir, f"model.n_layers={layers}", "*", "results.csv"))
+        assert len(groups) == 4
+        assert len(table[table["model.n_layers"] == layers]) == sum(
+            len(pd.read_csv(path)) for path in groups)
+    assert len(joined) == len(table)
+
+    # The point model.n_layers=2 is the run of the same config without the grid, bit for bit.
+    alone = _config(cache_dir)
+    alone.grid = ()
+    alone.model.n_layers = 2
+    sweep.run(validate.check(alone)[0], str(tmp_path / "alone"), verbose=False)
+    point = os.path.join(workdir, "model.n_layers=2")
+    names = sorted(os.path.relpath(p, point) for p in glob.glob(os.path.join(point, "**", "*.csv"),
+                                                                recursive=True))
+    assert len(names) > 8
+    for name in names:
+        with open(os.path.join(point, name), "rb") as mine, \
+                open(str(tmp_path / "alone" / name), "rb") as theirs:
+            assert mine.read() == theirs.read(), name
+
+    # The test: 16 trained members in 4 settings (n_layers x weight decay), with their null.
+    members = pd.read_csv(os.path.join(workdir, "prediction_members.csv"), index_col="member")
+    assert sorted(members["kind"].value_counts().items()) == [("trained", 16), ("untrained", 16)]
+    trained = members[members["kind"] == "trained"]
+    assert trained.groupby(["hp:model.n_layers", "hp:weight_decay"]).size().tolist() == [4] * 4
+    # Last-layer features of both depths line up under layer -1; the best head too.
+    assert "attn:stack_top:L-1H0" in members and "attn:stack_top:max" in members
+    one = trained[trained["hp:model.n_layers"] == 1]
+    assert np.array_equal(one["attn:stack_top:L-1H0"], one["attn:stack_top:L0H0"])
+    assert trained["attn:stack_top:L1H0"].isna().sum() == 8  # the 1-layer points have none
+    rows = pd.read_csv(os.path.join(workdir, "prediction.csv"))
+    assert {r for r in rows["members"]} == {16}
+    loso = rows[(rows["scheme"] == "leave_one_setting_out") & (rows["family"] == "all")]
+    assert set(loso["n_folds"] + loso["n_skipped"]) == {4}  # one fold per held-out setting
+    text = open(os.path.join(workdir, "prediction.txt")).read()
+    assert text.startswith("Held-out prediction: 16 trained members, 4 settings of "
+                           "hp:weight_decay, hp:model.n_layers")
+    assert "attn:stack_top:L1H0" not in open(os.path.join(workdir, "prediction.csv")).read()
+
+    # A relaunch finds every point done and joins the same table.
+    again = grid.run(validate.check(config)[0], workdir, verbose=False)
+    pd.testing.assert_frame_equal(again, joined)
+    assert os.path.isfile(os.path.join(workdir, "grid.json"))
+
+
+@pytest.mark.parametrize("entries, message", [
+    (("model.n_layers=2",), "a grid needs at least 2 points"),
+    (("model.n_layers",), "grid=('model.n_layers',): must be entries key=value1,value2"),
+    (("model.n_layers=1,2", "model.n_layers=3,4"), "model.n_layers is already in the grid"),
+    (("model.n_layers=1,1",), "a value is repeated"),
+    (("model.n_layer=1,2",), "grid point model.n_layer=1: unknown config key model.n_layer"),
+    (("model.n_layers=1,0",), "grid point model.n_layers=0: model.n_layers=0: must be >= 1"),
+    (("cpu_devices=1,2",), "cpu_devices cannot vary over a grid"),
+    (("proxies.svd_ranks=1,2",), "grid: proxies.svd_ranks changes what is measured"),
+])
+def test_bad_grids_are_one_line_errors_at_the_door(cache_dir, entries, message):
+    config = _config(cache_dir)
+    config.grid = entries
+    with pytest.raises(ValueError) as err:
+        validate.check(config)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_figures_of_a_grid_name_a_point(tmp_path):
+    from jaxillusions.launch import figures
+
+    (tmp_path / "grid.json").write_text("{}")
+    (tmp_path / "model.n_layers=1").mkdir()
+    (tmp_path / "model.n_layers=1" / "config.json").write_text("{}")
+    with pytest.raises(SystemExit) as err:
+        figures.read_settings(str(tmp_path))
+    assert str(err.value) == (f"error: {tmp_path} is a grid: draw a point's figures, e.g. "
+                              f"jaxillusions figures {tmp_path / 'model.n_layers=1'}")
