@@ -259,15 +259,15 @@ def test_attention_targets_name_the_matched_bracket_and_the_copied_token():
     """Dyck's stack_top: at a position whose next token closes a bracket, the open bracket it
     closes; the text and code tasks' induction target: the position after the previous
     occurrence of the current token."""
-    from jaxillusions.tasks import dyck, dyck_sentences, text
+    from jaxillusions.tasks import _text_copying, dyck, dyck_sentences
 
     # BOS ( [ ] ) EOS PAD, 2 bracket types: opens 3, 4; closes 5, 6.
     split = dyck_sentences.annotate(np.array([[1, 3, 4, 6, 5, 2, 0]]), num_types=2)
     top = dyck.attention_targets(split)["stack_top"][0]
     assert top.tolist() == [-1, -1, 2, 1, -1, -1, -1]
     tokens = np.array([[1, 7, 8, 9, 7, 8, 0], [1, 5, 5, 5, 6, 0, 0]])
-    assert text.induction_targets(tokens).tolist() == [[-1, -1, -1, -1, 2, 3, -1],
-                                                       [-1, -1, 2, 3, -1, -1, -1]]
+    assert _text_copying.induction_targets(tokens).tolist() == [[-1, -1, -1, -1, 2, 3, -1],
+                                                                [-1, -1, 2, 3, -1, -1, -1]]
 
 
 def test_members_with_the_same_inputs_get_the_same_score():

@@ -19,7 +19,7 @@ from jaxillusions import configs, model  # noqa: E402
 from jaxillusions.pipeline import sweep, validate  # noqa: E402
 from jaxillusions.report import tables  # noqa: E402
 from jaxillusions.studies import induction  # noqa: E402
-from jaxillusions.tasks import PAD, text  # noqa: E402
+from jaxillusions.tasks import PAD, _text_copying, text  # noqa: E402
 
 SPECIALS = ("<|pad|>", "<|endoftext|>", "<|mask|>")
 PADDING = 20  # rows the checkpoints' embedding has beyond the tokenizer's ids
@@ -135,7 +135,7 @@ def test_the_stage_runs_on_imported_checkpoints_with_a_padded_embedding(made, mo
     np.testing.assert_array_equal(body[:, :length], body[:, length:])
     seeds = tables.read_csv(str(workdir / "induction_seeds.csv"))
     assert [int(r["seed"]) for r in seeds] == [1, 2]
-    assert list(seeds[0]) == [*induction.SEED_COLUMNS, *text.TEXT_SEED_COLUMNS]
+    assert list(seeds[0]) == [*induction.SEED_COLUMNS, *_text_copying.TEXT_SEED_COLUMNS]
     for row in seeds:
         assert 0 <= float(row["max_induction_score"]) <= 1
         assert np.isfinite(float(row["loss_drop"]))
@@ -146,7 +146,7 @@ def test_the_stage_runs_on_imported_checkpoints_with_a_padded_embedding(made, mo
     heads = tables.read_csv(str(workdir / "induction.csv"))
     assert len(heads) == 2 * 2 * 2  # members x layers x heads
     on_text = tables.read_csv(str(workdir / "induction_text.csv"))
-    assert list(on_text[0]) == list(text.TEXT_COLUMNS) and len(on_text) == 2 * 2 * 2
+    assert list(on_text[0]) == list(_text_copying.TEXT_COLUMNS) and len(on_text) == 2 * 2 * 2
     assert sum(int(r["best"]) for r in on_text) == 2  # each seed's best head of the test
 
 
@@ -163,9 +163,9 @@ def test_the_attention_on_real_text_is_each_heads_mean_on_the_induction_targets(
     chunks = [(jax.tree.map(lambda x, i=i: x[np.asarray(i)], params), [10 + j for j in i])
               for i in ([0, 1], [2, 2])]
     diverged = np.array([False, True, False])
-    found = text.copying_analyses(chunks, cfg, {"iid": split}, diverged, rows=5,
+    found = _text_copying.copying_analyses(chunks, cfg, {"iid": split}, diverged, rows=5,
                                   split_names=["iid"], batch_size=4)
-    targets = text.copy_targets(split)[:5]
+    targets = _text_copying.copy_targets(split)[:5]
     query = np.argwhere(targets >= 0)
     assert found.queries == len(query) > 10 and found.seeds == (10, 11, 12)
     assert all(split.copyable[n, t] == 1 and rows[n, targets[n, t] - 1] == rows[n, t]
@@ -189,6 +189,7 @@ def test_the_attention_on_real_text_is_each_heads_mean_on_the_induction_targets(
     assert len(table) == 2 * 4 and sum(r["best"] for r in table) == 2
     # Its verdict counts the strongest heads on the text against the study's bar.
     tally = induction.Tally(2)
-    assert text.copying_verdict({"text_max_target_attention": np.array([0.5, 0.1])}, tally) == (
+    columns = {"text_max_target_attention": np.array([0.5, 0.1])}
+    assert _text_copying.copying_verdict(columns, tally) == (
         "; on real text (iid, copyable tokens): 1 of 2 seeds have a head with >= 0.3 of its "
         "attention on the induction target")

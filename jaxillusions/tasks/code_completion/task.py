@@ -9,6 +9,7 @@ import numpy as np
 
 from jaxillusions.config.fields import kind_of, setting
 from jaxillusions.tasks import View
+from jaxillusions.tasks._text_copying import induction_targets
 
 NAME = "code"
 SPLITS = ("train", "iid", "longer", "deeper", "other_language")
@@ -143,10 +144,8 @@ def view(split) -> View:
 
 def attention_targets(split) -> dict[str, np.ndarray]:
     """{"induction": the position after the previous occurrence of each character}
-    (tasks.text.induction_targets: where an induction head attends)."""
-    from jaxillusions.tasks import text  # noqa: PLC0415 - the one use of the text task here
-
-    return {"induction": text.induction_targets(split.tokens)}
+    (tasks._text_copying.induction_targets: where an induction head attends)."""
+    return {"induction": induction_targets(split.tokens)}
 
 
 def concepts(split) -> dict[str, np.ndarray]:
