@@ -7,7 +7,10 @@ contribution z_h W_O[h] to the residual stream; the shared bias b_O is not part 
 each MLP (`blocks.{l}.mlp.out`, bias included). "neuron": the heads and each neuron of
 `blocks.{l}.mlp.hidden`. Patching a node replaces its value by its ablated value through an
 ordinary `forward` intervention, `mask * value + (1 - mask) * ablated`, so a mask of ones is the
-model itself, bit for bit.
+model itself, bit for bit. Being sites of `forward`, they follow every imported architecture
+(model/pretrained.py: parallel blocks, where a head's contribution still enters the residual
+stream in attn.out, read by the next blocks but not by its own block's MLP; partial rotary,
+which turns q and k before z; another epsilon, biases, GELU): `check` lets them through.
 
 Edges (`granularity` "edge"): senders are the embeddings (token plus position: one sender), each
 head and each MLP; receivers are each head's query, key and value input, each MLP's input and
@@ -16,7 +19,8 @@ the final layer norm's input (the unembedding). A sender feeds every receiver af
 layers before it plus, per sender before it, `m * clean + (1 - m) * ablated`: the sender's output
 in this forward pass (computed from its own receivers' inputs) if the edge is kept (m = 1), its
 ablated output otherwise (path patching: one edge can be cut alone). With every edge kept it is
-`forward` with the residual sums taken in another order (equal within float32 rounding).
+`forward` with the residual sums taken in another order (equal within float32 rounding). It
+recomputes the trained architecture only, so `check` refuses edges on an imported one.
 
 Ablated values ("zero" | "mean" | "resample"): zero; the mean of the unit's value over the fit
 split's non-PAD positions (one vector per unit, position-independent: Miller et al. 2024,
@@ -70,15 +74,19 @@ class Graph:
         return tuple(f"{self.senders[s]}->{self.receivers[r]}" for s, r in self.edges)
 
 
-def check(cfg: model_lib.ModelConfig) -> None:
-    """The architectures the graph covers: the token embedding first (no built front part, such
-    as Wen et al.'s minimal first layer), and none of an imported checkpoint's options."""
+def check(cfg: model_lib.ModelConfig, granularity: str = "edge") -> None:
+    """The architectures a granularity covers: for all of them the token embedding first (no
+    built front part, such as Wen et al.'s minimal first layer); for edges also none of an
+    imported checkpoint's options (`edge_forward` recomputes the trained architecture), while
+    nodes and neurons patch sites of `forward`, which follows every imported architecture."""
     if cfg.front is not None:
         raise ValueError("circuits: model.first_layer='minimal' has no embedding sender; "
                          "circuits need the standard first layer")
-    if model_lib.imported_options(cfg):  # edge_forward recomputes the trained architecture
-        raise ValueError(f"circuits: an imported architecture ({model_lib.imported_options(cfg)})"
-                         " is not covered by the graph's edge forward")
+    options = model_lib.imported_options(cfg)
+    if granularity == "edge" and options:
+        raise ValueError("proxies.circuit_granularity: 'edge' needs the trained architecture "
+                         "(the edge forward recomputes it), not this imported architecture "
+                         f"({options}); granularity 'node' or 'neuron' works on it")
 
 
 def _head(layer: int, h: int) -> str:
@@ -112,7 +120,7 @@ def node_names(cfg: model_lib.ModelConfig, granularity: str) -> tuple[str, ...]:
     """The units of a node-level granularity, in forward order ("edge": the edge names)."""
     if granularity == "edge":
         return graph(cfg).edge_names
-    check(cfg)
+    check(cfg, granularity)
     names = []
     for layer in range(cfg.n_layers):
         names += [_head(layer, h) for h in range(cfg.n_heads)]
