@@ -403,3 +403,31 @@ def test_a_sweep_on_two_imported_checkpoints_skips_training(corpus, tmp_path):
     assert run.seeds == [1, 2] and run.step == 0 and run.healthy.all()
     params, _ = pretrained.load_pretrained([corpus["seed1"], corpus["seed2"]])
     np.testing.assert_array_equal(run.params["embed"], params["embed"])
+
+
+def test_lenses_erasure_probes_and_fit_shift_on_two_imported_checkpoints(corpus, tmp_path):
+    """The other studies on imported Pythia-layout checkpoints, through the runner: the logit
+    and tuned lenses and LEACE erasure as proxies on every split, the copyable probe, and the
+    proxies also fitted on an OOD split (fit_shift)."""
+    from jaxillusions.pipeline import sweep
+
+    config = _config(corpus, **{
+        "data.max_rows": 120, "proxies.methods": ("svd", "logit_lens", "tuned_lens", "erasure"),
+        "proxies.targets": ("blocks.0.resid_post",), "proxies.concepts": ("copyable",),
+        "proxies.svd_ranks": (4,), "proxies.eval_splits": ("iid", "other", "longer"),
+        "probes.sites": ("blocks.0.resid_post",), "fit_shift.splits": ("train", "other"),
+        "figures": "none"})
+    workdir = str(tmp_path / "run")
+    sweep.run(validate.check(config)[0], workdir, verbose=False)
+    import pandas as pd
+
+    rows = pd.read_csv(os.path.join(workdir, "results.csv"))
+    for method in ("svd", "logit_lens", "tuned_lens", "erasure"):
+        mine = rows[(rows["method"] == method) & (rows["breakdown"] == "all")]
+        assert set(mine["split"]) == {"iid", "other", "longer"}, method
+        assert set(mine["seed"]) == {1, 2} and mine["same_pred"].between(0, 1).all(), method
+    probes = pd.read_csv(os.path.join(workdir, "probes.csv"))
+    assert set(probes["concept"]) == {"copyable"} and set(probes["seed"]) == {1, 2}
+    assert probes["probe_acc"].between(0, 1).all()
+    table = pd.read_csv(os.path.join(workdir, "fit_shift_results.csv"))
+    assert set(table["seed"]) == {1, 2} and "other" in set(table["fit_split"].astype(str))
