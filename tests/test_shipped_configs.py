@@ -6,6 +6,7 @@ deadlock in a fit, a stage that never returns) is the watchdog's one-line error 
 per-test timeout here, not a user's silent process."""
 
 import importlib
+import json
 import os
 import pathlib
 import subprocess
@@ -62,5 +63,7 @@ def test_a_shipped_config_runs_to_the_end_at_test_size(name, arg, tmp_path, cach
          f"--config.data.cache_dir={cache_dir}", *_shrunk(name, arg)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, f"{path}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    assert (workdir / "sweep_done.json").exists()
+    points = ([workdir / p for p in json.loads((workdir / "grid.json").read_text())["points"]]
+              if (workdir / "grid.json").exists() else [workdir])  # a grid: a run per point
+    assert all((p / "sweep_done.json").exists() for p in points)
     assert "time " in done.stdout.splitlines()[-1]  # the job's last line: where the time went
