@@ -65,14 +65,13 @@ def population_table(point: Settings, directory: str, values: dict) -> pd.DataFr
     """A point's results.csv rows (every group's, cells as written) with a column per grid key
     (`values`) and per hyper-parameter of its member axis that varies (its null kind by name)."""
     sweep_members = train.members(point)
+    kinds = train.null_kind(sweep_members)
     parts = []
     for idx, group in sweep.member_groups(point, directory):
         table = pd.read_csv(os.path.join(group, "results.csv"), dtype=str,
                             keep_default_na=False)
-        hparams = {name: v[idx[0]].item() for name, v in sweep_members.hparams.items()
-                   if len(np.unique(v)) > 1}
-        if prediction.NULL in hparams:
-            hparams[prediction.NULL] = train.NULL_KINDS[int(hparams[prediction.NULL])]
+        hparams = {name: kinds[idx[0]] if name == train.NULL else v[idx[0]].item()
+                   for name, v in sweep_members.hparams.items() if len(np.unique(v)) > 1}
         parts.append(table.assign(**values, **hparams))
     return pd.concat(parts, ignore_index=True)
 
@@ -85,6 +84,7 @@ def run(config: Settings, workdir: str, *, verbose: bool = True,
     say = print if verbose and distributed.is_main() else (lambda *a, **k: None)
     os.makedirs(workdir, exist_ok=True)
     keys = [key for key, _ in axes(config.grid)]
+    values = {name: {key: settings.flat(point)[key] for key in keys} for name, point in points}
     tables, members = [], []
     with timing.Breakdown() as clock:
         for index, (name, point) in enumerate(points):
@@ -92,22 +92,19 @@ def run(config: Settings, workdir: str, *, verbose: bool = True,
             say(f"grid point {index + 1} of {len(points)}: {name} (in {directory})")
             sweep.run(point, directory, verbose=verbose, start_over=start_over,
                       pipeline=job.POINT_PIPELINE)
-            values = {key: settings.flat(point)[key] for key in keys}
-            tables.append(population_table(point, directory, values))
+            tables.append(population_table(point, directory, values[name]))
             if prediction.enabled(point):
                 frame = prediction.read_members(os.path.join(directory,
                                                              prediction.OUTPUTS[3]))
                 frame = align(frame, point.model.n_layers)
-                members.append(frame.assign(**{f"hp:{k}": v for k, v in values.items()}))
+                members.append(frame.assign(**{f"hp:{k}": v for k, v in values[name].items()}))
         joined = pd.concat(tables, ignore_index=True)
         if distributed.is_main():
             path = os.path.join(workdir, OUTPUTS[0])
             with stages.writing("grid", path):
                 joined.to_csv(path, index=False)
             stages.write(os.path.join(workdir, OUTPUTS[1]), json.dumps(
-                {"points": {name: {key: settings.flat(point)[key] for key in keys}
-                            for name, point in points},
-                 "settings": config.to_dict()}, indent=1, default=str), "grid")
+                {"points": values, "settings": config.to_dict()}, indent=1, default=str), "grid")
         if members:
             with timing.stage("prediction"):
                 prediction.test(pd.concat(members), config.prediction, workdir, say)
