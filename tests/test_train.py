@@ -13,6 +13,7 @@ from jaxillusions.pipeline import validate
 from jaxillusions.runtime import tensorboard as log_lib
 from jaxillusions.tasks import dyck_sentences as dyck
 from jaxillusions.training import objective as objective_lib
+from jaxillusions.training import step as step_lib
 from jaxillusions.training import train
 from jaxillusions.training.step import init_state, train_steps
 
@@ -29,6 +30,46 @@ def test_seeds_trained_together_equal_seeds_trained_alone(config):
         alone, _ = train.train_sweep(checked(config), splits=splits, seeds=[seed], verbose=False)
         for a, b in zip(_leaves(together.params), _leaves(alone.params), strict=True):
             np.testing.assert_allclose(a[i], b[0], rtol=1e-5, atol=1e-6)
+
+
+def test_members_in_cache_sized_groups_train_as_in_one_group(config, monkeypatch):
+    # On a CPU, train_steps runs the members in groups, one after the other, when their
+    # activations exceed step.CPU_GROUP_BYTES. Forced here to 3 groups of 2 (the tiny model fits
+    # one group), with hyper-parameters that vary: each member trains as in one group of 6, up
+    # to the float32 rounding of a batch of another width (the tolerance of seeds trained
+    # together against alone, above), and two grouped runs give the same bits.
+    splits, model_cfg, tx = train.build(checked(config))
+    tokens = jnp.asarray(splits["train"].tokens)
+    run = dict(num_steps=3, model_cfg=model_cfg, tx=tx, batch_size=8)
+    hparams = {"contrastive_weight": np.float32([0, 1, 2, 3, 4, 5])}
+    one_member = step_lib.member_bytes(model_cfg, 8, tokens.shape[1])
+    assert step_lib.num_groups(6, one_member) == 1
+    results = []
+    for budget in (step_lib.CPU_GROUP_BYTES, 2 * one_member, 2 * one_member):
+        monkeypatch.setattr(step_lib, "CPU_GROUP_BYTES", budget)
+        train_steps.clear_cache()  # the budget is read while tracing
+        results.append(train_steps(init_state(range(6), model_cfg, tx), tokens, hparams, **run))
+        assert step_lib.num_groups(6, one_member) == (1 if len(results) == 1 else 3)
+    train_steps.clear_cache()
+    (one, one_losses), (grouped, grouped_losses), (again, again_losses) = results
+    np.testing.assert_allclose(np.asarray(grouped_losses), np.asarray(one_losses), rtol=1e-5)
+    for a, b, c in zip(_leaves(one), _leaves(grouped), _leaves(again), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(c, b)
+    np.testing.assert_array_equal(np.asarray(again_losses), np.asarray(grouped_losses))
+
+
+@pytest.mark.parametrize("num, devices, one_member, groups", [
+    (32, 1, 2 * 2**20, 4),   # 8 members of 2 MiB per group
+    (32, 2, 2 * 2**20, 2),   # 8 per device and group
+    (8, 1, 1 * 2**20, 1),    # all fit
+    (32, 1, 11 * 2**20, 32),  # one member at a time
+    (6, 4, 8 * 2**20, 3),    # 6 members do not divide 4 devices: grouped as on one
+    (12, 2, 9 * 2**20, 6),   # 2 per device would exceed the budget: 1 per device and group
+])
+def test_number_of_groups(num, devices, one_member, groups, monkeypatch):
+    monkeypatch.setattr(jax, "device_count", lambda: devices)
+    assert step_lib.num_groups(num, one_member) == groups
 
 
 def test_interrupted_then_resumed_run_ends_with_same_parameters(config, tmp_path, capsys):

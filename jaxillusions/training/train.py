@@ -238,6 +238,24 @@ def _next_stop(step: int, end: int, tc) -> int:
                         (tc.log_every, tc.eval_every, tc.checkpoint_every) if every > 0])
 
 
+# Shortest call that `_calls` makes to share one program between pauses: below it, the host's
+# dispatch per call would cost more than a second compilation.
+MIN_CALL_STEPS = 20
+
+
+def _calls(steps: int, tc) -> list[int]:
+    """The train_steps calls, in steps, that run the `steps` steps up to the next pause. Every
+    pause falls on a multiple of the greatest common divisor of the log, eval and checkpoint
+    intervals and of train.num_steps, so calls of that many steps let one compiled program serve
+    every pause (the Quickstart's 100-step logs and 1250-step evaluations compiled a 100-step and
+    a 50-step program); an earlier end (`stop_at_step`) adds a shorter last call."""
+    unit = math.gcd(*[every for every in (tc.log_every, tc.eval_every, tc.checkpoint_every,
+                                          tc.num_steps) if every > 0])
+    if unit < MIN_CALL_STEPS:
+        return [steps]
+    return [unit] * (steps // unit) + ([steps % unit] if steps % unit else [])
+
+
 def _stop_if_all_diverged(healthy: np.ndarray, step: int) -> None:
     from jaxillusions.runtime import interrupt  # noqa: PLC0415
 
@@ -333,8 +351,8 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
     if step < end:  # compiles the first call's step (jit keeps it) and reads its memory use
         say(memory.describe(memory.estimate(
             train_steps, placed[0][0], train_tokens, placed[0][1], num_chunks=len(chunks),
-            num_steps=_next_stop(step, end, tc) - step, model_cfg=model_cfg, tx=tx,
-            batch_size=tc.batch_size, objective=goal)))
+            num_steps=_calls(_next_stop(step, end, tc) - step, tc)[0], model_cfg=model_cfg,
+            tx=tx, batch_size=tc.batch_size, objective=goal)))
     reported_unhealthy: set[int] = set()
     start_time, start_step = time.perf_counter(), step
     results = None
@@ -345,17 +363,21 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
             watchdog.progress(f"training steps {step} to {step + steps}")
             losses = []
             for k, (chunk_state, chunk_hparams) in enumerate(placed):  # sequential chunks
-                if held[k]:  # untrained members: no loss computed (NaN in the logs)
-                    chunk_state = hold_steps(chunk_state, num_steps=steps)
-                    chunk_losses = np.full((steps, len(chunks[k])), np.nan, np.float32)
-                else:
-                    chunk_state, chunk_losses = train_steps(
-                        chunk_state, train_tokens, chunk_hparams, num_steps=steps,
-                        model_cfg=model_cfg, tx=tx, batch_size=tc.batch_size, objective=goal)
+                chunk_losses = []
+                for n in _calls(steps, tc):
+                    if held[k]:  # untrained members: no loss computed (NaN in the logs)
+                        chunk_state = hold_steps(chunk_state, num_steps=n)
+                        chunk_losses.append(np.full((n, len(chunks[k])), np.nan, np.float32))
+                    else:
+                        chunk_state, call_losses = train_steps(
+                            chunk_state, train_tokens, chunk_hparams, num_steps=n,
+                            model_cfg=model_cfg, tx=tx, batch_size=tc.batch_size, objective=goal)
+                        chunk_losses.append(call_losses)
                 placed[k] = (chunk_state, chunk_hparams)
                 losses.append(chunk_losses)
             step += steps
-            losses = np.concatenate([distributed.to_host(x) for x in losses], axis=1)[:, order]
+            losses = np.concatenate([np.concatenate([distributed.to_host(x) for x in calls])
+                                     for calls in losses], axis=1)[:, order]
             healthy = joined([s.healthy for s, _ in placed])
             for i in np.flatnonzero(~healthy):
                 if i not in reported_unhealthy:
