@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.stats
 from test_pretrained import INIT, VARIANTS, _bounds, _hf_model, _one, _save, _tokens
 
 from jaxillusions import model as model_lib
@@ -205,11 +206,6 @@ def test_a_head_mean_ablated_is_forward_with_its_z_set_to_the_mean(saved):
 # Attribution patching.
 
 
-def _spearman(a, b) -> float:
-    ra, rb = (np.argsort(np.argsort(x, kind="stable"), kind="stable") for x in (a, b))
-    return float(np.corrcoef(ra, rb)[0, 1])
-
-
 @pytest.mark.parametrize("variant", list(MODELS))
 def test_node_attribution_is_the_first_order_effect_of_each_nodes_ablation(saved, variant):
     """Metric "logit" (linearised at the model), zero ablation: each node's score is d metric /
@@ -242,7 +238,7 @@ def test_node_attribution_is_the_first_order_effect_of_each_nodes_ablation(saved
     e1, e2 = (np.array([(metric(clean) - metric(_hf_logits(hf, tokens, _unit(n), keep=1 - s)))
                         / s for n in names]) for s in (d, 2 * d))
     big = np.abs(e1) >= 0.1 * np.max(np.abs(e1))
-    rho = _spearman(scores, e1)
+    rho = scipy.stats.spearmanr(scores, e1).statistic
     assert np.all(np.sign(scores[big]) == np.sign(e1[big])), (names, scores, e1)
     assert rho >= 0.9, (rho, scores, e1)
     bound = 2 * np.abs(e2 - e1) + 2 * rounding / d
@@ -284,7 +280,7 @@ def test_kl_attribution_at_the_midpoint_predicts_each_nodes_ablation(saved):
 
     effects = np.array([f(u, 1.0) - f(u, 0.0) for u in range(n)])
     big = np.abs(effects) >= 0.1 * np.max(np.abs(effects))
-    rho = _spearman(scores, effects)
+    rho = scipy.stats.spearmanr(scores, effects).statistic
     assert np.all(np.sign(scores[big]) == np.sign(effects[big])), (scores, effects)
     assert rho >= 0.8, (rho, scores, effects)
 

@@ -152,7 +152,7 @@ def train_steps(state: SweepState, train_tokens: jax.Array, hparams: dict | None
     arrays [S] (Members.hparams). Returns (state, losses [num_steps, S]).
 
     On a CPU, members whose activations outgrow the cache run in groups (`num_groups`), each
-    group all `num_steps` steps, one group after the other: 1.2-1.5x the rate of all members at
+    group all `num_steps` steps, one group after the other: 1.1-1.6x the rate of all members at
     once at 32 seeds (docs/speed.md). A group's batched kernels round like those of a run of
     that many members (the last bits can differ from one group of all members)."""
     one_seed = functools.partial(seed_step, model_cfg=model_cfg, tx=tx, batch_size=batch_size,
