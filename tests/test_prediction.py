@@ -124,7 +124,7 @@ def test_one_class_folds_are_skipped_and_counted(planted):
     assert (random["n_skipped"] == 0).all()
 
 
-FITTED = []  # the training rows of every fit (cross_validate clones the estimator)
+FITTED = []  # the training rows of every fit (each fold fits a fresh estimator)
 
 
 class Spy(BaseEstimator, TransformerMixin):
@@ -206,7 +206,7 @@ def test_bad_input_raises_a_one_line_error_before_fitting(case, monkeypatch):
     def fitted(*args, **kwargs):
         raise AssertionError("fitted before the input was checked")
 
-    monkeypatch.setattr(heldout, "cross_validate", fitted)
+    monkeypatch.setattr(heldout, "model", fitted)
     members, null, design = bad(*population(), case)
     with pytest.raises(ValueError) as error:
         heldout.predict(members, design, null)

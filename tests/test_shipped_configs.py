@@ -1,7 +1,7 @@
 """Every shipped config runs to its end, shrunk to test size, through the launcher a user runs:
 its model, proxies, studies and devices as shipped, with 2 seeds, 20 steps of batch 8 and
-little data (the code config, a GPU's paper-scale model, also with width 64 and context 128:
-at its own it needs 32 GiB per device to evaluate on the CPU and 12 min here). A hang (a
+little data (the code config, a GPU's paper-scale model, also with width 64: at its own it
+needs 32 GiB per device to evaluate on the CPU and 12 min here). A hang (a
 deadlock in a fit, a stage that never returns) is the watchdog's one-line error or the suite's
 per-test timeout here, not a user's silent process."""
 
@@ -30,22 +30,29 @@ SHRINK = {"train.num_seeds": 2, "train.num_steps": 20, "train.warmup_steps": 5,
           "train.batch_size": 8, "train.log_every": 10, "train.checkpoint_every": 10,
           "figures": "none",
           "stall_seconds": 120, "proxies.kmeans_samples": 500}
-SHRINK_TASK = {"dyck": {"data.num_train": 1000, "data.num_eval": 64},
-               "code": {"data.num_train": 200, "data.num_eval": 48, "induction.code_rows": 16,
+# The evaluation sets: 32 sentences per split, 64-character code functions (128 on `longer`);
+# evaluating every proxy size on them is most of a shrunk run's time.
+SHRINK_TASK = {"dyck": {"data.num_train": 1000, "data.num_eval": 32},
+               "code": {"data.num_train": 200, "data.num_eval": 24, "data.context": 64,
+                        "data.longer_context": 128, "induction.code_rows": 16,
                         "induction.batch": 8}}
+EVAL_BATCH = 64  # at most, for the proxies and training's evaluation
 
 
 def _shrunk(name: str, arg: str | None) -> list[str]:
     module = importlib.import_module(f"jaxillusions.configs.{name}")
     config = module.get_config(arg) if arg else module.get_config()
     keys = {**SHRINK, **SHRINK_TASK[config.task]}
-    if name == "code":  # the paper-scale code model (a GPU's): its width and context shrunk
-        keys.update({"model.d_model": 64, "model.d_mlp": 256, "data.context": 128,
-                     "data.longer_context": 256, "proxies.eval_batch_size": 16})
+    for key in ("proxies.eval_batch_size", "train.eval_batch_size"):
+        keys[key] = min(config[key.split(".")[0]][key.split(".")[1]], EVAL_BATCH)
+    if name == "code":  # the paper-scale code model (a GPU's): its width shrunk
+        keys.update({"model.d_model": 64, "model.d_mlp": 256, "proxies.eval_batch_size": 16})
     if config.train.decay_steps:
         keys["train.decay_steps"] = 10
     if config.train.eval_every:
         keys["train.eval_every"] = 20
+    if config.prediction.enabled:  # 2 repeats of the random 5-fold splits, not 10
+        keys["prediction.n_repeats"] = 2
     if config.wen.enabled:
         keys["wen.length_num_prefixes"] = 2
     return [f"--config.{k}={v}" for k, v in keys.items()]
