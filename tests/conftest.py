@@ -31,8 +31,10 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(items):
     """The slow tests first (stable: otherwise in file order): xdist hands tests out in this
-    order, so that the short ones at the end fill both workers instead of one worker running a
-    minute-long sweep while the other has nothing left."""
+    order one at a time (--maxschedchunk=1 in pyproject.toml), so that the short ones at the
+    end fill both workers instead of one worker running a minute-long sweep while the other has
+    nothing left. (xdist's default hands each worker a quarter of its share at once: one
+    worker would get every slow test.)"""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
