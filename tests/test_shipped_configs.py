@@ -1,9 +1,9 @@
 """Every shipped config runs to its end, shrunk to test size, through the launcher a user runs:
 its model, proxies, studies and devices as shipped, with 2 seeds, 20 steps of batch 8 and
 little data (the code config, a GPU's paper-scale model, also with width 64: at its own it
-needs 32 GiB per device to evaluate on the CPU and 12 min here). A hang (a
-deadlock in a fit, a stage that never returns) is the watchdog's one-line error or the suite's
-per-test timeout here, not a user's silent process."""
+needs 32 GiB per device to evaluate on the CPU and 12 min here). A hang (a deadlock in a fit,
+a stage that never returns) is the watchdog's one-line error or the suite's per-test timeout
+here, not a user's silent process."""
 
 import importlib
 import json
@@ -30,8 +30,8 @@ SHRINK = {"train.num_seeds": 2, "train.num_steps": 20, "train.warmup_steps": 5,
           "train.batch_size": 8, "train.log_every": 10, "train.checkpoint_every": 10,
           "figures": "none",
           "stall_seconds": 120, "proxies.kmeans_samples": 500}
-# The evaluation sets: 32 sentences per split, 64-character code functions (128 on `longer`);
-# evaluating every proxy size on them is most of a shrunk run's time.
+# The evaluation sets: 32 Dyck sentences or 24 code functions of 64 characters (128 on
+# `longer`) per split; evaluating every proxy size on them is most of a shrunk run's time.
 SHRINK_TASK = {"dyck": {"data.num_train": 1000, "data.num_eval": 32},
                "code": {"data.num_train": 200, "data.num_eval": 24, "data.context": 64,
                         "data.longer_context": 128, "induction.code_rows": 16,
@@ -43,8 +43,8 @@ def _shrunk(name: str, arg: str | None) -> list[str]:
     module = importlib.import_module(f"jaxillusions.configs.{name}")
     config = module.get_config(arg) if arg else module.get_config()
     keys = {**SHRINK, **SHRINK_TASK[config.task]}
-    for key in ("proxies.eval_batch_size", "train.eval_batch_size"):
-        keys[key] = min(config[key.split(".")[0]][key.split(".")[1]], EVAL_BATCH)
+    keys["proxies.eval_batch_size"] = min(config.proxies.eval_batch_size, EVAL_BATCH)
+    keys["train.eval_batch_size"] = min(config.train.eval_batch_size, EVAL_BATCH)
     if name == "code":  # the paper-scale code model (a GPU's): its width shrunk
         keys.update({"model.d_model": 64, "model.d_mlp": 256, "proxies.eval_batch_size": 16})
     if config.train.decay_steps:
