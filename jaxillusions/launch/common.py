@@ -343,7 +343,7 @@ def guard(job: Callable[..., None], workdir: str, configs: Sequence) -> None:
             print(note)
         with interrupt.catch_signals():
             job(*checked)
-        return
+        code, message = 0, None
     except interrupt.Stopped as err:
         if DEBUG.value:
             raise
@@ -369,11 +369,22 @@ def guard(job: Callable[..., None], workdir: str, configs: Sequence) -> None:
                             f"error: {checkpoint.root_cause(err)} (--debug shows the traceback)")
     finally:
         lock.release()
-    print(message, file=sys.stderr)
+    if message is None:
+        # Done: end as Python's own exit does (its threads joined, its atexit handlers run:
+        # jax.distributed's shutdown, multiprocessing's helpers, logging), without the teardown
+        # of the 2,600 imported modules that would follow (0.6 s of every launch).
+        import atexit  # noqa: PLC0415
+        import threading  # noqa: PLC0415
+
+        threading._shutdown()  # noqa: SLF001 - what the interpreter calls first at exit
+        atexit._run_exitfuncs()  # noqa: SLF001
+    else:
+        print(message, file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
-    # Everything is saved and closed by now. Skipping interpreter shutdown keeps library threads
-    # that failed with the error (orbax writers on a full disk) from printing tracebacks after it.
+    # Everything is saved and closed by now. After an error, skipping interpreter shutdown keeps
+    # library threads that failed with it (orbax writers on a full disk) from printing
+    # tracebacks after it.
     os._exit(code)
 
 

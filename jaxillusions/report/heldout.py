@@ -41,16 +41,6 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 import scipy.stats
-import sklearn
-from sklearn.linear_model import LogisticRegression, Ridge
-from sklearn.metrics import roc_auc_score
-from sklearn.model_selection import (
-    LeaveOneGroupOut,
-    RepeatedKFold,
-    RepeatedStratifiedKFold,
-)
-from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import StandardScaler
 
 CONFIDENCE = 0.95
 METRICS = ("auroc", "spearman")
@@ -89,8 +79,16 @@ class Design:
     n_repeats: int = 10
 
 
+# scikit-learn is imported where it is used (0.15-0.2 s): every launch imports this module,
+# and only the prediction stage fits.
+
+
 def model(metric: str):
     """The unfitted estimator of `metric`: standardised logistic (AUROC) or ridge (Spearman)."""
+    from sklearn.linear_model import LogisticRegression, Ridge  # noqa: PLC0415
+    from sklearn.pipeline import make_pipeline  # noqa: PLC0415
+    from sklearn.preprocessing import StandardScaler  # noqa: PLC0415
+
     if metric == "auroc":
         return make_pipeline(StandardScaler(), LogisticRegression(C=1.0))
     return make_pipeline(StandardScaler(), Ridge(alpha=1.0))
@@ -105,6 +103,8 @@ def _per_row(method, x: np.ndarray) -> np.ndarray:
 
 
 def _auroc(estimator, x, y) -> float:
+    from sklearn.metrics import roc_auc_score  # noqa: PLC0415
+
     return float(roc_auc_score(y, _per_row(estimator.decision_function, x)))
 
 
@@ -210,6 +210,12 @@ def check(members, design: Design, null=None) -> dict[str, float]:
 def _folds(y: np.ndarray, groups: np.ndarray, metric: str, scheme: str, design: Design,
            random_state: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
     """(kept folds as (train, test) index arrays, number skipped): y is binary for AUROC."""
+    from sklearn.model_selection import (  # noqa: PLC0415
+        LeaveOneGroupOut,
+        RepeatedKFold,
+        RepeatedStratifiedKFold,
+    )
+
     if scheme == "leave_one_setting_out":
         splits = LeaveOneGroupOut().split(y, y, groups)
     elif metric == "auroc":
@@ -275,6 +281,8 @@ def _scores(x: np.ndarray, y: np.ndarray, metric: str, kept) -> np.ndarray:
     """The test score of each kept fold, a fresh estimator fitted on its training rows: what
     scikit-learn's cross_validate computes, without its per-call input checks (check() has
     validated the input once); the same scores, 1.4x faster at 18 and at 270 members."""
+    import sklearn  # noqa: PLC0415
+
     score = _SCORERS[metric]
     with sklearn.config_context(assume_finite=True, skip_parameter_validation=True):
         return np.array([score(model(metric).fit(x[train], y[train]), x[test], y[test])
