@@ -228,6 +228,29 @@ def test_same_seed_gives_the_identical_frame():
     assert list(first.columns) == list(heldout.COLUMNS)
 
 
+def test_calls_that_share_what_they_fitted_fit_the_hparams_baseline_once(monkeypatch):
+    """Two feature sets on the same members and folds, as the prediction stage calls it per
+    feature family: with one `fitted` dict the second call fits all but the hyper-parameter
+    baseline again, and both frames are those of separate calls."""
+    members, null = population(seed=1)
+    members, null = members.iloc[::3].copy(), null.iloc[::3].copy()
+    rng = np.random.default_rng(5)
+    members["other"], null["other"] = rng.normal(size=(2, len(members)))
+    designs = [dataclasses.replace(DESIGN, n_repeats=2, n_splits=3, features=f)
+               for f in (("signal",), ("signal", "other"))]
+    alone = [heldout.predict(members, d, null, random_state=3) for d in designs]
+    widths, real = [], heldout._scores  # noqa: SLF001
+    monkeypatch.setattr(heldout, "_scores", lambda x, *a: widths.append(x.shape[1]) or real(x, *a))
+    fitted = {}
+    shared = [heldout.predict(members, d, null, random_state=3, fitted=fitted) for d in designs]
+    for one, other in zip(alone, shared, strict=True):
+        pd.testing.assert_frame_equal(one, other)
+    hparams = heldout.hparam_matrix(members, designs[0]).shape[1]
+    fits = len(widths) // 7  # (target, metric, scheme) cells with folds: 4 sets, then 3
+    assert fits >= 3 and len(widths) == 7 * fits
+    assert widths.count(hparams) == fits and hparams not in widths[4 * fits:]
+
+
 def test_fold_interval_and_verdicts():
     values = np.array([0.6, 0.7, 0.8, 0.5, 0.9])
     mean, sd, low, high = heldout.fold_interval(values, test_over_train=0.25)

@@ -35,6 +35,7 @@ interval, and `verdict` says "beats" (low > 0), "loses" (high < 0) or "within no
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 
@@ -289,13 +290,28 @@ def _scores(x: np.ndarray, y: np.ndarray, metric: str, kept) -> np.ndarray:
                          for train, test in kept], np.float64)
 
 
-def _rows(inputs: Mapping[str, np.ndarray], y: np.ndarray, metric: str, kept, common: dict
-          ) -> list[dict]:
-    """The score rows of each predictor set and the paired rows of COMPARISONS on `kept`."""
+def _key(x: np.ndarray, y: np.ndarray, metric: str, kept) -> str:
+    """What a predictor set's fold scores depend on, as a digest: its matrix, the target, the
+    metric and the folds."""
+    digest = hashlib.sha256(f"{metric} {x.shape}".encode())
+    for part in (x, y, *(i for fold in kept for i in fold)):
+        digest.update(np.ascontiguousarray(part).tobytes())
+    return digest.hexdigest()
+
+
+def _rows(inputs: Mapping[str, np.ndarray], y: np.ndarray, metric: str, kept, common: dict,
+          fitted: dict) -> list[dict]:
+    """The score rows of each predictor set and the paired rows of COMPARISONS on `kept`
+    (a set's fold scores taken from `fitted` when the same matrix, target and folds are there,
+    else fitted and kept there)."""
     ratio = float(np.mean([len(test) / len(train) for train, test in kept])) if kept else 0.0
     low_end, high_end = _RANGE[metric]
-    scores = {name: _scores(x, y, metric, kept) if kept else np.zeros(0)
-              for name, x in inputs.items()}
+    scores = {}
+    for name, x in inputs.items():
+        key = _key(x, y, metric, kept)
+        if key not in fitted:
+            fitted[key] = _scores(x, y, metric, kept) if kept else np.zeros(0)
+        scores[name] = fitted[key]
     rows, verdicts = [], {}
     for name, values in scores.items():
         mean, sd, low, high = fold_interval(values, ratio)
@@ -327,12 +343,16 @@ def hparam_matrix(members, design: Design) -> np.ndarray:
     return pd.concat(parts, axis=1).to_numpy(np.float64)
 
 
-def predict(members, design: Design, null=None, *, random_state: int = 0) -> pd.DataFrame:
+def predict(members, design: Design, null=None, *, random_state: int = 0,
+            fitted: dict | None = None) -> pd.DataFrame:
     """The held-out prediction test: one row per (target, metric, scheme) and predictor set
     ("features", "hparams", "both", and "features" with null=True when a `null` frame of the
     same members gives the features' null values), and per paired comparison of COMPARISONS.
     Columns COLUMNS; the same input and random_state give the identical frame. Input problems
-    raise (`check`) before any fitting."""
+    raise (`check`) before any fitting. `fitted`: a dict shared by several calls, which then
+    fit each predictor matrix once per target and folds (the hparams baseline of calls that
+    differ in their features only); it holds fold scores, keyed by what they depend on."""
+    fitted = {} if fitted is None else fitted
     members = _frame(members)
     thresholds = check(members, design, null)
     groups = pd.factorize(members[design.setting])[0]
@@ -352,7 +372,7 @@ def predict(members, design: Design, null=None, *, random_state: int = 0) -> pd.
                 common = {"target": target, "metric": metric, "scheme": scheme,
                           "n_folds": len(kept), "n_skipped": skipped, "members": len(members),
                           "threshold": thresholds[target] if metric == "auroc" else math.nan}
-                rows += _rows(inputs, y, metric, kept, common)
+                rows += _rows(inputs, y, metric, kept, common, fitted)
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 

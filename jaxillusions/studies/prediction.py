@@ -303,10 +303,10 @@ def test(members_frame: pd.DataFrame, pc: Prediction, workdir: str, say) -> pd.D
         + ", ".join(f"{f} {len(cols)}" for f, cols in found.items())
         + f"), {len(design.hparams)} hyper-parameters, {len(design.targets)} targets"
         + ("" if null is None else ", with the null"))
-    parts = []
+    parts, fitted = [], {}  # (the hparams baseline: fitted once, not once per family)
     for name, columns in tested.items():
         part = heldout.predict(frame, dataclasses.replace(design, features=columns), null,
-                               random_state=pc.seed)
+                               random_state=pc.seed, fitted=fitted)
         part.insert(0, "family", name)
         parts.append(part)
     result = pd.concat(parts, ignore_index=True)
