@@ -285,6 +285,7 @@ def test_node_patching_matches_transformer_lens_hooks(ablation):
     assert np.max(np.abs(ours - model.forward(params, tokens, cfg)[0])) > 100 * np.max(bound)
 
 
+@pytest.mark.slow  # a whole sweep
 def test_circuits_in_a_tiny_sweep(tiny_sweep, tmp_path, cache_dir):
     """The circuit proxy added to a finished tiny sweep: per (granularity, ablation) family the
     usual rows for every size, the whole model at full size, the areas,

@@ -24,6 +24,7 @@ def _config(cache_dir):
     return config
 
 
+@pytest.mark.slow  # a whole sweep
 def test_the_prediction_stage_predicts_every_member_out_of_distribution(tmp_path, cache_dir):
     config = _config(cache_dir)
     workdir = str(tmp_path / "run")
@@ -50,6 +51,7 @@ def test_the_prediction_stage_predicts_every_member_out_of_distribution(tmp_path
     assert os.path.isfile(os.path.join(workdir, "contrastive_weight_1", "results.csv"))
 
 
+@pytest.mark.slow  # a whole sweep
 def test_heads_probes_and_the_null_are_features_each_family_tested_alone(tmp_path, cache_dir):
     """With the untrained null, probes and the task's attention targets: the members frame
     (prediction_members.csv) has each head's stack-top attention and each probe's accuracy

@@ -359,6 +359,7 @@ def test_proxy_evaluation_in_row_chunks_gives_the_same_rows(corpus, monkeypatch)
 # The main job on imported checkpoints, through the launcher.
 
 
+@pytest.mark.slow  # a whole sweep
 def test_a_sweep_on_two_imported_checkpoints_skips_training(corpus, tmp_path):
     config = tmp_path / "imported_text.py"
     lines = [f"    config.{k} = {v!r}\n" for k, v in {
@@ -405,6 +406,7 @@ def test_a_sweep_on_two_imported_checkpoints_skips_training(corpus, tmp_path):
     np.testing.assert_array_equal(run.params["embed"], params["embed"])
 
 
+@pytest.mark.slow  # a whole sweep
 def test_lenses_erasure_probes_and_fit_shift_on_two_imported_checkpoints(corpus, tmp_path):
     """The other studies on imported Pythia-layout checkpoints, through the runner: the logit
     and tuned lenses and LEACE erasure as proxies on every split, the copyable probe, and the

@@ -23,6 +23,7 @@ def test_the_notebook_is_stored_without_outputs():
         "docs/tutorial.ipynb)")
 
 
+@pytest.mark.slow  # a whole sweep
 @pytest.mark.skipif(importlib.util.find_spec("nbclient") is None
                     or importlib.util.find_spec("ipykernel") is None,
                     reason="nbclient and ipykernel run the notebook: pip install -e '.[test]'")
