@@ -293,9 +293,11 @@ def _scores(x: np.ndarray, y: np.ndarray, metric: str, kept) -> np.ndarray:
 def _key(x: np.ndarray, y: np.ndarray, metric: str, kept) -> str:
     """What a predictor set's fold scores depend on, as a digest: its matrix, the target, the
     metric and the folds."""
-    digest = hashlib.sha256(f"{metric} {x.shape}".encode())
+    digest = hashlib.sha256(metric.encode())
     for part in (x, y, *(i for fold in kept for i in fold)):
-        digest.update(np.ascontiguousarray(part).tobytes())
+        part = np.ascontiguousarray(part)
+        digest.update(f"|{part.dtype}{part.shape}|".encode())  # where one part ends
+        digest.update(part.tobytes())
     return digest.hexdigest()
 
 
