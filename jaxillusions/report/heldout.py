@@ -35,7 +35,6 @@ interval, and `verdict` says "beats" (low > 0), "loses" (high < 0) or "within no
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from collections.abc import Mapping, Sequence
 
@@ -290,15 +289,12 @@ def _scores(x: np.ndarray, y: np.ndarray, metric: str, kept) -> np.ndarray:
                          for train, test in kept], np.float64)
 
 
-def _key(x: np.ndarray, y: np.ndarray, metric: str, kept) -> str:
-    """What a predictor set's fold scores depend on, as a digest: its matrix, the target, the
-    metric and the folds."""
-    digest = hashlib.sha256(metric.encode())
-    for part in (x, y, *(i for fold in kept for i in fold)):
-        part = np.ascontiguousarray(part)
-        digest.update(f"|{part.dtype}{part.shape}|".encode())  # where one part ends
-        digest.update(part.tobytes())
-    return digest.hexdigest()
+def _key(x: np.ndarray, y: np.ndarray, metric: str, kept) -> tuple[str, ...]:
+    """What a predictor set's fold scores depend on: the metric, and the checksums (bytes,
+    dtype and shape) of its matrix, the target and each fold's indices."""
+    from jaxillusions.runtime import checkpoint  # noqa: PLC0415 - orbax is slow to import
+
+    return (metric, *checkpoint.checksums((x, y, kept)).values())
 
 
 def _rows(inputs: Mapping[str, np.ndarray], y: np.ndarray, metric: str, kept, common: dict,
