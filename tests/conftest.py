@@ -4,19 +4,23 @@ import pytest
 
 from jaxillusions.configs import dyck_small
 
-# The suite's XLA compiles with LLVM's optimizations off: most of the suite's time is compiling
-# many small programs, and these programs run for milliseconds. The level changes how XLA:CPU
-# vectorises and schedules a program, not which operations it runs, so results differ from the
-# default level by float32 rounding, which every tolerance of the suite is derived to cover (as
-# it must be for AMD vs Intel); bit-for-bit comparisons are between two runs at one level. An
-# XLA_FLAGS that names a level keeps it: `XLA_FLAGS=--xla_backend_optimization_level=2 pytest`
-# runs the suite as users' programs are compiled. Launched subprocesses inherit the flag.
-TEST_XLA_FLAG = "--xla_backend_optimization_level=0"
+# The suite's XLA compiles fast rather than well: most of the suite's time is compiling many
+# small programs, and these programs run for milliseconds. LLVM's optimizations are off (level
+# 0), and fusions are emitted by XLA:CPU's older elemental emitter rather than its MLIR fusion
+# emitters, whose pipeline costs about twice the compile time at level 0 (a shrunk shipped
+# config: compilation 9.2-10.0 s against 4.9-5.5 s; docs/speed.md, "The test suite"). Both
+# change how XLA:CPU emits and vectorises a program, not which operations it runs, so results
+# differ from the default by float32 rounding, which every tolerance of the suite is derived to
+# cover (as it must be for AMD vs Intel); bit-for-bit comparisons are between two runs under the
+# same flags. An XLA_FLAGS that names a flag keeps its value:
+# `XLA_FLAGS="--xla_backend_optimization_level=2 --xla_cpu_use_fusion_emitters=true" pytest`
+# runs the suite as users' programs are compiled. Launched subprocesses inherit the flags.
+TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
 
 
 def xla_flags(*extra: str, base: str | None = None) -> str:
     """XLA_FLAGS for a test's subprocess: `base` (default: this process's XLA_FLAGS, which
-    carry the suite's TEST_XLA_FLAG) with `extra` flags added, and no device-count flag of the
+    carry the suite's TEST_XLA_FLAGS) with `extra` flags added, and no device-count flag of the
     test process unless `extra` brings one."""
     flags = (os.environ.get("XLA_FLAGS", "") if base is None else base).split()
     flags = [f for f in flags if not f.startswith("--xla_force_host_platform_device_count")]
@@ -25,8 +29,8 @@ def xla_flags(*extra: str, base: str | None = None) -> str:
 
 def pytest_configure(config):
     flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_backend_optimization_level" not in flags:  # before JAX starts its backend
-        os.environ["XLA_FLAGS"] = f"{flags} {TEST_XLA_FLAG}".strip()
+    added = [f for f in TEST_XLA_FLAGS if f.split("=")[0] not in flags]
+    os.environ["XLA_FLAGS"] = " ".join([flags, *added]).strip()  # before JAX starts its backend
 
 
 def pytest_collection_modifyitems(items):

@@ -43,7 +43,7 @@ def test_dyck_results_unchanged_by_the_task_interface_and_by_adding_dictionaries
     the dictionary metrics are new columns after the fixture's.
 
     On the machine that wrote the fixture, at XLA's default optimization level, the file is
-    byte-identical. Elsewhere, or at the suite's level 0 (conftest.TEST_XLA_FLAG), XLA:CPU
+    byte-identical. Elsewhere, or under the suite's flags (conftest.TEST_XLA_FLAGS), XLA:CPU
     vectorises differently (AVX2 vs AVX-512 reductions round differently), and 20 training
     steps carry that rounding into the parameters, so floats are compared to 1e-6.
     """
