@@ -1,4 +1,8 @@
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 
 import pytest
 
@@ -15,7 +19,8 @@ from jaxillusions.configs import dyck_small
 # same flags. An XLA_FLAGS that names a flag keeps its value:
 # `XLA_FLAGS="--xla_backend_optimization_level=2 --xla_cpu_use_fusion_emitters=true" pytest`
 # runs the suite as users' programs are compiled. Launched subprocesses inherit the flags.
-TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+FUSION_EMITTERS = "--xla_cpu_use_fusion_emitters"
+TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", f"{FUSION_EMITTERS}=false")
 
 
 def xla_flags(*extra: str, base: str | None = None) -> str:
@@ -31,6 +36,38 @@ def pytest_configure(config):
     flags = os.environ.get("XLA_FLAGS", "")
     added = [f for f in TEST_XLA_FLAGS if f.split("=")[0] not in flags]
     os.environ["XLA_FLAGS"] = " ".join([flags, *added]).strip()  # before JAX starts its backend
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A test marked `fusion_emitters` checks bits that XLA:CPU's fusion emitters (the default
+    users get) keep across batch shapes (a member alone and in a grid, seed chunks and one call)
+    and the suite's elemental emitter does not. Under the suite's flags it runs again in a child
+    pytest with the fusion emitters on (the rest of XLA_FLAGS as here), and passes, skips or
+    fails as the child does."""
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    if (pyfuncitem.get_closest_marker("fusion_emitters") is None
+            or f"{FUSION_EMITTERS}=false" not in flags):
+        return None
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["XLA_FLAGS"] = " ".join([*(f for f in flags if not f.startswith(FUSION_EMITTERS)),
+                                 f"{FUSION_EMITTERS}=true"])
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # the child's programs are its own
+    base = tempfile.mkdtemp(prefix="fusion_emitters_")
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", pyfuncitem.nodeid, "-p", "no:cacheprovider",
+             "-o", "addopts=", "-q", f"--basetemp={base}/tmp"],
+            cwd=str(pyfuncitem.config.rootpath), env=env, capture_output=True, text=True,
+            timeout=600)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    said = done.stdout[-4000:] + done.stderr[-2000:]
+    if done.returncode == 0 and " skipped" in done.stdout and " passed" not in done.stdout:
+        pytest.skip(f"skipped with XLA:CPU's fusion emitters:\n{said}")
+    assert done.returncode == 0 and " passed" in done.stdout, \
+        f"failed with XLA:CPU's fusion emitters (XLA_FLAGS={env['XLA_FLAGS']}):\n{said}"
+    return True
 
 
 def pytest_collection_modifyitems(items):

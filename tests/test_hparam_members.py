@@ -129,6 +129,7 @@ def test_init_scales_multiply_the_drawn_parameters_only(cache_dir):
         np.testing.assert_array_equal(s, b, err_msg=model_lib.path_str(path))
 
 
+@pytest.mark.fusion_emitters
 def test_a_member_of_a_grid_equals_the_member_trained_alone_and_untrained_ones_stay(cache_dir):
     """Each member of a grid of learning rates x weight decays x init scales (and its untrained
     null copy) gets the bits of a run with its values as the scalar keys: same seed, same
@@ -169,6 +170,7 @@ def test_a_member_of_a_grid_equals_the_member_trained_alone_and_untrained_ones_s
     assert np.asarray(trained.healthy).all()
 
 
+@pytest.mark.fusion_emitters
 def test_train_sweep_holds_untrained_members_without_stepping_them(cache_dir):
     """train_sweep runs no step on untrained null members (chunks of their own, held by
     step.hold_steps): they end at their initial parameters and optimizer state, with the RNG,

@@ -233,6 +233,7 @@ def test_sharded_sweep_equals_one_device(one_device, cache_dir, tmp_path):
     assert saved._manager.item_metadata(20)["healthy"].shape == (NUM_SEEDS,)  # noqa: SLF001
 
 
+@pytest.mark.fusion_emitters
 def test_seed_chunks_equal_one_chunk(one_device, cache_dir):
     # 3 sequential chunks of 2 seeds on one device: the same parameters bit for bit. (A 1-seed
     # chunk is refused by validate: it would run the unbatched step.) The evaluation runs in
@@ -244,6 +245,13 @@ def test_seed_chunks_equal_one_chunk(one_device, cache_dir):
                            if k.startswith(("params/", "healthy"))})
     _assert_close(chunked, {k: v for k, v in one_device.items() if k.startswith("eval/")})
     assert distributed.seed_chunks(6, 4)[1].tolist() == [4, 5, 5, 5]
+
+
+@pytest.mark.fusion_emitters
+def test_a_test_marked_fusion_emitters_runs_with_them():
+    # tests/conftest.py reruns a test so marked in a child pytest with XLA:CPU's fusion emitters
+    # on where the suite's flags turn them off: it never runs with them off.
+    assert "--xla_cpu_use_fusion_emitters=false" not in os.environ.get("XLA_FLAGS", "").split()
 
 
 @pytest.mark.slow
