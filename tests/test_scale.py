@@ -18,7 +18,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import checked, tiny_config, tiny_config_file, xla_flags
+from conftest import FUSION_EMITTERS, checked, tiny_config, tiny_config_file, xla_flags
 
 import jaxillusions.faithfulness.collect
 import jaxillusions.faithfulness.evaluate
@@ -251,7 +251,7 @@ def test_seed_chunks_equal_one_chunk(one_device, cache_dir):
 def test_a_test_marked_fusion_emitters_runs_with_them():
     # tests/conftest.py reruns a test so marked in a child pytest with XLA:CPU's fusion emitters
     # on where the suite's flags turn them off: it never runs with them off.
-    assert "--xla_cpu_use_fusion_emitters=false" not in os.environ.get("XLA_FLAGS", "").split()
+    assert f"{FUSION_EMITTERS}=false" not in os.environ.get("XLA_FLAGS", "").split()
 
 
 @pytest.mark.slow
