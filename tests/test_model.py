@@ -168,6 +168,35 @@ def test_forward_has_no_variant_branch_and_the_config_no_task_fields():
         "interventions"} | set(model_lib.IMPORTED_FIELDS)  # what checkpoints set (pretrained.py)
 
 
+def test_attention_pattern_is_the_softmax_with_its_own_derivative():
+    """The model's attention softmax gives jax.nn.softmax's values bit for bit; its gradient is
+    softmax's own rule, p (g - sum(g p)) (a custom_jvp in the traced program, not autodiff
+    through exp and the quotient), within float32 rounding of the exact one, as is autodiff's."""
+    k = 7
+    scores = jax.random.normal(jax.random.PRNGKey(0), (2, 3, k, k)) * 4
+    scores = jnp.where(jnp.tril(jnp.ones((k, k), bool)), scores, -jnp.inf)
+    g = jax.random.normal(jax.random.PRNGKey(1), scores.shape)
+    p = model_lib.attention_pattern(scores)
+    np.testing.assert_array_equal(p, jax.nn.softmax(scores, axis=-1))
+    assert "custom_jvp_call" in str(jax.make_jaxpr(model_lib.attention_pattern)(scores))
+
+    s64, g64 = np.asarray(scores, np.float64), np.asarray(g, np.float64)
+    p64 = np.exp(s64 - s64.max(-1, keepdims=True))
+    p64 /= p64.sum(-1, keepdims=True)
+    exact = p64 * (g64 - np.sum(g64 * p64, -1, keepdims=True))
+    # p's error moves each term of p (g - sum(g p)); the rule's own roundings (a product, a sum
+    # of k terms, a difference, a product) add (TERM_ULPS + sqrt(k)) EPS32 of its magnitude.
+    p_err = tol.softmax_error(p64, s64, 0.0)
+    bound = (p_err * np.abs(g64 - np.sum(g64 * p64, -1, keepdims=True))
+             + p64 * np.sum(np.abs(g64) * p_err, -1, keepdims=True)
+             + (tol.TERM_ULPS + np.sqrt(k)) * tol.EPS32 * p64
+             * (np.abs(g64) + np.sum(np.abs(g64) * p64, -1, keepdims=True)))
+    for f in (model_lib.attention_pattern, lambda x: jax.nn.softmax(x, axis=-1)):
+        _, vjp = jax.vjp(f, scores)
+        grad = np.asarray(vjp(g)[0], np.float64)
+        assert np.all(np.abs(grad - exact) <= bound)
+
+
 def test_vmap_over_seed_axis_matches_single_models():
     cfg, _, tokens = _setup()
     keys = jax.random.split(jax.random.PRNGKey(5), 3)

@@ -18,6 +18,7 @@ from jaxillusions.model.transformer import (  # noqa: F401 - the package's publi
     Part,
     Site,
     UniformAttention,
+    attention_pattern,
     check_site,
     compose,
     first_attention_layer,

@@ -267,7 +267,7 @@ def edge_forward(params: model_lib.Params, tokens: jax.Array, cfg: model_lib.Mod
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         scores = jnp.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(cfg.head_dim)
         scores = jnp.where(causal, scores, -jnp.inf)
-        pattern = jax.nn.softmax(scores, axis=-1)
+        pattern = model_lib.attention_pattern(scores)
         for standing in cfg.interventions:  # the model's own (frozen uniform patterns)
             pattern = standing(f"blocks.{i}.attn.pattern", pattern)
         z = jnp.einsum("bhqk,bkhe->bqhe", pattern, v)
