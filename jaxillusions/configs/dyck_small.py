@@ -8,19 +8,21 @@ Training only:
 
     jaxillusions train --config=dyck_small --workdir=runs/dyck_small_train
 
-On the 2-core CPU machine (AMD EPYC, `lscpu`: AuthenticAMD family 25 model 17; no GPU, nothing
-else running, data cached, compilation cache empty) the sweep took 1 min 53 s wall, the job's
-line `time 111 s: training 66 s, collection 5 s, fitting 4 s, evaluation 29 s, reports 2 s,
-figures 5 s` (12 seeds x 2500 steps as 2 shards on the config's 2 CPU devices; the 4-seed demo
-before it took 86 s there, docs/speed.md). Its data, model and training keys are
-dyck_population.py's but for the seed count (its first 12 seeds, other shards: the same
-numbers up to the last bits); the population also evaluates the sizes and targets the demo leaves
-out. Original model, closing-bracket accuracy over the 12 seeds: iid 0.958 [95% logit-t
-0.953, 0.964], unseen_depth 0.806 [0.783, 0.832], longer 0.883 [0.870, 0.897]. What its summary
-showed: at the smallest rank faithful in distribution (8, iid same_pred 0.997) the SVD of the
-last layer's queries is less faithful on unseen_depth (+0.006 [+0.003, +0.009], 12/12 seeds)
-and longer (+0.006 [+0.003, +0.009], 12/12); k-means (k = 64), one-hot and uniform attention
-too, and on unseen_structure as well; no gap shown on seen_structure for SVD and k-means. With 4
+On the 2-core CPU machine (Intel Xeon, `lscpu`: "Intel(R) Xeon(R) Processor" family 6 model
+207; no GPU, nothing else running, data cached, compilation cache empty) the job's line was
+`time 131 s: training 76 s, collection 7 s, fitting 4 s, evaluation 33 s,
+reports 2 s, figures 7 s` (12 seeds x 2500 steps as 2 shards on the config's 2 CPU devices; on
+the AMD EPYC of family 25 model 17 the code before the attention softmax's own derivative took
+1 min 53 s, docs/speed.md). Its data, model and training keys are dyck_population.py's but for
+the seed count (its first 12 seeds, other shards: the same numbers up to the last bits); the
+population also evaluates the sizes and targets the demo leaves out. Original model,
+closing-bracket accuracy over the 12 seeds: iid 0.958 [95% logit-t 0.952, 0.966], unseen_depth
+0.809 [0.785, 0.837], longer 0.882 [0.869, 0.898]. What its summary showed: at the smallest
+rank faithful in distribution (8, iid same_pred 0.997) the SVD of the last layer's queries is
+less faithful on unseen_depth (+0.006 [+0.003, +0.008], 12/12 seeds) and longer (+0.004
+[+0.002, +0.007], 12/12); k-means (k = 64), one-hot and uniform attention too, and the
+attention proxies on unseen_structure as well; no gap shown on seen_structure and
+unseen_structure for SVD and k-means. With 4
 seeds (t = 3.18) the same job showed a gap for SVD on unseen_depth only. For the full set of
 sizes and targets use the 32-seed dyck_population.py. `--config.cpu_devices=1` trains
 on one device (1.4x slower at 12 seeds; numbers that differ from the 2-device run within seed
