@@ -13,6 +13,7 @@ from ml_collections import ConfigDict
 from jaxillusions import configs, tasks
 from jaxillusions.config import settings
 from jaxillusions.pipeline import validate
+from jaxillusions.training import train
 
 NAMES = sorted(info.name for info in pkgutil.iter_modules(configs.__path__))
 
@@ -64,11 +65,21 @@ def test_a_missing_key_takes_its_default_and_lists_become_tuples():
     ({"figures": "every"}, "figures='every': must be one of summary, all, none"),
     # JAX would hang starting 10**15 devices: refused before it starts.
     ({"cpu_devices": 10**15}, "cpu_devices=1000000000000000: must be 0 to 1024"),
+    # The members' seeds are 32-bit: past them a seed would train another seed's models (or
+    # overflow int64 in the prediction stage's check, as a traceback).
+    ({"seed": 2**63}, "seed=9223372036854775808: must be >= 0, with seed + train.num_seeds at "
+     "most 4294967296"),
+    ({"seed": 2**32 - 3, "train": {"num_seeds": 4}}, "seed=4294967293: must be >= 0, with seed"),
 ])
 def test_a_bad_key_is_a_one_line_error_naming_it(change, message):
     with pytest.raises(ValueError) as err:
         validate.parse(change)
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_the_last_seeds_of_32_bits_are_accepted():
+    settings = validate.parse({"seed": 2**32 - 4, "train": {"num_seeds": 4}})
+    assert list(train.seed_list(settings)) == [2**32 - 4, 2**32 - 3, 2**32 - 2, 2**32 - 1]
 
 
 def test_the_code_task_has_its_own_data_settings():
