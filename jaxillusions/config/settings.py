@@ -271,8 +271,7 @@ SECTIONS = {"model": Model, "train": Train, "proxies": Proxies}
 # JAX takes 2.9 s and 0.3 GB to start 1,024 CPU devices, 39 s and 1 GB for 8,192 (AMD EPYC),
 # and never returns for 10**15: the cap keeps a typo from hanging the launch.
 MAX_CPU_DEVICES = 1024
-# The members' seeds, config.seed + s, become 32-bit PRNG seeds (training.step.init_state).
-SEED_END = 2**32
+SEED_END = 2**32  # the members' seeds, config.seed + s, are 32-bit (training.step.init_state)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,10 +279,9 @@ class Settings:
     """A whole run. Seed s of the sweep is `seed + s`."""
 
     task: str = setting("dyck", STR, *one_of(tasks.TASKS))
-    seed: int = setting(
-        0, INT, f">= 0, with seed + train.num_seeds at most {SEED_END} (the members' seeds "
-        "are 32-bit: seed and seed + 2**32 would train the same models)",
-        lambda v, s: 0 <= v and v + s.train.num_seeds <= SEED_END)
+    seed: int = setting(0, INT, f">= 0, with seed + train.num_seeds at most {SEED_END} (the "
+                        "members' seeds are 32-bit: seed and seed + 2**32 would train the "
+                        "same models)", lambda v, s: 0 <= v and v + s.train.num_seeds <= SEED_END)
     cpu_devices: int = setting(
         0, INT, f"0 to {MAX_CPU_DEVICES} (0: as JAX starts: $JAX_NUM_CPU_DEVICES, else 1)",
         lambda v, s: 0 <= v <= MAX_CPU_DEVICES,
