@@ -78,8 +78,8 @@ def test_a_bad_key_is_a_one_line_error_naming_it(change, message):
 
 
 def test_the_last_seeds_of_32_bits_are_accepted():
-    settings = validate.parse({"seed": 2**32 - 4, "train": {"num_seeds": 4}})
-    assert list(train.seed_list(settings)) == [2**32 - 4, 2**32 - 3, 2**32 - 2, 2**32 - 1]
+    run = validate.parse({"seed": 2**32 - 4, "train": {"num_seeds": 4}})
+    assert list(train.seed_list(run)) == [2**32 - 4, 2**32 - 3, 2**32 - 2, 2**32 - 1]
 
 
 def test_the_code_task_has_its_own_data_settings():
