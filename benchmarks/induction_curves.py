@@ -1,4 +1,4 @@
-"""Induction-head curve of one code-task seed: train in increments, test every stop (issue 37).
+"""Induction-head curve of one code-task seed: train in increments, test every stop.
 
     nice -n 15 python -m benchmarks.induction_curves --config=code_induction \\
         --workdir=runs/induction_learned --stops=500,1000,2000,3000 [--analyse] \\

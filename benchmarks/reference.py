@@ -1,4 +1,4 @@
-"""The reference model of the speed benchmark (issue 11): 2 layers, d_model 64, 1 head, MLP 256,
+"""The reference model of the speed benchmark: 2 layers, d_model 64, 1 head, MLP 256,
 vocabulary 43 (Dyck-(20, 10)), batch 32 x 64 input tokens, AdamW; and its FLOP count."""
 
 from __future__ import annotations

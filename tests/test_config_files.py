@@ -1,4 +1,4 @@
-"""Config files state only what differs (issue 32): each shipped config (jaxillusions/configs/)
+"""Config files state only what differs: each shipped config (jaxillusions/configs/)
 starts from the task's defaults (configs.defaults) or from another config, and a statement
 `config.<section>.<key> = <literal>` whose value is the one the key already has there (its
 default, the base config's, or an earlier line's) fails, naming the file, line and key. The files

@@ -1,4 +1,4 @@
-"""Config fuzz test (issue 20): for every key of every shipped config (jaxillusions/configs/),
+"""Config fuzz test: for every key of every shipped config (jaxillusions/configs/),
 values of the right and wrong types and magnitudes go through validation and the memory plan,
 in process.
 

@@ -1,4 +1,4 @@
-"""benchmarks/induction_curves.py's measures on hand-built attention patterns (issue 37)."""
+"""benchmarks/induction_curves.py's measures on hand-built attention patterns."""
 
 import io
 

@@ -1,4 +1,4 @@
-"""Runs that survive preemption and bad input (issue 7): checkpoint recovery, analysis keys that
+"""Runs that survive preemption and bad input: checkpoint recovery, analysis keys that
 may change on resume, validation before any work, signals, TensorBoard after a resume, the workdir
 lock, all seeds diverged, stage-by-stage resume of the main job, one-line launcher errors.
 

@@ -1,4 +1,4 @@
-"""Sparse dictionaries against low-rank proxies, across seeds (issue 22, beyond the papers).
+"""Sparse dictionaries against low-rank proxies, across seeds (beyond the papers).
 
 Three questions, each a pure function of results rows or activations:
 
