@@ -163,6 +163,29 @@ def test_reference_flops_match_xla_for_the_reference_model():
     assert flops <= cost["flops"] < 1.2 * flops  # the matmuls are nearly all of XLA's count
 
 
+def test_xla_flops_count_every_group_of_seeds(config, monkeypatch):
+    """On a CPU, seeds train in cache-sized groups one after the other, a loop whose body XLA's
+    cost analysis counts once: the benchmark's XLA count is the same with 3 groups as with one."""
+    from benchmarks import training as bench_training
+    from jaxillusions.training import step as step_lib
+    from jaxillusions.training.step import init_state, train_steps
+
+    splits, model_cfg, tx = train.build(checked(config))
+    tokens = jax.numpy.asarray(splits["train"].tokens)
+    run = dict(model_cfg=model_cfg, tx=tx, batch_size=8)
+    one_member = step_lib.member_bytes(model_cfg, 8, tokens.shape[1])
+    counts = []
+    for budget in (step_lib.CPU_GROUP_BYTES, 2 * one_member):
+        monkeypatch.setattr(step_lib, "CPU_GROUP_BYTES", budget)
+        train_steps.clear_cache()  # the budget is read while tracing
+        counts.append(bench_training.xla_step_flops(init_state(range(6), model_cfg, tx),
+                                                    tokens, run))
+    train_steps.clear_cache()
+    assert step_lib.num_groups(6, one_member) == 3
+    # The same matmuls and elementwise work; a grouped loop adds no arithmetic of its own.
+    assert counts[1] == pytest.approx(counts[0], rel=0.01)
+
+
 def test_torch_baseline_is_the_same_model():
     torch = pytest.importorskip("torch")
     from benchmarks import torch_loop
