@@ -58,16 +58,15 @@ def peak_flops(n: int | None = None, repeats: int = 5) -> dict:
 def xla_step_flops(state, tokens, run: dict) -> float | None:
     """FLOPs of one training step of all seeds in `state`, from XLA's cost analysis of a
     one-step train_steps (None where the backend gives none). On a CPU the seeds may train in
-    cache-sized groups, one after the other (`step.num_groups`), a loop whose body XLA's cost
-    analysis counts once: its count is multiplied by the number of groups."""
+    cache-sized groups, one after the other (`step.train_groups`), a loop whose body XLA's
+    cost analysis counts once: its count is multiplied by the number of groups."""
     compiled = train_steps.lower(state, tokens, num_steps=1, **run).compile()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list | tuple) else cost
     if not cost or "flops" not in cost:
         return None
-    num = state.healthy.shape[0]
-    one = step_lib.member_bytes(run["model_cfg"], run["batch_size"], tokens.shape[1])
-    return float(cost["flops"]) * step_lib.num_groups(num, one)
+    return float(cost["flops"]) * step_lib.train_groups(
+        state.healthy.shape[0], run["model_cfg"], run["batch_size"], tokens.shape[1])
 
 
 def peak_memory_bytes() -> dict:

@@ -1,6 +1,6 @@
 """Every shipped config runs to its end, shrunk to test size, through the launcher a user runs:
-its model, proxies, studies and devices as shipped, with 2 seeds, 20 steps of batch 8 (60 for
-a sparse dictionary: past its 50-step dead-latent window, so the auxiliary loss runs) and
+its model, proxies, studies and devices as shipped, with 2 seeds, 20 steps of batch 8 (a sparse
+dictionary fits for 10 steps past its dead-latent window, so that its auxiliary loss runs) and
 little data (the code config, a GPU's paper-scale model, also with width 64: at its own it
 needs 32 GiB per device to evaluate on the CPU and 12 min here). A hang (a deadlock in a fit,
 a stage that never returns) is the watchdog's one-line error or the suite's per-test timeout
@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from jaxillusions import configs
+from jaxillusions.proxies import sae
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Templates: configs whose paths are placeholders for files a user makes (checkpoints, text);
@@ -48,8 +49,8 @@ def _shrunk(name: str, arg: str | None) -> list[str]:
     keys["train.eval_batch_size"] = min(config.train.eval_batch_size, EVAL_BATCH)
     if name == "code":  # the paper-scale code model (a GPU's): its width shrunk
         keys.update({"model.d_model": 64, "model.d_mlp": 256, "proxies.eval_batch_size": 16})
-    if {"sae", "transcoder"} & set(config.proxies.methods):  # 200 in dyck_dictionaries: 68 s
-        keys["proxies.sae_steps"] = 60  # of its launch alone, 41 s at 60 (docs/speed.md)
+    if {"sae", "transcoder"} & set(config.proxies.methods):  # dyck_dictionaries' 200: 68 s
+        keys["proxies.sae_steps"] = sae.AuxK.dead_steps + 10  # alone, 41 s at 60 (speed.md)
     if config.train.decay_steps:
         keys["train.decay_steps"] = 10
     if config.train.eval_every:

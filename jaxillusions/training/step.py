@@ -173,7 +173,7 @@ def train_steps(state: SweepState, train_tokens: jax.Array, hparams: dict | None
                             None, length=num_steps)
 
     num = state.healthy.shape[0]
-    groups = num_groups(num, member_bytes(model_cfg, batch_size, train_tokens.shape[1]))
+    groups = train_groups(num, model_cfg, batch_size, train_tokens.shape[1])
     if groups == 1:
         return run((state, hparams))
     # Member m is in group m % groups, so that a seed axis sharded over the devices in
@@ -198,6 +198,12 @@ def member_bytes(model_cfg, batch_size: int, width: int) -> int:
     widest = max(model_cfg.d_model, 0 if model_cfg.attn_only else model_cfg.d_mlp,
                  model_cfg.n_heads * width)
     return 4 * batch_size * width * widest
+
+
+def train_groups(num: int, model_cfg, batch_size: int, width: int) -> int:
+    """How many groups `train_steps` runs `num` members of `model_cfg` in, at `batch_size`
+    sentences of `width` tokens (num_groups of member_bytes)."""
+    return num_groups(num, member_bytes(model_cfg, batch_size, width))
 
 
 def num_groups(num: int, one_member: int) -> int:
