@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import warnings
 
 import jax
 import numpy as np
@@ -524,6 +525,47 @@ def test_deterministic_gpu_kernels_are_asked_for_before_jax_starts(monkeypatch):
     before = os.environ.get("XLA_FLAGS")
     distributed.use_devices(0, True)
     assert os.environ.get("XLA_FLAGS") == before
+
+
+def test_cpu_kernels_compile_at_llvm_level_1_only_where_jax_runs_on_the_cpu(monkeypatch):
+    # Before JAX starts, on a CPU-only install, the flag is added once, beside the user's
+    # other flags; the user's own level stands; where an accelerator may run (XLA:GPU refuses
+    # levels under 2) nothing is added; once JAX has started without it, one warning.
+    flag = "--xla_backend_optimization_level"
+    monkeypatch.setattr(distributed, "_backends_started", lambda: False)
+    monkeypatch.setattr(distributed, "cpu_only", lambda: True)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x")
+    distributed.use_cpu_compile_level()
+    assert os.environ["XLA_FLAGS"] == f"--xla_dump_to=/tmp/x {flag}=1"
+    distributed.use_devices(0, False)  # once only
+    assert os.environ["XLA_FLAGS"].count(flag) == 1
+    monkeypatch.setenv("XLA_FLAGS", f"{flag}=2")
+    distributed.use_cpu_compile_level()
+    assert os.environ["XLA_FLAGS"] == f"{flag}=2"
+    monkeypatch.delenv("XLA_FLAGS")
+    monkeypatch.setattr(distributed, "cpu_only", lambda: False)
+    distributed.use_cpu_compile_level()
+    assert "XLA_FLAGS" not in os.environ
+    monkeypatch.setattr(distributed, "cpu_only", lambda: True)
+    monkeypatch.setattr(distributed, "_backends_started", lambda: True)
+    monkeypatch.setattr(distributed, "_warned_cpu_level", False)
+    with pytest.warns(UserWarning, match=f"JAX started before {flag}=1"):
+        distributed.use_cpu_compile_level()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        distributed.use_cpu_compile_level()  # once per process
+    assert "XLA_FLAGS" not in os.environ
+
+
+@pytest.mark.parametrize(("platforms", "expected"),
+                         [("cpu", True), ("cuda,cpu", False), ("tpu", False)])
+def test_cpu_only_reads_the_platforms_jax_is_told_to_use(platforms, expected):
+    before = jax.config.jax_platforms
+    jax.config.update("jax_platforms", platforms)
+    try:
+        assert distributed.cpu_only() is expected
+    finally:
+        jax.config.update("jax_platforms", before)
 
 
 def test_evaluation_during_training_scores_the_first_training_sentences(config):

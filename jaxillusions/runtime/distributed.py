@@ -155,9 +155,11 @@ def lost_peer_line(err: BaseException) -> str | None:
 
 def use_devices(cpu_devices: int, gpu_deterministic: bool) -> None:
     """The config's devices, before JAX's first operation: the CPU split into `cpu_devices`
-    (use_cpu_devices) and, with `gpu_deterministic`, GPU kernels that give the same bits on every
-    run (use_deterministic_gpu)."""
+    (use_cpu_devices), its kernels compiled at LLVM's level 1 (use_cpu_compile_level) and, with
+    `gpu_deterministic`, GPU kernels that give the same bits on every run
+    (use_deterministic_gpu)."""
     use_deterministic_gpu(gpu_deterministic)
+    use_cpu_compile_level()
     use_cpu_devices(cpu_devices)
 
 
@@ -183,6 +185,53 @@ def use_deterministic_gpu(on: bool) -> None:
                           f"{_GPU_DETERMINISTIC_FLAG}=true before starting Python", stacklevel=1)
         return
     os.environ["XLA_FLAGS"] = f"{flags} {_GPU_DETERMINISTIC_FLAG}=true".strip()
+
+
+# LLVM's optimization level for XLA's kernels (XLA's default: 2). On the 2-core CPU the
+# Quickstart job compiled its 22 programs in 15.7 s at level 1 against 19.4 s at 2, trained as
+# fast and wrote the same results.csv (docs/speed.md, "Compiling at LLVM's level 1"). XLA:GPU
+# supports no level under 2, so it is set only where JAX can run on nothing but the CPU.
+_CPU_LEVEL_FLAG = "--xla_backend_optimization_level"
+_warned_cpu_level = False
+
+
+def use_cpu_compile_level() -> None:
+    """Adds `--xla_backend_optimization_level=1` to XLA_FLAGS where JAX can only run on the CPU
+    (cpu_only) and its backends have not started (XLA reads the variable once, when they start).
+    A user's own setting of the flag in XLA_FLAGS is kept. Once JAX runs on the CPU without it, a
+    warning, once per process: its programs compile at level 2, and training some models gives
+    other last bits than the launchers' (docs/reliability.md, Reproducibility)."""
+    global _warned_cpu_level
+    flags = os.environ.get("XLA_FLAGS", "")
+    if _CPU_LEVEL_FLAG in flags or not cpu_only():
+        return
+    if not _backends_started():
+        os.environ["XLA_FLAGS"] = f"{flags} {_CPU_LEVEL_FLAG}=1".strip()
+    elif not _warned_cpu_level:
+        _warned_cpu_level = True
+        warnings.warn(f"JAX started before {_CPU_LEVEL_FLAG}=1 could be set: this process "
+                      "compiles at XLA's level 2, more slowly, and training may differ in the "
+                      "last bits from the launchers'; set XLA_FLAGS="
+                      f"{_CPU_LEVEL_FLAG}=1 before starting Python", stacklevel=1)
+
+
+def cpu_only() -> bool:
+    """Whether JAX can run on nothing but the CPU, known without starting it: JAX_PLATFORMS (or
+    jax_platforms) names the CPU alone, or no accelerator plugin (an entry point or a module of
+    `jax_plugins`, or libtpu) is installed."""
+    import importlib.metadata  # noqa: PLC0415 (only launchers and validate.check ask)
+    import importlib.util  # noqa: PLC0415
+    import pkgutil  # noqa: PLC0415
+
+    platforms = jax.config.jax_platforms
+    if platforms:
+        return {p.strip() for p in platforms.split(",")} == {"cpu"}
+    if importlib.metadata.entry_points(group="jax_plugins"):
+        return False
+    if importlib.util.find_spec("libtpu") is not None:
+        return False
+    spec = importlib.util.find_spec("jax_plugins")
+    return spec is None or not any(pkgutil.iter_modules(spec.submodule_search_locations))
 
 
 def _backends_started() -> bool:
