@@ -105,13 +105,15 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
             "cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "backend": jax.default_backend(),
             "device": str(jax.devices()[0].device_kind), "device_count": jax.device_count(),
             "jax": jax.__version__, "torch": torch_note,
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
             "model": {k: getattr(model_cfg, k) for k in ("n_layers", "n_heads", "d_model",
                                                           "d_mlp", "vocab_size", "compute_dtype")},
             "batch": [config.train.batch_size, seq], "peak_matmul": peak,
         }
         say(f"jax {jax.__version__}, {jax.device_count()} x {report['device']} "
             f"({jax.default_backend()}); PyTorch: {torch_note}")
-        say(f"CPU: {report['cpu_model']}, {report['cpu_count']} logical cores")
+        say(f"CPU: {report['cpu_model']}, {report['cpu_count']} logical cores; "
+            f"XLA_FLAGS: {report['xla_flags'] or '(none)'}")
         say(f"model: {model_cfg.n_layers} layers, d_model {model_cfg.d_model}, {model_cfg.n_heads} "
             f"head(s), MLP {model_cfg.d_mlp}, vocabulary {model_cfg.vocab_size}, "
             f"{model_cfg.compute_dtype}; batch {config.train.batch_size} x {seq} tokens; "

@@ -75,6 +75,9 @@ def test_benchmark_smoke(config):
     # The table: the sweep, the per-seed loop and both ensembles side by side, and the sweep's
     # ratio to each, under a header naming the CPU model.
     assert report["cpu_model"] and f"CPU: {report['cpu_model']}, " in "\n".join(said)
+    # ... and the XLA flags it ran under (the suite's, here), which change compiled kernels.
+    assert report["xla_flags"] == os.environ["XLA_FLAGS"] != ""
+    assert any(line.endswith(f"XLA_FLAGS: {report['xla_flags']}") for line in said)
     (header,) = [line for line in said if line.lstrip().startswith("seeds |")]
     titles = [t.strip() for t in header.split("|")]
     assert titles[:10] == ["seeds", "sweep", "JAX loop", "PyTorch loop", "PT ensemble",
