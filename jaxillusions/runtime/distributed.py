@@ -18,8 +18,11 @@ process 0 alone (`is_main`).
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import math
 import os
+import pkgutil
 import socket
 import time
 import warnings
@@ -171,20 +174,15 @@ _GPU_DETERMINISTIC_FLAG = "--xla_gpu_deterministic_ops"
 
 
 def use_deterministic_gpu(on: bool) -> None:
-    """Adds `--xla_gpu_deterministic_ops=true` to XLA_FLAGS (once JAX has started it is read
-    already: then a GPU process without it gets a warning). A user's own setting of the flag in
-    XLA_FLAGS is kept; `on=False` adds nothing."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if not on or _GPU_DETERMINISTIC_FLAG in flags:
-        return
-    if _backends_started():
-        if jax.default_backend() == "gpu":
-            warnings.warn("gpu_deterministic=True, but JAX started on the GPU before "
-                          f"{_GPU_DETERMINISTIC_FLAG} could be set: this process's numbers may "
-                          "differ from run to run; set XLA_FLAGS="
-                          f"{_GPU_DETERMINISTIC_FLAG}=true before starting Python", stacklevel=1)
-        return
-    os.environ["XLA_FLAGS"] = f"{flags} {_GPU_DETERMINISTIC_FLAG}=true".strip()
+    """Adds `--xla_gpu_deterministic_ops=true` to XLA_FLAGS (_add_xla_flag; once JAX has started
+    it is read already: then a GPU process without it gets a warning). `on=False` adds
+    nothing."""
+    if on and not _add_xla_flag(_GPU_DETERMINISTIC_FLAG, "true") \
+            and jax.default_backend() == "gpu":
+        warnings.warn("gpu_deterministic=True, but JAX started on the GPU before "
+                      f"{_GPU_DETERMINISTIC_FLAG} could be set: this process's numbers may "
+                      "differ from run to run; set XLA_FLAGS="
+                      f"{_GPU_DETERMINISTIC_FLAG}=true before starting Python", stacklevel=1)
 
 
 # LLVM's optimization level for XLA's kernels (XLA's default: 2). On the 2-core CPU the
@@ -196,18 +194,12 @@ _warned_cpu_level = False
 
 
 def use_cpu_compile_level() -> None:
-    """Adds `--xla_backend_optimization_level=1` to XLA_FLAGS where JAX can only run on the CPU
-    (cpu_only) and its backends have not started (XLA reads the variable once, when they start).
-    A user's own setting of the flag in XLA_FLAGS is kept. Once JAX runs on the CPU without it, a
-    warning, once per process: its programs compile at level 2, and training some models gives
-    other last bits than the launchers' (docs/reliability.md, Reproducibility)."""
+    """Adds `--xla_backend_optimization_level=1` to XLA_FLAGS (_add_xla_flag) where JAX can only
+    run on the CPU (cpu_only). Once JAX runs on the CPU without it, a warning, once per process:
+    its programs compile at level 2, and training some models gives other last bits than the
+    launchers' (docs/reliability.md, Reproducibility)."""
     global _warned_cpu_level
-    flags = os.environ.get("XLA_FLAGS", "")
-    if _CPU_LEVEL_FLAG in flags or not cpu_only():
-        return
-    if not _backends_started():
-        os.environ["XLA_FLAGS"] = f"{flags} {_CPU_LEVEL_FLAG}=1".strip()
-    elif not _warned_cpu_level:
+    if cpu_only() and not _add_xla_flag(_CPU_LEVEL_FLAG, "1") and not _warned_cpu_level:
         _warned_cpu_level = True
         warnings.warn(f"JAX started before {_CPU_LEVEL_FLAG}=1 could be set: this process "
                       "compiles at XLA's level 2, more slowly, and training may differ in the "
@@ -215,14 +207,23 @@ def use_cpu_compile_level() -> None:
                       f"{_CPU_LEVEL_FLAG}=1 before starting Python", stacklevel=1)
 
 
+def _add_xla_flag(flag: str, value: str) -> bool:
+    """Adds `flag=value` to XLA_FLAGS, keeping the user's other flags and the user's own setting
+    of this one. False where it cannot: JAX's backends have started, and XLA read the variable
+    then, once per process."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if flag in flags:
+        return True
+    if _backends_started():
+        return False
+    os.environ["XLA_FLAGS"] = f"{flags} {flag}={value}".strip()
+    return True
+
+
 def cpu_only() -> bool:
     """Whether JAX can run on nothing but the CPU, known without starting it: JAX_PLATFORMS (or
     jax_platforms) names the CPU alone, or no accelerator plugin (an entry point or a module of
     `jax_plugins`, or libtpu) is installed."""
-    import importlib.metadata  # noqa: PLC0415 (only launchers and validate.check ask)
-    import importlib.util  # noqa: PLC0415
-    import pkgutil  # noqa: PLC0415
-
     platforms = jax.config.jax_platforms
     if platforms:
         return {p.strip() for p in platforms.split(",")} == {"cpu"}
