@@ -44,7 +44,9 @@ def pytest_pyfunc_call(pyfuncitem):
     users get) keep across batch shapes (a member alone and in a grid, seed chunks and one call)
     and the suite's elemental emitter does not. Under the suite's flags it runs again in a child
     pytest with the fusion emitters on (the rest of XLA_FLAGS as here), and passes, skips or
-    fails as the child does."""
+    fails as the child does. Such a test asks for a costly fixture inside its body
+    (`request.getfixturevalue`), since pytest sets up the fixtures it takes as arguments in
+    this process too, where nothing reads them."""
     flags = os.environ.get("XLA_FLAGS", "").split()
     if (pyfuncitem.get_closest_marker("fusion_emitters") is None
             or f"{FUSION_EMITTERS}=false" not in flags):

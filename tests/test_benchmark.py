@@ -376,3 +376,24 @@ def test_benchmark_keeps_an_earlier_report(tmp_path, cache_dir, monkeypatch, cap
     assert json.loads(kept.read_text()) == {"earlier": True}
     assert f"note: the earlier report {out} is kept as {kept}" in stdout
     assert [r["num_seeds"] for r in json.loads(out.read_text())["training"]] == [2]
+
+
+def test_matmul_benchmark_times_each_of_the_steps_shapes_in_both_libraries(capsys):
+    pytest.importorskip("torch")
+    from benchmarks import matmuls
+
+    assert matmuls.flops("sij,sjk->sik", (2, 15, 8), (2, 8, 16)) == 2 * 2 * 15 * 8 * 16
+    rows = matmuls.shapes(seeds=2, d=8, f=16, e=4, batch=3, seq=5)
+    for _, spec, lhs, rhs in rows:  # each row is an einsum of its operands' shapes
+        assert np.einsum(spec, np.ones(lhs), np.ones(rhs)).size > 0
+    timed = matmuls.run(rows, calls=1, repeats=1)
+    assert [r["name"] for r in timed] == [r[0] for r in rows]
+    assert all(r["jax_gflops"] > 0 and r["torch_gflops"] > 0 for r in timed)
+    # The reference model's rows: its weight gradient contracts the group's 2,048 positions.
+    shown = matmuls.main(["--seeds=1", "--calls=1", "--repeats=1"])
+    said = capsys.readouterr().out
+    assert "MLP in, weight gradient" in said and said.count("\n") == len(shown) + 2
+    weight_gradient = next(r for r in shown if r["name"] == "MLP in, weight gradient")
+    assert weight_gradient["lhs"] == (1, 2048, 64) and weight_gradient["rhs"] == (1, 2048, 256)
+    with pytest.raises(SystemExit):
+        matmuls.main(["--calls=0"])

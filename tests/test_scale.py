@@ -235,12 +235,16 @@ def test_sharded_sweep_equals_one_device(one_device, cache_dir, tmp_path):
 
 
 @pytest.mark.fusion_emitters
-def test_seed_chunks_equal_one_chunk(one_device, cache_dir):
+def test_seed_chunks_equal_one_chunk(request, cache_dir):
     # 3 sequential chunks of 2 seeds on one device: the same parameters bit for bit. (A 1-seed
     # chunk is refused by validate: it would run the unbatched step.) The evaluation runs in
     # the same chunks, which XLA:CPU rounds differently from one call for 6 seeds: accuracies
     # and counts equal, losses within float32 rounding (measured: up to 7e-7; the
     # tolerance is derived in test_chunked_evaluation_equals_one_call).
+    # The one-device run is asked for here, not as an argument: under the suite's flags this
+    # test runs in a child pytest (tests/conftest.py), and pytest would set up an argument's
+    # fixture in this process too, for nothing.
+    one_device = request.getfixturevalue("one_device")
     chunked = job(cache_dir, chunk=2, proxies=False)
     _assert_same(chunked, {k: v for k, v in one_device.items()
                            if k.startswith(("params/", "healthy"))})
