@@ -41,7 +41,7 @@ def shapes(seeds: int, d: int, f: int, e: int, batch: int, seq: int) -> list[tup
 
 
 def flops(spec: str, lhs: tuple, rhs: tuple) -> float:
-    sizes = dict(zip(spec.split("->")[0].replace(",", ""), (*lhs, *rhs)))
+    sizes = dict(zip(spec.split("->")[0].replace(",", ""), (*lhs, *rhs), strict=True))
     return 2.0 * float(np.prod(list(sizes.values())))
 
 

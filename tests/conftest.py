@@ -1,4 +1,6 @@
+import fcntl
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -186,6 +188,31 @@ def jax_started(tmp_path_factory):
     return jax.devices()
 
 
+def made_once(tmp_path_factory, name: str, make):
+    """`make(directory)`'s value, made once per test session however many xdist workers ask
+    for it: the first to ask makes it in a directory of the run's, under a lock, and keeps the
+    value (pickled) beside it; the others wait for it and load that value. A session fixture
+    is otherwise made in every worker, and a module fixture again each time a worker comes
+    back to its module (the slow tests run first). Without xdist, made in a fresh directory of
+    this process. For fixtures of finished sweeps, which their users read and copy to
+    change."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return make(tmp_path_factory.mktemp(name))
+    run = tmp_path_factory.getbasetemp().parent  # the run's folder, shared by its workers
+    directory, value = run / name, run / f"{name}.pickle"
+    with open(run / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not value.exists():
+            shutil.rmtree(directory, ignore_errors=True)  # a failed attempt's leftovers
+            directory.mkdir()
+            made = make(directory)
+            with open(f"{value}.tmp", "wb") as f:
+                pickle.dump(made, f)
+            os.replace(f"{value}.tmp", value)
+        with open(value, "rb") as f:
+            return pickle.load(f)
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("dyck_cache"))
@@ -213,11 +240,14 @@ def tiny_sweep(tmp_path_factory, cache_dir) -> str:
     session: tables, figures, TensorBoard and checkpoints. Read it; copy it to change it."""
     from jaxillusions.pipeline import sweep
 
-    workdir = str(tmp_path_factory.mktemp("tiny_sweep") / "run")
     config = tiny_sweep_config(cache_dir)
     config.figures = "summary"  # the default; test_figures.py looks at them
-    sweep.run(checked(config), workdir, verbose=False)
-    return workdir
+
+    def make(directory):
+        sweep.run(checked(config), str(directory / "run"), verbose=False)
+        return str(directory / "run")
+
+    return made_once(tmp_path_factory, "tiny_sweep", make)
 
 
 @pytest.fixture(scope="session")
@@ -234,9 +264,12 @@ def sae_sweep(tmp_path_factory, cache_dir) -> str:
     config.proxies.sae_sizes = (4, 8)
     config.proxies.eval_splits = ("iid", "unseen_depth")
     config.dictionaries.match_seeds = 1
-    workdir = str(tmp_path_factory.mktemp("sae_sweep") / "run")
-    sweep.run(checked(config), workdir, verbose=False)
-    return workdir
+
+    def make(directory):
+        sweep.run(checked(config), str(directory / "run"), verbose=False)
+        return str(directory / "run")
+
+    return made_once(tmp_path_factory, "sae_sweep", make)
 
 
 def planted_dictionary(n: int = 4096, f: int = 16, num_dirs: int = 32, k: int = 3,

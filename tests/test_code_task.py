@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import checked
+from conftest import checked, made_once
 from ml_collections import ConfigDict
 
 from jaxillusions import tasks
@@ -144,14 +144,16 @@ def test_validate_refuses_dyck_only_options_and_bad_values(tmp_path):
         validate.validate(bad)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def code_sweep(tmp_path_factory) -> tuple[ConfigDict, str]:
     """(its config, a copy for each test; the workdir) of a finished sweep of code_config,
-    shared by the module: read the workdir; copy it to change it."""
-    root = tmp_path_factory.mktemp("code_sweep")
-    config, workdir = code_config(root), str(root / "run")
-    sweep.run(checked(config), workdir, verbose=False)
-    return config, workdir
+    made once for the test run (conftest.made_once): read the workdir; copy it to change it."""
+    def make(root):
+        config, workdir = code_config(root), str(root / "run")
+        sweep.run(checked(config), workdir, verbose=False)
+        return config, workdir
+
+    return made_once(tmp_path_factory, "code_sweep", make)
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import shutil
 import jax
 import numpy as np
 import pytest
-from conftest import checked
+from conftest import checked, made_once
 from flax import serialization
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -65,13 +65,15 @@ def _shift_config(cache_dir: str):
     return config
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def shifted(tmp_path_factory):
-    """A finished sweep of _shift_config (read it; copy it to change it)."""
-    tmp = tmp_path_factory.mktemp("fit_shift")
-    workdir = str(tmp / "run")
-    sweep.run(checked(_shift_config(str(tmp / "cache"))), workdir, verbose=False)
-    return workdir
+    """A finished sweep of _shift_config, made once for the test run (conftest.made_once; read
+    it; copy it to change it)."""
+    def make(tmp):
+        sweep.run(checked(_shift_config(str(tmp / "cache"))), str(tmp / "run"), verbose=False)
+        return str(tmp / "run")
+
+    return made_once(tmp_path_factory, "fit_shift", make)
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from conftest import made_once
 
 from jaxillusions.model import pretrained
 
@@ -36,12 +37,15 @@ def _train(out, *args):
     return done.stdout
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def population(tmp_path_factory):
-    out = tmp_path_factory.mktemp("hf_population")
-    said = _train(out, "--seeds=2")
-    assert "seed 2: 10 steps" in said
-    return str(out)
+    """The trained population, made once for the test run (conftest.made_once)."""
+    def make(out):
+        said = _train(out, "--seeds=2")
+        assert "seed 2: 10 steps" in said
+        return str(out)
+
+    return made_once(tmp_path_factory, "hf_population", make)
 
 
 def _weights(path):

@@ -19,7 +19,7 @@ import warnings
 import jax
 import numpy as np
 import pytest
-from conftest import FUSION_EMITTERS, checked, tiny_config, tiny_config_file, xla_flags
+from conftest import FUSION_EMITTERS, checked, made_once, tiny_config, tiny_config_file, xla_flags
 
 import jaxillusions.faithfulness.collect
 import jaxillusions.faithfulness.evaluate
@@ -138,10 +138,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def one_device(cache_dir):
+@pytest.fixture(scope="session")
+def one_device(tmp_path_factory, cache_dir):
+    """The 6 seeds' job on one device, made once for the test run (conftest.made_once)."""
     assert jax.device_count() == 1
-    return job(cache_dir)
+    return made_once(tmp_path_factory, "one_device", lambda _: job(cache_dir))
 
 
 def _rows_arrays(rows_json) -> dict:
