@@ -9,20 +9,22 @@ groups of 4): the weight matmuls of the forward pass, their two backward forms (
 gradient contracts the weight's output axis, the weight gradient the seed's 2,048 positions),
 and the attention's per-sentence products. It runs alone, as jit of the einsum, and as
 torch.einsum on the same arrays (torch's default threads), best of `--repeats` rounds of
-`--calls` calls; GFLOP/s and their ratio. What it shows, and what the step does with the same
-shapes, is in docs/speed.md (Why one device trails the compiled ensemble).
+`--calls` calls, the two interleaved (training.best_times); GFLOP/s and their ratio. What it
+shows, and what the step does with the same shapes, is in docs/speed.md (Why one device trails
+the compiled ensemble).
 """
 
 from __future__ import annotations
 
 import argparse
-import time
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import reference
+from benchmarks.training import best_times
 
 
 def shapes(seeds: int, d: int, f: int, e: int, batch: int, seq: int) -> list[tuple]:
@@ -45,34 +47,27 @@ def flops(spec: str, lhs: tuple, rhs: tuple) -> float:
     return 2.0 * float(np.prod(list(sizes.values())))
 
 
-def best_seconds(fn, args, calls: int, repeats: int) -> float:
-    jax.block_until_ready(fn(*args))
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            out = fn(*args)
-        jax.block_until_ready(out)
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best
-
-
 def run(rows: list[tuple], calls: int, repeats: int) -> list[dict]:
     """Times each row in JAX and torch; a dict per row (GFLOP/s of each, ratio JAX / torch)."""
     import torch  # the `bench` extra
+
+    def repeated(fn, *args):  # one sample: `calls` calls, waiting for the last (JAX's queue)
+        return lambda: [fn(*args) for _ in range(calls)][-1]
 
     rng = np.random.default_rng(0)
     out = []
     for name, spec, lhs, rhs in rows:
         a = rng.standard_normal(lhs, dtype=np.float32)
         b = rng.standard_normal(rhs, dtype=np.float32)
-        jitted = jax.jit(lambda x, y, spec=spec: jnp.einsum(spec, x, y))
-        t_jax = best_seconds(jitted, (jnp.asarray(a), jnp.asarray(b)), calls, repeats)
-        t_torch = best_seconds(lambda x, y, spec=spec: torch.einsum(spec, x, y),
-                               (torch.from_numpy(a), torch.from_numpy(b)), calls, repeats)
-        gf = flops(spec, lhs, rhs) / 1e9
-        out.append(dict(name=name, einsum=spec, lhs=lhs, rhs=rhs, jax_gflops=gf / t_jax,
-                        torch_gflops=gf / t_torch, ratio=t_torch / t_jax))
+        jitted = jax.jit(functools.partial(jnp.einsum, spec))
+        ja, jb, ta, tb = jnp.asarray(a), jnp.asarray(b), torch.from_numpy(a), torch.from_numpy(b)
+        jax.block_until_ready(jitted(ja, jb))  # compiled before it is timed
+        seconds = best_times({"jax": repeated(jitted, ja, jb),
+                              "torch": repeated(torch.einsum, spec, ta, tb)}, repeats)
+        gf = flops(spec, lhs, rhs) * calls / 1e9
+        out.append(dict(name=name, einsum=spec, lhs=lhs, rhs=rhs,
+                        jax_gflops=gf / seconds["jax"], torch_gflops=gf / seconds["torch"],
+                        ratio=seconds["torch"] / seconds["jax"]))
     return out
 
 

@@ -213,6 +213,17 @@ def made_once(tmp_path_factory, name: str, make):
             return pickle.load(f)
 
 
+def finished_sweep(tmp_path_factory, name: str, config) -> str:
+    """The workdir of a finished main job of `config`, made once per test run (made_once)."""
+    from jaxillusions.pipeline import sweep
+
+    def make(directory):
+        sweep.run(checked(config), str(directory / "run"), verbose=False)
+        return str(directory / "run")
+
+    return made_once(tmp_path_factory, name, make)
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("dyck_cache"))
@@ -238,16 +249,9 @@ def tiny_sweep_config(cache_dir: str = ""):
 def tiny_sweep(tmp_path_factory, cache_dir) -> str:
     """The workdir of a finished main job (sweep.run) of tiny_sweep_config, shared by the whole
     session: tables, figures, TensorBoard and checkpoints. Read it; copy it to change it."""
-    from jaxillusions.pipeline import sweep
-
     config = tiny_sweep_config(cache_dir)
     config.figures = "summary"  # the default; test_figures.py looks at them
-
-    def make(directory):
-        sweep.run(checked(config), str(directory / "run"), verbose=False)
-        return str(directory / "run")
-
-    return made_once(tmp_path_factory, "tiny_sweep", make)
+    return finished_sweep(tmp_path_factory, "tiny_sweep", config)
 
 
 @pytest.fixture(scope="session")
@@ -256,20 +260,13 @@ def sae_sweep(tmp_path_factory, cache_dir) -> str:
     (widths 4, 8) on the last layer's keys, two heads (d_head 8), on iid and unseen_depth, the
     seed-match analysis on the first seed; shared by test_dictionaries and test_export. Read it;
     copy it to change it."""
-    from jaxillusions.pipeline import sweep
-
     config = tiny_sweep_config(cache_dir)
     config.model.n_heads = 2
     config.proxies.methods = ("svd", "sae")
     config.proxies.sae_sizes = (4, 8)
     config.proxies.eval_splits = ("iid", "unseen_depth")
     config.dictionaries.match_seeds = 1
-
-    def make(directory):
-        sweep.run(checked(config), str(directory / "run"), verbose=False)
-        return str(directory / "run")
-
-    return made_once(tmp_path_factory, "sae_sweep", make)
+    return finished_sweep(tmp_path_factory, "sae_sweep", config)
 
 
 def planted_dictionary(n: int = 4096, f: int = 16, num_dirs: int = 32, k: int = 3,
