@@ -35,4 +35,5 @@ from jaxillusions.model.transformer import (  # noqa: F401 - the package's publi
     seed_labels,
     site_names,
     uniform_pattern,
+    widening,
 )
