@@ -207,7 +207,10 @@ def test_the_mlp_input_matmul_has_einsums_values_and_its_gradient_with_x_transpo
     x = jax.random.normal(kx, (s, 2, n // 2, d))
     w = jax.random.normal(kw, (s, d, f)) / np.sqrt(d)
     g = jax.random.normal(kg, (s, 2, n // 2, f))
-    einsum = lambda x, w: jnp.einsum("...d,df->...f", x, w, preferred_element_type=jnp.float32)
+
+    def einsum(x, w):
+        return jnp.einsum("...d,df->...f", x, w, preferred_element_type=jnp.float32)
+
     y = jax.vmap(model_lib.widening)(x, w)
     np.testing.assert_array_equal(y, jax.vmap(einsum)(x, w))
     assert "custom_vjp_call" in str(jax.make_jaxpr(model_lib.widening)(x[0], w[0]))
