@@ -37,7 +37,8 @@ echo "machine: $(lscpu | grep 'Model name' | sed 's/.*: *//'), $(nproc) cores"
 
 # The data, once, untimed (both commits read the same cache file).
 read -r _ quickstart <<< "$(layout "$out/after")"
-(cd "$out/after" && python -c "import runpy, sys; from jaxillusions import train, validate; \
+(cd "$out/after" && python -c "import runpy, sys; from jaxillusions.pipeline import validate; \
+from jaxillusions.training import train; \
 train.build(validate.check(runpy.run_path(sys.argv[1])['get_config']())[0])" \
     "${config:-$quickstart}" > /dev/null)
 
