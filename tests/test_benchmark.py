@@ -5,6 +5,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -397,3 +398,21 @@ def test_matmul_benchmark_times_each_of_the_steps_shapes_in_both_libraries(capsy
     assert weight_gradient["lhs"] == (1, 2048, 64) and weight_gradient["rhs"] == (1, 2048, 256)
     with pytest.raises(SystemExit):
         matmuls.main(["--calls=0"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True)
+                    .returncode != 0, reason="needs the repository's git history")
+def test_side_by_side_runs_a_config_at_two_commits_and_compares_their_results(tmp_path,
+                                                                               cache_dir):
+    # Was: its data step imported modules from where they lived before the package's layout
+    # changed, so the script stopped before timing anything.
+    config = tiny_config_file(tmp_path / "tiny.py", cache_dir, {"figures": "none"})
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "CONFIG": config}
+    done = subprocess.run(["bash", "benchmarks/side_by_side.sh", "HEAD", "HEAD", "1"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert re.fullmatch(r"mean: before [\d.]+ s, after [\d.]+ s, after/before \d+%",
+                        next(x for x in lines if x.startswith("mean: ")))
+    assert "results.csv: identical" in lines  # the same commit twice: the same bits
