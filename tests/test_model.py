@@ -197,11 +197,11 @@ def test_attention_pattern_is_the_softmax_with_its_own_derivative():
         assert np.all(np.abs(grad - exact) <= bound)
 
 
-def test_the_mlp_input_matmul_has_einsums_values_and_its_gradient_with_x_transposed():
-    """model.widening (the MLP's input projection, d < f) gives einsum's values bit for bit
-    under vmap over seeds; its gradients, computed by its own rule, are the exact ones
-    (float64) within float32 rounding of sums of n terms, as are autodiff's of the einsum; in
-    bfloat16 they keep the operands' dtypes."""
+def test_widening_matmuls_have_einsums_values_and_their_gradient_with_x_transposed():
+    """model.widening (the MLP's input projection and a wider vocabulary's unembedding, d < f)
+    gives einsum's values bit for bit under vmap over seeds; its gradients, computed by its own
+    rule, are the exact ones (float64) within float32 rounding of sums of n terms, as are
+    autodiff's of the einsum; in bfloat16 they keep the operands' dtypes."""
     s, n, d, f = 3, 40, 8, 32  # seeds, positions (2 x 20), d_model, d_mlp
     kx, kw, kg = jax.random.split(jax.random.PRNGKey(2), 3)
     x = jax.random.normal(kx, (s, 2, n // 2, d))
@@ -232,6 +232,16 @@ def test_the_mlp_input_matmul_has_einsums_values_and_its_gradient_with_x_transpo
     out, vjp = jax.vjp(model_lib.widening, xb, wb)
     assert out.dtype == jnp.float32
     assert [a.dtype for a in vjp(g[0])] == [jnp.bfloat16, jnp.bfloat16]
+
+    # The model takes it for each widening matmul: the MLP's input in every layer (d_mlp 32 >
+    # d_model 16), the unembedding when the vocabulary is the wider (17 > 16, not 11).
+    for vocab, calls in ((11, 2), (17, 3)):
+        cfg = model_lib.ModelConfig(vocab_size=vocab, max_len=12, n_layers=2, d_model=16,
+                                    d_mlp=32)
+        params = model_lib.init_params(jax.random.PRNGKey(0), cfg)
+        jaxpr = str(jax.make_jaxpr(lambda p: model_lib.forward(p, jnp.zeros((1, 4), int),
+                                                               cfg)[0])(params))
+        assert jaxpr.count("custom_vjp_call") == calls
 
 
 def test_vmap_over_seed_axis_matches_single_models():

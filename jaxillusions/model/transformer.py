@@ -486,6 +486,12 @@ def forward(
         return jnp.einsum(spec, x.astype(cdt), w.astype(cdt),
                           preferred_element_type=jnp.float32).astype(out)
 
+    def linear(x: jax.Array, w: jax.Array, out=cdt) -> jax.Array:
+        """x [..., d] @ w [d, f] as mm; a widening one (f > d) through `widening`."""
+        if w.shape[-1] > w.shape[0]:
+            return widening(x.astype(cdt), w.astype(cdt)).astype(out)
+        return mm("...d,df->...f", x, w, out)
+
     seq_len = tokens.shape[-1]
     rotary = cfg.pos_encoding == "rotary"
     if seq_len > cfg.max_len and not rotary:
@@ -534,24 +540,23 @@ def forward(
             m = block["mlp"]
             h = mlp_input(params, i, resid_pre if cfg.parallel_residual else x, cfg.ln_eps)
             gelu = functools.partial(jax.nn.gelu, approximate=cfg.activation == "gelu_tanh")
-            pre = (widening(h.astype(cdt), m["w_in"].astype(cdt)).astype(cdt)
-                   if cfg.d_mlp > cfg.d_model else mm("...d,df->...f", h, m["w_in"]))
-            hidden = site(f"{name}.mlp.hidden", gelu(pre + m["b_in"].astype(cdt)))
-            x = x + site(f"{name}.mlp.out", mm("...f,fd->...d", hidden, m["w_out"])
-                         + m["b_out"].astype(cdt))
+            hidden = site(f"{name}.mlp.hidden",
+                          gelu(linear(h, m["w_in"]) + m["b_in"].astype(cdt)))
+            x = x + site(f"{name}.mlp.out", linear(hidden, m["w_out"]) + m["b_out"].astype(cdt))
         x = site(f"{name}.resid_post", x)
     x = site("ln_final", _layer_norm(x, params["ln_final"], cfg.ln_eps))
-    logits = site("logits", mm("...d,dv->...v", x, params["unembed"]["w"], jnp.float32)
+    logits = site("logits", linear(x, params["unembed"]["w"], jnp.float32)
                   + params["unembed"]["b"])
     return logits, cached
 
 
 @jax.custom_vjp
 def widening(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x [..., d] @ w [d, f] for f > d (the MLP's input), accumulated in float32, with the
-    weight's gradient contracted over the positions with x laid out position-last rather than
-    the wider output gradient: XLA:CPU copies the operand whose contracted axis is not innermost
-    (PyTorch's matmuls read it strided), and x is the narrower copy. The values are einsum's bit
+    """x [..., d] @ w [d, f] for f > d (the MLP's input; the unembedding of a vocabulary wider
+    than the model), accumulated in float32, with the weight's gradient contracted over the
+    positions with x laid out position-last rather than the wider output gradient: XLA:CPU
+    copies the operand whose contracted axis is not innermost (PyTorch's matmuls read it
+    strided), and x is the narrower copy. The values are einsum's bit
     for bit, the gradients equal within float32 rounding (docs/speed.md: the reference model's
     training step 1.05-1.1x as fast on the 2-core CPU)."""
     return jnp.einsum("...d,df->...f", x, w, preferred_element_type=jnp.float32)
