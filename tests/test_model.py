@@ -239,8 +239,8 @@ def test_widening_matmuls_have_einsums_values_and_their_gradient_with_x_transpos
         cfg = model_lib.ModelConfig(vocab_size=vocab, max_len=12, n_layers=2, d_model=16,
                                     d_mlp=32)
         params = model_lib.init_params(jax.random.PRNGKey(0), cfg)
-        jaxpr = str(jax.make_jaxpr(lambda p: model_lib.forward(p, jnp.zeros((1, 4), int),
-                                                               cfg)[0])(params))
+        jaxpr = str(jax.make_jaxpr(lambda p, c=cfg: model_lib.forward(
+            p, jnp.zeros((1, 4), int), c)[0])(params))
         assert jaxpr.count("custom_vjp_call") == calls
 
 
