@@ -562,10 +562,6 @@ def widening(x: jax.Array, w: jax.Array) -> jax.Array:
     return jnp.einsum("...d,df->...f", x, w, preferred_element_type=jnp.float32)
 
 
-def _widening_fwd(x, w):
-    return widening(x, w), (x, w)
-
-
 def _widening_bwd(res, g):
     x, w = res
     dx = jnp.einsum("...f,df->...d", g.astype(w.dtype), w, preferred_element_type=jnp.float32)
@@ -575,7 +571,7 @@ def _widening_bwd(res, g):
     return dx.astype(x.dtype), dw.astype(w.dtype)
 
 
-widening.defvjp(_widening_fwd, _widening_bwd)
+widening.defvjp(lambda x, w: (widening(x, w), (x, w)), _widening_bwd)
 
 
 def attention_pattern(scores: jax.Array) -> jax.Array:
