@@ -556,9 +556,9 @@ def widening(x: jax.Array, w: jax.Array) -> jax.Array:
     than the model), accumulated in float32, with the weight's gradient contracted over the
     positions with x laid out position-last rather than the wider output gradient: XLA:CPU
     copies the operand whose contracted axis is not innermost (PyTorch's matmuls read it
-    strided), and x is the narrower copy. The values are einsum's bit
-    for bit, the gradients equal within float32 rounding (docs/speed.md: the reference model's
-    training step 1.05-1.1x as fast on the 2-core CPU)."""
+    strided), and x is the narrower copy. The values are einsum's bit for bit, the gradients
+    equal within float32 rounding (docs/speed.md: the reference model's training step 1.07-1.11x
+    as fast at 8 seeds on one device of the 2-core CPU)."""
     return jnp.einsum("...d,df->...f", x, w, preferred_element_type=jnp.float32)
 
 
