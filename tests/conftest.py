@@ -214,11 +214,13 @@ def made_once(tmp_path_factory, name: str, make):
 
 
 def finished_sweep(tmp_path_factory, name: str, config) -> str:
-    """The workdir of a finished main job of `config`, made once per test run (made_once)."""
+    """The workdir of a finished main job of `config`, or of `config(directory)` for a config
+    whose files live in the fixture's directory, made once per test run (made_once)."""
     from jaxillusions.pipeline import sweep
 
     def make(directory):
-        sweep.run(checked(config), str(directory / "run"), verbose=False)
+        settings = config(directory) if callable(config) else config
+        sweep.run(checked(settings), str(directory / "run"), verbose=False)
         return str(directory / "run")
 
     return made_once(tmp_path_factory, name, make)

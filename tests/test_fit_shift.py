@@ -8,7 +8,7 @@ import shutil
 import jax
 import numpy as np
 import pytest
-from conftest import checked, made_once
+from conftest import checked, finished_sweep
 from flax import serialization
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -67,13 +67,10 @@ def _shift_config(cache_dir: str):
 
 @pytest.fixture(scope="session")
 def shifted(tmp_path_factory):
-    """A finished sweep of _shift_config, made once for the test run (conftest.made_once; read
-    it; copy it to change it)."""
-    def make(tmp):
-        sweep.run(checked(_shift_config(str(tmp / "cache"))), str(tmp / "run"), verbose=False)
-        return str(tmp / "run")
-
-    return made_once(tmp_path_factory, "fit_shift", make)
+    """A finished sweep of _shift_config, made once for the test run (conftest.finished_sweep;
+    read it; copy it to change it)."""
+    return finished_sweep(tmp_path_factory, "fit_shift",
+                          lambda directory: _shift_config(str(directory / "cache")))
 
 
 @pytest.mark.slow

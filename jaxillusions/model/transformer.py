@@ -565,9 +565,8 @@ def widening(x: jax.Array, w: jax.Array) -> jax.Array:
 def _widening_bwd(res, g):
     x, w = res
     dx = jnp.einsum("...f,df->...d", g.astype(w.dtype), w, preferred_element_type=jnp.float32)
-    rows = (-1, x.shape[-1]), (-1, g.shape[-1])
-    dw = jnp.einsum("nd,nf->df", x.reshape(rows[0]), g.reshape(rows[1]).astype(x.dtype),
-                    preferred_element_type=jnp.float32)
+    dw = jnp.einsum("nd,nf->df", x.reshape(-1, x.shape[-1]),
+                    g.reshape(-1, g.shape[-1]).astype(x.dtype), preferred_element_type=jnp.float32)
     return dx.astype(x.dtype), dw.astype(w.dtype)
 
 
