@@ -34,6 +34,8 @@ def test_the_tutorial_runs_top_to_bottom(tmp_path, cache_dir, monkeypatch):
     # The kernel inherits the environment: the session's data cache, the suite's XLA flags.
     monkeypatch.setenv("JAXILLUSIONS_CACHE", cache_dir)
     monkeypatch.setenv("MPLBACKEND", "Agg")
+    # The notebook writes under tempfile's folder; the kernel's is the test's, which pytest removes.
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     client = NotebookClient(notebook, timeout=900, kernel_name="python3",
                             resources={"metadata": {"path": str(tmp_path)}})
@@ -46,6 +48,8 @@ def test_the_tutorial_runs_top_to_bottom(tmp_path, cache_dir, monkeypatch):
     images = [out for cell in notebook.cells for out in cell.get("outputs", [])
               if "image/png" in out.get("data", {})]
     assert len(images) == 2  # the gap figures of the SVD and of k-means
+    written = list(tmp_path.glob("jaxillusions_tutorial_*/figures/*.png"))
+    assert len(written) == 2, written  # and nothing of it outside the test's folder
     table = [out for cell in notebook.cells for out in cell.get("outputs", [])
              if out.get("output_type") == "execute_result"]
     assert table and "unseen_depth" in table[-1]["data"]["text/plain"]
