@@ -40,7 +40,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxillusions import model as model_lib
 from jaxillusions import proxies, tasks
 from jaxillusions.proxies import _sparse_coding as _dictionary
 from jaxillusions.runtime import schema
@@ -115,18 +114,14 @@ def _weights(batch: Batch):
     return onehot * valid[..., None], onehot * batch.evaluated.astype(jnp.float32)[..., None]
 
 
-def seed_sums(model_params, model_cfg, active: dict, cache: dict, batch: Batch) -> dict:
+def seed_sums(active: dict, cache: dict, batch: Batch, zero_logits: jax.Array) -> dict:
     """One seed's sums per split [K, ...] that do not depend on the proxy's size: token counts,
     the sums and sums of squares of the sites of `active` (its keys: the program's sites; for
     the variance in fvu), and the original's and the zero ablation's CE and KL at the evaluated
-    positions. `cache`: the original pass's site values."""
+    positions. `cache`: the original pass's site values; `zero_logits`: the pass with the
+    sites of `active` whose flag is True zeroed."""
     tokens, logits, targets = batch.tokens, batch.logits, batch.targets
     per_token, per_eval = _weights(batch)
-
-    def zero(name: str, value: jax.Array) -> jax.Array:
-        return jnp.where(active[name], 0.0, value) if name in active else value
-
-    zero_logits, _ = model_lib.forward(model_params, tokens, model_cfg, intervention=zero)
     out = {"count": per_token.sum((0, 1)), "evaluated": per_eval.sum((0, 1)),
            "ce_original": jnp.einsum("bt,btk->k", _dictionary.cross_entropy(logits, targets),
                                      per_eval),

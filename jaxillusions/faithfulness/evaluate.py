@@ -108,6 +108,11 @@ def make_eval_set(splits: dict, names: Sequence[str], task=None) -> EvalSet:
                    breakdowns, per_split, tuple(sorted({v.tokens.shape[1] for v in views})))
 
 
+# The members of an evaluation pass (_eval_chunk): the original model, its sites zeroed (for the
+# dictionary metrics), a size of the proxy.
+_ORIGINAL, _ZERO, _PROXY = 0, 1, 2
+
+
 @functools.partial(jax.jit, static_argnames=("program",))
 def _eval_chunk(params, proxy_params, active, tokens, evaluated, bins, width_index, *,
                 program: EvalProgram):
@@ -123,6 +128,8 @@ def _eval_chunk(params, proxy_params, active, tokens, evaluated, bins, width_ind
     extra = dictionary_metrics.enabled(module)  # dictionary metrics (fvu, l0, dead, ce/kl_score)
     resume = () if start_layer is None else (model_lib.residual_site(model_cfg, start_layer),)
 
+    size_axis = 0 if module.STATISTIC is None else 1  # see FittedProxy
+
     def at_width(width: int, tokens, evaluated, bins):
         tokens, evaluated, bins = tokens[:, :width], evaluated[:, :width], bins[:, :width]
         targets = jnp.roll(tokens, -1, axis=1)
@@ -134,29 +141,67 @@ def _eval_chunk(params, proxy_params, active, tokens, evaluated, bins, width_ind
                                jax.nn.one_hot(bins[..., i], nb, dtype=jnp.float32))
                     for i, nb in enumerate(num_bins)]
 
-        def one_seed(p, site_params):
-            # The sites' original values too for the dictionary metrics, and the residual
-            # stream where the sizes' passes start.
+        def passes(p, site_params):
+            """(The original model's logits [B, T, V], each size's [R, B, T, V], with the
+            dictionary metrics the zero ablation's [B, T, V] (else None), and the original
+            values of the sites those metrics read), from the residual stream at start_layer
+            when there is one. Batched passes: with the dictionary metrics one over the original
+            and the zero ablation, and one over the sizes; else one over the original and the
+            sizes (the proxy runs, unused, on the original's member too). Unbatched passes of
+            one seed's model beside each other made XLA:CPU write each bias and constant they
+            share out to memory at the full activation shape (docs/speed.md)."""
             sites = dictionary_metrics.cache_sites(module, active, model_cfg) if extra else ()
-            logits, cache = model_lib.forward(p, tokens, model_cfg, cache=sites + resume)
+            start_at = None
+            if start_layer is not None:  # only the prefix is used: XLA drops the rest
+                _, prefix = model_lib.forward(p, tokens, model_cfg, cache=resume)
+                start_at = (start_layer, prefix[resume[0]])
+
+            def member(size_params, kind):
+                """A pass with one size's proxy (kind None), or by `kind`: the original, the
+                active sites zeroed, or the proxy (size_params None: never the proxy)."""
+                proxied = (lambda name, value: value) if size_params is None else \
+                    make_intervention(module, size_params, active, p, model_cfg)
+
+                def intervention(name: str, value: jax.Array) -> jax.Array:
+                    new = proxied(name, value)
+                    if kind is None or (new is value and name not in active):
+                        return new
+                    zeroed = jnp.where(active[name], 0.0, value) if name in active else value
+                    return jnp.where(kind == _PROXY, new,
+                                     jnp.where(kind == _ZERO, zeroed, value))
+
+                return model_lib.forward(p, tokens, model_cfg, start_at=start_at,
+                                         intervention=intervention, cache=sites)
+
+            if extra:
+                logits, cache = jax.vmap(functools.partial(member, None))(
+                    jnp.array([_ORIGINAL, _ZERO]))
+                proxy_logits, _ = jax.vmap(member, in_axes=(size_axis, None))(site_params, None)
+                return logits[0], proxy_logits, logits[1], jax.tree.map(lambda x: x[0], cache)
+            index = np.arange(-1, program.num_sizes).clip(0)  # the original's, then the sizes
+            members = jax.tree.map(lambda x: jnp.take(x, index, axis=size_axis), site_params)
+            kinds = jnp.array([_ORIGINAL] + [_PROXY] * program.num_sizes)
+            logits, cache = jax.vmap(member, in_axes=(size_axis, 0))(members, kinds)
+            return logits[0], logits[1:], None, cache
+
+        def one_seed(p, site_params):
+            if module.SITE == "model":  # one family per program: its one site
+                logits, _ = model_lib.forward(p, tokens, model_cfg)
+                proxy_logits = jax.vmap(
+                    lambda whole: module.logits(jax.tree.map(lambda x: x[0], whole), p, tokens,
+                                                model_cfg, **dict(program.options)),
+                    in_axes=size_axis)(*site_params.values())
+                zero_logits, cache = None, {}
+            else:
+                logits, proxy_logits, zero_logits, cache = passes(p, site_params)
             if extra:
                 batch = dictionary_metrics.Batch(tokens=tokens, evaluated=evaluated,
                                                  split_ids=bins[..., 0], num_splits=num_bins[0],
                                                  logits=logits, targets=targets)
-                seed_sums = dictionary_metrics.seed_sums(p, model_cfg, active, cache, batch)
+                seed_sums = dictionary_metrics.seed_sums(active, cache, batch, zero_logits)
             acc_original = metrics.correct(logits, targets)
-            start_at = (start_layer, cache[resume[0]]) if resume else None
 
-            def one_size(size_params):
-                if module.SITE == "model":  # one family per program: its one site
-                    (whole,) = size_params.values()
-                    proxy_logits = module.logits(jax.tree.map(lambda x: x[0], whole), p, tokens,
-                                                 model_cfg, **dict(program.options))
-                else:
-                    proxy_logits, _ = model_lib.forward(
-                        p, tokens, model_cfg, start_at=start_at,
-                        intervention=make_intervention(module, size_params, active, p,
-                                                       model_cfg))
+            def one_size(size_params, proxy_logits):
                 values = jnp.stack([jnp.ones_like(weight), metrics.jsd(logits, proxy_logits),
                                     metrics.same_pred(logits, proxy_logits), acc_original,
                                     metrics.correct(proxy_logits, targets)], axis=-1)
@@ -165,9 +210,8 @@ def _eval_chunk(params, proxy_params, active, tokens, evaluated, bins, width_ind
                 return binned(values), values[..., 1], dictionary_metrics.size_sums(
                     module, size_params, p, model_cfg, active, cache, batch, proxy_logits)
 
-            size_axis = 0 if module.STATISTIC is None else 1  # see FittedProxy
-            sums, jsd, size_sums = jax.vmap(one_size, in_axes=size_axis,
-                                            axis_size=program.num_sizes)(site_params)
+            sums, jsd, size_sums = jax.vmap(one_size, in_axes=(size_axis, 0))(site_params,
+                                                                              proxy_logits)
             return sums, jsd, {"seed": seed_sums, "size": size_sums} if extra else {}
 
         seed_axis = None if module.STATISTIC is None else 0
@@ -207,11 +251,14 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     slower). The numbers
     of the two agree within float32 rounding (sums over more, zero, terms).
 
-    Per seed and chunk the model runs once; each size's pass then starts at the first block
-    that a family of the program replaces, from that pass's residual stream. This saves less
-    than it seems: under vmap over sizes, whole passes already compute what does not depend on
-    the size once (vmap batches only what reads the size's parameters), so what remains is the
-    duplicate of the original pass's prefix (docs/speed.md: 1.0-1.1x on the Dyck demo).
+    Per seed and chunk the model's prefix (the blocks before the first that a family of the
+    program replaces) runs once, and from its residual stream the original model and every
+    size run as one batched pass (with the dictionary metrics, two: the original and the zero
+    ablation, then the sizes). Sharing the prefix saves less than it seems: under vmap over
+    sizes, whole passes already compute what does not depend on the size once (vmap batches
+    only what reads the size's parameters), so what it saves is the duplicate of the prefix
+    (docs/speed.md: 1.0-1.1x on the Dyck demo). Batching the original with the sizes saved
+    more (docs/speed.md: 1.15x on the Dyck demo's evaluation).
     options.share_prefix=False runs whole passes per size (the same rows within float32
     rounding; for tests and benchmarks).
     """
