@@ -493,6 +493,36 @@ def test_cache_key_follows_files_and_bad_cache_regenerates(tmp_path):
         os.path.basename(stored.cache_path(cfg)))  # where it is cached is not in the key
 
 
+def test_configs_that_split_one_corpus_read_and_label_it_once(tmp_path, monkeypatch):
+    """The labelled functions of each source are cached apart from the splits: a config that
+    only splits them differently loads them (the lexer does not run) and makes the splits that
+    reading and labelling anew make; an edited source file is labelled again, the other
+    language's functions are still loaded."""
+    py, js = _write_corpus(tmp_path, n_files=12)
+    cfg = _cfg(py, js, cache_dir=str(tmp_path / "cache"))
+    stored.load_or_make(cfg, verbose=False)
+    assert len(list((tmp_path / "cache").glob("code-functions-*.npz"))) == 2  # python, js
+    labelled, label = [], splits._label
+    monkeypatch.setattr(splits, "_label", lambda records, language, *a, **k: (
+        labelled.append(language), label(records, language, *a, **k))[1])
+    other = {**cfg, "seed": 1, "num_eval": 20}
+    cached = stored.load_or_make(other, verbose=False)
+    assert labelled == []
+    fresh = splits.make_splits(other, verbose=False)  # no cache: reads and labels both
+    assert labelled == ["python", "javascript"]
+    assert cached.vocab == fresh.vocab
+    assert cached.report["corpus"] == fresh.report["corpus"]
+    for name in splits.SPLITS:
+        for f in ("tokens", "category", "bracket_depth", "file_id", "lengths", "max_depth"):
+            np.testing.assert_array_equal(getattr(cached.splits[name], f),
+                                          getattr(fresh.splits[name], f))
+    with open(py / "m0.py", "a") as f:
+        f.write("\ndef extra(a):\n    return a\n")
+    labelled.clear()
+    stored.load_or_make(other, verbose=False)
+    assert labelled == ["python"]
+
+
 def test_default_config_checks_without_reading():
     notes = splits.check_data_config({})
     assert "standard library" in notes[0] and "other_language" in notes[1]

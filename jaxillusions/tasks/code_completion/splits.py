@@ -36,7 +36,7 @@ import numbers
 import os
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -351,6 +351,16 @@ class _Labelled:
     stats: dict[str, int]
 
 
+def read_labelled(kind: str, what: Any, language: str, skip_tests: bool, min_chars: int,
+                  verbose: bool = False) -> _Labelled:
+    """The usable functions of one source in one language, labelled (stats: the reader's and
+    the labeller's counts). stored.py caches it, keyed by the files and min_chars."""
+    records, stats = _read(kind, what, language, skip_tests)
+    lab = _label(records, language, min_chars, verbose)
+    lab.stats = {**stats, **lab.stats}
+    return lab
+
+
 def _label(records: list[corpus.Record], language: str, min_chars: int,
            verbose: bool = False) -> _Labelled:
     records = sorted(records, key=lambda r: (r.repo, r.path))  # stable: file order kept
@@ -456,7 +466,7 @@ def _log(verbose: bool, msg: str) -> None:
 
 
 def _make(p: dict[str, Any], src: tuple[str, Any], other: tuple[str, Any],
-          verbose: bool) -> CodeData:
+          verbose: bool, labelled_of: Callable[..., _Labelled] = read_labelled) -> CodeData:
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     report: dict[str, Any] = {"corpus": {}}
@@ -467,15 +477,11 @@ def _make(p: dict[str, Any], src: tuple[str, Any], other: tuple[str, Any],
             continue
         _log(verbose, f"reading {language} from {_describe(kind, what)} ...")
         t = time.perf_counter()
-        records, stats = _read(kind, what, language, p["skip_tests"])
-        timings[f"{role}_read_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        lab = _label(records, language, p["min_chars"], verbose)
-        timings[f"{role}_label_s"] = time.perf_counter() - t
-        stats = {**stats, **lab.stats}
+        lab = labelled_of(kind, what, language, p["skip_tests"], p["min_chars"], verbose)
+        timings[f"{role}_functions_s"] = time.perf_counter() - t
+        stats = lab.stats
         report["corpus"][language] = stats
-        _log(verbose, f"{language}: {stats} (read {timings[f'{role}_read_s']:.1f}s, "
-                      f"labelled {timings[f'{role}_label_s']:.1f}s)")
+        _log(verbose, f"{language}: {stats} ({timings[f'{role}_functions_s']:.1f}s)")
         if lab.stats["functions"] == 0:
             key = "source" if role == "main" else "other_source"
             raise ValueError(f"code data: data.{key}={p[key]!r} gave 0 usable {language} "
