@@ -10,8 +10,8 @@ Training only:
 
 On the 2-core CPU machine (Intel Xeon, `lscpu`: "Intel(R) Xeon(R) Processor" family 6 model 207;
 no GPU, nothing else running, data and compilation caches empty, a fresh clone) the job's line
-was `time 107 s: training 58 s, collection 6 s, fitting 4 s, evaluation 31 s, reports 1 s,
-figures 6 s; of which compilation 15.6 s` (12 seeds x 2500 steps as 2 shards on the config's 2
+was `time 107 s: training 61 s, collection 6 s, fitting 4 s, evaluation 29 s, reports 1 s,
+figures 6 s; of which compilation 15.8 s` (12 seeds x 2500 steps as 2 shards on the config's 2
 CPU devices; on the AMD EPYC of family 25 model 17 the code before the attention softmax's own
 derivative took 1 min 53 s, docs/speed.md). Its data, model and training keys are
 dyck_population.py's but for the seed count (its first 12 seeds, other shards: the same numbers
