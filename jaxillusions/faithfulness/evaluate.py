@@ -157,18 +157,18 @@ def _eval_chunk(params, proxy_params, active, tokens, evaluated, bins, width_ind
                 start_at = (start_layer, prefix[resume[0]])
 
             def member(size_params, kind):
-                """A pass with one size's proxy (kind None), or by `kind`: the original, the
-                active sites zeroed, or the proxy (size_params None: never the proxy)."""
-                proxied = (lambda name, value: value) if size_params is None else \
+                """A pass by `kind`: without size_params the original or the active sites
+                zeroed; with them the original or one size's proxy (kind None: the proxy)."""
+                proxied = None if size_params is None else \
                     make_intervention(module, size_params, active, p, model_cfg)
 
                 def intervention(name: str, value: jax.Array) -> jax.Array:
+                    if proxied is None:
+                        return jnp.where((kind == _ZERO) & active[name], 0.0, value) \
+                            if name in active else value
                     new = proxied(name, value)
-                    if kind is None or (new is value and name not in active):
-                        return new
-                    zeroed = jnp.where(active[name], 0.0, value) if name in active else value
-                    return jnp.where(kind == _PROXY, new,
-                                     jnp.where(kind == _ZERO, zeroed, value))
+                    return new if kind is None or new is value else \
+                        jnp.where(kind == _PROXY, new, value)
 
                 return model_lib.forward(p, tokens, model_cfg, start_at=start_at,
                                          intervention=intervention, cache=sites)
