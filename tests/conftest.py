@@ -105,6 +105,9 @@ def tiny_config(cache_dir: str = ""):
     config.train.eval_every = 10
     config.train.checkpoint_every = 10
     config.train.eval_batch_size = 64
+    # One sentence per row (the demo packs its batch into half the rows): the tests of
+    # packing (test_train.py) turn it on.
+    config.train.rows_per_sentence = 1.0
     # The targets and ranks of the tests written before the demo left some out.
     config.proxies.targets = ("blocks.-1.attn.q", "blocks.-1.attn.k",
                               "blocks.-1.attn.q+blocks.-1.attn.k")

@@ -1,3 +1,4 @@
+import dataclasses
 import os
 import subprocess
 import sys
@@ -7,8 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import checked
+import tolerance as tol
+from conftest import checked, tiny_config
 
+from jaxillusions import model as model_lib
 from jaxillusions.pipeline import validate
 from jaxillusions.runtime import tensorboard as log_lib
 from jaxillusions.tasks import dyck_sentences as dyck
@@ -233,3 +236,142 @@ def test_the_torch_loop_follows_the_same_schedule(config):
         ours = objective_lib.learning_rate_schedule(3e-3, 10, 100, decay)
         np.testing.assert_allclose([3e-3 * factor(s) for s in range(0, 101, 5)],
                                    [float(ours(s)) for s in range(0, 101, 5)], rtol=1e-5)
+
+
+def _packing_setup(config, num: int = 24):
+    """The tiny model at its initialisation, `num` training sentences of every length the
+    split has (the longest first, so that some fill a row), and the objective with offsets."""
+    config.train.batch_size = num
+    splits, model_cfg, tx = train.build(checked(config))
+    order = np.argsort(-splits["train"].lengths, kind="stable")
+    pick = np.concatenate([order[: num // 4], order[-num // 4:], order[num // 2: num]])
+    tokens = jnp.asarray(splits["train"].tokens[pick])
+    params = jax.tree.map(lambda x: x[0], init_state([0], model_cfg, tx).params)
+    return tokens, params, model_cfg, objective_lib.from_settings(validate.parse(config))
+
+
+def test_pack_lays_each_sentence_in_one_row_at_its_own_positions(config):
+    """objective.pack: every sentence up to its last scored target, once, in a row with room
+    (first-fit, longest first), its tokens, targets, loss mask, positions (its offset + index)
+    and segment (its index) at consecutive columns; nothing else scored; the passes of `rows`
+    rows that hold the used rows."""
+    tokens, _, _, _ = _packing_setup(config)
+    num, width = tokens.shape[0], tokens.shape[1] - 1
+    inputs, targets = np.asarray(tokens[:, :-1]), np.asarray(tokens[:, 1:])
+    mask = targets != 0
+    offset = np.arange(num, dtype=np.int32) % 5
+    needed = {}
+    for rows in (num // 2, 5, 1):
+        grid, passes = objective_lib.pack(jnp.asarray(inputs), jnp.asarray(targets),
+                                          jnp.asarray(mask), jnp.asarray(offset), rows)
+        g_in, g_tg, g_mask, g_off, g_seg = (np.asarray(x) for x in grid)
+        assert g_in.shape == (-(-num // rows) * rows, width)
+        positions = g_off + np.arange(width)
+        for s in range(num):
+            length = np.flatnonzero(mask[s]).max() + 1
+            where = np.argwhere(g_seg == s)
+            row, cols = where[0, 0], where[:, 1]
+            assert (where[:, 0] == row).all()
+            np.testing.assert_array_equal(cols, cols[0] + np.arange(length))
+            np.testing.assert_array_equal(g_in[row, cols], inputs[s, :length])
+            np.testing.assert_array_equal(g_tg[row, cols], targets[s, :length])
+            np.testing.assert_array_equal(g_mask[row, cols], mask[s, :length])
+            np.testing.assert_array_equal(positions[row, cols], offset[s] + np.arange(length))
+        assert g_mask.sum() == mask.sum() and (g_mask[g_seg == -1] == 0).all()
+        used = int((g_seg >= 0).any(1).sum())
+        assert (g_seg[used:] == -1).all()  # the used rows come first
+        assert int(passes) == -(-used // rows)
+        needed[rows] = int(passes)
+    assert needed[num // 2] < needed[5] < needed[1] < num  # short sentences share rows
+
+
+def test_packed_batches_give_the_unpacked_logits_loss_and_gradient(config):
+    """The model on packed rows (model.forward's per-token offsets and segments) gives each
+    scored position of a sentence the logits it gives the sentence alone, within the rounding
+    of two float32 programs; `loss_and_grads` on the batch packed in one, two or many passes
+    gives the unpacked loss and gradient within float32 rounding of their sums over the
+    positions: with random position offsets, a closing-bracket loss and a shuffled null member's
+    targets."""
+    tokens, params, model_cfg, goal = _packing_setup(config)
+    num = tokens.shape[0]
+    mask = tokens[:, 1:] != 0
+    offset = jnp.arange(num) % 5
+    grid, _ = objective_lib.pack(tokens[:, :-1], tokens[:, 1:], mask, offset, num)
+    packed, _ = model_lib.forward(params, grid[0], model_cfg, position_offset=grid[3],
+                                  segments=grid[4])
+    alone, _ = model_lib.forward(params, tokens[:, :-1], model_cfg, position_offset=offset)
+    seg = np.asarray(grid[4])
+    for s in range(num):
+        rows, cols = np.nonzero(seg == s)
+        want = np.asarray(alone[s, : len(cols)], np.float64)
+        got = np.asarray(packed[rows, cols], np.float64)
+        assert np.all(np.abs(got - want) <= tol.two_ways(
+            tol.activation_error(want, max(model_cfg.d_mlp, model_cfg.vocab_size))))
+
+    key = jax.random.PRNGKey(4)
+    closing = dataclasses.replace(goal, loss_on="closing")
+    shuffled = dataclasses.replace(goal, shuffled=True)
+    shuffled_hp = {objective_lib.NULL: jnp.asarray(objective_lib.SHUFFLED)}
+    for objective, hp in ((goal, {}), (closing, {}), (shuffled, shuffled_hp)):
+        loss, grads = objective_lib.loss_and_grads(params, tokens, key, hp, model_cfg, objective)
+        # The gradient is a sum over the sentences of each one's share (its scored positions'
+        # losses over the batch's count): their magnitudes bound the terms of the sums.
+        offset, targets = objective_lib._offsets_and_targets(tokens, key, hp, objective)
+        targets = tokens[:, 1:] if targets is None else targets
+        mask = objective_lib.scored(targets, goal.brackets[1] * (objective is closing))
+        count = float(mask.sum())
+
+        def share(p, inputs, target, keep, at, count=count):
+            logits, _ = model_lib.forward(p, inputs[None], model_cfg, position_offset=at[None])
+            nll = optax.softmax_cross_entropy_with_integer_labels(logits[0], target)
+            return (nll * keep).sum() / count
+
+        shares = jax.vmap(jax.grad(share), in_axes=(None, 0, 0, 0, 0))(
+            params, tokens[:, :-1], targets, mask, offset)
+        for rows in (num // 2, 7, 1):  # one pass, then more
+            p_loss, p_grads = jax.jit(objective_lib.loss_and_grads, static_argnums=(4, 5))(
+                params, tokens, key, hp, model_cfg,
+                dataclasses.replace(objective, packed_rows=rows))
+            assert abs(float(p_loss) - float(loss)) <= tol.two_ways(
+                tol.mean_error(count, float(loss), float(loss) + np.log(model_cfg.vocab_size)))
+            for g, p_g, terms in zip(jax.tree.leaves(grads), jax.tree.leaves(p_grads),
+                                     jax.tree.leaves(shares), strict=True):
+                magnitude = np.abs(np.asarray(terms, np.float64)).sum(0)
+                bound = tol.two_ways(tol.TERM_ULPS * tol.sum_error(count, magnitude))
+                assert np.all(np.abs(np.asarray(p_g, np.float64) - np.asarray(g)) <= bound)
+
+
+def test_rows_per_sentence_packs_each_members_batch_and_is_refused_where_rows_are_sentences(
+        config):
+    """train.rows_per_sentence below 1 packs each member's batch into ceil(that x batch_size)
+    rows (objective.packed_rows; 1: unpacked, the step of before); the step trains as the
+    unpacked one within rounding over a few steps; configs whose rows must be one sentence
+    (a contrastive regularizer, a minimal first layer, a uniform-attention layer) are refused
+    in one line naming the key, as are values outside (0, 1]."""
+    assert objective_lib.from_settings(validate.parse(config)).packed_rows == 0
+    config.train.rows_per_sentence = 0.5
+    goal = objective_lib.from_settings(validate.parse(config))
+    assert goal.packed_rows == 8  # of 16
+    splits, model_cfg, tx = train.build(checked(config))
+    tokens = jnp.asarray(splits["train"].tokens)
+    run = dict(num_steps=3, model_cfg=model_cfg, tx=tx, batch_size=16)
+    losses = [train_steps(init_state([0, 1], model_cfg, tx), tokens, objective=o, **run)[1]
+              for o in (dataclasses.replace(goal, packed_rows=0), goal)]
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)  # 3 steps: rounding only
+    for key, changes in (("train.contrastive_weights", {"train.contrastive_weights": (0.0, 1.0)}),
+                         ("model.first_layer", {"model.first_layer": "minimal",
+                                                "model.pos_encoding": "none",
+                                                "model.d_model": 64}),
+                         ("model.uniform_attention_layers",
+                          {"model.uniform_attention_layers": (0,)})):
+        bad = tiny_config(config.data.cache_dir)
+        bad.train.rows_per_sentence = 0.5
+        for name, value in changes.items():
+            section, field = name.split(".")
+            setattr(getattr(bad, section), field, value)
+        with pytest.raises(ValueError, match=rf"train.rows_per_sentence=0.5: .*{key}="):
+            validate.check(bad)
+    for value in (0.0, 1.5):
+        config.train.rows_per_sentence = value
+        with pytest.raises(ValueError, match="rows_per_sentence"):
+            validate.check(config)

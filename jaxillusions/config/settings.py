@@ -5,21 +5,19 @@ default, rule and what is allowed (config/fields.py). The data.* section is the 
 
     settings = from_config(config, studies)   # a ConfigDict -> Settings, checked key by key
 
-The door, pipeline/validate.py, calls these with the pipeline's study sections, and nothing
-else does: `validate.check` (the launchers, and a notebook, once per run; it adds the checks
-that need the resolved model: proxy sites, memory) and `validate.read_stored` (a stored run's
-config.json). The library takes Settings, or one section of them, only (`require` turns a
-ConfigDict into a one-line TypeError; tests/test_architecture.py fails on a from_config
-elsewhere). A key missing from a config takes its default; an unknown key, a value of the wrong
-kind or one its rule refuses is a one-line ValueError naming the key. docs/configs.md's
-reference is `reference()`, and a test keeps the two equal. Old names of study keys under
-proxies.* (`RENAMED`) are read for one more release, with a note (`renamed`, which
-validate.check shows).
+The door, pipeline/validate.py, calls these with the pipeline's study sections, and nothing else
+does: `validate.check` (the launchers, and a notebook, once per run; it adds the checks that need
+the resolved model: proxy sites, memory) and `validate.read_stored` (a stored run's config.json).
+The library takes Settings, or one section of them, only (`require` turns a ConfigDict into a
+one-line TypeError; tests/test_architecture.py fails on a from_config elsewhere). A missing key
+takes its default; an unknown key, a value of the wrong kind or one its rule refuses is a
+one-line ValueError naming the key. docs/configs.md's reference is `reference()` (a test keeps
+the two equal). Old names of study keys under proxies.* (`RENAMED`) are read for one more
+release, with a note (`renamed`, which validate.check shows).
 
 `ANALYSIS_KEYS` and every study section's keys (`Settings.is_analysis_key`) only change what is
-measured or logged, not the trained parameters: they may change between a run and its
-resumption (the change is recorded in the workdir's config_history.jsonl). Every other key
-defines the training run.
+measured or logged, not the trained parameters: they may change between a run and its resumption
+(recorded in the workdir's config_history.jsonl). Every other key defines the training run.
 """
 
 from __future__ import annotations
@@ -138,7 +136,9 @@ class Train:
 
     num_seeds: int = setting(4, INT, ">= 1", positive, "seeds config.seed, config.seed + 1, ...")
     num_steps: int = setting(3000, INT, ">= 1", positive)
-    batch_size: int = setting(32, INT, ">= 1", positive, "rows per step and seed")
+    batch_size: int = setting(32, INT, ">= 1", positive, "sentences per step and seed")
+    rows_per_sentence: float = setting(1.0, NUMBER, "> 0 and <= 1", lambda v, s: 0 < v <= 1,
+                                       "< 1: batches packed into ceil(this x batch_size) rows")
     learning_rate: float = setting(3e-3, NUMBER, "> 0", lambda v, s: v > 0)
     warmup_steps: int = setting(200, INT, ">= 0", nonnegative)
     decay_steps: int = setting(

@@ -58,6 +58,9 @@ def get_config(arg: str = "minimal") -> ConfigDict:
     # No random position offsets (dyck_small's -1 trains them): Wen et al. train every sentence at
     # positions 0.., and the linear position encoding is part of what is compared.
     config.train.max_position_offset = 0
+    # One sentence per row, as Wen et al. train (the minimal first layer and the contrastive
+    # regularizer read a row as one sentence).
+    config.train.rows_per_sentence = 1.0
     config.train.eval_every = 1000
     config.train.checkpoint_every = 500
 

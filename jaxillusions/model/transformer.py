@@ -456,12 +456,14 @@ def forward(
     cache: Iterable[str] = (),
     position_offset: jax.Array | None = None,
     start_at: tuple[int, jax.Array] | None = None,
+    segments: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Logits [batch, pos, vocab] for tokens [batch, pos], and the cached sites.
 
     `intervention` applies after the model's standing ones (`cfg.interventions`).
-    `position_offset` (int [batch], default 0) shifts each sentence's positions: token t sits at
-    position offset + t. Training with random offsets trains positions past the sentence length.
+    `position_offset` (int [batch], or [batch, pos] per token; default 0): token t sits at
+    position offset + t (training's random offsets train positions past the sentence length).
+    `segments` (int [batch, pos]): tokens attend within their segment id only (packed rows).
     `start_at=(layer, residual)`: skip the embeddings and the blocks before `layer`, whose
     output is `residual` [batch, pos, d_model] (the value of `residual_site(cfg, layer)`); the
     sites before block `layer` are not visited.
@@ -506,7 +508,7 @@ def forward(
         x = site("embed", params["embed"][tokens])
     positions = jnp.arange(seq_len)
     if position_offset is not None:  # caller keeps offset + seq_len <= max_len
-        positions = position_offset[:, None] + positions
+        positions = position_offset.reshape(len(position_offset), -1) + positions
     if rotary:  # [(batch,) pos, d_head // 2], for every layer's queries and keys
         cos, sin = rotary_table(max(cfg.max_len, seq_len), cfg.rotary_dims, cfg.rotary_base)
         cos, sin = ((cos[:seq_len], sin[:seq_len]) if position_offset is None
@@ -514,6 +516,8 @@ def forward(
     elif cfg.pos_encoding != "none" and start_at is None:
         x = x + site("pos_embed", _position_embedding(params, cfg, positions))
     causal = jnp.tril(jnp.ones((seq_len, seq_len), bool))
+    if segments is not None:  # [batch, 1 (heads), query, key]
+        causal &= segments[:, None, :, None] == segments[:, None, None, :]
     for i in range(first, cfg.n_layers):
         block, name = params["blocks"][i], f"blocks.{i}"
         x = site(f"{name}.resid_pre", x)

@@ -86,6 +86,15 @@ def check(config: Any, pipeline: tuple[Stage, ...] = PIPELINE) -> tuple[Settings
         raise ValueError(f"train.contrastive_weights={config.train.contrastive_weights}: the "
                          f"{config.task} task has no contrastive regularizer; set ()")
     model_cfg = train.model_config(config)  # model.ModelConfig checks the combinations
+    tc, mc = config.train, config.model
+    unpackable = [text for text, present in (
+        (f"train.contrastive_weights={tc.contrastive_weights}", tc.contrastive_weights),
+        (f"model.first_layer={mc.first_layer!r}", model_cfg.front is not None),
+        (f"model.uniform_attention_layers={mc.uniform_attention_layers}",
+         model_cfg.interventions)) if present]
+    if tc.rows_per_sentence < 1 and unpackable:  # they read a row as one sentence
+        raise ValueError(f"train.rows_per_sentence={tc.rows_per_sentence}: packed batches "
+                         f"need rows that are one sentence with {unpackable[0]}; set 1")
     # Sizes that cannot fit fail here, before any allocation (they used to hang in it), and
     # before the checks below build per-layer lists.
     memory.check_config(config, model_cfg)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +56,9 @@ class Objective:
     task: str = tasks.DEFAULT  # whose contrastive_loss the regularizer is
     brackets: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
     shuffled: bool = False
+    # > 0: each member's batch packed into this many rows (train.rows_per_sentence;
+    # `loss_and_grads`).
+    packed_rows: int = 0
 
 
 def from_settings(settings: Settings) -> Objective:
@@ -76,7 +80,13 @@ def from_settings(settings: Settings) -> Objective:
                    else ((), 0))
     return Objective(loss_on=tc.loss_on, contrastive=contrastive, contrastive_args=args,
                      contrastive_width=int(width), max_position_offset=offset,
-                     task=settings.task, brackets=brackets, shuffled="shuffled" in tc.null)
+                     task=settings.task, brackets=brackets, shuffled="shuffled" in tc.null,
+                     packed_rows=packed_rows(tc))
+
+
+def packed_rows(tc: Train) -> int:
+    """The rows a member's batch is packed into (train.rows_per_sentence), 0 for unpacked."""
+    return 0 if tc.rows_per_sentence == 1 else math.ceil(tc.rows_per_sentence * tc.batch_size)
 
 
 def learning_rates(tc: Train) -> tuple[float, ...]:
@@ -213,12 +223,15 @@ def _lm_loss_and_logits(params, tokens, model_cfg, closing, position_offset=None
     logits, _ = model_lib.forward(params, tokens[:, :-1], model_cfg,
                                   position_offset=position_offset)
     targets = tokens[:, 1:] if targets is None else targets
-    if closing:
-        mask = jnp.isin(targets, jnp.asarray(closing)).astype(logits.dtype)
-    else:
-        mask = (targets != tasks.PAD).astype(logits.dtype)
+    mask = scored(targets, closing).astype(logits.dtype)
     nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
     return (nll * mask).sum() / jnp.maximum(mask.sum(), 1.0), logits
+
+
+def scored(targets: jax.Array, closing: tuple[int, ...] = ()) -> jax.Array:
+    """Which targets the loss scores: the closing brackets `closing` where given (loss_on=
+    "closing"), else every non-PAD one."""
+    return jnp.isin(targets, jnp.asarray(closing)) if closing else targets != tasks.PAD
 
 
 def shuffled_targets(targets: jax.Array, key: jax.Array) -> jax.Array:
@@ -235,6 +248,22 @@ def shuffled_targets(targets: jax.Array, key: jax.Array) -> jax.Array:
     return targets.at[rows, slots].set(jnp.take_along_axis(targets, order, axis=-1))
 
 
+def _offsets_and_targets(tokens: jax.Array, key: jax.Array, hparams: dict,
+                         objective: Objective) -> tuple[jax.Array | None, jax.Array | None]:
+    """Each row's random position offset (None without them) and, for a shuffled null member,
+    its targets (None: tokens[:, 1:]), drawn from `key` (its batch's)."""
+    offset = None
+    if objective.max_position_offset > 0:  # static: without offsets no extra random draws
+        offset = jax.random.randint(jax.random.fold_in(key, 1), (tokens.shape[0],), 0,
+                                    objective.max_position_offset + 1)
+    targets = None
+    if objective.shuffled:  # static: no draws without shuffled members
+        targets = tokens[:, 1:]
+        targets = jnp.where(hparams[NULL] == SHUFFLED,
+                            shuffled_targets(targets, jax.random.fold_in(key, 2)), targets)
+    return offset, targets
+
+
 def objective_loss(params: dict, tokens: jax.Array, key: jax.Array, hparams: dict,
                    model_cfg: model_lib.ModelConfig, objective: Objective) -> jax.Array:
     """The training loss of one member: the LM loss, plus weight * the contrastive term.
@@ -244,16 +273,8 @@ def objective_loss(params: dict, tokens: jax.Array, key: jax.Array, hparams: dic
     that its inputs are the task's and its targets each row's tokens in a random order; with
     loss_on="closing" the closing brackets among the shuffled targets are scored. The
     contrastive term, of the inputs, is unchanged."""
-    offset = None
-    if objective.max_position_offset > 0:  # static: without offsets no extra random draws
-        offset = jax.random.randint(jax.random.fold_in(key, 1), (tokens.shape[0],), 0,
-                                    objective.max_position_offset + 1)
+    offset, targets = _offsets_and_targets(tokens, key, hparams, objective)
     closing = objective.brackets[1] if objective.loss_on == "closing" else ()
-    targets = None
-    if objective.shuffled:  # static: no draws without shuffled members
-        targets = tokens[:, 1:]
-        targets = jnp.where(hparams[NULL] == SHUFFLED,
-                            shuffled_targets(targets, jax.random.fold_in(key, 2)), targets)
     loss, logits = _lm_loss_and_logits(params, tokens, model_cfg, closing, offset, targets)
     if objective.contrastive:
         regularizer = tasks.require(tasks.get(objective.task), "contrastive_loss",
@@ -261,3 +282,77 @@ def objective_loss(params: dict, tokens: jax.Array, key: jax.Array, hparams: dic
         loss = loss + hparams["contrastive_weight"] * regularizer(
             params, tokens[:, :-1], logits, key, model_cfg, *objective.contrastive_args)
     return loss
+
+
+def loss_and_grads(params: dict, tokens: jax.Array, key: jax.Array, hparams: dict,
+                   model_cfg: model_lib.ModelConfig, objective: Objective
+                   ) -> tuple[jax.Array, dict]:
+    """`objective_loss` of one member's batch and its gradient. With objective.packed_rows, the
+    batch is packed (`pack`) and run in passes of that many rows, one unless it does not fit:
+    the same loss and gradient up to float32 rounding, from fewer rows."""
+    if not objective.packed_rows:
+        return jax.value_and_grad(objective_loss)(params, tokens, key, hparams, model_cfg,
+                                                  objective)
+    offset, targets = _offsets_and_targets(tokens, key, hparams, objective)
+    targets = tokens[:, 1:] if targets is None else targets
+    mask = scored(targets, objective.brackets[1] if objective.loss_on == "closing" else ())
+    offset = jnp.zeros(tokens.shape[0], jnp.int32) if offset is None else offset
+    rows = objective.packed_rows
+    grid, passes = pack(tokens[:, :-1], targets, mask, offset, rows)
+    count = jnp.maximum(mask.sum(), 1).astype(jnp.float32)  # the unpacked loss's denominator
+
+    def pass_loss(p, first):  # the rows first .. first + rows - 1 of the grid
+        inputs, goal, weight, at, segments = (jax.lax.dynamic_slice_in_dim(x, first, rows)
+                                              for x in grid)
+        logits, _ = model_lib.forward(p, inputs, model_cfg, position_offset=at,
+                                      segments=segments)
+        nll = optax.softmax_cross_entropy_with_integer_labels(logits, goal)
+        return (nll * weight).sum() / count
+
+    def one_pass(carry):
+        done, loss, grads = carry
+        value, grad = jax.value_and_grad(pass_loss)(params, done * rows)
+        return done + 1, loss + value, jax.tree.map(jnp.add, grads, grad)
+
+    zero = (jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32),
+            jax.tree.map(jnp.zeros_like, params))
+    _, loss, grads = jax.lax.while_loop(lambda carry: carry[0] < passes, one_pass, zero)
+    return loss, grads
+
+
+def pack(inputs: jax.Array, targets: jax.Array, mask: jax.Array, offset: jax.Array, rows: int
+         ) -> tuple[tuple[jax.Array, ...], jax.Array]:
+    """A batch's sentences side by side in rows of its width: inputs, targets and the loss
+    mask ([batch, width]; the mask as float32 weights) and the rows' position offsets
+    ([batch]) laid out in a grid of ceil(batch / rows) * rows rows, with each token's position
+    offset and segment (its sentence; -1 for none), and the number of passes of `rows` rows
+    that hold the used rows.
+
+    A sentence keeps its positions up to its last scored one (the later ones change no loss:
+    attention is causal) and goes to the first row with room, the longest first (first-fit
+    decreasing); unused rows come last and stay empty (PAD, unscored). model.forward with the
+    offsets and segments computes for each sentence what it computes for the sentence alone."""
+    batch, width = inputs.shape
+    length = jnp.where(mask.any(1), width - jnp.argmax(mask[:, ::-1], axis=1), 0)
+    order = jnp.argsort(-length, stable=True)
+
+    def place(i, carry):  # sentence order[i] at the first row it fits in
+        fill, row, start = carry
+        s = order[i]
+        r = jnp.argmax(fill + length[s] <= width)  # there is one: `batch` rows, <= one each
+        return fill.at[r].add(length[s]), row.at[s].set(r), start.at[s].set(fill[r])
+
+    zeros = jnp.zeros(batch, jnp.int32)
+    fill, row, start = jax.lax.fori_loop(0, batch, place, (zeros, zeros, zeros))
+    grid_rows = -(-batch // rows) * rows
+    column = jnp.arange(width)
+    kept = column[None, :] < length[:, None]
+    at = (jnp.where(kept, row[:, None], grid_rows), start[:, None] + column[None, :])
+
+    def lay(values, empty):
+        values = jnp.broadcast_to(values, (batch, width))
+        return jnp.full((grid_rows, width), empty, values.dtype).at[at].set(values, mode="drop")
+
+    grid = (lay(inputs, tasks.PAD), lay(targets, tasks.PAD), lay(mask.astype(jnp.float32), 0),
+            lay((offset - start)[:, None], 0), lay(jnp.arange(batch)[:, None], -1))
+    return grid, -(-jnp.sum(fill > 0) // rows)

@@ -13,7 +13,7 @@ step counter as the step would move them; nothing else moves), so a run's untrai
 no training.
 
 The members' hyper-parameters (train.members' hparams, [S] arrays) reach the step as scalars:
-the contrastive weight and the null kind the loss (objective.objective_loss), the learning rate
+the contrastive weight and the null kind the loss (objective.loss_and_grads), the learning rate
 and the weight decay, where they vary, the optimizer's update (objective._member_optimizer).
 """
 
@@ -35,7 +35,7 @@ from jaxillusions.training.objective import (
     OPTIMIZER_HPARAMS,
     UNTRAINED,
     Objective,
-    objective_loss,
+    loss_and_grads,
 )
 
 DEFAULT_OBJECTIVE = Objective()  # the next-token loss on every target
@@ -108,9 +108,8 @@ def seed_step(state: SweepState, train_tokens: jax.Array, hparams: dict | None =
     rng, batch_key = jax.random.split(state.rng)
     idx = jax.random.randint(batch_key, (batch_size,), 0, train_tokens.shape[0])
     # The regularizer's prefixes come from their own stream: batches do not depend on it.
-    loss, grads = jax.value_and_grad(objective_loss)(
-        state.params, train_tokens[idx], jax.random.fold_in(batch_key, 1), hparams,
-        model_cfg, objective)
+    loss, grads = loss_and_grads(state.params, train_tokens[idx], jax.random.fold_in(batch_key, 1),
+                                 hparams, model_cfg, objective)
     # The per-member rate and decay, where they vary (train.members' hparams have them).
     extra = {name: hparams[name] for name in OPTIMIZER_HPARAMS if name in hparams}
     updates, opt_state = tx.update(grads, state.opt_state, state.params, **extra)
