@@ -7,20 +7,25 @@ the demo leaves out (SVD rank 32, k-means k = 2, 8, 32), seeds 0..31, 2500 steps
 per evaluation split. The queries and keys together, the settings' third default target, are
 left out (a third of the proxy work); the override below the targets adds them back.
 
-Time: 4 min 41 s wall on the 2-core CPU machine (AMD EPYC, `lscpu`: AuthenticAMD family 25 model
-17; alone, data cached, compilation cache empty), the job's line `time 278 s: training 161 s,
-collection 17 s, fitting 11 s, evaluation 75 s, reports 7 s, figures 6 s`. With the joint target
-on the same machine the same day: 5 min 31 s (`time 327 s: training 161 s, ..., evaluation
-107 s, reports 10 s`); 8 min 9 s before the 2 devices, the training split's cap and the report
-and figure changes of docs/speed.md; 10 min 24 s on the Intel Xeon machine, shared with a test
-suite, for the documented numbers (docs/friedman_dyck.md).
-Original model, closing-bracket accuracy over the 32 seeds: iid 0.956 [95% logit-t 0.953,
-0.959], unseen_depth 0.797 [0.787, 0.810], longer 0.877 [0.871, 0.884]. What it showed
-(gap_table.txt): every proxy below full rank is less faithful on unseen_depth and longer, with
-paired intervals excluding 0 (32/32 seeds for every summary proxy on unseen_depth); no proxy
+Time: 3 min 34 s wall on the 2-core Intel Xeon (`lscpu`: family 6 model 207; alone, data and
+compilation caches empty), the job's line `time 212 s: training 99 s, collection 18 s, fitting
+8 s, evaluation 71 s, reports 8 s, figures 7 s` (each seed's batch packed into half the rows,
+docs/speed.md). Before the packing, on the 2-core AMD EPYC (family 25 model 17; compilation
+cache empty): 4 min 41 s (`time 278 s: training 161 s, collection 17 s, fitting 11 s,
+evaluation 75 s, reports 7 s, figures 6 s`); with the joint target on the same machine the
+same day: 5 min 31 s (`time 327 s: training 161 s, ..., evaluation 107 s, reports 10 s`); 8 min
+9 s before the 2 devices, the training split's cap and the report and figure changes of
+docs/speed.md; 10 min 24 s on the Intel Xeon machine, shared with a test suite, for the
+documented numbers (docs/friedman_dyck.md).
+Original model, closing-bracket accuracy over the 32 seeds (the packed run above): iid 0.956
+[95% logit-t 0.953, 0.959], unseen_depth 0.798 [0.788, 0.811], longer 0.877 [0.872, 0.885]
+(the documented run: 0.956 [0.953, 0.959], 0.797 [0.787, 0.810], 0.877 [0.871, 0.884]). What
+it showed (gap_table.txt): every proxy below full rank is less faithful on unseen_depth and
+longer, with paired intervals excluding 0 (the summary proxies on unseen_depth: 30/32 seeds
+for the SVD of the queries at rank 4, 32/32 for k-means and the attention proxies); no proxy
 beats the original's accuracy anywhere (0 of 156 proxy-size-split cells); seeds whose proxy is
-more faithful in distribution have smaller gaps (Spearman permutation p < 0.05 for 82 of 96
-proxy-split-metric pairs).
+more faithful in distribution have smaller gaps (Spearman permutation p < 0.05 for 78 of 96
+proxy-split-metric pairs; 82 in the documented run).
 """
 
 from ml_collections import ConfigDict
