@@ -104,7 +104,9 @@ def training_row(config, splits, model_cfg, tx, num_seeds: int, *, steps: int, r
     `xla_flops`: also compile a one-step sweep for XLA's FLOP count (one more compilation: slow
     on GPUs)."""
     local_tokens = jnp.asarray(splits["train"].tokens)
-    objective = objective_lib.from_settings(config)
+    # One sentence per row, as the PyTorch peers train: packed batches (a config's
+    # train.rows_per_sentence) would be less work, not a faster step (docs/speed.md).
+    objective = dataclasses.replace(objective_lib.from_settings(config), packed_rows=0)
     run = dict(model_cfg=model_cfg, tx=tx, batch_size=config.train.batch_size,
                objective=objective)
     host_state = init_state(np.arange(num_seeds), model_cfg, tx)

@@ -20,6 +20,7 @@ from benchmarks import reference, suite
 from jaxillusions import model as model_lib
 from jaxillusions.config import settings
 from jaxillusions.pipeline import validate
+from jaxillusions.training import objective as objective_lib
 from jaxillusions.training import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -188,6 +189,28 @@ def test_xla_flops_count_every_group_of_seeds(config, monkeypatch):
     assert step_lib.num_groups(6, one_member) == 3
     # The same matmuls and elementwise work; a grouped loop adds no arithmetic of its own.
     assert counts[1] == pytest.approx(counts[0], rel=0.01)
+
+
+def test_the_sweep_is_timed_on_unpacked_rows_as_its_peers_train(config, monkeypatch):
+    """A config that packs its batches (train.rows_per_sentence < 1) is benchmarked one sentence
+    per row, the work its PyTorch peers do: the timed step's objective packs nothing."""
+    from benchmarks import training as bench_training
+
+    config.train.rows_per_sentence = 0.5
+    settings = checked(config)
+    assert objective_lib.from_settings(settings).packed_rows == 8
+    seen, timed = [], bench_training.train_steps
+
+    def spy(*args, objective, **kwargs):
+        seen.append(objective.packed_rows)
+        return timed(*args, objective=objective, **kwargs)
+
+    monkeypatch.setattr(bench_training, "train_steps", spy)
+    splits, model_cfg, tx = train.build(settings)
+    bench_training.training_row(settings, splits, model_cfg, tx, 2, steps=1, repeats=1,
+                                peak={"flops_per_s": 1e9}, loop=False, torch_loop=False,
+                                xla_flops=False)
+    assert seen and set(seen) == {0}
 
 
 def test_torch_baseline_is_the_same_model():
