@@ -318,7 +318,7 @@ def test_packed_batches_give_the_unpacked_logits_loss_and_gradient(config):
         # losses over the batch's count): their magnitudes bound the terms of the sums.
         offset, targets = objective_lib._offsets_and_targets(tokens, key, hp, objective)
         targets = tokens[:, 1:] if targets is None else targets
-        mask = objective_lib.scored(targets, goal.brackets[1] * (objective is closing))
+        mask = objective_lib.scored(targets, objective_lib._closing(objective))
         count = float(mask.sum())
 
         def share(p, inputs, target, keep, at, count=count):

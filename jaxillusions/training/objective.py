@@ -220,12 +220,25 @@ def lm_loss(params: dict, tokens: jax.Array, model_cfg: model_lib.ModelConfig, *
 def _lm_loss_and_logits(params, tokens, model_cfg, closing, position_offset=None,
                         targets=None):
     # targets: the next tokens, tokens[:, 1:], unless given (a shuffled null member's)
-    logits, _ = model_lib.forward(params, tokens[:, :-1], model_cfg,
-                                  position_offset=position_offset)
     targets = tokens[:, 1:] if targets is None else targets
-    mask = scored(targets, closing).astype(logits.dtype)
+    mask = scored(targets, closing).astype(jnp.float32)  # the logits' dtype
+    total, logits = _nll_sum(params, tokens[:, :-1], targets, mask, model_cfg,
+                             position_offset=position_offset)
+    return total / jnp.maximum(mask.sum(), 1.0), logits
+
+
+def _nll_sum(params, inputs, targets, weights, model_cfg, **where):
+    """The next-token losses of `inputs` [B, T] against `targets`, weighted and summed, and the
+    logits (`where`: model.forward's position offsets and segments)."""
+    logits, _ = model_lib.forward(params, inputs, model_cfg, **where)
     nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-    return (nll * mask).sum() / jnp.maximum(mask.sum(), 1.0), logits
+    return (nll * weights).sum(), logits
+
+
+def _closing(objective: Objective) -> tuple[int, ...]:
+    """The targets the loss scores alone: the closing brackets with loss_on="closing", else
+    none (every non-PAD target: `scored`)."""
+    return objective.brackets[1] if objective.loss_on == "closing" else ()
 
 
 def scored(targets: jax.Array, closing: tuple[int, ...] = ()) -> jax.Array:
@@ -274,8 +287,8 @@ def objective_loss(params: dict, tokens: jax.Array, key: jax.Array, hparams: dic
     loss_on="closing" the closing brackets among the shuffled targets are scored. The
     contrastive term, of the inputs, is unchanged."""
     offset, targets = _offsets_and_targets(tokens, key, hparams, objective)
-    closing = objective.brackets[1] if objective.loss_on == "closing" else ()
-    loss, logits = _lm_loss_and_logits(params, tokens, model_cfg, closing, offset, targets)
+    loss, logits = _lm_loss_and_logits(params, tokens, model_cfg, _closing(objective), offset,
+                                       targets)
     if objective.contrastive:
         regularizer = tasks.require(tasks.get(objective.task), "contrastive_loss",
                                     "train.contrastive_weights")
@@ -295,7 +308,7 @@ def loss_and_grads(params: dict, tokens: jax.Array, key: jax.Array, hparams: dic
                                                   objective)
     offset, targets = _offsets_and_targets(tokens, key, hparams, objective)
     targets = tokens[:, 1:] if targets is None else targets
-    mask = scored(targets, objective.brackets[1] if objective.loss_on == "closing" else ())
+    mask = scored(targets, _closing(objective))
     offset = jnp.zeros(tokens.shape[0], jnp.int32) if offset is None else offset
     rows = objective.packed_rows
     grid, passes = pack(tokens[:, :-1], targets, mask, offset, rows)
@@ -304,10 +317,9 @@ def loss_and_grads(params: dict, tokens: jax.Array, key: jax.Array, hparams: dic
     def pass_loss(p, first):  # the rows first .. first + rows - 1 of the grid
         inputs, goal, weight, at, segments = (jax.lax.dynamic_slice_in_dim(x, first, rows)
                                               for x in grid)
-        logits, _ = model_lib.forward(p, inputs, model_cfg, position_offset=at,
-                                      segments=segments)
-        nll = optax.softmax_cross_entropy_with_integer_labels(logits, goal)
-        return (nll * weight).sum() / count
+        total, _ = _nll_sum(p, inputs, goal, weight, model_cfg, position_offset=at,
+                            segments=segments)
+        return total / count
 
     def one_pass(carry):
         done, loss, grads = carry
