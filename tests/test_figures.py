@@ -3,6 +3,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -127,10 +129,13 @@ def test_a_figure_is_measured_once_and_drawn_once(tmp_path, monkeypatch):
     assert png["plain"] == png["once"]
 
 
-def test_a_helper_process_draws_every_other_figure_into_the_same_files(tmp_path, monkeypatch):
-    # With two cores a helper process draws every other figure (drawing is single-threaded);
-    # the files and TensorBoard's images (in order) are those of one process drawing them all,
-    # and a helper that fails leaves its figures to this process.
+def test_a_helper_process_shares_the_figures_and_draws_the_same_files(tmp_path, monkeypatch):
+    # With two cores a helper process draws from the last figure while this process draws from
+    # the first, each taking the figures the other has not (drawing is single-threaded); the
+    # files and TensorBoard's images (in order) are those of one process drawing them all; a
+    # helper that fails leaves its figures to this process, and one that took none by the time
+    # this process drew them all is ended (a slow start delays nothing). Nothing of theirs is
+    # left behind.
     rows, gaps = _rows(), _gaps(_rows())
     jobs = [("a", "curves", figures.faithfulness_curves, (rows, "svd", SPLITS)),
             ("b", "gaps", figures.gap_vs_size, (gaps, "kmeans", SPLITS)),
@@ -140,21 +145,48 @@ def test_a_helper_process_draws_every_other_figure_into_the_same_files(tmp_path,
         def image(self, tag, pixels):
             self.images.append((tag, pixels))
 
-    helped, start = [], drawing._start_helper
-    monkeypatch.setattr(drawing, "_start_helper", lambda jobs: helped.append(len(jobs)) or
-                        start(jobs))
-    images = {}
-    for name, cores, executable in (("alone", {0}, sys.executable),
-                                    ("helped", {0, 1}, sys.executable),
-                                    ("failed", {0, 1}, "false")):
+    helpers, start = [], drawing._start_helper
+    monkeypatch.setattr(drawing, "_start_helper", lambda jobs, claims: helpers.append(
+        start(jobs, claims)) or helpers[-1])
+    drawn_here, render = [], figures.render
+    monkeypatch.setattr(figures, "render", lambda f, args, path: drawn_here.append(
+        os.path.basename(path)) or render(f, args, path))
+    claim = figures.claim
+
+    def waiting_claim(claims, index):  # the first figure waits for the helper to take the last
+        deadline = time.monotonic() + 120
+        while index == 0 and not os.path.exists(os.path.join(claims, str(len(jobs) - 1))):
+            assert time.monotonic() < deadline, "the helper took no figure in 2 min"
+            time.sleep(0.05)
+        return claim(claims, index)
+
+    slow = tmp_path / "slow_python"  # a helper that would start after 10 min
+    slow.write_text("#!/bin/sh\nsleep 600\n")
+    slow.chmod(0o755)
+    temp = tmp_path / "temp"  # the helper's job file and the claims
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    images, here = {}, {}
+    for name, cores, executable, claiming in (("alone", {0}, sys.executable, claim),
+                                              ("helped", {0, 1}, sys.executable, waiting_claim),
+                                              ("failed", {0, 1}, "false", claim),
+                                              ("slow", {0, 1}, str(slow), claim)):
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid, cores=cores: cores)
         monkeypatch.setattr(sys, "executable", executable)
-        writer = Writer()
+        monkeypatch.setattr(figures, "claim", claiming)
+        writer, drawn_here[:] = Writer(), []
         writer.images = []
+        began = time.monotonic()
         drawing.draw(jobs, writer, str(tmp_path / name))
-        images[name] = writer.images
-    assert helped == [1, 1]  # job b, in the runs with two cores
-    for name in ("helped", "failed"):
+        images[name], here[name] = writer.images, list(drawn_here)
+        assert list(temp.iterdir()) == []
+        assert all(h.poll() is not None for h in helpers)  # none is left running
+    assert time.monotonic() - began < 300  # the slow helper did not delay the drawing
+    assert len(helpers) == 3
+    everything = ["curves.png", "gaps.png", "attention.png"]
+    assert here["alone"] == here["failed"] == here["slow"] == everything
+    assert here["helped"][0] == "curves.png" and "attention.png" not in here["helped"]
+    for name in ("helped", "failed", "slow"):
         assert [tag for tag, _ in images[name]] == ["a", "b", "c"]
         for (_, x), (_, y) in zip(images["alone"], images[name], strict=True):
             assert np.array_equal(x, y)

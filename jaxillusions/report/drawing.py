@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -147,29 +148,36 @@ def draw(jobs, writer, workdir: str) -> None:
     """Draws each figure of `jobs` ([(TensorBoard tag, file name under figures/, a figure
     function of report/figures.py, its arguments)]) once, into its PNG and TensorBoard's IMAGES
     (in the order of `jobs`). Drawing is single-threaded Python: where this process may use two
-    cores, a helper process draws every other figure meanwhile (the same PNG, byte for byte);
-    should it fail, its figures are drawn here."""
+    cores, a helper process draws from the last figure while this one draws from the first,
+    each taking the next figure that the other has not taken (`figures.claim`; the same PNG,
+    byte for byte), so the helper's start (about 1.5 s of Python and imports) delays nothing:
+    a few quick figures are all drawn here and the helper is ended unused. Should it fail, its
+    figures are drawn here."""
     paths = [os.path.join(workdir, "figures", name + ".png") for _, name, _, _ in jobs]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    helper = _start_helper([(f, a, p) for (_, _, f, a), p in zip(jobs[1::2], paths[1::2],
-                                                                 strict=True)]
-                           ) if len(jobs) > 1 and (cores or 1) > 1 else None
+    claims = tempfile.mkdtemp(prefix="figures_") if len(jobs) > 1 and (cores or 1) > 1 else None
+    helper = _start_helper([(f, a, p) for (_, _, f, a), p in zip(jobs, paths, strict=True)],
+                           claims) if claims else None
     pixels, helped = {}, False
     try:
-        for i in range(0, len(jobs), 2 if helper else 1):
+        for i in range(len(jobs)):
+            if helper is not None and not figures.claim(claims, i):
+                break  # the helper took this one, so it took every one after it
             stop_in_reports(workdir)  # each figure takes a while: a signal stops between them
             with stages.writing("report", paths[i]):
                 pixels[i] = figures.render(*jobs[i][2:], paths[i])
-        while helper is not None and helper.poll() is None:  # it draws; this process waits
-            watchdog.progress()
-            time.sleep(0.2)
-        helped = helper is not None and helper.wait() == 0
+        if helper is not None and len(pixels) < len(jobs):
+            while helper.poll() is None:  # it draws the rest; this process waits
+                watchdog.progress()
+                time.sleep(0.05)
+            helped = helper.wait() == 0
     finally:
         if helper is not None:
-            if helper.poll() is None:  # stopped (the relaunch draws every figure again)
-                helper.kill()
+            if helper.poll() is None:  # every figure drawn here, or stopped (the relaunch
+                helper.kill()  # draws every figure again)
                 helper.wait()
-            os.remove(helper.args[-1])
+            os.remove(helper.args[-2])
+            shutil.rmtree(claims, ignore_errors=True)
     for i, (tag, _, function, args) in enumerate(jobs):
         if i not in pixels:
             stop_in_reports(workdir)
@@ -182,10 +190,11 @@ def draw(jobs, writer, workdir: str) -> None:
         tensorboard.write_figure(writer, tag, pixels[i][..., :3])
 
 
-def _start_helper(jobs: list) -> subprocess.Popen:
-    """A process that draws `jobs` ([(figure function, arguments, path)]; figures.render_file),
-    in a session of its own (a Ctrl-C stops this process, which ends it); its last argument is
-    the jobs' file, for the caller to remove."""
+def _start_helper(jobs: list, claims: str) -> subprocess.Popen:
+    """A process that draws `jobs` ([(figure function, arguments, path)]) from the last, each
+    it `figures.claim`s in the folder `claims` (figures.render_file), in a session of its own (a
+    Ctrl-C stops this process, which ends it); its last two arguments are the jobs' file, for
+    the caller to remove, and `claims`."""
     fd, path = tempfile.mkstemp(suffix=".pkl", prefix="figures_")
     with os.fdopen(fd, "wb") as f:
         pickle.dump(jobs, f)
@@ -194,5 +203,5 @@ def _start_helper(jobs: list) -> subprocess.Popen:
         p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     return subprocess.Popen(
         [sys.executable, "-c", "import sys; from jaxillusions.report import figures; "
-         "figures.render_file(sys.argv[1])", path],
+         "figures.render_file(*sys.argv[1:])", path, claims],
         env=env, stdout=subprocess.DEVNULL, start_new_session=True)

@@ -362,13 +362,27 @@ def render(function, args: Sequence, path: str) -> np.ndarray:
     return save(function(*args), path)
 
 
-def render_file(jobs_path: str) -> None:
-    """`render` of each (function, arguments, path) pickled in `jobs_path` (sweep.draw's helper
-    process)."""
+def claim(claims: str, index: int) -> bool:
+    """Whether this process takes figure `index` of a drawing shared by two processes
+    (report/drawing.py's `draw` and its helper): the first to create its file under `claims`
+    does, the other is refused (an exclusive create)."""
+    try:
+        os.close(os.open(os.path.join(claims, str(index)), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def render_file(jobs_path: str, claims: str) -> None:
+    """`render` of the (function, arguments, path) jobs pickled in `jobs_path`, the last first,
+    each that this process `claim`s, until one is refused (report/drawing.py's helper process:
+    the main process draws from the first)."""
     with open(jobs_path, "rb") as f:
         jobs = pickle.load(f)
-    for function, args, path in jobs:
-        render(function, args, path)
+    for index in reversed(range(len(jobs))):
+        if not claim(claims, index):
+            return
+        render(*jobs[index])
 
 
 def save(fig, path: str) -> np.ndarray:
