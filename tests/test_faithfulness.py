@@ -10,10 +10,16 @@ import tolerance as tol
 from conftest import checked
 from tensorboard.backend.event_processing import event_accumulator as ea
 
-from jaxillusions import proxies
-from jaxillusions.faithfulness import metrics
+from jaxillusions import proxies, tasks
+from jaxillusions.faithfulness import dictionary_metrics, metrics
 from jaxillusions.faithfulness.collect import Chunking, collect
-from jaxillusions.faithfulness.evaluate import EvalOptions, _eval_chunk, evaluate, make_eval_set
+from jaxillusions.faithfulness.evaluate import (
+    EvalOptions,
+    _eval_chunk,
+    evaluate,
+    make_eval_set,
+    pack,
+)
 from jaxillusions.faithfulness.fit import fit
 from jaxillusions.faithfulness.specs import ProxySpec, specs_from_config
 from jaxillusions.model import forward
@@ -161,6 +167,41 @@ def test_batched_evaluation_equals_item_by_item(trained):
                                                                abs=tol.EPS32)
 
 
+def test_pack_lays_each_sentence_once_at_its_own_positions(trained):
+    # Every sentence of the evaluation splits, up to its last token, in one packed row with its
+    # own tokens, scored positions and bins, one segment id, and offsets that put its first
+    # token at position 0; fewer positions than one sentence a row; refused (the set itself)
+    # where a sentence is scored at its last token, and where packing saves nothing.
+    _, splits, _, _ = trained
+    eval_set = make_eval_set(splits, ["iid", "longer"])
+    packed = pack(eval_set)
+    n, width = eval_set.tokens.shape
+    assert packed.widths == (width,) and packed.tokens.shape[1] == width
+    alone = 0  # positions one sentence a row, each at the narrowest width that holds it
+    for i in range(n):
+        length = int(np.flatnonzero(eval_set.tokens[i] != tasks.PAD).max()) + 1
+        alone += min(w for w in eval_set.widths if w >= length)
+        rows, cols = np.nonzero(packed.segments == i)
+        assert len(set(rows)) == 1 and list(cols) == list(range(cols[0], cols[0] + length))
+        r, c = rows[0], cols
+        assert np.array_equal(packed.tokens[r, c], eval_set.tokens[i, :length])
+        assert np.array_equal(packed.evaluated[r, c], eval_set.evaluated[i, :length])
+        assert np.array_equal(packed.bins[r, c], eval_set.bins[i, :length])
+        assert np.array_equal(packed.offsets[r, c] + c, np.arange(length))
+        assert not eval_set.evaluated[i, length - 1:].any()
+    empty = packed.segments == -1
+    assert (packed.tokens[empty] == tasks.PAD).all() and not packed.evaluated[empty].any()
+    assert packed.evaluated.sum() == eval_set.evaluated.sum()
+    assert packed.tokens.shape[0] * width < alone
+    last = eval_set.evaluated.copy()
+    last[0, np.flatnonzero(eval_set.tokens[0] != tasks.PAD).max()] = True
+    scored_last = dataclasses.replace(eval_set, evaluated=last)
+    assert pack(scored_last) is scored_last
+    full = dataclasses.replace(eval_set, tokens=np.where(eval_set.tokens == tasks.PAD, 1,
+                                                         eval_set.tokens))
+    assert pack(full) is full  # rows of full windows: nothing to save
+
+
 @pytest.mark.slow
 def test_demo_families_compile_once_per_method_at_any_width(trained):
     """The demo's 8 families (svd and k-means on q, k and q+k; one-hot and uniform attention)
@@ -168,7 +209,11 @@ def test_demo_families_compile_once_per_method_at_any_width(trained):
     per family and width: 16). Padded to the widest split or run at each split's width, the
     rows agree within float32 rounding: counts exactly, JSD within a mean's rounding of
     per-position values computed from entropies of up to log2 V bits (tests/tolerance.py), its
-    quantiles within one position's."""
+    quantiles within one position's. The sentences packed side by side (the vector families;
+    the default) give the same rows within float32 rounding too, their sums taken in another
+    order: counts up to a near-tie flipped, the dictionary metrics' ratios within the 0.1% by
+    which rounding may move each side of them (dictionary_metrics.DENOMINATOR_MARGIN), twice
+    for two runs."""
     _, splits, model_cfg, params = trained
     targets = [("blocks.1.attn.q",), ("blocks.1.attn.k",), ("blocks.1.attn.q", "blocks.1.attn.k")]
     specs = [ProxySpec(method, sites, sizes, options) for method, sizes, options in
@@ -182,26 +227,40 @@ def test_demo_families_compile_once_per_method_at_any_width(trained):
     eval_set = make_eval_set(splits, ["iid", "longer"])
     assert len(eval_set.widths) == 2
     rows = {}
-    for one_width in (False, True):
+    for one_width, packed in ((False, False), (True, False), (False, True)):
         _eval_chunk.clear_cache()  # count its compilations, whatever ran before
         with timing.Breakdown() as clock:  # one family at a time, as the sweep does
-            rows[one_width] = [row for proxy in fitted for row in evaluate(
+            rows[one_width, packed] = [row for proxy in fitted for row in evaluate(
                 params, model_cfg, eval_set, [proxy], batch_size=64, seeds=[0, 1],
-                options=EvalOptions(shared=fitted, one_width=one_width))]
-        assert clock.programs["jit(_eval_chunk)"] == 4, (one_width, clock.programs)
+                options=EvalOptions(shared=fitted, one_width=one_width, pack=packed))]
+        assert clock.programs["jit(_eval_chunk)"] == 4, (one_width, packed, clock.programs)
         assert "jit(add)" not in clock.programs  # chunk sums on the host: was one per shape
     keys = ("seed", "site", "method", "size", "split", "breakdown", "bin", "n")
-    assert [[r[k] for k in keys] for r in rows[True]] == [[r[k] for k in keys]
-                                                          for r in rows[False]]
-    for padded, narrow in zip(rows[True], rows[False], strict=True):
-        for column in ("same_pred", "acc_original", "acc_proxy"):  # sums of 0/1: exact
-            assert padded[column] == narrow[column]
-        bits = 3 * np.log2(model_cfg.vocab_size)
-        assert padded["jsd"] == pytest.approx(narrow["jsd"], rel=0, abs=tol.two_ways(
-            tol.mean_error(narrow["n"], narrow["jsd"], bits)))
-        for column in ("jsd_p95", "jsd_p99"):
-            assert padded[column] == pytest.approx(narrow[column], rel=0, nan_ok=True, abs=(
-                tol.two_ways(tol.TERM_ULPS * tol.EPS32 * bits)))
+    narrow = rows[False, False]
+    bits = 3 * np.log2(model_cfg.vocab_size)
+    flips = 0
+    for other in ((True, False), (False, True)):
+        assert [[r[k] for k in keys] for r in rows[other]] == [[r[k] for k in keys]
+                                                               for r in narrow]
+        for a, b in zip(rows[other], narrow, strict=True):
+            for column in ("same_pred", "acc_original", "acc_proxy"):  # sums of 0/1
+                if other == (True, False):  # the same sums: exact
+                    assert a[column] == b[column]
+                else:  # packed: a near-tie of two logits within their rounding may flip one
+                    flips += a[column] != b[column]
+                    assert abs(a[column] - b[column]) * b["n"] <= 1 + 1e-6, (column, b)
+            assert a["jsd"] == pytest.approx(b["jsd"], rel=0, abs=tol.two_ways(
+                tol.mean_error(b["n"], b["jsd"], bits)))
+            for column in ("jsd_p95", "jsd_p99"):
+                assert a[column] == pytest.approx(b[column], rel=0, nan_ok=True, abs=(
+                    tol.two_ways(tol.TERM_ULPS * tol.EPS32 * bits)))
+            for column in ("fvu", "l0", "dead", "kl_score", "ce_score"):
+                if column in b:
+                    assert np.isnan(a[column]) == np.isnan(b[column]), (column, b)
+                    assert a[column] == pytest.approx(b[column], nan_ok=True, abs=tol.EPS32,
+                                                      rel=2 * 2 / dictionary_metrics.
+                                                      DENOMINATOR_MARGIN), (column, b)
+    assert flips <= len(narrow) // 100, flips
 
 
 def test_full_rank_svd_is_faithful_and_rank_one_is_not(trained):
