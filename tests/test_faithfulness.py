@@ -12,7 +12,7 @@ from tensorboard.backend.event_processing import event_accumulator as ea
 
 from jaxillusions import proxies, tasks
 from jaxillusions.faithfulness import dictionary_metrics, metrics
-from jaxillusions.faithfulness.collect import Chunking, collect
+from jaxillusions.faithfulness.collect import Chunking, collect, pack_rows
 from jaxillusions.faithfulness.evaluate import (
     EvalOptions,
     _eval_chunk,
@@ -165,6 +165,23 @@ def test_batched_evaluation_equals_item_by_item(trained):
                     same = np.asarray(metrics.same_pred(logits, proxy_logits))
                     assert row_d["same_pred"] == pytest.approx(same[depth_mask].mean(),
                                                                abs=tol.EPS32)
+
+
+def test_packed_in_order_the_rows_read_the_tokens_in_their_order(trained):
+    # Collection's layout: the training sentences side by side in their order (next fit), in
+    # fewer rows, so the first N non-PAD positions (the k-means samples) are the same tokens.
+    _, splits, _, _ = trained
+    tokens = splits["train"].tokens
+    layout = pack_rows(tokens, in_order=True)
+    packed = layout.lay(tokens, tasks.PAD)
+    assert 0 < layout.rows < len(tokens) and packed.shape == (layout.rows, tokens.shape[1])
+    assert np.array_equal(packed[packed != tasks.PAD], tokens[tokens != tasks.PAD])
+    segments = layout.segments[layout.segments >= 0]
+    assert np.array_equal(segments, np.sort(segments))  # row-major order: sentence order
+    for i in (0, 1, len(tokens) // 2, len(tokens) - 1):
+        rows, cols = np.nonzero(layout.segments == i)
+        assert len(set(rows)) == 1
+        assert np.array_equal(layout.offsets[rows, cols] + cols, np.arange(len(cols)))
 
 
 def test_pack_lays_each_sentence_once_at_its_own_positions(trained):

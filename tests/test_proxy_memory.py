@@ -15,7 +15,7 @@ import tolerance as tol
 from conftest import checked, tiny_config
 
 from jaxillusions.faithfulness import dictionary_metrics
-from jaxillusions.faithfulness.collect import Chunking, _collect_chunk, collect
+from jaxillusions.faithfulness.collect import Chunking, _collect_chunk, collect, pack_rows
 from jaxillusions.faithfulness.evaluate import EvalOptions, evaluate, make_eval_set
 from jaxillusions.faithfulness.fit import fit
 from jaxillusions.faithfulness.specs import specs_from_config
@@ -199,12 +199,18 @@ def test_seed_chunks_equal_one_call(setup, one_call):
 
 def test_planner_picks_the_largest_chunk_that_fits(setup, one_call, monkeypatch):
     config, splits, model_cfg, params, specs, _ = setup
-    tokens = splits["train"].tokens[:config.proxies.collect_batch_size]
+    # Collection runs the sentences packed side by side (their segments and offsets).
+    layout = pack_rows(splits["train"].tokens, in_order=True)
+    assert 0 < layout.rows < len(splits["train"].tokens)
+    batch = (config.proxies.collect_batch_size, splits["train"].tokens.shape[1])
+    tokens = jax.ShapeDtypeStruct(batch, splits["train"].tokens.dtype)
+    packed = (jax.ShapeDtypeStruct(batch, layout.segments.dtype),
+              jax.ShapeDtypeStruct(batch, layout.offsets.dtype))
     sites = ("blocks.1.attn.k",)
 
     def need(width):  # what the planner measures for activation collection
         return memory.compiled_bytes(_collect_chunk,
-                                     memory.seed_shapes(params, width), tokens,
+                                     memory.seed_shapes(params, width), tokens, packed,
                                      model_cfg=model_cfg, sites=sites, with_vectors=True)
 
     assert need(1) < need(2) < need(3)

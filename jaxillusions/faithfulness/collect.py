@@ -31,6 +31,57 @@ class Chunking:
     say: Callable[[str], object] | None = print
 
 
+@dataclasses.dataclass(frozen=True)
+class Packing:
+    """Where `pack_rows` put each sentence's tokens: `rows` rows of the sentences' width, each
+    token's sentence (`segments`, -1: none) and position minus column (`offsets`), [rows, T]
+    each; `lay` moves any per-position array [N, T, ...] there."""
+
+    rows: int
+    length: np.ndarray  # [N]: each sentence's tokens up to its last non-PAD one
+    kept: np.ndarray  # [N, T]: the positions moved (each sentence up to its last token)
+    at: tuple[np.ndarray, np.ndarray]  # their row and column, in the order of kept
+    segments: np.ndarray
+    offsets: np.ndarray
+
+    def lay(self, values: np.ndarray, empty) -> np.ndarray:
+        """values [N, T, ...] (or [N, 1, ...], the same at every position) in the packed rows;
+        `empty` where no sentence is."""
+        values = np.broadcast_to(values, self.kept.shape + np.shape(values)[2:])
+        out = np.full((self.rows, self.kept.shape[1], *values.shape[2:]), empty, values.dtype)
+        out[self.at] = values[self.kept]
+        return out
+
+
+def pack_rows(tokens: np.ndarray, *, in_order: bool) -> Packing:
+    """The sentences of `tokens` [N, T], each up to its last non-PAD token, side by side in rows
+    of width T, so that model.forward with the segments and offsets computes for each what it
+    computes for the sentence alone. in_order: each in the current row if it fits, else in a
+    new one (next fit), so the rows read the tokens in their order; else at the first row with
+    room, the longest first (first-fit decreasing: fewer rows)."""
+    n, width = tokens.shape
+    used = tokens != tasks.PAD
+    length = np.where(used.any(1), width - np.argmax(used[:, ::-1], axis=1), 0)
+    fill, row, start = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
+    current = 0
+    for i in range(n) if in_order else np.argsort(-length, kind="stable"):
+        if in_order:
+            current += fill[current] + length[i] > width
+            r = current
+        else:
+            r = int(np.argmax(fill + length[i] <= width))  # there is one: n rows, <= one each
+        row[i], start[i] = r, fill[r]
+        fill[r] += length[i]
+    column = np.arange(width)
+    kept = column[None, :] < length[:, None]
+    at = (np.broadcast_to(row[:, None], kept.shape)[kept], (start[:, None] + column)[kept])
+    rows = int(row.max(initial=-1) + 1) if kept.any() else 0
+    layout = Packing(rows, length, kept, at, np.empty(0), np.empty(0))
+    return dataclasses.replace(layout, segments=layout.lay(np.arange(n, dtype=np.int32)[:, None],
+                                                           -1),
+                               offsets=layout.lay((-start).astype(np.int32)[:, None], 0))
+
+
 PAIR_INPUT = "input:"  # prefix of a "pairs" site's sampled inputs in _collect_chunk
 PAIR_OUTPUT = "output:"  # prefix of a lens's sampled output site (the final residual stream)
 
@@ -43,10 +94,11 @@ def _grouped(x: jax.Array) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "sites", "with_vectors", "pairs"))
-def _collect_chunk(params, tokens, *, model_cfg, sites: tuple[str, ...], with_vectors: bool,
-                   pairs: tuple[tuple[str, str], ...] = ()):
-    """pairs: (site, method) of the "pairs" statistic: the method's input of the site (e.g. a
-    transcoder's MLP input) is sampled too, as vectors[PAIR_INPUT + site]."""
+def _collect_chunk(params, tokens, packed=None, *, model_cfg, sites: tuple[str, ...],
+                   with_vectors: bool, pairs: tuple[tuple[str, str], ...] = ()):
+    """packed: the rows' (segments, offsets) where `tokens` are packed rows (`pack_rows`), else
+    None. pairs: (site, method) of the "pairs" statistic: the method's input of the site (e.g.
+    a transcoder's MLP input) is sampled too, as vectors[PAIR_INPUT + site]."""
     valid = (tokens != tasks.PAD).reshape(-1)
     svd = proxies.get("svd")
     inputs = {s: proxies.get(m).input_site(s, model_cfg) for s, m in pairs
@@ -55,8 +107,9 @@ def _collect_chunk(params, tokens, *, model_cfg, sites: tuple[str, ...], with_ve
                if proxies.hook(proxies.get(m), "output_site") is not None}
 
     def one_seed(p):
+        rows = {} if packed is None else {"segments": packed[0], "position_offset": packed[1]}
         _, cache = model_lib.forward(p, tokens, model_cfg, cache=tuple(dict.fromkeys(
-            sites + tuple(inputs.values()) + tuple(outputs.values()))))
+            sites + tuple(inputs.values()) + tuple(outputs.values()))), **rows)
         vectors = {s: _grouped(cache[s]) for s in sites}
         moments = {s: jax.vmap(svd.moments, in_axes=(1, None))(v, valid)
                    for s, v in vectors.items()}
@@ -102,9 +155,11 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
     a lens's pairs: {"x": the site's values, "y": its output site's}; "labelled": the sample
     with "z" [S, G, N, C], the classes of `labels` (int [sentences, T, C], the task's concepts
     of train's tokens: tasks.concept_labels) at the sampled positions).
-    Moments stream over all training sentences in fixed-size chunks (memory stays bounded);
-    samples are the first `num_samples` non-PAD positions of the training sentences, which are
-    i.i.d. draws, so this is a random sample of sentences (all positions of each).
+    Moments stream over all training sentences in fixed-size chunks (memory stays bounded),
+    the sentences side by side in rows in their order (`pack_rows`; rows of full windows, the
+    code task's, stay one a row); samples are the first `num_samples` non-PAD positions of the
+    training sentences, which are i.i.d. draws, so this is a random sample of sentences (all
+    positions of each).
     Seeds run in sequential chunks (`chunking`, see `Chunking` and `seed_chunk`); a seed's
     statistics depend on that seed alone.
     """
@@ -134,10 +189,19 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
     static = dict(model_cfg=model_cfg, sites=sites, with_vectors=sampling and num_samples > 0)
     if pairs:  # (the collection program of configs without a transcoder is unchanged)
         static["pairs"] = tuple(sorted(pairs.items()))
-    tokens = jax.ShapeDtypeStruct((batch_size, train.tokens.shape[1]), train.tokens.dtype)
+    # The sentences packed side by side in their order (the samples are the same positions),
+    # where that takes fewer rows (not the code task's full windows).
+    layout = pack_rows(train.tokens, in_order=True)
+    packed = layout if 0 < layout.rows < len(train.tokens) else None
+    arrays = [train.tokens] if packed is None else [
+        packed.lay(train.tokens, tasks.PAD), packed.segments, packed.offsets]
+    if labelled:
+        arrays.append(labels if packed is None else packed.lay(labels, 0))
+    shapes = [jax.ShapeDtypeStruct((batch_size, *a.shape[1:]), a.dtype)
+              for a in arrays[:1 if packed is None else 3]]
     chunk_size = seed_chunk(
-        lambda w: memory.compiled_bytes(_collect_chunk, memory.seed_shapes(params, w), tokens,
-                                        **static),
+        lambda w: memory.compiled_bytes(_collect_chunk, memory.seed_shapes(params, w),
+                                        shapes[0], tuple(shapes[1:]) or None, **static),
         num_seeds, chunking, what="activation collection",
         lower=f"proxies.collect_batch_size (now {batch_size})")
 
@@ -150,11 +214,12 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
         totals, kept, classes = None, 0, []
         samples = {s: [] for s in (*sites, *(PAIR_INPUT + s for s in reads),
                                    *(PAIR_OUTPUT + s for s in writes))}
-        chunks = [train.tokens] + ([labels] if labelled else [])
-        for tokens, *chunk_labels in padded_chunks(chunks, batch_size):
+        for chunk in padded_chunks(arrays, batch_size):
             watchdog.progress()
+            tokens, rows = chunk[0], (tuple(chunk[1:3]) if packed is not None else None)
+            chunk_labels = chunk[-1:] if labelled else []
             moments, vectors = _collect_chunk(
-                params, tokens, **dict(static, with_vectors=sampling and kept < num_samples))
+                params, tokens, rows, **dict(static, with_vectors=sampling and kept < num_samples))
             moments = distributed.to_host(moments)  # summed on the host: no jit(add) per shape
             totals = moments if totals is None else jax.tree.map(np.add, totals, moments)
             if vectors:

@@ -16,7 +16,7 @@ import numpy as np
 from jaxillusions import model as model_lib
 from jaxillusions import proxies, tasks
 from jaxillusions.faithfulness import dictionary_metrics, metrics
-from jaxillusions.faithfulness.collect import Chunking, over_seed_chunks, seed_chunk
+from jaxillusions.faithfulness.collect import Chunking, over_seed_chunks, pack_rows, seed_chunk
 from jaxillusions.faithfulness.fit import FittedProxy, make_intervention
 from jaxillusions.faithfulness.specs import ProxySpec
 from jaxillusions.runtime import distributed, schema, watchdog
@@ -122,37 +122,18 @@ def pack(eval_set: EvalSet) -> EvalSet:
     positions (rows of full windows: code) or where a sentence's prediction is scored at its
     last token or after it (its target would be the next sentence's first token, or left
     out)."""
-    tokens = eval_set.tokens
-    n, width = tokens.shape
-    used = tokens != tasks.PAD
-    length = np.where(used.any(1), width - np.argmax(used[:, ::-1], axis=1), 0)
-    column = np.arange(width)
-    if (eval_set.evaluated & (column[None, :] >= length[:, None] - 1)).any():
-        return eval_set
-    fill, row, start = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
-    for s in np.argsort(-length, kind="stable"):
-        r = int(np.argmax(fill + length[s] <= width))  # there is one: n rows, <= one each
-        row[s], start[s] = r, fill[r]
-        fill[r] += length[s]
-    rows = int(np.count_nonzero(fill))  # the used rows are the first (first fit)
+    tokens, width = eval_set.tokens, eval_set.tokens.shape[1]
+    layout = pack_rows(tokens, in_order=False)
+    length = layout.length
     # Positions computed one sentence a row, each at the narrowest width that holds it.
     alone = np.array(eval_set.widths)[np.searchsorted(eval_set.widths, length)].sum()
-    if not 0 < rows * width < alone:
+    if not 0 < layout.rows * width < alone or (
+            eval_set.evaluated & (np.arange(width)[None, :] >= length[:, None] - 1)).any():
         return eval_set
-    kept = column[None, :] < length[:, None]
-    at = (np.broadcast_to(row[:, None], kept.shape)[kept], (start[:, None] + column)[kept])
-
-    def lay(values: np.ndarray, empty) -> np.ndarray:
-        values = np.broadcast_to(values, kept.shape + values.shape[2:])
-        out = np.full((rows, width, *values.shape[2:]), empty, values.dtype)
-        out[at] = values[kept]
-        return out
-
     return dataclasses.replace(
-        eval_set, tokens=lay(tokens, tasks.PAD), evaluated=lay(eval_set.evaluated, False),
-        bins=lay(eval_set.bins, 0), widths=(width,),
-        segments=lay(np.arange(n, dtype=np.int32)[:, None], -1),
-        offsets=lay((-start).astype(np.int32)[:, None], 0))
+        eval_set, tokens=layout.lay(tokens, tasks.PAD),
+        evaluated=layout.lay(eval_set.evaluated, False), bins=layout.lay(eval_set.bins, 0),
+        widths=(width,), segments=layout.segments, offsets=layout.offsets)
 
 
 # The members of an evaluation pass (_eval_chunk): the original model, its sites zeroed (for the
