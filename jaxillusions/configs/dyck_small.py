@@ -10,9 +10,10 @@ Training only:
 
 On the 2-core CPU machine (Intel Xeon, `lscpu`: "Intel(R) Xeon(R) Processor" family 6 model 207;
 no GPU, nothing else running, data and compilation caches empty, a fresh clone) the job's line
-was `time 87 s: training 39 s, collection 7 s, fitting 4 s, evaluation 29 s, reports 1 s,
-figures 6 s; of which compilation 16.4 s` (12 seeds x 2500 steps as 2 shards on the config's 2
-CPU devices, each seed's batch packed into half the rows; 107 s before the packing, on the AMD
+was `time 72 s: training 37 s, collection 4 s, fitting 3 s, evaluation 21 s, reports 1 s,
+figures 5 s; of which compilation 13.8 s` (12 seeds x 2500 steps as 2 shards on the config's 2
+CPU devices, each seed's batch packed into half the rows, and the proxies' collection and
+evaluation on packed rows; 87 s before those, 107 s before training's packing; on the AMD
 EPYC of family 25 model 17 the code before the attention softmax's own derivative took 1 min 53
 s, docs/speed.md). Its data, model and training keys are dyck_population.py's but for the seed
 count (its first 12 seeds, other shards: the same numbers up to the last bits); the population
