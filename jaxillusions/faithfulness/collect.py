@@ -193,12 +193,11 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
     # where that takes fewer rows (not the code task's full windows).
     layout = pack_rows(train.tokens, in_order=True)
     packed = layout if 0 < layout.rows < len(train.tokens) else None
-    arrays = [train.tokens] if packed is None else [
-        packed.lay(train.tokens, tasks.PAD), packed.segments, packed.offsets]
+    rows = () if packed is None else (packed.segments, packed.offsets)
+    arrays = [train.tokens if packed is None else packed.lay(train.tokens, tasks.PAD), *rows]
+    shapes = [jax.ShapeDtypeStruct((batch_size, *a.shape[1:]), a.dtype) for a in arrays]
     if labelled:
         arrays.append(labels if packed is None else packed.lay(labels, 0))
-    shapes = [jax.ShapeDtypeStruct((batch_size, *a.shape[1:]), a.dtype)
-              for a in arrays[:1 if packed is None else 3]]
     chunk_size = seed_chunk(
         lambda w: memory.compiled_bytes(_collect_chunk, memory.seed_shapes(params, w),
                                         shapes[0], tuple(shapes[1:]) or None, **static),
@@ -216,10 +215,10 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
                                    *(PAIR_OUTPUT + s for s in writes))}
         for chunk in padded_chunks(arrays, batch_size):
             watchdog.progress()
-            tokens, rows = chunk[0], (tuple(chunk[1:3]) if packed is not None else None)
-            chunk_labels = chunk[-1:] if labelled else []
-            moments, vectors = _collect_chunk(
-                params, tokens, rows, **dict(static, with_vectors=sampling and kept < num_samples))
+            tokens, *rest = chunk
+            chunk_rows, chunk_labels = tuple(rest[:len(rows)]) or None, rest[len(rows):]
+            moments, vectors = _collect_chunk(params, tokens, chunk_rows, **dict(
+                static, with_vectors=sampling and kept < num_samples))
             moments = distributed.to_host(moments)  # summed on the host: no jit(add) per shape
             totals = moments if totals is None else jax.tree.map(np.add, totals, moments)
             if vectors:

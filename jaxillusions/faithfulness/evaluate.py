@@ -311,9 +311,6 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
         one_width = jax.default_backend() != "cpu"
     packed = pack(eval_set) if options.pack and any(
         p.spec.module.SITE == "vector" for p in fitted) else eval_set
-    # The split of each evaluated position, in the order of the per-position JSD, per layout.
-    split_ids = {id(layout): np.concatenate([c[2][..., 0][c[1]] for c, _ in _eval_batches(
-        layout, batch_size)]) for layout in (eval_set, packed)}
     programs = _program_sites([*fitted, *options.shared])
     for proxy in fitted:
         sites = programs[_program_key(proxy.spec)]
@@ -327,7 +324,10 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
                               proxy.spec.options if whole else ())
         (totals, dict_sums), jsd = _evaluate_family(params, num_seeds, layout, proxy, sites,
                                                     program, batch_size, options.chunking)
-        quantiles = _jsd_quantiles(jsd, split_ids[id(layout)], len(eval_set.split_names))
+        # The split of each evaluated position, in the order of the per-position JSD (the
+        # chunks' row-major order; their padding rows score nothing).
+        split_ids = layout.bins[..., 0][layout.evaluated]
+        quantiles = _jsd_quantiles(jsd, split_ids, len(eval_set.split_names))
         extra = dictionary_metrics.columns(proxy.spec, proxy.params, **dict_sums) if dict_sums \
             else None
         rows += _rows(proxy.spec, totals, quantiles, eval_set, seeds, healthy, extra)
