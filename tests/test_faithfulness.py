@@ -22,7 +22,7 @@ from jaxillusions.faithfulness.evaluate import (
 )
 from jaxillusions.faithfulness.fit import fit
 from jaxillusions.faithfulness.specs import ProxySpec, specs_from_config
-from jaxillusions.model import forward
+from jaxillusions.model import UniformAttention, forward
 from jaxillusions.pipeline import sweep, validate
 from jaxillusions.report import board, results, tables
 from jaxillusions.runtime import tensorboard as log_lib
@@ -217,6 +217,28 @@ def test_pack_lays_each_sentence_once_at_its_own_positions(trained):
     full = dataclasses.replace(eval_set, tokens=np.where(eval_set.tokens == tasks.PAD, 1,
                                                          eval_set.tokens))
     assert pack(full) is full  # rows of full windows: nothing to save
+
+
+def test_a_model_that_reads_a_row_as_one_sentence_is_never_packed(trained):
+    """A standing uniform-attention layer spans its row's whole causal prefix, so packed rows
+    would mix sentences (it did: the original model's iid accuracy read 0.21 against 0.30).
+    Its forward pass refuses segments; collection and evaluation keep one sentence a row, so
+    packing on gives the rows of packing off, bit for bit."""
+    _, splits, model_cfg, params = trained
+    assert model_cfg.packable
+    cfg = dataclasses.replace(model_cfg, interventions=(UniformAttention((0,)),))
+    assert not cfg.packable
+    one = jax.tree.map(lambda x: x[0], params)
+    tokens = jnp.asarray(splits["iid"].tokens[:2])
+    with pytest.raises(ValueError, match="packed rows"):
+        forward(one, tokens, cfg, segments=jnp.zeros(tokens.shape, jnp.int32))
+    spec = ProxySpec("svd", ("blocks.1.attn.q",), (1, 4))
+    stats = collect(params, splits["train"], cfg, [spec], num_samples=0, batch_size=256)
+    fitted = fit([spec], stats, jax.random.PRNGKey(0), num_seeds=2)
+    eval_set = make_eval_set(splits, ["iid", "longer"])
+    rows = [evaluate(params, cfg, eval_set, fitted, batch_size=64, seeds=[0, 1],
+                     options=EvalOptions(pack=packed)) for packed in (True, False)]
+    assert repr(rows[0]) == repr(rows[1])  # every value, NaN where undefined (l0, dead)
 
 
 @pytest.mark.slow

@@ -190,9 +190,10 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
     if pairs:  # (the collection program of configs without a transcoder is unchanged)
         static["pairs"] = tuple(sorted(pairs.items()))
     # The sentences packed side by side in their order (the samples are the same positions),
-    # where that takes fewer rows (not the code task's full windows).
+    # where that takes fewer rows (not the code task's full windows) and the model computes
+    # each alone on them (model_cfg.packable).
     layout = pack_rows(train.tokens, in_order=True)
-    packed = layout if 0 < layout.rows < len(train.tokens) else None
+    packed = layout if model_cfg.packable and 0 < layout.rows < len(train.tokens) else None
     rows = () if packed is None else (packed.segments, packed.offsets)
     arrays = [train.tokens if packed is None else packed.lay(train.tokens, tasks.PAD), *rows]
     shapes = [jax.ShapeDtypeStruct((batch_size, *a.shape[1:]), a.dtype) for a in arrays]

@@ -60,7 +60,8 @@ class EvalOptions:
     share_prefix: each size's pass starts from the original pass's residual stream at the first
         replaced block (False: whole passes per size; for tests and benchmarks).
     pack: the families of per-token (vector) sites evaluate the sentences side by side in rows
-        of the widest split's width (`pack`; False: one sentence per row).
+        of the widest split's width (`pack`; where model_cfg.packable; False: one sentence
+        per row).
     chunking: the seed chunks and where their plan is said (`Chunking`)."""
 
     shared: Sequence[FittedProxy] = ()
@@ -286,8 +287,10 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     side in rows of the widest split's width (`pack`), one branch, where that computes fewer
     positions (the Dyck demo: 869 rows of 42 positions against 1,800 sentences of 26 or 42;
     its evaluation 1.2x faster, docs/speed.md); pattern and whole-model families keep one
-    sentence a row (their proxies see whole rows). The rows agree within float32 rounding
-    (sums in another order; a near-tie may flip).
+    sentence a row (their proxies see whole rows), and so does every family of a model that
+    reads a row as one sentence (a built front, standing uniform attention:
+    `model_cfg.packable`). The rows agree within float32 rounding (sums in another order; a
+    near-tie may flip).
 
     Per seed and chunk the model's prefix (the blocks before the first that a family of the
     program replaces) runs once, and from its residual stream the original model and every
@@ -309,7 +312,7 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     one_width = options.one_width
     if one_width is None:
         one_width = jax.default_backend() != "cpu"
-    packed = pack(eval_set) if options.pack and any(
+    packed = pack(eval_set) if options.pack and model_cfg.packable and any(
         p.spec.module.SITE == "vector" for p in fitted) else eval_set
     programs = _program_sites([*fitted, *options.shared])
     for proxy in fitted:

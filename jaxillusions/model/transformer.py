@@ -218,6 +218,14 @@ class ModelConfig:
         return self.d_head or self.d_model // self.n_heads
 
     @property
+    def packable(self) -> bool:
+        """Whether `forward` on packed rows (`segments`, position offsets) computes for each
+        sentence what it computes for the sentence alone: not with a built front, which reads a
+        row as one sentence, nor with standing interventions (uniform attention spans the
+        row's whole causal prefix)."""
+        return self.front is None and not self.interventions
+
+    @property
     def rotary_dims(self) -> int:
         """The dimensions of each head that rotary positions turn."""
         return self.rotary_dim or self.head_dim
@@ -463,11 +471,15 @@ def forward(
     `intervention` applies after the model's standing ones (`cfg.interventions`).
     `position_offset` (int [batch], or [batch, pos] per token; default 0): token t sits at
     position offset + t (training's random offsets train positions past the sentence length).
-    `segments` (int [batch, pos]): tokens attend within their segment id only (packed rows).
+    `segments` (int [batch, pos]): tokens attend within their segment id only (packed rows);
+    a ValueError where the model reads a row as one sentence (`ModelConfig.packable`).
     `start_at=(layer, residual)`: skip the embeddings and the blocks before `layer`, whose
     output is `residual` [batch, pos, d_model] (the value of `residual_site(cfg, layer)`); the
     sites before block `layer` are not visited.
     """
+    if segments is not None and not cfg.packable:
+        raise ValueError("model.forward: packed rows (segments) for a model that reads a row as "
+                         "one sentence (a built front or standing interventions)")
     cache = frozenset(cache)
     cached: dict[str, jax.Array] = {}
     intervention = compose(*cfg.interventions, intervention)
