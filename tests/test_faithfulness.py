@@ -248,11 +248,12 @@ def test_demo_families_compile_once_per_method_at_any_width(trained):
     per family and width: 16). Padded to the widest split or run at each split's width, the
     rows agree within float32 rounding: counts exactly, JSD within a mean's rounding of
     per-position values computed from entropies of up to log2 V bits (tests/tolerance.py), its
-    quantiles within one position's. The sentences packed side by side (the vector families;
-    the default) give the same rows within float32 rounding too, their sums taken in another
-    order: counts up to a near-tie flipped, the dictionary metrics' ratios within the 0.1% by
-    which rounding may move each side of them (dictionary_metrics.DENOMINATOR_MARGIN), twice
-    for two runs."""
+    quantiles within one position's. The sentences packed side by side (every family here;
+    the default; one-hot attention picks among its sentence's keys, uniform attention reads
+    them from the scores) give the same rows within float32 rounding too, their sums taken in
+    another order: counts up to a near-tie flipped, the dictionary metrics' ratios within the
+    0.1% by which rounding may move each side of them (dictionary_metrics.DENOMINATOR_MARGIN),
+    twice for two runs."""
     _, splits, model_cfg, params = trained
     targets = [("blocks.1.attn.q",), ("blocks.1.attn.k",), ("blocks.1.attn.q", "blocks.1.attn.k")]
     specs = [ProxySpec(method, sites, sizes, options) for method, sizes, options in

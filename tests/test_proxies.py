@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tolerance as tol
 
-from jaxillusions import proxies
+from jaxillusions import model, proxies
 from jaxillusions.proxies import kmeans, onehot_attention, svd, uniform_attention
 
 F = 8
@@ -256,13 +256,29 @@ def test_onehot_attention():
     np.testing.assert_array_equal(onehot_attention.apply({}, jnp.array([0.5, 0.5])), [1.0, 0.0])
 
 
-def test_uniform_attention():
+def test_uniform_attention_spreads_each_query_over_the_keys_its_scores_allow():
+    # It reads the layer's scores (-inf where masked): causal scores give the model's uniform
+    # pattern bit for bit, whatever their values; a packed row's scores, masked to each
+    # sentence, give each query its own sentence's keys up to itself.
     t = 5
-    attn = _softmax_np((2, t, t))
-    out = np.asarray(uniform_attention.apply({}, attn.astype(jnp.bfloat16)), np.float32)
+    assert uniform_attention.input_site("blocks.1.attn.pattern") == "blocks.1.attn.scores"
+    scores = np.random.default_rng(0).normal(size=(2, t, t)).astype(np.float32) * 30
+    causal = np.tril(np.ones((t, t), bool))
+    masked = np.where(causal, scores, -np.inf)
+    out = uniform_attention.apply({}, jnp.asarray(masked))
+    np.testing.assert_array_equal(out, model.uniform_pattern((2, t, t)))
     expected = np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]
-    np.testing.assert_allclose(out, np.broadcast_to(expected, out.shape), rtol=1e-2)
-    np.testing.assert_allclose(uniform_attention.apply({}, attn)[1], expected, rtol=1e-6)
+    np.testing.assert_allclose(out[1], expected, rtol=1e-6)
+    low = np.asarray(uniform_attention.apply({}, jnp.asarray(masked, jnp.bfloat16)), np.float32)
+    np.testing.assert_allclose(low, np.broadcast_to(expected, low.shape), rtol=1e-2)
+    segments = np.array([0, 0, 0, 1, 1])  # two sentences side by side
+    packed = np.where(causal & (segments[:, None] == segments[None, :]), scores, -np.inf)
+    out = np.asarray(uniform_attention.apply({}, jnp.asarray(packed)))
+    first = np.tril(np.ones((3, 3))) / np.arange(1, 4)[:, None]
+    second = np.tril(np.ones((2, 2))) / np.arange(1, 3)[:, None]
+    want = np.zeros((t, t))
+    want[:3, :3], want[3:, 3:] = first, second
+    np.testing.assert_array_equal(out, np.broadcast_to(want.astype(np.float32), out.shape))
 
 
 _NEW_PROXY = '''"""A proxy added as one file: x -> x * size / 10 (proxies.scaled_sizes)."""

@@ -59,9 +59,9 @@ class EvalOptions:
         (False); None: True on accelerators, False on CPU.
     share_prefix: each size's pass starts from the original pass's residual stream at the first
         replaced block (False: whole passes per size; for tests and benchmarks).
-    pack: the families of per-token (vector) sites evaluate the sentences side by side in rows
-        of the widest split's width (`pack`; where model_cfg.packable; False: one sentence
-        per row).
+    pack: the families of a site (per token, or the attention pattern per query) evaluate the
+        sentences side by side in rows of the widest split's width (`pack`; where
+        model_cfg.packable; False: one sentence per row).
     chunking: the seed chunks and where their plan is said (`Chunking`)."""
 
     shared: Sequence[FittedProxy] = ()
@@ -283,14 +283,15 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     where padding the Dyck demo's five short splits to `longer` made the evaluation 1.5x
     slower). The numbers
     of the two agree within float32 rounding (sums over more, zero, terms).
-    options.pack: the families of vector sites (per-token proxies) run the sentences side by
-    side in rows of the widest split's width (`pack`), one branch, where that computes fewer
-    positions (the Dyck demo: 869 rows of 42 positions against 1,800 sentences of 26 or 42;
-    its evaluation 1.2x faster, docs/speed.md); pattern and whole-model families keep one
-    sentence a row (their proxies see whole rows), and so does every family of a model that
-    reads a row as one sentence (a built front, standing uniform attention:
-    `model_cfg.packable`). The rows agree within float32 rounding (sums in another order; a
-    near-tie may flip).
+    options.pack: the families of a site run the sentences side by side in rows of the widest
+    split's width (`pack`), one branch, where that computes fewer positions (the Dyck demo:
+    869 rows of 42 positions against 1,800 sentences of 26 or 42; docs/speed.md): vector
+    proxies act per token, and the pattern proxies per query on the keys its sentence may
+    attend to (one-hot attention's argmax is among them, the masked keys' weights being 0;
+    uniform attention reads the mask from the scores). Whole-model families keep one sentence
+    a row, and so does every family of a model that reads a row as one sentence (a built
+    front, standing uniform attention: `model_cfg.packable`). The rows agree within float32
+    rounding (sums in another order; a near-tie may flip).
 
     Per seed and chunk the model's prefix (the blocks before the first that a family of the
     program replaces) runs once, and from its residual stream the original model and every
@@ -313,12 +314,12 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     if one_width is None:
         one_width = jax.default_backend() != "cpu"
     packed = pack(eval_set) if options.pack and model_cfg.packable and any(
-        p.spec.module.SITE == "vector" for p in fitted) else eval_set
+        p.spec.module.SITE != "model" for p in fitted) else eval_set
     programs = _program_sites([*fitted, *options.shared])
     for proxy in fitted:
         sites = programs[_program_key(proxy.spec)]
         whole = proxy.spec.module.SITE == "model"  # replaces the whole forward pass
-        layout = packed if proxy.spec.module.SITE == "vector" else eval_set  # per token
+        layout = eval_set if whole else packed  # a site's proxy: per token or query
         program = EvalProgram(model_cfg, proxy.spec.method, len(proxy.spec.sizes),
                               eval_set.num_bins,
                               layout.widths[-1:] if one_width else layout.widths,

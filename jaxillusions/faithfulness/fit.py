@@ -102,22 +102,24 @@ def make_intervention(module, site_params: dict, active: dict | None = None,
     Data-dependent proxies carry a head axis G first (one proxy per head); others have none.
     `active` ({site: traced bool}, optional): a site whose flag is False passes through
     unchanged, so one compiled program serves every family of a proxy method (see `evaluate`).
-    A proxy with `input_site` (the transcoder) maps the value of input_site(site, model_cfg),
-    kept when forward visits it, to the site's value; it needs the seed's `model_params` and
-    the model's `model_cfg` (which residual stream its MLP reads, its epsilon). A proxy with
+    A proxy with `input_site` maps the value of input_site(site, model_cfg), kept when forward
+    visits it, to the site's value: uniform attention its layer's scores; the transcoder (a
+    "pairs" proxy) its MLP's input, for which it needs the seed's `model_params` and the
+    model's `model_cfg` (which residual stream its MLP reads, its epsilon). A proxy with
     `output_site` (a lens) leaves its site unchanged and writes the proxy of the site's value
     at output_site (visited later); it needs `model_params` too (for the number of layers).
     """
     reads_input = proxies.hook(module, "input_site") is not None
-    if reads_input and (model_params is None or model_cfg is None):
+    if reads_input and module.STATISTIC == "pairs" and (model_params is None
+                                                          or model_cfg is None):
         raise ValueError(f"{module.__name__}: a proxy that reads another site needs the seed's "
                          "model_params and the model's model_cfg")
     input_for = {module.input_site(s, model_cfg): s for s in site_params} if reads_input else {}
     inputs = {}  # site -> its proxy's input, in the forward pass being traced
 
     def replace(name: str, x: jax.Array, value: jax.Array) -> jax.Array:
-        if module.STATISTIC is None:
-            return module.apply(site_params[name], value)
+        if module.STATISTIC is None:  # (x: the site's value, or input_site's)
+            return module.apply(site_params[name], x)
         return dictionary_metrics.apply_grouped(module, site_params[name], x, value)
 
     if proxies.hook(module, "output_site") is not None:

@@ -74,8 +74,7 @@ ACTIVATIONS = ("gelu_tanh", "gelu")  # GPT-2's gelu_new (tanh approximation); ex
 ROTARY_LAYOUTS = ("adjacent", "half")  # pairs (2i, 2i+1) (GPT-J); (i, i + r/2) (GPT-NeoX)
 _BLOCK_SITES = (
     "resid_pre", "attn.q", "attn.k", "attn.v", "attn.rot_q", "attn.rot_k", "attn.scores",
-    "attn.pattern", "attn.z", "attn.out", "resid_mid", "mlp.hidden", "mlp.out", "resid_post",
-)
+    "attn.pattern", "attn.z", "attn.out", "resid_mid", "mlp.hidden", "mlp.out", "resid_post")
 _ROTARY_SITES = ("attn.rot_q", "attn.rot_k")  # only with pos_encoding="rotary"
 Site = Callable[[str, jax.Array], jax.Array]  # forward's own: intervenes and caches
 
@@ -218,11 +217,8 @@ class ModelConfig:
         return self.d_head or self.d_model // self.n_heads
 
     @property
-    def packable(self) -> bool:
-        """Whether `forward` on packed rows (`segments`, position offsets) computes for each
-        sentence what it computes for the sentence alone: not with a built front, which reads a
-        row as one sentence, nor with standing interventions (uniform attention spans the
-        row's whole causal prefix)."""
+    def packable(self) -> bool:  # a front reads a row as one sentence; uniform attention too
+        """Whether forward on packed rows (segments) computes each sentence as if alone."""
         return self.front is None and not self.interventions
 
     @property
@@ -455,31 +451,23 @@ def _position_embedding(params: Params, cfg: ModelConfig, positions: jax.Array |
     return (positions / cfg.max_len)[..., None] * params["pos_embed"]
 
 
-def forward(
-    params: Params,
-    tokens: jax.Array,
-    cfg: ModelConfig,
-    *,
-    intervention: Intervention | None = None,
-    cache: Iterable[str] = (),
-    position_offset: jax.Array | None = None,
-    start_at: tuple[int, jax.Array] | None = None,
-    segments: jax.Array | None = None,
-) -> tuple[jax.Array, dict[str, jax.Array]]:
+def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
+            intervention: Intervention | None = None, cache: Iterable[str] = (),
+            position_offset: jax.Array | None = None, start_at: tuple[int, jax.Array] | None = None,
+            segments: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Logits [batch, pos, vocab] for tokens [batch, pos], and the cached sites.
 
     `intervention` applies after the model's standing ones (`cfg.interventions`).
     `position_offset` (int [batch], or [batch, pos] per token; default 0): token t sits at
     position offset + t (training's random offsets train positions past the sentence length).
-    `segments` (int [batch, pos]): tokens attend within their segment id only (packed rows);
-    a ValueError where the model reads a row as one sentence (`ModelConfig.packable`).
+    `segments` (int [batch, pos]): tokens attend within their segment id only (packed rows).
     `start_at=(layer, residual)`: skip the embeddings and the blocks before `layer`, whose
     output is `residual` [batch, pos, d_model] (the value of `residual_site(cfg, layer)`); the
     sites before block `layer` are not visited.
     """
     if segments is not None and not cfg.packable:
         raise ValueError("model.forward: packed rows (segments) for a model that reads a row as "
-                         "one sentence (a built front or standing interventions)")
+                         "one sentence (a built front or standing interventions: packable)")
     cache = frozenset(cache)
     cached: dict[str, jax.Array] = {}
     intervention = compose(*cfg.interventions, intervention)

@@ -18,7 +18,8 @@ Each proxy module defines:
                                            shape and dtype.
 Sizes are python ints (static); fit/apply are pure and work under jax.vmap / jax.jit.
 
-A "pairs" proxy (the transcoder) replaces a site by a function of another site's value:
+A proxy may replace a site by a function of another site's value (the transcoder, a "pairs"
+proxy: of the MLP's input; uniform attention: of its layer's scores):
   input_site(site, model_cfg) -> str       the site it reads in that model (visited earlier by
                                            forward; it may depend on the architecture).
   input_of(model_params, model_cfg, site, value)

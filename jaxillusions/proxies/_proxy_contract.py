@@ -48,8 +48,9 @@ class Hooks(Protocol):
     SIZE_LABEL: str  # default "size"
 
     def input_site(self, site: str, model_cfg) -> str:
-        """A "pairs" proxy's (the transcoder's) input site in the model `model_cfg`, visited
-        earlier by forward."""
+        """The site whose value apply() reads instead of the site's own, in the model
+        `model_cfg`, visited earlier by forward (the transcoder's MLP input; uniform
+        attention's scores)."""
 
     def input_of(self, model_params, model_cfg, site: str, value):
         """That input site's value -> apply()'s input (in the model `model_cfg`)."""
