@@ -1,10 +1,12 @@
 import fcntl
+import json
 import os
 import pickle
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -34,10 +36,42 @@ def xla_flags(*extra: str, base: str | None = None) -> str:
     return " ".join([*flags, *extra])
 
 
+# `JAXILLUSIONS_TEST_COMPILES=FILE pytest ...` appends a JSON line per test to FILE (each xdist
+# worker its own lines): its wall seconds and, in the test process (not in the launchers it
+# starts), the XLA programs it compiled (not read from a cache), their seconds of compilation
+# and of tracing and lowering (docs/speed.md, "Where the quick suite's time goes").
+COMPILE_REPORT = "JAXILLUSIONS_TEST_COMPILES"
+_COMPILE_EVENTS = {"/jax/core/compile/backend_compile_duration": "compile_s",
+                   "/jax/core/compile/jaxpr_trace_duration": "trace_s",
+                   "/jax/core/compile/jaxpr_to_mlir_module_duration": "trace_s"}
+_compiled = {"compiles": 0, "compile_s": 0.0, "trace_s": 0.0}
+
+
+def _count_compile(event: str, duration: float, **_) -> None:
+    if event in _COMPILE_EVENTS:
+        _compiled[_COMPILE_EVENTS[event]] += duration
+        _compiled["compiles"] += event.endswith("backend_compile_duration")
+
+
 def pytest_configure(config):
     flags = os.environ.get("XLA_FLAGS", "")
     added = [f for f in TEST_XLA_FLAGS if f.split("=")[0] not in flags]
     os.environ["XLA_FLAGS"] = " ".join([flags, *added]).strip()  # before JAX starts its backend
+    if os.environ.get(COMPILE_REPORT):
+        import jax.monitoring
+        jax.monitoring.register_event_duration_secs_listener(_count_compile)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test's line of the COMPILE_REPORT file, where one is asked for."""
+    before, start = dict(_compiled), time.perf_counter()
+    yield
+    if os.environ.get(COMPILE_REPORT):
+        line = {"test": item.nodeid, "wall_s": time.perf_counter() - start,
+                **{k: v - before[k] for k, v in _compiled.items()}}
+        with open(os.environ[COMPILE_REPORT], "a") as f:
+            f.write(json.dumps(line) + "\n")
 
 
 @pytest.hookimpl(tryfirst=True)

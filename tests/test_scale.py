@@ -260,6 +260,34 @@ def test_a_test_marked_fusion_emitters_runs_with_them():
     assert f"{FUSION_EMITTERS}=false" not in os.environ.get("XLA_FLAGS", "").split()
 
 
+def test_the_compile_report_counts_each_tests_own_compilations(tmp_path):
+    # JAXILLUSIONS_TEST_COMPILES=FILE (tests/conftest.py): a line per test, with the programs
+    # that test compiled (in its process) and their seconds, none for a test that compiles none.
+    probe = tmp_path / "test_probe.py"
+    probe.write_text("import jax, jax.numpy as jnp\n\n\n"
+                     "def test_compiles():\n"
+                     "    assert float(jax.jit(lambda x: jnp.sin(x) * 2)(jnp.ones(3))[0]) > 0\n\n\n"
+                     "def test_compiles_nothing():\n"
+                     "    assert 1 + 1 == 2\n")
+    report = tmp_path / "compiles.jsonl"
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")},
+           "JAXILLUSIONS_TEST_COMPILES": str(report), "PYTHONPATH": tests}
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    done = subprocess.run([sys.executable, "-m", "pytest", str(probe), "-p", "conftest",
+                           "-p", "no:cacheprovider", "-o", "addopts=", "-q",
+                           f"--basetemp={tmp_path / 'tmp'}"], cwd=str(tmp_path), env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    lines = {json.loads(line)["test"].split("::")[-1]: json.loads(line)
+             for line in report.read_text().splitlines()}
+    assert set(lines) == {"test_compiles", "test_compiles_nothing"}
+    assert lines["test_compiles"]["compiles"] >= 1 and lines["test_compiles"]["compile_s"] > 0
+    assert lines["test_compiles"]["trace_s"] > 0
+    assert lines["test_compiles_nothing"]["compiles"] == 0
+    assert all(line["wall_s"] > 0 for line in lines.values())
+
+
 @pytest.mark.slow
 def test_two_processes_equal_one(one_device, cache_dir, tmp_path):
     # Two processes with one CPU device each, joined with jax.distributed over 127.0.0.1

@@ -297,9 +297,9 @@ def test_packed_batches_give_the_unpacked_logits_loss_and_gradient(config):
     mask = tokens[:, 1:] != 0
     offset = jnp.arange(num) % 5
     grid, _ = objective_lib.pack(tokens[:, :-1], tokens[:, 1:], mask, offset, num)
-    packed, _ = model_lib.forward(params, grid[0], model_cfg, position_offset=grid[3],
-                                  segments=grid[4])
-    alone, _ = model_lib.forward(params, tokens[:, :-1], model_cfg, position_offset=offset)
+    forward = jax.jit(model_lib.forward, static_argnums=2)  # (eagerly: an op at a time)
+    packed, _ = forward(params, grid[0], model_cfg, position_offset=grid[3], segments=grid[4])
+    alone, _ = forward(params, tokens[:, :-1], model_cfg, position_offset=offset)
     seg = np.asarray(grid[4])
     for s in range(num):
         rows, cols = np.nonzero(seg == s)
@@ -312,8 +312,9 @@ def test_packed_batches_give_the_unpacked_logits_loss_and_gradient(config):
     closing = dataclasses.replace(goal, loss_on="closing")
     shuffled = dataclasses.replace(goal, shuffled=True)
     shuffled_hp = {objective_lib.NULL: jnp.asarray(objective_lib.SHUFFLED)}
+    loss_and_grads = jax.jit(objective_lib.loss_and_grads, static_argnums=(4, 5))
     for objective, hp in ((goal, {}), (closing, {}), (shuffled, shuffled_hp)):
-        loss, grads = objective_lib.loss_and_grads(params, tokens, key, hp, model_cfg, objective)
+        loss, grads = loss_and_grads(params, tokens, key, hp, model_cfg, objective)
         # The gradient is a sum over the sentences of each one's share (its scored positions'
         # losses over the batch's count): their magnitudes bound the terms of the sums.
         offset, targets = objective_lib._offsets_and_targets(tokens, key, hp, objective)
@@ -326,12 +327,11 @@ def test_packed_batches_give_the_unpacked_logits_loss_and_gradient(config):
             nll = optax.softmax_cross_entropy_with_integer_labels(logits[0], target)
             return (nll * keep).sum() / count
 
-        shares = jax.vmap(jax.grad(share), in_axes=(None, 0, 0, 0, 0))(
+        shares = jax.jit(jax.vmap(jax.grad(share), in_axes=(None, 0, 0, 0, 0)))(
             params, tokens[:, :-1], targets, mask, offset)
         for rows in (num // 2, 7, 1):  # one pass, then more
-            p_loss, p_grads = jax.jit(objective_lib.loss_and_grads, static_argnums=(4, 5))(
-                params, tokens, key, hp, model_cfg,
-                dataclasses.replace(objective, packed_rows=rows))
+            p_loss, p_grads = loss_and_grads(params, tokens, key, hp, model_cfg,
+                                             dataclasses.replace(objective, packed_rows=rows))
             assert abs(float(p_loss) - float(loss)) <= tol.two_ways(
                 tol.mean_error(count, float(loss), float(loss) + np.log(model_cfg.vocab_size)))
             for g, p_g, terms in zip(jax.tree.leaves(grads), jax.tree.leaves(p_grads),
