@@ -16,6 +16,7 @@ turns on the persistent compilation cache, catches SIGTERM/SIGINT (the job saves
 from __future__ import annotations
 
 import contextlib
+import gc
 import glob
 import os
 import re
@@ -341,6 +342,12 @@ def guard(job: Callable[..., None], workdir: str, configs: Sequence) -> None:
         note = lock.acquire() if distributed.is_main() else None  # process 0 writes the files
         if note:
             print(note)
+        # The heap so far (the imported modules, the checked configs) will outlive the job:
+        # frozen, Python's garbage collector no longer walks it at every full collection,
+        # which tracing a program triggers many times (docs/speed.md, "Python's garbage
+        # collector"). Garbage with cycles first, so that nothing dead is kept.
+        gc.collect()
+        gc.freeze()
         with interrupt.catch_signals():
             job(*checked)
         code, message = 0, None
