@@ -1,4 +1,5 @@
 import fcntl
+import gc
 import json
 import os
 import pickle
@@ -11,6 +12,7 @@ import time
 import pytest
 
 from jaxillusions.configs import dyck_small
+from jaxillusions.launch.common import settle_heap
 
 # The suite's XLA compiles fast rather than well: most of the suite's time is compiling many
 # small programs, and these programs run for milliseconds. LLVM's optimizations are off (level
@@ -38,13 +40,22 @@ def xla_flags(*extra: str, base: str | None = None) -> str:
 
 # `JAXILLUSIONS_TEST_COMPILES=FILE pytest ...` appends a JSON line per test to FILE (each xdist
 # worker its own lines): its wall seconds and, in the test process (not in the launchers it
-# starts), the XLA programs it compiled (not read from a cache), their seconds of compilation
-# and of tracing and lowering (docs/speed.md, "Where the quick suite's time goes").
+# starts), the XLA programs it compiled (not read from a cache), their seconds of compilation,
+# of tracing and lowering, and of Python's garbage collection (docs/speed.md, "Where the quick
+# suite's time goes").
 COMPILE_REPORT = "JAXILLUSIONS_TEST_COMPILES"
 _COMPILE_EVENTS = {"/jax/core/compile/backend_compile_duration": "compile_s",
                    "/jax/core/compile/jaxpr_trace_duration": "trace_s",
                    "/jax/core/compile/jaxpr_to_mlir_module_duration": "trace_s"}
-_compiled = {"compiles": 0, "compile_s": 0.0, "trace_s": 0.0}
+_compiled = {"compiles": 0, "compile_s": 0.0, "trace_s": 0.0, "gc_s": 0.0}
+_gc_started = [0.0]
+
+
+def _time_gc(phase: str, info: dict) -> None:
+    if phase == "start":
+        _gc_started[0] = time.perf_counter()
+    else:
+        _compiled["gc_s"] += time.perf_counter() - _gc_started[0]
 
 
 def _count_compile(event: str, duration: float, **_) -> None:
@@ -60,6 +71,13 @@ def pytest_configure(config):
     if os.environ.get(COMPILE_REPORT):
         import jax.monitoring
         jax.monitoring.register_event_duration_secs_listener(_count_compile)
+        gc.callbacks.append(_time_gc)
+
+
+def pytest_collection_finish(session):
+    """The test modules imported: their heap frozen, young collections less often (as in the
+    launchers: common.settle_heap)."""
+    settle_heap()
 
 
 @pytest.hookimpl(hookwrapper=True)
