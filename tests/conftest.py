@@ -47,7 +47,7 @@ COMPILE_REPORT = "JAXILLUSIONS_TEST_COMPILES"
 _COMPILE_EVENTS = {"/jax/core/compile/backend_compile_duration": "compile_s",
                    "/jax/core/compile/jaxpr_trace_duration": "trace_s",
                    "/jax/core/compile/jaxpr_to_mlir_module_duration": "trace_s"}
-_compiled = {"compiles": 0, "compile_s": 0.0, "trace_s": 0.0, "gc_s": 0.0}
+_spent = {"compiles": 0, "compile_s": 0.0, "trace_s": 0.0, "gc_s": 0.0}
 _gc_started = [0.0]
 
 
@@ -55,13 +55,13 @@ def _time_gc(phase: str, info: dict) -> None:
     if phase == "start":
         _gc_started[0] = time.perf_counter()
     else:
-        _compiled["gc_s"] += time.perf_counter() - _gc_started[0]
+        _spent["gc_s"] += time.perf_counter() - _gc_started[0]
 
 
 def _count_compile(event: str, duration: float, **_) -> None:
     if event in _COMPILE_EVENTS:
-        _compiled[_COMPILE_EVENTS[event]] += duration
-        _compiled["compiles"] += event.endswith("backend_compile_duration")
+        _spent[_COMPILE_EVENTS[event]] += duration
+        _spent["compiles"] += event.endswith("backend_compile_duration")
 
 
 def pytest_configure(config):
@@ -83,11 +83,11 @@ def pytest_collection_finish(session):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """A test's line of the COMPILE_REPORT file, where one is asked for."""
-    before, start = dict(_compiled), time.perf_counter()
+    before, start = dict(_spent), time.perf_counter()
     yield
     if os.environ.get(COMPILE_REPORT):
         line = {"test": item.nodeid, "wall_s": time.perf_counter() - start,
-                **{k: v - before[k] for k, v in _compiled.items()}}
+                **{k: v - before[k] for k, v in _spent.items()}}
         with open(os.environ[COMPILE_REPORT], "a") as f:
             f.write(json.dumps(line) + "\n")
 
@@ -105,25 +105,32 @@ def pytest_pyfunc_call(pyfuncitem):
     if (pyfuncitem.get_closest_marker("fusion_emitters") is None
             or f"{FUSION_EMITTERS}=false" not in flags):
         return None
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    env["XLA_FLAGS"] = " ".join([*(f for f in flags if not f.startswith(FUSION_EMITTERS)),
-                                 f"{FUSION_EMITTERS}=true"])
-    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # the child's programs are its own
+    xla = " ".join([*(f for f in flags if not f.startswith(FUSION_EMITTERS)),
+                    f"{FUSION_EMITTERS}=true"])
     base = tempfile.mkdtemp(prefix="fusion_emitters_")
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "pytest", pyfuncitem.nodeid, "-p", "no:cacheprovider",
-             "-o", "addopts=", "-q", f"--basetemp={base}/tmp"],
-            cwd=str(pyfuncitem.config.rootpath), env=env, capture_output=True, text=True,
-            timeout=600)
+        done = child_pytest([pyfuncitem.nodeid], cwd=str(pyfuncitem.config.rootpath),
+                            basetemp=f"{base}/tmp", XLA_FLAGS=xla)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     said = done.stdout[-4000:] + done.stderr[-2000:]
     if done.returncode == 0 and " skipped" in done.stdout and " passed" not in done.stdout:
         pytest.skip(f"skipped with XLA:CPU's fusion emitters:\n{said}")
     assert done.returncode == 0 and " passed" in done.stdout, \
-        f"failed with XLA:CPU's fusion emitters (XLA_FLAGS={env['XLA_FLAGS']}):\n{said}"
+        f"failed with XLA:CPU's fusion emitters (XLA_FLAGS={xla}):\n{said}"
     return True
+
+
+def child_pytest(args: list[str], *, cwd: str, basetemp: str, timeout: int = 600,
+                 **env: str) -> subprocess.CompletedProcess:
+    """pytest `args` in a child process, quiet, without the cache provider or the project's
+    addopts, in this process's environment with `env` set, less pytest's own variables and the
+    test processes' compilation cache (the child's programs are its own)."""
+    child = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")} | env
+    child.pop("JAX_COMPILATION_CACHE_DIR", None)
+    return subprocess.run([sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider",
+                           "-o", "addopts=", "-q", f"--basetemp={basetemp}"], cwd=cwd,
+                          env=child, capture_output=True, text=True, timeout=timeout)
 
 
 def pytest_collection_modifyitems(items):

@@ -19,7 +19,15 @@ import warnings
 import jax
 import numpy as np
 import pytest
-from conftest import FUSION_EMITTERS, checked, made_once, tiny_config, tiny_config_file, xla_flags
+from conftest import (
+    FUSION_EMITTERS,
+    checked,
+    child_pytest,
+    made_once,
+    tiny_config,
+    tiny_config_file,
+    xla_flags,
+)
 
 import jaxillusions.faithfulness.collect
 import jaxillusions.faithfulness.evaluate
@@ -270,14 +278,10 @@ def test_the_compile_report_counts_each_tests_own_compilations(tmp_path):
                      "def test_compiles_nothing():\n"
                      "    assert 1 + 1 == 2\n")
     report = tmp_path / "compiles.jsonl"
-    tests = os.path.dirname(os.path.abspath(__file__))
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")},
-           "JAXILLUSIONS_TEST_COMPILES": str(report), "PYTHONPATH": tests}
-    env.pop("JAX_COMPILATION_CACHE_DIR", None)
-    done = subprocess.run([sys.executable, "-m", "pytest", str(probe), "-p", "conftest",
-                           "-p", "no:cacheprovider", "-o", "addopts=", "-q",
-                           f"--basetemp={tmp_path / 'tmp'}"], cwd=str(tmp_path), env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = child_pytest([str(probe), "-p", "conftest"], cwd=str(tmp_path),
+                        basetemp=str(tmp_path / "tmp"), timeout=300,
+                        JAXILLUSIONS_TEST_COMPILES=str(report),
+                        PYTHONPATH=os.path.dirname(os.path.abspath(__file__)))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     lines = {json.loads(line)["test"].split("::")[-1]: json.loads(line)
              for line in report.read_text().splitlines()}
