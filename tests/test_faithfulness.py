@@ -16,6 +16,7 @@ from jaxillusions.faithfulness.collect import Chunking, collect, pack_rows
 from jaxillusions.faithfulness.evaluate import (
     EvalOptions,
     _eval_chunk,
+    _readout_width,
     evaluate,
     make_eval_set,
     pack,
@@ -424,14 +425,21 @@ def test_available_proxies_include_the_four_methods():
 
 
 @pytest.mark.slow
-def test_prefix_sharing_gives_the_rows_of_whole_passes_for_every_proxy_method(trained):
+def test_prefix_sharing_and_readout_give_the_rows_of_whole_passes_for_every_proxy_method(
+        trained):
     """Each size's pass starts at the first block a family replaces, from the original pass's
-    residual stream (faithfulness.evaluate): the rows of every proxy method equal those of
-    whole passes per size within float32 rounding. The blocks from the start on compute the
-    same values from the same residual stream, so the proxy logits agree to a few ulps of the
-    logits (XLA may fuse the shorter program differently): JSD within a mean's rounding of
-    per-position values from entropies of up to log2 V bits, a prediction flips only at a
-    near-tie (counted below), and the dictionary metrics within a few ulps of their sums."""
+    residual stream, and computes the last block after its attention and the logits at the
+    evaluated positions only (faithfulness.evaluate: EvalOptions share_prefix, readout): the
+    rows of every proxy method equal those of whole passes per size, and of passes at every
+    position, within float32 rounding. The blocks from the start on compute the same values
+    from the same residual stream, and the readout the same per-position values on fewer rows,
+    so the proxy logits agree to a few ulps of the logits (XLA may fuse the shorter program
+    differently): JSD within a mean's rounding of per-position values from entropies of up to
+    log2 V bits, a prediction flips only at a near-tie (counted below), and the dictionary
+    metrics within a few ulps of their sums. The readout runs where every site a family
+    replaces, reads or writes comes before the last block's attention output: not for the
+    circuit (whole passes), the transcoder (the MLP's output) or the lenses (the final
+    residual stream)."""
     from jaxillusions import model as model_lib
     from jaxillusions import tasks
 
@@ -455,17 +463,26 @@ def test_prefix_sharing_gives_the_rows_of_whole_passes_for_every_proxy_method(tr
     fitted = fit(specs, stats, jax.random.PRNGKey(0), num_seeds=2,
                  chunking=Chunking(say=None))
     eval_set = make_eval_set(splits, ["longer"])  # one width: one branch per program
-    rows = {share: [row for proxy in fitted for row in evaluate(
+    read_out = {s.method for s in specs if s.module.SITE != "model" and _readout_width(
+        s.module, s.sites, model_cfg, pack(eval_set))}
+    assert read_out == set(proxies.available()) - {"circuit", "transcoder", "logit_lens",
+                                                   "tuned_lens"}
+    variants = ((True, True), (False, True), (True, False))  # (share_prefix, readout)
+    rows = {v: [row for proxy in fitted for row in evaluate(
         params, model_cfg, eval_set, [proxy], batch_size=64, seeds=[0, 1],
-        options=EvalOptions(shared=fitted, share_prefix=share))] for share in (True, False)}
+        options=EvalOptions(shared=fitted, share_prefix=v[0], readout=v[1]))]
+        for v in variants}
     keys = ("seed", "site", "method", "size", "split", "breakdown", "bin", "n")
-    assert [[r[k] for k in keys] for r in rows[True]] == [[r[k] for k in keys]
-                                                          for r in rows[False]]
+    for v in variants[1:]:
+        assert [[r[k] for k in keys] for r in rows[variants[0]]] == [[r[k] for k in keys]
+                                                                     for r in rows[v]]
     bits = 3 * np.log2(model_cfg.vocab_size)
     flips = 0
-    for shared, whole in zip(rows[True], rows[False], strict=True):
-        assert shared["acc_original"] == whole["acc_original"]  # the same original pass
-        for column in ("same_pred", "acc_proxy"):  # counts: a near-tie may flip one
+    for variant, shared, whole in ((v, a, b) for v in variants[1:]
+                                   for a, b in zip(rows[variants[0]], rows[v], strict=True)):
+        if variant[1]:  # the same original pass (its readout)
+            assert shared["acc_original"] == whole["acc_original"]
+        for column in ("acc_original", "same_pred", "acc_proxy"):  # a near-tie may flip one
             flips += shared[column] != whole[column]
             assert abs(shared[column] - whole[column]) * whole["n"] <= 1 + 1e-6, (column, whole)
         assert shared["jsd"] == pytest.approx(whole["jsd"], rel=0, abs=tol.two_ways(
@@ -478,4 +495,4 @@ def test_prefix_sharing_gives_the_rows_of_whole_passes_for_every_proxy_method(tr
                     assert a == pytest.approx(b, rel=tol.two_ways(tol.TERM_ULPS * tol.EPS32
                                                                   * bits), abs=tol.EPS32)
     # A near-tie of two logits within their rounding is rare: at most a few in the whole table.
-    assert flips <= len(rows[True]) // 100, flips
+    assert flips <= len(rows[variants[0]]) // 100, flips

@@ -71,8 +71,8 @@ def test_intervention_identity_and_effect():
 
 @pytest.mark.parametrize("overrides", [{}, {"pos_encoding": "rotary", "n_heads": 2},
                                        {"n_layers": 3, "attn_only": True}])
-def test_start_at_a_block_gives_the_logits_of_the_whole_pass(overrides):
-    """forward(start_at=(layer, residual)) from the residual stream a whole pass had there
+def test_a_span_from_a_block_gives_the_logits_of_the_whole_pass(overrides):
+    """forward(span=Span(layer, residual)) from the residual stream a whole pass had there
     visits only the sites from block `layer` on and gives that pass's logits, with or without
     an intervention there (within the rounding of two float32 programs)."""
     cfg, params, tokens = _setup(**overrides)
@@ -94,15 +94,47 @@ def test_start_at_a_block_gives_the_logits_of_the_whole_pass(overrides):
                 seen.append(name)
                 return x if intervention is None else intervention(name, x)
 
-            part, _ = model_lib.forward(params, tokens, cfg, start_at=(layer, cache[site]),
-                                        intervention=visit)
+            part, _ = model_lib.forward(params, tokens, cfg, intervention=visit,
+                                        span=model_lib.Span(layer, cache[site]))
             _within(part, whole, cfg)
             assert seen == later
     assert model_lib.first_block(cfg, ["blocks.1.attn.k", "blocks.0.attn.out"]) == 0
     assert model_lib.first_block(cfg, ["logits"]) == cfg.n_layers
     assert model_lib.first_block(cfg, ["embed", "blocks.1.attn.k"]) is None
-    with pytest.raises(ValueError, match="start_at layer"):
+    with pytest.raises(ValueError, match="start layer"):
         model_lib.residual_site(cfg, cfg.n_layers + 1)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"parallel_residual": True, "n_heads": 2},
+                                       {"n_layers": 3, "attn_only": True}])
+def test_a_readout_span_gives_the_logits_of_the_whole_pass_at_its_positions(overrides):
+    """forward(span=Span(readout=positions)) gives the whole pass's logits at those positions
+    (within the rounding of two float32 programs: matrix products over other rows), from the
+    tokens or from a block's residual stream; the sites up to the last block's attn.z keep
+    every position (`before_readout`), the later ones hold the readout's; the same positions
+    listed twice give the same logits twice."""
+    cfg, params, tokens = _setup(**overrides)
+    last = cfg.n_layers - 1
+    readout = jnp.array([[0, 3, 9], [2, 2, 5], [9, 8, 1]])
+    names = model_lib.site_names(cfg)
+    whole, cache = model_lib.forward(params, tokens, cfg, cache=names)
+    at = np.take_along_axis(np.asarray(whole), np.asarray(readout)[..., None], 1)
+    site = model_lib.residual_site(cfg, last)
+    for span in (model_lib.Span(readout=readout),
+                 model_lib.Span(last, cache[site], readout),
+                 model_lib.Span(cfg.n_layers, cache[model_lib.residual_site(cfg, cfg.n_layers)],
+                                readout)):
+        part, seen = model_lib.forward(params, tokens, cfg, cache=names, span=span)
+        assert part.shape == (3, 3, cfg.vocab_size)
+        _within(part, at, cfg)
+        np.testing.assert_array_equal(part[1, 0], part[1, 1])
+        for name, value in seen.items():  # positions: [batch, head, query, key], [pos, d]
+            positions = value.shape[2 if name.endswith(("scores", "pattern"))
+                                    else 0 if name == "pos_embed" else 1]
+            assert positions == (10 if model_lib.before_readout(cfg, [name]) else 3), name
+    assert model_lib.before_readout(cfg, [f"blocks.{last}.attn.z", "embed"])
+    assert not model_lib.before_readout(cfg, [f"blocks.{last}.attn.out"])
+    assert not model_lib.before_readout(cfg, ["ln_final"])
 
 
 def test_frozen_uniform_attention_and_attn_only():

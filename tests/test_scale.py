@@ -33,12 +33,13 @@ import jaxillusions.faithfulness.collect
 import jaxillusions.faithfulness.evaluate
 import jaxillusions.faithfulness.fit
 from jaxillusions import model as model_lib
+from jaxillusions import tasks
 from jaxillusions.faithfulness.collect import collect
 from jaxillusions.faithfulness.evaluate import evaluate, make_eval_set
 from jaxillusions.faithfulness.fit import fit
 from jaxillusions.faithfulness.specs import specs_from_config
 from jaxillusions.pipeline import validate
-from jaxillusions.runtime import checkpoint, distributed
+from jaxillusions.runtime import checkpoint, chunks, distributed
 from jaxillusions.training import evaluation, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -384,41 +385,74 @@ def test_chunked_evaluation_equals_one_call(config):
     # padded) against one call for all 5. Each seed's numbers come from its own forward pass,
     # but XLA:CPU blocks the float32 sums differently for 2 seeds than for 5 (the logits
     # differ in their last bits), so the loss agrees within float32 rounding, derived below.
-    from jaxillusions.training.step import init_state  # noqa: PLC0415
-
     config.train.eval_batch_size = 16  # several sentence batches per split
     parsed = validate.parse(config)
-    splits, model_cfg, tx = train.build(parsed)
-    params = init_state(np.arange(5), model_cfg, tx).params
-    leaves, tree = jax.tree.flatten(params)  # far from init: five clearly different models
-    keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
-    params = jax.tree.unflatten(tree, [x + 0.3 * jax.random.normal(k, x.shape)
-                                       for x, k in zip(leaves, keys, strict=True)])
+    splits, model_cfg, params = _perturbed_models(parsed, 5)
     chunks = evaluation.seed_chunks(params, 2)
     assert [jax.tree.leaves(c)[0].shape[0] for c in chunks] == [2, 2, 2]
-    u, m = 2.0**-24, model_cfg  # float32 unit roundoff
     for name in ("iid", "longer"):
-        tokens = splits[name].tokens
         one, chunked = (evaluation.evaluate_splits(p, 5, {name: splits[name]}, model_cfg,
                                                    parsed)[name] for p in ([params], chunks))
         assert one.keys() == chunked.keys() and one["acc"].shape == (5,)
         np.testing.assert_array_equal(chunked["count_by_depth"], one["count_by_depth"])
         # Argmaxes agree unless a top-2 logit gap is below the logits' rounding (~1e-5).
         np.testing.assert_array_equal(chunked["acc_by_depth"], one["acc_by_depth"])
-        logits = jax.vmap(lambda p, t=tokens: model_lib.forward(p, t, m)[0])(params)
-        # A logit ends a chain of k float32 dot products (per layer: q/k/v, scores,
-        # pattern @ v, output, MLP in and out; then the unembedding) of at most n terms, each
-        # within n u of the size of its terms: to first order (the layer norms rescale the
-        # residual between layers), within k n u max|logit|, in each of the two runs. A
-        # position's loss, logsumexp minus the target's logit, moves by at most twice a
-        # logit's change; and the mean over N positions sums N float32 terms (N u relative).
-        k, n = 6 * m.n_layers + 1, max(m.d_model, m.d_mlp, tokens.shape[1])
-        positions = parsed.train.eval_batch_size * tokens.shape[1] + len(tokens)
-        tol = (2 * 2 * k * n * u * float(np.abs(np.asarray(logits)).max())
-               + 2 * positions * u * one["loss"])
+        tol = _loss_rounding(params, splits[name].tokens, model_cfg, parsed, one["loss"])
         assert (np.abs(chunked["loss"] - one["loss"]) <= tol).all(), (name, tol)
         # The seeds are told apart far beyond it (a seed in the wrong place would show).
         assert np.diff(np.sort(one["loss"])).min() > 10 * tol.max(), name
+
+
+def _perturbed_models(parsed, num_seeds: int):
+    """(splits, model config, params) of `num_seeds` initial models moved far from init by
+    noise: clearly different models, their argmaxes rarely near a tie."""
+    from jaxillusions.training.step import init_state  # noqa: PLC0415
+
+    splits, model_cfg, tx = train.build(parsed)
+    params = init_state(np.arange(num_seeds), model_cfg, tx).params
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
+    return splits, model_cfg, jax.tree.unflatten(
+        tree, [x + 0.3 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)])
+
+
+def _loss_rounding(params, tokens, m, parsed, loss):
+    """How far two float32 programs' evaluation losses of the same models on `tokens` may lie
+    apart. A logit ends a chain of k float32 dot products (per layer: q/k/v, scores, pattern
+    @ v, output, MLP in and out; then the unembedding) of at most n terms, each within n u of
+    the size of its terms: to first order (the layer norms rescale the residual between
+    layers), within k n u max|logit|, in each of the two runs. A position's loss, logsumexp
+    minus the target's logit, moves by at most twice a logit's change; and the mean over N
+    positions sums N float32 terms (N u relative)."""
+    u = 2.0**-24  # float32 unit roundoff
+    logits = jax.vmap(lambda p: model_lib.forward(p, tokens, m)[0])(params)
+    k, n = 6 * m.n_layers + 1, max(m.d_model, m.d_mlp, tokens.shape[1])
+    positions = parsed.train.eval_batch_size * tokens.shape[1] + len(tokens)
+    return (2 * 2 * k * n * u * float(np.abs(np.asarray(logits)).max())
+            + 2 * positions * u * loss)
+
+
+def test_evaluation_reads_out_the_evaluated_positions_only(config):
+    """Training's evaluation computes the logits at each row's evaluated positions only (as
+    many per row as the split's most: model.Span's readout): the counts of the same positions,
+    the accuracies up to a near-tie of two logits within their rounding (none here), the loss
+    within the rounding of two float32 programs (`_loss_rounding`), of every position's
+    logits."""
+    config.train.eval_batch_size = 16
+    parsed = validate.parse(config)
+    splits, model_cfg, params = _perturbed_models(parsed, 3)
+    for name in ("iid", "longer"):
+        task = tasks.get(parsed.task)
+        view = task.view(splits[name])
+        assert 0 < chunks.readout_width(view.evaluated) < view.tokens.shape[1]
+        read, whole = (evaluation.evaluate([params], splits[name], model_cfg, num_seeds=3,
+                                           batch_size=16, task=task, readout=r,
+                                           num_bins=task.train_num_bins(parsed.data))
+                       for r in (True, False))
+        np.testing.assert_array_equal(read["count_by_depth"], whole["count_by_depth"])
+        np.testing.assert_array_equal(read["acc_by_depth"], whole["acc_by_depth"])
+        tol = _loss_rounding(params, splits[name].tokens, model_cfg, parsed, whole["loss"])
+        assert (np.abs(read["loss"] - whole["loss"]) <= tol).all(), (name, tol)
 
 
 def test_memory_plan_admits_configs_code_on_one_80gb_gpu_and_not_on_8gb():

@@ -89,16 +89,19 @@ def apply_grouped(module, params: dict, x: jax.Array, like: jax.Array) -> jax.Ar
 @dataclasses.dataclass(frozen=True)
 class Batch:
     """One chunk of the evaluation as one seed's metric sums read it (traced arrays, built
-    inside the evaluation program): the tokens [B, T], which positions are `evaluated` [B, T],
-    each position's split `split_ids` [B, T] (of `num_splits`), the original model's `logits`
-    [B, T, V] and the next tokens `targets` [B, T]."""
+    inside the evaluation program): the tokens [B, T] and each position's split `split_ids`
+    [B, T] (of `num_splits`); the original model's `logits` [B, P, V] at P positions per row
+    (every position, or those the program reads out: model.forward's `readout`), with there
+    the next tokens `targets` [B, P], whether each is `scored` [B, P] (an evaluated position)
+    and its split `scored_splits` [B, P]."""
 
     tokens: jax.Array
-    evaluated: jax.Array
     split_ids: jax.Array
     num_splits: int
     logits: jax.Array
     targets: jax.Array
+    scored: jax.Array
+    scored_splits: jax.Array
 
 
 def _proxy_input(module, model_params, model_cfg, site: str, cache: dict) -> jax.Array:
@@ -109,9 +112,13 @@ def _proxy_input(module, model_params, model_cfg, site: str, cache: dict) -> jax
 
 
 def _weights(batch: Batch):
-    onehot = jax.nn.one_hot(batch.split_ids, batch.num_splits, dtype=jnp.float32)  # [B, T, K]
-    valid = (batch.tokens != tasks.PAD).astype(jnp.float32)
-    return onehot * valid[..., None], onehot * batch.evaluated.astype(jnp.float32)[..., None]
+    """Split weights [B, T, K] of the tokens, and [B, P, K] of the scored positions."""
+    def split_weights(split_ids, weight):
+        onehot = jax.nn.one_hot(split_ids, batch.num_splits, dtype=jnp.float32)
+        return onehot * weight.astype(jnp.float32)[..., None]
+
+    return (split_weights(batch.split_ids, batch.tokens != tasks.PAD),
+            split_weights(batch.scored_splits, batch.scored))
 
 
 def seed_sums(active: dict, cache: dict, batch: Batch, zero_logits: jax.Array) -> dict:

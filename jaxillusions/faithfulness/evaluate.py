@@ -19,8 +19,7 @@ from jaxillusions.faithfulness import dictionary_metrics, metrics
 from jaxillusions.faithfulness.collect import Chunking, over_seed_chunks, pack_rows, seed_chunk
 from jaxillusions.faithfulness.fit import FittedProxy, make_intervention
 from jaxillusions.faithfulness.specs import ProxySpec
-from jaxillusions.runtime import distributed, schema, watchdog
-from jaxillusions.runtime.chunks import logit_rows, padded_chunks
+from jaxillusions.runtime import chunks, distributed, schema, watchdog
 from jaxillusions.training import memory
 
 # A quantile q of n positions is reported only where n (1 - q) >= 1, so that at least one
@@ -62,12 +61,17 @@ class EvalOptions:
     pack: the families of a site (per token, or the attention pattern per query) evaluate the
         sentences side by side in rows of the widest split's width (`pack`; where
         model_cfg.packable; False: one sentence per row).
+    readout: the passes compute the last block after its attention, and the logits, at the
+        evaluated positions only (model.forward's `readout`: the Dyck demo's closing brackets,
+        at most 24 of a packed row's 42 positions), where every site a family replaces or reads
+        comes before that (`model.before_readout`; not whole-model proxies, not lenses).
     chunking: the seed chunks and where their plan is said (`Chunking`)."""
 
     shared: Sequence[FittedProxy] = ()
     one_width: bool | None = None
     share_prefix: bool = True
     pack: bool = True
+    readout: bool = True
     chunking: Chunking = Chunking()
 
 
@@ -76,7 +80,8 @@ class EvalProgram:
     """What one compiled evaluation program is: _eval_chunk's static argument (hashable; each
     distinct value compiles once). `num_sizes` sizes of proxy `method`; `num_bins` per breakdown
     (EvalSet.num_bins); one branch per width of `widths`; the sizes' passes start at block
-    `start_layer` (None: each runs the whole model)."""
+    `start_layer` (None: each runs the whole model); the logits at `readout` evaluated
+    positions per row (model.forward's `readout`; 0: at every position)."""
 
     model_cfg: model_lib.ModelConfig
     method: str
@@ -85,6 +90,7 @@ class EvalProgram:
     widths: tuple[int, ...]
     start_layer: int | None
     options: tuple = ()  # a whole-model proxy's options (its spec's): logits(**options)
+    readout: int = 0
 
 
 def make_eval_set(splits: dict, names: Sequence[str], task=None) -> EvalSet:
@@ -146,14 +152,17 @@ _ORIGINAL, _ZERO, _PROXY = 0, 1, 2
 def _eval_chunk(params, proxy_params, active, data: tuple, width_index, *,
                 program: EvalProgram):
     """One chunk [B, T] of every seed and size, `data` its tokens, evaluated, bins, segments
-    and offsets (`_arrays`; the last two None unless packed). The program holds one branch per
+    and offsets (`_arrays`; the last two None unless packed) and its rows' evaluated positions
+    [B, program.readout] (`_readout`, -1 past a row's last; None: no readout). The program
+    holds one branch per
     width of program.widths; `width_index` picks the one that runs, on the chunk's first
     `width` columns (the rest are padding: a causal model's values before them do not depend
     on them).
     program.start_layer: the sizes' passes start at this block from the original pass's
     residual stream (nothing before it is replaced: model.first_block); None: each runs the
     whole model.
-    Returns ((binned sums, dictionary metric sums: {} for pattern proxies), per-position JSD)."""
+    Returns ((binned sums, dictionary metric sums: {} for pattern proxies), per-position JSD
+    [..., B, T], or [..., B, program.readout] at the readout positions)."""
     model_cfg, num_bins, start_layer = program.model_cfg, program.num_bins, program.start_layer
     module = proxies.get(program.method)
     extra = dictionary_metrics.enabled(module)  # dictionary metrics (fvu, l0, dead, ce/kl_score)
@@ -162,21 +171,27 @@ def _eval_chunk(params, proxy_params, active, data: tuple, width_index, *,
     size_axis = 0 if module.STATISTIC is None else 1  # see FittedProxy
 
     def at_width(width: int, data: tuple):
+        *data, readout = data
         tokens, evaluated, bins, segments, offsets = (
             None if a is None else a[:, :width] for a in data)
         rows = {} if segments is None else {"segments": segments, "position_offset": offsets}
-        targets = jnp.roll(tokens, -1, axis=1)
-        weight = evaluated.astype(jnp.float32)
+        at = None if readout is None else jnp.maximum(readout, 0)  # -1: past a row's last
+        # At the positions the logits are computed at: the next tokens, the scored ones, bins.
+        targets, scored, scored_bins = (
+            jnp.roll(tokens, -1, axis=1), evaluated, bins) if readout is None else (
+            jnp.take_along_axis(a, at.reshape(*at.shape, *[1] * (a.ndim - 2)), 1)
+            for a in (jnp.roll(tokens, -1, axis=1), evaluated, bins))
+        weight = scored.astype(jnp.float32)
 
         def binned(values: jax.Array) -> list[jax.Array]:
-            """values [B, T, M] -> per breakdown, sums [num_bins, M] over evaluated positions."""
+            """values [B, P, M] -> per breakdown, sums [num_bins, M] over scored positions."""
             return [jnp.einsum("btm,btk->km", values * weight[..., None],
-                               jax.nn.one_hot(bins[..., i], nb, dtype=jnp.float32))
+                               jax.nn.one_hot(scored_bins[..., i], nb, dtype=jnp.float32))
                     for i, nb in enumerate(num_bins)]
 
         def passes(p, site_params):
-            """(The original model's logits [B, T, V], each size's [R, B, T, V], with the
-            dictionary metrics the zero ablation's [B, T, V] (else None), and the original
+            """(The original model's logits [B, P, V], each size's [R, B, P, V], with the
+            dictionary metrics the zero ablation's [B, P, V] (else None), and the original
             values of the sites those metrics read), from the residual stream at start_layer
             when there is one. Batched passes: with the dictionary metrics one over the original
             and the zero ablation, and one over the sizes; else one over the original and the
@@ -184,10 +199,10 @@ def _eval_chunk(params, proxy_params, active, data: tuple, width_index, *,
             one seed's model beside each other made XLA:CPU write each bias and constant they
             share out to memory at the full activation shape (docs/speed.md)."""
             sites = dictionary_metrics.cache_sites(module, active, model_cfg) if extra else ()
-            start_at = None
+            span = model_lib.Span(readout=at)
             if start_layer is not None:  # only the prefix is used: XLA drops the rest
                 _, prefix = model_lib.forward(p, tokens, model_cfg, cache=resume, **rows)
-                start_at = (start_layer, prefix[resume[0]])
+                span = model_lib.Span(start_layer, prefix[resume[0]], at)
 
             def member(size_params, kind):
                 """A pass by `kind`: without size_params the original or the active sites
@@ -203,7 +218,7 @@ def _eval_chunk(params, proxy_params, active, data: tuple, width_index, *,
                     return new if kind is None or new is value else \
                         jnp.where(kind == _PROXY, new, value)
 
-                return model_lib.forward(p, tokens, model_cfg, start_at=start_at,
+                return model_lib.forward(p, tokens, model_cfg, span=span,
                                          intervention=intervention, cache=sites, **rows)
 
             if extra:
@@ -228,9 +243,10 @@ def _eval_chunk(params, proxy_params, active, data: tuple, width_index, *,
             else:
                 logits, proxy_logits, zero_logits, cache = passes(p, site_params)
             if extra:
-                batch = dictionary_metrics.Batch(tokens=tokens, evaluated=evaluated,
-                                                 split_ids=bins[..., 0], num_splits=num_bins[0],
-                                                 logits=logits, targets=targets)
+                batch = dictionary_metrics.Batch(
+                    tokens=tokens, split_ids=bins[..., 0], num_splits=num_bins[0],
+                    logits=logits, targets=targets, scored=scored,
+                    scored_splits=scored_bins[..., 0])
                 seed_sums = dictionary_metrics.seed_sums(active, cache, batch, zero_logits)
             acc_original = metrics.correct(logits, targets)
 
@@ -239,7 +255,7 @@ def _eval_chunk(params, proxy_params, active, data: tuple, width_index, *,
                                     metrics.same_pred(logits, proxy_logits), acc_original,
                                     metrics.correct(proxy_logits, targets)], axis=-1)
                 if not extra:
-                    return binned(values), values[..., 1], {}  # and per-position JSD [B, T]
+                    return binned(values), values[..., 1], {}  # and per-position JSD [B, P]
                 return binned(values), values[..., 1], dictionary_metrics.size_sums(
                     module, size_params, p, model_cfg, active, cache, batch, proxy_logits)
 
@@ -249,10 +265,10 @@ def _eval_chunk(params, proxy_params, active, data: tuple, width_index, *,
 
         seed_axis = None if module.STATISTIC is None else 0
         sums, jsd, dict_sums = jax.vmap(one_seed, in_axes=(0, seed_axis))(params, proxy_params)
-        pad = [(0, 0)] * (jsd.ndim - 1) + [(0, tokens_width - width)]
+        pad = [(0, 0)] * (jsd.ndim - 1) + [(0, jsd_width - jsd.shape[-1])]
         return (sums, dict_sums), jnp.pad(jsd, pad)  # one shape for every branch
 
-    tokens_width = data[0].shape[1]
+    jsd_width = data[0].shape[1] if data[-1] is None else data[-1].shape[1]
     branches = [functools.partial(at_width, w) for w in program.widths]
     return jax.lax.switch(width_index, branches, data)
 
@@ -303,11 +319,18 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     more: the Dyck demo's compiled evaluation calls ran 1.15x faster (docs/speed.md).
     options.share_prefix=False runs whole passes per size (the same rows within float32
     rounding; for tests and benchmarks).
+
+    options.readout: the passes compute the last block's attention at every position and the
+    rest of the model, the logits and the metrics at the evaluated positions only (the Dyck
+    demo: the closing brackets, at most 24 in a packed row of 42), where the program's sites
+    and the sites its proxies read or write all come before the last block's attention output
+    (`model.before_readout`; the gathered rows agree with the full ones within float32
+    rounding: matrix products over fewer rows).
     """
     rows, num_seeds = [], jax.tree.leaves(params)[0].shape[0]
     # A large vocabulary's logits, the original's and each size's: in chunks of the rows that
     # fit (chunks.logit_rows; a small vocabulary's batches are as given).
-    batch_size = logit_rows(batch_size, eval_set.tokens.shape[1], model_cfg.vocab_size,
+    batch_size = chunks.logit_rows(batch_size, eval_set.tokens.shape[1], model_cfg.vocab_size,
                             1 + max((len(p.spec.sizes) for p in fitted), default=1))
     params = distributed.shard_seeds(params)  # placed once for all families (padded)
     one_width = options.one_width
@@ -325,7 +348,9 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
                               layout.widths[-1:] if one_width else layout.widths,
                               model_lib.first_block(model_cfg, sites)
                               if options.share_prefix and not whole else None,
-                              proxy.spec.options if whole else ())
+                              proxy.spec.options if whole else (),
+                              _readout_width(proxy.spec.module, sites, model_cfg, layout)
+                              if options.readout and not whole else 0)
         (totals, dict_sums), jsd = _evaluate_family(params, num_seeds, layout, proxy, sites,
                                                     program, batch_size, options.chunking)
         # The split of each evaluated position, in the order of the per-position JSD (the
@@ -372,7 +397,9 @@ def _evaluate_family(params, num_seeds: int, eval_set: EvalSet, proxy: FittedPro
     active = {s: np.bool_(s in proxy.params) for s in program_sites}
     widest = tuple(None if a is None else jax.ShapeDtypeStruct((batch_size, *a.shape[1:]),
                                                                a.dtype)
-                   for a in _arrays(eval_set))
+                   for a in _arrays(eval_set)) + (
+        jax.ShapeDtypeStruct((batch_size, program.readout), np.int32) if program.readout
+        else None,)
     chunk_size = seed_chunk(
         lambda w: memory.compiled_bytes(
             _eval_chunk, memory.seed_shapes(params, w),
@@ -383,15 +410,18 @@ def _evaluate_family(params, num_seeds: int, eval_set: EvalSet, proxy: FittedPro
 
     def one_chunk(params, proxy_params=site_params):
         totals, jsd = None, []
-        for chunk, width_index in _eval_batches(eval_set, batch_size, program.widths):
+        for chunk, width_index in _eval_batches(eval_set, batch_size, program.widths,
+                                                program.readout):
             out, jsd_chunk = _eval_chunk(params, proxy_params, active, chunk, width_index,
                                          program=program)
             # Summed on the host (the same float32 sums): jnp.add compiled a program per shape.
             out = distributed.to_host(out)
             totals = out if totals is None else jax.tree.map(np.add, totals, out)
-            # Per-position JSD at the evaluated positions only, one family at a time.
+            # Per-position JSD at the evaluated positions only, one family at a time (in
+            # row-major order: the readout positions of a row ascend).
+            scored = chunk[1] if chunk[-1] is None else chunk[-1] >= 0
             jsd.append(np.asarray(distributed.to_host(jsd_chunk), np.float32)
-                       [..., chunk[1]])  # [S, R, n]
+                       [..., scored])  # [S, R, n]
         return totals, np.concatenate(jsd, axis=-1)
 
     trees = [params, site_params] if per_seed else [params]
@@ -404,18 +434,34 @@ def _arrays(eval_set: EvalSet) -> list[np.ndarray | None]:
             eval_set.offsets]
 
 
-def _eval_batches(eval_set: EvalSet, batch_size: int, widths: Sequence[int] = ()):
-    """(_eval_chunk's `data` (`_arrays`), the index into `widths`) in chunks of batch_size
-    rows, as wide as the widest split (one shape: one compilation); the index (`widths`
-    sorted, the last the widest) is of the narrowest that holds the chunk's tokens."""
+def _eval_batches(eval_set: EvalSet, batch_size: int, widths: Sequence[int] = (),
+                  readout: int = 0):
+    """(_eval_chunk's `data` (`_arrays`, then each row's first `readout` evaluated positions
+    or None), the index into `widths`) in chunks of batch_size rows, as wide as the widest
+    split (one shape: one compilation); the index (`widths` sorted, the last the widest) is
+    of the narrowest that holds the chunk's tokens."""
     arrays = _arrays(eval_set)
     present = [a for a in arrays if a is not None]
-    for chunk in padded_chunks(present, batch_size):
+    for chunk in chunks.padded_chunks(present, batch_size):
         watchdog.progress()
         used = int((chunk[0] != tasks.PAD).any(0).nonzero()[0].max()) + 1
         parts = iter(chunk)
-        yield (tuple(None if a is None else next(parts) for a in arrays),
+        data = tuple(None if a is None else next(parts) for a in arrays)
+        yield ((*data, chunks.readout(data[1], readout) if readout else None),
                np.int32(next((i for i, w in enumerate(widths) if w >= used), 0)))
+
+
+def _readout_width(module, sites: dict, model_cfg: model_lib.ModelConfig,
+                   eval_set: EvalSet) -> int:
+    """The readout positions per row of a program of `module` replacing `sites`: the most
+    evaluated positions of any row of `eval_set`, or 0 (every position) where a site it
+    replaces, reads (`input_site`) or writes (a lens's `output_site`) comes after the last
+    block's attention (model.before_readout) or where it would compute no fewer positions."""
+    read, written = proxies.hook(module, "input_site"), proxies.hook(module, "output_site")
+    touched = [*sites, *(read(s, model_cfg) for s in sites if read is not None),
+               *(written(s, model_cfg.n_layers) for s in sites if written is not None)]
+    return chunks.readout_width(eval_set.evaluated) if model_lib.before_readout(
+        model_cfg, touched) else 0
 
 
 def _jsd_quantiles(jsd: np.ndarray, split_ids: np.ndarray, num_splits: int) -> np.ndarray:

@@ -1,7 +1,8 @@
 """A decoder-only transformer as data plus pure functions.
 
 The transformer itself is transformer.py (re-exported here, its public names: `model.forward`,
-`model.ModelConfig`, ...); pretrained.py imports checkpoints; patching.py patches edges.
+`model.ModelConfig`, ...), its position encodings positions.py; pretrained.py imports
+checkpoints; patching.py patches edges.
 """
 
 from jaxillusions.model.transformer import (  # noqa: F401 - the package's public names
@@ -17,8 +18,10 @@ from jaxillusions.model.transformer import (  # noqa: F401 - the package's publi
     Params,
     Part,
     Site,
+    Span,
     UniformAttention,
     attention_pattern,
+    before_readout,
     check_site,
     compose,
     first_attention_layer,
@@ -31,7 +34,6 @@ from jaxillusions.model.transformer import (  # noqa: F401 - the package's publi
     path_str,
     random_paths,
     residual_site,
-    rotary_table,
     seed_labels,
     site_names,
     uniform_pattern,

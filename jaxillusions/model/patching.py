@@ -50,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxillusions import model as model_lib
+from jaxillusions.model import positions
 
 GRANULARITIES = ("edge", "node", "neuron")
 ABLATIONS = ("zero", "mean", "resample")
@@ -234,7 +235,7 @@ def edge_forward(params: model_lib.Params, tokens: jax.Array, cfg: model_lib.Mod
     x = params["embed"][tokens].astype(jnp.float32)
     rotary = cfg.pos_encoding == "rotary"
     if cfg.pos_encoding not in ("none", "rotary"):
-        x = x + model_lib.transformer._position_embedding(params, cfg, seq_len)
+        x = x + positions.embedding(params, cfg, seq_len)
     outputs = [x]  # the senders' outputs in this pass, in graph order
     bias = jnp.zeros((cfg.d_model,), jnp.float32)  # the b_O of the attention layers so far
 
@@ -247,7 +248,7 @@ def edge_forward(params: model_lib.Params, tokens: jax.Array, cfg: model_lib.Mod
 
     causal = jnp.tril(jnp.ones((seq_len, seq_len), bool))
     if rotary:
-        cos, sin = model_lib.rotary_table(max(cfg.max_len, seq_len), cfg.head_dim,
+        cos, sin = positions.rotary_table(max(cfg.max_len, seq_len), cfg.head_dim,
                                           cfg.rotary_base)
         cos, sin = cos[:seq_len], sin[:seq_len]
     receiver = 0
@@ -263,8 +264,7 @@ def edge_forward(params: model_lib.Params, tokens: jax.Array, cfg: model_lib.Mod
         k = jnp.einsum("hbtd,dhe->bthe", normed[1], a["w_k"])
         v = jnp.einsum("hbtd,dhe->bthe", normed[2], a["w_v"]) + a["b_v"]
         if rotary:
-            rotate = model_lib.transformer._rotate  # noqa: SLF001 - the model's own
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            q, k = positions.rotate(q, cos, sin), positions.rotate(k, cos, sin)
         scores = jnp.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(cfg.head_dim)
         scores = jnp.where(causal, scores, -jnp.inf)
         pattern = model_lib.attention_pattern(scores)

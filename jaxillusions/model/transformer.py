@@ -18,14 +18,8 @@ task (Wen et al.'s minimal first layer, tasks/minimal_layer.py: block 0 without 
 `blocks.0.minimal.out` and `blocks.0.resid_post`). The model knows parts only through `Part`.
 
 With `pos_encoding="rotary"` (Su et al.'s RoPE) nothing is added to the residual stream: every
-layer rotates its queries and keys by angles proportional to their positions, so an attention
-score depends on the query's and key's positions only through their difference. `attn.q` and
-`attn.k` are the vectors before the rotation (TransformerLens's hook_q/hook_k), `attn.rot_q` and
-`attn.rot_k` after it (hook_rot_q/hook_rot_k); a proxy at `attn.k` is rotated like the keys it
-replaces. Each adjacent pair (2i, 2i+1) of a head's dimensions turns by position * base^(-2i/d_head)
-(GPT-J's pairing, TransformerLens's `rotary_adjacent_pairs=True`, the only one of its 4.x native
-model); the cos/sin table is computed in float64 on the host and rounded to float32 once, so it
-is the same on every backend.
+layer rotates its queries and keys (model/positions.py). `attn.q` and `attn.k` are the vectors
+before the rotation (TransformerLens's hook_q/hook_k), `attn.rot_q` and `attn.rot_k` after it.
 
 Imported checkpoints (model/pretrained.py: GPT-2, GPT-NeoX/Pythia, TransformerLens) set options
 a trained model keeps at their defaults (`IMPORTED_FIELDS`, not settings keys): the activation
@@ -42,11 +36,12 @@ model's *standing* interventions (`ModelConfig.interventions`: `UniformAttention
 pattern is frozen uniform over the causal prefix) are part of the model as trained: `forward`
 applies them at every call, before the caller's, so no caller can run the model without them.
 
-`start_at=(layer, residual)` runs only the rest of the model: block `layer` onwards, from the
+`span=Span(layer, residual)` runs only the rest of the model: block `layer` onwards, from the
 residual stream entering it (`residual_site(cfg, layer)`, cached from an earlier pass). An
 intervention that changes nothing before block `layer` (`first_block` of its sites) gives the
 same logits from there as from the tokens, so a proxy evaluated at many sizes shares the prefix
-of one pass (faithfulness.evaluate).
+of one pass (faithfulness.evaluate). `Span(readout=positions)` computes the logits at those
+positions only (the evaluated ones), and the last block after its attention there.
 """
 
 from __future__ import annotations
@@ -59,7 +54,8 @@ from typing import Protocol
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+from jaxillusions.model import positions as pos_enc
 
 Params = dict
 Intervention = Callable[[str, jax.Array], jax.Array]
@@ -290,12 +286,19 @@ def first_block(cfg: ModelConfig, sites: Iterable[str]) -> int | None:
     return min(layers, default=None)
 
 
+def before_readout(cfg: ModelConfig, sites: Iterable[str]) -> bool:
+    """Whether forward with a `readout` computes each of `sites` at every position: none comes
+    after the last block's attn.z."""
+    names, last = site_names(cfg), f"blocks.{cfg.n_layers - 1}.attn.z"
+    return last in names and all(names.index(s) <= names.index(last) for s in sites)
+
+
 def residual_site(cfg: ModelConfig, layer: int) -> str:
     """The site holding the residual stream that enters block `layer` (after the last block: the
-    last block's resid_post), to cache for `forward(start_at=(layer, value))`."""
+    last block's resid_post), to cache for `forward(span=Span(layer, value))`."""
     first = first_attention_layer(cfg)
     if not first <= layer <= cfg.n_layers:
-        raise ValueError(f"start_at layer {layer}: the model's attention blocks are "
+        raise ValueError(f"start layer {layer}: the model's attention blocks are "
                          f"{first}..{cfg.n_layers - 1} (or {cfg.n_layers}: after the last)")
     return f"blocks.{layer}.resid_pre" if layer < cfg.n_layers else \
         f"blocks.{layer - 1}.resid_post"
@@ -404,66 +407,32 @@ def _layer_norm(x: jax.Array, p: Params, eps: float = 1e-5) -> jax.Array:
     return (x - mean) * jax.lax.rsqrt(var + eps) * p["scale"] + p["bias"]
 
 
-def _sinusoidal(num_pos: int, d: int) -> jax.Array:
-    pos = jnp.arange(num_pos)[:, None]
-    freq = jnp.exp(-math.log(10_000.0) * jnp.arange(0, d, 2) / d)
-    table = jnp.zeros((num_pos, d))
-    table = table.at[:, 0::2].set(jnp.sin(pos * freq))
-    return table.at[:, 1::2].set(jnp.cos(pos * freq[: d // 2]))
+@dataclasses.dataclass(frozen=True)
+class Span:
+    """The part of a forward pass that runs (faithfulness.evaluate's passes): from block
+    `start_layer`, whose input is `residual` [batch, pos, d_model] (the value of
+    `residual_site(cfg, start_layer)`; the embeddings and the blocks before it are skipped and
+    their sites not visited; None: from the tokens), to the logits at the positions `readout`
+    (int [batch, K]; None: every position): the last block's attention runs at every position,
+    the rest of the model at these, its sites after attn.z [batch, K, ...] (`before_readout`)."""
 
-
-def rotary_table(num_pos: int, head_dim: int, base: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin [num_pos, head_dim // 2] float32 of the rotary angles p * base^(-2i/head_dim)
-    (position p, pair i), computed in float64 and rounded once: the same bits on every backend."""
-    inv_freq = float(base) ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    angles = np.arange(num_pos, dtype=np.float64)[:, None] * inv_freq
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
-
-
-def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array, layout: str = "adjacent") -> jax.Array:
-    """x [batch, pos, head, d_head] with each adjacent pair (x[2i], x[2i+1]) turned by the angle
-    whose cos/sin [(batch,) pos, r // 2] are given; the same products and sums, in the same
-    order, as TransformerLens's x * cos + rotate_every_two(x) * sin. Only the first r
-    dimensions turn; layout "half" pairs x[i] with x[i + r/2] (GPT-NeoX's rotate_half)."""
-    cos, sin = cos[..., None, :], sin[..., None, :]  # the same angle for every head
-    r = 2 * cos.shape[-1]
-    x, rest = (x, None) if r == x.shape[-1] else (x[..., :r], x[..., r:])
-    if layout == "half":
-        first, second = x[..., :r // 2], x[..., r // 2:]
-        x = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], -1)
-    else:
-        even, odd = x[..., 0::2], x[..., 1::2]
-        x = jnp.stack([even * cos + -odd * sin, odd * cos + even * sin], -1).reshape(x.shape)
-    return x if rest is None else jnp.concatenate([x, rest], -1)
-
-
-def _position_embedding(params: Params, cfg: ModelConfig, positions: jax.Array | int
-                        ) -> jax.Array:
-    """Position embeddings for integer positions [..., T] -> [..., T, d_model] (an int n:
-    positions 0 .. n-1)."""
-    if isinstance(positions, int):
-        positions = jnp.arange(positions)
-    if cfg.pos_encoding == "learned":
-        return params["pos_embed"][positions]
-    if cfg.pos_encoding == "sinusoidal":
-        return _sinusoidal(cfg.max_len, cfg.d_model)[positions]
-    # "linear" (Wen et al.): one learned direction scaled by the relative position t / max_len.
-    return (positions / cfg.max_len)[..., None] * params["pos_embed"]
+    start_layer: int | None = None
+    residual: jax.Array | None = None
+    readout: jax.Array | None = None
 
 
 def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
             intervention: Intervention | None = None, cache: Iterable[str] = (),
-            position_offset: jax.Array | None = None, start_at: tuple[int, jax.Array] | None = None,
-            segments: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+            position_offset: jax.Array | None = None, segments: jax.Array | None = None,
+            span: Span = Span()) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Logits [batch, pos, vocab] for tokens [batch, pos], and the cached sites.
 
     `intervention` applies after the model's standing ones (`cfg.interventions`).
     `position_offset` (int [batch], or [batch, pos] per token; default 0): token t sits at
     position offset + t (training's random offsets train positions past the sentence length).
-    `segments` (int [batch, pos]): tokens attend within their segment id only (packed rows).
-    `start_at=(layer, residual)`: skip the embeddings and the blocks before `layer`, whose
-    output is `residual` [batch, pos, d_model] (the value of `residual_site(cfg, layer)`); the
-    sites before block `layer` are not visited.
+    `segments` (int [batch, pos]): tokens attend within their segment id only (packed rows;
+    ValueError for a model that reads a row as one sentence: not `cfg.packable`).
+    `span` (`Span`): from a later block, or to the logits [batch, K, vocab] at K positions.
     """
     if segments is not None and not cfg.packable:
         raise ValueError("model.forward: packed rows (segments) for a model that reads a row as "
@@ -494,14 +463,19 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
             return widening(x.astype(cdt), w.astype(cdt)).astype(out)
         return mm("...d,df->...f", x, w, out)
 
+    readout = span.readout
+
+    def read(t: jax.Array) -> jax.Array:  # t [batch, pos, ...] at the positions `readout`
+        return jnp.take_along_axis(t, readout.reshape(*readout.shape, *[1] * (t.ndim - 2)), 1)
+
     seq_len = tokens.shape[-1]
     rotary = cfg.pos_encoding == "rotary"
     if seq_len > cfg.max_len and not rotary:
         raise ValueError(f"sequence length {seq_len} exceeds the model's max_len {cfg.max_len}")
     first = first_attention_layer(cfg)
-    if start_at is not None:
-        residual_site(cfg, start_at[0])  # checks the layer
-        first, x = start_at
+    if span.start_layer is not None:
+        residual_site(cfg, span.start_layer)  # checks the layer
+        first, x = span.start_layer, span.residual
     elif cfg.front is not None:
         x = cfg.front.apply(params, tokens, site)
     else:
@@ -510,11 +484,12 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
     if position_offset is not None:  # caller keeps offset + seq_len <= max_len
         positions = position_offset.reshape(len(position_offset), -1) + positions
     if rotary:  # [(batch,) pos, d_head // 2], for every layer's queries and keys
-        cos, sin = rotary_table(max(cfg.max_len, seq_len), cfg.rotary_dims, cfg.rotary_base)
+        cos, sin = pos_enc.rotary_table(max(cfg.max_len, seq_len), cfg.rotary_dims,
+                                          cfg.rotary_base)
         cos, sin = ((cos[:seq_len], sin[:seq_len]) if position_offset is None
                     else (jnp.asarray(cos)[positions], jnp.asarray(sin)[positions]))
-    elif cfg.pos_encoding != "none" and start_at is None:
-        x = x + site("pos_embed", _position_embedding(params, cfg, positions))
+    elif cfg.pos_encoding != "none" and span.start_layer is None:
+        x = x + site("pos_embed", pos_enc.embedding(params, cfg, positions))
     causal = jnp.tril(jnp.ones((seq_len, seq_len), bool))
     if segments is not None:  # [batch, 1 (heads), query, key]
         causal &= segments[:, None, :, None] == segments[:, None, None, :]
@@ -528,8 +503,8 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
         k = site(f"{name}.attn.k", k + a["b_k"].astype(cdt) if cfg.key_bias else k)
         v = site(f"{name}.attn.v", mm("btd,dhe->bthe", h, a["w_v"]) + a["b_v"].astype(cdt))
         if rotary:  # turned in float32 (a no-op cast in float32 compute)
-            q, k = (site(f"{name}.attn.rot_{n}", _rotate(t.astype(jnp.float32), cos, sin,
-                                                          cfg.rotary_layout).astype(cdt))
+            q, k = (site(f"{name}.attn.rot_{n}", pos_enc.rotate(
+                t.astype(jnp.float32), cos, sin, cfg.rotary_layout).astype(cdt))
                     for n, t in (("q", q), ("k", k)))
         scores = mm("bqhe,bkhe->bhqk", q, k, jnp.float32) / math.sqrt(cfg.head_dim)
         if cfg.attn_scale_by_layer:
@@ -537,6 +512,9 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
         scores = site(f"{name}.attn.scores", jnp.where(causal, scores, -jnp.inf))
         pattern = site(f"{name}.attn.pattern", attention_pattern(scores))
         z = site(f"{name}.attn.z", mm("bhqk,bkhe->bqhe", pattern, v))
+        if readout is not None and i == cfg.n_layers - 1:  # the rest per position: `readout`'s
+            x = resid_pre = read(x)
+            z = read(z)
         attn_out = site(f"{name}.attn.out", mm("bqhe,hed->bqd", z, a["w_o"])
                         + a["b_o"].astype(cdt))
         x = site(f"{name}.resid_mid", x + attn_out)
@@ -548,6 +526,8 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
                           gelu(linear(h, m["w_in"]) + m["b_in"].astype(cdt)))
             x = x + site(f"{name}.mlp.out", linear(hidden, m["w_out"]) + m["b_out"].astype(cdt))
         x = site(f"{name}.resid_post", x)
+    if readout is not None and first == cfg.n_layers:  # no block ran
+        x = read(x)
     x = site("ln_final", _layer_norm(x, params["ln_final"], cfg.ln_eps))
     logits = site("logits", linear(x, params["unembed"]["w"], jnp.float32)
                   + params["unembed"]["b"])

@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from jaxillusions import model as model_lib
+from jaxillusions.model import positions
 
 # Our block sites -> HookedTransformer's hook names (within blocks.{i}); TL 4 keeps them as aliases.
 _BLOCK_HOOKS = {
@@ -202,7 +203,7 @@ def state_dict(params: dict, cfg: model_lib.ModelConfig) -> dict[str, Any]:
     if cfg.pos_encoding == "none":
         out["pos_embed.W_pos"] = np.zeros((cfg.max_len, cfg.d_model), np.float32)
     elif cfg.pos_encoding != "rotary":  # rotary: TL computes its table from the config
-        out["pos_embed.W_pos"] = model_lib.transformer._position_embedding(params, cfg, cfg.max_len)
+        out["pos_embed.W_pos"] = positions.embedding(params, cfg, cfg.max_len)
     for i, block in enumerate(p["blocks"]):
         a, name = block["attn"], f"blocks.{i}"
         out |= {f"{name}.ln1.w": block["ln1"]["scale"], f"{name}.ln1.b": block["ln1"]["bias"],

@@ -1,6 +1,7 @@
 """Fixed-shape row chunks of arrays (`padded_chunks`): how the shared code batches a task's rows,
 or any arrays with a leading row axis, for a compiled program (evaluation, proxies, studies);
-and how many rows a large vocabulary's logits allow in one (`logit_rows`)."""
+how many rows a large vocabulary's logits allow in one (`logit_rows`); and the evaluated
+positions of each row, where an evaluation computes its logits (`readout`)."""
 
 from collections.abc import Iterator, Sequence
 
@@ -35,3 +36,18 @@ def logit_rows(rows: int, width: int, vocab: int, copies: int) -> int:
     most rows that do (at least 1)."""
     per_row = copies * width * vocab * 4
     return rows if rows * per_row <= LOGITS_BYTES else max(1, LOGITS_BYTES // per_row)
+
+
+def readout(evaluated: np.ndarray, width: int) -> np.ndarray:
+    """evaluated [B, T] bool -> int32 [B, width]: each row's evaluated positions ascending, then
+    -1 (model.Span's readout, at max(position, 0), with its scored slots `>= 0`); `width` at
+    least the most of any row (`readout_width`), or that row's last ones are dropped."""
+    order = np.argsort(~evaluated, axis=1, kind="stable")[:, :width]
+    return np.where(np.take_along_axis(evaluated, order, 1), order, -1).astype(np.int32)
+
+
+def readout_width(evaluated: np.ndarray) -> int:
+    """The most evaluated positions of any row of `evaluated` [B, T] bool, or 0 where that is
+    every position (a readout would compute no fewer) or none."""
+    most = int(evaluated.sum(1).max(initial=0))
+    return most if most < evaluated.shape[1] else 0

@@ -21,16 +21,23 @@ import optax
 from jaxillusions import model as model_lib
 from jaxillusions import tasks
 from jaxillusions.config.settings import Settings
+from jaxillusions.runtime import chunks as chunks_lib
 from jaxillusions.runtime import distributed, tensorboard
-from jaxillusions.runtime.chunks import logit_rows, padded_chunks
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "num_bins"))
-def _eval_batch(params, tokens, evaluated, bins, *, model_cfg, num_bins: int):
-    # (evaluated, bins, num_bins: the evaluated positions, their bins and the bin count)
+def _eval_batch(params, tokens, evaluated, bins, readout=None, *, model_cfg, num_bins: int):
+    # (evaluated, bins, num_bins: the evaluated positions, their bins and the bin count;
+    # readout: the rows' evaluated positions (chunks.readout), where the logits are computed)
+    targets = jnp.roll(tokens, -1, axis=1)
+    if readout is not None:
+        at = jnp.maximum(readout, 0)
+        targets, bins = (jnp.take_along_axis(a, at, 1) for a in (targets, bins))
+        evaluated = readout >= 0
+
     def one_seed(p):
-        logits, _ = model_lib.forward(p, tokens, model_cfg)
-        targets = jnp.roll(tokens, -1, axis=1)
+        logits, _ = model_lib.forward(p, tokens, model_cfg, span=model_lib.Span(
+            readout=None if readout is None else at))
         nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
         correct = (logits.argmax(-1) == targets) & evaluated
         bin_onehot = jax.nn.one_hot(bins, num_bins, dtype=jnp.float32) * evaluated[..., None]
@@ -53,8 +60,8 @@ def seed_chunks(params: dict, chunk_size: int = 0) -> list[dict]:
 
 
 def evaluate(chunks: Sequence[dict], split, model_cfg: model_lib.ModelConfig, *,
-             num_seeds: int, batch_size: int, num_bins: int,
-             task=None) -> dict[str, np.ndarray]:
+             num_seeds: int, batch_size: int, num_bins: int, task=None,
+             readout: bool = True) -> dict[str, np.ndarray]:
     """Accuracy [S] and loss [S] at the evaluated positions of a split (a task split; Dyck:
     closing brackets), and accuracy by the bins of the task's TRAIN_BREAKDOWN (Dyck: depth)
     [S, num_bins] as `acc_by_<breakdown>`, with the counts as `count_by_<breakdown>`.
@@ -63,21 +70,29 @@ def evaluate(chunks: Sequence[dict], split, model_cfg: model_lib.ModelConfig, *,
     train_sweep's placed chunks), evaluated one after the other and joined; the first
     `num_seeds` are kept (a last chunk's padding is dropped). Bins with no evaluated position
     are NaN. Chunks over sentences are padded to a fixed batch size so the evaluation compiles
-    once per sequence length. `task`: a tasks module (default: tasks.DEFAULT's).
+    once per sequence length and number of read-out positions. `task`: a tasks module
+    (default: tasks.DEFAULT's). `readout`: the logits at the evaluated positions only
+    (model.Span; as many per row as the split's most, chunks.readout_width: the Dyck demo's
+    rows of 26 tokens 12, of 42 tokens 20), the same numbers within float32 rounding as at
+    every position (False), and a split's numbers its own whatever else is evaluated.
     """
     task = task or tasks.get(tasks.DEFAULT)
     breakdown = task.TRAIN_BREAKDOWN
     view = task.view(split)
     bins = np.clip(view.bins[breakdown], 0, None)
+    read = chunks_lib.readout_width(view.evaluated) if readout and model_lib.before_readout(
+        model_cfg, ()) else 0  # positions per row
     # A large vocabulary's logits and log-softmax: in chunks of the rows that fit
-    batch_size = logit_rows(batch_size, view.tokens.shape[1], model_cfg.vocab_size, 2)
+    batch_size = chunks_lib.logit_rows(batch_size, view.tokens.shape[1], model_cfg.vocab_size, 2)
     sums = []  # per chunk: {correct_by_bin [W, B], nll_sum [W], count_by_bin [B]}
     for params in chunks:
         width = jax.tree.leaves(params)[0].shape[0]
         params = distributed.shard_seeds(params)  # seeds sharded over the devices (padded)
         totals = None
-        for batch in padded_chunks([view.tokens, view.evaluated, bins], batch_size):
-            out = _eval_batch(params, *batch, model_cfg=model_cfg, num_bins=num_bins)
+        for batch in chunks_lib.padded_chunks([view.tokens, view.evaluated, bins], batch_size):
+            positions = chunks_lib.readout(batch[1], read) if read else None
+            out = _eval_batch(params, *batch, positions, model_cfg=model_cfg,
+                              num_bins=num_bins)
             out = distributed.to_host(out)  # summed on the host: no jit(add) per shape
             totals = out if totals is None else jax.tree.map(np.add, totals, out)
         sums.append({k: v if k == "count_by_bin" else v[:width] for k, v in totals.items()})
