@@ -110,9 +110,10 @@ def test_a_span_from_a_block_gives_the_logits_of_the_whole_pass(overrides):
 def test_a_readout_span_gives_the_logits_of_the_whole_pass_at_its_positions(overrides):
     """forward(span=Span(readout=positions)) gives the whole pass's logits at those positions
     (within the rounding of two float32 programs: matrix products over other rows), from the
-    tokens or from a block's residual stream; the sites up to the last block's attn.z keep
-    every position (`before_readout`), the later ones hold the readout's; the same positions
-    listed twice give the same logits twice."""
+    tokens or from a block's residual stream; the sites up to the last block's values and keys
+    keep every position (`before_readout`), the later ones hold the readout's (the scores and
+    the pattern its query rows); the same positions listed twice give the same logits twice;
+    a model with a standing intervention is never read out."""
     cfg, params, tokens = _setup(**overrides)
     last = cfg.n_layers - 1
     readout = jnp.array([[0, 3, 9], [2, 2, 5], [9, 8, 1]])
@@ -132,9 +133,11 @@ def test_a_readout_span_gives_the_logits_of_the_whole_pass_at_its_positions(over
             positions = value.shape[2 if name.endswith(("scores", "pattern"))
                                     else 0 if name == "pos_embed" else 1]
             assert positions == (10 if model_lib.before_readout(cfg, [name]) else 3), name
-    assert model_lib.before_readout(cfg, [f"blocks.{last}.attn.z", "embed"])
-    assert not model_lib.before_readout(cfg, [f"blocks.{last}.attn.out"])
+    assert model_lib.before_readout(cfg, [f"blocks.{last}.attn.v", "embed"])
+    assert not model_lib.before_readout(cfg, [f"blocks.{last}.attn.scores"])
     assert not model_lib.before_readout(cfg, ["ln_final"])
+    uniform = dataclasses.replace(cfg, interventions=(model_lib.UniformAttention((0,)),))
+    assert not model_lib.before_readout(uniform, ())
 
 
 def test_frozen_uniform_attention_and_attn_only():

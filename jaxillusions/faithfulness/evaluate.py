@@ -61,10 +61,10 @@ class EvalOptions:
     pack: the families of a site (per token, or the attention pattern per query) evaluate the
         sentences side by side in rows of the widest split's width (`pack`; where
         model_cfg.packable; False: one sentence per row).
-    readout: the passes compute the last block after its attention, and the logits, at the
-        evaluated positions only (model.forward's `readout`: the Dyck demo's closing brackets,
-        at most 24 of a packed row's 42 positions), where every site a family replaces or reads
-        comes before that (`model.before_readout`; not whole-model proxies, not lenses).
+    readout: the passes compute the last block's queries and all after them, the logits
+        too, at the evaluated positions only (model.Span's `readout`: the Dyck demo's closing
+        brackets, at most 24 of a packed row's 42 positions), where every site a family
+        replaces or reads comes before them or is read per query (`_readout_width`).
     chunking: the seed chunks and where their plan is said (`Chunking`)."""
 
     shared: Sequence[FittedProxy] = ()
@@ -320,12 +320,13 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     options.share_prefix=False runs whole passes per size (the same rows within float32
     rounding; for tests and benchmarks).
 
-    options.readout: the passes compute the last block's attention at every position and the
-    rest of the model, the logits and the metrics at the evaluated positions only (the Dyck
-    demo: the closing brackets, at most 24 in a packed row of 42), where the program's sites
-    and the sites its proxies read or write all come before the last block's attention output
-    (`model.before_readout`; the gathered rows agree with the full ones within float32
-    rounding: matrix products over fewer rows).
+    options.readout: the passes compute the last block's keys and values at every position, and
+    its queries, the rest of the model, the logits and the metrics at the evaluated positions
+    only (the Dyck demo: the closing brackets, at most 24 in a packed row of 42), where the
+    program's sites and the sites its proxies read or write all come before the last block's
+    queries are read out (`model.before_readout`), or are a pattern proxy's, which acts per
+    query (`_readout_width`). The rows agree with those at every position within float32
+    rounding (matrix products over fewer rows).
     """
     rows, num_seeds = [], jax.tree.leaves(params)[0].shape[0]
     # A large vocabulary's logits, the original's and each size's: in chunks of the rows that
@@ -454,9 +455,14 @@ def _eval_batches(eval_set: EvalSet, batch_size: int, widths: Sequence[int] = ()
 def _readout_width(module, sites: dict, model_cfg: model_lib.ModelConfig,
                    eval_set: EvalSet) -> int:
     """The readout positions per row of a program of `module` replacing `sites`: the most
-    evaluated positions of any row of `eval_set`, or 0 (every position) where a site it
-    replaces, reads (`input_site`) or writes (a lens's `output_site`) comes after the last
-    block's attention (model.before_readout) or where it would compute no fewer positions."""
+    evaluated positions of any row of `eval_set`, or 0 (every position) where it would compute
+    no fewer, or where a site it replaces, reads (`input_site`) or writes (a lens's
+    `output_site`) is computed at the read-out positions only (model.before_readout) and the
+    proxy needs its every position: all but a pattern proxy, which replaces the attention
+    pattern query by query (from the scores, uniform attention)."""
+    if module.SITE == "pattern":
+        return chunks.readout_width(eval_set.evaluated) if model_lib.before_readout(
+            model_cfg, ()) else 0
     read, written = proxies.hook(module, "input_site"), proxies.hook(module, "output_site")
     touched = [*sites, *(read(s, model_cfg) for s in sites if read is not None),
                *(written(s, model_cfg.n_layers) for s in sites if written is not None)]

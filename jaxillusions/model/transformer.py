@@ -41,7 +41,7 @@ residual stream entering it (`residual_site(cfg, layer)`, cached from an earlier
 intervention that changes nothing before block `layer` (`first_block` of its sites) gives the
 same logits from there as from the tokens, so a proxy evaluated at many sizes shares the prefix
 of one pass (faithfulness.evaluate). `Span(readout=positions)` computes the logits at those
-positions only (the evaluated ones), and the last block after its attention there.
+positions only (the evaluated ones), and the last block's queries and all after them there.
 """
 
 from __future__ import annotations
@@ -288,9 +288,12 @@ def first_block(cfg: ModelConfig, sites: Iterable[str]) -> int | None:
 
 def before_readout(cfg: ModelConfig, sites: Iterable[str]) -> bool:
     """Whether forward with a `readout` computes each of `sites` at every position: none comes
-    after the last block's attn.z."""
-    names, last = site_names(cfg), f"blocks.{cfg.n_layers - 1}.attn.z"
-    return last in names and all(names.index(s) <= names.index(last) for s in sites)
+    after the last block's values and (rotary) keys, where its queries are read out (its
+    scores and pattern hold the readout's query rows); and the model has no standing
+    intervention (one may read a whole pattern)."""
+    names, last = site_names(cfg), f"blocks.{cfg.n_layers - 1}.attn.scores"
+    return not cfg.interventions and last in names and all(
+        names.index(s) < names.index(last) for s in sites)
 
 
 def residual_site(cfg: ModelConfig, layer: int) -> str:
@@ -413,8 +416,9 @@ class Span:
     `start_layer`, whose input is `residual` [batch, pos, d_model] (the value of
     `residual_site(cfg, start_layer)`; the embeddings and the blocks before it are skipped and
     their sites not visited; None: from the tokens), to the logits at the positions `readout`
-    (int [batch, K]; None: every position): the last block's attention runs at every position,
-    the rest of the model at these, its sites after attn.z [batch, K, ...] (`before_readout`)."""
+    (int [batch, K]; None: every position): the last block runs its queries there only (its
+    keys and values at every position), so its sites from attn.scores on hold [batch, head,
+    K, pos] and [batch, K, ...] (`before_readout`)."""
 
     start_layer: int | None = None
     residual: jax.Array | None = None
@@ -506,15 +510,17 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
             q, k = (site(f"{name}.attn.rot_{n}", pos_enc.rotate(
                 t.astype(jnp.float32), cos, sin, cfg.rotary_layout).astype(cdt))
                     for n, t in (("q", q), ("k", k)))
+        if readout is not None and i == cfg.n_layers - 1:  # the rest per query: `readout`'s
+            q, x = read(q), read(x)
+            resid_pre = x
+            causal = jnp.take_along_axis(jnp.broadcast_to(causal, (len(x), 1, seq_len, seq_len)),
+                                         readout[:, None, :, None], 2)
         scores = mm("bqhe,bkhe->bhqk", q, k, jnp.float32) / math.sqrt(cfg.head_dim)
         if cfg.attn_scale_by_layer:
             scores = scores / (i + 1)
         scores = site(f"{name}.attn.scores", jnp.where(causal, scores, -jnp.inf))
         pattern = site(f"{name}.attn.pattern", attention_pattern(scores))
         z = site(f"{name}.attn.z", mm("bhqk,bkhe->bqhe", pattern, v))
-        if readout is not None and i == cfg.n_layers - 1:  # the rest per position: `readout`'s
-            x = resid_pre = read(x)
-            z = read(z)
         attn_out = site(f"{name}.attn.out", mm("bqhe,hed->bqd", z, a["w_o"])
                         + a["b_o"].astype(cdt))
         x = site(f"{name}.resid_mid", x + attn_out)
