@@ -318,6 +318,29 @@ def test_full_rank_svd_is_faithful_and_rank_one_is_not(trained):
     assert max(r["jsd"] for r in rank1) > 1e-4
 
 
+def test_a_readout_scores_the_evaluated_positions_and_no_others(trained):
+    """The readout's slots past a row's last evaluated position (-1, read at position 0) score
+    nothing, also where position 0 is itself evaluated (the code task's first character; never
+    a Dyck BOS): the counts per split and bin are those at every position, with rows of fewer
+    evaluated positions than the readout's width."""
+    _, splits, model_cfg, params = trained
+    spec = ProxySpec("svd", ("blocks.1.attn.k",), (1, 4))
+    stats = collect(params, splits["train"], model_cfg, [spec], num_samples=0, batch_size=512)
+    fitted = fit([spec], stats, jax.random.PRNGKey(0), num_seeds=2)
+    eval_set = make_eval_set(splits, ["iid", "longer"])
+    first = np.zeros_like(eval_set.evaluated)
+    first[::2, 0] = True  # every other sentence scored at its first position too
+    eval_set = dataclasses.replace(eval_set, evaluated=eval_set.evaluated | first)
+    assert len({int(n) for n in eval_set.evaluated.sum(1)}) > 1  # rows with padding slots
+    rows = {readout: evaluate(params, model_cfg, eval_set, fitted, batch_size=64, seeds=[0, 1],
+                              options=EvalOptions(readout=readout)) for readout in (True, False)}
+    keys = ("seed", "site", "size", "split", "breakdown", "bin", "n")
+    assert [[r[k] for k in keys] for r in rows[True]] == [[r[k] for k in keys]
+                                                          for r in rows[False]]
+    total = sum(r["n"] for r in rows[True] if r["breakdown"] == "all")
+    assert total == 2 * 2 * eval_set.evaluated.sum()  # seeds x sizes x positions
+
+
 def test_unhealthy_seed_rows_are_left_out(trained):
     _, splits, model_cfg, params = trained
     fitted = fit([ProxySpec("uniform_attention", ("blocks.1.attn.pattern",))], {},

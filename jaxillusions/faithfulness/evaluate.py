@@ -81,7 +81,7 @@ class EvalProgram:
     distinct value compiles once). `num_sizes` sizes of proxy `method`; `num_bins` per breakdown
     (EvalSet.num_bins); one branch per width of `widths`; the sizes' passes start at block
     `start_layer` (None: each runs the whole model); the logits at `readout` evaluated
-    positions per row (model.forward's `readout`; 0: at every position)."""
+    positions per row (model.Span's `readout`; 0: at every position)."""
 
     model_cfg: model_lib.ModelConfig
     method: str
@@ -153,11 +153,10 @@ def _eval_chunk(params, proxy_params, active, data: tuple, width_index, *,
                 program: EvalProgram):
     """One chunk [B, T] of every seed and size, `data` its tokens, evaluated, bins, segments
     and offsets (`_arrays`; the last two None unless packed) and its rows' evaluated positions
-    [B, program.readout] (`_readout`, -1 past a row's last; None: no readout). The program
-    holds one branch per
-    width of program.widths; `width_index` picks the one that runs, on the chunk's first
-    `width` columns (the rest are padding: a causal model's values before them do not depend
-    on them).
+    [B, program.readout] (`chunks.readout`, -1 past a row's last; None: no readout). The
+    program holds one branch per width of program.widths; `width_index` picks the one that
+    runs, on the chunk's first `width` columns (the rest are padding: a causal model's values
+    before them do not depend on them).
     program.start_layer: the sizes' passes start at this block from the original pass's
     residual stream (nothing before it is replaced: model.first_block); None: each runs the
     whole model.
@@ -175,12 +174,14 @@ def _eval_chunk(params, proxy_params, active, data: tuple, width_index, *,
         tokens, evaluated, bins, segments, offsets = (
             None if a is None else a[:, :width] for a in data)
         rows = {} if segments is None else {"segments": segments, "position_offset": offsets}
-        at = None if readout is None else jnp.maximum(readout, 0)  # -1: past a row's last
         # At the positions the logits are computed at: the next tokens, the scored ones, bins.
-        targets, scored, scored_bins = (
-            jnp.roll(tokens, -1, axis=1), evaluated, bins) if readout is None else (
-            jnp.take_along_axis(a, at.reshape(*at.shape, *[1] * (a.ndim - 2)), 1)
-            for a in (jnp.roll(tokens, -1, axis=1), evaluated, bins))
+        targets, scored, scored_bins = jnp.roll(tokens, -1, axis=1), evaluated, bins
+        at = None
+        if readout is not None:  # each row's evaluated positions, then -1 (scoring nothing)
+            at = jnp.maximum(readout, 0)
+            targets, scored_bins = (jnp.take_along_axis(a, at.reshape(*at.shape, *[1] * (
+                a.ndim - 2)), 1) for a in (targets, bins))
+            scored = readout >= 0
         weight = scored.astype(jnp.float32)
 
         def binned(values: jax.Array) -> list[jax.Array]:
@@ -332,7 +333,7 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     # A large vocabulary's logits, the original's and each size's: in chunks of the rows that
     # fit (chunks.logit_rows; a small vocabulary's batches are as given).
     batch_size = chunks.logit_rows(batch_size, eval_set.tokens.shape[1], model_cfg.vocab_size,
-                            1 + max((len(p.spec.sizes) for p in fitted), default=1))
+                                   1 + max((len(p.spec.sizes) for p in fitted), default=1))
     params = distributed.shard_seeds(params)  # placed once for all families (padded)
     one_width = options.one_width
     if one_width is None:

@@ -15,10 +15,14 @@ is the same on every backend.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+if TYPE_CHECKING:  # the model's config, whose module imports this one
+    from jaxillusions.model.transformer import ModelConfig
 
 
 def sinusoidal(num_pos: int, d: int) -> jax.Array:
@@ -54,10 +58,10 @@ def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array, layout: str = "adjacent
     return x if rest is None else jnp.concatenate([x, rest], -1)
 
 
-def embedding(params: dict, cfg, positions: jax.Array | int) -> jax.Array:
-    """The model's (cfg, a ModelConfig) position embeddings for integer positions [..., T] ->
-    [..., T, d_model] (an int n: positions 0 .. n-1); what forward adds to the token
-    embeddings (learned, sinusoidal or linear positions)."""
+def embedding(params: dict, cfg: ModelConfig, positions: jax.Array | int) -> jax.Array:
+    """The model's position embeddings for integer positions [..., T] -> [..., T, d_model] (an
+    int n: positions 0 .. n-1): what forward adds to the token embeddings (learned, sinusoidal
+    or linear positions)."""
     if isinstance(positions, int):
         positions = jnp.arange(positions)
     if cfg.pos_encoding == "learned":

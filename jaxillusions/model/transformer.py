@@ -489,7 +489,7 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
         positions = position_offset.reshape(len(position_offset), -1) + positions
     if rotary:  # [(batch,) pos, d_head // 2], for every layer's queries and keys
         cos, sin = pos_enc.rotary_table(max(cfg.max_len, seq_len), cfg.rotary_dims,
-                                          cfg.rotary_base)
+                                        cfg.rotary_base)
         cos, sin = ((cos[:seq_len], sin[:seq_len]) if position_offset is None
                     else (jnp.asarray(cos)[positions], jnp.asarray(sin)[positions]))
     elif cfg.pos_encoding != "none" and span.start_layer is None:
