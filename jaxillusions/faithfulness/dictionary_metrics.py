@@ -91,7 +91,7 @@ class Batch:
     """One chunk of the evaluation as one seed's metric sums read it (traced arrays, built
     inside the evaluation program): the tokens [B, T] and each position's split `split_ids`
     [B, T] (of `num_splits`); the original model's `logits` [B, P, V] at P positions per row
-    (every position, or those the program reads out: model.forward's `readout`), with there
+    (every position, or those the program reads out: model.Span's `readout`), with there
     the next tokens `targets` [B, P], whether each is `scored` [B, P] (an evaluated position)
     and its split `scored_splits` [B, P]."""
 

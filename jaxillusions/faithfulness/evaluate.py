@@ -176,11 +176,8 @@ def _eval_chunk(params, proxy_params, active, data: tuple, width_index, *,
         rows = {} if segments is None else {"segments": segments, "position_offset": offsets}
         # At the positions the logits are computed at: the next tokens, the scored ones, bins.
         targets, scored, scored_bins = jnp.roll(tokens, -1, axis=1), evaluated, bins
-        at = None
         if readout is not None:  # each row's evaluated positions, then -1 (scoring nothing)
-            at = jnp.maximum(readout, 0)
-            targets, scored_bins = (jnp.take_along_axis(a, at.reshape(*at.shape, *[1] * (
-                a.ndim - 2)), 1) for a in (targets, bins))
+            targets, scored_bins = (model_lib.at_positions(a, readout) for a in (targets, bins))
             scored = readout >= 0
         weight = scored.astype(jnp.float32)
 
@@ -200,10 +197,10 @@ def _eval_chunk(params, proxy_params, active, data: tuple, width_index, *,
             one seed's model beside each other made XLA:CPU write each bias and constant they
             share out to memory at the full activation shape (docs/speed.md)."""
             sites = dictionary_metrics.cache_sites(module, active, model_cfg) if extra else ()
-            span = model_lib.Span(readout=at)
+            span = model_lib.Span(readout=readout)
             if start_layer is not None:  # only the prefix is used: XLA drops the rest
                 _, prefix = model_lib.forward(p, tokens, model_cfg, cache=resume, **rows)
-                span = model_lib.Span(start_layer, prefix[resume[0]], at)
+                span = model_lib.Span(start_layer, prefix[resume[0]], readout)
 
             def member(size_params, kind):
                 """A pass by `kind`: without size_params the original or the active sites
@@ -461,12 +458,10 @@ def _readout_width(module, sites: dict, model_cfg: model_lib.ModelConfig,
     `output_site`) is computed at the read-out positions only (model.before_readout) and the
     proxy needs its every position: all but a pattern proxy, which replaces the attention
     pattern query by query (from the scores, uniform attention)."""
-    if module.SITE == "pattern":
-        return chunks.readout_width(eval_set.evaluated) if model_lib.before_readout(
-            model_cfg, ()) else 0
     read, written = proxies.hook(module, "input_site"), proxies.hook(module, "output_site")
-    touched = [*sites, *(read(s, model_cfg) for s in sites if read is not None),
-               *(written(s, model_cfg.n_layers) for s in sites if written is not None)]
+    touched = () if module.SITE == "pattern" else [
+        *sites, *(read(s, model_cfg) for s in sites if read is not None),
+        *(written(s, model_cfg.n_layers) for s in sites if written is not None)]
     return chunks.readout_width(eval_set.evaluated) if model_lib.before_readout(
         model_cfg, touched) else 0
 

@@ -20,6 +20,7 @@ from jaxillusions.model.transformer import (  # noqa: F401 - the package's publi
     Site,
     Span,
     UniformAttention,
+    at_positions,
     attention_pattern,
     before_readout,
     check_site,

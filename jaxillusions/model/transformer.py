@@ -416,13 +416,20 @@ class Span:
     `start_layer`, whose input is `residual` [batch, pos, d_model] (the value of
     `residual_site(cfg, start_layer)`; the embeddings and the blocks before it are skipped and
     their sites not visited; None: from the tokens), to the logits at the positions `readout`
-    (int [batch, K]; None: every position): the last block runs its queries there only (its
-    keys and values at every position), so its sites from attn.scores on hold [batch, head,
-    K, pos] and [batch, K, ...] (`before_readout`)."""
+    (int [batch, K], -1 allowed: `at_positions`; None: every position): the last block runs
+    its queries there only (its keys and values at every position), so its sites from
+    attn.scores on hold [batch, head, K, pos] and [batch, K, ...] (`before_readout`)."""
 
     start_layer: int | None = None
     residual: jax.Array | None = None
     readout: jax.Array | None = None
+
+
+def at_positions(t: jax.Array, positions: jax.Array, axis: int = 1) -> jax.Array:
+    """t [batch, ..., pos (at `axis`), ...] at each row's `positions` [batch, K] (a readout,
+    runtime/chunks.readout: -1, past a row's last, is read at position 0 and scores nothing)."""
+    shape = (len(positions), *[1] * (axis - 1), positions.shape[1], *[1] * (t.ndim - axis - 1))
+    return jnp.take_along_axis(t, jnp.maximum(positions, 0).reshape(shape), axis)
 
 
 def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
@@ -468,10 +475,6 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
         return mm("...d,df->...f", x, w, out)
 
     readout = span.readout
-
-    def read(t: jax.Array) -> jax.Array:  # t [batch, pos, ...] at the positions `readout`
-        return jnp.take_along_axis(t, readout.reshape(*readout.shape, *[1] * (t.ndim - 2)), 1)
-
     seq_len = tokens.shape[-1]
     rotary = cfg.pos_encoding == "rotary"
     if seq_len > cfg.max_len and not rotary:
@@ -511,10 +514,10 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
                 t.astype(jnp.float32), cos, sin, cfg.rotary_layout).astype(cdt))
                     for n, t in (("q", q), ("k", k)))
         if readout is not None and i == cfg.n_layers - 1:  # the rest per query: `readout`'s
-            q, x = read(q), read(x)
+            q, x = at_positions(q, readout), at_positions(x, readout)
             resid_pre = x
-            causal = jnp.take_along_axis(jnp.broadcast_to(causal, (len(x), 1, seq_len, seq_len)),
-                                         readout[:, None, :, None], 2)
+            causal = at_positions(jnp.broadcast_to(causal, (len(x), 1, seq_len, seq_len)),
+                                  readout, axis=2)
         scores = mm("bqhe,bkhe->bhqk", q, k, jnp.float32) / math.sqrt(cfg.head_dim)
         if cfg.attn_scale_by_layer:
             scores = scores / (i + 1)
@@ -533,7 +536,7 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
             x = x + site(f"{name}.mlp.out", linear(hidden, m["w_out"]) + m["b_out"].astype(cdt))
         x = site(f"{name}.resid_post", x)
     if readout is not None and first == cfg.n_layers:  # no block ran
-        x = read(x)
+        x = at_positions(x, readout)
     x = site("ln_final", _layer_norm(x, params["ln_final"], cfg.ln_eps))
     logits = site("logits", linear(x, params["unembed"]["w"], jnp.float32)
                   + params["unembed"]["b"])

@@ -40,7 +40,7 @@ def logit_rows(rows: int, width: int, vocab: int, copies: int) -> int:
 
 def readout(evaluated: np.ndarray, width: int) -> np.ndarray:
     """evaluated [B, T] bool -> int32 [B, width]: each row's evaluated positions ascending, then
-    -1 (model.Span's readout, at max(position, 0), with its scored slots `>= 0`); `width` at
+    -1 (model.Span's readout, read by model.at_positions; its scored slots `>= 0`); `width` at
     least the most of any row (`readout_width`), or that row's last ones are dropped."""
     order = np.argsort(~evaluated, axis=1, kind="stable")[:, :width]
     return np.where(np.take_along_axis(evaluated, order, 1), order, -1).astype(np.int32)

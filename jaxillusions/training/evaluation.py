@@ -31,13 +31,11 @@ def _eval_batch(params, tokens, evaluated, bins, readout=None, *, model_cfg, num
     # readout: the rows' evaluated positions (chunks.readout), where the logits are computed)
     targets = jnp.roll(tokens, -1, axis=1)
     if readout is not None:
-        at = jnp.maximum(readout, 0)
-        targets, bins = (jnp.take_along_axis(a, at, 1) for a in (targets, bins))
+        targets, bins = (model_lib.at_positions(a, readout) for a in (targets, bins))
         evaluated = readout >= 0
 
     def one_seed(p):
-        logits, _ = model_lib.forward(p, tokens, model_cfg, span=model_lib.Span(
-            readout=None if readout is None else at))
+        logits, _ = model_lib.forward(p, tokens, model_cfg, span=model_lib.Span(readout=readout))
         nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
         correct = (logits.argmax(-1) == targets) & evaluated
         bin_onehot = jax.nn.one_hot(bins, num_bins, dtype=jnp.float32) * evaluated[..., None]
