@@ -232,12 +232,14 @@ def test_attention_pattern_is_the_softmax_with_its_own_derivative():
         assert np.all(np.abs(grad - exact) <= bound)
 
 
-def test_widening_matmuls_have_einsums_values_and_their_gradient_with_x_transposed():
-    """model.widening (the MLP's input projection and a wider vocabulary's unembedding, d < f)
-    gives einsum's values bit for bit under vmap over seeds; its gradients, computed by its own
-    rule, are the exact ones (float64) within float32 rounding of sums of n terms, as are
-    autodiff's of the einsum; in bfloat16 they keep the operands' dtypes."""
-    s, n, d, f = 3, 40, 8, 32  # seeds, positions (2 x 20), d_model, d_mlp
+@pytest.mark.parametrize("d, f", [(8, 32), (32, 8)])  # widening, narrowing
+def test_projections_have_einsums_values_and_gradients_by_their_own_rule(d, f):
+    """model.projection (the MLP's two projections, the unembedding: d != f) gives einsum's
+    values bit for bit under vmap over seeds; its gradients, computed by its own rule (a
+    narrowing one's weight gradient as a product behind optimization barriers), are the exact
+    ones (float64) within float32 rounding of sums of n terms, as are autodiff's of the
+    einsum; in bfloat16 they keep the operands' dtypes."""
+    s, n = 3, 40  # seeds, positions (2 x 20)
     kx, kw, kg = jax.random.split(jax.random.PRNGKey(2), 3)
     x = jax.random.normal(kx, (s, 2, n // 2, d))
     w = jax.random.normal(kw, (s, d, f)) / np.sqrt(d)
@@ -246,9 +248,12 @@ def test_widening_matmuls_have_einsums_values_and_their_gradient_with_x_transpos
     def einsum(x, w):
         return jnp.einsum("...d,df->...f", x, w, preferred_element_type=jnp.float32)
 
-    y = jax.vmap(model_lib.widening)(x, w)
+    y = jax.vmap(model_lib.projection)(x, w)
     np.testing.assert_array_equal(y, jax.vmap(einsum)(x, w))
-    assert "custom_vjp_call" in str(jax.make_jaxpr(model_lib.widening)(x[0], w[0]))
+    assert "custom_vjp_call" in str(jax.make_jaxpr(model_lib.projection)(x[0], w[0]))
+    backward = str(jax.make_jaxpr(lambda a, b, c: jax.vjp(model_lib.projection, a, b)[1](c))(
+        x[0], w[0], g[0]))
+    assert backward.count("optimization_barrier") == (2 if f < d else 0)
 
     x64, w64, g64 = (np.asarray(a, np.float64) for a in (x, w, g))
     exact_dx = np.einsum("sbtf,sdf->sbtd", g64, w64)
@@ -257,26 +262,28 @@ def test_widening_matmuls_have_einsums_values_and_their_gradient_with_x_transpos
                 + tol.TERM_ULPS * tol.EPS32 * np.abs(exact_dx))
     bound_dw = (tol.sum_error(n, np.einsum("sbtd,sbtf->sdf", np.abs(x64), np.abs(g64)))
                 + tol.TERM_ULPS * tol.EPS32 * np.abs(exact_dw))
-    for fn in (model_lib.widening, einsum):
+    for fn in (model_lib.projection, einsum):
         _, vjp = jax.vjp(jax.vmap(fn), x, w)
         dx, dw = (np.asarray(a, np.float64) for a in vjp(g))
         assert np.all(np.abs(dx - exact_dx) <= bound_dx)
         assert np.all(np.abs(dw - exact_dw) <= bound_dw)
 
     xb, wb = x[0].astype(jnp.bfloat16), w[0].astype(jnp.bfloat16)
-    out, vjp = jax.vjp(model_lib.widening, xb, wb)
+    out, vjp = jax.vjp(model_lib.projection, xb, wb)
     assert out.dtype == jnp.float32
     assert [a.dtype for a in vjp(g[0])] == [jnp.bfloat16, jnp.bfloat16]
 
-    # The model takes it for each widening matmul: the MLP's input in every layer (d_mlp 32 >
-    # d_model 16), the unembedding when the vocabulary is the wider (17 > 16, not 11).
-    for vocab, calls in ((11, 2), (17, 3)):
+
+def test_the_model_projects_through_the_rule_where_the_widths_differ():
+    # The MLP's input and output in every layer (d_mlp 32, d_model 16), and the unembedding
+    # unless the vocabulary is as wide as the model (11 and 17, not 16).
+    for vocab, calls in ((11, 5), (16, 4), (17, 5)):
         cfg = model_lib.ModelConfig(vocab_size=vocab, max_len=12, n_layers=2, d_model=16,
                                     d_mlp=32)
         params = model_lib.init_params(jax.random.PRNGKey(0), cfg)
         jaxpr = str(jax.make_jaxpr(lambda p, c=cfg: model_lib.forward(
             p, jnp.zeros((1, 4), int), c)[0])(params))
-        assert jaxpr.count("custom_vjp_call") == calls
+        assert jaxpr.count("custom_vjp_call") == calls, vocab
 
 
 def test_vmap_over_seed_axis_matches_single_models():

@@ -33,10 +33,10 @@ from jaxillusions.model.transformer import (  # noqa: F401 - the package's publi
     init_params,
     mlp_input,
     path_str,
+    projection,
     random_paths,
     residual_site,
     seed_labels,
     site_names,
     uniform_pattern,
-    widening,
 )

@@ -469,9 +469,9 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
                           preferred_element_type=jnp.float32).astype(out)
 
     def linear(x: jax.Array, w: jax.Array, out=cdt) -> jax.Array:
-        """x [..., d] @ w [d, f] as mm; a widening one (f > d) through `widening`."""
-        if w.shape[-1] > w.shape[0]:
-            return widening(x.astype(cdt), w.astype(cdt)).astype(out)
+        """x [..., d] @ w [d, f] as mm; through `projection` where f != d."""
+        if w.shape[-1] != w.shape[0]:
+            return projection(x.astype(cdt), w.astype(cdt)).astype(out)
         return mm("...d,df->...f", x, w, out)
 
     readout = span.readout
@@ -544,26 +544,31 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
 
 
 @jax.custom_vjp
-def widening(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x [..., d] @ w [d, f] for f > d (the MLP's input; the unembedding of a vocabulary wider
-    than the model), accumulated in float32, with the weight's gradient contracted over the
-    positions with x laid out position-last rather than the wider output gradient: XLA:CPU
-    copies the operand whose contracted axis is not innermost (PyTorch's matmuls read it
-    strided), and x is the narrower copy. The values are einsum's bit for bit, the gradients
-    equal within float32 rounding (docs/speed.md: the reference model's training step 1.07-1.11x
-    as fast at 8 seeds on one device of the 2-core CPU)."""
+def projection(x: jax.Array, w: jax.Array) -> jax.Array:
+    """x [..., d] @ w [d, f] for f != d (the MLP's two projections, the unembedding),
+    accumulated in float32, with the weight's gradient, a product contracted over the positions,
+    laid out as XLA:CPU's fast matmuls take it: the contracted axis innermost in the left
+    operand, and that operand the narrower of x and the output gradient g (XLA:CPU copies
+    it so; PyTorch's matmuls read it strided). Widening (f > d): x^T g. Narrowing (f < d):
+    (g^T x)^T, its transposes kept by optimization barriers, which XLA would otherwise fold
+    back into the product's slower layout. The values are einsum's bit for bit, the gradients
+    equal within float32 rounding (docs/speed.md)."""
     return jnp.einsum("...d,df->...f", x, w, preferred_element_type=jnp.float32)
 
 
-def _widening_bwd(res, g):
+def _projection_bwd(res, g):
     x, w = res
     dx = jnp.einsum("...f,df->...d", g.astype(w.dtype), w, preferred_element_type=jnp.float32)
-    dw = jnp.einsum("nd,nf->df", x.reshape(-1, x.shape[-1]),
-                    g.reshape(-1, g.shape[-1]).astype(x.dtype), preferred_element_type=jnp.float32)
+    x, g = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1]).astype(x.dtype)
+    if w.shape[1] > w.shape[0]:
+        dw = jnp.einsum("nd,nf->df", x, g, preferred_element_type=jnp.float32)
+    else:
+        kept = jax.lax.optimization_barrier
+        dw = kept(jnp.matmul(kept(g.T), x, preferred_element_type=jnp.float32)).T
     return dx.astype(x.dtype), dw.astype(w.dtype)
 
 
-widening.defvjp(lambda x, w: (widening(x, w), (x, w)), _widening_bwd)
+projection.defvjp(lambda x, w: (projection(x, w), (x, w)), _projection_bwd)
 
 
 def attention_pattern(scores: jax.Array) -> jax.Array:
