@@ -13,24 +13,24 @@ no GPU, nothing else running, data and compilation caches empty, a fresh clone) 
 was `time 72 s: training 37 s, collection 4 s, fitting 3 s, evaluation 21 s, reports 1 s,
 figures 5 s; of which compilation 13.8 s` (12 seeds x 2500 steps as 2 shards on the config's 2
 CPU devices, each seed's batch packed into half the rows, and the proxies' collection and
-evaluation on packed rows; 87 s before those, 107 s before training's packing; on the AMD
-EPYC of family 25 model 17 the code before the attention softmax's own derivative took 1 min 53
-s, docs/speed.md). On the Intel Xeon of family 6 model 167, with the logits computed at the
-scored positions only: `time 71 s: training 40 s, collection 4 s, fitting 4 s, evaluation 16 s,
-...; of which compilation 13.9 s`, every program compiled, 92% of the code before it side by
-side. Its data, model and training keys are dyck_population.py's but for the seed
-count (its first 12 seeds, other shards: the same numbers up to the last bits); the population
-also evaluates the sizes and targets the demo leaves out. Original model, closing-bracket
-accuracy over the 12 seeds: iid 0.959 [95% logit-t 0.953, 0.966], unseen_depth 0.810 [0.787,
-0.836], longer 0.883 [0.871, 0.896]. What its summary showed: at the smallest rank faithful in
-distribution (8, iid same_pred 0.997) the SVD of the last layer's queries is less faithful on
-unseen_depth (+0.006 [+0.003, +0.009], 11/12 seeds) and longer (+0.005 [+0.002, +0.007],
-12/12); k-means (k = 64), one-hot and uniform attention too, and k-means and the attention
-proxies on unseen_structure as well (k-means +0.006 [+0.003, +0.010], 12/12); no gap shown on
-seen_structure and unseen_structure for SVD. With 4 seeds (t = 3.18) the same job showed a gap
-for SVD on unseen_depth only. For the full set of sizes and targets use the 32-seed
-dyck_population.py. `--config.cpu_devices=1` trains on one device (1.4x slower
-at 12 seeds; numbers that differ from the 2-device run within seed noise: docs/speed.md).
+evaluation on packed rows; 87 s before those, 107 s before training's packing; on the AMD EPYC
+of family 25 model 17 the code before the attention softmax's own derivative took 1 min 53 s,
+docs/speed.md). On the Intel Xeon of family 6 model 167, with the logits computed at the scored
+positions only and the narrowing projections' gradient rule: `time 68 s: training 38 s,
+collection 4 s, fitting 4 s, evaluation 16 s, ...; of which compilation 14.6 s`, every program
+compiled (97% of the code before the rule side by side). Its data, model and training keys are
+dyck_population.py's but for the seed count (its first 12 seeds, other shards: the same numbers
+up to the last bits); the population also evaluates the sizes and targets the demo leaves out.
+Original model, closing-bracket accuracy over the 12 seeds: iid 0.958 [95% logit-t 0.953,
+0.965], unseen_depth 0.809 [0.786, 0.836], longer 0.883 [0.870, 0.898]. What its summary showed:
+at the smallest rank faithful in distribution (8, iid same_pred 0.998) the SVD of the last
+layer's queries is less faithful on unseen_depth (+0.006 [+0.003, +0.009], 12/12 seeds) and
+longer (+0.005 [+0.003, +0.007], 12/12); k-means (k = 64), one-hot and uniform attention too,
+and k-means and the attention proxies on unseen_structure as well (k-means +0.005 [+0.001,
++0.008], 10/12); no gap shown on seen_structure and unseen_structure for SVD. With 4 seeds (t =
+3.18) the same job showed a gap for SVD on unseen_depth only. For the full set of sizes and
+targets use the 32-seed dyck_population.py. `--config.cpu_devices=1` trains on one device (1.4x
+slower at 12 seeds; numbers that differ from the 2-device run within seed noise: docs/speed.md).
 Override any key on the command line, e.g. `--config.train.num_seeds=8
 --config.data.num_train=20000`. """
 

@@ -547,12 +547,12 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
 def projection(x: jax.Array, w: jax.Array) -> jax.Array:
     """x [..., d] @ w [d, f] for f != d (the MLP's two projections, the unembedding),
     accumulated in float32, with the weight's gradient, a product contracted over the positions,
-    laid out as XLA:CPU's fast matmuls take it: the contracted axis innermost in the left
-    operand, and that operand the narrower of x and the output gradient g (XLA:CPU copies
-    it so; PyTorch's matmuls read it strided). Widening (f > d): x^T g. Narrowing (f < d):
-    (g^T x)^T, its transposes kept by optimization barriers, which XLA would otherwise fold
-    back into the product's slower layout. The values are einsum's bit for bit, the gradients
-    equal within float32 rounding (docs/speed.md)."""
+    laid out as XLA:CPU's fast matmuls take it: the left operand, which XLA:CPU copies to put
+    the positions innermost (PyTorch's matmuls read it strided), is the narrower of x and the
+    output gradient g. Widening (f > d): x^T g. Narrowing (f < d): (g^T x)^T, its transposes
+    kept by optimization barriers, which XLA would otherwise fold back into the product's
+    slower layout. The values are einsum's bit for bit, the gradients equal within float32
+    rounding (docs/speed.md)."""
     return jnp.einsum("...d,df->...f", x, w, preferred_element_type=jnp.float32)
 
 
