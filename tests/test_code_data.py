@@ -542,6 +542,28 @@ def test_caps_sample_without_replacement(small):
 # ----------------------------------------------------------------------------- bad input
 
 
+def test_the_check_for_source_files_stops_at_the_first_but_agrees_with_the_listing(tmp_path):
+    # The config check asks whether a directory holds a file of the language; the listing that
+    # reads them lists them all. A tree whose only files the listing skips has none.
+    for rel in ["tests/test_a.py", ".hidden/b.py", "__pycache__/c.py", "site-packages/d.py",
+                "lib/test_e.py", "js/f.min.js", "js/g.spec.js", "notes.txt"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("def f():\n    return 1\n")
+    for language in ("python", "javascript"):
+        for skip_tests in (True, False):
+            listed = corpus.source_files(str(tmp_path), language, skip_tests)
+            assert corpus.has_source_files(str(tmp_path), language, skip_tests) == bool(listed)
+    assert corpus.source_files(str(tmp_path), "python", False) == [
+        os.path.join("lib", "test_e.py"), os.path.join("tests", "test_a.py")]
+    assert corpus.source_files(str(tmp_path), "javascript", False) == [
+        os.path.join("js", "g.spec.js")]
+    assert not corpus.has_source_files(str(tmp_path), "python", True)
+    assert not corpus.has_source_files(str(tmp_path), "javascript", True)
+    (tmp_path / "lib" / "h.py").write_text("def h():\n    return 2\n")
+    assert corpus.has_source_files(str(tmp_path), "python", True)
+    assert corpus.source_files(str(tmp_path), "python", True) == [os.path.join("lib", "h.py")]
+
+
 def test_missing_or_empty_sources_are_one_line_errors(tmp_path):
     with pytest.raises(ValueError, match="no such file or directory") as e:
         splits.check_data_config({"source": str(tmp_path / "nope")})

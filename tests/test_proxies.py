@@ -306,8 +306,9 @@ def test_a_new_proxy_is_one_file(tmp_path, monkeypatch):
     from jaxillusions.pipeline import validate
     from jaxillusions.training import train
 
-    (tmp_path / "scaled.py").write_text(_NEW_PROXY)
     monkeypatch.setattr(proxies, "__path__", [*proxies.__path__, str(tmp_path)])
+    assert "scaled" not in proxies.available()
+    (tmp_path / "scaled.py").write_text(_NEW_PROXY)  # dropped into a folder already listed
     assert "scaled" in proxies.available()
     config = tiny_config(str(tmp_path / "cache"))
     config.proxies.methods = ("scaled",)

@@ -66,7 +66,9 @@ A proxy with sizes (STATISTIC not None) may also define, to own its config setti
 
 from __future__ import annotations
 
+import functools
 import importlib
+import os
 import pkgutil
 import types
 from typing import Any
@@ -88,8 +90,15 @@ def hook(module: types.ModuleType, name: str) -> Any:
 
 
 def available() -> tuple[str, ...]:
-    """Names of the proxy modules in this package, sorted."""
-    names = (m.name for m in pkgutil.iter_modules(__path__))
+    """Names of the proxy modules in this package, sorted. The listing is read again when a
+    folder of the package changes (a module dropped in), not at every call: a config's check
+    asks for it dozens of times."""
+    return _listing(tuple((d, os.stat(d).st_mtime_ns) for d in __path__))
+
+
+@functools.lru_cache(maxsize=4)
+def _listing(folders: tuple[tuple[str, int], ...]) -> tuple[str, ...]:
+    names = (m.name for m in pkgutil.iter_modules([d for d, _ in folders]))
     return tuple(sorted(n for n in names if not n.startswith("_")))
 
 

@@ -18,6 +18,7 @@ process 0 alone (`is_main`).
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 import math
@@ -227,12 +228,19 @@ def cpu_only() -> bool:
     platforms = jax.config.jax_platforms
     if platforms:
         return {p.strip() for p in platforms.split(",")} == {"cpu"}
+    return not _accelerator_plugin()
+
+
+@functools.cache
+def _accelerator_plugin() -> bool:
+    """Whether an accelerator plugin is installed, looked up once per process, as JAX looks up
+    its plugins once (reading every installed package's entry points takes ~10 ms)."""
     if importlib.metadata.entry_points(group="jax_plugins"):
-        return False
+        return True
     if importlib.util.find_spec("libtpu") is not None:
-        return False
+        return True
     spec = importlib.util.find_spec("jax_plugins")
-    return spec is None or not any(pkgutil.iter_modules(spec.submodule_search_locations))
+    return spec is not None and any(pkgutil.iter_modules(spec.submodule_search_locations))
 
 
 def _backends_started() -> bool:

@@ -10,7 +10,8 @@ Every source gives the same record type, `Record(code, language, repo, path, fun
 - `js_functions(source, path)`: the same for JavaScript: `function` declarations and expressions,
   class and object-literal methods, and arrow functions with a block body, delimited by bracket
   matching over `lexer.js_tokens` (which skips strings, template literals, regexes and comments).
-- `source_files(root, language, skip_tests)` and `read_files(...)`: a directory tree of such files;
+- `source_files(root, language, skip_tests)` (`has_source_files`: whether there is one) and
+  `read_files(...)`: a directory tree of such files;
   `stdlib_root()` is the running interpreter's standard library (site-packages excluded).
 """
 
@@ -27,7 +28,7 @@ import textwrap
 import tokenize
 import warnings
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 from jaxillusions.tasks.code_completion import lexer
@@ -237,16 +238,24 @@ def stdlib_root() -> str:
 def source_files(root: str, language: str, skip_tests: bool) -> list[str]:
     """Sorted relative paths of the language's files under root (symlinks not followed; hidden,
     __pycache__, site-packages, minified files skipped; with skip_tests, test dirs and files)."""
+    return sorted(os.path.relpath(f, root) for f in _walk_sources(root, language, skip_tests))
+
+
+def has_source_files(root: str, language: str, skip_tests: bool) -> bool:
+    """Whether source_files would list any: the walk stops at the first file."""
+    return next(_walk_sources(root, language, skip_tests), None) is not None
+
+
+def _walk_sources(root: str, language: str, skip_tests: bool) -> Iterator[str]:
+    """source_files' files, as paths joined to root, in the order os.walk finds them."""
     exts = EXTENSIONS[language]
-    out = []
     for d, dirs, files in os.walk(root):
         dirs[:] = [x for x in dirs if not (x.startswith(".") or x in _SKIP_DIRS
                                            or (skip_tests and x in _TEST_DIRS))]
         for f in files:
             if f.endswith(exts) and not f.endswith(".min.js") \
                     and not (skip_tests and _TEST_FILE.match(f)):
-                out.append(os.path.relpath(os.path.join(d, f), root))
-    return sorted(out)
+                yield os.path.join(d, f)
 
 
 def read_files(root: str, language: str, skip_tests: bool, repo: str

@@ -214,7 +214,7 @@ def _resolve(key: str, spec: str, language: str, skip_tests: bool) -> tuple[str,
         return "stdlib", corpus.stdlib_root()
     path = os.path.expanduser(spec)
     if os.path.isdir(path):
-        if not corpus.source_files(path, language, skip_tests):
+        if not corpus.has_source_files(path, language, skip_tests):
             raise ValueError(f"data.{key}={spec!r}: no {language} files "
                              f"({'/'.join(corpus.EXTENSIONS[language])}) in this directory")
         return "dir", os.path.abspath(path)
