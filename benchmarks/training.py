@@ -66,7 +66,8 @@ def xla_step_flops(state, tokens, run: dict) -> float | None:
     if not cost or "flops" not in cost:
         return None
     return float(cost["flops"]) * step_lib.train_groups(
-        state.healthy.shape[0], run["model_cfg"], run["batch_size"], tokens.shape[1])
+        state.healthy.shape[0], run["model_cfg"], run["batch_size"], tokens.shape[1],
+        run.get("objective", step_lib.DEFAULT_OBJECTIVE))
 
 
 def peak_memory_bytes() -> dict:

@@ -62,6 +62,33 @@ def test_members_in_cache_sized_groups_train_as_in_one_group(config, monkeypatch
     np.testing.assert_array_equal(np.asarray(again_losses), np.asarray(grouped_losses))
 
 
+def test_a_packed_batch_is_grouped_by_the_rows_of_its_pass(config, monkeypatch):
+    # A member whose batch is packed into fewer rows (train.rows_per_sentence) holds the
+    # activations of those rows at once, not of one row per sentence: train_steps sizes its
+    # groups by them, so twice as many members of a batch packed into half the rows fit one.
+    config.train.rows_per_sentence = 0.5
+    settings = checked(config)
+    splits, model_cfg, tx = train.build(settings)
+    tokens = jnp.asarray(splits["train"].tokens)
+    objective = objective_lib.from_settings(settings)
+    batch, width = settings.train.batch_size, tokens.shape[1]
+    assert objective.packed_rows == batch // 2
+    one_row_each = step_lib.member_bytes(model_cfg, batch, width)
+    assert step_lib.member_bytes(model_cfg, objective.packed_rows, width) == one_row_each // 2
+    monkeypatch.setattr(jax, "device_count", lambda: 1)
+    monkeypatch.setattr(step_lib, "CPU_GROUP_BYTES", 2 * one_row_each)
+    assert step_lib.train_groups(8, model_cfg, batch, width) == 4  # 2 unpacked per group
+    assert step_lib.train_groups(8, model_cfg, batch, width, objective) == 2  # 4 packed
+    seen = []
+    monkeypatch.setattr(step_lib, "num_groups",
+                        lambda num, one_member: seen.append(one_member) or 2)
+    train_steps.clear_cache()  # the groups are decided while tracing
+    train_steps.trace(init_state(range(8), model_cfg, tx), tokens, num_steps=1,
+                      model_cfg=model_cfg, tx=tx, batch_size=batch, objective=objective)
+    train_steps.clear_cache()
+    assert seen == [one_row_each // 2]
+
+
 @pytest.mark.parametrize("num, devices, one_member, groups", [
     (32, 1, 2 * 2**20, 4),   # 8 members of 2 MiB per group
     (32, 2, 2 * 2**20, 2),   # 8 per device and group

@@ -10,8 +10,9 @@ seed-steps/s; the XLA estimate of the step is 13.1 GiB); `launch.train` with
 accuracy iid 0.994, unseen_depth 0.916, longer 0.938 over the 128 seeds. The full 20,000 steps
 are therefore about 13 minutes of training steps plus 4 evaluations and checkpoints; the whole
 sweep (proxies, evaluation, reports) was not run to the end on the GPU (docs/speed.md: the
-proxy stage then ran out of memory at 256 seeds). On the 2-core CPU machine the step ran at
-3.3 seed-steps/s (32 seeds), about 9 days for the 128 x 20k seed-steps. The data (200k
+proxy stage then ran out of memory at 256 seeds). On the 2-core CPU machine (Intel Xeon,
+`lscpu` family 6 model 167) the step ran at 19 seed-steps/s (32 seeds, one device), about 1.6
+days for the 128 x 20k seed-steps. The data (200k
 sentences) generates in 2-3.5 s. Population statistics (paired intervals over seeds) need many
 seeds: 128 by default.
 """

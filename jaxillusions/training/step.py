@@ -172,7 +172,7 @@ def train_steps(state: SweepState, train_tokens: jax.Array, hparams: dict | None
                             None, length=num_steps)
 
     num = state.healthy.shape[0]
-    groups = train_groups(num, model_cfg, batch_size, train_tokens.shape[1])
+    groups = train_groups(num, model_cfg, batch_size, train_tokens.shape[1], objective)
     if groups == 1:
         return run((state, hparams))
     # Member m is in group m % groups, so that a seed axis sharded over the devices in
@@ -191,18 +191,21 @@ def train_steps(state: SweepState, train_tokens: jax.Array, hparams: dict | None
 CPU_GROUP_BYTES = 16 * 2**20
 
 
-def member_bytes(model_cfg, batch_size: int, width: int) -> int:
+def member_bytes(model_cfg, rows: int, width: int) -> int:
     """Bytes of one member's largest activation in a training step: the MLP's hidden layer,
-    the residual stream or the attention pattern, float32, over a batch of `width` tokens."""
+    the residual stream or the attention pattern, float32, over `rows` rows of `width`
+    tokens."""
     widest = max(model_cfg.d_model, 0 if model_cfg.attn_only else model_cfg.d_mlp,
                  model_cfg.n_heads * width)
-    return 4 * batch_size * width * widest
+    return 4 * rows * width * widest
 
 
-def train_groups(num: int, model_cfg, batch_size: int, width: int) -> int:
+def train_groups(num: int, model_cfg, batch_size: int, width: int,
+                 objective: Objective = DEFAULT_OBJECTIVE) -> int:
     """How many groups `train_steps` runs `num` members of `model_cfg` in, at `batch_size`
-    sentences of `width` tokens (num_groups of member_bytes)."""
-    return num_groups(num, member_bytes(model_cfg, batch_size, width))
+    sentences of `width` tokens (num_groups of member_bytes): a member's pass runs the rows its
+    batch is packed into (objective.packed_rows), else one row per sentence."""
+    return num_groups(num, member_bytes(model_cfg, objective.packed_rows or batch_size, width))
 
 
 def num_groups(num: int, one_member: int) -> int:
