@@ -62,6 +62,29 @@ def test_members_in_cache_sized_groups_train_as_in_one_group(config, monkeypatch
     np.testing.assert_array_equal(np.asarray(again_losses), np.asarray(grouped_losses))
 
 
+def test_members_one_at_a_time_train_as_each_alone(config, monkeypatch):
+    # Members whose activations each fill the budget train one group of one after the other,
+    # with the step of a seed alone (no vmap over a size-1 axis): each member's bits are those
+    # of its state trained alone, and its losses too.
+    splits, model_cfg, tx = train.build(checked(config))
+    tokens = jnp.asarray(splits["train"].tokens)
+    run = dict(num_steps=3, model_cfg=model_cfg, tx=tx, batch_size=8)
+    hparams = {"contrastive_weight": np.float32([0, 1, 2])}
+    start = init_state(range(3), model_cfg, tx)
+    alone = [train_steps(jax.tree.map(lambda x, i=i: x[i:i + 1], start), tokens,
+                         {"contrastive_weight": hparams["contrastive_weight"][i:i + 1]}, **run)
+             for i in range(3)]
+    monkeypatch.setattr(step_lib, "CPU_GROUP_BYTES", 1)
+    train_steps.clear_cache()  # the budget is read while tracing
+    together, losses = train_steps(start, tokens, hparams, **run)
+    train_steps.clear_cache()
+    assert step_lib.num_groups(3, step_lib.member_bytes(model_cfg, 8, tokens.shape[1])) == 3
+    for i, (state, loss) in enumerate(alone):
+        for a, b in zip(_leaves(together), _leaves(state), strict=True):
+            np.testing.assert_array_equal(a[i:i + 1], b)
+        np.testing.assert_array_equal(np.asarray(losses)[:, i:i + 1], np.asarray(loss))
+
+
 def test_a_packed_batch_is_grouped_by_the_rows_of_its_pass(config, monkeypatch):
     # A member whose batch is packed into fewer rows (train.rows_per_sentence) holds the
     # activations of those rows at once, not of one row per sentence: train_steps sizes its

@@ -157,13 +157,22 @@ def train_steps(state: SweepState, train_tokens: jax.Array, hparams: dict | None
     one_seed = functools.partial(seed_step, model_cfg=model_cfg, tx=tx, batch_size=batch_size,
                                  objective=objective)
     hparams = hparams or {}
-    if state.healthy.shape[0] == 1:
-        # vmap over a size-1 axis still emits batched ops, which XLA:CPU runs ~25% slower than
-        # the plain step (measured: README "Speed"); one seed needs no vmap.
-        hp = jax.tree.map(lambda x: x[0], hparams)
-        state, losses = jax.lax.scan(lambda s, _: one_seed(s, train_tokens, hp),
-                                     jax.tree.map(lambda x: x[0], state), None, length=num_steps)
+
+    def alone(member):  # every step of one member, without a seed axis
+        member_state, member_hparams = member
+        return jax.lax.scan(lambda s, _: one_seed(s, train_tokens, member_hparams),
+                            member_state, None, length=num_steps)
+
+    num = state.healthy.shape[0]
+    groups = train_groups(num, model_cfg, batch_size, train_tokens.shape[1], objective)
+    # One member at a time (one seed, or groups of one): the plain step, since vmap over a
+    # size-1 axis still emits batched ops, which XLA:CPU runs slower (docs/speed.md).
+    if num == 1:
+        state, losses = alone(jax.tree.map(lambda x: x[0], (state, hparams)))
         return jax.tree.map(lambda x: x[None], state), losses[:, None]
+    if groups == num:
+        state, losses = jax.lax.map(alone, (state, hparams))
+        return state, losses.T
     step = jax.vmap(one_seed, in_axes=(0, None, 0))
 
     def run(members):  # every step of the members of one group
@@ -171,8 +180,6 @@ def train_steps(state: SweepState, train_tokens: jax.Array, hparams: dict | None
         return jax.lax.scan(lambda s, _: step(s, train_tokens, group_hparams), group_state,
                             None, length=num_steps)
 
-    num = state.healthy.shape[0]
-    groups = train_groups(num, model_cfg, batch_size, train_tokens.shape[1], objective)
     if groups == 1:
         return run((state, hparams))
     # Member m is in group m % groups, so that a seed axis sharded over the devices in
