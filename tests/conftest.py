@@ -64,6 +64,34 @@ def _count_compile(event: str, duration: float, **_) -> None:
         _spent["compiles"] += event.endswith("backend_compile_duration")
 
 
+# JAX lowers every program in an MLIR context of its own, and making one (its dialects loaded)
+# costs about 2.5 ms, most of the tracing and lowering of an operation run eagerly, which the
+# suite does thousands of times. The test processes (not the launchers they start) lower this
+# many programs in turn in one context, then make a fresh one, so that what a context keeps
+# (its types and attributes) stays bounded. The quick suite: 0.90-0.93x the wall time, half
+# the peak memory (docs/speed.md, "The test suite").
+IR_CONTEXT_PROGRAMS = 256
+
+
+def _shared_ir_context(lowerings: int) -> None:
+    """`jax._src.interpreters.mlir.make_ir_context` replaced by one that gives the same context
+    to `lowerings` programs in turn. A program's text, and so its executable, is the one a
+    context of its own gives (tests/test_scale.py checks it)."""
+    from jax._src.interpreters import mlir
+
+    make = mlir.make_ir_context
+    current = [None, 0]
+
+    def shared():
+        if current[0] is None or current[1] >= lowerings:
+            current[:] = [make(), 0]
+        current[1] += 1
+        return current[0]
+
+    shared.fresh = make  # for the test that a shared context lowers the same text
+    mlir.make_ir_context = shared
+
+
 def pytest_configure(config):
     flags = os.environ.get("XLA_FLAGS", "")
     added = [f for f in TEST_XLA_FLAGS if f.split("=")[0] not in flags]
@@ -237,7 +265,8 @@ def jax_started(tmp_path_factory):
     JAX_NUM_CPU_DEVICES says): validate.check applies a config's cpu_devices before JAX starts,
     so the first check of a session must not lay out the devices of every test after it. From
     here on a config naming another count is refused, and configs checked in this process set
-    cpu_devices = 0 (as tiny_config does)."""
+    cpu_devices = 0 (as tiny_config does). Its programs are then compiled through the run's
+    compilation cache and lowered in shared MLIR contexts (`_shared_ir_context`)."""
     import jax
 
     # One directory for the whole run, shared by the xdist workers (their base temporaries are
@@ -247,6 +276,7 @@ def jax_started(tmp_path_factory):
     run = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     _shared_compilation_cache(os.environ.get("JAX_COMPILATION_CACHE_DIR")
                               or str(run / "xla_cache"))
+    _shared_ir_context(IR_CONTEXT_PROGRAMS)
     return jax.devices()
 
 

@@ -17,6 +17,7 @@ import sys
 import warnings
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import (
@@ -267,6 +268,30 @@ def test_a_test_marked_fusion_emitters_runs_with_them():
     # tests/conftest.py reruns a test so marked in a child pytest with XLA:CPU's fusion emitters
     # on where the suite's flags turn them off: it never runs with them off.
     assert f"{FUSION_EMITTERS}=false" not in os.environ.get("XLA_FLAGS", "").split()
+
+
+def test_a_shared_ir_context_lowers_the_same_programs():
+    # tests/conftest.py lowers the suite's programs in MLIR contexts that serve many programs in
+    # turn: a program's text, with its source locations, and its compiled text are those that a
+    # context of its own gives. (The first compilation of a function numbers the compiled
+    # text's stack frames in another order than the next ones, whatever the context: the
+    # texts compared come after one.)
+    from jax._src.interpreters import mlir
+
+    shared = mlir.make_ir_context
+    texts = []
+    for make in (shared, shared, shared.fresh, shared):
+        def f(x, w):  # a new function each time, so that no lowering is reused
+            h = jax.nn.gelu(x @ w)
+            return jax.nn.softmax(h, axis=-1).sum(0), jnp.cumsum(h, axis=1)
+
+        mlir.make_ir_context = make
+        try:
+            program = jax.jit(f).lower(jnp.ones((5, 3)), jnp.arange(12.0).reshape(3, 4))
+        finally:
+            mlir.make_ir_context = shared
+        texts.append((program.as_text(debug_info=True), program.compile().as_text()))
+    assert texts[2] == texts[1] and texts[3] == texts[1]
 
 
 def test_the_compile_report_counts_each_tests_own_compilations(tmp_path):
