@@ -113,12 +113,13 @@ def test_a_packed_batch_is_grouped_by_the_rows_of_its_pass(config, monkeypatch):
 
 
 @pytest.mark.parametrize("num, devices, one_member, groups", [
-    (32, 1, 2 * 2**20, 4),   # 8 members of 2 MiB per group
-    (32, 2, 2 * 2**20, 2),   # 8 per device and group
+    (32, 1, 2 * 2**20, 8),   # 4 members of 2 MiB per group (6 fit, 4 divides 32)
+    (32, 2, 2 * 2**20, 4),   # 4 per device and group
     (8, 1, 1 * 2**20, 1),    # all fit
-    (32, 1, 11 * 2**20, 32),  # one member at a time
-    (6, 4, 8 * 2**20, 3),    # 6 members do not divide 4 devices: grouped as on one
-    (12, 2, 9 * 2**20, 6),   # 2 per device would exceed the budget: 1 per device and group
+    (128, 1, 5 * 2**20, 64),  # 2 members of 5 MiB per group (the paper model's)
+    (32, 1, 13 * 2**20, 32),  # one member at a time
+    (6, 4, 6 * 2**20, 3),    # 6 members do not divide 4 devices: grouped as on one
+    (12, 2, 7 * 2**20, 6),   # 2 per device would exceed the budget: 1 per device and group
 ])
 def test_number_of_groups(num, devices, one_member, groups, monkeypatch):
     monkeypatch.setattr(jax, "device_count", lambda: devices)

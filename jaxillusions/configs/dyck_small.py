@@ -29,8 +29,9 @@ longer (+0.005 [+0.003, +0.007], 12/12); k-means (k = 64), one-hot and uniform a
 and k-means and the attention proxies on unseen_structure as well (k-means +0.005 [+0.001,
 +0.008], 10/12); no gap shown on seen_structure and unseen_structure for SVD. With 4 seeds (t =
 3.18) the same job showed a gap for SVD on unseen_depth only. For the full set of sizes and
-targets use the 32-seed dyck_population.py. `--config.cpu_devices=1` trains on one device (1.4x
-slower at 12 seeds; numbers that differ from the 2-device run within seed noise: docs/speed.md).
+targets use the 32-seed dyck_population.py. `--config.cpu_devices=1` trains on one device (its
+training steps 1.26-1.34x slower at 12 seeds on the AMD EPYC of family 25 model 17, two runs in
+turn; numbers that differ from the 2-device run within seed noise: docs/speed.md).
 Override any key on the command line, e.g. `--config.train.num_seeds=8
 --config.data.num_train=20000`. """
 
@@ -44,7 +45,7 @@ def get_config() -> ConfigDict:
     # below set what the demo changes. Data: Dyck-(8, 6) with generalization splits
     # (docs/friedman_dyck.md, "The Dyck task"); model: 2 layers, 1 head, d_model 32.
     config = defaults("dyck")
-    # The seeds as 2 shards, one per core of a 2-core CPU: 1.6x faster training than one
+    # The seeds as 2 shards, one per core of a 2-core CPU: 1.3x faster training than one
     # device; the numbers differ in the last bits from a 1-device run (docs/speed.md).
     config.cpu_devices = 2
 
