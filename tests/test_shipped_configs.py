@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import running_xla_flags
 
 from jaxillusions import configs
 from jaxillusions.proxies import sae
@@ -39,6 +40,9 @@ SHRINK_TASK = {"dyck": {"data.num_train": 1000, "data.num_eval": 32},
                         "data.longer_context": 128, "induction.code_rows": 16,
                         "induction.batch": 8}}
 EVAL_BATCH = 64  # at most, for the proxies and training's evaluation
+# Configs whose shrunk run goes to running programs more than to compiling them (the code
+# model's evaluation, the sparse dictionaries' fits): launched at conftest.RUNNING_LEVEL.
+RUN_HEAVY = {"code", "dyck_dictionaries"}
 
 
 def _shrunk(name: str, arg: str | None) -> list[str]:
@@ -69,6 +73,8 @@ def test_a_shipped_config_runs_to_the_end_at_test_size(name, arg, tmp_path, cach
     path = name + (f":{arg}" if arg else "")  # a shipped config, by its name
     workdir = tmp_path / "run"
     env = {**os.environ, "JAX_NUM_CPU_DEVICES": "2"}
+    if name in RUN_HEAVY:
+        env["XLA_FLAGS"] = running_xla_flags()
     done = subprocess.run(
         [sys.executable, "-m", "jaxillusions", "sweep", f"--config={path}", f"--workdir={workdir}",
          f"--config.data.cache_dir={cache_dir}", *_shrunk(name, arg)],
