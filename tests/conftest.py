@@ -29,21 +29,19 @@ FUSION_EMITTERS = "--xla_cpu_use_fusion_emitters"
 TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", f"{FUSION_EMITTERS}=false")
 
 
-# LLVM's level for launches whose time goes to running programs more than to compiling them: the
-# suite's 0 leaves XLA:CPU's loops unvectorised. Alone, AMD EPYC of family 25 model 17, empty
-# compilation caches, levels 0 and 1 in turn, two pairs: the shipped `code` config as its test
-# runs it 43.3 and 40.1 s -> 31.4 and 29.0 s, `dyck_dictionaries` 31.3 and 29.5 s -> 26.4 and
-# 23.1 s, the tutorial notebook 38.9 and 42.8 s -> 31.8 and 26.8 s; the other shipped configs
-# gained nothing or lost (docs/speed.md, "The shipped-config test and the shared sweeps").
-RUNNING_LEVEL = "--xla_backend_optimization_level=1"
-
-
-def running_xla_flags() -> str:
-    """This process's XLA_FLAGS with the suite's LLVM level 0 raised to RUNNING_LEVEL, for a
-    launch that runs more than it compiles; another level named in XLA_FLAGS stays."""
-    level = RUNNING_LEVEL.split("=")[0]
-    return " ".join(RUNNING_LEVEL if f == f"{level}=0" else f
-                    for f in os.environ.get("XLA_FLAGS", "").split())
+# Launches whose time goes to running programs more than to compiling them compile as users'
+# programs do, not at the suite's LLVM level 0, which leaves XLA:CPU's loops unvectorised: the
+# launch then sets the level itself (1 where JAX runs on the CPU alone,
+# distributed.use_cpu_compile_level). Alone, AMD EPYC of family 25 model 17, empty compilation
+# caches, levels 0 and 1 in turn, two pairs: the shipped `code` config as its test runs it 43.3
+# and 40.1 s -> 31.4 and 29.0 s, `dyck_dictionaries` 31.3 and 29.5 s -> 26.4 and 23.1 s, the
+# tutorial notebook 38.9 and 42.8 s -> 31.8 and 26.8 s; the other shipped configs gained nothing
+# or lost (docs/speed.md, "The shipped-config test and the shared sweeps").
+def users_xla_flags() -> str:
+    """This process's XLA_FLAGS without the suite's LLVM level 0 (TEST_XLA_FLAGS), for a launch
+    that runs more than it compiles; another level named in XLA_FLAGS stays."""
+    return " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                    if f != TEST_XLA_FLAGS[0])
 
 
 def xla_flags(*extra: str, base: str | None = None) -> str:

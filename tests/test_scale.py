@@ -25,9 +25,9 @@ from conftest import (
     checked,
     child_pytest,
     made_once,
-    running_xla_flags,
     tiny_config,
     tiny_config_file,
+    users_xla_flags,
     xla_flags,
 )
 
@@ -271,15 +271,14 @@ def test_a_test_marked_fusion_emitters_runs_with_them():
     assert f"{FUSION_EMITTERS}=false" not in os.environ.get("XLA_FLAGS", "").split()
 
 
-def test_runs_that_run_more_than_they_compile_get_llvm_level_1_in_place_of_the_suites_0(
-        monkeypatch):
-    # tests/conftest.py: the suite's level 0 becomes 1 for those launches, in its place, the
-    # other flags kept; a level other than 0 stays.
+def test_runs_that_run_more_than_they_compile_leave_out_the_suites_llvm_level(monkeypatch):
+    # tests/conftest.py: those launches get the suite's flags but its level 0, so that they set
+    # their own (distributed.use_cpu_compile_level); a level other than 0 stays.
     level = "--xla_backend_optimization_level"
     monkeypatch.setenv("XLA_FLAGS", f"--xla_dump_to=/tmp/x {level}=0 {FUSION_EMITTERS}=false")
-    assert running_xla_flags() == f"--xla_dump_to=/tmp/x {level}=1 {FUSION_EMITTERS}=false"
+    assert users_xla_flags() == f"--xla_dump_to=/tmp/x {FUSION_EMITTERS}=false"
     monkeypatch.setenv("XLA_FLAGS", f"{level}=2 {FUSION_EMITTERS}=false")
-    assert running_xla_flags() == f"{level}=2 {FUSION_EMITTERS}=false"
+    assert users_xla_flags() == f"{level}=2 {FUSION_EMITTERS}=false"
 
 
 def test_a_shared_ir_context_lowers_the_same_programs():

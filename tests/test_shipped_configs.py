@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import running_xla_flags
+from conftest import users_xla_flags
 
 from jaxillusions import configs
 from jaxillusions.proxies import sae
@@ -41,7 +41,7 @@ SHRINK_TASK = {"dyck": {"data.num_train": 1000, "data.num_eval": 32},
                         "induction.batch": 8}}
 EVAL_BATCH = 64  # at most, for the proxies and training's evaluation
 # Configs whose shrunk run goes to running programs more than to compiling them (the code
-# model's evaluation, the sparse dictionaries' fits): launched at conftest.RUNNING_LEVEL.
+# model's evaluation, the sparse dictionaries' fits): launched as users' (conftest.users_xla_flags).
 RUN_HEAVY = {"code", "dyck_dictionaries"}
 
 
@@ -74,7 +74,7 @@ def test_a_shipped_config_runs_to_the_end_at_test_size(name, arg, tmp_path, cach
     workdir = tmp_path / "run"
     env = {**os.environ, "JAX_NUM_CPU_DEVICES": "2"}
     if name in RUN_HEAVY:
-        env["XLA_FLAGS"] = running_xla_flags()
+        env["XLA_FLAGS"] = users_xla_flags()
     done = subprocess.run(
         [sys.executable, "-m", "jaxillusions", "sweep", f"--config={path}", f"--workdir={workdir}",
          f"--config.data.cache_dir={cache_dir}", *_shrunk(name, arg)],

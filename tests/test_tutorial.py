@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import running_xla_flags
+from conftest import users_xla_flags
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "docs" / "tutorial.ipynb"
@@ -32,10 +32,10 @@ def test_the_tutorial_runs_top_to_bottom(tmp_path, cache_dir, monkeypatch):
     import nbformat
     from nbclient import NotebookClient
 
-    # The kernel inherits the environment: the session's data cache, the suite's XLA flags at
-    # the level for runs that run more than they compile (its sweep's evaluation, conftest).
+    # The kernel inherits the environment: the session's data cache, the suite's XLA flags but
+    # its LLVM level (the kernel's sweep runs more than it compiles: conftest.users_xla_flags).
     monkeypatch.setenv("JAXILLUSIONS_CACHE", cache_dir)
-    monkeypatch.setenv("XLA_FLAGS", running_xla_flags())
+    monkeypatch.setenv("XLA_FLAGS", users_xla_flags())
     monkeypatch.setenv("MPLBACKEND", "Agg")
     # The notebook writes under tempfile's folder; the kernel's is the test's, which pytest removes.
     monkeypatch.setenv("TMPDIR", str(tmp_path))
