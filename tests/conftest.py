@@ -335,7 +335,13 @@ def finished_sweep(tmp_path_factory, name: str, config) -> str:
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("dyck_cache"))
+    """The tests' data cache: one for the run, shared by its xdist workers (the data cache makes
+    a file once for processes that share it: the code corpus is labelled once, not per worker)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return str(tmp_path_factory.mktemp("dyck_cache"))
+    directory = tmp_path_factory.getbasetemp().parent / "data_cache"
+    directory.mkdir(exist_ok=True)
+    return str(directory)
 
 
 @pytest.fixture

@@ -2,6 +2,9 @@ import collections
 import itertools
 import os
 import random
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -271,6 +274,61 @@ def test_cache_directory_chain_and_unwritable_cache(tmp_path, monkeypatch):
                                    cache_dir=str(blocker / "sub"), verbose=False)
     assert splits["train"].tokens.shape[0] == 500
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+# A process asking the data cache for a file: its maker, when it makes it, prints "making", then
+# waits for `go` to exist before it returns; the process prints what it got.
+_CACHE_CLIENT = """
+import os, sys, time
+import numpy as np
+from jaxillusions.runtime import cache, interrupt
+
+file, go = sys.argv[1:]
+
+def make():
+    print("making", flush=True)
+    while not os.path.exists(go):
+        time.sleep(0.01)
+    return np.arange(5)
+
+with interrupt.catch_signals():
+    try:
+        data = cache.load_or_make(file, lambda p: np.load(p)["x"], make,
+                                  lambda p, d: cache.save_npz(p, {"x": d}), "test data")
+    except interrupt.Stopped as err:
+        print(err, flush=True)
+        sys.exit(err.exit_code)
+print("got", data.tolist(), flush=True)
+"""
+
+
+def test_processes_sharing_the_cache_make_a_file_once_and_a_signal_stops_a_waiter(tmp_path):
+    file, go = str(tmp_path / "cache" / "x.npz"), str(tmp_path / "go")
+    client = tmp_path / "client.py"
+    client.write_text(_CACHE_CLIENT)
+
+    def start():
+        return subprocess.Popen([sys.executable, str(client), file, go], stdout=subprocess.PIPE,
+                                text=True)
+
+    maker = start()
+    assert maker.stdout.readline() == "making\n"
+    waiter = start()  # asks while the maker makes it: waits, then loads the maker's file
+    assert "another process is making" in waiter.stdout.readline()
+    stopped = start()  # a second waiter, stopped by a signal while it waits
+    assert "waiting for it" in stopped.stdout.readline()
+    stopped.send_signal(signal.SIGTERM)
+    assert stopped.wait(timeout=60) == 143
+    assert stopped.stdout.read().splitlines()[-1] == \
+        f"stopped by SIGTERM while waiting for {file}"
+    assert os.path.exists(f"{file}.lock")  # the maker's lock, left alone by the stopped waiter
+    open(go, "w").close()
+    assert maker.wait(timeout=60) == 0 and waiter.wait(timeout=60) == 0
+    made, loaded = maker.stdout.read().splitlines(), waiter.stdout.read().splitlines()
+    assert made[0].startswith("test data: generated in")
+    assert loaded[0] == f"test data: loaded {file}"
+    assert made[1] == loaded[1] == "got [0, 1, 2, 3, 4]"
+    assert os.listdir(tmp_path / "cache") == ["x.npz"]  # the lock file removed by its holder
 
 
 @pytest.mark.parametrize("kw, match", [

@@ -3,12 +3,15 @@
 Files live in config.data.cache_dir, else $JAXILLUSIONS_CACHE, else ~/.cache/jaxillusions; each
 task names its own files (`dyck-<key>.npz`, `code-<key>.npz`, the key a hash of what the data
 depends on). The cache is only an optimization: an unreadable file is regenerated, and a
-directory that cannot be written only warns.
+directory that cannot be written only warns. Processes that share the cache (two runs, the
+processes of a multi-process run) make each file once: one makes it, the others wait for it
+and load it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import tempfile
 import time
@@ -17,6 +20,8 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 import numpy as np
+
+from jaxillusions.runtime import interrupt
 
 DEFAULT_DIR = "~/.cache/jaxillusions"
 T = TypeVar("T")
@@ -61,29 +66,83 @@ def save_npz(file: str, arrays: Mapping[str, np.ndarray], *, compressed: bool = 
 def load_or_make(file: str, load: Callable[[str], T], make: Callable[[], T],
                  save: Callable[[str, T], None], what: str, verbose: bool = True) -> T:
     """load(file) if it exists and loads; else make(), then save(file, data). An unreadable file
-    is a warning (then regenerated), as is a failed save (OSError); `what` names the data."""
-    if os.path.exists(file):
+    is a warning (then regenerated), as is a failed save (OSError); `what` names the data. While
+    it makes the file, another process asking for it waits (`_making`), then loads it."""
+    stale = os.path.exists(file)
+    if stale:
+        loaded = _load(file, load, what, verbose)
+        if loaded:
+            return loaded[0]
+    with _making(file, what, verbose) as waited:
+        if os.path.exists(file) and (waited or not stale):  # another process made it
+            loaded = _load(file, load, what, verbose)
+            if loaded:
+                return loaded[0]
+        t0 = time.perf_counter()
+        data = make()
+        dt = time.perf_counter() - t0
+        where = f"cached at {file}"
         try:
-            data = load(file)
-            if verbose:
-                print(f"{what}: loaded {file}", flush=True)
-            return data
-        except Exception as e:  # any unreadable/foreign file: the cache is only an optimization
-            warnings.warn(f"{what}: unreadable cache {file} ({type(e).__name__}: {e}); "
-                          "regenerating", stacklevel=3)
-    t0 = time.perf_counter()
-    data = make()
-    dt = time.perf_counter() - t0
-    where = f"cached at {file}"
-    try:
-        save(file, data)
-    except OSError as e:
-        warnings.warn(f"{what}: could not write cache {file} ({type(e).__name__}: {e})",
-                      stacklevel=3)
-        where = "not cached"
+            save(file, data)
+        except OSError as e:
+            warnings.warn(f"{what}: could not write cache {file} ({type(e).__name__}: {e})",
+                          stacklevel=3)
+            where = "not cached"
     if verbose:
         print(f"{what}: generated in {dt:.1f}s, {where}", flush=True)
     return data
+
+
+def _load(file: str, load: Callable[[str], T], what: str, verbose: bool) -> tuple[T] | None:
+    """(load(file),), or None with a warning when the file cannot be read."""
+    try:
+        data = load(file)
+    except Exception as e:  # any unreadable/foreign file: the cache is only an optimization
+        warnings.warn(f"{what}: unreadable cache {file} ({type(e).__name__}: {e}); "
+                      "regenerating", stacklevel=4)
+        return None
+    if verbose:
+        print(f"{what}: loaded {file}", flush=True)
+    return (data,)
+
+
+@contextlib.contextmanager
+def _making(file: str, what: str, verbose: bool):
+    """Held while this process makes `file`: an exclusive lock on `<file>.lock`, which the
+    system releases when the process ends however it ends. Another process that asks for the
+    same file meanwhile says so in one line and waits; a signal (interrupt.catch_signals)
+    stops the wait. Yields whether it waited. The holder removes the lock file when done (a
+    process that comes later finds the file made). No lock where the lock file cannot be made
+    or the file system has no locks; then, as in the rare races of a removed lock file, two
+    processes may both make the file, each writing it whole."""
+    lock = f"{file}.lock"
+    try:
+        os.makedirs(os.path.dirname(file) or ".", exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:  # a directory that cannot be written: save warns
+        yield False
+        return
+    waited = held = False
+    try:
+        while not held:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
+            except BlockingIOError:
+                if not waited and verbose:
+                    print(f"{what}: another process is making {file}; waiting for it",
+                          flush=True)
+                waited = True
+                interrupt.raise_if_requested(f"while waiting for {file}")
+                time.sleep(0.05)
+            except OSError:  # no locks on this file system
+                held = True
+        yield waited
+    finally:
+        if held:  # a waiter stopped by a signal leaves the holder's lock file alone
+            with contextlib.suppress(OSError):
+                os.remove(lock)
+        os.close(fd)  # and with it the lock
 
 
 def error_line(err: BaseException) -> str:
