@@ -284,15 +284,20 @@ def jax_started(tmp_path_factory):
     compilation cache and lowered in shared MLIR contexts (`_shared_ir_context`)."""
     import jax
 
-    # One directory for the whole run, shared by the xdist workers (their base temporaries are
-    # folders of the run's); $JAX_COMPILATION_CACHE_DIR names one that outlives the run (then
-    # a rerun on the same machine loads what the last one compiled).
-    base = tmp_path_factory.getbasetemp()
-    run = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    # One directory for the whole run, shared by the xdist workers; $JAX_COMPILATION_CACHE_DIR
+    # names one that outlives the run (then a rerun on the same machine loads what the last one
+    # compiled).
     _shared_compilation_cache(os.environ.get("JAX_COMPILATION_CACHE_DIR")
-                              or str(run / "xla_cache"))
+                              or str(run_folder(tmp_path_factory) / "xla_cache"))
     _shared_ir_context(IR_CONTEXT_PROGRAMS)
     return jax.devices()
+
+
+def run_folder(tmp_path_factory):
+    """The test run's folder, shared by its xdist workers (their base temporaries are folders of
+    it); without xdist, this process's base temporary."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 def made_once(tmp_path_factory, name: str, make):
@@ -305,7 +310,7 @@ def made_once(tmp_path_factory, name: str, make):
     change."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return make(tmp_path_factory.mktemp(name))
-    run = tmp_path_factory.getbasetemp().parent  # the run's folder, shared by its workers
+    run = run_folder(tmp_path_factory)
     directory, value = run / name, run / f"{name}.pickle"
     with open(run / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
@@ -337,9 +342,7 @@ def finished_sweep(tmp_path_factory, name: str, config) -> str:
 def cache_dir(tmp_path_factory):
     """The tests' data cache: one for the run, shared by its xdist workers (the data cache makes
     a file once for processes that share it: the code corpus is labelled once, not per worker)."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return str(tmp_path_factory.mktemp("dyck_cache"))
-    directory = tmp_path_factory.getbasetemp().parent / "data_cache"
+    directory = run_folder(tmp_path_factory) / "data_cache"
     directory.mkdir(exist_ok=True)
     return str(directory)
 
