@@ -112,8 +112,36 @@ def _spy_on_shardings(seen: dict) -> None:
         setattr(module, name, wrap(name, getattr(module, name)))
 
 
+def _blocks_run(cache_dir: str, num_seeds: int):
+    """train_steps' arguments: `num_seeds` seeds of the tiny config with packed batches, 20
+    steps."""
+    from jaxillusions.training import objective as objective_lib
+    from jaxillusions.training.step import init_state
+
+    config = tiny_config(cache_dir)
+    config.train.rows_per_sentence = 0.5  # packed batches, as the Dyck configs train
+    config = checked(config)
+    splits, model_cfg, tx = train.build(config)
+    run = dict(num_steps=20, model_cfg=model_cfg, tx=tx, batch_size=config.train.batch_size,
+               objective=objective_lib.from_settings(config))
+    host = jax.tree.map(np.asarray, init_state(np.arange(num_seeds), model_cfg, tx))
+    return host, splits["train"].tokens, run
+
+
 def _child(mode: str, cache_dir: str, workdir: str, out: str, *args) -> None:
-    """Runs in a child process: `sharded` (4 devices) or `process` (one of 2 processes)."""
+    """Runs in a child process: `sharded` (4 devices), `blocks` (2 devices) or `process` (one
+    of 2 processes)."""
+    if mode == "blocks":
+        assert jax.device_count() == 2, jax.devices()
+        host, tokens, run = _blocks_run(cache_dir, 4)
+        state, tokens = distributed.shard_seeds(host), distributed.replicate(tokens)
+        hlo = train.train_steps.lower(state, tokens, **run).compile().as_text()
+        state, losses = train.train_steps(state, tokens, **run)
+        leaves = {f"leaf{i}": np.asarray(x) for i, x in enumerate(jax.tree.leaves(state))}
+        np.savez(out, **leaves, losses=np.asarray(losses), hlo=np.asarray(hlo),
+                 spec=np.asarray(json.dumps([tuple(x.sharding.spec)
+                                             for x in jax.tree.leaves(state)])))
+        return
     if mode == "process":
         port, index = args
         distributed.initialize(f"127.0.0.1:{port}", 2, int(index), timeout_s=60)
@@ -244,6 +272,34 @@ def test_sharded_sweep_equals_one_device(one_device, cache_dir, tmp_path):
     saved = checkpoint.Checkpointer(str(tmp_path / "run" / "checkpoints"))
     assert saved._manager.all_steps() == [10, 20]  # noqa: SLF001
     assert saved._manager.item_metadata(20)["healthy"].shape == (NUM_SEEDS,)  # noqa: SLF001
+
+
+def test_each_device_trains_its_own_members_without_waiting_on_another(cache_dir, tmp_path):
+    # 4 seeds of the tiny config with packed batches (a member's second pass is a while_loop)
+    # on 2 devices: the compiled step holds no collective (under jit's partitioner alone the
+    # loop's condition was an all-reduce over the devices), every leaf stays sharded by seed,
+    # and each device's 2 members train as those 2 seeds do on one device, up to the float32
+    # rounding of another compiled program (the tolerance of seeds trained together against
+    # alone, tests/test_train.py).
+    env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=2")}
+    out = tmp_path / "blocks.npz"
+    [(code, _, stderr)] = _run_children(
+        [_child_cmd("blocks", cache_dir, tmp_path / "unused", out)], env)
+    assert code == 0, stderr[-3000:]
+    sharded = dict(np.load(out))
+    hlo = str(sharded["hlo"])
+    assert "ENTRY" in hlo and not any(f" {op}(" in hlo for op in (
+        "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"))
+    assert all(spec[:1] == ["seed"] for spec in json.loads(str(sharded["spec"])))
+    host, tokens, run = _blocks_run(cache_dir, 4)
+    assert run["objective"].packed_rows  # the config packs: the loop is in the step
+    blocks = [train.train_steps(jax.tree.map(lambda x, i=i: x[i:i + 2], host), tokens, **run)
+              for i in (0, 2)]
+    for i, leaf in enumerate(jax.tree.leaves(blocks[0][0])):
+        joined = np.concatenate([leaf, jax.tree.leaves(blocks[1][0])[i]])
+        np.testing.assert_allclose(sharded[f"leaf{i}"], joined, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(sharded["losses"], np.concatenate([b[1] for b in blocks], axis=1),
+                               rtol=1e-5)
 
 
 @pytest.mark.fusion_emitters

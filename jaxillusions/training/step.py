@@ -153,25 +153,52 @@ def train_steps(state: SweepState, train_tokens: jax.Array, hparams: dict | None
     On a CPU, members whose activations outgrow the cache run in groups (`num_groups`), each
     group all `num_steps` steps, one group after the other: 1.1-1.6x the rate of all members at
     once at 32 seeds (docs/speed.md). A group's batched kernels round like those of a run of
-    that many members (the last bits can differ from one group of all members)."""
-    one_seed = functools.partial(seed_step, model_cfg=model_cfg, tx=tx, batch_size=batch_size,
-                                 objective=objective)
-    hparams = hparams or {}
+    that many members (the last bits can differ from one group of all members).
 
-    def alone(member):  # every step of one member, without a seed axis
-        member_state, member_hparams = member
+    Over several devices each trains its own block of the seed axis (`shard_map`): nothing
+    in a step depends on another device's members, so no device waits on another. (Under
+    jit's partitioner alone, a packed batch's second pass, a `while_loop` whose condition
+    asks whether any member needs it, became an all-reduce over the devices twice a step.)
+    The state and hparams must then be laid out over `distributed.mesh()`
+    (`place_on_devices`), or be host arrays."""
+    num = state.healthy.shape[0]
+    groups = train_groups(num, model_cfg, batch_size, train_tokens.shape[1], objective)
+    run = functools.partial(
+        _train_members, groups=groups, alone=num == 1, one_per_group=groups == num,
+        num_steps=num_steps,
+        one_seed=functools.partial(seed_step, model_cfg=model_cfg, tx=tx,
+                                   batch_size=batch_size, objective=objective))
+    devices = jax.device_count()
+    if num == 1 or devices == 1 or num % devices:
+        return run(state, train_tokens, hparams or {})
+    spec = jax.sharding.PartitionSpec
+    # check_vma off: objective.pack's loop carries start replicated and come out per member.
+    return jax.shard_map(run, mesh=distributed.mesh(),
+                         in_specs=(spec(distributed.AXIS), spec(), spec(distributed.AXIS)),
+                         out_specs=(spec(distributed.AXIS), spec(None, distributed.AXIS)),
+                         check_vma=False)(state, train_tokens, hparams or {})
+
+
+def _train_members(state: SweepState, train_tokens: jax.Array, hparams: dict, *, groups: int,
+                   alone: bool, one_per_group: bool, num_steps: int, one_seed
+                   ) -> tuple[SweepState, jax.Array]:
+    """train_steps' work on the members of `state` (all of them, or one device's block), in
+    `groups` groups of the whole seed axis (num_groups spreads each group evenly over the
+    devices, so a device's block splits into as many). `alone`: the call's one member;
+    `one_per_group`: groups of one member of the whole axis (one device)."""
+    def member(m):  # every step of one member, without a seed axis
+        member_state, member_hparams = m
         return jax.lax.scan(lambda s, _: one_seed(s, train_tokens, member_hparams),
                             member_state, None, length=num_steps)
 
     num = state.healthy.shape[0]
-    groups = train_groups(num, model_cfg, batch_size, train_tokens.shape[1], objective)
     # One member at a time (one seed, or groups of one): the plain step, since vmap over a
     # size-1 axis still emits batched ops, which XLA:CPU runs slower (docs/speed.md).
-    if num == 1:
-        state, losses = alone(jax.tree.map(lambda x: x[0], (state, hparams)))
+    if alone:
+        state, losses = member(jax.tree.map(lambda x: x[0], (state, hparams)))
         return jax.tree.map(lambda x: x[None], state), losses[:, None]
-    if groups == num:
-        state, losses = jax.lax.map(alone, (state, hparams))
+    if one_per_group:
+        state, losses = jax.lax.map(member, (state, hparams))
         return state, losses.T
     step = jax.vmap(one_seed, in_axes=(0, None, 0))
 
