@@ -245,8 +245,8 @@ def _assert_close(result: dict, reference: dict, prefix: str = "") -> None:
 def test_sharded_sweep_equals_one_device(one_device, cache_dir, tmp_path):
     # 6 seeds on 4 devices (2 padding seeds), stopped at step 10 and resumed from the sharded
     # checkpoint; then the same seeds in 2 chunks of 4. The one-device numbers up to float32
-    # rounding: XLA:CPU rounds the partitioned step differently in the last bit (so does a
-    # shard_map of it), while unsharded runs of 2 and of 6 seeds agree bit for bit.
+    # rounding: XLA:CPU rounds the sharded step (each device's block in a shard_map)
+    # differently in the last bit, while unsharded runs of 2 and of 6 seeds agree bit for bit.
     env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=4")}
     out = tmp_path / "sharded.npz"
     [(code, stdout, stderr)] = _run_children(

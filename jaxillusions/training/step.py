@@ -184,8 +184,10 @@ def _train_members(state: SweepState, train_tokens: jax.Array, hparams: dict, *,
                    ) -> tuple[SweepState, jax.Array]:
     """train_steps' work on the members of `state` (all of them, or one device's block), in
     `groups` groups of the whole seed axis (num_groups spreads each group evenly over the
-    devices, so a device's block splits into as many). `alone`: the call's one member;
-    `one_per_group`: groups of one member of the whole axis (one device)."""
+    devices, so a device's block splits into as many). The plain step of a seed alone where
+    the whole axis is one member (`alone`) or each of its groups is (`one_per_group`: one
+    device); a device's block or group of one member of a wider group keeps the batched
+    step, as that group computes it."""
     def member(m):  # every step of one member, without a seed axis
         member_state, member_hparams = m
         return jax.lax.scan(lambda s, _: one_seed(s, train_tokens, member_hparams),
