@@ -171,6 +171,15 @@ def _child_cmd(*args) -> list[str]:
     return [sys.executable, "-c", code]
 
 
+def _child_on_devices(devices: int, mode: str, cache_dir: str, workdir, out) -> dict:
+    """`_child(mode, ...)` in a process with `devices` CPU devices; the arrays it saved."""
+    env = {**os.environ,
+           "XLA_FLAGS": xla_flags(f"--xla_force_host_platform_device_count={devices}")}
+    [(code, _, stderr)] = _run_children([_child_cmd(mode, cache_dir, workdir, out)], env)
+    assert code == 0, stderr[-3000:]
+    return dict(np.load(out))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -247,12 +256,7 @@ def test_sharded_sweep_equals_one_device(one_device, cache_dir, tmp_path):
     # checkpoint; then the same seeds in 2 chunks of 4. The one-device numbers up to float32
     # rounding: XLA:CPU rounds the sharded step (each device's block in a shard_map)
     # differently in the last bit, while unsharded runs of 2 and of 6 seeds agree bit for bit.
-    env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=4")}
-    out = tmp_path / "sharded.npz"
-    [(code, stdout, stderr)] = _run_children(
-        [_child_cmd("sharded", cache_dir, tmp_path / "run", out)], env)
-    assert code == 0, stderr[-3000:]
-    result = dict(np.load(out))
+    result = _child_on_devices(4, "sharded", cache_dir, tmp_path / "run", tmp_path / "sharded.npz")
     _assert_close(result, one_device)
     _assert_close(result, {k: v for k, v in one_device.items()
                            if k.startswith(("params/", "eval/", "healthy"))}, "chunked/")
@@ -281,12 +285,8 @@ def test_each_device_trains_its_own_members_without_waiting_on_another(cache_dir
     # and each device's 2 members train as those 2 seeds do on one device, up to the float32
     # rounding of another compiled program (the tolerance of seeds trained together against
     # alone, tests/test_train.py).
-    env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=2")}
-    out = tmp_path / "blocks.npz"
-    [(code, _, stderr)] = _run_children(
-        [_child_cmd("blocks", cache_dir, tmp_path / "unused", out)], env)
-    assert code == 0, stderr[-3000:]
-    sharded = dict(np.load(out))
+    sharded = _child_on_devices(2, "blocks", cache_dir, tmp_path / "unused",
+                                tmp_path / "blocks.npz")
     hlo = str(sharded["hlo"])
     assert "ENTRY" in hlo and not any(f" {op}(" in hlo for op in (
         "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"))

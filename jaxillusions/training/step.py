@@ -161,6 +161,7 @@ def train_steps(state: SweepState, train_tokens: jax.Array, hparams: dict | None
     asks whether any member needs it, became an all-reduce over the devices twice a step.)
     The state and hparams must then be laid out over `distributed.mesh()`
     (`place_on_devices`), or be host arrays."""
+    hparams = hparams or {}
     num = state.healthy.shape[0]
     groups = train_groups(num, model_cfg, batch_size, train_tokens.shape[1], objective)
     run = functools.partial(
@@ -170,13 +171,13 @@ def train_steps(state: SweepState, train_tokens: jax.Array, hparams: dict | None
                                    batch_size=batch_size, objective=objective))
     devices = jax.device_count()
     if num == 1 or devices == 1 or num % devices:
-        return run(state, train_tokens, hparams or {})
+        return run(state, train_tokens, hparams)
     spec = jax.sharding.PartitionSpec
     # check_vma off: objective.pack's loop carries start replicated and come out per member.
     return jax.shard_map(run, mesh=distributed.mesh(),
                          in_specs=(spec(distributed.AXIS), spec(), spec(distributed.AXIS)),
                          out_specs=(spec(distributed.AXIS), spec(None, distributed.AXIS)),
-                         check_vma=False)(state, train_tokens, hparams or {})
+                         check_vma=False)(state, train_tokens, hparams)
 
 
 def _train_members(state: SweepState, train_tokens: jax.Array, hparams: dict, *, groups: int,
