@@ -57,16 +57,19 @@ def peak_flops(n: int | None = None, repeats: int = 5) -> dict:
 
 def xla_step_flops(state, tokens, run: dict) -> float | None:
     """FLOPs of one training step of all seeds in `state`, from XLA's cost analysis of a
-    one-step train_steps (None where the backend gives none). On a CPU the seeds may train in
-    cache-sized groups, one after the other (`step.train_groups`), a loop whose body XLA's
-    cost analysis counts once: its count is multiplied by the number of groups."""
+    one-step train_steps (None where the backend gives none). XLA's cost analysis counts one
+    device's program, which over several devices trains its block of the seeds
+    (`step.seed_shards`), and on a CPU the seeds may train in cache-sized groups, one after the
+    other (`step.train_groups`), a loop whose body it counts once: its count is multiplied by
+    both."""
     compiled = train_steps.lower(state, tokens, num_steps=1, **run).compile()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list | tuple) else cost
     if not cost or "flops" not in cost:
         return None
-    return float(cost["flops"]) * step_lib.train_groups(
-        state.healthy.shape[0], run["model_cfg"], run["batch_size"], tokens.shape[1],
+    num = state.healthy.shape[0]
+    return float(cost["flops"]) * step_lib.seed_shards(num) * step_lib.train_groups(
+        num, run["model_cfg"], run["batch_size"], tokens.shape[1],
         run.get("objective", step_lib.DEFAULT_OBJECTIVE))
 
 

@@ -331,17 +331,29 @@ def test_compute_dtype_is_a_validated_training_key(config):
     assert train.model_config(checked(config)).compute_dtype == "bfloat16"
 
 
+def _xla_flops_of_4_seeds(config):
+    from benchmarks import training as bench_training
+    from jaxillusions.training.step import init_state
+
+    splits, model_cfg, tx = train.build(config)
+    run = dict(model_cfg=model_cfg, tx=tx, batch_size=config.train.batch_size)
+    return bench_training.xla_step_flops(init_state(range(4), model_cfg, tx),
+                                         jax.numpy.asarray(splits["train"].tokens), run)
+
+
 @pytest.mark.slow
 def test_benchmark_sweep_runs_on_every_device(cache_dir):
     # With 4 CPU devices, 3 seeds run as the train command runs them: padded to 4, one per device;
     # the reported rate counts the 3 real seeds.
     code = ("import json, sys; sys.path[:0] = ['tests']; import conftest, jax; "
+            "import test_benchmark; "
             "from benchmarks import training; from jaxillusions.pipeline import validate; "
             "from jaxillusions.training import train; "
             f"config = validate.parse(conftest.tiny_config({cache_dir!r})); "
             "splits, m, tx = train.build(config); "
             "row = training.training_row(config, splits, m, tx, 3, steps=2, repeats=1, "
             "peak=training.peak_flops(256), loop=False, torch_loop=False, xla_flops=False); "
+            "row['xla_flops_of_4_seeds'] = test_benchmark._xla_flops_of_4_seeds(config); "
             "print(json.dumps(row))")
     env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=4")}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -350,6 +362,10 @@ def test_benchmark_sweep_runs_on_every_device(cache_dir):
     row = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (row["num_seeds"], row["devices"], row["padded_seeds"]) == (3, 4, 4)
     assert 0 < row["sweep_mfu"] < 1
+    # XLA's count of 4 seeds, one per device (each device's program counts its own seed): per
+    # seed, above the counted matmuls and within 3x, as on one device (the smoke test).
+    per_seed, counted = row["xla_flops_of_4_seeds"] / 4, row["model_flops_per_seed_step"]
+    assert counted < per_seed < 3 * counted
 
 
 def _benchmark(*args, cwd=ROOT):

@@ -169,8 +169,7 @@ def train_steps(state: SweepState, train_tokens: jax.Array, hparams: dict | None
         num_steps=num_steps,
         one_seed=functools.partial(seed_step, model_cfg=model_cfg, tx=tx,
                                    batch_size=batch_size, objective=objective))
-    devices = jax.device_count()
-    if num == 1 or devices == 1 or num % devices:
+    if seed_shards(num) == 1:
         return run(state, train_tokens, hparams)
     spec = jax.sharding.PartitionSpec
     # check_vma off: objective.pack's loop carries start replicated and come out per member.
@@ -238,6 +237,14 @@ def member_bytes(model_cfg, rows: int, width: int) -> int:
     return 4 * rows * width * widest
 
 
+def seed_shards(num: int) -> int:
+    """How many devices `train_steps` splits `num` members over, each device a block of the
+    seed axis of its own: every device when they divide `num`, else 1 (one program over all
+    members). XLA's analysis of the compiled step (cost, memory) is of one such block."""
+    devices = jax.device_count()
+    return 1 if num == 1 or num % devices else devices
+
+
 def train_groups(num: int, model_cfg, batch_size: int, width: int,
                  objective: Objective = DEFAULT_OBJECTIVE) -> int:
     """How many groups `train_steps` runs `num` members of `model_cfg` in, at `batch_size`
@@ -253,7 +260,7 @@ def num_groups(num: int, one_member: int) -> int:
     changes the order of the work, not what a member computes."""
     if jax.default_backend() != "cpu" or num == 1:
         return 1
-    devices = jax.device_count() if num % jax.device_count() == 0 else 1
+    devices = seed_shards(num)
     per_device = max(1, CPU_GROUP_BYTES // max(one_member, 1))
     return next(g for g in range(1, num + 1)
                 if num % g == 0 and (num // g) % devices == 0 and num // g <= per_device * devices)
