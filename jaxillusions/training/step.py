@@ -172,7 +172,8 @@ def train_steps(state: SweepState, train_tokens: jax.Array, hparams: dict | None
     if seed_shards(num) == 1:
         return run(state, train_tokens, hparams)
     spec = jax.sharding.PartitionSpec
-    # check_vma off: objective.pack's loop carries start replicated and come out per member.
+    # check_vma off: objective.pack's loop starts a carry replicated and ends it per member,
+    # which the check rejects.
     return jax.shard_map(run, mesh=distributed.mesh(),
                          in_specs=(spec(distributed.AXIS), spec(), spec(distributed.AXIS)),
                          out_specs=(spec(distributed.AXIS), spec(None, distributed.AXIS)),
