@@ -10,7 +10,7 @@ import pytest
 import tolerance as tol
 from conftest import checked, planted_dictionary
 from scipy.optimize import linear_sum_assignment
-from scipy.special import log_softmax
+from scipy.special import log_softmax, logsumexp
 
 from jaxillusions import proxies
 from jaxillusions.config import settings as run_settings
@@ -268,8 +268,12 @@ def test_kl_divergence_with_an_axis_of_size_one_in_the_batch_shape():
     p = log_softmax(original.astype(np.float64), -1)
     q = log_softmax(replaced.astype(np.float64), -1)
     want = (np.exp(p) * (p - q)).sum(-1)
-    terms = np.exp(p) * (np.abs(p) + np.abs(q))  # each term's size before its rounding
-    bound = tol.sum_error(p.shape[-1], terms.sum(-1)) + tol.TERM_ULPS * tol.EPS32 * terms.sum(-1)
+    # Each log-probability carries the rounding of its log-softmax, of the size of the largest
+    # logit and the log-sum-exp it subtracts; weighted by p (summing to 1), then the sum's own.
+    scale = sum(np.abs(x).max(-1) + np.abs(logsumexp(x.astype(np.float64), -1))
+                for x in (original, replaced))
+    bound = (tol.TERM_ULPS * tol.EPS32 * scale
+             + tol.sum_error(p.shape[-1], (np.exp(p) * np.abs(p - q)).sum(-1)))
     got = np.asarray(dictionary.kl_divergence(original, replaced), np.float64)
     squeezed = np.asarray(dictionary.kl_divergence(original[:, 0], replaced[:, 0]), np.float64)
     assert got.shape == want.shape and np.all(np.abs(got - want) <= bound)
