@@ -204,6 +204,13 @@ def test_sae_is_available_but_never_enabled_by_default(config):
 # ----------------------------------------------------------------------------- metrics
 
 
+def _kl64(original, replaced) -> np.ndarray:
+    """Per-position KL(softmax(original) || softmax(replaced)) of logits [..., V], in float64."""
+    p = log_softmax(np.asarray(original, np.float64), -1)
+    q = log_softmax(np.asarray(replaced, np.float64), -1)
+    return (np.exp(p) * (p - q)).sum(-1)
+
+
 def test_metrics_on_hand_built_cases():
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.normal(size=(5, 7, 6)), jnp.float32)
@@ -244,9 +251,7 @@ def test_metrics_on_hand_built_cases():
             / w.sum()
 
     def mean_kl(lg):
-        p = log_softmax(np.asarray(logits, np.float64), -1)
-        q = log_softmax(np.asarray(lg, np.float64), -1)
-        return ((np.exp(p) * (p - q)).sum(-1) * w).sum() / w.sum()
+        return (_kl64(logits, lg) * w).sum() / w.sum()
 
     ce = (mean_ce(zero) - mean_ce(mixed)) / (mean_ce(zero) - mean_ce(logits))
     kl = (mean_kl(zero) - mean_kl(mixed)) / mean_kl(zero)
@@ -267,7 +272,7 @@ def test_kl_divergence_with_an_axis_of_size_one_in_the_batch_shape():
     replaced = (original + rng.normal(size=original.shape)).astype(np.float32)
     p = log_softmax(original.astype(np.float64), -1)
     q = log_softmax(replaced.astype(np.float64), -1)
-    want = (np.exp(p) * (p - q)).sum(-1)
+    want = _kl64(original, replaced)
     # Each log-probability carries the rounding of its log-softmax, of the size of the largest
     # logit and the log-sum-exp it subtracts; weighted by p (summing to 1), then the sum's own.
     scale = sum(np.abs(x).max(-1) + np.abs(logsumexp(x.astype(np.float64), -1))
