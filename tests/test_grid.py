@@ -13,6 +13,8 @@ from conftest import tiny_sweep_config
 
 from jaxillusions.config import grid_axes
 from jaxillusions.pipeline import grid, sweep, validate
+from jaxillusions.runtime import stages
+from jaxillusions.studies import prediction
 
 pytest.importorskip("sklearn")
 
@@ -41,8 +43,8 @@ def test_points_are_the_product_of_the_axes_in_order():
 
 
 @pytest.mark.slow
-def test_a_grid_point_is_the_run_alone_and_the_grid_tests_every_points_members(tmp_path,
-                                                                              cache_dir):
+def test_a_grid_point_is_the_run_alone_and_the_grid_tests_every_points_members(
+        tmp_path, cache_dir, monkeypatch, capsys):
     config = _config(cache_dir)
     workdir = str(tmp_path / "grid")
     joined = grid.run(validate.check(config)[0], workdir, verbose=False)
@@ -91,10 +93,60 @@ def test_a_grid_point_is_the_run_alone_and_the_grid_tests_every_points_members(t
                            "hp:weight_decay, hp:model.n_layers")
     assert "attn:stack_top:L1H0" not in open(os.path.join(workdir, "prediction.csv")).read()
 
-    # A relaunch finds every point done and joins the same table.
-    again = grid.run(validate.check(config)[0], workdir, verbose=False)
+    # A relaunch finds every point and the grid done: the same table, nothing tested or
+    # written again.
+    written = {name: os.stat(os.path.join(workdir, name)).st_mtime_ns
+               for name in ("results.csv", "grid.json", "prediction.csv", grid.DONE_FILE)}
+    monkeypatch.setattr(prediction, "test", lambda *a, **k: pytest.fail("tested again"))
+    again = grid.run(validate.check(config)[0], workdir)
     pd.testing.assert_frame_equal(again, joined)
-    assert os.path.isfile(os.path.join(workdir, "grid.json"))
+    assert f"the grid in {workdir} is finished" in capsys.readouterr().out
+    assert {name: os.stat(os.path.join(workdir, name)).st_mtime_ns for name in written} == written
+    monkeypatch.undo()
+
+    # Other prediction settings test again; the earlier test's files are kept under superseded/.
+    config.prediction.n_repeats = 3
+    grid.run(validate.check(config)[0], workdir, verbose=False)
+    kept = glob.glob(os.path.join(workdir, "superseded", "*", "prediction.csv"))
+    assert len(kept) == 1 and pd.read_csv(kept[0]).equals(rows)
+    assert not pd.read_csv(os.path.join(workdir, "prediction.csv")).equals(rows)
+
+
+def test_a_finished_grid_is_current_until_its_inputs_or_outputs_change(tmp_path):
+    inputs = {"read": {"model.n_layers=1/results.csv": "ab"}, "prediction": None}
+    notes = []
+
+    def finish():
+        for name in grid.OUTPUTS:
+            (tmp_path / name).write_text(name)
+        grid._mark_done(str(tmp_path), inputs, grid.OUTPUTS + prediction.OUTPUTS)
+
+    def current(given):
+        return grid._current(str(tmp_path), given, stages.mover(str(tmp_path), notes.append))
+
+    assert current(inputs) is None and notes == []  # nothing yet, nothing moved
+    finish()
+    assert current(inputs)["inputs"] == inputs and notes == []
+    changes = [("another point file", lambda: None,
+                {**inputs, "read": {"model.n_layers=1/results.csv": "cd"}},
+                "was computed from other point results or prediction settings"),
+               ("an output changed", lambda: (tmp_path / "grid.json").write_text("{}"), inputs,
+                "is from a finished grid whose grid.json is missing or changed since"),
+               ("the marker unreadable", lambda: (tmp_path / grid.DONE_FILE).write_text("[1"),
+                inputs, f"is from a grid whose {grid.DONE_FILE} is unreadable"),
+               ("the marker gone", lambda: (tmp_path / grid.DONE_FILE).unlink(), inputs,
+                f"is from a grid that did not finish, or predates {grid.DONE_FILE}")]
+    for what, change, given, why in changes:
+        finish()
+        change()
+        notes.clear()
+        assert current(given) is None, what
+        moved = sorted(n.split()[1] for n in notes)
+        assert moved == sorted([*grid.OUTPUTS, *([grid.DONE_FILE] if (
+            "gone" not in what) else [])]), what
+        assert all(why in n for n in notes), (what, notes)
+        assert not any((tmp_path / name).exists() for name in grid.OUTPUTS), what
+    assert len(glob.glob(str(tmp_path / "superseded" / "*" / "results.csv*"))) == len(changes)
 
 
 @pytest.mark.parametrize("entries, message", [

@@ -19,11 +19,18 @@ workdir:
   Points of different depths name their last layer's sites and heads as -1 too (`align`), so
   that features of the last layer line up; a feature a point lacks is left out of the test.
 
+A finished grid (grid_done.json: the sha256 of every point file it read, its prediction
+settings, and the sha256 of every file it wrote) is left as it is on a relaunch while those
+match. Otherwise (a point's results or members changed, prediction.* changed, an output is
+missing or altered, or the grid stopped before it finished) the earlier outputs are moved to
+superseded/<time>/ and written again.
+
 Ends with the grid's timing line: each stage's seconds summed over the points.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -35,11 +42,12 @@ from jaxillusions.config import settings
 from jaxillusions.config.grid_axes import axes
 from jaxillusions.config.settings import Settings
 from jaxillusions.pipeline import job, sweep, validate
-from jaxillusions.runtime import distributed, stages, timing
+from jaxillusions.runtime import checkpoint, distributed, stages, timing
 from jaxillusions.studies import prediction
 from jaxillusions.training import train
 
 OUTPUTS = ("results.csv", "grid.json")
+DONE_FILE = "grid_done.json"
 
 
 def align(frame: pd.DataFrame, n_layers: int) -> pd.DataFrame:
@@ -61,6 +69,16 @@ def align(frame: pd.DataFrame, n_layers: int) -> pd.DataFrame:
     return pd.concat([frame, pd.DataFrame(out, index=frame.index)], axis=1)
 
 
+def point_files(point: Settings, directory: str) -> list[str]:
+    """The files of a finished point that the grid reads: each group's results.csv, and with
+    prediction.enabled its prediction_members.csv."""
+    files = [os.path.join(group, "results.csv")
+             for _, group in sweep.member_groups(point, directory)]
+    if prediction.enabled(point):
+        files.append(os.path.join(directory, prediction.OUTPUTS[3]))
+    return files
+
+
 def population_table(point: Settings, directory: str, values: dict) -> pd.DataFrame:
     """A point's results.csv rows (every group's, cells as written) with a column per grid key
     (`values`) and per hyper-parameter of its member axis that varies (its null kind by name)."""
@@ -79,13 +97,14 @@ def population_table(point: Settings, directory: str, values: dict) -> pd.DataFr
 def run(config: Settings, workdir: str, *, verbose: bool = True,
         start_over: bool = False) -> pd.DataFrame:
     """Runs every point of config.grid (checked at the door: validate.check), then writes the
-    grid's outputs; returns the joined results.csv (cells as written)."""
+    grid's outputs, unless a finished grid's are current (grid_done.json); returns the joined
+    results.csv (cells as written)."""
     points = validate.points(config)
     say = print if verbose and distributed.is_main() else (lambda *a, **k: None)
     os.makedirs(workdir, exist_ok=True)
     keys = [key for key, _ in axes(config.grid)]
     values = {name: {key: settings.flat(point)[key] for key in keys} for name, point in points}
-    tables, members = [], []
+    tables, members, read = [], [], []
     with timing.Breakdown() as clock:
         for index, (name, point) in enumerate(points):
             directory = os.path.join(workdir, name)
@@ -93,12 +112,22 @@ def run(config: Settings, workdir: str, *, verbose: bool = True,
             sweep.run(point, directory, verbose=verbose, start_over=start_over,
                       pipeline=job.POINT_PIPELINE)
             tables.append(population_table(point, directory, values[name]))
+            read += point_files(point, directory)
             if prediction.enabled(point):
                 frame = prediction.read_members(os.path.join(directory,
                                                              prediction.OUTPUTS[3]))
                 frame = align(frame, point.model.n_layers)
                 members.append(frame.assign(**{f"hp:{k}": v for k, v in values[name].items()}))
         joined = pd.concat(tables, ignore_index=True)
+        inputs = json.loads(json.dumps(  # as grid_done.json holds them (tuples as lists)
+            {"read": {os.path.relpath(p, workdir): stages.sha256(p) for p in read},
+             "prediction": dataclasses.asdict(config.prediction) if members else None},
+            default=str))
+        done = _current(workdir, inputs, stages.mover(workdir, say))
+        if done is not None:
+            say(f"the grid in {workdir} is finished (finished {done['time']}); nothing to do. "
+                f"Results: {os.path.join(workdir, OUTPUTS[0])}")
+            return joined
         if distributed.is_main():
             path = os.path.join(workdir, OUTPUTS[0])
             with stages.writing("grid", path):
@@ -108,5 +137,44 @@ def run(config: Settings, workdir: str, *, verbose: bool = True,
         if members:
             with timing.stage("prediction"):
                 prediction.test(pd.concat(members), config.prediction, workdir, say)
+        _mark_done(workdir, inputs, OUTPUTS + (prediction.OUTPUTS if members else ()))
     say(f"grid of {len(points)} points: {clock.line(sweep.clocks(job.POINT_PIPELINE))}")
     return joined
+
+
+def _current(workdir: str, inputs: dict, move_aside) -> dict | None:
+    """The grid's grid_done.json when the grid finished from these `inputs` and every output
+    it wrote matches its sha256; else None, with the earlier outputs (and the marker) moved to
+    superseded/, saying why."""
+    try:
+        done = stages.read_json(os.path.join(workdir, DONE_FILE))
+    except (OSError, ValueError):
+        done = False
+    if done is None:
+        why = f"is from a grid that did not finish, or predates {DONE_FILE}"
+    elif not (isinstance(done, dict) and isinstance(done.get("time"), str)
+              and isinstance(done.get("outputs"), dict)):
+        why = f"is from a grid whose {DONE_FILE} is unreadable"
+    elif done.get("inputs") != inputs:
+        why = "was computed from other point results or prediction settings"
+    else:
+        changed = [name for name, digest in sorted(done["outputs"].items())
+                   if not os.path.isfile(os.path.join(workdir, name))
+                   or stages.sha256(os.path.join(workdir, name)) != digest]
+        if not changed:
+            return done
+        why = f"is from a finished grid whose {changed[0]} is missing or changed since"
+    for name in (DONE_FILE, *OUTPUTS, *prediction.OUTPUTS):
+        if os.path.lexists(os.path.join(workdir, name)):
+            move_aside(os.path.join(workdir, name), why)
+    return None
+
+
+def _mark_done(workdir: str, inputs: dict, outputs: tuple[str, ...]) -> None:
+    """grid_done.json: when, from which inputs, and the sha256 of every output written."""
+    if distributed.is_main():
+        stages.write(os.path.join(workdir, DONE_FILE), json.dumps(
+            {"time": checkpoint.now(), "inputs": inputs,
+             "outputs": {name: stages.sha256(os.path.join(workdir, name)) for name in outputs
+                         if os.path.isfile(os.path.join(workdir, name))}},
+            indent=1, sort_keys=True, default=str), "grid")

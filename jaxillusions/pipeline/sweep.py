@@ -127,7 +127,7 @@ def _mark_done(config, workdir: str, pipeline: Sequence[Stage] = PIPELINE) -> No
         files += ([os.path.join(d, f) for d, _, names in os.walk(path) for f in names]
                   if os.path.isdir(path) else [path])
     stages.write(os.path.join(workdir, DONE_FILE), json.dumps(
-        {"time": checkpoint._now(), "analysis": _analysis_settings(config, pipeline),  # noqa: SLF001
+        {"time": checkpoint.now(), "analysis": _analysis_settings(config, pipeline),
          "stages": _enabled(config, pipeline),
          "figures": config.figures,  # which were drawn; complete_figures draws the rest
          "reports": {os.path.relpath(f, workdir): stages.sha256(f) for f in files}},

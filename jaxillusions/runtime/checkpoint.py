@@ -28,7 +28,7 @@ CHECKSUM_FILE = "checksums.json"  # written after orbax commits a step: the step
 _ORBAX_COMMITTED = "_CHECKPOINT_METADATA"  # orbax writes it when it commits a step
 
 
-def _now() -> str:
+def now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -68,7 +68,7 @@ class WorkdirLock:
                              f"{self.path}); wait for it to end or use another --workdir"
                              ) from None
         previous = os.pread(fd, 1000, 0).decode(errors="replace").strip()
-        holder = f"pid {os.getpid()} on {socket.gethostname()} since {_now()}"
+        holder = f"pid {os.getpid()} on {socket.gethostname()} since {now()}"
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, holder.encode() + b"\n", 0)
@@ -133,7 +133,7 @@ def claim_workdir(workdir: str, config, may_change=lambda key: False,
             return []
         os.makedirs(workdir, exist_ok=True)
         write_atomic(path, text)
-        _append_history(workdir, {"time": _now(), "event": "created"})
+        _append_history(workdir, {"time": now(), "event": "created"})
         return []
     old = _read_config_file(path)
     # A key missing on one side counts as its default (`defaults`: settings' own).
@@ -151,7 +151,7 @@ def claim_workdir(workdir: str, config, may_change=lambda key: False,
     if not diffs or not record:
         return []
     changes = {k: [old_flat.get(k), new_flat.get(k)] for k in diffs}
-    _append_history(workdir, {"time": _now(), "event": "changed", "changes": changes})
+    _append_history(workdir, {"time": now(), "event": "changed", "changes": changes})
     write_atomic(path, text)
     return [f"note: {k} changed from {a!r} to {b!r} (analysis setting; recorded in "
             f"{HISTORY_FILE})" for k, (a, b) in changes.items()]
