@@ -11,8 +11,7 @@ import pytest
 
 pytest.importorskip("sklearn")
 
-from sklearn.base import BaseEstimator, TransformerMixin  # noqa: E402
-from sklearn.pipeline import Pipeline  # noqa: E402
+from tolerance import TERM_ULPS  # noqa: E402
 
 from jaxillusions.report import heldout  # noqa: E402
 
@@ -127,15 +126,6 @@ def test_one_class_folds_are_skipped_and_counted(planted):
 FITTED = []  # the training rows of every fit (each fold fits a fresh estimator)
 
 
-class Spy(BaseEstimator, TransformerMixin):
-    def fit(self, x, y=None):
-        FITTED.append(np.array(x, copy=True))
-        return self
-
-    def transform(self, x):
-        return x
-
-
 def test_leave_one_setting_out_never_trains_on_the_held_out_setting(monkeypatch):
     members, _ = population()
     setting = members["setting"].to_numpy()
@@ -149,9 +139,9 @@ def test_leave_one_setting_out_never_trains_on_the_held_out_setting(monkeypatch)
     # And what is fitted: a member id as a second feature shows which rows each fit saw.
     members["member"] = np.arange(len(members), dtype=np.float64)
     members["noise"] = np.random.default_rng(2).normal(size=len(members))
-    real = heldout.model
-    monkeypatch.setattr(heldout, "model",
-                        lambda metric: Pipeline([("spy", Spy()), *real(metric).steps]))
+    real = heldout._fit  # noqa: SLF001
+    monkeypatch.setattr(heldout, "_fit", lambda metric, x, y: FITTED.append(
+        np.array(x, copy=True)) or real(metric, x, y))
     monkeypatch.setattr(heldout, "SCHEMES", ("leave_one_setting_out",))
     FITTED.clear()
     design = heldout.Design(("signal", "member", "noise"), DESIGN.hparams, DESIGN.targets)
@@ -171,6 +161,29 @@ def test_leave_one_setting_out_never_trains_on_the_held_out_setting(monkeypatch)
         assert len(seen) == (setting != missing.pop()).sum()
     # The hyper-parameter fits see every setting's indicator row but the held-out one's.
     assert all(len(set(map(tuple, x))) == len(set(setting)) - 1 for x in hparams)
+
+
+def test_a_fit_scores_rows_as_its_pipeline_does():
+    """heldout._fit applies model(metric)'s steps by hand: the numbers of its decision_function
+    (AUROC) and predict (Spearman), bit for bit; _auroc is roc_auc_score's area, ties
+    included, up to the rounding of its trapezoid sum."""
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(40, 3)) * [1.0, 10.0, 0.1] + [0.0, 5.0, -2.0]
+    y = (x[:, 0] + rng.normal(size=40) > 0).astype(np.int64)
+    rows = rng.normal(size=(7, 3)) * [1.0, 10.0, 0.1]
+    fitted = heldout._fit("auroc", x, y)  # noqa: SLF001
+    assert np.array_equal(fitted(rows), heldout.model("auroc").fit(x, y).decision_function(rows))
+    fitted = heldout._fit("spearman", x, x[:, 0])  # noqa: SLF001
+    assert np.array_equal(fitted(rows), heldout.model("spearman").fit(x, x[:, 0]).predict(rows))
+    # The area: exact on a separating and on a constant score; else within roc_auc_score's
+    # float64 rounding, a few roundings (TERM_ULPS) in each of its at most 40 trapezoids of
+    # values at most 1.
+    assert heldout._auroc(y + 0.5, y) == 1.0 and heldout._auroc(np.ones(40), y) == 0.5  # noqa: SLF001
+    bound = (len(y) + 1) * TERM_ULPS * np.finfo(np.float64).eps
+    for scores in (rng.normal(size=40), np.round(rng.normal(size=40), 1), rng.integers(0, 3, 40)):
+        assert abs(heldout._auroc(scores, y) - roc_auc_score(y, scores)) <= bound  # noqa: SLF001
 
 
 def bad(members, null, case):
