@@ -11,6 +11,7 @@ from conftest import checked
 from tensorboard.backend.event_processing import event_accumulator as ea
 
 from jaxillusions import proxies, tasks
+from jaxillusions.faithfulness import collect as collect_module
 from jaxillusions.faithfulness import dictionary_metrics, metrics
 from jaxillusions.faithfulness.collect import Chunking, collect, pack_rows
 from jaxillusions.faithfulness.evaluate import (
@@ -28,6 +29,7 @@ from jaxillusions.pipeline import sweep, validate
 from jaxillusions.report import board, results, tables
 from jaxillusions.runtime import tensorboard as log_lib
 from jaxillusions.runtime import timing
+from jaxillusions.runtime.chunks import padded_chunks
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +40,28 @@ def trained(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_collect_streams_exact_moments_and_samples(trained):
+def test_collect_streams_exact_moments_and_samples(trained, monkeypatch):
     config, splits, model_cfg, params = trained
-    spec = ProxySpec("kmeans", ("blocks.1.attn.k", "blocks.1.resid_mid"), (2,))
+    sites = ("blocks.1.attn.k", "blocks.1.resid_mid")
+    specs = [ProxySpec("svd", sites, (2,)), ProxySpec("kmeans", sites, (2,))]
+    chunks = []  # the chunks each collect runs
+
+    def counted(arrays, batch_size):
+        for chunk in padded_chunks(arrays, batch_size):
+            chunks[-1] += 1
+            yield chunk
+
+    monkeypatch.setattr(collect_module, "padded_chunks", counted)
     # An odd chunk size exercises the padded last chunk.
-    stats = collect(params, splits["train"], model_cfg, [spec], num_samples=300,
-                    batch_size=333)
+    chunks.append(0)
+    stats = collect(params, splits["train"], model_cfg, specs, num_samples=300, batch_size=333)
+    # Without a spec that needs moments, the same samples, from the chunks that hold them.
+    chunks.append(0)
+    sampled = collect(params, splits["train"], model_cfg, specs[1:], num_samples=300,
+                      batch_size=333)
+    assert chunks[1] < chunks[0] and set(sampled[sites[0]]) == {"samples"}
+    for site in sites:
+        np.testing.assert_array_equal(sampled[site]["samples"]["x"], stats[site]["samples"]["x"])
     tokens = splits["train"].tokens
     valid = (tokens != 0).reshape(-1)
     width = model_cfg.d_mlp  # the widest matmul on the way to these sites

@@ -151,11 +151,12 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
     """Statistics of every site that a data-dependent spec needs, from the training split.
 
     Returns {site: {"moments": {...} [S, G, ...], "samples": {"x": [S, G, N, F], "valid": ...},
-    "pairs": {"x": inputs, "y": the site's values, "valid"}}} (samples and pairs where needed;
+    "pairs": {"x": inputs, "y": the site's values, "valid"}}} (each where a spec needs it;
     a lens's pairs: {"x": the site's values, "y": its output site's}; "labelled": the sample
     with "z" [S, G, N, C], the classes of `labels` (int [sentences, T, C], the task's concepts
     of train's tokens: tasks.concept_labels) at the sampled positions).
-    Moments stream over all training sentences in fixed-size chunks (memory stays bounded),
+    Moments (where a spec needs them) stream over all training sentences in fixed-size chunks
+    (memory stays bounded); without them, only the chunks that hold the sample run,
     the sentences side by side in rows in their order (`pack_rows`; rows of full windows, the
     code task's, stay one a row); samples are the first `num_samples` non-PAD positions of the
     training sentences, which are i.i.d. draws, so this is a random sample of sentences (all
@@ -210,11 +211,16 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
     writes = [s for s, m in pairs.items()
               if proxies.hook(proxies.get(m), "output_site") is not None]
 
+    # Moments stream over every sentence; without them, the stream ends with the sample.
+    streams = any("moments" in n for n in needs.values())
+
     def one_chunk(params):  # params: one chunk of seeds, placed
         totals, kept, classes = None, 0, []
         samples = {s: [] for s in (*sites, *(PAIR_INPUT + s for s in reads),
                                    *(PAIR_OUTPUT + s for s in writes))}
         for chunk in padded_chunks(arrays, batch_size):
+            if not streams and kept >= num_samples:
+                break
             watchdog.progress()
             tokens, *rest = chunk
             chunk_rows, chunk_labels = tuple(rest[:len(rows)]) or None, rest[len(rows):]
@@ -236,9 +242,10 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
             x = np.concatenate(samples[s], axis=1).transpose(0, 2, 1, 3)  # [S, G, N, F]
             return {"x": x, "valid": np.ones(x.shape[:3], bool)}
 
-        stats = {}
+        stats = {s: {} for s in sites}
         for s in sites:
-            stats[s] = {"moments": distributed.to_host(totals[s])}  # [S, G, ...]
+            if "moments" in needs[s]:
+                stats[s]["moments"] = distributed.to_host(totals[s])  # [S, G, ...]
             if "samples" in needs[s]:
                 stats[s]["samples"] = sample(s)
             if "pairs" in needs[s]:
