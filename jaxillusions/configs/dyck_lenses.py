@@ -11,10 +11,10 @@ site before the last, corrections of rank 0 (mean shift), 2, 8 and 32 (full); LE
 (size 0) and of the bracket to close (size 1) at the residual sites and at the last layer's
 queries and keys; the probe table (probes.csv, probes.txt) at the same sites.
 
-Time: 6 min 30 s wall for the second command on the trained population, on the 2-core CPU
-machine (an AMD EPYC, shared with other jobs; compilation cache off; peak memory 4.6 GB): 69 s
-resuming training (the final evaluation), 72 s collection, 6 s fitting, 1.8 min evaluation of 14
-families on 6 splits, 82 s the probe table, 48 s reports and figures.
+Time: 2 min 43 s wall for the second command on the trained population, on the 2-core CPU
+machine (AMD EPYC, `lscpu` family 25 model 17; alone; compiled programs cached; peak memory 4.9
+GB): `time 159 s: training 4 s, collection 11 s, fitting 3 s, evaluation 72 s (14 families on 6
+splits), proxies 2 s, probes 51 s, reports 9 s, figures 7 s`.
 
 What it showed (docs/lenses.md, 32 seeds, paired 95% intervals): the logit lens agrees with the
 model on 95.5% of iid closing brackets after layer 0's MLP, but on unseen_depth only at the last
