@@ -131,7 +131,8 @@ def test_a_finished_grid_is_current_until_its_inputs_or_outputs_change(tmp_path)
                 {**inputs, "read": {"model.n_layers=1/results.csv": "cd"}},
                 "was computed from other point results or prediction settings"),
                ("an output changed", lambda: (tmp_path / "grid.json").write_text("{}"), inputs,
-                "is from a finished grid whose grid.json is missing or changed since"),
+                "is from a finished grid, but its grid.json differs from the sha256 recorded "
+                f"in {grid.DONE_FILE}"),
                ("the marker unreadable", lambda: (tmp_path / grid.DONE_FILE).write_text("[1"),
                 inputs, f"is from a grid whose {grid.DONE_FILE} is unreadable"),
                ("the marker gone", lambda: (tmp_path / grid.DONE_FILE).unlink(), inputs,

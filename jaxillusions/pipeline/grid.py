@@ -158,12 +158,10 @@ def _current(workdir: str, inputs: dict, move_aside) -> dict | None:
     elif done.get("inputs") != inputs:
         why = "was computed from other point results or prediction settings"
     else:
-        changed = [name for name, digest in sorted(done["outputs"].items())
-                   if not os.path.isfile(os.path.join(workdir, name))
-                   or stages.sha256(os.path.join(workdir, name)) != digest]
-        if not changed:
+        changed = stages.unverified(done["outputs"], workdir, DONE_FILE)
+        if changed is None:
             return done
-        why = f"is from a finished grid whose {changed[0]} is missing or changed since"
+        why = f"is from a finished grid, but {changed}"
     for name in (DONE_FILE, *OUTPUTS, *prediction.OUTPUTS):
         if os.path.lexists(os.path.join(workdir, name)):
             move_aside(os.path.join(workdir, name), why)

@@ -175,14 +175,7 @@ def _unverified(done: dict, workdir: str) -> str | None:
     missing, emptied or changed since), or None when every one matches its sha256."""
     if "reports" not in done:
         return f"its {DONE_FILE} predates the checksums of the reports, so they are unverified"
-    for name, digest in sorted(done["reports"].items()):
-        path = os.path.join(workdir, name)
-        if not os.path.isfile(path):
-            return f"its {name} is missing"
-        if stages.sha256(path) != digest:
-            return (f"its {name} is empty" if os.path.getsize(path) == 0 else
-                    f"its {name} differs from the sha256 recorded in {DONE_FILE}")
-    return None
+    return stages.unverified(done["reports"], workdir, DONE_FILE)
 
 
 def run(config: Settings, workdir: str, *, verbose: bool = True, start_over: bool = False,

@@ -78,6 +78,20 @@ def sha256(path: str) -> str:
     return digest.hexdigest()
 
 
+def unverified(digests: dict[str, str], directory: str, marker: str) -> str | None:
+    """Why the files that `marker` (a done-file in `directory`) vouches for, `digests`
+    ({path under directory: sha256}), are not those it recorded: the first one missing,
+    emptied or changed since; None when every one matches."""
+    for name, digest in sorted(digests.items()):
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            return f"its {name} is missing"
+        if sha256(path) != digest:
+            return (f"its {name} is empty" if os.path.getsize(path) == 0 else
+                    f"its {name} differs from the sha256 recorded in {marker}")
+    return None
+
+
 STALE = "was computed with other analysis settings"
 
 
