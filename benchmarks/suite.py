@@ -47,17 +47,25 @@ def _torch_status(config) -> tuple[bool, str]:
 
 
 def cpu_model() -> str:
-    """The CPU's model name: lscpu's "Model name", else /proc/cpuinfo's "model name", else
-    platform.processor() (empty on some systems), else "unknown"."""
+    """The CPU's model name with its family and model numbers, which tell apart generations that
+    share a name ("AMD EPYC, family 25 model 17"): lscpu's "Model name", "CPU family" and "Model",
+    else /proc/cpuinfo's "model name", "cpu family" and "model", else platform.processor() (empty
+    on some systems), else "unknown"."""
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10,
                              env={**os.environ, "LC_ALL": "C"}).stdout
     except (OSError, subprocess.SubprocessError):
         out = ""
-    for path_text, key in ((out, "Model name:"), (_read("/proc/cpuinfo"), "model name")):
-        for line in path_text.splitlines():
-            if line.startswith(key) and ":" in line:
-                return line.split(":", 1)[1].strip()
+    for text, keys in ((out, ("Model name", "CPU family", "Model")),
+                       (_read("/proc/cpuinfo"), ("model name", "cpu family", "model"))):
+        fields = {}
+        for line in text.splitlines():
+            key, colon, value = line.partition(":")
+            if colon and key.strip() in keys:
+                fields.setdefault(key.strip(), value.strip())
+        name, family, model = (fields.get(key) for key in keys)
+        if name:
+            return f"{name}, family {family} model {model}" if family and model else name
     return platform.processor() or "unknown"
 
 
