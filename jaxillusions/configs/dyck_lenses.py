@@ -14,7 +14,10 @@ queries and keys; the probe table (probes.csv, probes.txt) at the same sites.
 Time: 2 min 43 s wall for the second command on the trained population, on the 2-core CPU
 machine (AMD EPYC, `lscpu` family 25 model 17; alone; compiled programs cached; peak memory 4.9
 GB): `time 159 s: training 4 s, collection 11 s, fitting 3 s, evaluation 72 s (14 families on 6
-splits), proxies 2 s, probes 51 s, reports 9 s, figures 7 s`.
+splits), proxies 2 s, probes 51 s, reports 9 s, figures 7 s`. On the AMD EPYC of family 26
+model 2, right after the population's main job (its programs cached, not these): 1 min 56 s,
+`time 113 s: training 4 s, collection 8 s, fitting 3 s, evaluation 51 s, proxies 1 s, probes
+34 s, reports 6 s, figures 6 s; of which compilation 7.7 s (23 XLA programs)`.
 
 What it showed (docs/lenses.md, 32 seeds, paired 95% intervals): the logit lens agrees with the
 model on 95.5% of iid closing brackets after layer 0's MLP, but on unseen_depth only at the last
