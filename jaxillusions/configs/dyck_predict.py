@@ -6,16 +6,21 @@ copies, in one program (docs/prediction.md, "Findings").
 
 On the 2-core CPU machine (AMD EPYC, `lscpu`: AuthenticAMD family 25 model 17; alone, data
 cached) the job took 40 min 49 s wall, its line `time 2445 s: training 1611 s, collection 226 s,
-fitting 14 s, evaluation 151 s, probes 284 s, reports 13 s, figures 89 s, prediction 54 s`
-(the untrained copies cost no training). What it showed (prediction.txt; docs/prediction.md,
-"Findings on a Dyck population"), AUROC of each member's OOD accuracy above the median, 270
-members: under random splits the interpretation features (0.906 on unseen_depth, 0.898 on
-longer) do not beat the hyper-parameters alone (0.946, 0.907; differences within noise); with
-one of the 9 settings held out they rank the unseen setting's members (0.789, 0.777) where the
-hyper-parameters cannot (0.5), beating them on longer (+0.277 [+0.015, +0.538]) and within
-noise on unseen_depth; the same features of the untrained copies predict at chance (0.41, 0.48).
-The proxies' faithfulness predicts their own OOD gaps with a setting held out (SVD rank 2 on
-unseen_depth: 0.845, +0.345 [+0.162, +0.529] over the hyper-parameters).
+fitting 14 s, evaluation 151 s, probes 284 s, reports 13 s, figures 89 s, prediction 54 s` (the
+untrained copies cost no training). A second run, after training's packed batches and gradient
+rules, on the AMD EPYC of family 26 model 2: 12 min 36 s, `time 753 s: training 438 s,
+collection 91 s, fitting 11 s, evaluation 74 s, proxies 3 s, probes 74 s, reports 10 s, figures
+35 s, prediction 18 s` (its members differ in the last bits; which verdicts it kept:
+docs/prediction.md, "The same study on a second population"). What the first run showed
+(prediction.txt; docs/prediction.md, "Findings on a Dyck population"), AUROC of each member's
+OOD accuracy above the median, 270 members: under random splits the interpretation features
+(0.906 on unseen_depth, 0.898 on longer) do not beat the hyper-parameters alone (0.946, 0.907;
+differences within noise); with one of the 9 settings held out they rank the unseen setting's
+members (0.789, 0.777) where the hyper-parameters cannot (0.5), beating them on longer (+0.277
+[+0.015, +0.538]) and within noise on unseen_depth; the same features of the untrained copies
+predict at chance (0.41, 0.48). The proxies' faithfulness predicts their own OOD gaps with a
+setting held out (SVD rank 2 on unseen_depth: 0.845, +0.345 [+0.162, +0.529] over the
+hyper-parameters).
 """
 
 from ml_collections import ConfigDict
