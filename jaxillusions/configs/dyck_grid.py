@@ -11,15 +11,18 @@ weight decay) setting out at a time.
 
 On the 2-core CPU machine (AMD EPYC, `lscpu`: AuthenticAMD family 25 model 17; data cached) the
 grid took 40 min 43 s wall, its last line `time 2437 s: training 1591 s, collection 286 s,
-fitting 14 s, evaluation 174 s, probes 293 s, reports 13 s, prediction 57 s` (training per
-depth 279 s, 580 s, 733 s). What it showed (prediction.txt; docs/prediction.md, "Findings on
-depth x weight decay"), AUROC of each member's OOD accuracy above the median, 270 members:
-with depth in the grid the interpretation features lose to the hyper-parameters under random
-splits (0.880 vs 0.959 on unseen_depth, 0.847 vs 0.935 on longer) and are at chance with a
-setting held out (0.501, 0.535; within noise of the hyper-parameters' 0.5); the untrained
-copies' features predict accuracy too under random splits (0.820), since they still tell the
-depth. The proxies' faithfulness predicts their own OOD gaps with a setting held out (SVD rank
-2 on unseen_depth: 0.974, +0.474 [+0.430, +0.518] over the hyper-parameters).
+fitting 14 s, evaluation 174 s, probes 293 s, reports 13 s, prediction 57 s` (training per depth
+279 s, 580 s, 733 s). A second run, after training's packed batches and gradient rules, on the
+AMD EPYC of family 26 model 2: 11 min 32 s, `time 689 s: training 425 s, collection 89 s,
+fitting 9 s, evaluation 69 s, proxies 2 s, probes 67 s, reports 10 s, figures 1 s, prediction 16
+s` (every verdict below held: docs/prediction.md). What the first run showed (prediction.txt;
+docs/prediction.md, "Findings on depth x weight decay"), AUROC of each member's OOD accuracy
+above the median, 270 members: with depth in the grid the interpretation features lose to the
+hyper-parameters under random splits (0.880 vs 0.959 on unseen_depth, 0.847 vs 0.935 on longer)
+and are at chance with a setting held out (0.501, 0.535; within noise of the hyper-parameters'
+0.5); the untrained copies' features predict accuracy too under random splits (0.820), since
+they still tell the depth. The proxies' faithfulness predicts their own OOD gaps with a setting
+held out (SVD rank 2 on unseen_depth: 0.974, +0.474 [+0.430, +0.518] over the hyper-parameters).
 """
 
 from ml_collections import ConfigDict
