@@ -224,10 +224,10 @@ def run(paths: list[str], *, tokenizer: str, fit_text: str, eval_text: str, laye
     import transformers
     from transformers.utils import logging as hf_logging
 
-    from benchmarks.suite import cpu_model
     from benchmarks.training import times
     from jaxillusions.faithfulness.specs import resolve_site
     from jaxillusions.model import pretrained
+    from jaxillusions.runtime.machine import cpu_model
 
     hf_logging.disable_progress_bar()
 

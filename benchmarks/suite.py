@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import platform
 import runpy
-import subprocess
 import time
 
 import jax
@@ -17,6 +16,7 @@ from benchmarks import proxies, reference, training
 from jaxillusions import configs
 from jaxillusions.config import settings
 from jaxillusions.runtime import timing
+from jaxillusions.runtime.machine import cpu_model
 from jaxillusions.training import objective as objective_lib
 from jaxillusions.training import train
 
@@ -44,37 +44,6 @@ def _torch_status(config) -> tuple[bool, str]:
     if objective.loss_on != "all" or objective.contrastive:
         return False, "the PyTorch baseline implements the plain next-token objective only"
     return True, torch_loop.describe()
-
-
-def cpu_model() -> str:
-    """The CPU's model name with its family and model numbers, which tell apart generations that
-    share a name ("AMD EPYC, family 25 model 17"): lscpu's "Model name", "CPU family" and "Model",
-    else /proc/cpuinfo's "model name", "cpu family" and "model", else platform.processor() (empty
-    on some systems), else "unknown"."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10,
-                             env={**os.environ, "LC_ALL": "C"}).stdout
-    except (OSError, subprocess.SubprocessError):
-        out = ""
-    for text, keys in ((out, ("Model name", "CPU family", "Model")),
-                       (_read("/proc/cpuinfo"), ("model name", "cpu family", "model"))):
-        fields = {}
-        for line in text.splitlines():
-            key, colon, value = line.partition(":")
-            if colon and key.strip() in keys:
-                fields.setdefault(key.strip(), value.strip())
-        name, family, model = (fields.get(key) for key in keys)
-        if name:
-            return f"{name}, family {family} model {model}" if family and model else name
-    return platform.processor() or "unknown"
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return ""
 
 
 def _reraise_unless_out_of_memory(error: Exception) -> None:

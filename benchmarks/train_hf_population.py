@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers import PreTrainedTokenizerFast
     from transformers.utils import logging as hf_logging
 
-    from benchmarks.suite import cpu_model
+    from jaxillusions.runtime.machine import cpu_model
 
     hf_logging.disable_progress_bar()
 

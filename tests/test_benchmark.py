@@ -455,28 +455,3 @@ def test_side_by_side_runs_a_config_at_two_commits_and_compares_their_results(tm
     assert re.fullmatch(r"mean: before [\d.]+ s, after [\d.]+ s, after/before \d+%",
                         next(x for x in lines if x.startswith("mean: ")))
     assert "results.csv: identical" in lines  # the same commit twice: the same bits
-
-
-def test_cpu_model_names_the_family_and_model(monkeypatch):
-    """The CPU line tells apart generations that share a model name (lscpu says "AMD EPYC" on
-    three of them): the family and model numbers follow the name; without them, the name alone;
-    without lscpu, /proc/cpuinfo's fields."""
-    lscpu = ("Architecture:  x86_64\nModel name:   AMD EPYC\nBIOS Model name: pc\n"
-             "CPU family:    25\nModel:         17\nStepping:  1\n")
-
-    def run_lscpu(*args, **kwargs):
-        return subprocess.CompletedProcess(args, 0, stdout=lscpu)
-
-    monkeypatch.setattr(suite.subprocess, "run", run_lscpu)
-    assert suite.cpu_model() == "AMD EPYC, family 25 model 17"
-    lscpu = "Model name:   Intel(R) Xeon(R) Processor\n"
-    assert suite.cpu_model() == "Intel(R) Xeon(R) Processor"
-
-    def no_lscpu(*args, **kwargs):
-        raise FileNotFoundError("lscpu")
-
-    cpuinfo = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
-               "model name\t: AMD EPYC\n\nprocessor\t: 1\ncpu family\t: 99\nmodel\t\t: 9\n")
-    monkeypatch.setattr(suite.subprocess, "run", no_lscpu)
-    monkeypatch.setattr(suite, "_read", lambda path: cpuinfo if path == "/proc/cpuinfo" else "")
-    assert suite.cpu_model() == "AMD EPYC, family 26 model 2"

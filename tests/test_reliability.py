@@ -27,7 +27,7 @@ from conftest import checked, tiny_config, tiny_config_file, xla_flags
 from jaxillusions.faithfulness.specs import specs_from_config
 from jaxillusions.pipeline import reports, sweep, validate
 from jaxillusions.report import drawing
-from jaxillusions.runtime import checkpoint, interrupt, stages
+from jaxillusions.runtime import checkpoint, interrupt, machine, stages
 from jaxillusions.runtime import tensorboard as log_lib
 from jaxillusions.training import train
 
@@ -251,6 +251,83 @@ def test_analysis_keys_may_change_on_resume_and_are_recorded(trained, tmp_path, 
         train.train_sweep(checked(config), workdir, splits=trained["splits"], verbose=False)
     assert validate.parse({}).is_analysis_key("proxies.kmeans_sizes")
     assert not validate.parse({}).is_analysis_key("model.d_model")
+
+
+def _history(workdir):
+    with open(os.path.join(workdir, checkpoint.HISTORY_FILE)) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_a_relaunch_on_another_machine_is_noted_and_recorded(trained, tmp_path, capsys,
+                                                             monkeypatch):
+    # Was: a run resumed on another CPU model or jax version went on without a word, so its
+    # numbers mixed two machines' rounding and nothing in the workdir said which machine
+    # either was.
+    workdir = _copy(trained, tmp_path)
+    here = machine.describe()
+    assert _history(workdir)[0]["machine"] == here  # the run that trained it, in this process
+    assert here["cpu"] == machine.cpu_model() and here["jax"] == jax.__version__
+    assert here["devices"] == f"{jax.device_count()} x {jax.devices()[0].device_kind}"
+    _resume(trained, workdir, verbose=True)
+    assert "another machine" not in capsys.readouterr().out
+    assert len(_history(workdir)) == 1  # the same machine: nothing new
+    elsewhere = {**here, "cpu": "AMD EPYC, family 25 model 1", "jax": "0.9.0"}
+    monkeypatch.setattr(machine, "describe", lambda: elsewhere)
+    state = _resume(trained, workdir, verbose=True)
+    notes = [line for line in capsys.readouterr().out.splitlines() if "another machine" in line]
+    assert notes == [
+        f"note: this workdir last ran on another machine (cpu: {here['cpu']} -> AMD EPYC, "
+        f"family 25 model 1; jax: {here['jax']} -> 0.9.0): what it trains or computes from here "
+        "rounds as this machine does, so its last bits differ from a run on one machine "
+        f"(recorded in {checkpoint.HISTORY_FILE}; docs/reliability.md, Reproducibility)"]
+    assert [r["event"] for r in _history(workdir)] == ["created", "machine"]
+    assert _history(workdir)[-1]["machine"] == elsewhere
+    _assert_same(state, trained["state"])  # a note, not a refusal: the checkpoint is kept
+    _resume(trained, workdir, verbose=True)  # again there: nothing new
+    assert "another machine" not in capsys.readouterr().out
+    assert len(_history(workdir)) == 2
+
+
+def test_a_workdir_from_before_the_machine_record_gets_one_without_a_note(tmp_path):
+    config = checked(_config(str(tmp_path / "data")))
+    workdir = str(tmp_path / "run")
+    checkpoint.claim_workdir(workdir, config)  # no machine: as before the record
+    with open(os.path.join(workdir, checkpoint.HISTORY_FILE), "a") as f:
+        f.write('{"torn": \n')  # a torn line is skipped, not an error
+    a = {"cpu": "A", "devices": "1 x cpu", "jax": "1", "jaxlib": "1", "xla_flags": ""}
+    assert checkpoint.claim_workdir(workdir, config, machine=a) == []
+    assert checkpoint.claim_workdir(workdir, config, machine=a) == []
+    assert checkpoint.claim_workdir(workdir, config, machine=a, record=False) == []
+    notes = checkpoint.claim_workdir(workdir, config, machine={**a, "xla_flags": "--x=1"})
+    assert len(notes) == 1 and "(xla_flags: (none) -> --x=1)" in notes[0]
+    with open(os.path.join(workdir, checkpoint.HISTORY_FILE)) as f:
+        machines = [json.loads(line).get("machine") for line in f if "torn" not in line]
+    assert machines == [None, a, {**a, "xla_flags": "--x=1"}]
+
+
+def test_cpu_model_names_the_family_and_model(monkeypatch):
+    """The CPU's name tells apart generations that share a model name (lscpu says "AMD EPYC" on
+    three of them): the family and model numbers follow the name; without them, the name alone;
+    without lscpu, /proc/cpuinfo's fields."""
+    lscpu = ("Architecture:  x86_64\nModel name:   AMD EPYC\nBIOS Model name: pc\n"
+             "CPU family:    25\nModel:         17\nStepping:  1\n")
+
+    def run_lscpu(*args, **kwargs):
+        return subprocess.CompletedProcess(args, 0, stdout=lscpu)
+
+    monkeypatch.setattr(machine.subprocess, "run", run_lscpu)
+    assert machine.cpu_model() == "AMD EPYC, family 25 model 17"
+    lscpu = "Model name:   Intel(R) Xeon(R) Processor\n"
+    assert machine.cpu_model() == "Intel(R) Xeon(R) Processor"
+
+    def no_lscpu(*args, **kwargs):
+        raise FileNotFoundError("lscpu")
+
+    cpuinfo = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
+               "model name\t: AMD EPYC\n\nprocessor\t: 1\ncpu family\t: 99\nmodel\t\t: 9\n")
+    monkeypatch.setattr(machine.subprocess, "run", no_lscpu)
+    monkeypatch.setattr(machine, "_read", lambda path: cpuinfo if path == "/proc/cpuinfo" else "")
+    assert machine.cpu_model() == "AMD EPYC, family 26 model 2"
 
 
 @pytest.mark.parametrize("damage", ["missing", "garbage", "a_list"])

@@ -17,6 +17,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxillusions.runtime import distributed
+from jaxillusions.runtime import machine as machine_lib
 from jaxillusions.runtime.cache import error_line, first_line, write_atomic
 from jaxillusions.runtime.tensorboard import flatten_config
 
@@ -104,7 +105,8 @@ class WorkdirLock:
 
 
 def claim_workdir(workdir: str, config, may_change=lambda key: False,
-                  defaults: dict | None = None, record: bool = True) -> list[str]:
+                  defaults: dict | None = None, record: bool = True,
+                  machine: dict | None = None) -> list[str]:
     """Records the config in a new workdir, or checks it against the one the workdir holds.
 
     `record=False` only checks: it raises as below but writes nothing (and returns no notes),
@@ -115,6 +117,10 @@ def claim_workdir(workdir: str, config, may_change=lambda key: False,
     config.json is updated, and the changes are returned as notes. Any other difference is a
     ValueError: resuming with a different training config would mix two experiments. Keys in
     `defaults` that one side lacks count as their default value there.
+
+    `machine` (machine.describe()) is recorded in config_history.jsonl when the workdir is
+    created and whenever it differs from the last one recorded; a launch on another machine than
+    the last is returned as a note, since its numbers round as that machine does.
     """
     checkpoints = os.path.join(workdir, CHECKPOINT_DIR)
     if os.path.lexists(checkpoints) and not os.path.isdir(checkpoints):
@@ -133,7 +139,8 @@ def claim_workdir(workdir: str, config, may_change=lambda key: False,
             return []
         os.makedirs(workdir, exist_ok=True)
         write_atomic(path, text)
-        _append_history(workdir, {"time": now(), "event": "created"})
+        _append_history(workdir, {"time": now(), "event": "created",
+                                  **({"machine": machine} if machine else {})})
         return []
     old = _read_config_file(path)
     # A key missing on one side counts as its default (`defaults`: settings' own).
@@ -148,13 +155,40 @@ def claim_workdir(workdir: str, config, may_change=lambda key: False,
             f"workdir {workdir} holds a run with a different config ({len(fixed)} training keys "
             f"differ, e.g. {k}: {old_flat.get(k, '<missing>')!r} there vs "
             f"{new_flat.get(k, '<missing>')!r} now); use a new --workdir or the same config")
-    if not diffs or not record:
+    if not record:
         return []
-    changes = {k: [old_flat.get(k), new_flat.get(k)] for k in diffs}
-    _append_history(workdir, {"time": now(), "event": "changed", "changes": changes})
-    write_atomic(path, text)
-    return [f"note: {k} changed from {a!r} to {b!r} (analysis setting; recorded in "
-            f"{HISTORY_FILE})" for k, (a, b) in changes.items()]
+    notes = []
+    if diffs:
+        changes = {k: [old_flat.get(k), new_flat.get(k)] for k in diffs}
+        _append_history(workdir, {"time": now(), "event": "changed", "changes": changes})
+        write_atomic(path, text)
+        notes = [f"note: {k} changed from {a!r} to {b!r} (analysis setting; recorded in "
+                 f"{HISTORY_FILE})" for k, (a, b) in changes.items()]
+    return notes + (_machine_changed(workdir, machine) if machine else [])
+
+
+def _machine_changed(workdir: str, machine: dict) -> list[str]:
+    """Appends `machine` to the history where the last recorded one differs (or none is, in a
+    workdir from before the record); a note where one was recorded."""
+    last = None
+    try:
+        with open(os.path.join(workdir, HISTORY_FILE)) as f:
+            for line in f:
+                try:
+                    last = json.loads(line).get("machine") or last
+                except (ValueError, AttributeError):  # a torn or foreign line: not a record
+                    pass
+    except OSError:
+        pass
+    if last == machine:
+        return []
+    _append_history(workdir, {"time": now(), "event": "machine", "machine": machine})
+    if last is None:
+        return []
+    what = machine_lib.changed(last, machine)
+    return [f"note: this workdir last ran on another machine ({what}): what it trains or "
+            "computes from here rounds as this machine does, so its last bits differ from a run "
+            f"on one machine (recorded in {HISTORY_FILE}; docs/reliability.md, Reproducibility)"]
 
 
 def has_checkpoints(workdir: str) -> bool:

@@ -15,7 +15,7 @@ from jaxillusions import model as model_lib
 from jaxillusions import tasks
 from jaxillusions.config import settings
 from jaxillusions.config.settings import Settings, Train
-from jaxillusions.runtime import distributed, watchdog
+from jaxillusions.runtime import distributed, machine, watchdog
 from jaxillusions.training import imported, memory, objective
 from jaxillusions.training.evaluation import evaluate_splits
 from jaxillusions.training.evaluation import log as log_eval
@@ -221,15 +221,16 @@ def claim_workdir(workdir: str, config: Settings, record: bool = True) -> list[s
     """checkpoint.claim_workdir with the analysis keys and defaults of settings.py, in process 0
     (the notes of a changed analysis setting; none in the other processes). A key that a
     workdir's config.json lacks (it predates the key) counts as its default. `record=False`:
-    check only, write nothing (before the data has loaded)."""
+    check only, write nothing (before the data has loaded). Recording, it records the machine
+    (runtime/machine.py) and notes a launch on another machine than the last."""
     from jaxillusions.runtime import checkpoint as ckpt_lib  # noqa: PLC0415 - keeps orbax off pure use
     from jaxillusions.runtime import tensorboard  # noqa: PLC0415
 
     config = settings.require(config, "train.claim_workdir")
     defaults = tensorboard.flatten_config(config.defaults())
     return distributed.on_main(lambda: ckpt_lib.claim_workdir(
-        workdir, config, config.is_analysis_key, defaults, record),
-        "checking the workdir") or []
+        workdir, config, config.is_analysis_key, defaults, record,
+        machine.describe() if record else None), "checking the workdir") or []
 
 
 def _next_stop(step: int, end: int, tc) -> int:

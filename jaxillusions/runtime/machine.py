@@ -1,0 +1,64 @@
+"""The machine a run computes on, as far as its bits depend on it: the CPU model, the devices,
+jax and jaxlib, and XLA's flags. XLA compiles for the machine it runs on, so another CPU model,
+device kind or count, version or flag rounds some operations differently in the last bit
+(docs/reliability.md, Reproducibility). A workdir records it in config_history.jsonl
+(checkpoint.claim_workdir), and a relaunch on another machine says so in one line."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+
+
+def cpu_model() -> str:
+    """The CPU's model name with its family and model numbers, which tell apart generations that
+    share a name ("AMD EPYC, family 25 model 17"): lscpu's "Model name", "CPU family" and "Model",
+    else /proc/cpuinfo's "model name", "cpu family" and "model", else platform.processor() (empty
+    on some systems), else "unknown"."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10,
+                             env={**os.environ, "LC_ALL": "C"}).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    for text, keys in ((out, ("Model name", "CPU family", "Model")),
+                       (_read("/proc/cpuinfo"), ("model name", "cpu family", "model"))):
+        fields = {}
+        for line in text.splitlines():
+            key, colon, value = line.partition(":")
+            if colon and key.strip() in keys:
+                fields.setdefault(key.strip(), value.strip())
+        name, family, model = (fields.get(key) for key in keys)
+        if name:
+            return f"{name}, family {family} model {model}" if family and model else name
+    return platform.processor() or "unknown"
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def describe() -> dict[str, str]:
+    """{cpu, devices, jax, jaxlib, xla_flags} of this process, JAX started (its devices are
+    counted): devices as "2 x cpu" or "8 x NVIDIA H200" over all processes."""
+    from importlib.metadata import version  # noqa: PLC0415
+
+    import jax  # noqa: PLC0415
+
+    return {"cpu": cpu_model(),
+            "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
+            "jax": jax.__version__, "jaxlib": version("jaxlib"),
+            "xla_flags": " ".join(os.environ.get("XLA_FLAGS", "").split())}
+
+
+def changed(before: dict, now: dict) -> str:
+    """The entries of `now` that differ from `before` as "key: before -> now" joined by "; "
+    (empty if none); an entry one side lacks reads "(not recorded)"."""
+    return "; ".join(f"{key}: {before.get(key, '(not recorded)') or '(none)'} -> "
+                     f"{now.get(key, '(not recorded)') or '(none)'}"
+                     for key in sorted(set(before) | set(now))
+                     if before.get(key) != now.get(key))
