@@ -300,6 +300,9 @@ def test_a_workdir_from_before_the_machine_record_gets_one_without_a_note(tmp_pa
     assert checkpoint.claim_workdir(workdir, config, machine=a, record=False) == []
     notes = checkpoint.claim_workdir(workdir, config, machine={**a, "xla_flags": "--x=1"})
     assert len(notes) == 1 and "(xla_flags: (none) -> --x=1)" in notes[0]
+    # The flags as they take effect: the same ones in another order are the same machine.
+    assert machine.flags("--b=2 --x=0  --a --x=1") == "--a --b=2 --x=1"
+    assert machine.flags("--x=1 --b=2 --a") == machine.flags("--a --b=2 --x=1")
     with open(os.path.join(workdir, checkpoint.HISTORY_FILE)) as f:
         machines = [json.loads(line).get("machine") for line in f if "torn" not in line]
     assert machines == [None, a, {**a, "xla_flags": "--x=1"}]

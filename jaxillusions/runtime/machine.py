@@ -44,7 +44,8 @@ def _read(path: str) -> str:
 
 def describe() -> dict[str, str]:
     """{cpu, devices, jax, jaxlib, xla_flags} of this process, JAX started (its devices are
-    counted): devices as "2 x cpu" or "8 x NVIDIA H200" over all processes."""
+    counted): devices as "2 x cpu" or "8 x NVIDIA H200" over all processes; the flags that take
+    effect (XLA reads them in turn: a flag named twice keeps its last value), sorted by name."""
     from importlib.metadata import version  # noqa: PLC0415
 
     import jax  # noqa: PLC0415
@@ -52,7 +53,13 @@ def describe() -> dict[str, str]:
     return {"cpu": cpu_model(),
             "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
             "jax": jax.__version__, "jaxlib": version("jaxlib"),
-            "xla_flags": " ".join(os.environ.get("XLA_FLAGS", "").split())}
+            "xla_flags": flags(os.environ.get("XLA_FLAGS", ""))}
+
+
+def flags(text: str) -> str:
+    """XLA_FLAGS as they take effect, one per name (the last), sorted by name."""
+    last = {flag.split("=", 1)[0]: flag for flag in text.split()}
+    return " ".join(last[name] for name in sorted(last))
 
 
 def changed(before: dict, now: dict) -> str:
