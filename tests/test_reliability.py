@@ -232,6 +232,11 @@ def test_no_restorable_checkpoint_is_refused_unless_start_over(trained, tmp_path
 # 3: analysis keys may change on resume, training keys may not.
 
 
+def _history(workdir):
+    with open(os.path.join(workdir, checkpoint.HISTORY_FILE)) as f:
+        return [json.loads(line) for line in f]
+
+
 def test_analysis_keys_may_change_on_resume_and_are_recorded(trained, tmp_path, capsys):
     workdir = _copy(trained, tmp_path)
     config = _config(trained["config"].data.cache_dir)
@@ -240,10 +245,8 @@ def test_analysis_keys_may_change_on_resume_and_are_recorded(trained, tmp_path, 
     state = train.train_sweep(checked(config), workdir, splits=trained["splits"])[0]
     assert "proxies.eval_batch_size changed from 64 to 32" in capsys.readouterr().out
     _assert_same(state, trained["state"])
-    with open(os.path.join(workdir, checkpoint.HISTORY_FILE)) as f:
-        history = [json.loads(line) for line in f]
-    assert history[-1]["changes"] == {"proxies.eval_batch_size": [64, 32],
-                                      "train.eval_batch_size": [64, 32]}
+    assert _history(workdir)[-1]["changes"] == {"proxies.eval_batch_size": [64, 32],
+                                                "train.eval_batch_size": [64, 32]}
     with open(os.path.join(workdir, checkpoint.CONFIG_FILE)) as f:
         assert json.load(f)["proxies"]["eval_batch_size"] == 32
     config.train.learning_rate = 1e-3
@@ -251,11 +254,6 @@ def test_analysis_keys_may_change_on_resume_and_are_recorded(trained, tmp_path, 
         train.train_sweep(checked(config), workdir, splits=trained["splits"], verbose=False)
     assert validate.parse({}).is_analysis_key("proxies.kmeans_sizes")
     assert not validate.parse({}).is_analysis_key("model.d_model")
-
-
-def _history(workdir):
-    with open(os.path.join(workdir, checkpoint.HISTORY_FILE)) as f:
-        return [json.loads(line) for line in f]
 
 
 def test_a_relaunch_on_another_machine_is_noted_and_recorded(trained, tmp_path, capsys,
