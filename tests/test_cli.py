@@ -15,8 +15,8 @@ from jaxillusions.launch import cli
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _command(*args, cwd=ROOT, timeout=120):
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+def _command(*args, cwd=ROOT, timeout=120, **variables):
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **variables}
     return subprocess.run([sys.executable, "-m", "jaxillusions", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -115,6 +115,19 @@ def test_a_bad_config_value_is_one_line_before_jax_starts(args, message, tmp_pat
     proc = _command("train", *args, cwd=tmp_path, timeout=60)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith(message), proc.stderr
+
+
+def test_a_jax_setting_the_code_is_not_written_for_is_one_line_before_any_work(tmp_path):
+    # Was: under JAX_ENABLE_X64=1 the Quickstart's job trained, then failed in k-means' fit
+    # with a TypeError from lax.scan; the other settings of machine.REQUIRED_JAX_CONFIG:
+    # tests/test_settings.py.
+    proc = _command("sweep", "--config=dyck_small", "--workdir=w", cwd=tmp_path,
+                    JAX_ENABLE_X64="1")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("error: JAX_ENABLE_X64=True (JAX's jax_enable_x64): "
+                                  "the code computes in 32 bits"), proc.stderr
+    assert not (tmp_path / "w").exists()
+    assert f"\n{proc.stderr}" in (ROOT / "docs" / "reliability.md").read_text()  # as shown there
 
 
 def test_benchmark_outside_a_clone_is_one_line(tmp_path, monkeypatch):

@@ -266,6 +266,7 @@ def test_a_relaunch_on_another_machine_is_noted_and_recorded(trained, tmp_path, 
     assert _history(workdir)[0]["machine"] == here  # the run that trained it, in this process
     assert here["cpu"] == machine.cpu_model() and here["jax"] == jax.__version__
     assert here["devices"] == f"{jax.device_count()} x {jax.devices()[0].device_kind}"
+    assert here["matmul_precision"] == "default"
     _resume(trained, workdir, verbose=True)
     assert "another machine" not in capsys.readouterr().out
     assert len(_history(workdir)) == 1  # the same machine: nothing new
@@ -298,12 +299,19 @@ def test_a_workdir_from_before_the_machine_record_gets_one_without_a_note(tmp_pa
     assert checkpoint.claim_workdir(workdir, config, machine=a, record=False) == []
     notes = checkpoint.claim_workdir(workdir, config, machine={**a, "xla_flags": "--x=1"})
     assert len(notes) == 1 and "(xla_flags: (none) -> --x=1)" in notes[0]
+    # An entry the last record predates (the matmul precision) is added without a note; a
+    # change of it, once recorded, is noted.
+    b = {**a, "xla_flags": "--x=1", "matmul_precision": "default"}
+    assert checkpoint.claim_workdir(workdir, config, machine=b) == []
+    notes = checkpoint.claim_workdir(workdir, config, machine={**b, "matmul_precision": "highest"})
+    assert len(notes) == 1 and "(matmul_precision: default -> highest)" in notes[0]
     # The flags as they take effect: the same ones in another order are the same machine.
     assert machine.flags("--b=2 --x=0  --a --x=1") == "--a --b=2 --x=1"
     assert machine.flags("--x=1 --b=2 --a") == machine.flags("--a --b=2 --x=1")
     with open(os.path.join(workdir, checkpoint.HISTORY_FILE)) as f:
         machines = [json.loads(line).get("machine") for line in f if "torn" not in line]
-    assert machines == [None, a, {**a, "xla_flags": "--x=1"}]
+    assert machines == [None, a, {**a, "xla_flags": "--x=1"}, b,
+                        {**b, "matmul_precision": "highest"}]
 
 
 def test_cpu_model_names_the_family_and_model(monkeypatch):

@@ -7,12 +7,14 @@ import json
 import pkgutil
 import types
 
+import jax
 import pytest
 from ml_collections import ConfigDict
 
 from jaxillusions import configs, tasks
 from jaxillusions.config import settings
 from jaxillusions.pipeline import validate
+from jaxillusions.runtime import machine
 from jaxillusions.training import train
 
 NAMES = sorted(info.name for info in pkgutil.iter_modules(configs.__path__))
@@ -97,6 +99,41 @@ def test_check_gives_settings_and_the_cross_checks_need_the_model():
     config.proxies.targets = ("blocks.5.attn.k",)  # the demo model has 2 layers
     with pytest.raises(ValueError, match="proxies.targets: "):
         validate.check(config)
+
+
+REFUSED = [("jax_enable_x64", True), ("jax_numpy_dtype_promotion", "strict"),
+           ("jax_numpy_rank_promotion", "raise"), ("jax_default_prng_impl", "rbg"),
+           ("jax_threefry_partitionable", False)]
+
+
+@pytest.mark.parametrize("name, value", REFUSED)
+def test_a_jax_setting_the_code_is_not_written_for_is_refused_at_the_door(name, value):
+    # Was: under 64-bit defaults the Quickstart's job failed in k-means' fit after training,
+    # under strict dtype promotion or rank promotion that raises at the first training step;
+    # the rbg generator and threefry's other mode trained other models from the same seeds.
+    config = _config("dyck_small")
+    config.cpu_devices = 0  # the test process's devices (conftest.jax_started)
+    before = getattr(jax.config, name)
+    jax.config.update(name, value)
+    try:
+        with pytest.raises(ValueError) as err:
+            validate.check(config)
+    finally:
+        jax.config.update(name, getattr(before, "value", before))
+    message = str(err.value)
+    assert message.startswith(f"{name.upper()}={value} (JAX's {name}): ") and "\n" not in message
+    assert message.endswith(f"unset {name.upper()}, or call jax.config.update({name!r}, "
+                            f"{machine.REQUIRED_JAX_CONFIG[name][0][0]!r}) before the run")
+    validate.check(config)  # restored: accepted
+
+
+def test_every_required_jax_setting_is_tried_and_a_warning_mode_is_accepted():
+    assert {name for name, _ in REFUSED} == set(machine.REQUIRED_JAX_CONFIG)
+    jax.config.update("jax_numpy_rank_promotion", "warn")
+    try:
+        machine.check_jax_config()
+    finally:
+        jax.config.update("jax_numpy_rank_promotion", "allow")
 
 
 def test_a_new_proxy_files_sizes_key_gets_a_field(monkeypatch):

@@ -27,7 +27,7 @@ from jaxillusions.config import grid_axes, settings
 from jaxillusions.config.settings import Settings
 from jaxillusions.faithfulness.specs import resolve_site, site_dim, specs_from_config
 from jaxillusions.pipeline.job import PIPELINE, POINT_PIPELINE
-from jaxillusions.runtime import distributed
+from jaxillusions.runtime import distributed, machine
 from jaxillusions.studies.stage import Stage, check_order
 from jaxillusions.training import memory, train
 
@@ -65,10 +65,12 @@ def reference(task: str | None = None, pipeline: tuple[Stage, ...] = PIPELINE) -
 def check(config: Any, pipeline: tuple[Stage, ...] = PIPELINE) -> tuple[Settings, list[str]]:
     """Settings of a ConfigDict (or a nested mapping, or Settings), every check passed, and
     notes to show; raises ValueError (one line: key, value, what is allowed) for the first bad
-    setting. It splits the CPU into the config's cpu_devices first (distributed.use_devices):
+    setting, or for JAX's settings the code is not written for (machine.check_jax_config). It
+    splits the CPU into the config's cpu_devices first (distributed.use_devices):
     the checks after the keys start JAX (memory.check_config reads the devices), which fixes
     them for the process."""
     check_order(pipeline)
+    machine.check_jax_config()  # JAX's own settings (64-bit, promotion, random generator)
     renamed = settings.renamed(config)  # old names of keys, read as the new ones
     config = parse(config, pipeline)
     if config.grid:  # every point checked as the run it is, before any of them runs

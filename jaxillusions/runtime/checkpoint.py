@@ -169,7 +169,8 @@ def claim_workdir(workdir: str, config, may_change=lambda key: False,
 
 def _machine_changed(workdir: str, machine: dict) -> list[str]:
     """Appends `machine` to the history where the last recorded one differs (or none is, in a
-    workdir from before the record); a note where one was recorded."""
+    workdir from before the record); a note where a recorded entry differs (an entry the record
+    predates is added without one)."""
     last = None
     try:
         with open(os.path.join(workdir, HISTORY_FILE)) as f:
@@ -185,7 +186,9 @@ def _machine_changed(workdir: str, machine: dict) -> list[str]:
     _append_history(workdir, {"time": now(), "event": "machine", "machine": machine})
     if last is None:
         return []
-    what = machine_lib.changed(last, machine)
+    what = machine_lib.changed({**machine, **last}, machine)  # entries it predates: as now
+    if not what:
+        return []
     return [f"note: this workdir last ran on another machine ({what}): what it trains or "
             "computes from here rounds as this machine does, so its last bits differ from a run "
             f"on one machine (recorded in {HISTORY_FILE}; docs/reliability.md, Reproducibility)"]

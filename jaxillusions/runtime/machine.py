@@ -1,8 +1,10 @@
 """The machine a run computes on, as far as its bits depend on it: the CPU model, the devices,
-jax and jaxlib, and XLA's flags. XLA compiles for the machine it runs on, so another CPU model,
-device kind or count, version or flag rounds some operations differently in the last bit
-(docs/reliability.md, Reproducibility). A workdir records it in config_history.jsonl
-(checkpoint.claim_workdir), and a relaunch on another machine says so in one line."""
+jax and jaxlib, XLA's flags and JAX's matmul precision. XLA compiles for the machine it runs on,
+so another CPU model, device kind or count, version or flag rounds some operations differently
+in the last bit (docs/reliability.md, Reproducibility). A workdir records it in
+config_history.jsonl (checkpoint.claim_workdir), and a relaunch on another machine says so in one
+line. JAX's settings under which the code would fail or draw other members from the same seeds
+are refused at the door (check_jax_config)."""
 
 from __future__ import annotations
 
@@ -43,9 +45,11 @@ def _read(path: str) -> str:
 
 
 def describe() -> dict[str, str]:
-    """{cpu, devices, jax, jaxlib, xla_flags} of this process, JAX started (its devices are
-    counted): devices as "2 x cpu" or "8 x NVIDIA H200" over all processes; the flags that take
-    effect (XLA reads them in turn: a flag named twice keeps its last value), sorted by name."""
+    """{cpu, devices, jax, jaxlib, xla_flags, matmul_precision} of this process, JAX started (its
+    devices are counted): devices as "2 x cpu" or "8 x NVIDIA H200" over all processes; the flags
+    that take effect (XLA reads them in turn: a flag named twice keeps its last value), sorted by
+    name; jax_default_matmul_precision ("default" where unset: TF32 for float32 on GPUs that
+    have it)."""
     from importlib.metadata import version  # noqa: PLC0415
 
     import jax  # noqa: PLC0415
@@ -53,7 +57,41 @@ def describe() -> dict[str, str]:
     return {"cpu": cpu_model(),
             "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
             "jax": jax.__version__, "jaxlib": version("jaxlib"),
-            "xla_flags": flags(os.environ.get("XLA_FLAGS", ""))}
+            "xla_flags": flags(os.environ.get("XLA_FLAGS", "")),
+            "matmul_precision": str(jax.config.jax_default_matmul_precision or "default")}
+
+
+# JAX's settings the code is written for: the values it allows, and what it does under another.
+# Found by running the Quickstart's model at each: 64-bit defaults failed in k-means' fit, after
+# training; strict dtype promotion and rank promotion that raises failed at the first training
+# step; another random generator, or threefry's other mode, trained other models from the same
+# seeds, and a checkpoint's keys would not resume under it.
+REQUIRED_JAX_CONFIG = {
+    "jax_enable_x64": ((False,), "the code computes in 32 bits and fails partway under "
+                       "64-bit defaults"),
+    "jax_numpy_dtype_promotion": (("standard",), "the code relies on JAX's standard "
+                                  "promotion and fails partway under another"),
+    "jax_numpy_rank_promotion": (("allow", "warn"), "the code broadcasts by rank and fails "
+                                 "partway where that raises"),
+    "jax_default_prng_impl": (("threefry2x32",), "another random generator draws other members "
+                              "from the same seeds"),
+    "jax_threefry_partitionable": ((True,), "threefry's other mode draws other members from the "
+                                   "same seeds"),
+}
+
+
+def check_jax_config() -> None:
+    """A one-line ValueError for the first of JAX's settings (REQUIRED_JAX_CONFIG) that this
+    process holds at a value the code is not written for, naming its variable and the fix."""
+    import jax  # noqa: PLC0415
+
+    for name, (allowed, why) in REQUIRED_JAX_CONFIG.items():
+        value = getattr(jax.config, name)
+        value = getattr(value, "value", value)  # an enum's value ("strict")
+        if value not in allowed:
+            raise ValueError(f"{name.upper()}={value} (JAX's {name}): {why}; unset "
+                             f"{name.upper()}, or call jax.config.update({name!r}, "
+                             f"{allowed[0]!r}) before the run")
 
 
 def flags(text: str) -> str:
