@@ -130,6 +130,21 @@ def test_a_jax_setting_the_code_is_not_written_for_is_one_line_before_any_work(t
     assert f"\n{proc.stderr}" in (ROOT / "docs" / "reliability.md").read_text()  # as shown there
 
 
+def test_a_platform_jax_cannot_start_is_one_line_before_any_work(tmp_path):
+    # Was: JAX's own error, then a second traceback from the launcher's error handler, which
+    # asked JAX for its process count (JAX_PLATFORMS=cuda on a CPU-only install: an
+    # AssertionError from JAX, the same way).
+    proc = _command("sweep", "--config=dyck_small", "--workdir=w", cwd=tmp_path,
+                    JAX_PLATFORMS="nosuchplatform")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("error: JAX could not start: RuntimeError: Unable to "
+                                  "initialize backend 'nosuchplatform'"), proc.stderr
+    assert proc.stderr.rstrip().endswith("JAX_PLATFORMS=nosuchplatform names the platforms JAX "
+                                         "may start: unset it, or name one this install has "
+                                         "(cpu)"), proc.stderr
+    assert not (tmp_path / "w").exists()
+
+
 def test_benchmark_outside_a_clone_is_one_line(tmp_path, monkeypatch):
     # Installed from a wheel there is no benchmarks/ folder: the subcommand says it needs a
     # clone (test_install.py runs it so); here the clone is hidden from the launcher.

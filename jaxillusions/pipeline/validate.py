@@ -66,9 +66,9 @@ def check(config: Any, pipeline: tuple[Stage, ...] = PIPELINE) -> tuple[Settings
     """Settings of a ConfigDict (or a nested mapping, or Settings), every check passed, and
     notes to show; raises ValueError (one line: key, value, what is allowed) for the first bad
     setting, or for JAX's settings the code is not written for (machine.check_jax_config). It
-    splits the CPU into the config's cpu_devices first (distributed.use_devices):
-    the checks after the keys start JAX (memory.check_config reads the devices), which fixes
-    them for the process."""
+    splits the CPU into the config's cpu_devices first (distributed.use_devices), then starts
+    JAX (distributed.start_jax; memory.check_config reads the devices), which fixes them for the
+    process."""
     check_order(pipeline)
     machine.check_jax_config()  # JAX's own settings (64-bit, promotion, random generator)
     renamed = settings.renamed(config)  # old names of keys, read as the new ones
@@ -82,6 +82,7 @@ def check(config: Any, pipeline: tuple[Stage, ...] = PIPELINE) -> tuple[Settings
                 raise ValueError(f"grid point {name}: {err}") from None
         return config, list(dict.fromkeys(notes))
     distributed.use_devices(config.cpu_devices, config.gpu_deterministic)
+    distributed.start_jax()  # the checks below read the devices
     notes = renamed + tasks.get(config.task).check_config(config)
     if config.train.contrastive_weights and tasks.hook(tasks.get(config.task),
                                                        "contrastive_loss") is None:

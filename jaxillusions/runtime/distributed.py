@@ -147,7 +147,8 @@ def lost_peer_line(err: BaseException) -> str | None:
     """In a multi-process run, one line for an error that means a peer process was lost (killed,
     crashed, or its host gone): which one, and that relaunching every process resumes. None for
     any other error, or with one process."""
-    if jax.process_count() < 2 or not any(s in str(err) for s in _LOST_PEER):
+    # The text first: an error of JAX's start (no backend) would raise again in process_count.
+    if not any(s in str(err) for s in _LOST_PEER) or jax.process_count() < 2:
         return None
     count, me = jax.process_count(), jax.process_index()
     who = f"process {1 - me}" if count == 2 else "another process"
@@ -165,6 +166,22 @@ def use_devices(cpu_devices: int, gpu_deterministic: bool) -> None:
     use_deterministic_gpu(gpu_deterministic)
     use_cpu_compile_level()
     use_cpu_devices(cpu_devices)
+
+
+def start_jax() -> None:
+    """Starts JAX's backends (the devices are fixed from here on); a one-line ValueError where
+    JAX cannot start them, as where JAX_PLATFORMS names a platform this install lacks (JAX
+    itself then raises an AssertionError for `cuda`)."""
+    try:
+        jax.devices()
+    except Exception as err:  # noqa: BLE001 - whatever JAX raises, one line naming the cause
+        first = (str(err).strip().splitlines() or [""])[0]
+        platforms = jax.config.jax_platforms
+        fix = (f"JAX_PLATFORMS={platforms} names the platforms JAX may start: unset it, or name "
+               "one this install has (cpu)" if platforms else
+               "check JAX's installation for this machine")
+        raise ValueError(f"JAX could not start: {type(err).__name__}"
+                         f"{': ' + first if first else ''}; {fix}") from None
 
 
 # XLA:GPU sums some reductions and scatter-adds (the gradients of embedding lookups and of the
