@@ -721,9 +721,14 @@ def test_cpu_kernels_compile_at_llvm_level_1_only_where_jax_runs_on_the_cpu(monk
     assert "XLA_FLAGS" not in os.environ
 
 
-@pytest.mark.parametrize(("platforms", "expected"),
-                         [("cpu", True), ("cuda,cpu", False), ("tpu", False)])
-def test_cpu_only_reads_the_platforms_jax_is_told_to_use(platforms, expected):
+@pytest.mark.parametrize(("platforms", "plugin", "expected"), [
+    ("cpu", True, True), ("cuda,cpu", True, False), ("tpu", True, False), (None, True, False),
+    # Without an accelerator plugin JAX starts on the CPU whatever else the platforms name (was:
+    # "cpu,cuda" on a CPU-only install compiled at level 2, to other bits than the launchers').
+    ("cuda,cpu", False, True), (None, False, True)])
+def test_cpu_only_reads_the_platforms_jax_is_told_to_use(platforms, plugin, expected,
+                                                         monkeypatch):
+    monkeypatch.setattr(distributed, "_accelerator_plugin", lambda: plugin)
     before = jax.config.jax_platforms
     jax.config.update("jax_platforms", platforms)
     try:

@@ -239,13 +239,13 @@ def _add_xla_flag(flag: str, value: str) -> bool:
 
 
 def cpu_only() -> bool:
-    """Whether JAX can run on nothing but the CPU, known without starting it: JAX_PLATFORMS (or
-    jax_platforms) names the CPU alone, or no accelerator plugin (an entry point or a module of
-    `jax_plugins`, or libtpu) is installed."""
+    """Whether JAX can run on nothing but the CPU, known without starting it: no accelerator
+    plugin (an entry point or a module of `jax_plugins`, or libtpu) is installed, whatever
+    JAX_PLATFORMS names ("cpu,cuda" then runs on the CPU), or JAX_PLATFORMS (or jax_platforms)
+    names the CPU alone."""
     platforms = jax.config.jax_platforms
-    if platforms:
-        return {p.strip() for p in platforms.split(",")} == {"cpu"}
-    return not _accelerator_plugin()
+    return not _accelerator_plugin() or bool(platforms) and {
+        p.strip() for p in platforms.split(",")} == {"cpu"}
 
 
 @functools.cache
