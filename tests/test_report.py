@@ -232,6 +232,17 @@ def test_headline_never_offers_the_original_model_itself():
                in line for line in head), head
 
 
+def test_a_one_seed_headline_says_why_it_has_no_interval():
+    """Was: "SUMMARY, 1 seeds." over cells of "+0.050 [+nan,+nan]", with no word on why."""
+    rows = [row(0, split, site="blocks.1.attn.q", size=2,
+                same_pred=0.995 - 0.05 * (split == "longer")) for split in ("iid", "longer")]
+    head = tables.summary_of(tables.statistics_report(rows, ["iid", "longer"])[0]).splitlines()
+    assert head[0].startswith("SUMMARY, 1 seed, so no interval over seeds (nan: it takes 2 or "
+                              "more). Gap = "), head[0]
+    assert ("svd on blocks.1.attn.q at size 2: no gap beyond ±0.001 shown on any OOD split (1 "
+            "seed).") in head, head
+
+
 def test_headline_labels_longer_than_the_column_do_not_run_into_the_gap():
     """Was: "transcoder out 16 (0.260, never 0.99)-0.012": a label longer than the column."""
     rows = [row(seed, split, site="blocks.1.mlp.out", method="transcoder", size=16,

@@ -308,7 +308,9 @@ def headline(stat_tables: dict[str, Sequence[dict]],
     res = stats.RESOLUTION["same_pred"]
     rows = [g for g in gap_rows if g["baseline"] == baseline]
     n_seeds = max((g["n_seeds"] for g in rows), default=0)
-    lines = [f"SUMMARY, {n_seeds} seeds. Gap = same_pred on {baseline} minus on the split "
+    seeds = ("1 seed, so no interval over seeds (nan: it takes 2 or more)" if n_seeds == 1
+             else f"{n_seeds} seeds")
+    lines = [f"SUMMARY, {seeds}. Gap = same_pred on {baseline} minus on the split "
              f"(> 0: less faithful OOD), mean [paired 95% t interval]; * = beyond ±{res:g}.",
              f"Original model, {evaluated} accuracy, mean [95% logit-t interval over seeds]:",
              # Wrapped between splits only (no break inside 'split mean [low,high]').
@@ -358,7 +360,8 @@ def headline(stat_tables: dict[str, Sequence[dict]],
             sentence = f"{what} is less faithful than on {baseline} on {_join(found)}"
             sentence += f"; no gap beyond ±{res:g} shown on {_join(missed)}." if missed else "."
         else:
-            sentence = f"{what}: no gap beyond ±{res:g} shown on any OOD split ({n_seeds} seeds)."
+            sentence = (f"{what}: no gap beyond ±{res:g} shown on any OOD split ({n_seeds} "
+                        f"seed{'s' if n_seeds != 1 else ''}).")
         sentences.append(sentence)
     lines += sentences
     tested = [c for c in correlation if c["metric"] == "same_pred" and np.isfinite(c["p_value"])]
