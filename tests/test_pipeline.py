@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import shutil
 
 import numpy as np
@@ -172,6 +173,17 @@ def test_a_toy_study_is_one_stage_its_key_check_report_and_output(tiny_sweep, tm
               pipeline=pipeline)
     assert open(os.path.join(workdir, "toy.csv")).read() == "level,healthy\n4,2\n"
     assert "Toy study: level 4" in open(os.path.join(workdir, "gap_table.txt")).read()
+
+
+def test_the_last_lines_quote_the_workdir_as_a_shell_needs_it():
+    """Was: "tensorboard --logdir runs/my run/tensorboard", which a shell splits in two."""
+    done, figures = sweep.done_lines("runs/my run", 1, "summary")
+    assert shlex.split(done.split("TensorBoard: ")[1]) == ["tensorboard", "--logdir",
+                                                           "runs/my run/tensorboard"]
+    assert shlex.split(figures.split("; ")[1]) == ["jaxillusions", "figures", "runs/my run",
+                                                   "draws", "the", "rest"]
+    assert sweep.done_lines("runs/a", 3, "all") == ["done: runs/a, TensorBoard: tensorboard "
+                                                    "--logdir runs/a"]  # groups: the workdir
 
 
 def test_an_order_that_breaks_what_a_stage_needs_is_refused_in_one_line(cache_dir):

@@ -30,6 +30,7 @@ import fnmatch
 import glob
 import json
 import os
+import shlex
 import time
 from collections.abc import Sequence
 
@@ -285,15 +286,23 @@ def _run(config: Settings, workdir: str, *, verbose: bool, start_over: bool,
     _mark_done(config, workdir, pipeline)
     if not groups:
         return []
+    done, *rest = done_lines(workdir, len(groups), config.figures)
+    for line in (f"[{time.perf_counter() - start:.0f}s] {done}", *rest):
+        say(line)
+    return [row for group in groups if group.proxies for row in group.proxies.rows]
+
+
+def done_lines(workdir: str, num_groups: int, figures: str) -> list[str]:
+    """What a finished sweep says last: where its results are, and the commands that show them,
+    quoted as a shell needs them (a workdir may hold spaces)."""
     # One group: all its logs are in <workdir>/tensorboard (the README's logdir); several:
     # each group has its own under its directory (e.g. contrastive_weight_<w>/), so the workdir.
-    logdir = os.path.join(workdir, "tensorboard") if len(groups) == 1 else workdir
-    say(f"[{time.perf_counter() - start:.0f}s] done: {workdir}, TensorBoard: "
-        f"tensorboard --logdir {logdir}")
-    if config.figures != "all":
-        say(f"figures: {'none' if config.figures == 'none' else 'the summary set'} (setting "
-            f"figures); jaxillusions figures {workdir} draws the rest")
-    return [row for group in groups if group.proxies for row in group.proxies.rows]
+    logdir = os.path.join(workdir, "tensorboard") if num_groups == 1 else workdir
+    lines = [f"done: {workdir}, TensorBoard: tensorboard --logdir {shlex.quote(logdir)}"]
+    if figures != "all":
+        lines.append(f"figures: {'none' if figures == 'none' else 'the summary set'} (setting "
+                     f"figures); jaxillusions figures {shlex.quote(workdir)} draws the rest")
+    return lines
 
 
 def _group(ctx: Context, idx: np.ndarray, directory: str) -> Context:
