@@ -101,6 +101,16 @@ def test_a_config_file_of_ones_own_starts_from_a_shipped_one(tmp_path):
     assert proc.stderr.rstrip().endswith(
         "wen_attention_variation:bogus: expected one of ('minimal', 'standard_nope', "
         "'standard_linear')"), proc.stderr
+    # An error in one's own file names the file and its line (was: a traceback for a NameError,
+    # and "error: 'boom'" for a KeyError).
+    (tmp_path / "broken.py").write_text(
+        "from jaxillusions.configs import dyck_small\n\n\ndef get_config():\n"
+        "    config = dyck_small.get_config()\n    config.train.num_seeds = num_seed\n"
+        "    return config\n")
+    proc = _command("sweep", "--config=broken.py", "--workdir=w", cwd=tmp_path)
+    assert proc.returncode == 1 and proc.stderr == (
+        "error: cannot load config file broken.py, line 6: NameError: name 'num_seed' is not "
+        "defined\n"), proc.stderr
     assert not (tmp_path / "w").exists()
 
 

@@ -22,6 +22,7 @@ import os
 import re
 import runpy
 import sys
+import traceback
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -79,13 +80,33 @@ class _ConfigWithDefaults(flags.ArgumentParser):
         self.loader = loader
 
     def parse(self, argument):
-        config = self.loader.parse(configs.locate(argument))
+        path = configs.locate(argument)
+        try:
+            config = self.loader.parse(path)
+        except Exception as err:  # noqa: BLE001 - the file's own error: one line, where it is
+            raise ValueError(_config_file_error(argument, path, err)) from None
         if isinstance(config, ConfigDict):
             with_defaults(config).lock()
         return config
 
     def flag_type(self) -> str:
         return self.loader.flag_type()
+
+
+def _config_file_error(argument: str, path: str, err: BaseException) -> str:
+    """'cannot load config file my.py, line 4: NameError: ...': the error a config file raised
+    (or ml_collections' account of it, whose last line names it), at its last line in the file."""
+    file = os.path.realpath(path.partition(":")[0])
+    line, cause = None, err
+    while cause is not None:  # the file's frame may be in a chained exception
+        for frame in traceback.extract_tb(cause.__traceback__):
+            if os.path.realpath(frame.filename) == file:
+                line = frame.lineno
+        cause = cause.__cause__ or cause.__context__
+    lines = [text for text in str(err).splitlines() if text.strip()]
+    what = lines[-1] if "Traceback (most recent call last)" in str(err) else \
+        f"{type(err).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    return f"cannot load config file {argument}{f', line {line}' if line else ''}: {what}"
 
 
 def define_config_flag(flag_values: flags.FlagValues = flags.FLAGS, sys_argv=None):
@@ -204,7 +225,9 @@ def parse_flags(argv: list[str], doc: str | None = None) -> list[str]:
         lines = [line for line in str(err).splitlines() if line.strip()] or [repr(err)]
         if "Traceback (most recent call last)" in str(err):  # the config file's own error
             message = message or f"cannot load config file {path}: {lines[-1]}"
-        sys.exit(f"error: {message or lines[0]}")
+        # The config file's error (_config_file_error) without the flag library's prefix.
+        message = message or lines[0].removeprefix(f"flag --config={path}: ")
+        sys.exit(f"error: {message}")
 
 
 def parse(argv: list[str], doc: str | None = None):
