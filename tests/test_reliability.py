@@ -557,6 +557,34 @@ def test_a_signal_during_start_up_is_one_line(tmp_path, signum, code):
     assert not workdir.exists()
 
 
+@pytest.mark.parametrize("install, line", [
+    ("interrupt.catch_start_up()", "stopped by SIGINT during start-up; nothing was computed"),
+    ("signal.signal(signal.SIGINT, benchmark._stop_handler(OUT))",
+     "stopped by SIGINT; what was measured is in OUT")], ids=["start-up", "benchmark"])
+def test_a_signal_handled_inside_a_gc_callback_still_stops(install, line, tmp_path):
+    # Was: a SIGINT 2.5-3.5 s into `jaxillusions sweep` was handled inside JAX's garbage-collector
+    # callback, which printed and dropped the handler's SystemExit: the launcher said "stopped by
+    # SIGINT during start-up" and then trained and evaluated to the end, exit code 0. The
+    # benchmark's handler raised an exception the same way.
+    out = tmp_path / "benchmark.json"
+    out.write_text("{}")
+    code = ("import gc, os, signal, time\nfrom jaxillusions.runtime import interrupt\n"
+            "from jaxillusions.launch import benchmark\n"
+            f"OUT = {str(out)!r}\n{install}\n"
+            "def callback(phase, info):\n"
+            "    if phase == 'start':\n"
+            "        gc.callbacks.remove(callback)\n"
+            "        os.kill(os.getpid(), signal.SIGINT)\n"
+            "        time.sleep(0.1)  # the handler runs here, inside the callback\n"
+            "print('printed before', flush=False)\n"
+            "gc.callbacks.append(callback)\ngc.collect()\nprint('went on')\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 130, proc
+    assert proc.stderr == line.replace("OUT", str(out)) + "\n", proc.stderr
+    assert proc.stdout == "printed before\n"  # flushed, and nothing after it
+
+
 def _watch(signums, clock=None):
     """interrupt._watch on these signal numbers, as the C handler writes them to the wakeup fd
     (`clock`: the watcher's clock, if given)."""

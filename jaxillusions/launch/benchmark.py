@@ -62,12 +62,17 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(f"error: {message} (jaxillusions benchmark --help)")
 
 
-class _Stopped(Exception):
-    pass
+def _stop_handler(out: str):
+    """SIGTERM and SIGINT end the run at once (interrupt.exit_now): the row in progress is lost,
+    the rows before it are in `out` (written after every row)."""
+    from jaxillusions.runtime import interrupt  # noqa: PLC0415
 
+    def stop(signum, frame):
+        del frame
+        saved = f"; what was measured is in {out}" if os.path.exists(out) else ""
+        interrupt.exit_now(128 + signum, f"stopped by {signal.Signals(signum).name}{saved}")
 
-def _stop(signum, frame):  # SIGTERM and SIGINT end the run after the row in progress is lost
-    raise _Stopped(signal.Signals(signum).name, 128 + signum)
+    return stop
 
 
 def _checked(args, suite) -> tuple[list[int], object]:
@@ -164,7 +169,7 @@ def main() -> None:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         _keep_earlier(args.out)
         for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, _stop)
+            signal.signal(signum, _stop_handler(args.out))
         report = suite.run(config, seed_counts=seeds, steps=args.steps, repeats=args.repeats,
                            loop_max_seeds=args.loop_max_seeds, proxy_seeds=args.proxy_seeds,
                            with_torch=not args.no_torch, with_kmeans=not args.no_kmeans,
@@ -176,10 +181,6 @@ def main() -> None:
         if args.debug:
             raise
         saved = f"; what was measured is in {args.out}" if os.path.exists(args.out) else ""
-        if isinstance(err, _Stopped):
-            name, code = err.args
-            print(f"stopped by {name}{saved}", file=sys.stderr)
-            sys.exit(code)
         sys.exit(f"error: {checkpoint.root_cause(err)}{saved} (--debug shows the traceback)")
     print(f"wrote {args.out}")
 

@@ -11,8 +11,8 @@ SAME_DELIVERY_S of the first is not a second one but the first delivered twice: 
 `timeout` (and many schedulers) send SIGTERM to the process and then to its process group.
 
 Before catch_signals, while a launcher starts (its imports of JAX and co. take seconds), a
-launcher's first lines call `catch_start_up()`: a signal then ends the process with one line and
-that signal's exit code, not a KeyboardInterrupt traceback.
+launcher's first lines call `catch_start_up()`: a signal then ends the process at once with one
+line and that signal's exit code, not a KeyboardInterrupt traceback.
 
 Python runs a signal handler only when the main thread returns to the interpreter; a main thread
 blocked inside JAX (waiting on a computation or an allocation) would never see the signal. So
@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -52,15 +53,24 @@ def _repeat(signum: int, now: float) -> bool:
     return bool(_first) and _first[0][0] == signum and now - _first[0][1] < SAME_DELIVERY_S
 
 
+def exit_now(code: int, line: str) -> None:
+    """Ends the process at once with `line` on stderr and exit status `code`, what was printed
+    before flushed: for a signal handler that stops the process. Not by raising SystemExit: a
+    handler runs wherever the main thread is, and an exception raised inside a garbage-collector
+    callback (JAX has one) is printed and dropped, so a launcher stopped there went on and
+    finished its run. No finally block runs (a workdir's lock is an flock: the kernel releases
+    it)."""
+    os.write(2, f"{line}\n".encode())
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # (a write the handler interrupted: reentrant)
+            stream.flush()
+    os._exit(code)
+
+
 def _stop_in_start_up(signum, frame) -> None:
     del frame
-    if _first:  # already stopping: a repeat is ignored, a second signal ends it at once
-        if not _repeat(signum, time.monotonic()):
-            os._exit(EXIT_CODES[signum])
-        return
-    _first.append((signum, time.monotonic()))
-    os.write(2, f"stopped by {_name(signum)} during start-up; nothing was computed\n".encode())
-    raise SystemExit(EXIT_CODES[signum])  # finally blocks run (a lock taken is released)
+    exit_now(EXIT_CODES[signum], f"stopped by {_name(signum)} during start-up; nothing was "
+                                 "computed")
 
 
 def catch_start_up() -> None:
