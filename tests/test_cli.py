@@ -140,6 +140,20 @@ def test_a_jax_setting_the_code_is_not_written_for_is_one_line_before_any_work(t
     assert f"\n{proc.stderr}" in (ROOT / "docs" / "reliability.md").read_text()  # as shown there
 
 
+@pytest.mark.parametrize("value, message", [
+    # Was: a traceback from JAX's import, before the launcher could say anything.
+    ("abc", 'error: ValueError: Invalid value "abc" for JAX flag jax_num_cpu_devices (--debug '
+            "shows the traceback)"),
+    # Was: "unset the variable, or set --config.cpu_devices=0", a config that would not help.
+    ("0", "error: JAX_NUM_CPU_DEVICES=0 is not a device count (1 or more): unset it, or set it "
+          "to 2 as cpu_devices does")])
+def test_a_bad_device_count_in_the_environment_is_one_line(value, message, tmp_path):
+    proc = _command("sweep", "--config=dyck_small", "--workdir=w", cwd=tmp_path,
+                    JAX_NUM_CPU_DEVICES=value)
+    assert proc.returncode == 1 and proc.stderr == message + "\n", proc.stderr
+    assert not (tmp_path / "w").exists()
+
+
 def test_a_platform_jax_cannot_start_is_one_line_before_any_work(tmp_path):
     # Was: JAX's own error, then a second traceback from the launcher's error handler, which
     # asked JAX for its process count (JAX_PLATFORMS=cuda on a CPU-only install: an

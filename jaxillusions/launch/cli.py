@@ -99,7 +99,16 @@ def main(argv: list[str] | None = None) -> None:
         check_config(rest)
     # The launcher sees the command line it would see as `python -m`: its name, then its flags.
     sys.argv = [f"{PROG} {name}", *rest]
-    runpy.run_module(SUBCOMMANDS[name][0], run_name="__main__", alter_sys=False)
+    try:
+        runpy.run_module(SUBCOMMANDS[name][0], run_name="__main__", alter_sys=False)
+    except Exception as err:  # noqa: BLE001 - the launcher turns its own errors into one line;
+        # what gets here failed before it could, in its imports (JAX reading a bad
+        # JAX_NUM_CPU_DEVICES, a broken install): one line too.
+        if "--debug" in rest:
+            raise
+        first = (str(err).strip().splitlines() or [""])[0]
+        sys.exit(f"error: {type(err).__name__}{': ' + first if first else ''} "
+                 "(--debug shows the traceback)")
 
 
 if __name__ == "__main__":

@@ -286,6 +286,9 @@ def use_cpu_devices(count: int) -> None:
                       f"slower; --config.cpu_devices={cores} or 0 runs at full speed, with "
                       "numbers that differ in the last bits", stacklevel=1)
     requested = os.environ.get("JAX_NUM_CPU_DEVICES", "").strip()
+    if requested and not (requested.isdigit() and int(requested) >= 1):
+        raise ValueError(f"JAX_NUM_CPU_DEVICES={requested} is not a device count (1 or more): "
+                         f"unset it, or set it to {count} as cpu_devices does")
     if requested and requested != str(count):
         raise ValueError(f"cpu_devices={count}, but JAX_NUM_CPU_DEVICES={requested}: unset the "
                          f"variable, or set --config.cpu_devices={requested} (0 follows it)")
