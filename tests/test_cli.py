@@ -127,46 +127,32 @@ def test_a_bad_config_value_is_one_line_before_jax_starts(args, message, tmp_pat
     assert proc.stderr.startswith(message), proc.stderr
 
 
-def test_a_jax_setting_the_code_is_not_written_for_is_one_line_before_any_work(tmp_path):
-    # Was: under JAX_ENABLE_X64=1 the Quickstart's job trained, then failed in k-means' fit
-    # with a TypeError from lax.scan; the other settings of machine.REQUIRED_JAX_CONFIG:
-    # tests/test_settings.py.
-    proc = _command("sweep", "--config=dyck_small", "--workdir=w", cwd=tmp_path,
-                    JAX_ENABLE_X64="1")
-    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
-    assert proc.stderr.startswith("error: JAX_ENABLE_X64=True (JAX's jax_enable_x64): "
-                                  "the code computes in 32 bits"), proc.stderr
-    assert not (tmp_path / "w").exists()
-    assert f"\n{proc.stderr}" in (ROOT / "docs" / "reliability.md").read_text()  # as shown there
-
-
-@pytest.mark.parametrize("value, message", [
-    # Was: a traceback from JAX's import, before the launcher could say anything.
-    ("abc", 'error: ValueError: Invalid value "abc" for JAX flag jax_num_cpu_devices (--debug '
-            "shows the traceback)"),
-    # Was: "unset the variable, or set --config.cpu_devices=0", a config that would not help.
-    ("0", "error: JAX_NUM_CPU_DEVICES=0 is not a device count (1 or more): unset it, or set it "
-          "to 2 as cpu_devices does")])
-def test_a_bad_device_count_in_the_environment_is_one_line(value, message, tmp_path):
-    proc = _command("sweep", "--config=dyck_small", "--workdir=w", cwd=tmp_path,
-                    JAX_NUM_CPU_DEVICES=value)
-    assert proc.returncode == 1 and proc.stderr == message + "\n", proc.stderr
-    assert not (tmp_path / "w").exists()
-
-
-def test_a_platform_jax_cannot_start_is_one_line_before_any_work(tmp_path):
+@pytest.mark.parametrize("variable, value, start, end", [
+    # Was: the Quickstart's job trained, then failed in k-means' fit with a TypeError from
+    # lax.scan (the other settings of machine.REQUIRED_JAX_CONFIG: tests/test_settings.py).
+    ("JAX_ENABLE_X64", "1", "error: JAX_ENABLE_X64=True (JAX's jax_enable_x64): the code "
+     "computes in 32 bits", "jax.config.update('jax_enable_x64', False) before the run"),
     # Was: JAX's own error, then a second traceback from the launcher's error handler, which
-    # asked JAX for its process count (JAX_PLATFORMS=cuda on a CPU-only install: an
-    # AssertionError from JAX, the same way).
+    # asked JAX for its process count (`cuda` on a CPU-only install: JAX's AssertionError).
+    ("JAX_PLATFORMS", "nosuchplatform", "error: JAX could not start: RuntimeError: Unable to "
+     "initialize backend 'nosuchplatform'", "JAX_PLATFORMS=nosuchplatform names the platforms "
+     "JAX may start: unset it, or name one this install has (cpu)"),
+    # Was: a traceback from JAX's import, before the launcher could say anything.
+    ("JAX_NUM_CPU_DEVICES", "abc", 'error: ValueError: Invalid value "abc" for JAX flag '
+     "jax_num_cpu_devices", "(--debug shows the traceback)"),
+    # Was: "unset the variable, or set --config.cpu_devices=0", a config that would not help.
+    ("JAX_NUM_CPU_DEVICES", "0", "error: JAX_NUM_CPU_DEVICES=0 is not a device count (1 or "
+     "more)", "unset it, or set it to 2 as cpu_devices does")],
+    ids=["x64", "platform", "devices-abc", "devices-0"])
+def test_a_bad_jax_environment_is_one_line_before_any_work(variable, value, start, end,
+                                                           tmp_path):
     proc = _command("sweep", "--config=dyck_small", "--workdir=w", cwd=tmp_path,
-                    JAX_PLATFORMS="nosuchplatform")
+                    **{variable: value})
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
-    assert proc.stderr.startswith("error: JAX could not start: RuntimeError: Unable to "
-                                  "initialize backend 'nosuchplatform'"), proc.stderr
-    assert proc.stderr.rstrip().endswith("JAX_PLATFORMS=nosuchplatform names the platforms JAX "
-                                         "may start: unset it, or name one this install has "
-                                         "(cpu)"), proc.stderr
+    assert proc.stderr.startswith(start) and proc.stderr.rstrip().endswith(end), proc.stderr
     assert not (tmp_path / "w").exists()
+    if variable == "JAX_ENABLE_X64":  # as docs/reliability.md shows it
+        assert f"\n{proc.stderr}" in (ROOT / "docs" / "reliability.md").read_text()
 
 
 def test_benchmark_outside_a_clone_is_one_line(tmp_path, monkeypatch):
