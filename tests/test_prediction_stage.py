@@ -87,6 +87,11 @@ def test_heads_probes_and_the_null_are_features_each_family_tested_alone(tmp_pat
     ({"proxies.methods": ()}, "prediction.enabled=True: needs proxies"),
     ({"prediction.threshold": "2.5"},
      "prediction.threshold='2.5': must be 'median' or a number in [-1, 1]"),
+    # Was: the whole sweep ran, then the prediction stage stopped on a target "with 1 members
+    # in its smaller class".
+    ({"train.num_seeds": 1}, "prediction.n_splits=2: the random splits need at least 4 trained "
+     "members (each class of a target split at its median holds at most half of them); this "
+     "run has 2 (1 seed x 2 settings)"),
 ])
 def test_bad_prediction_settings_are_one_line_errors_at_the_door(cache_dir, change, message):
     config = _config(cache_dir)

@@ -168,13 +168,24 @@ def check_members(config, model_cfg) -> list[str]:
 
 
 def check(config, model_cfg) -> list[str]:
-    """check_members, and at least two settings of the hyper-parameters (to hold one out)."""
+    """check_members, at least two settings of the hyper-parameters (to hold one out), and
+    enough trained members for the random splits: a target split at its median has classes of
+    at most half the members, and each needs prediction.n_splits of them."""
     check_members(config, model_cfg)
     found = settings_of(config) if enabled(config) else ["", ""]
     if len(found) < 2:
         raise ValueError("prediction.enabled=True: needs members in at least 2 settings of "
                          "their hyper-parameters (e.g. train.weight_decays, or a grid), to "
                          f"hold one out; this run has {len(found)}")
+    trained = train.num_members(config.train) // len(train.null_kinds(config.train))
+    need = 2 * config.prediction.n_splits
+    if enabled(config) and trained < need:
+        raise ValueError(f"prediction.n_splits={config.prediction.n_splits}: the random splits "
+                         f"need at least {need} trained members (each class of a target split "
+                         f"at its median holds at most half of them); this run has {trained} "
+                         f"({config.train.num_seeds} seed{'s' * (config.train.num_seeds != 1)} "
+                         f"x {len(found)} settings): more "
+                         "train.num_seeds, or fewer prediction.n_splits")
     return []
 
 
