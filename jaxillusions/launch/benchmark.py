@@ -62,6 +62,11 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(f"error: {message} (jaxillusions benchmark --help)")
 
 
+def _saved(out: str) -> str:
+    """The end of a stopped or failed run's line: where the rows measured so far are."""
+    return f"; what was measured is in {out}" if os.path.exists(out) else ""
+
+
 def _stop_handler(out: str):
     """SIGTERM and SIGINT end the run at once (interrupt.exit_now): the row in progress is lost,
     the rows before it are in `out` (written after every row)."""
@@ -69,8 +74,8 @@ def _stop_handler(out: str):
 
     def stop(signum, frame):
         del frame
-        saved = f"; what was measured is in {out}" if os.path.exists(out) else ""
-        interrupt.exit_now(128 + signum, f"stopped by {signal.Signals(signum).name}{saved}")
+        interrupt.exit_now(128 + signum, f"stopped by {signal.Signals(signum).name}"
+                                         f"{_saved(out)}")
 
     return stop
 
@@ -180,8 +185,8 @@ def main() -> None:
     except Exception as err:
         if args.debug:
             raise
-        saved = f"; what was measured is in {args.out}" if os.path.exists(args.out) else ""
-        sys.exit(f"error: {checkpoint.root_cause(err)}{saved} (--debug shows the traceback)")
+        sys.exit(f"error: {checkpoint.root_cause(err)}{_saved(args.out)} (--debug shows the "
+                 "traceback)")
     print(f"wrote {args.out}")
 
 

@@ -106,9 +106,9 @@ def main(argv: list[str] | None = None) -> None:
         # JAX_NUM_CPU_DEVICES, a broken install): one line too.
         if "--debug" in rest:
             raise
-        first = (str(err).strip().splitlines() or [""])[0]
-        sys.exit(f"error: {type(err).__name__}{': ' + first if first else ''} "
-                 "(--debug shows the traceback)")
+        from jaxillusions.runtime.cache import error_line  # noqa: PLC0415 - on error only
+
+        sys.exit(f"error: {error_line(err)} (--debug shows the traceback)")
 
 
 if __name__ == "__main__":

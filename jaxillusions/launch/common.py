@@ -96,6 +96,8 @@ class _ConfigWithDefaults(flags.ArgumentParser):
 def _config_file_error(argument: str, path: str, err: BaseException) -> str:
     """'cannot load config file my.py, line 4: NameError: ...': the error a config file raised
     (or ml_collections' account of it, whose last line names it), at its last line in the file."""
+    from jaxillusions.runtime.cache import error_line  # noqa: PLC0415 - on error only
+
     file = os.path.realpath(path.partition(":")[0])
     line, cause = None, err
     while cause is not None:  # the file's frame may be in a chained exception
@@ -103,9 +105,9 @@ def _config_file_error(argument: str, path: str, err: BaseException) -> str:
             if os.path.realpath(frame.filename) == file:
                 line = frame.lineno
         cause = cause.__cause__ or cause.__context__
-    lines = [text for text in str(err).splitlines() if text.strip()]
-    what = lines[-1] if "Traceback (most recent call last)" in str(err) else \
-        f"{type(err).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    # ml_collections re-raises a TypeError or ValueError with the traceback as its message.
+    what = str(err).strip().splitlines()[-1] if "Traceback (most recent call last)" in str(err) \
+        else error_line(err)
     return f"cannot load config file {argument}{f', line {line}' if line else ''}: {what}"
 
 
@@ -223,8 +225,6 @@ def parse_flags(argv: list[str], doc: str | None = None) -> list[str]:
         path = _flag_value(argv, "config")
         message = _unknown_key(argv, path) if path else None
         lines = [line for line in str(err).splitlines() if line.strip()] or [repr(err)]
-        if "Traceback (most recent call last)" in str(err):  # the config file's own error
-            message = message or f"cannot load config file {path}: {lines[-1]}"
         # The config file's error (_config_file_error) without the flag library's prefix.
         message = message or lines[0].removeprefix(f"flag --config={path}: ")
         sys.exit(f"error: {message}")

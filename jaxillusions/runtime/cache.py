@@ -146,8 +146,10 @@ def _making(file: str, what: str, verbose: bool):
 
 
 def error_line(err: BaseException) -> str:
-    """'<exception type>: <the first line of its message>', for one-line reports."""
-    return f"{type(err).__name__}: {first_line(err)}"
+    """'<exception type>: <the first line of its message>', for one-line reports; the type alone
+    for an exception without a message (JAX's AssertionError where it cannot start a backend)."""
+    return f"{type(err).__name__}: {first_line(err)}" if str(err).strip() else \
+        type(err).__name__
 
 
 def first_line(err: BaseException, limit: int = 1000) -> str:

@@ -34,6 +34,8 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from jaxillusions.runtime import cache
+
 AXIS = "seed"
 
 
@@ -175,13 +177,11 @@ def start_jax() -> None:
     try:
         jax.devices()
     except Exception as err:  # noqa: BLE001 - whatever JAX raises, one line naming the cause
-        first = (str(err).strip().splitlines() or [""])[0]
         platforms = jax.config.jax_platforms
         fix = (f"JAX_PLATFORMS={platforms} names the platforms JAX may start: unset it, or name "
                "one this install has (cpu)" if platforms else
                "check JAX's installation for this machine")
-        raise ValueError(f"JAX could not start: {type(err).__name__}"
-                         f"{': ' + first if first else ''}; {fix}") from None
+        raise ValueError(f"JAX could not start: {cache.error_line(err)}; {fix}") from None
 
 
 # XLA:GPU sums some reductions and scatter-adds (the gradients of embedding lookups and of the

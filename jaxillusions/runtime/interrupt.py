@@ -60,10 +60,10 @@ def exit_now(code: int, line: str) -> None:
     callback (JAX has one) is printed and dropped, so a launcher stopped there went on and
     finished its run. No finally block runs (a workdir's lock is an flock: the kernel releases
     it)."""
-    os.write(2, f"{line}\n".encode())
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # (a write the handler interrupted: reentrant)
             stream.flush()
+    os.write(2, f"{line}\n".encode())
     os._exit(code)
 
 

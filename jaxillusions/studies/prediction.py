@@ -177,7 +177,7 @@ def check(config, model_cfg) -> list[str]:
         raise ValueError("prediction.enabled=True: needs members in at least 2 settings of "
                          "their hyper-parameters (e.g. train.weight_decays, or a grid), to "
                          f"hold one out; this run has {len(found)}")
-    trained = train.num_members(config.train) // len(train.null_kinds(config.train))
+    trained = config.train.num_seeds * len(found)  # the null copies left out
     need = 2 * config.prediction.n_splits
     if enabled(config) and trained < need:
         raise ValueError(f"prediction.n_splits={config.prediction.n_splits}: the random splits "
