@@ -62,6 +62,8 @@ def test_locate_names_and_paths(tmp_path, monkeypatch):
         os.path.join("configs", "wen_attention_variation.py:minimal"))
     (tmp_path / "mine.py").write_text("from jaxillusions.configs.dyck_small import get_config\n")
     assert configs.locate("mine.py") == "mine.py"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert configs.locate("~/mine.py:x") == f"{tmp_path / 'mine.py'}:x"
     assert configs.locate(f"{tmp_path / 'mine.py'}:x") == f"{tmp_path / 'mine.py'}:x"
     (tmp_path / "plain.py").write_text("def get_config():\n    return None\n")
     assert configs.locate("plain.py") == "plain.py"
@@ -112,6 +114,25 @@ def test_a_config_file_of_ones_own_starts_from_a_shipped_one(tmp_path):
         "error: cannot load config file broken.py, line 6: NameError: name 'num_seed' is not "
         "defined\n"), proc.stderr
     assert not (tmp_path / "w").exists()
+
+
+def test_a_leading_tilde_in_a_path_flag_is_the_home_folder(tmp_path):
+    # No shell expands a '~' after '=': `--workdir=~/runs/x` made a folder named '~' in the
+    # current one, and `--config=~/my.py` was "not found". The launchers expand it themselves.
+    home, here = tmp_path / "home", tmp_path / "here"
+    home.mkdir()
+    here.mkdir()
+    (home / "my_study.py").write_text("from jaxillusions.configs.dyck_small import get_config\n")
+    (home / "out").mkdir()
+    runs = [(["train", "--config=~/my_study.py", "--workdir=~/w", "--config.train.foo=1"],
+             "error: unknown config key train.foo; "),
+            (["figures", "--workdir=~/nothing"], f"error: {home / 'nothing'} is not a directory"),
+            (["figures", "~/nothing"], f"error: {home / 'nothing'} is not a directory"),
+            (["benchmark", "--out=~/out"], f"error: --out={home / 'out'} is a directory")]
+    for args, message in runs:
+        proc = _command(*args, cwd=ROOT if args[0] == "benchmark" else here, HOME=str(home))
+        assert proc.returncode == 1 and proc.stderr.startswith(message), (args, proc.stderr)
+    assert not list(here.iterdir()) and not (ROOT / "~").exists()
 
 
 @pytest.mark.parametrize("args, message", [

@@ -269,7 +269,11 @@ def test_bad_inputs_are_one_line_errors_naming_the_path_or_key(corpus, tmp_path)
     _refused(_config(corpus, **{"proxies.eval_splits": ("iid", "python")}),
              "unknown split 'python'; available: train, iid, other, longer$")
     # Found when the data loads, before any work: a file of no text, one too short for a row.
-    for bad, match in ((blank, "has no text"), (nofield, 'line 1 has no "text" string')):
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("def f():\n    return 'café'\n".encode("latin-1"))
+    for bad, match in ((blank, "has no text"), (nofield, 'line 1 has no "text" string'),
+                       (latin, "is not UTF-8 text \\(byte 0xe9 at offset 24, line 2\\); save "
+                               "it as UTF-8$")):
         settings, _ = validate.check(_config(corpus, **{
             "data.files": {**files, "bad": (str(bad),)}, "data.cache_dir": str(tmp_path)}))
         with pytest.raises(ValueError, match=rf"^data.files\['bad'\]: {bad} {match}"):
@@ -280,6 +284,44 @@ def test_bad_inputs_are_one_line_errors_naming_the_path_or_key(corpus, tmp_path)
         "data.files": {**files, "short": (str(short),)}, "data.cache_dir": str(tmp_path)}))
     with pytest.raises(ValueError, match=r"^data: data.files\['short'\] give no row of 32"):
         text.load(settings.data, verbose=False)
+
+
+def test_a_byte_order_mark_and_windows_line_ends_read_as_plain_utf8(tmp_path):
+    # A BOM made line 1 of a .jsonl "not JSON" and was tokenized at the start of a .txt.
+    paragraphs = ["def f(x):\n    return x", "Grüße → ∑", "last"]
+    plain, marked = tmp_path / "plain", tmp_path / "marked"
+    plain.mkdir()
+    marked.mkdir()
+    (plain / "a.txt").write_text("\n".join(paragraphs), encoding="utf-8")
+    (marked / "a.txt").write_bytes(b"\xef\xbb\xbf" + "\r\n".join(paragraphs).encode())
+    lines = [json.dumps({"text": p}, ensure_ascii=False) for p in paragraphs]
+    (plain / "a.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (marked / "a.jsonl").write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode())
+    for name in ("a.txt", "a.jsonl"):
+        assert text._documents("x", str(marked / name)) == text._documents(
+            "x", str(plain / name)), name
+    assert text._documents("x", str(plain / "a.jsonl")) == paragraphs
+
+
+def test_a_leading_tilde_is_the_home_folder_in_checkpoint_and_tokenizer_paths(
+        corpus, tmp_path, monkeypatch):
+    # model.pretrained read '~' literally ("not a directory") where data.files expand it, and
+    # the tokenizer's path was normalized before the file system saw it: '~/link/..' is the
+    # link's parent, not the home folder.
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "link").symlink_to(pathlib.Path(corpus["seed1"]).parent, target_is_directory=True)
+    (home / "link_up").symlink_to(pathlib.Path(corpus["tokenizer"]).parent / "ckpt",
+                                  target_is_directory=True)
+    monkeypatch.setenv("HOME", str(home))
+    settings, _ = validate.check(_config(corpus, **{
+        "model.pretrained": ("~/link/seed1", "~/link/seed2"),
+        "data.tokenizer": "~/link_up/../tokenizer.json", "data.cache_dir": str(tmp_path)}))
+    assert text.tokenizer(settings.data).get_vocab_size() == corpus["vocab"]
+    from jaxillusions.model import pretrained
+
+    assert pretrained.member_labels(["~/link/seed1", "~/link/seed2"]) == ["seed1", "seed2"]
+    assert pretrained.inspect_checkpoint("~/link/seed1").path == str(home / "link" / "seed1")
 
 
 def test_the_memory_plan_counts_a_large_vocabularys_logits(corpus):

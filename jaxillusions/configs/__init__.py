@@ -63,6 +63,7 @@ def locate(value: str) -> str:
     get_config() (`my_study.py`, `path/to/my_study.py:arg`). A one-line ValueError for an
     unknown name, a path that is no file, or a file without get_config."""
     spec, colon, arg = value.partition(":")
+    spec = os.path.expanduser(spec)  # '--config=~/my.py': no shell expands a '~' after '='
     shipped = ", ".join(names())
     if not spec:
         raise ValueError(f"--config={value}: give a shipped config's name ({shipped}) or the "
@@ -82,4 +83,4 @@ def locate(value: str) -> str:
         raise ValueError(f"config file {spec} defines no get_config() (it should return a "
                          "ConfigDict, e.g. starting from `from jaxillusions.configs import "
                          "dyck_small` and dyck_small.get_config())")
-    return value
+    return spec + colon + arg

@@ -159,7 +159,7 @@ def main() -> None:
                         help="skip SAE fitting (32 seeds x 4 widths, one program vs a loop)")
     parser.add_argument("--no_circuits", action="store_true",
                         help="skip circuit discovery (32 seeds, one program vs a loop)")
-    parser.add_argument("--out", default="runs/benchmark.json",
+    parser.add_argument("--out", default="runs/benchmark.json", type=os.path.expanduser,
                         help="JSON output path (an earlier file there is renamed, not replaced)")
     parser.add_argument("--debug", action="store_true", help="tracebacks instead of one line")
     args = parser.parse_args()

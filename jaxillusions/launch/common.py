@@ -125,8 +125,19 @@ def define_config_flag(flag_values: flags.FlagValues = flags.FLAGS, sys_argv=Non
     return holder
 
 
+class _Path(flags.ArgumentParser):
+    """A path flag's value with a leading '~' expanded, as the shell does not after '='
+    (`--workdir=~/runs/x` would otherwise make a directory named '~' here)."""
+
+    def parse(self, argument):
+        return os.path.expanduser(argument)
+
+    def flag_type(self) -> str:
+        return "string"
+
+
 CONFIG = define_config_flag()
-WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and results.")
+WORKDIR = flags.DEFINE(_Path(), "workdir", None, "Directory for checkpoints, logs and results.")
 START_OVER = flags.DEFINE_bool(
     "start_over", False, "If the workdir has checkpoints but none can be restored, move them to "
     "corrupt_checkpoints/ and train from step 0 (without it, that is an error).")

@@ -50,7 +50,8 @@ def main() -> None:
     if common.CONFIG.value is not None:
         sys.exit("error: jaxillusions figures takes no --config: it reads the run's config.json "
                  f"({USAGE})")
-    workdirs = args + ([common.WORKDIR.value] if common.WORKDIR.value is not None else [])
+    workdirs = [os.path.expanduser(a) for a in args] + (
+        [common.WORKDIR.value] if common.WORKDIR.value is not None else [])
     if len(workdirs) != 1:
         sys.exit(f"error: give one workdir ({USAGE})")
     workdir = workdirs[0]

@@ -148,7 +148,7 @@ def _paths(paths: Paths) -> list[str]:
         paths = list(paths.values())
     elif isinstance(paths, str | os.PathLike):
         paths = [paths]
-    paths = [os.fspath(p) for p in paths]
+    paths = [os.path.expanduser(os.fspath(p)) for p in paths]
     if not paths:
         raise ValueError("no checkpoint paths given")
     return paths
@@ -183,7 +183,7 @@ def _weight_files(path: str, names: tuple[str, ...]) -> tuple[str, ...]:
 def inspect_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """The architecture, ModelConfig and weight files of a checkpoint directory, from its config
     alone; a one-line ValueError naming the path for what cannot be loaded."""
-    path = os.fspath(path)
+    path = os.path.expanduser(os.fspath(path))
     if not os.path.isdir(path):
         raise ValueError(f"{path}: not a directory (a checkpoint is a directory with "
                          f"{HF_CONFIG} or {TL_CONFIG} and the weights)")

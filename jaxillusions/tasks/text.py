@@ -81,7 +81,7 @@ FREQUENCY_BANDS = 4  # quantile bands of train's targets; bin FREQUENCY_BANDS: u
 COPYABLE_LABELS = ("first", "copyable")
 FREQUENCY_LABELS = ("q1_frequent", "q2", "q3", "q4_rare", "unseen")
 POSITION_LABELS = tuple("0" if b == 0 else f"{2**b - 1}-{2**(b + 1) - 2}" for b in range(40))
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: a byte-order mark at a file's start is dropped
 
 
 class Files(dict):
@@ -181,7 +181,7 @@ def tokenizer(data: Data):
     """The `tokenizers.Tokenizer` of data.tokenizer (a one-line ValueError naming the path)."""
     path = _tokenizer_file(data)
     info = os.stat(path)
-    return _read_tokenizer(os.path.abspath(path), (info.st_mtime_ns, info.st_size))
+    return _read_tokenizer(os.path.realpath(path), (info.st_mtime_ns, info.st_size))
 
 
 def vocab_size(data: Data) -> int:
@@ -258,9 +258,9 @@ def check_config(config) -> list[str]:
     vocab = tokenizer(data).get_vocab(with_added_tokens=True)
     bos_id(data)
     for directory in config.model.pretrained:
-        theirs = os.path.join(directory, "tokenizer.json")
-        if os.path.isfile(theirs) and os.path.abspath(theirs) != os.path.abspath(
-                data.tokenizer):
+        theirs = os.path.join(os.path.expanduser(directory), "tokenizer.json")
+        if os.path.isfile(theirs) and os.path.realpath(theirs) != os.path.realpath(
+                _tokenizer_file(data)):
             other = tokenizer(dataclasses.replace(data, tokenizer=theirs))
             if other.get_vocab(with_added_tokens=True) != vocab:
                 raise ValueError(f"data.tokenizer={data.tokenizer}: its vocabulary is not that "
@@ -283,24 +283,34 @@ def _check_file(split: str, path: str) -> None:
 # Reading, tokenizing and cutting the text.
 
 def _documents(split: str, path: str) -> list[str]:
-    """The documents of one file (a .txt: itself; a .jsonl: each line's "text")."""
-    with open(os.path.expanduser(path), encoding="utf-8", errors="replace") as f:
-        if path.endswith(".txt"):
-            docs = [f.read()]
-        else:
-            docs = []
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    raise ValueError(f"data.files[{split!r}]: {path} line {number} is not "
-                                     "JSON") from None
-                if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                    raise ValueError(f"data.files[{split!r}]: {path} line {number} has no "
-                                     "\"text\" string")
-                docs.append(record["text"])
+    """The documents of one file (a .txt: itself; a .jsonl: each line's "text"), read as UTF-8
+    (a byte-order mark at the start dropped); bytes that are not UTF-8 are a one-line error."""
+    with open(os.path.expanduser(path), "rb") as f:
+        raw = f.read()
+    try:
+        content = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        raise ValueError(f"data.files[{split!r}]: {path} is not UTF-8 text (byte "
+                         f"{raw[err.start]:#04x} at offset {err.start}, line {line}); save it "
+                         "as UTF-8") from None
+    content = content.replace("\r\n", "\n").replace("\r", "\n")  # as Python's text mode reads
+    if path.endswith(".txt"):
+        docs = [content]
+    else:
+        docs = []
+        for number, line in enumerate(content.split("\n"), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                raise ValueError(f"data.files[{split!r}]: {path} line {number} is not "
+                                 "JSON") from None
+            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                raise ValueError(f"data.files[{split!r}]: {path} line {number} has no "
+                                 "\"text\" string")
+            docs.append(record["text"])
     docs = [d for d in docs if d.strip()]
     if not docs:
         raise ValueError(f"data.files[{split!r}]: {path} has no text")
