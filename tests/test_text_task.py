@@ -324,6 +324,37 @@ def test_a_leading_tilde_is_the_home_folder_in_checkpoint_and_tokenizer_paths(
     assert pretrained.inspect_checkpoint("~/link/seed1").path == str(home / "link" / "seed1")
 
 
+def test_a_checkpoint_rewritten_after_the_run_began_is_refused(corpus, tmp_path):
+    # The workdir keeps no copy of the weights: a relaunch, load_run and the figures read the
+    # checkpoints again, so another revision downloaded into the same directory would have
+    # mixed two models' numbers in one run.
+    from jaxillusions.training import imported
+
+    paths = [str(tmp_path / name) for name in ("seed1", "seed2")]
+    for name, path in zip(("seed1", "seed2"), paths, strict=True):
+        shutil.copytree(corpus[name], path)
+    settings, _ = validate.check(_config(corpus, **{"model.pretrained": tuple(paths)}))
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    first, _ = imported.load_params(settings, str(workdir), record=True)
+    assert (workdir / imported.RECORD).exists()
+    # The same weights in another format are the same weights (transformers 5's module names
+    # GPT-NeoX's head lm_head, which its save_pretrained writes as embed_out).
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model = transformers.GPTNeoXForCausalLM.from_pretrained(paths[1])
+    os.remove(os.path.join(paths[1], "model.safetensors"))
+    torch.save(model.state_dict(), os.path.join(paths[1], "pytorch_model.bin"))
+    again, _ = imported.load_params(settings, str(workdir))
+    np.testing.assert_array_equal(again["unembed"]["w"], first["unembed"]["w"])
+    _neox(paths[1], corpus["vocab"], 7)  # another model in the same directory
+    with pytest.raises(ValueError, match=rf"^model.pretrained: the weights in {paths[1]} are not "
+                                         "those this run was computed from") as err:
+        imported.load_params(settings, str(workdir))
+    assert "\n" not in str(err.value)
+    imported.load_params(settings, None)  # without a workdir: nothing to compare with
+
+
 def test_the_memory_plan_counts_a_large_vocabularys_logits(corpus):
     import dataclasses
 
@@ -439,6 +470,10 @@ def test_a_sweep_on_two_imported_checkpoints_skips_training(corpus, tmp_path):
     assert set(rows["breakdown"]) == {"all", "position", "copyable", "frequency"}
     assert (workdir / "gap_table.txt").exists() and (workdir / "sweep_done.json").exists()
     assert not (workdir / "checkpoints").exists()  # the weights stay where they are
+    from jaxillusions.training import imported
+
+    recorded = json.loads((workdir / imported.RECORD).read_text())  # what they were
+    assert set(recorded) == {corpus["seed1"], corpus["seed2"]}
     from jaxillusions.model import pretrained
     from jaxillusions.report import results
 

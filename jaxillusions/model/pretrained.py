@@ -319,12 +319,18 @@ class _Weights:
         self.prefix = prefix if any(n.startswith(prefix) for n in tensors) else ""
 
     def __call__(self, name: str, default: np.ndarray | None = None) -> np.ndarray:
-        for key in (self.prefix + name, name):
+        return self.first((name,), default)
+
+    def first(self, names: Sequence[str], default: np.ndarray | None = None) -> np.ndarray:
+        """The first of `names` stored (each under the prefix, or without it)."""
+        tried = [key for name in names for key in dict.fromkeys((self.prefix + name, name))]
+        for key in tried:
             if key in self.tensors:
                 self.used.add(key)
                 return self.tensors[key]
         if default is None:
-            raise ValueError(f"{self.path}: weight {self.prefix + name!r} is missing")
+            raise ValueError(f"{self.path}: weight {tried[0]!r} is missing"
+                             + (f" (looked for {', '.join(tried)})" if len(tried) > 1 else ""))
         return default
 
     def done(self) -> None:
@@ -388,9 +394,11 @@ def _neox_params(w: _Weights, cfg: model_lib.ModelConfig, tied: bool) -> dict:
                     "w_out": w(b + "mlp.dense_4h_to_h.weight").T,
                     "b_out": w(b + "mlp.dense_4h_to_h.bias")}})
     embed = w("embed_in.weight")
-    unembed = embed.T if tied else w("embed_out.weight").T
+    # The head: embed_out in saved checkpoints, lm_head in transformers 5's module (a
+    # `torch.save(model.state_dict())` of it).
+    unembed = embed.T if tied else w.first(("embed_out.weight", "lm_head.weight")).T
     if tied:
-        w.used.add("embed_out.weight")
+        w.used.update(("embed_out.weight", "lm_head.weight"))
     return {"embed": embed, "blocks": blocks,
             "ln_final": _ln(w("final_layer_norm.weight"), w("final_layer_norm.bias")),
             "unembed": {"w": unembed, "b": np.zeros(cfg.vocab_size, np.float32)}}

@@ -211,7 +211,7 @@ def load_run(workdir: str, *, verbose: bool = False) -> Run:
                                                                       verbose=verbose))
     members = train.members(config)
     if config.model.pretrained:  # imported: read from their directories again, at step 0
-        params, healthy = imported.load_params(config)
+        params, healthy = imported.load_params(config, workdir)
         state, step = step_lib.SweepState(params, (), None, None, healthy), 0
     else:
         # The checkpoint's tree has the shapes of a fresh state (no compute: eval_shape).

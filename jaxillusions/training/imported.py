@@ -16,6 +16,9 @@ again.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import os
 import re
 
 import jax
@@ -26,12 +29,15 @@ from jaxillusions import tasks
 from jaxillusions.config import settings
 from jaxillusions.model import pretrained
 from jaxillusions.runtime import distributed, tensorboard
+from jaxillusions.runtime.cache import write_atomic
 from jaxillusions.training import evaluation
 from jaxillusions.training.step import SweepState
 
 # The model.* keys an imported run may set: the rest describe an architecture, which here is
 # the checkpoints'.
 KEPT_MODEL_KEYS = ("pretrained", "compute_dtype")
+# In the workdir: {checkpoint path: sha256 of its weights} from the first launch (_check_unchanged).
+RECORD = "imported_checkpoints.json"
 
 
 def enabled(config) -> bool:
@@ -96,15 +102,49 @@ def _get(config, key: str):
     return node
 
 
-def load_params(config) -> tuple[dict, np.ndarray]:
+def load_params(config, workdir: str | None = None, *, record: bool = False
+                ) -> tuple[dict, np.ndarray]:
     """(params with the member axis, healthy [M] bool: every weight finite) of the
-    checkpoints, as numpy float32."""
+    checkpoints, as numpy float32. With a workdir, the weights must be those its run was
+    computed from (RECORD: a one-line ValueError naming the checkpoint otherwise); `record`
+    writes RECORD there when it is not there yet (the main job's first launch)."""
     params, _, _ = pretrained.load_pretrained_labelled(list(config.model.pretrained))
     params = jax.tree.map(np.asarray, params)
+    if workdir is not None:
+        _check_unchanged(list(config.model.pretrained), params, workdir, record)
     leaves = jax.tree.leaves(params)
     healthy = np.asarray([all(np.isfinite(x[i]).all() for x in leaves)
                           for i in range(leaves[0].shape[0])])
     return params, healthy
+
+
+def _member_sums(paths: list[str], params: dict) -> dict[str, str]:
+    """{path: sha256 of the member's converted float32 weights}: the same for the same weights
+    whatever file format holds them."""
+    from jaxillusions.runtime import checkpoint  # noqa: PLC0415 - keeps orbax off pure use
+
+    return {path: hashlib.sha256(json.dumps(checkpoint.checksums(jax.tree.map(
+        lambda x, i=i: x[i], params)), sort_keys=True).encode()).hexdigest()
+        for i, path in enumerate(paths)}
+
+
+def _check_unchanged(paths: list[str], params: dict, workdir: str, record: bool) -> None:
+    """The workdir keeps no copy of the weights, so a relaunch, load_run and the figures read
+    them again: a checkpoint rewritten in between (another revision downloaded into the same
+    directory) would mix two models' numbers in one run. RECORD holds each member's weight
+    sums from the first launch; a member whose weights differ is a one-line error."""
+    file = os.path.join(workdir, RECORD)
+    sums = _member_sums(paths, params)
+    if os.path.isfile(file):
+        with open(file) as f:
+            stored = json.load(f)
+        for path, value in sums.items():
+            if stored.get(path, value) != value:
+                raise ValueError(f"model.pretrained: the weights in {path} are not those this "
+                                 f"run was computed from (their sha256 differs from {file}); "
+                                 "restore them, or run in a new workdir")
+    elif record and distributed.is_main():
+        write_atomic(file, json.dumps(sums, indent=1, sort_keys=True) + "\n")
 
 
 def load_sweep(config, workdir: str | None, *, splits, model_cfg: model_lib.ModelConfig,
@@ -120,7 +160,7 @@ def load_sweep(config, workdir: str | None, *, splits, model_cfg: model_lib.Mode
     say(f"training: skipped, {len(paths)} imported checkpoints: "
         + ", ".join(f"seed {s} = {p}" for s, p in zip(member_seeds, paths, strict=True)),
         flush=True)
-    params, healthy = load_params(config)
+    params, healthy = load_params(config, workdir, record=True)
     for s, ok in zip(member_seeds, healthy, strict=True):
         if not ok:
             say(f"WARNING: seed {s} has non-finite weights; it is excluded from aggregates")
