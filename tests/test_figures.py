@@ -396,3 +396,37 @@ def test_circuit_figures_draw_any_size_set(sizes, tmp_path):
                       ("gaps", figures.gap_vs_size(_gaps(rows), "circuit", SPLITS)),
                       ("depth", figures.accuracy_by_depth(rows, site, "circuit", SPLITS, 1))):
         assert figures.save(fig, str(tmp_path / f"{name}.png")).size
+
+
+def test_a_size_axis_places_size_0_and_each_column_keeps_its_own_sizes():
+    # Was: a size 0 (an empty circuit, the first concept erased) on a log2 axis stretched it
+    # towards 2^-1000, every other size bunched at its right end, with matplotlib's "no
+    # positive values" warning where 0 was the only size; and the columns shared one x axis,
+    # so the last column's ticks (the node circuit's 0-4) stood under the edge circuit's 0-23.
+    import warnings
+
+    cfg = model.ModelConfig(vocab_size=11, max_len=10, n_layers=1, d_model=16, d_mlp=24)
+    proxy_cfg = validate.parse({"proxies": {"circuit_sizes": (0, 1, 2, 4, 8, 10**9),
+                                            "circuit_granularity": ("edge", "node")}}).proxies
+    families = [(target, found, patching.num_units(cfg, target.split(".")[1]))
+                for target, found, _ in circuit.families(proxy_cfg, cfg)]
+    rows = _circuit_rows(families)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        curves = figures.faithfulness_curves(rows, "circuit", SPLITS)  # the whole model hidden
+        gaps = figures.gap_vs_size(_gaps(rows), "circuit", SPLITS)
+        only_zero = figures.gap_vs_size(_gaps(_circuit_rows([("circuit.node.zero", (0,), 4)])),
+                                        "circuit", SPLITS)
+    drawn = {"curves": (curves, [[s for s in found if s < units] for _, found, units in families]),
+             "gaps": (gaps, [list(found) for _, found, _ in families])}
+    for name, (fig, expected) in drawn.items():
+        bottom = [ax for ax in fig.axes if ax.get_xlabel()]  # one per column, in family order
+        assert [list(ax.get_xticks()) for ax in bottom] == expected, name
+        assert expected[0] != expected[1]  # the edge and node circuits' sizes differ
+        for ax, sizes in zip(bottom, expected, strict=True):
+            assert ax.get_xscale() == "symlog" and "0" in [t.get_text()
+                                                           for t in ax.get_xticklabels()]
+            low, high = ax.get_xlim()
+            assert -1 < low < 0 and max(sizes) < high < 2 * max(sizes), (name, low, high)
+    (ax,) = [ax for ax in only_zero.axes if ax.get_xlabel()]
+    assert list(ax.get_xticks()) == [0] and -1 < ax.get_xlim()[0] < 0 < ax.get_xlim()[1] < 1

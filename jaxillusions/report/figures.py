@@ -147,15 +147,30 @@ def _num_seeds(rows: Sequence[dict]) -> int:
 
 
 def _log2_axis(ax, sizes: Sequence[int], label: str) -> None:
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sizes, [str(s) for s in sizes])
+    """x on a log2 scale with a tick at each size. A size 0 (an empty circuit, the first
+    concept erased, a lens without correction) has no place on a log scale: then the scale is
+    linear from 0 to 1 and log2 beyond (symlog), 0 half a doubling left of 1. A size within a
+    quarter doubling of a larger one (128 beside a whole model's 130) keeps its tick unlabelled,
+    so that the labels do not overprint."""
+    if min(sizes, default=1) > 0:
+        ax.set_xscale("log", base=2)
+    else:
+        ax.set_xscale("symlog", base=2, linthresh=1, linscale=0.5)
+    labels, right = {}, None
+    for size in sorted(sizes, reverse=True):
+        crowded = right is not None and size > 0 and np.log2(right / size) < 0.25
+        labels[size] = "" if crowded else str(size)
+        right = right if crowded else size
+    ax.set_xticks(sizes, [labels[s] for s in sizes])
     ax.minorticks_off()
     ax.set_xlabel(label)
 
 
 def _dodge(x: np.ndarray, i: int, n: int, width: float = 0.35) -> np.ndarray:
-    """Multiplicative offset in log space so error bars of n lines don't overlap."""
-    return x * 2 ** ((i - (n - 1) / 2) * width / max(n - 1, 1))
+    """Offsets so that the error bars of n lines don't overlap: multiplicative in log space,
+    and at size 0 (linear there: _log2_axis) additive."""
+    shift = (i - (n - 1) / 2) * width / max(n - 1, 1)
+    return np.where(x > 0, x * 2 ** shift, x + shift / 2)
 
 
 def faithfulness_curves(rows: Sequence[dict], method: str, splits: Sequence[str]):
@@ -165,7 +180,7 @@ def faithfulness_curves(rows: Sequence[dict], method: str, splits: Sequence[str]
     agg = tables.aggregate(rows)
     sites = ordered_sites(r["site"] for r in rows if r["method"] == method)
     fig, axes = plt.subplots(2, len(sites), figsize=(max(7.0, 3.6 * len(sites) + 0.4), 6.2),
-                             squeeze=False, sharex=True)
+                             squeeze=False, sharex="col")
     hidden = set()
     for col, site in enumerate(sites):
         exact = exact_sizes(rows, site, method)
@@ -293,7 +308,7 @@ def gap_vs_size(gaps: Sequence[dict], method: str, splits: Sequence[str],
     metrics_ = [m for m in metrics_ if any(g["metric"] == m for g in gaps)]
     fig, axes = plt.subplots(len(metrics_), len(sites),
                              figsize=(max(7.0, 3.6 * len(sites) + 0.4), 2.9 * len(metrics_) + 1.1),
-                             squeeze=False, sharex=True)
+                             squeeze=False, sharex="col")
     ood = [s for s in splits if any(g["split"] == s for g in gaps)]
     for col, site in enumerate(sites):
         sizes = sorted({g["size"] for g in gaps if g["site"] == site})
