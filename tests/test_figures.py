@@ -430,3 +430,33 @@ def test_a_size_axis_places_size_0_and_each_column_keeps_its_own_sizes():
             assert -1 < low < 0 and max(sizes) < high < 2 * max(sizes), (name, low, high)
     (ax,) = [ax for ax in only_zero.axes if ax.get_xlabel()]
     assert list(ax.get_xticks()) == [0] and -1 < ax.get_xlim()[0] < 0 < ax.get_xlim()[1] < 1
+
+
+def test_one_size_proxies_at_several_sites_get_a_marker_each():
+    # Was: one marker per method, so the logit lens at five sites showed the last site's gaps
+    # alone (the final residual: the model itself, a gap of exactly 0), under the title
+    # "Attention proxies".
+    sites = ("blocks.0.resid_pre", "blocks.0.resid_post", "blocks.1.resid_post")
+    rows = []
+    for seed in (0, 1, 2):
+        for k, site in enumerate(sites):
+            for j, split in enumerate(SPLITS):
+                same = 0.95 - 0.1 * j * (len(sites) - 1 - k) - 0.001 * seed
+                rows.append({"seed": seed, "site": site, "method": "logit_lens", "size": 0,
+                             "split": split, "breakdown": "all", "bin": "", "n": 50,
+                             "jsd": 1.0 - same, "same_pred": same, "acc_original": 0.9,
+                             "acc_proxy": same - 0.1})
+    gaps = _gaps(rows + _rows())
+    fig = figures.gaps_by_split(gaps, ["onehot_attention", "logit_lens"], SPLITS)
+    ax = fig.axes[0]  # same_pred
+    drawn = {c.get_label(): c.lines[0].get_ydata() for c in ax.containers}
+    assert list(drawn) == ["onehot_attention", *(f"logit_lens {site}" for site in sites)]
+    for site in sites:
+        want = [g["gap"] for split in SPLITS[1:] for g in gaps
+                if (g["method"], g["site"], g["metric"], g["split"]) ==
+                ("logit_lens", site, "same_pred", split)]
+        np.testing.assert_allclose(drawn[f"logit_lens {site}"], want)
+    assert drawn["logit_lens blocks.0.resid_pre"].max() > 0.1  # not the last site's zeros
+    assert fig._suptitle.get_text().startswith("onehot_attention and logit_lens: paired gap")
+    styles = {(c.lines[0].get_color(), c.lines[0].get_marker()) for c in ax.containers}
+    assert len(styles) == len(drawn)

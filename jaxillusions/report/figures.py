@@ -67,7 +67,8 @@ def size_style(i: int) -> dict:
 def method_style(i: int) -> dict:
     """The i-th method where methods share a panel: shades of grey with distinct markers, since
     colours are reserved for splits."""
-    return {"color": ("0.1", "0.5", "0.3", "0.65")[i % 4], "marker": ("s", "^", "D", "v")[i % 4]}
+    return {"color": ("0.1", "0.5", "0.3", "0.65")[i % 4],
+            "marker": ("s", "^", "D", "v", "o", "P", "X", "*")[i % 8]}
 
 
 def ordered_sites(sites) -> list[str]:
@@ -342,23 +343,31 @@ def gap_vs_size(gaps: Sequence[dict], method: str, splits: Sequence[str],
 
 def gaps_by_split(gaps: Sequence[dict], methods: Sequence[str], splits: Sequence[str],
                   metrics_: Sequence[str] = ("same_pred", "jsd")):
-    """Gaps of data-independent proxies (one size each): x = OOD split, one marker per method,
-    one panel per metric, 95% intervals. Returns the matplotlib Figure."""
+    """Gaps of proxies of one size each (the attention proxies, the logit lens): x = OOD split,
+    one marker per family (a method at each of its sites; the site named where a method has
+    several), one panel per metric, 95% intervals. Returns the matplotlib Figure."""
     gaps = [g for g in gaps if g["method"] in methods and g["metric"] in metrics_]
     metrics_ = [m for m in metrics_ if any(g["metric"] == m for g in gaps)]
     ood = [s for s in splits if any(g["split"] == s for g in gaps)]
+    families = sorted(dict.fromkeys((g["method"], g["site"]) for g in gaps),
+                      key=lambda f: (list(methods).index(f[0]), tables.site_key(f[1])))
+    shown = list(dict.fromkeys(method for method, _ in families))
+    several = {m for m in shown if sum(method == m for method, _ in families) > 1}
+    step = min(0.15, 0.8 / max(len(families), 1))
     fig, axes = _grid(len(metrics_), (max(3.6, 1.1 * len(ood) + 1), 3.0), cols=2)
     for ax, metric in zip(axes, metrics_, strict=True):
         ax.axhline(0, color="0.4", lw=0.8)
-        for i, method in enumerate(methods):
-            rows = {g["split"]: g for g in gaps if (g["method"], g["metric"]) == (method, metric)}
+        for i, (method, site) in enumerate(families):
+            rows = {g["split"]: g for g in gaps
+                    if (g["method"], g["site"], g["metric"]) == (method, site, metric)}
             x = np.array([j for j, s in enumerate(ood) if s in rows], float)
             mean = np.array([rows[s]["gap"] for s in ood if s in rows], float)
             low = np.array([rows[s]["ci_low"] for s in ood if s in rows], float)
             high = np.array([rows[s]["ci_high"] for s in ood if s in rows], float)
-            ax.errorbar(x + (i - (len(methods) - 1) / 2) * 0.15, mean,
+            ax.errorbar(x + (i - (len(families) - 1) / 2) * step, mean,
                         yerr=np.nan_to_num(np.stack([mean - low, high - mean])), ls="none",
-                        ms=5, capsize=3, label=method, **method_style(i))
+                        ms=5, capsize=3, label=f"{method} {site}" if method in several
+                        else method, **method_style(i))
         ax.set_xticks(range(len(ood)), ood, rotation=20, ha="right")
         ax.set_xlabel("evaluation split")
         ax.set_ylabel(f"gap in {metric}")
@@ -366,7 +375,7 @@ def gaps_by_split(gaps: Sequence[dict], methods: Sequence[str], splits: Sequence
     handles, labels = axes[0].get_legend_handles_labels()
     _legend_below(fig, handles, labels)
     n = max((g.get("n_seeds", 0) for g in gaps), default=0)
-    _title(fig, f"Attention proxies: paired gap (> 0: less faithful on the split), "
+    _title(fig, f"{' and '.join(shown)}: paired gap (> 0: less faithful on the split), "
                 f"95% t CI, {n} seeds")
     tight_layout(fig, rect=(0, 0.08, 1, 1))
     return fig
