@@ -266,8 +266,29 @@ def test_pattern_figure_shows_healthy_members_only():
     patterns = {0: np.ones((3, 1, len(prefix), len(prefix))) / len(prefix)}
     patterns[0][0] = np.nan  # member 0 diverged
     fig = wen._patterns_figure(patterns, prefix, 2, ["5", "6", "7"], [False, True, True])
-    assert [ax.get_title() for ax in fig.axes] == ["layer 0, seed 6", "layer 0, seed 7"]
+    *panels, bar = fig.axes
+    assert [ax.get_title() for ax in panels] == ["layer 0, seed 6", "layer 0, seed 7"]
     assert fig.axes[0].get_xticklabels()[0].get_text() == "BOS"
+    assert bar.get_ylabel() == "attention weight"  # the colour bar
+    assert "the first 2 healthy seeds" in fig._suptitle.get_text()
+
+
+def test_length_and_balance_figures_bound_proportions_and_count_seeds():
+    # Was: a plain t interval on a share (2 seeds: -1.1 to 1.9) and no count of seeds.
+    rows = [{"contrastive_weight": w, "seed": s, "healthy": not (w == 1 and s == 2),
+             "length_gen_acc": acc, "length_gen_argmax_acc": 0.98 - 0.01 * s,
+             "balance_violation": 0.5 + s}
+            for w in (0, 1) for s, acc in enumerate((0.2, 0.9, 0.05))]
+    fig = wen.length_figure(rows)
+    assert "3 and 2 seeds at λ = 0, 1" in fig._suptitle.get_text()
+    for ax in fig.axes:
+        assert ax.get_ylim() == (-0.02, 1.02)
+        for bars in ax.containers:
+            (ends,) = bars.lines[2]  # the error bar's segments
+            for segment in ends.get_segments():
+                assert 0 <= segment[:, 1].min() and segment[:, 1].max() <= 1
+    fig = wen.balance_figure(rows)
+    assert fig._suptitle.get_text().endswith("a point per seed (3 and 2 seeds at λ = 0, 1)")
 
 
 def test_attention_variation_matches_numpy_on_hand_built_patterns():

@@ -498,14 +498,28 @@ def length_figure(rows: list[dict]):
                              and r["healthy"]])
             ax.scatter(x + rng.uniform(-0.15, 0.15, len(vals)), vals, s=8, alpha=0.5,
                        color="tab:gray")
-            mean, ci = _mean_and_half_width(vals)
-            ax.errorbar(x, mean, yerr=ci, fmt="o", color="tab:red", capsize=5)
+            mean, low, high = interval_stats.bounded_interval(vals)  # a proportion
+            ax.errorbar(x, mean, yerr=np.nan_to_num([[mean - low], [high - mean]]), fmt="o",
+                        color="tab:red", capsize=5)
         ax.set_xticks(range(len(weights)), [f"{w:g}" for w in weights])
         ax.set_xlabel("contrastive weight λ")
         ax.set_ylabel("length generalization")
+        ax.set_ylim(-0.02, 1.02)
         ax.set_title(title, fontsize=9)
+    figures._title(fig, "Length generalization: grey, each seed; red, mean and 95% t CI on "  # noqa: SLF001
+                   f"the logit scale ({_seed_counts(rows)})")
     fig.tight_layout()
     return fig
+
+
+def _seed_counts(rows: list[dict]) -> str:
+    """'12 seeds per λ' or '12, 11 and 12 seeds at λ = 0, 0.3, 1': the healthy ones."""
+    weights = sorted({r["contrastive_weight"] for r in rows})
+    counts = [sum(r["healthy"] for r in rows if r["contrastive_weight"] == w) for w in weights]
+    if len(set(counts)) == 1:
+        return f"{counts[0]} seeds per λ"
+    return (f"{', '.join(map(str, counts[:-1]))} and {counts[-1]} seeds at λ = "
+            f"{', '.join(f'{w:g}' for w in weights)}")
 
 
 def balance_figure(rows: list[dict]):
@@ -519,6 +533,8 @@ def balance_figure(rows: list[dict]):
     ax.set_xlabel("balance violation δ/Δ")
     ax.set_ylabel("length generalization")
     ax.legend(fontsize=8)
+    figures._title(fig, f"Balance and length generalization, a point per seed "  # noqa: SLF001
+                   f"({_seed_counts(rows)})")
     fig.tight_layout()
     return fig
 
@@ -532,14 +548,22 @@ def _patterns_figure(patterns: dict, prefix: np.ndarray, k: int, labels, healthy
     layers, shown = sorted(patterns), max(len(members), 1)
     fig, axes = plt.subplots(len(layers), shown, figsize=(2.6 * shown, 2.6 * len(layers)),
                              squeeze=False)
+    image = None
     for r, layer in enumerate(layers):
         for c, member in enumerate(members):
             ax = axes[r, c]
-            ax.imshow(patterns[layer][member, 0], cmap="viridis", vmin=0, vmax=1)
+            image = ax.imshow(patterns[layer][member, 0], cmap="viridis", vmin=0, vmax=1)
             ax.set_title(f"layer {layer}, seed {labels[member]}", fontsize=8)
             ax.set_xticks(range(len(ticks)), ticks, fontsize=5, rotation=90)
             ax.set_yticks(range(len(ticks)), ticks, fontsize=5)
-    fig.tight_layout()
+            ax.set_xlabel("key", fontsize=7)
+            ax.set_ylabel("query", fontsize=7)
+    figures._title(fig, f"Attention weights on one prefix, the first {len(members)} healthy "  # noqa: SLF001
+                   "seeds")
+    figures.tight_layout(fig, rect=(0, 0, 0.9, 1))
+    if image is not None:
+        fig.colorbar(image, cax=fig.add_axes((0.92, 0.15, 0.015, 0.7)),
+                     label="attention weight")
     return fig
 
 
