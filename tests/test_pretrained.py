@@ -345,6 +345,21 @@ def test_refusals_are_one_line_and_come_before_the_weights(saved, tmp_path, monk
     with pytest.raises(ValueError, match="not a directory") as e:
         pretrained.load_pretrained(str(tmp_path / "nowhere"))
     _one_line(e, "nowhere")
+    # A weight file cut short (an interrupted download), found from its header or its zip
+    # directory. Was: 'SafetensorError: Error while deserializing header' after the data had
+    # loaded, naming no file.
+    torch = pytest.importorskip("torch")
+    cut = tmp_path / "cut"
+    shutil.copytree(gpt2, cut)
+    binary = tmp_path / "cut_binary"
+    binary.mkdir()
+    shutil.copy(os.path.join(gpt2, "config.json"), binary)
+    torch.save(saved["gpt2"][0].state_dict(), binary / "pytorch_model.bin")
+    for path, file in ((cut, "model.safetensors"), (binary, "pytorch_model.bin")):
+        os.truncate(path / file, os.path.getsize(path / file) // 2)
+        with pytest.raises(ValueError, match=rf"{file} cannot be read \(.*\); is it whole?") as e:
+            pretrained.inspect_checkpoint(str(path))
+        _one_line(e, str(path))
 
 
 def test_missing_and_extra_weights_are_refused(saved, tmp_path):

@@ -42,6 +42,7 @@ import dataclasses
 import json
 import os
 import re
+import zipfile
 from collections.abc import Mapping, Sequence
 
 import jax
@@ -206,7 +207,35 @@ def inspect_checkpoint(path: str | os.PathLike) -> Checkpoint:
     except (KeyError, TypeError, ValueError) as e:
         what = f"missing config field {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]
         raise ValueError(f"{path}: {what}") from None
-    return Checkpoint(path, architecture, config, _weight_files(path, names), tied, folded)
+    files = _weight_files(path, names)
+    for file in files:
+        _check_whole(path, file)
+    return Checkpoint(path, architecture, config, files, tied, folded)
+
+
+def _check_whole(path: str, file: str) -> None:
+    """A one-line ValueError for a weight file cut short (an interrupted download), from its
+    header alone: a safetensors header that does not cover its tensors, a torch zip archive
+    without its directory at the end (a legacy pickle .bin is not checked here)."""
+    what = None
+    if file.endswith(".safetensors"):
+        try:
+            from safetensors import safe_open  # noqa: PLC0415 - an optional dependency
+        except ImportError:
+            return  # reading it says what to install
+        try:
+            with safe_open(file, framework="numpy"):
+                pass
+        except Exception as err:  # noqa: BLE001 - SafetensorError has no importable base
+            what = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    else:
+        with open(file, "rb") as f:
+            zipped = f.read(2) == b"PK"
+        if zipped and not zipfile.is_zipfile(file):
+            what = "a zip archive without its end (cut short)"
+    if what is not None:
+        raise ValueError(f"{path}: {os.path.basename(file)} cannot be read ({what}); is it "
+                         "whole? Download it again")
 
 
 def _refuse(raw: dict, **allowed) -> None:
@@ -305,7 +334,12 @@ def _read_weights(checkpoint: Checkpoint) -> dict[str, np.ndarray]:
         except ImportError:
             raise ValueError(f"{checkpoint.path}: {os.path.basename(file)} needs torch to read "
                              "(pip install 'jaxillusions[pretrained]')") from None
-        state = torch.load(file, map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 - pickle, zip and torch errors alike
+            line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise ValueError(f"{checkpoint.path}: {os.path.basename(file)} cannot be read "
+                             f"({line})") from None
         out |= {n: t.float().numpy() for n, t in state.items() if torch.is_tensor(t)}
     return out
 
