@@ -114,7 +114,14 @@ def test_export_matches_the_jax_forward(workdir):
                                      dict(pos_encoding="sinusoidal", n_heads=2),
                                      dict(pos_encoding="linear", attn_only=True, n_layers=1),
                                      dict(embedding="onehot"),
-                                     dict(pos_encoding="rotary", n_heads=2, rotary_base=100)])
+                                     dict(pos_encoding="rotary", n_heads=2, rotary_base=100),
+                                     # The options of imported architectures that TL's native
+                                     # model runs (model.IMPORTED_FIELDS). Was: exported as tanh
+                                     # GELU, epsilon 1e-5, no key bias, the whole head rotated.
+                                     dict(pos_encoding="rotary", n_heads=2, rotary_base=100,
+                                          rotary_dim=4, activation="gelu", ln_eps=1e-3,
+                                          key_bias=True),
+                                     dict(pos_encoding="learned", key_bias=True, ln_eps=1e-3)])
 def test_export_every_position_encoding(options):
     pytest.importorskip("transformer_lens")
     from jaxillusions.report import export
@@ -132,7 +139,8 @@ def test_export_every_position_encoding(options):
     if cfg.pos_encoding == "rotary":  # TL's rotary, our base, GPT-J's adjacent pairs
         tl_cfg = tl_model.cfg
         assert (tl_cfg.positional_embedding_type, tl_cfg.rotary_dim, tl_cfg.rotary_base,
-                tl_cfg.rotary_adjacent_pairs) == ("rotary", cfg.head_dim, 100, True)
+                tl_cfg.rotary_adjacent_pairs) == ("rotary", cfg.rotary_dim or cfg.head_dim, 100,
+                                                  True)
     _compare(tl_model, params, cfg, tokens)
 
 
@@ -183,6 +191,14 @@ def test_site_names_both_ways_and_refusals():
                                                         max_depth=2, depth_bins=3))
     with pytest.raises(ValueError, match=r"first_layer \(MinimalFirstLayer\)"):
         export.tl_config(minimal)
+    # What TL's native model would ignore (its logits differ): Pythia's parallel blocks and
+    # rotate-half layout, the Mistral GPT-2 runs' layer scaling. Was: exported as another model.
+    for option, value in (("parallel_residual", True), ("attn_scale_by_layer", True),
+                          ("rotary_layout", "half")):
+        other = dataclasses.replace(cfg, pos_encoding="rotary", **{option: value})
+        with pytest.raises(ValueError, match=rf"^{option}={value!r} \(an imported checkpoint's "
+                                             r"architecture\): TransformerLens's native model"):
+            export.tl_config(other)
     params = model.init_params(jax.random.PRNGKey(0), cfg)
     with pytest.raises(ValueError, match="seed axis"):
         export.state_dict(jax.tree.map(lambda x: x[None], params), cfg)

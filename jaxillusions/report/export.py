@@ -157,6 +157,9 @@ def site_map(cfg: model_lib.ModelConfig, major: int | None = None) -> dict[str, 
             and not (cfg.attn_only and s.endswith(".resid_mid"))}
 
 
+_TL_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu"}  # model.ACTIVATIONS -> TL's act_fn
+
+
 def tl_config(cfg: model_lib.ModelConfig, device: str = "cpu") -> Any:
     """The TransformerLens config of a model config (3.x: `HookedTransformerConfig`, 4.x:
     `TransformerBridgeConfig` of its TL-native model); a clear error for what TL can't express."""
@@ -166,15 +169,28 @@ def tl_config(cfg: model_lib.ModelConfig, device: str = "cpu") -> Any:
     if cfg.front is not None:
         raise ValueError(f"model.first_layer ({type(cfg.front).__name__}): TransformerLens has "
                          "no (token, depth) feature layer; cannot export")
+    # The options of imported architectures (model.IMPORTED_FIELDS) that TL's native model
+    # ignores (TL 4.3: its logits differ): an export would be another model.
+    ignored = {"parallel_residual": cfg.parallel_residual,
+               "attn_scale_by_layer": cfg.attn_scale_by_layer,
+               "rotary_layout": cfg.pos_encoding == "rotary" and cfg.rotary_layout != "adjacent"}
+    for name in (n for n, on in ignored.items() if on):
+        raise ValueError(f"{name}={getattr(cfg, name)!r} (an imported checkpoint's "
+                         "architecture): TransformerLens's native model does not run it, so "
+                         "the export would be another model; load the checkpoint itself with "
+                         "TransformerLens")
+    # The other options have TL fields, the ones pretrained.py reads back.
     fields = dict(
         n_layers=cfg.n_layers, d_model=cfg.d_model, n_ctx=cfg.max_len, d_head=cfg.head_dim,
         n_heads=cfg.n_heads, d_mlp=None if cfg.attn_only else cfg.d_mlp,
-        d_vocab=cfg.vocab_size, act_fn="gelu_new", normalization_type="LN", eps=1e-5,
-        attn_only=cfg.attn_only, default_prepend_bos=False, device=device,
-        dtype=_torch().float32, seed=0, positional_embedding_type="standard")
+        d_vocab=cfg.vocab_size, act_fn=_TL_ACTIVATIONS[cfg.activation],
+        normalization_type="LN", eps=cfg.ln_eps, attn_only=cfg.attn_only,
+        default_prepend_bos=False, device=device, dtype=_torch().float32, seed=0,
+        positional_embedding_type="standard")
     if cfg.pos_encoding == "rotary":
-        fields |= dict(positional_embedding_type="rotary", rotary_dim=cfg.head_dim,
-                       rotary_base=cfg.rotary_base, rotary_adjacent_pairs=True)
+        fields |= dict(positional_embedding_type="rotary",
+                       rotary_dim=cfg.rotary_dim or cfg.head_dim, rotary_base=cfg.rotary_base,
+                       rotary_adjacent_pairs=True)
     if tl_major() == 3:
         from transformer_lens import HookedTransformerConfig
 
@@ -209,7 +225,8 @@ def state_dict(params: dict, cfg: model_lib.ModelConfig) -> dict[str, Any]:
         out |= {f"{name}.ln1.w": block["ln1"]["scale"], f"{name}.ln1.b": block["ln1"]["bias"],
                 f"{name}.attn.W_Q": np.transpose(a["w_q"], (1, 0, 2)), f"{name}.attn.b_Q": a["b_q"],
                 f"{name}.attn.W_K": np.transpose(a["w_k"], (1, 0, 2)),
-                f"{name}.attn.b_K": np.zeros((cfg.n_heads, cfg.head_dim), np.float32),
+                f"{name}.attn.b_K": a["b_k"] if cfg.key_bias else np.zeros(
+                    (cfg.n_heads, cfg.head_dim), np.float32),
                 f"{name}.attn.W_V": np.transpose(a["w_v"], (1, 0, 2)), f"{name}.attn.b_V": a["b_v"],
                 f"{name}.attn.W_O": a["w_o"], f"{name}.attn.b_O": a["b_o"]}
         if not cfg.attn_only:
