@@ -50,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxillusions import model as model_lib
+from jaxillusions.runtime.cache import error_line
 
 ARCHITECTURES = ("gpt2", "gpt_neox", "transformer_lens")
 HF_CONFIG, TL_CONFIG = "config.json", "tl_config.json"
@@ -227,7 +228,7 @@ def _check_whole(path: str, file: str) -> None:
             with safe_open(file, framework="numpy"):
                 pass
         except Exception as err:  # noqa: BLE001 - SafetensorError has no importable base
-            what = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            what = error_line(err)
     else:
         with open(file, "rb") as f:
             zipped = f.read(2) == b"PK"
@@ -337,9 +338,8 @@ def _read_weights(checkpoint: Checkpoint) -> dict[str, np.ndarray]:
         try:
             state = torch.load(file, map_location="cpu", weights_only=True)
         except Exception as err:  # noqa: BLE001 - pickle, zip and torch errors alike
-            line = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise ValueError(f"{checkpoint.path}: {os.path.basename(file)} cannot be read "
-                             f"({line})") from None
+                             f"({error_line(err)})") from None
         out |= {n: t.float().numpy() for n, t in state.items() if torch.is_tensor(t)}
     return out
 
