@@ -286,6 +286,8 @@ def test_report_lines_and_figure(planted, tmp_path):
     assert (f"leave one setting out ({loso['n_folds']} folds, {loso['n_skipped']} skipped)"
             in text)
     assert "features - hparams +0.500 ± 0.000 [+0.500, +0.500]: beats" in text
+    one = frame.assign(n_folds=1)  # was: "1 folds"
+    assert "(1 fold, " in "\n".join(heldout.report_lines(one))
     path = tmp_path / "heldout.png"
     heldout.figure(frame, str(path))
     assert path.stat().st_size > 10_000

@@ -259,6 +259,9 @@ def test_bad_inputs_are_one_line_errors_naming_the_path_or_key(corpus, tmp_path)
              "its vocabulary is not that of the checkpoint's own")
     _refused(_config(corpus, **{"model.pretrained": (missing,)}),
              f"^model.pretrained: {missing}: not a directory")
+    # Was ": not a directory" (`--config.model.pretrained=` gives one empty path).
+    _refused(_config(corpus, **{"model.pretrained": (str(corpus["seed1"]), "")}),
+             r"^model.pretrained: an empty path \(item 2 of 2\); name each checkpoint's")
     _refused(_config(corpus, **{"model.d_model": 64}), "^model.d_model=64: the architecture "
              "comes from the checkpoints of model.pretrained")
     # Not refused: the transcoder reads what the MLP reads (resid_pre in Pythia's parallel

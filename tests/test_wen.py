@@ -291,6 +291,34 @@ def test_length_and_balance_figures_bound_proportions_and_count_seeds():
     assert fig._suptitle.get_text().endswith("a point per seed (3 and 2 seeds at λ = 0, 1)")
 
 
+def test_the_summary_bounds_shares_and_keeps_plus_minus_for_ratios_and_differences():
+    # Was: every cell mean ± a t half-width, so 2 seeds' share read 0.550 ± 4.447.
+    import re
+    import types
+
+    from jaxillusions.report import stats
+
+    rows = [{"contrastive_weight": w, "seed": s, "healthy": True, "acc_iid": 1.0,
+             "length_gen_acc": acc + w / 10, "length_gen_argmax_acc": 0.5,
+             "balance_violation": 0.5 + s}
+            for w in (0, 1) for s, acc in enumerate((0.2, 0.9))]
+    attention = [{"prefix_len": 8, "random_baseline": 0.2, "random_baseline_square": 0.3,
+                  "contrastive_weight": 0, "layer": 1, "head": 0, "num_seeds": 2,
+                  "variation": 0.1, "low": 0.05, "high": 0.15}]
+    text = wen.summary(rows, attention, types.SimpleNamespace(wen=types.SimpleNamespace(
+        label="t")))
+    line = next(t for t in text.splitlines() if t.startswith("  weight 0 (2 seeds)"))
+    low, high = map(float, re.search(r"length_gen_acc 0\.550 \[([-\d.]+), ([-\d.]+)\]",
+                                     line).groups())
+    expected = stats.bounded_interval(np.array([0.2, 0.9]))
+    assert 0 <= low < 0.2 and 0.9 < high <= 1
+    assert (low, high) == (round(expected[1], 3), round(expected[2], 3))
+    assert "length_gen_argmax_acc 0.500 [0.500, 0.500]" in line  # identical seeds: a point
+    assert "balance_violation 1.000 ± " in line and "(median 1.000)" in line
+    diff = next(t for t in text.splitlines() if t.startswith("  weight 1 - 0"))
+    assert "length_gen_acc 0.100 ± 0.000" in diff  # a difference may be negative: ± stays
+
+
 def test_attention_variation_matches_numpy_on_hand_built_patterns():
     causal = np.tril(np.ones((4, 4)))
     uniform = causal / causal.sum(1, keepdims=True)

@@ -153,6 +153,9 @@ def _paths(paths: Paths) -> list[str]:
     paths = [os.path.expanduser(os.fspath(p)) for p in paths]
     if not paths:
         raise ValueError("no checkpoint paths given")
+    if "" in paths:  # (it would be the current directory)
+        raise ValueError(f"an empty path (item {paths.index('') + 1} of {len(paths)}); name "
+                         "each checkpoint's directory")
     return paths
 
 

@@ -408,13 +408,18 @@ def report_lines(frame: pd.DataFrame) -> list[str]:
                      "interval] over held-out folds")
         for scheme, rows in part.groupby("scheme", sort=False):
             head = rows.iloc[0]
-            lines.append(f"  {_SCHEME_NAMES[scheme]} ({head['n_folds']} folds, "
-                         f"{head['n_skipped']} skipped):")
+            lines.append(f"  {_SCHEME_NAMES[scheme]} ({_folds_phrase(head)}):")
             scores = rows[rows["predictors"].isin(PREDICTORS)]
             paired = rows[~rows["predictors"].isin(PREDICTORS)]
             lines.append("    " + "; ".join(_label(r) for _, r in scores.iterrows()))
             lines += [f"    {_label(r)}: {r['verdict']}" for _, r in paired.iterrows()]
     return lines
+
+
+def _folds_phrase(row) -> str:
+    """"5 folds, 1 skipped" / "1 fold, 0 skipped" for a row of the frame."""
+    n = int(row["n_folds"])
+    return f"{n} fold{'s' * (n != 1)}, {int(row['n_skipped'])} skipped"
 
 
 def wrapped(name: str, width: int = 30) -> str:
@@ -450,8 +455,7 @@ def figure(frame: pd.DataFrame, path: str, metric: str = "auroc") -> None:
         for s, scheme in enumerate(SCHEMES):
             at = rows[rows["scheme"] == scheme]
             if len(at):
-                ticks.append(f"{_SCHEME_NAMES[scheme]}\n{at.iloc[0]['n_folds']} folds, "
-                             f"{at.iloc[0]['n_skipped']} skipped")
+                ticks.append(f"{_SCHEME_NAMES[scheme]}\n{_folds_phrase(at.iloc[0])}")
             for i, name in enumerate(names):
                 row = at[(at["predictors"] == ("features" if name == "null" else name))
                          & (at["null"] == (name == "null"))]

@@ -418,8 +418,10 @@ def _fmt(mean: float, ci: float) -> str:
 def summary(rows: list[dict], attention: list[dict], config) -> str:
     """Text tables: attention variation, per-weight means with 95% intervals over seeds, paired
     differences against the first weight, Spearman correlations across seeds."""
-    out = [f"Wen et al. measurements ({config.wen.label}); ± is a 95% interval over seeds "
-           "(jackknife over seeds for attention variation)", ""]
+    out = [f"Wen et al. measurements ({config.wen.label}); intervals are 95% over seeds: "
+           "[low, high] for a share or accuracy (Student-t on the logit scale, within [0, 1]), "
+           "± for a balance violation and a difference (Student-t), jackknife over seeds for "
+           "attention variation", ""]
     out.append("Attention variation between seeds (mean over seed pairs) on a prefix of "
                f"{attention[0]['prefix_len']} tokens; random causal baseline "
                f"{attention[0]['random_baseline']:.3f} (square rows: "
@@ -433,16 +435,19 @@ def summary(rows: list[dict], attention: list[dict], config) -> str:
     weights = list(dict.fromkeys(r["contrastive_weight"] for r in rows))
     by = {(r["contrastive_weight"], r["seed"]): r for r in rows if r["healthy"]}
     seeds = sorted({r["seed"] for r in rows})
-    out += ["", "Per contrastive weight (mean ± 95% CI over healthy seeds; balance violation "
-            "also as median):"]
+    out += ["", "Per contrastive weight (mean and 95% interval over healthy seeds; balance "
+            "violation also as median):"]
     for w in weights:
         group = [by[(w, s)] for s in seeds if (w, s) in by]
         cells = []
         for key in keys:
             vals = np.array([r[key] for r in group])
-            cell = f"{key} {_fmt(*_mean_and_half_width(vals))}"
-            if key == "balance_violation":
-                cell += f" (median {np.median(vals):.3f})"
+            if key == "balance_violation":  # a ratio, not bounded above
+                cell = (f"{key} {_fmt(*_mean_and_half_width(vals))} "
+                        f"(median {np.median(vals):.3f})")
+            else:  # a share of sequences or tokens
+                mean, low, high = interval_stats.bounded_interval(vals)
+                cell = f"{key} {mean:.3f} [{low:.3f}, {high:.3f}]"
             cells.append(cell)
         out.append(f"  weight {w:g} ({len(group)} seeds): " + ", ".join(cells))
     if len(weights) > 1:
