@@ -195,8 +195,6 @@ def bad(members, null, case):
         members.loc[members.index[3], "signal"] = np.nan
     elif case == "NaN in the null features":
         null.loc[null.index[5], "signal"] = np.nan
-    elif case == "one setting":
-        members["setting"] = "d2-wd0"
     elif case == "one class after binarising":  # the median is the common value 1.0
         members["ood"] = np.where(np.arange(len(members)) < 3, 0.5, 1.0)
     elif case == "threshold outside the range":
@@ -209,7 +207,7 @@ def bad(members, null, case):
 
 
 CASES = {"missing column": "'wd'", "NaN in a feature": "'signal'",
-         "NaN in the null features": "'signal'", "one setting": "'setting'",
+         "NaN in the null features": "'signal'",
          "one class after binarising": "'ood'", "threshold outside the range": "9.5",
          "not numeric": "'depth'", "null of other members": "null frame"}
 
@@ -225,6 +223,26 @@ def test_bad_input_raises_a_one_line_error_before_fitting(case, monkeypatch):
         heldout.predict(members, design, null)
     message = str(error.value)
     assert "\n" not in message and CASES[case] in message, message
+
+
+def test_one_setting_is_tested_under_the_random_splits_against_chance():
+    # A population of seeds alone (no hyper-parameter varies; was refused, "leave-one-setting-
+    # out needs at least 2 settings"): the random splits only; the hyper-parameters are one
+    # constant column, so they score chance in every fold, and `both` would be the features.
+    members, null = population()
+    one = members["setting"] == "d2-wd1"  # 36 seeds
+    members, null = members[one], null[one]
+    design = dataclasses.replace(DESIGN, hparams=(), n_repeats=2)
+    frame = heldout.predict(members, design, null)
+    assert set(frame["scheme"]) == {"random"} and set(frame["members"]) == {len(members)}
+    assert set(frame["predictors"]) == {"features", "hparams", "features - hparams",
+                                        "features - null"}
+    for metric, chance in (("auroc", 0.5), ("spearman", 0.0)):
+        hparams = cell(frame, metric, "random", "hparams")
+        assert (hparams["mean"], hparams["sd"]) == (chance, 0.0)
+        assert cell(frame, metric, "random")["mean"] == 1.0  # signal IS the target
+        assert cell(frame, metric, "random", "features - hparams")["verdict"] == "beats"
+    assert "random splits (10 folds, 0 skipped)" in "\n".join(heldout.report_lines(frame))
 
 
 def test_same_seed_gives_the_identical_frame():

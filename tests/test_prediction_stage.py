@@ -82,8 +82,11 @@ def test_heads_probes_and_the_null_are_features_each_family_tested_alone(tmp_pat
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"train.contrastive_weights": ()},
-     "prediction.enabled=True: needs members in at least 2 settings of their hyper-parameters"),
+    # One setting (seeds alone) is tested under the random splits, which need the members.
+    ({"train.contrastive_weights": (), "train.num_seeds": 3},
+     "prediction.n_splits=2: the random splits need at least 4 trained members (each class of "
+     "a target split at its median holds at most half of them); this run has 3 (3 seeds x 1 "
+     "setting): more train.num_seeds, or fewer prediction.n_splits"),
     ({"proxies.methods": ()}, "prediction.enabled=True: needs proxies"),
     ({"prediction.threshold": "2.5"},
      "prediction.threshold='2.5': must be 'median' or a number in [-1, 1]"),

@@ -513,3 +513,40 @@ def test_lenses_erasure_probes_and_fit_shift_on_two_imported_checkpoints(corpus,
     assert probes["probe_acc"].between(0, 1).all()
     table = pd.read_csv(os.path.join(workdir, "fit_shift_results.csv"))
     assert set(table["seed"]) == {1, 2} and "other" in set(table["fit_split"].astype(str))
+
+
+@pytest.mark.slow  # a whole sweep
+def test_the_prediction_study_on_a_population_of_imported_seeds(corpus, tmp_path):
+    """A population of seeds alone (PolyPythias' design: one setting), imported: the held-out
+    prediction test runs its random splits, against hyper-parameters that score chance. (Was:
+    refused at the door, "needs members in at least 2 settings ... e.g. train.weight_decays".)"""
+    import pandas as pd
+
+    from jaxillusions.pipeline import sweep
+
+    seeds = [corpus["seed1"], corpus["seed2"],
+             *(_neox(tmp_path / "ckpt" / f"seed{s}", corpus["vocab"], s) for s in (3, 4))]
+    keys = {"model.pretrained": tuple(seeds), "proxies.methods": ("svd",),
+            "proxies.svd_ranks": (2, 4), "prediction.enabled": True,
+            "prediction.features": ("proxies", "heads"), "prediction.n_splits": 2,
+            "prediction.n_repeats": 2, "figures": "none"}
+    few = _config(corpus, **{**keys, "model.pretrained": tuple(seeds[:3])})
+    with pytest.raises(ValueError, match=r"^prediction.n_splits=2: the random splits need at "
+                       r"least 4 trained members .* this run has 3 \(3 seeds x 1 setting\): "
+                       r"more checkpoints in model.pretrained, or fewer prediction.n_splits$"):
+        validate.check(few)
+    workdir = tmp_path / "run"
+    sweep.run(validate.check(_config(corpus, **keys))[0], str(workdir), verbose=False)
+    rows = pd.read_csv(workdir / "prediction.csv")
+    assert set(rows["scheme"]) == {"random"} and set(rows["members"]) == {4}
+    assert set(rows["family"]) == {"all", "proxies", "heads"}
+    assert set(rows["predictors"]) == {"features", "hparams", "features - hparams"}
+    hparams = rows[rows["predictors"] == "hparams"]
+    chance = set(zip(hparams["metric"], hparams["mean"], strict=True))
+    assert chance == {("auroc", 0.5), ("spearman", 0.0)}
+    assert (rows["n_folds"] + rows["n_skipped"] == 4).all()  # 2 repeats of 2 folds
+    assert {"acc:other", "acc:longer"} & set(rows["target"])
+    text = (workdir / "prediction.txt").read_text()
+    assert text.startswith("Held-out prediction: 4 trained members, 1 setting (seeds alone")
+    members = pd.read_csv(workdir / "prediction_members.csv", index_col="member")
+    assert len(members) == 4 and set(members["seed"]) == {1, 2, 3, 4}

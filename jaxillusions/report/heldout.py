@@ -19,7 +19,9 @@ one per setting, so that the baseline can fit every setting's own mean.
 Each under two schemes, fitted and scored fold by fold (a fresh estimator per fold, as
 sklearn's cross_validate does) on folds from its splitters: `random` (RepeatedStratifiedKFold
 for AUROC, RepeatedKFold for Spearman) and `leave_one_setting_out` (LeaveOneGroupOut over
-the `setting` column). A fold whose held-out (or training) members have one class (AUROC) or
+the `setting` column; with 2 settings or more: a population of one setting, seeds alone, gets
+the random splits, where `hparams` is one constant column that scores chance, and no `both`).
+A fold whose held-out (or training) members have one class (AUROC) or
 one value (Spearman) is skipped before any fitting and counted in `n_skipped`; every
 predictor set of a (target, metric, scheme) sees the same folds, so they are compared fold by
 fold.
@@ -173,9 +175,9 @@ def _check_columns(frame: pd.DataFrame, parts: Mapping[str, Sequence[str]], whic
 def check(members, design: Design, null=None) -> dict[str, float]:
     """Validates the input before any fitting; returns {target: threshold} (a "median"
     resolved on the whole population). Each problem is a one-line ValueError naming the column
-    or value: a missing, non-numeric or non-finite column, a column in two parts, fewer than 2
-    settings, a threshold outside a target's observed range, a target with one class after
-    binarising (or a class smaller than n_splits), a null frame of other members."""
+    or value: a missing, non-numeric or non-finite column, a column in two parts, a threshold
+    outside a target's observed range, a target with one class after binarising (or a class
+    smaller than n_splits), a null frame of other members."""
     members = _frame(members)
     if design.n_splits < 2 or design.n_repeats < 1:
         raise ValueError(f"n_splits {design.n_splits} must be >= 2 and n_repeats "
@@ -183,7 +185,7 @@ def check(members, design: Design, null=None) -> dict[str, float]:
     parts = {"feature": design.features, "hyper-parameter": design.hparams,
              "target": design.targets, "setting": (design.setting,)}
     for part, columns in parts.items():
-        if not columns:
+        if not columns and part != "hyper-parameter":  # (none: the setting column alone)
             raise ValueError(f"the design names no {part} column")
     named = [c for columns in parts.values() for c in columns]
     twice = sorted({c for c in named if named.count(c) > 1})
@@ -192,10 +194,6 @@ def check(members, design: Design, null=None) -> dict[str, float]:
     if not members.index.is_unique:
         raise ValueError("the members frame's index names a member twice")
     _check_columns(members, parts, "members")
-    settings = members[design.setting].unique()
-    if len(settings) < 2:
-        raise ValueError(f"leave-one-setting-out needs at least 2 settings in column "
-                         f"{design.setting!r}; it has {len(settings)} ({settings[0]!r})")
     if null is not None:
         null = _frame(null)
         missing = len(members.index.difference(null.index))
@@ -221,6 +219,14 @@ def check(members, design: Design, null=None) -> dict[str, float]:
                              f"splits need at least {design.n_splits}")
         thresholds[target] = t
     return thresholds
+
+
+def schemes(members, design: Design) -> tuple[str, ...]:
+    """The SCHEMES that apply: leave-one-setting-out only with 2 settings or more (one setting,
+    a population of seeds alone: the random splits, and the hyper-parameters are one constant
+    indicator, so `hparams` scores chance, AUROC 0.5 and rho 0, in every fold)."""
+    several = _frame(members)[design.setting].nunique() > 1
+    return tuple(s for s in SCHEMES if several or s != "leave_one_setting_out")
 
 
 def _folds(y: np.ndarray, groups: np.ndarray, metric: str, scheme: str, design: Design,
@@ -360,20 +366,22 @@ def hparam_matrix(members, design: Design) -> np.ndarray:
 def predict(members, design: Design, null=None, *, random_state: int = 0,
             fitted: dict | None = None) -> pd.DataFrame:
     """The held-out prediction test: one row per (target, metric, scheme) and predictor set
-    ("features", "hparams", "both", and "features" with null=True when a `null` frame of the
-    same members gives the features' null values), and per paired comparison of COMPARISONS.
-    Columns COLUMNS; the same input and random_state give the identical frame. Input problems
-    raise (`check`) before any fitting. `fitted`: a dict shared by several calls, which then
-    fit each predictor matrix once per target and folds (the hparams baseline of calls that
-    differ in their features only); it holds fold scores, keyed by what they depend on."""
+    ("features", "hparams", "both" with 2 settings or more, and "features" with null=True
+    when a `null` frame of the same members gives the features' null values), and per paired
+    comparison of COMPARISONS. Columns COLUMNS; the same input and random_state give the
+    identical frame. Input problems raise (`check`) before any fitting. `fitted`: a dict
+    shared by several calls, which then fit each predictor matrix once per target and folds
+    (the hparams baseline of calls that differ in their features only); it holds fold
+    scores, keyed by what they depend on."""
     fitted = {} if fitted is None else fitted
     members = _frame(members)
     thresholds = check(members, design, null)
     groups = pd.factorize(members[design.setting])[0]
     features = members[list(design.features)].to_numpy(np.float64)
     hparams = hparam_matrix(members, design)
-    inputs = {"features": features, "hparams": hparams,
-              "both": np.concatenate([features, hparams], axis=1)}
+    inputs = {"features": features, "hparams": hparams}
+    if len(set(groups)) > 1:  # (one setting: hparams is constant, so both would be features)
+        inputs["both"] = np.concatenate([features, hparams], axis=1)
     if null is not None:
         inputs["null"] = _frame(null).loc[members.index, list(design.features)].to_numpy(
             np.float64)
@@ -381,7 +389,7 @@ def predict(members, design: Design, null=None, *, random_state: int = 0,
     for target in design.targets:
         for metric in METRICS:
             y = _target_values(members, target, metric, thresholds[target])
-            for scheme in SCHEMES:
+            for scheme in schemes(members, design):
                 kept, skipped = _folds(y, groups, metric, scheme, design, random_state)
                 common = {"target": target, "metric": metric, "scheme": scheme,
                           "n_folds": len(kept), "n_skipped": skipped, "members": len(members),
@@ -452,7 +460,8 @@ def figure(frame: pd.DataFrame, path: str, metric: str = "auroc") -> None:
     for ax, target in zip(axes, targets, strict=True):
         rows = part[part["target"] == target]
         ticks = []
-        for s, scheme in enumerate(SCHEMES):
+        present = [name for name in SCHEMES if name in set(rows["scheme"])]
+        for s, scheme in enumerate(present):
             at = rows[rows["scheme"] == scheme]
             if len(at):
                 ticks.append(f"{_SCHEME_NAMES[scheme]}\n{_folds_phrase(at.iloc[0])}")
@@ -467,7 +476,7 @@ def figure(frame: pd.DataFrame, path: str, metric: str = "auroc") -> None:
                                             linestyle="none", capsize=3, **figures.style(i))
         ax.axhline(0.5 if metric == "auroc" else 0.0, color="grey", linestyle="--", lw=0.8)
         ax.set_xticks(range(len(ticks)), ticks)
-        ax.set_xlim(-0.6, len(SCHEMES) - 0.4)
+        ax.set_xlim(-0.6, len(ticks) - 0.4)
         low_end, high_end = _RANGE[metric]
         ax.set_ylim(low_end - 0.03 * (high_end - low_end), high_end + 0.03 * (high_end - low_end))
         ax.set_title(wrapped(target), fontsize=9)

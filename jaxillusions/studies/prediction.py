@@ -168,24 +168,23 @@ def check_members(config, model_cfg) -> list[str]:
 
 
 def check(config, model_cfg) -> list[str]:
-    """check_members, at least two settings of the hyper-parameters (to hold one out), and
-    enough trained members for the random splits: a target split at its median has classes of
-    at most half the members, and each needs prediction.n_splits of them."""
+    """check_members, and enough trained members for the random splits: a target split at its
+    median has classes of at most half the members, and each needs prediction.n_splits of
+    them. (One setting, seeds alone, is tested under the random splits only.)"""
     check_members(config, model_cfg)
-    found = settings_of(config) if enabled(config) else ["", ""]
-    if len(found) < 2:
-        raise ValueError("prediction.enabled=True: needs members in at least 2 settings of "
-                         "their hyper-parameters (e.g. train.weight_decays, or a grid), to "
-                         f"hold one out; this run has {len(found)}")
-    trained = config.train.num_seeds * len(found)  # the null copies left out
-    need = 2 * config.prediction.n_splits
-    if enabled(config) and trained < need:
+    if not enabled(config):
+        return []
+    found, seeds = settings_of(config), len(train.seed_list(config))
+    trained, need = seeds * len(found), 2 * config.prediction.n_splits  # (null copies left out)
+    if trained < need:
+        more = ("more checkpoints in model.pretrained" if config.model.pretrained
+                else "more train.num_seeds")
         raise ValueError(f"prediction.n_splits={config.prediction.n_splits}: the random splits "
                          f"need at least {need} trained members (each class of a target split "
                          f"at its median holds at most half of them); this run has {trained} "
-                         f"({config.train.num_seeds} seed{'s' * (config.train.num_seeds != 1)} "
-                         f"x {len(found)} settings): more "
-                         "train.num_seeds, or fewer prediction.n_splits")
+                         f"({seeds} seed{'s' * (seeds != 1)} x {len(found)} "
+                         f"setting{'s' * (len(found) != 1)}): {more}, or fewer "
+                         "prediction.n_splits")
     return []
 
 
@@ -309,7 +308,8 @@ def test(members_frame: pd.DataFrame, pc: Prediction, workdir: str, say) -> pd.D
              for f in FAMILIES}
     found = {f: cols for f, cols in found.items() if cols}
     tested = {ALL: design.features, **(found if len(found) > 1 else {})}
-    say(f"prediction: {len(frame)} members in {frame['setting'].nunique()} settings, "
+    n = frame["setting"].nunique()
+    say(f"prediction: {len(frame)} members in {n} setting{'s' * (n != 1)}, "
         f"{len(design.features)} features ("
         + ", ".join(f"{f} {len(cols)}" for f, cols in found.items())
         + f"), {len(design.hparams)} hyper-parameters, {len(design.targets)} targets"
@@ -326,8 +326,10 @@ def test(members_frame: pd.DataFrame, pc: Prediction, workdir: str, say) -> pd.D
         path = os.path.join(workdir, "prediction.csv")
         with stages.writing("prediction", path):
             tables.write_csv(result.to_dict("records"), path, COLUMNS)
-        lines = [f"Held-out prediction: {len(frame)} trained members, "
-                 f"{frame['setting'].nunique()} settings of {', '.join(design.hparams)}; "
+        setting = (f"{n} settings of {', '.join(design.hparams)}" if n > 1 else
+                   "1 setting (seeds alone: random splits only; hparams, one constant, scores "
+                   "chance)")
+        lines = [f"Held-out prediction: {len(frame)} trained members, {setting}; "
                  f"features: {len(design.features)} in-distribution measurements ("
                  + "; ".join(f"{f}: {len(c)}" for f, c in found.items()) + ")"]
         for name, part in zip(tested, parts, strict=True):
