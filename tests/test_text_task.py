@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 from conftest import xla_flags
@@ -517,30 +518,42 @@ def test_lenses_erasure_probes_and_fit_shift_on_two_imported_checkpoints(corpus,
 
 @pytest.mark.slow  # a whole sweep
 def test_the_prediction_study_on_a_population_of_imported_seeds(corpus, tmp_path):
-    """A population of seeds alone (PolyPythias' design: one setting), imported: the held-out
-    prediction test runs its random splits, against hyper-parameters that score chance. (Was:
-    refused at the door, "needs members in at least 2 settings ... e.g. train.weight_decays".)"""
+    """A population of seeds alone (PolyPythias' design: one setting), imported, beside its
+    untrained copies (train.null): the held-out prediction test runs its random splits, against
+    hyper-parameters that score chance and the copies' features. (Was: refused at the door,
+    "needs members in at least 2 settings ... e.g. train.weight_decays", and train.null too.)"""
     import pandas as pd
 
     from jaxillusions.pipeline import sweep
+    from jaxillusions.report import results
+    from jaxillusions.training import memory, step, train
 
     seeds = [corpus["seed1"], corpus["seed2"],
              *(_neox(tmp_path / "ckpt" / f"seed{s}", corpus["vocab"], s) for s in (3, 4))]
     keys = {"model.pretrained": tuple(seeds), "proxies.methods": ("svd",),
             "proxies.svd_ranks": (2, 4), "prediction.enabled": True,
             "prediction.features": ("proxies", "heads"), "prediction.n_splits": 2,
-            "prediction.n_repeats": 2, "figures": "none"}
+            "prediction.n_repeats": 2, "train.null": ("untrained",), "figures": "none"}
     few = _config(corpus, **{**keys, "model.pretrained": tuple(seeds[:3])})
     with pytest.raises(ValueError, match=r"^prediction.n_splits=2: the random splits need at "
                        r"least 4 trained members .* this run has 3 \(3 seeds x 1 setting\): "
                        r"more checkpoints in model.pretrained, or fewer prediction.n_splits$"):
         validate.check(few)
+    with pytest.raises(ValueError, match=r"^train.null=\('shuffled',\): imported checkpoints "
+                       "are not trained here"):
+        validate.check(_config(corpus, **{**keys, "train.null": ("shuffled",)}))
+    config = validate.check(_config(corpus, **keys))[0]
+    term = memory.plan(config, train.model_config(config), 1)[0]
+    assert term.what == "the parameters of every imported member"
+    assert term.factors == (("model.pretrained", 8),)  # 4 checkpoints and their 4 copies
     workdir = tmp_path / "run"
-    sweep.run(validate.check(_config(corpus, **keys))[0], str(workdir), verbose=False)
+    sweep.run(config, str(workdir), verbose=False)
     rows = pd.read_csv(workdir / "prediction.csv")
     assert set(rows["scheme"]) == {"random"} and set(rows["members"]) == {4}
     assert set(rows["family"]) == {"all", "proxies", "heads"}
-    assert set(rows["predictors"]) == {"features", "hparams", "features - hparams"}
+    assert set(rows["predictors"]) == {"features", "hparams", "features - hparams",
+                                       "features - null"}
+    assert rows[rows["predictors"] == "features"]["null"].sum() == len(rows) / 5  # one each
     hparams = rows[rows["predictors"] == "hparams"]
     chance = set(zip(hparams["metric"], hparams["mean"], strict=True))
     assert chance == {("auroc", 0.5), ("spearman", 0.0)}
@@ -549,4 +562,11 @@ def test_the_prediction_study_on_a_population_of_imported_seeds(corpus, tmp_path
     text = (workdir / "prediction.txt").read_text()
     assert text.startswith("Held-out prediction: 4 trained members, 1 setting (seeds alone")
     members = pd.read_csv(workdir / "prediction_members.csv", index_col="member")
-    assert len(members) == 4 and set(members["seed"]) == {1, 2, 3, 4}
+    assert sorted(members["kind"].value_counts().items()) == [("trained", 4), ("untrained", 4)]
+    # The copies: the checkpoints' architecture as initialised here, at each member's seed.
+    run = results.load_run(str(workdir))
+    assert run.labels == ["1", "2", "3", "4", "1_untrained", "2_untrained", "3_untrained",
+                          "4_untrained"]
+    fresh = step.initial_params([1, 2, 3, 4], run.model_config)
+    for got, want in zip(jax.tree.leaves(run.params), jax.tree.leaves(fresh), strict=True):
+        np.testing.assert_array_equal(np.asarray(got)[4:], np.asarray(want))

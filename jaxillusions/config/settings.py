@@ -171,9 +171,9 @@ class Train:
     null: tuple[str, ...] = setting(
         (), STRS, f"distinct kinds of {', '.join(NULL_KINDS[1:])}, or () for none",
         lambda v, s: set(v) <= set(NULL_KINDS[1:]) and len(set(v)) == len(v),
-        "null members: per trained member, a copy that keeps its initialisation (untrained) "
-        "or trains on each row's targets in a random order (shuffled); hyper-parameter null: "
-        "0 trained, 1 untrained, 2 shuffled")
+        "null members: per trained member, a copy that keeps its initialisation (untrained) or "
+        "trains on each row's targets in a random order (shuffled); hyper-parameter null: 0 "
+        "trained, 1 untrained, 2 shuffled; imported checkpoints: untrained only, initialised here")
     log_every: int = setting(100, INT, ">= 1", positive)
     eval_every: int = setting(1000, INT, ">= 0 (0: only at the end)", nonnegative)
     checkpoint_every: int = setting(1000, INT, ">= 0 (0: only at the end)", nonnegative)

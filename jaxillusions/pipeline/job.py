@@ -43,7 +43,8 @@ def _train(ctx: Context) -> Context:
         for note in train.claim_workdir(ctx.workdir, ctx.settings):
             ctx.say(note)
         state, final_eval = imported.load_sweep(ctx.settings, ctx.workdir, splits=ctx.splits,
-                                                model_cfg=ctx.model_cfg, say=ctx.say)
+                                                model_cfg=ctx.model_cfg,
+                                                members=train.members(ctx.settings), say=ctx.say)
     else:
         state, final_eval = train.train_sweep(ctx.settings, ctx.workdir, splits=ctx.splits,
                                               verbose=ctx.verbose, start_over=ctx.start_over)

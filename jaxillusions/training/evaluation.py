@@ -134,3 +134,15 @@ def log(writer, step: int, results: dict, healthy: np.ndarray, task) -> None:
             if np.isfinite(acc).any():
                 by_bin[f"{split}/{labels[i] if labels else f'{b}_{i:02d}'}"] = acc
     tensorboard.write_scalars(writer, step, {"eval": overall, f"eval_by_{b}": by_bin}, healthy)
+
+
+def summary_lines(task, results: dict, healthy: np.ndarray, kinds: np.ndarray) -> list[str]:
+    """The printed evaluation: per kind of member (kinds [M]: "trained", then train.null's
+    kinds), each split's accuracy, mean over its healthy members."""
+    lines = []
+    for kind in dict.fromkeys(kinds):  # the trained members, then each null kind
+        mine = healthy & (kinds == kind)
+        who = "seeds" if len(set(kinds)) == 1 else f"{kind} members"
+        lines.append(f"  eval {task.EVALUATED} acc (mean over healthy {who}): " + ", ".join(
+            f"{k} {np.nanmean(np.where(mine, v['acc'], np.nan)):.3f}" for k, v in results.items()))
+    return lines

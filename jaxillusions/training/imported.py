@@ -4,7 +4,8 @@ place of training; every later stage runs as on trained members.
 
     seeds(settings)                        # the members' seeds (train.seed_list calls it)
     cfg = model_config(settings, widest)   # at the door: the checkpoints' configs, no weights
-    state, final_eval = load_sweep(settings, workdir, splits=splits, model_cfg=cfg, say=print)
+    state, final_eval = load_sweep(settings, workdir, splits=splits, model_cfg=cfg,
+                                   members=train.members(settings), say=print)
 
 A member's seed is the integer its label (model.pretrained.member_labels) ends in, when every
 label ends in a different one (pythia-14m-seed1 ... seed9: 1 ... 9; step1000, step2000: 1000,
@@ -30,7 +31,7 @@ from jaxillusions.config import settings
 from jaxillusions.model import pretrained
 from jaxillusions.runtime import distributed, tensorboard
 from jaxillusions.runtime.cache import write_atomic
-from jaxillusions.training import evaluation
+from jaxillusions.training import evaluation, step
 from jaxillusions.training.step import SweepState
 
 # The model.* keys an imported run may set: the rest describe an architecture, which here is
@@ -105,13 +106,18 @@ def _get(config, key: str):
 def load_params(config, workdir: str | None = None, *, record: bool = False
                 ) -> tuple[dict, np.ndarray]:
     """(params with the member axis, healthy [M] bool: every weight finite) of the
-    checkpoints, as numpy float32. With a workdir, the weights must be those its run was
-    computed from (RECORD: a one-line ValueError naming the checkpoint otherwise); `record`
-    writes RECORD there when it is not there yet (the main job's first launch)."""
-    params, _, _ = pretrained.load_pretrained_labelled(list(config.model.pretrained))
+    checkpoints, as numpy float32, then with train.null = ("untrained",) an untrained copy of
+    each (step.initial_params: this project's initialisation of their architecture at the
+    member's seed), in train.members' order. With a workdir, the checkpoints' weights must be
+    those its run was computed from (RECORD: a one-line ValueError naming the checkpoint
+    otherwise); `record` writes RECORD there when it is not there yet (the first launch)."""
+    params, cfg, _ = pretrained.load_pretrained_labelled(list(config.model.pretrained))
     params = jax.tree.map(np.asarray, params)
     if workdir is not None:
         _check_unchanged(list(config.model.pretrained), params, workdir, record)
+    if "untrained" in config.train.null:
+        copies = jax.tree.map(np.asarray, step.initial_params(seeds(config), cfg))
+        params = jax.tree.map(lambda a, b: np.concatenate([a, b]), params, copies)
     leaves = jax.tree.leaves(params)
     healthy = np.asarray([all(np.isfinite(x[i]).all() for x in leaves)
                           for i in range(leaves[0].shape[0])])
@@ -148,34 +154,38 @@ def _check_unchanged(paths: list[str], params: dict, workdir: str, record: bool)
 
 
 def load_sweep(config, workdir: str | None, *, splits, model_cfg: model_lib.ModelConfig,
-               say=print) -> tuple[SweepState, dict]:
+               members, say=print) -> tuple[SweepState, dict]:
     """The training stage of an imported run: says that training is skipped and which
     checkpoint each member is, loads them (a member with a non-finite weight is unhealthy: left
     out of every aggregate, as a diverged seed), evaluates them on every split as training's
     last evaluation does (printed, and at step 0 in TensorBoard), and returns (state, the
-    evaluation) as train.train_sweep does. The caller claims the workdir first."""
+    evaluation) as train.train_sweep does. `members`: train.members(config), whose labels and
+    null kinds the evaluation's lines and TensorBoard's runs use. The caller claims the
+    workdir first."""
     config = settings.require(config, "imported.load_sweep")
     task, paths = tasks.get(config.task), list(config.model.pretrained)
     member_seeds = seeds(config)
+    copies = ("; and an untrained copy of each (train.null: their architecture as this "
+              "project initialises it, at the member's seed)" if config.train.null else "")
     say(f"training: skipped, {len(paths)} imported checkpoints: "
-        + ", ".join(f"seed {s} = {p}" for s, p in zip(member_seeds, paths, strict=True)),
-        flush=True)
+        + ", ".join(f"seed {s} = {p}" for s, p in zip(member_seeds, paths, strict=True))
+        + copies, flush=True)
     params, healthy = load_params(config, workdir, record=True)
-    for s, ok in zip(member_seeds, healthy, strict=True):
+    for s, ok in zip(member_seeds, healthy, strict=False):  # (the copies are finite)
         if not ok:
             say(f"WARNING: seed {s} has non-finite weights; it is excluded from aggregates")
-    num = len(paths)
+    num = len(healthy)
     state = SweepState(params=params, opt_state=(), rng=np.zeros((num, 2), np.uint32),
                        step=np.zeros(num, np.int32), healthy=healthy)
     chunks = evaluation.seed_chunks(params, config.train.seed_chunk_size)
     results = evaluation.evaluate_splits(chunks, num, splits, model_cfg, config)
-    say(f"  eval {task.EVALUATED} acc (mean over healthy seeds): " + ", ".join(
-        f"{k} {np.nanmean(np.where(healthy, v['acc'], np.nan)):.3f}" for k, v in results.items()))
+    kinds = np.asarray(settings.NULL_KINDS)[members.values["null"]]
+    for line in evaluation.summary_lines(task, results, healthy, kinds):
+        say(line)
     if workdir is not None and distributed.is_main():
-        labels_ = [int(s) for s in member_seeds]
-        writer = tensorboard.board(workdir, labels_)
+        writer = tensorboard.board(workdir, members.labels)
         try:  # a relaunch's step 0 supersedes the last one's (a restart marker before it)
-            writer.restart(-1, tensorboard.SweepWriter.seed_runs(labels_))
+            writer.restart(-1, tensorboard.SweepWriter.seed_runs(members.labels))
             evaluation.log(writer, 0, results, healthy, task)
         finally:
             writer.close()

@@ -257,7 +257,7 @@ def plan(config, model_cfg, num_devices: int | None = None) -> list[Term]:
     # imported checkpoints (model.pretrained): the members, loaded and evaluated, not trained;
     # else the seeds times every combination of the per-member hyper-parameters' values and the
     # null kinds (train.num_members, which imports this module; a test keeps the two equal)
-    imported = len(config.model.pretrained)
+    imported = len(config.model.pretrained) * (1 + len(tc.null))  # (null: untrained copies)
     members = imported or tc.num_seeds * (1 + len(tc.null)) * math.prod(
         max(len(values), 1) for values in (tc.contrastive_weights, tc.learning_rates,
                                            tc.weight_decays, tc.init_scales))

@@ -70,10 +70,25 @@ def init_state(seeds: Sequence[int], model_cfg: model_lib.ModelConfig,
     return state.replace(params=params)
 
 
+def initial_params(seeds: Sequence[int], model_cfg: model_lib.ModelConfig):
+    """Each seed's parameters as init_state draws them, without the optimizer's state: an
+    untrained member of `model_cfg` (an imported run's null copies, training/imported.py)."""
+    return _initial_params(jnp.asarray(seeds, jnp.uint32), model_cfg)
+
+
+def _keys(seeds: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(the parameters' keys, the batches' keys) [S, 2] of each seed."""
+    return jax.vmap(jax.random.split, out_axes=1)(jax.vmap(jax.random.PRNGKey)(seeds))
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _initial_params(seeds: jax.Array, model_cfg):
+    return jax.vmap(model_lib.init_params, in_axes=(0, None))(_keys(seeds)[0], model_cfg)
+
+
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _init_state(seeds: jax.Array, model_cfg, tx) -> SweepState:
-    keys = jax.vmap(jax.random.PRNGKey)(seeds)
-    init_keys, data_keys = jax.vmap(jax.random.split, out_axes=1)(keys)
+    init_keys, data_keys = _keys(seeds)
     params = jax.vmap(model_lib.init_params, in_axes=(0, None))(init_keys, model_cfg)
     return SweepState(
         params=params,

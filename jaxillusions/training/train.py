@@ -17,7 +17,7 @@ from jaxillusions.config import settings
 from jaxillusions.config.settings import Settings, Train
 from jaxillusions.runtime import distributed, machine, watchdog
 from jaxillusions.training import imported, memory, objective
-from jaxillusions.training.evaluation import evaluate_splits
+from jaxillusions.training.evaluation import evaluate_splits, summary_lines
 from jaxillusions.training.evaluation import log as log_eval
 from jaxillusions.training.step import (
     SweepState,
@@ -187,10 +187,14 @@ def model_config(config: Settings, widest_split: int | None = None,
     if widest_split is None:
         widest_split = task.widest_width(config.data)
     if imported.enabled(config):  # the checkpoints' architecture, one member each
-        if num_members(config.train, 1) != 1:
+        if num_members(config.train, 1) != len(null_kinds(config.train)):
             raise ValueError("model.pretrained: an imported run has one member per checkpoint; "
-                             "leave the train.* keys that make several members of a seed "
-                             "(per-member hyper-parameters, train.null) at their defaults")
+                             "leave the per-member hyper-parameters (train.contrastive_weights, "
+                             "learning_rates, weight_decays, init_scales) at their defaults")
+        if "shuffled" in config.train.null:
+            raise ValueError(f"train.null={tuple(config.train.null)!r}: imported checkpoints "
+                             "are not trained here, so none is trained on shuffled labels; "
+                             "('untrained',) adds an untrained copy of each")
         return imported.model_config(config, widest_split)
     fields = task.model_fields(config.data, splits)
     if config.model.first_layer != "standard":  # a part the task builds from its data
@@ -397,12 +401,8 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
                     f"ETA {_format_eta((end - step) / rate)}", flush=True)
             if (tc.eval_every > 0 and step % tc.eval_every == 0) or step == tc.num_steps:
                 results = evaluate()
-                for kind in dict.fromkeys(kinds):  # the trained members, then each null kind
-                    mine = healthy & (kinds == kind)
-                    say(f"  eval {task.EVALUATED} acc (mean over healthy "
-                        + ("seeds" if len(set(kinds)) == 1 else f"{kind} members") + "): "
-                        + ", ".join(f"{k} {np.nanmean(np.where(mine, v['acc'], np.nan)):.3f}"
-                                    for k, v in results.items()))
+                for line in summary_lines(task, results, healthy, kinds):
+                    say(line)
                 if writer is not None:
                     log_eval(writer, step, results, healthy, task)
             # Every process stops at the same step, if any of them received a signal.
