@@ -460,3 +460,34 @@ def test_one_size_proxies_at_several_sites_get_a_marker_each():
     assert fig._suptitle.get_text().startswith("onehot_attention and logit_lens: paired gap")
     styles = {(c.lines[0].get_color(), c.lines[0].get_marker()) for c in ax.containers}
     assert len(styles) == len(drawn)
+
+
+@pytest.mark.parametrize("rows", [1, 10])
+def test_the_title_stays_above_the_first_row_of_a_tall_grid(rows, tmp_path, monkeypatch):
+    # Was: at 2% of the height below the top, among the first row's panels of the held-out
+    # prediction's 28 targets (10 rows of 3, 34 inches); its legend's strip there was 2.7 in.
+    import pandas as pd
+
+    from jaxillusions.report import heldout
+
+    frame = pd.DataFrame([
+        {"target": f"acc:split{t}", "metric": "auroc", "predictors": p, "scheme": "random",
+         "null": False, "mean": 0.7, "sd": 0.1, "low": 0.6, "high": 0.8, "n_folds": 5,
+         "n_skipped": 0, "members": 32, "threshold": 0.5, "verdict": ""}
+        for t in range(3 * rows) for p in ("features", "hparams")])
+    drawn = {}
+
+    def measure(fig, path):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        drawn["title"] = fig._suptitle.get_window_extent(renderer)
+        drawn["panels"] = [ax.title.get_window_extent(renderer) for ax in fig.axes
+                           if ax.get_title()]
+        drawn["top"], drawn["dpi"] = fig.get_size_inches()[1] * fig.dpi, fig.dpi
+        figures._pyplot().close(fig)
+
+    monkeypatch.setattr(figures, "save", measure)
+    heldout.figure(frame, str(tmp_path / "p.png"))
+    assert len(drawn["panels"]) == 3 * rows
+    assert drawn["title"].y0 > max(p.y1 for p in drawn["panels"])  # above every panel's title
+    assert drawn["top"] - drawn["title"].y1 < 0.2 * drawn["dpi"]  # within 0.2 inch of the top

@@ -481,9 +481,10 @@ def figure(frame: pd.DataFrame, path: str, metric: str = "auroc") -> None:
         ax.set_ylim(low_end - 0.03 * (high_end - low_end), high_end + 0.03 * (high_end - low_end))
         ax.set_title(wrapped(target), fontsize=9)
         ax.set_ylabel("AUROC" if metric == "auroc" else "Spearman rho")
-    figures._legend_below(fig, list(handles.values()),  # noqa: SLF001
-                          [_PREDICTOR_NAMES[n] for n in handles], ncol=4)
+    inside = figures._legend_below(fig, list(handles.values()),  # noqa: SLF001
+                                   [_PREDICTOR_NAMES[n] for n in handles], ncol=4)
     figures._title(fig, f"{'AUROC' if metric == 'auroc' else 'Spearman rho'} on held-out "  # noqa: SLF001
                    f"members, {part['members'].iloc[0]} members: mean and 95% corrected t interval")
-    figures.tight_layout(fig, rect=(0, 0.08, 1, 1))
+    # (below: a legend's 0.45 inch, whatever the number of rows)
+    figures.tight_layout(fig, rect=(0, 0 if inside else 0.45 / fig.get_size_inches()[1], 1, 1))
     figures.save(fig, path)
