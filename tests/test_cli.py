@@ -78,7 +78,12 @@ def test_locate_names_and_paths(tmp_path, monkeypatch):
             ("nope.py", "config file nope.py not found; the shipped configs: code, "),
             ("none.py", "config file none.py defines no get_config()"),
             ("broken.py", "config file broken.py does not parse as Python: "),
-            ("", "--config=: give a shipped config's name")]:
+            ("", "--config=: give a shipped config's name"),
+            # Was: "cannot load config file dyck_small:foo: TypeError: get_config() takes 0
+            # positional arguments but 1 was given".
+            ("dyck_small:foo", "--config=dyck_small:foo: dyck_small takes no argument (its "
+                               "get_config() has no parameter); drop ':foo'"),
+            ("plain.py:x", "--config=plain.py:x: plain.py takes no argument")]:
         with pytest.raises(ValueError) as err:
             configs.locate(value)
         assert str(err.value).startswith(message) and "\n" not in str(err.value), err.value

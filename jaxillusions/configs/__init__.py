@@ -33,9 +33,10 @@ def names() -> list[str]:
                   if f.endswith(".py") and not f.startswith("_"))
 
 
-def _defines_get_config(path: str) -> bool:
+def _defines_get_config(path: str) -> bool | str:
     """Whether the file binds `get_config` at its top level (a def, an assignment or an
-    import); a one-line ValueError for a file that is not Python."""
+    import): "no argument" for a def without positional parameters; a one-line ValueError for
+    a file that is not Python."""
     try:
         with open(path, encoding="utf-8") as f:
             tree = ast.parse(f.read(), path)
@@ -46,7 +47,8 @@ def _defines_get_config(path: str) -> bool:
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and \
                 node.name == "get_config":
-            return True
+            return "no argument" if not (node.args.args or node.args.posonlyargs
+                                         or node.args.vararg) else True
         if isinstance(node, ast.Import | ast.ImportFrom) and any(
                 (a.asname or a.name) == "get_config" for a in node.names):
             return True
@@ -61,7 +63,8 @@ def locate(value: str) -> str:
     """The file (and `:argument`) that --config=`value` loads: a shipped config's name
     (`dyck_small`, `wen_attention_variation:minimal`) or the path of a Python file with a
     get_config() (`my_study.py`, `path/to/my_study.py:arg`). A one-line ValueError for an
-    unknown name, a path that is no file, or a file without get_config."""
+    unknown name, a path that is no file, a file without get_config, or an argument to a
+    get_config that takes none."""
     spec, colon, arg = value.partition(":")
     spec = os.path.expanduser(spec)  # '--config=~/my.py': no shell expands a '~' after '='
     shipped = ", ".join(names())
@@ -73,14 +76,18 @@ def locate(value: str) -> str:
         if spec not in names():
             raise ValueError(f"no shipped config named {spec!r}; the shipped configs: "
                              f"{shipped} (or give the path of your own .py file)")
-        return os.path.join(FOLDER, f"{spec}.py") + colon + arg
-    if not os.path.isfile(spec):
+        spec = os.path.join(FOLDER, f"{spec}.py")
+    elif not os.path.isfile(spec):
         stem = os.path.splitext(os.path.basename(spec))[0]
         hint = (f"; the shipped one is named without a path: --config={stem}{colon}{arg}"
                 if stem in names() else f"; the shipped configs: {shipped}")
         raise ValueError(f"config file {spec} not found{hint}")
-    if not _defines_get_config(spec):
+    defined = _defines_get_config(spec)
+    if not defined:
         raise ValueError(f"config file {spec} defines no get_config() (it should return a "
                          "ConfigDict, e.g. starting from `from jaxillusions.configs import "
                          "dyck_small` and dyck_small.get_config())")
+    if colon and defined == "no argument":
+        raise ValueError(f"--config={value}: {value.partition(':')[0]} takes no argument (its "
+                         f"get_config() has no parameter); drop ':{arg}'")
     return spec + colon + arg
