@@ -1132,18 +1132,24 @@ def test_a_repeated_config_override_the_last_one_wins(tmp_path):
     assert line.startswith("error: proxies.kmeans_sizes=(0,): must be cluster counts"), line
 
 
-@pytest.mark.parametrize("case", ["bad_variant", "no_variant", "workdir_is_a_file"])
+@pytest.mark.parametrize("case", ["bad_variant", "no_variant", "workdir_is_a_file", "override"])
 def test_wen_attention_launcher_bad_input_is_exactly_one_line(case, tmp_path):
     workdir = tmp_path / "run"
     args = {"bad_variant": ["--variants=minimal,bogus"], "no_variant": ["--variants="],
-            "workdir_is_a_file": ["--variants=minimal"]}[case]
+            "workdir_is_a_file": ["--variants=minimal"],
+            "override": ["--config.train.num_seeds=2"]}[case]
     if case == "workdir_is_a_file":
         workdir.write_text("")
     line = _one_line_error([sys.executable, "-m", "jaxillusions.launch.wen_attention", *args,
                             f"--workdir={workdir}"])
     assert {"bad_variant": "expected one of ('minimal',",
             "no_variant": "--variants is empty; choose from minimal,standard_nope",
-            "workdir_is_a_file": "exists and is not a directory"}[case] in line
+            "workdir_is_a_file": "exists and is not a directory",
+            # Was: "Unknown command line flag 'config.train.num_seeds'".
+            "override": "error: --config.train.num_seeds: jaxillusions wen-attention takes no "
+                        "config overrides; for other settings run each variant with "
+                        "`jaxillusions sweep --config=wen_attention_variation:<variant>"}[case] \
+        in line
     assert case == "workdir_is_a_file" or not workdir.exists()  # was: locked and created
 
 
