@@ -146,6 +146,9 @@ def test_a_leading_tilde_in_a_path_flag_is_the_home_folder(tmp_path):
                                          "the shipped one is named without a path"),
     (["--config=dyck_small"], "error: --config and --workdir are required, e.g. "
                               "--config=dyck_small --workdir=runs/dyck_small"),
+    # Was: "Unknown command line flag 'config.train.num_seeds'".
+    (["--workdir=w", "--config.train.num_seeds=3"], "error: --config.train.num_seeds: a config "
+     "override needs --config, e.g. --config=dyck_small --config.train.num_seeds=VALUE"),
 ])
 def test_a_bad_config_value_is_one_line_before_jax_starts(args, message, tmp_path):
     proc = _command("train", *args, cwd=tmp_path, timeout=60)
@@ -203,3 +206,17 @@ def test_benchmark_outside_a_clone_is_one_line(tmp_path, monkeypatch):
     assert err.value.code == benchmark.NEEDS_CLONE
     assert str(err.value.code).startswith("error: jaxillusions benchmark needs a clone of the "
                                           "repository")
+
+
+@pytest.mark.parametrize("args, message", [
+    # Was: "workdir  cannot be written: No such file or directory", after the config's checks.
+    (["sweep", "--config=dyck_small", "--workdir="], "error: flag --workdir=: an empty path"),
+    (["figures", ""], "error: the workdir is an empty path (jaxillusions figures WORKDIR"),
+    # Was: "No such file or directory: .tmp29516".
+    (["benchmark", "--out="], "error: --out= is empty; give the JSON file to write"),
+])
+def test_an_empty_path_is_one_line(args, message, tmp_path):
+    proc = _command(*args, cwd=ROOT if args[0] == "benchmark" else tmp_path, timeout=60)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(message), proc.stderr
+    assert not list(tmp_path.iterdir())

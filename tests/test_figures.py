@@ -331,7 +331,11 @@ def test_launch_figures_refuses_what_is_not_a_run_with_results_in_one_line(tmp_p
                            "workdir of a run: it has no config.json"),
                           ([], "error: give one workdir (jaxillusions figures WORKDIR"),
                           (["--config=dyck_small", tiny_sweep],
-                           "error: jaxillusions figures takes no --config")]:
+                           "error: jaxillusions figures takes no --config"),
+                          # Was: "Unknown command line flag 'config.figures'".
+                          (["--config.figures=all", tiny_sweep],
+                           "error: jaxillusions figures takes no --config and no config "
+                           "overrides: it reads the run's config.json")]:
         proc = subprocess.run([sys.executable, "-m", "jaxillusions.launch.figures", *args],
                               cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 1 and proc.stderr.startswith(message), proc.stderr

@@ -1146,9 +1146,10 @@ def test_wen_attention_launcher_bad_input_is_exactly_one_line(case, tmp_path):
             "no_variant": "--variants is empty; choose from minimal,standard_nope",
             "workdir_is_a_file": "exists and is not a directory",
             # Was: "Unknown command line flag 'config.train.num_seeds'".
-            "override": "error: --config.train.num_seeds: jaxillusions wen-attention takes no "
-                        "config overrides; for other settings run each variant with "
-                        "`jaxillusions sweep --config=wen_attention_variation:<variant>"}[case] \
+            "override": "error: jaxillusions wen-attention takes no --config and no config "
+                        "overrides: it runs the variants of the config wen_attention_variation "
+                        "(choose them with --variants); for other settings run each with "
+                        "`jaxillusions sweep --config=wen_attention_variation:<variant> "}[case] \
         in line
     assert case == "workdir_is_a_file" or not workdir.exists()  # was: locked and created
 

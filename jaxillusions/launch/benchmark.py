@@ -93,8 +93,9 @@ def _checked(args, suite) -> tuple[list[int], object]:
         value = getattr(args, name)
         if value is not None and value < low:
             sys.exit(f"error: --{name}={value}: must be >= {low}")
-    if os.path.isdir(args.out):
-        sys.exit(f"error: --out={args.out} is a directory; give the JSON file to write")
+    if not args.out or os.path.isdir(args.out):
+        sys.exit(f"error: --out={args.out} is {'a directory' if args.out else 'empty'}; give "
+                 "the JSON file to write")
     if args.config is not None:  # a shipped config's name or a file: before JAX starts
         try:
             configs.locate(args.config)

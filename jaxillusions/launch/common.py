@@ -130,6 +130,8 @@ class _Path(flags.ArgumentParser):
     (`--workdir=~/runs/x` would otherwise make a directory named '~' here)."""
 
     def parse(self, argument):
+        if not argument:  # (was: "workdir  cannot be written", later)
+            raise ValueError("an empty path")
         return os.path.expanduser(argument)
 
     def flag_type(self) -> str:
@@ -220,14 +222,23 @@ def check_config(argv: list[str]) -> None:
             sys.exit(f"error: {err}")
 
 
-def parse_flags(argv: list[str], doc: str | None = None) -> list[str]:
+def parse_flags(argv: list[str], doc: str | None = None, no_config: str | None = None
+                ) -> list[str]:
     """Parses the flags; a bad flag or config override is a one-line error, not a traceback.
     A repeated `--config.<key>=` override: the last one wins. --help (or -h) prints `doc` (the
-    launcher's docstring) and the flags, and exits. Returns the arguments that are not flags
-    (after the program's name)."""
+    launcher's docstring) and the flags, and exits. `no_config`: for a launcher that takes no
+    config, the error line that refuses --config and its overrides. Returns the arguments that
+    are not flags (after the program's name)."""
     if any(a in HELP for a in argv[1:argv.index("--") if "--" in argv else len(argv)]):
         print(usage(argv, doc))
         sys.exit(0)
+    override = next((a.partition("=")[0] for a in argv[1:] if a.startswith("--config.")), None)
+    given = _flag_value(argv, "config") is not None
+    if no_config and (given or override):
+        sys.exit(f"error: {no_config}")
+    if override and not given:  # (the flag library: "Unknown command line flag")
+        sys.exit(f"error: {override}: a config override needs --config, e.g. "
+                 f"--config=dyck_small {override}=VALUE")
     check_config(argv)
     argv = _last_override_wins(argv)
     try:

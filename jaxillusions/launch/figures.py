@@ -46,10 +46,11 @@ def read_settings(workdir: str):
 
 
 def main() -> None:
-    args = common.parse_flags(sys.argv, __doc__)
-    if common.CONFIG.value is not None:
-        sys.exit("error: jaxillusions figures takes no --config: it reads the run's config.json "
-                 f"({USAGE})")
+    args = common.parse_flags(sys.argv, __doc__, no_config=(
+        "jaxillusions figures takes no --config and no config overrides: it reads the run's "
+        f"config.json ({USAGE})"))
+    if "" in args:
+        sys.exit(f"error: the workdir is an empty path ({USAGE})")
     workdirs = [os.path.expanduser(a) for a in args] + (
         [common.WORKDIR.value] if common.WORKDIR.value is not None else [])
     if len(workdirs) != 1:

@@ -52,17 +52,13 @@ def run_variants(configs: dict, workdir: str, start_over: bool) -> None:
 
 
 def main() -> None:
-    override = next((a for a in sys.argv[1:] if a.startswith("--config.")), None)
-    if override:  # (the flag library would call it an unknown flag: there is no --config)
-        sys.exit(f"error: {override.partition('=')[0]}: jaxillusions wen-attention takes no "
-                 "config overrides; for other settings run each variant with `jaxillusions "
-                 "sweep --config=wen_attention_variation:<variant> --config.<key>=...`")
-    common.parse_flags(sys.argv, __doc__)
+    common.parse_flags(sys.argv, __doc__, no_config=(
+        "jaxillusions wen-attention takes no --config and no config overrides: it runs the "
+        "variants of the config wen_attention_variation (choose them with --variants); for "
+        "other settings run each with `jaxillusions sweep --config=wen_attention_variation:"
+        "<variant> --config.<key>=...`"))
     if common.WORKDIR.value is None:
         sys.exit("error: --workdir is required, e.g. --workdir=runs/wen_attention")
-    if common.CONFIG.value is not None:
-        sys.exit("error: jaxillusions wen-attention takes no --config: it runs the variants "
-                 "of the config wen_attention_variation (choose them with --variants)")
     if not VARIANTS.value:
         sys.exit("error: --variants is empty; choose from "
                  + ",".join(wen_attention_variation.VARIANTS))
