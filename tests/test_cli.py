@@ -220,3 +220,14 @@ def test_an_empty_path_is_one_line(args, message, tmp_path):
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith(message), proc.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_a_config_file_that_returns_no_config_is_one_line(tmp_path):
+    # Was: "--config and --workdir are required" (None), or "'int' object has no attribute".
+    for value, name in (("None", "None"), ("3", "int")):
+        (tmp_path / "mine.py").write_text(f"def get_config():\n    return {value}\n")
+        proc = _command("sweep", "--config=mine.py", "--workdir=w", cwd=tmp_path, timeout=60)
+        assert proc.returncode == 1 and proc.stderr == (
+            f"error: config file mine.py: get_config() returned {name}; it should return a "
+            "ConfigDict\n"), proc.stderr
+        assert not (tmp_path / "w").exists()

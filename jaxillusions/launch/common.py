@@ -27,6 +27,7 @@ import warnings
 from collections.abc import Callable, Sequence
 
 from absl import flags
+from absl import logging as absl_logging
 from ml_collections import ConfigDict, config_flags
 from ml_collections.config_dict import placeholder
 
@@ -81,10 +82,18 @@ class _ConfigWithDefaults(flags.ArgumentParser):
 
     def parse(self, argument):
         path = configs.locate(argument)
+        verbosity = absl_logging.get_verbosity()
+        absl_logging.set_verbosity(absl_logging.ERROR)  # (its warning on None: said below)
         try:
             config = self.loader.parse(path)
         except Exception as err:  # noqa: BLE001 - the file's own error: one line, where it is
             raise ValueError(_config_file_error(argument, path, err)) from None
+        finally:
+            absl_logging.set_verbosity(verbosity)
+        if not hasattr(config, "keys"):  # (None: the launchers took the flag for unset)
+            what = "None" if config is None else type(config).__name__
+            raise ValueError(f"config file {argument}: get_config() returned {what}; it should "
+                             "return a ConfigDict")
         if isinstance(config, ConfigDict):
             with_defaults(config).lock()
         return config
