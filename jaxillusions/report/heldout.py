@@ -21,10 +21,9 @@ sklearn's cross_validate does) on folds from its splitters: `random` (RepeatedSt
 for AUROC, RepeatedKFold for Spearman) and `leave_one_setting_out` (LeaveOneGroupOut over
 the `setting` column; with 2 settings or more: a population of one setting, seeds alone, gets
 the random splits, where `hparams` is one constant column that scores chance, and no `both`).
-A fold whose held-out (or training) members have one class (AUROC) or
-one value (Spearman) is skipped before any fitting and counted in `n_skipped`; every
-predictor set of a (target, metric, scheme) sees the same folds, so they are compared fold by
-fold.
+A fold whose held-out (or training) members have one class (AUROC) or one value (Spearman) is
+skipped before any fitting and counted in `n_skipped`; every predictor set of a (target,
+metric, scheme) sees the same folds, so they are compared fold by fold.
 
 Per row: mean and sd (ddof 1) of the per-fold values over n_folds folds, and low/high, the 95%
 corrected resampled t interval of the mean (Nadeau & Bengio 2003: variance sd^2 (1/J + n_test /
@@ -463,8 +462,7 @@ def figure(frame: pd.DataFrame, path: str, metric: str = "auroc") -> None:
         present = [name for name in SCHEMES if name in set(rows["scheme"])]
         for s, scheme in enumerate(present):
             at = rows[rows["scheme"] == scheme]
-            if len(at):
-                ticks.append(f"{_SCHEME_NAMES[scheme]}\n{_folds_phrase(at.iloc[0])}")
+            ticks.append(f"{_SCHEME_NAMES[scheme]}\n{_folds_phrase(at.iloc[0])}")
             for i, name in enumerate(names):
                 row = at[(at["predictors"] == ("features" if name == "null" else name))
                          & (at["null"] == (name == "null"))]
