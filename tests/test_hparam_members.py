@@ -60,7 +60,7 @@ def test_members_order_labels_and_hparams(cache_dir):
                                   np.tile(np.repeat(np.float32([1e-3, 3e-3]), 2), 6))
     np.testing.assert_array_equal(sweep.values["weight_decay"], np.full(24, np.float32(0.05)))
     np.testing.assert_array_equal(sweep.values["init_scale"], np.ones(24, np.float32))
-    assert list(train.null_kind(sweep)) == ["trained"] * 8 + ["untrained"] * 8 + ["shuffled"] * 8
+    assert list(sweep.kinds()) == ["trained"] * 8 + ["untrained"] * 8 + ["shuffled"] * 8
     assert train.num_members(config.train) == 24
     # Without the new keys, the members and labels of before (only contrastive_weight).
     plain = train.members(checked(_config(cache_dir, contrastive_weights=(0.0, 0.5))))
@@ -68,7 +68,7 @@ def test_members_order_labels_and_hparams(cache_dir):
     assert list(plain.hparams) == ["contrastive_weight"]
     alone = train.members(checked(_config(cache_dir, learning_rates=(1e-3,), init_scales=(2.0,))))
     assert alone.labels == [0, 1] and list(alone.hparams) == ["contrastive_weight"]
-    assert list(train.null_kind(alone)) == ["trained", "trained"]
+    assert list(alone.kinds()) == ["trained", "trained"]
 
 
 @pytest.mark.parametrize("key, value", [
@@ -148,7 +148,7 @@ def test_a_member_of_a_grid_equals_the_member_trained_alone_and_untrained_ones_s
     splits, _, _ = train.build(grid)
     sweep, start, trained, _ = _train(grid, splits)
     assert len(sweep.seeds) == 16
-    kinds = train.null_kind(sweep)
+    kinds = sweep.kinds()
     for rate, decay, scale in ((1e-2, 0.1, 2.0), (3e-3, 0.0, 1.0)):
         alone = checked(_config(cache_dir, num_seeds=1, learning_rate=rate, weight_decay=decay,
                                 init_scales=(scale,)))
@@ -189,7 +189,7 @@ def test_train_sweep_holds_untrained_members_without_stepping_them(cache_dir):
     state, results = train.train_sweep(config, splits=splits, verbose=False)
     alone, alone_results = train.train_sweep(bare, splits=splits, verbose=False)
     start = init_state(sweep.seeds, model_cfg, tx, sweep.values["init_scale"])
-    kinds = train.null_kind(sweep)
+    kinds = sweep.kinds()
     assert list(kinds) == ["trained"] * 4 + ["untrained"] * 4
     for i in range(4):
         twin = i + 4
@@ -234,7 +234,7 @@ def test_shuffled_members_stay_near_the_unigram_entropy_while_trained_ones_learn
     splits, model_cfg, _ = train.build(config)
     sweep, _, _, losses = _train(config, splits)  # losses [step, member]
     tokens = splits["train"].tokens
-    assert list(train.null_kind(sweep)) == ["trained", "untrained", "shuffled"]
+    assert list(sweep.kinds()) == ["trained", "untrained", "shuffled"]
     targets = tokens[:, 1:]
     counts = np.stack([np.bincount(row[row != tasks.PAD], minlength=model_cfg.vocab_size)
                        for row in targets])

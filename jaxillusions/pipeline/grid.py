@@ -83,7 +83,7 @@ def population_table(point: Settings, directory: str, values: dict) -> pd.DataFr
     """A point's results.csv rows (every group's, cells as written) with a column per grid key
     (`values`) and per hyper-parameter of its member axis that varies (its null kind by name)."""
     sweep_members = train.members(point)
-    kinds = train.null_kind(sweep_members)
+    kinds = sweep_members.kinds()
     parts = []
     for idx, group in sweep.member_groups(point, directory):
         table = pd.read_csv(os.path.join(group, "results.csv"), dtype=str,

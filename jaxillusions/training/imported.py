@@ -179,8 +179,7 @@ def load_sweep(config, workdir: str | None, *, splits, model_cfg: model_lib.Mode
                        step=np.zeros(num, np.int32), healthy=healthy)
     chunks = evaluation.seed_chunks(params, config.train.seed_chunk_size)
     results = evaluation.evaluate_splits(chunks, num, splits, model_cfg, config)
-    kinds = np.asarray(settings.NULL_KINDS)[members.values["null"]]
-    for line in evaluation.summary_lines(task, results, healthy, kinds):
+    for line in evaluation.summary_lines(task, results, healthy, members.kinds()):
         say(line)
     if workdir is not None and distributed.is_main():
         writer = tensorboard.board(workdir, members.labels)

@@ -81,15 +81,19 @@ def _keys(seeds: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jax.vmap(jax.random.split, out_axes=1)(jax.vmap(jax.random.PRNGKey)(seeds))
 
 
+def _draw(init_keys: jax.Array, model_cfg):
+    return jax.vmap(model_lib.init_params, in_axes=(0, None))(init_keys, model_cfg)
+
+
 @functools.partial(jax.jit, static_argnums=(1,))
 def _initial_params(seeds: jax.Array, model_cfg):
-    return jax.vmap(model_lib.init_params, in_axes=(0, None))(_keys(seeds)[0], model_cfg)
+    return _draw(_keys(seeds)[0], model_cfg)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _init_state(seeds: jax.Array, model_cfg, tx) -> SweepState:
     init_keys, data_keys = _keys(seeds)
-    params = jax.vmap(model_lib.init_params, in_axes=(0, None))(init_keys, model_cfg)
+    params = _draw(init_keys, model_cfg)
     return SweepState(
         params=params,
         opt_state=jax.vmap(tx.init)(params),

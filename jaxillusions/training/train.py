@@ -100,6 +100,12 @@ class Members:
     labels: list  # [M] TensorBoard run labels: the seed, or "<seed>_cw<weight>..."
     values: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
+    def kinds(self) -> np.ndarray:
+        """[M] the kind of each member: "trained", "untrained" or "shuffled" (train.null), so
+        that reports can split the trained members from the null population."""
+        codes = self.hparams.get(NULL, np.zeros(len(self.seeds), np.int32))
+        return np.asarray(NULL_KINDS)[codes]
+
 
 def members(config: Settings, seeds=None) -> Members:
     """The members of a run (`seeds`: the sweep's own, seed_list, unless given)."""
@@ -137,13 +143,6 @@ def member_chunks(sweep: Members, chunk_size: int = 0) -> tuple[list[np.ndarray]
     chunks = [(index[c], kind) for index, kind in parts
               for c in distributed.seed_chunks(len(index), chunk_size)]
     return [c for c, _ in chunks], [k for _, k in chunks]
-
-
-def null_kind(sweep: Members) -> np.ndarray:
-    """[M] the kind of each member: "trained", "untrained" or "shuffled" (train.null), so that
-    reports can split the trained members from the null population."""
-    codes = sweep.hparams.get(NULL, np.zeros(len(sweep.seeds), np.int32))
-    return np.asarray(NULL_KINDS)[codes]
 
 
 def member_settings(config: Settings, leave_out: tuple[str, ...] = ()
@@ -314,7 +313,7 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
     sweep = members(config, seeds)
     seeds, num = sweep.seeds, len(sweep.seeds)
     chunks, held = member_chunks(sweep, tc.seed_chunk_size)
-    kinds = null_kind(sweep)
+    kinds = sweep.kinds()
     # Each member's first place in the chunks, joined (the chunks' padding copies come later).
     order = np.unique(np.concatenate(chunks), return_index=True)[1]
     state = distributed.to_host(init_state(seeds, model_cfg, tx, sweep.values["init_scale"]))
