@@ -272,6 +272,10 @@ def test_bad_inputs_are_one_line_errors_naming_the_path_or_key(corpus, tmp_path)
                                       "proxies.transcoder_targets": ("blocks.0.mlp.out",)}))
     _refused(_config(corpus, **{"proxies.eval_splits": ("iid", "python")}),
              "unknown split 'python'; available: train, iid, other, longer$")
+    # A split of the task's that these data.* settings do not make: the key that makes it.
+    _refused(_config(corpus, **{"data.longer_window": 0}),
+             r"unknown split 'longer'; available: train, iid, other; 'longer' is made by "
+             r"data.longer_window \(0 \(no longer split\) or > data.window\)$")
     # Found when the data loads, before any work: a file of no text, one too short for a row.
     latin = tmp_path / "latin.txt"
     latin.write_bytes("def f():\n    return 'café'\n".encode("latin-1"))
@@ -517,7 +521,7 @@ def test_lenses_erasure_probes_and_fit_shift_on_two_imported_checkpoints(corpus,
 
 
 @pytest.mark.slow  # a whole sweep
-def test_the_prediction_study_on_a_population_of_imported_seeds(corpus, tmp_path):
+def test_the_prediction_study_on_a_population_of_imported_seeds(corpus, tmp_path, capsys):
     """A population of seeds alone (PolyPythias' design: one setting), imported, beside its
     untrained copies (train.null): the held-out prediction test runs its random splits, against
     hyper-parameters that score chance and the copies' features. (Was: refused at the door,
@@ -547,7 +551,14 @@ def test_the_prediction_study_on_a_population_of_imported_seeds(corpus, tmp_path
     assert term.what == "the parameters of every imported member"
     assert term.factors == (("model.pretrained", 8),)  # 4 checkpoints and their 4 copies
     workdir = tmp_path / "run"
-    sweep.run(config, str(workdir), verbose=False)
+    sweep.run(config, str(workdir))
+    # Each group's stages say which group they work on: the two summaries told apart.
+    out = capsys.readouterr().out
+    headings = [line.split("] ", 1)[1] for line in out.splitlines() if ", group " in line]
+    assert headings == [f"{stage}, group null_{code}: 4 {kind} members"
+                        for stage in ("proxies", "reports", "figures")
+                        for code, kind in ((0, "trained"), (1, "untrained"))]
+    assert out.index("reports, group null_1") < out.rindex("SUMMARY, 4 seeds")
     rows = pd.read_csv(workdir / "prediction.csv")
     assert set(rows["scheme"]) == {"random"} and set(rows["members"]) == {4}
     assert set(rows["family"]) == {"all", "proxies", "heads"}

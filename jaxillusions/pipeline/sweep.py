@@ -278,7 +278,7 @@ def _run(config: Settings, workdir: str, *, verbose: bool, start_over: bool,
             groups = [_group(ctx, idx, directory)
                       for idx, directory in member_groups(config, workdir)]
         if stage.scope == "group":
-            groups = [_run_stage(stage, group) for group in groups]
+            groups = [_run_stage(stage, _heading(group, stage, len(groups))) for group in groups]
         else:  # population: once, over every group
             _run_stage(stage, dataclasses.replace(
                 ctx, groups=tuple(groups),
@@ -303,6 +303,17 @@ def done_lines(workdir: str, num_groups: int, figures: str) -> list[str]:
         lines.append(f"figures: {'none' if figures == 'none' else 'the summary set'} (setting "
                      f"figures); jaxillusions figures {shlex.quote(workdir)} draws the rest")
     return lines
+
+
+def _heading(group: Context, stage: Stage, num_groups: int) -> Context:
+    """Says which group a stage works on next, where there are several (each prints its own
+    progress and summary): its directory's name, its members and their kind."""
+    if num_groups > 1:
+        kinds = sorted(set(train.members(group.settings).kinds()[group.members]))
+        group.say(f"[{time.perf_counter() - group.start:.0f}s] {stage.name}, group "
+                  f"{os.path.relpath(group.directory, group.workdir)}: {len(group.members)} "
+                  f"{' and '.join(kinds)} members")
+    return group
 
 
 def _group(ctx: Context, idx: np.ndarray, directory: str) -> Context:

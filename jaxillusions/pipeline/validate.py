@@ -20,10 +20,11 @@ stage's own check (Stage.check), in the pipeline's order. Notes are what the use
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from jaxillusions import proxies, tasks
-from jaxillusions.config import grid_axes, settings
+from jaxillusions.config import fields, grid_axes, settings
 from jaxillusions.config.settings import Settings
 from jaxillusions.faithfulness.specs import resolve_site, site_dim, specs_from_config
 from jaxillusions.pipeline.job import PIPELINE, POINT_PIPELINE
@@ -142,9 +143,12 @@ def _proxy_checks(config: Settings, model_cfg) -> list[str]:
     named = tasks.hook(task, "split_names")  # the splits the data names (text), else SPLITS
     available = named(config.data) if named is not None else task.SPLITS
     for split in pc.eval_splits:
-        if split not in available:
+        if split not in available:  # a split some data.* setting makes: that key, named
+            makers = [f"data.{f.name} ({fields.rule(f).allowed})"
+                      for f in dataclasses.fields(task.Data) if f"`{split}`" in fields.rule(f).doc]
             raise ValueError(f"proxies.eval_splits: unknown split {split!r}; "
-                             f"available: {', '.join(available)}")
+                             f"available: {', '.join(available)}"
+                             + (f"; {split!r} is made by {', '.join(makers)}" if makers else ""))
     baseline = pc.gap_baseline
     if baseline not in pc.eval_splits:
         raise ValueError(f"proxies.eval_splits={tuple(pc.eval_splits)}: must include "
