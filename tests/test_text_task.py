@@ -559,6 +559,9 @@ def test_the_prediction_study_on_a_population_of_imported_seeds(corpus, tmp_path
                         for stage in ("proxies", "reports", "figures")
                         for code, kind in ((0, "trained"), (1, "untrained"))]
     assert out.index("reports, group null_1") < out.rindex("SUMMARY, 4 seeds")
+    sweep.run(config, str(workdir))  # finished: says where each group's results are
+    assert (f"nothing to do. Results: {workdir / 'null_0' / 'results.csv'}, "
+            f"{workdir / 'null_1' / 'results.csv'}. ") in capsys.readouterr().out
     rows = pd.read_csv(workdir / "prediction.csv")
     assert set(rows["scheme"]) == {"random"} and set(rows["members"]) == {4}
     assert set(rows["family"]) == {"all", "proxies", "heads"}

@@ -208,9 +208,10 @@ def _finished(config: Settings, workdir: str, done: dict, say) -> list[dict]:
     sweep that drew the summary, the rest, as `jaxillusions figures` draws them (a marker without
     "figures" predates the setting: every figure was drawn)."""
     pc = config.proxies
-    rows = [row for _, group_dir in member_groups(config, workdir) if pc.methods
-            for row in results.read_csv(os.path.join(group_dir, "results.csv"))]
-    where = f"{workdir}/results.csv" if pc.methods else workdir
+    tables = [os.path.join(group_dir, "results.csv") for _, group_dir in
+              member_groups(config, workdir)] if pc.methods else []
+    rows = [row for table in tables for row in results.read_csv(table)]
+    where = ", ".join(tables) or workdir  # each group's (was the workdir's, which has none)
     todo = ("nothing to do" if not pc.methods or config.figures != "all"
             or done.get("figures", "all") == "all" else "")
     if not todo and distributed.is_main():
