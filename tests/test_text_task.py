@@ -562,6 +562,13 @@ def test_the_prediction_study_on_a_population_of_imported_seeds(corpus, tmp_path
     sweep.run(config, str(workdir))  # finished: says where each group's results are
     assert (f"nothing to do. Results: {workdir / 'null_0' / 'results.csv'}, "
             f"{workdir / 'null_1' / 'results.csv'}. ") in capsys.readouterr().out
+    # Every group's results in one frame, told apart by the member kind.
+    table = results.load_results(str(workdir))
+    assert list(table["null"].cat.categories) == ["trained", "untrained"]
+    for code, kind in enumerate(("trained", "untrained")):
+        alone = results.load_results(str(workdir / f"null_{code}"))
+        pd.testing.assert_frame_equal(
+            table[table["null"] == kind].drop(columns="null").reset_index(drop=True), alone)
     rows = pd.read_csv(workdir / "prediction.csv")
     assert set(rows["scheme"]) == {"random"} and set(rows["members"]) == {4}
     assert set(rows["family"]) == {"all", "proxies", "heads"}

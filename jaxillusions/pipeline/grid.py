@@ -35,7 +35,6 @@ import json
 import os
 import re
 
-import numpy as np
 import pandas as pd
 
 from jaxillusions.config import settings
@@ -73,7 +72,7 @@ def point_files(point: Settings, directory: str) -> list[str]:
     """The files of a finished point that the grid reads: each group's results.csv, and with
     prediction.enabled its prediction_members.csv."""
     files = [os.path.join(group, "results.csv")
-             for _, group in sweep.member_groups(point, directory)]
+             for _, group in train.member_groups(point, directory)]
     if prediction.enabled(point):
         files.append(os.path.join(directory, prediction.OUTPUTS[3]))
     return files
@@ -83,14 +82,11 @@ def population_table(point: Settings, directory: str, values: dict) -> pd.DataFr
     """A point's results.csv rows (every group's, cells as written) with a column per grid key
     (`values`) and per hyper-parameter of its member axis that varies (its null kind by name)."""
     sweep_members = train.members(point)
-    kinds = sweep_members.kinds()
     parts = []
-    for idx, group in sweep.member_groups(point, directory):
+    for idx, group in train.member_groups(point, directory):
         table = pd.read_csv(os.path.join(group, "results.csv"), dtype=str,
                             keep_default_na=False)
-        hparams = {name: kinds[idx[0]] if name == train.NULL else v[idx[0]].item()
-                   for name, v in sweep_members.hparams.items() if len(np.unique(v)) > 1}
-        parts.append(table.assign(**values, **hparams))
+        parts.append(table.assign(**values, **sweep_members.varying(idx[0])))
     return pd.concat(parts, ignore_index=True)
 
 

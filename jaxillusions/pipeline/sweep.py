@@ -111,7 +111,7 @@ def _reports(config, workdir: str, pipeline: Sequence[Stage] = PIPELINE,
     """The report files and directories (the stages' outputs) in the workdir and its weight
     groups; without `stamped`, not those of the enabled stages saved whole (their stage file
     decides whether they are current; a disabled one's are an earlier analysis's)."""
-    dirs = dict.fromkeys([workdir] + [d for _, d in member_groups(config, workdir)])
+    dirs = dict.fromkeys([workdir] + [d for _, d in train.member_groups(config, workdir)])
     patterns = [o for s in pipeline if stamped or not (s.stamped and s.enabled(config))
                 for o in s.outputs]
     return [path for directory in dirs for pattern in patterns
@@ -209,7 +209,7 @@ def _finished(config: Settings, workdir: str, done: dict, say) -> list[dict]:
     "figures" predates the setting: every figure was drawn)."""
     pc = config.proxies
     tables = [os.path.join(group_dir, "results.csv") for _, group_dir in
-              member_groups(config, workdir)] if pc.methods else []
+              train.member_groups(config, workdir)] if pc.methods else []
     rows = [row for table in tables for row in results.read_csv(table)]
     where = ", ".join(tables) or workdir  # each group's (was the workdir's, which has none)
     todo = ("nothing to do" if not pc.methods or config.figures != "all"
@@ -277,7 +277,7 @@ def _run(config: Settings, workdir: str, *, verbose: bool, start_over: bool,
             break
         if not groups:
             groups = [_group(ctx, idx, directory)
-                      for idx, directory in member_groups(config, workdir)]
+                      for idx, directory in train.member_groups(config, workdir)]
         if stage.scope == "group":
             groups = [_run_stage(stage, _heading(group, stage, len(groups))) for group in groups]
         else:  # population: once, over every group
@@ -329,15 +329,6 @@ def _group(ctx: Context, idx: np.ndarray, directory: str) -> Context:
         files=stages.StageFiles(directory, ctx.move_aside), proxies=None, made={})
 
 
-def member_groups(config, workdir: str) -> list[tuple[np.ndarray, str]]:
-    """(member indices, directory) per setting of the members' hyper-parameters (train.members'
-    hparams that vary, e.g. contrastive_weight): the workdir itself when they all share one,
-    else <workdir>/<name>_<value>[_<name>_<value>...] per setting, in the members' order, so
-    that aggregates over seeds never mix settings."""
-    return [(idx, os.path.join(workdir, name) if name else workdir)
-            for idx, name in train.member_settings(config)]
-
-
 def complete_figures(config: Settings, workdir: str, say=print) -> list[str]:
     """Draws every figure of the main job (`figure_jobs` and `activation_jobs`, "all") that
     `workdir` (and each weight group's directory) lacks, from its stored results: results.csv,
@@ -352,7 +343,7 @@ def complete_figures(config: Settings, workdir: str, say=print) -> list[str]:
     if not config.proxies.methods:
         raise ValueError(f"the run in {workdir} has no proxies (proxies.methods is empty), so "
                          "no figures of results to draw")
-    every = member_groups(config, workdir)
+    every = train.member_groups(config, workdir)
     groups = [(idx, d) for idx, d in every if os.path.isfile(os.path.join(d, "results.csv"))]
     if not groups:
         raise ValueError(f"{workdir} has no results yet (no results.csv: its sweep has not "

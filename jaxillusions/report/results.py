@@ -17,6 +17,8 @@ DataFrame columns (one row per seed, site, method, size, split, breakdown, bin):
     n          int64 closing-bracket positions in the bin (per seed)
     acc        float64 closing-bracket accuracy of this row's model (the proxy, or the original)
     jsd, same_pred, ...   float64 faithfulness to the original (NaN on the original's rows)
+    <hyper-parameter>     float64, or for `null` a category (trained, untrained, shuffled): a
+               column per hyper-parameter that varies between a run's groups of members
 """
 
 from __future__ import annotations
@@ -97,33 +99,45 @@ def read_csv(path: str) -> list[dict]:
 def load_results(workdir: str, splits: Sequence[str] | None = None) -> pd.DataFrame:
     """results.csv of a workdir as a typed DataFrame (see the module docstring for columns).
 
-    `workdir` may also be a results.csv path, e.g. `<workdir>/contrastive_weight_<w>/results.csv`
-    of a sweep over contrastive weights. `splits` fixes the order of the `split` category; by
-    default config.proxies.eval_splits of the workdir (or its parent), else the order in which
-    splits first appear in the file.
+    A run whose members differ in a hyper-parameter (train.null, train.contrastive_weights, ...)
+    has a results.csv per group (`<workdir>/null_1/`, ...): all of them are read, with a column
+    per hyper-parameter that varies (float64; `null` a category of the member kinds: trained,
+    untrained, shuffled). `workdir` may also be one results.csv path. `splits` fixes the order
+    of the `split` category; by default config.proxies.eval_splits of the workdir (or its
+    parent), else the order in which splits first appear in the files.
     """
     import pandas as pd
 
-    path = os.path.join(workdir, "results.csv") if os.path.isdir(workdir) else workdir
-    df = pd.read_csv(path, dtype={"site": str, "method": str, "split": str, "breakdown": str,
-                                  "bin": str}, keep_default_na=False, na_values={})
-    if "acc_proxy" in df:  # a table written before the original model had rows of its own
-        df = _with_original_rows(df)
-    if splits is None:  # the config of the workdir, or of its parent (contrastive_weight_<w>/)
-        from jaxillusions.config import settings
+    from jaxillusions.config import settings
 
-        here = os.path.dirname(os.path.abspath(path))
-        for directory in (here, os.path.dirname(here)):
-            try:
-                splits = list(settings.read_stored(directory).proxies.eval_splits)
-                break
-            except (FileNotFoundError, AttributeError, KeyError):
-                continue
-        else:
-            splits = list(dict.fromkeys(df["split"]))
+    config, here = None, os.path.abspath(workdir if os.path.isdir(workdir)
+                                         else os.path.dirname(workdir))
+    for directory in (here, os.path.dirname(here)):  # a group's config is its run's
+        try:
+            config = settings.read_stored(directory)
+            break
+        except (FileNotFoundError, AttributeError, KeyError):
+            continue
+    own = config is not None and directory == here  # the run's own directory, not a group's
+    parts = (_group_tables(config, workdir) if os.path.isdir(workdir) and own
+             else [(os.path.join(workdir, "results.csv") if os.path.isdir(workdir) else workdir,
+                    {})])
+    frames = []
+    for path, varying in parts:
+        df = pd.read_csv(path, dtype={"site": str, "method": str, "split": str,
+                                      "breakdown": str, "bin": str},
+                         keep_default_na=False, na_values={})
+        if "acc_proxy" in df:  # a table written before the original model had rows of its own
+            df = _with_original_rows(df)
+        frames.append((path, df, varying))
+    df = pd.concat([f for _, f, _ in frames], ignore_index=True)
+    if splits is None:
+        splits = (list(config.proxies.eval_splits) if config is not None
+                  else list(dict.fromkeys(df["split"])))
     unknown = sorted(set(df["split"]) - set(splits))
     if unknown:
-        raise ValueError(f"{path}: splits {unknown} are not in the given order {list(splits)}")
+        raise ValueError(f"{', '.join(p for p, _, _ in frames)}: splits {unknown} are not in the "
+                         f"given order {list(splits)}")
     keys = set(schema.KEYS)
     out = pd.DataFrame({
         "seed": df["seed"].astype("int64"),
@@ -138,7 +152,23 @@ def load_results(workdir: str, splits: Sequence[str] | None = None) -> pd.DataFr
     })
     for col in [c for c in df.columns if c not in keys]:
         out[col] = pd.to_numeric(df[col].replace("", np.nan), errors="raise").astype("float64")
+    for name in dict.fromkeys(k for _, _, v in frames for k in v):
+        values = np.concatenate([np.repeat(v[name], len(f)) for _, f, v in frames])
+        out[name] = (pd.Categorical(values, categories=list(dict.fromkeys(values)))
+                     if isinstance(values[0], str) else values.astype("float64"))
     return out
+
+
+def _group_tables(config, workdir: str) -> list[tuple[str, dict]]:
+    """(results.csv, the hyper-parameters that vary at its members) of each group of the
+    members of the run in `workdir` (train.member_groups): its own when there is one group."""
+    from jaxillusions.training import train
+
+    groups = train.member_groups(config, workdir)
+    if len(groups) == 1:
+        return [(os.path.join(workdir, "results.csv"), {})]
+    members = train.members(config)
+    return [(os.path.join(d, "results.csv"), members.varying(idx[0])) for idx, d in groups]
 
 
 def _method_order(methods) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
 import time
 
 import jax
@@ -106,6 +107,12 @@ class Members:
         codes = self.hparams.get(NULL, np.zeros(len(self.seeds), np.int32))
         return np.asarray(NULL_KINDS)[codes]
 
+    def varying(self, member: int) -> dict[str, object]:
+        """The hyper-parameters that vary between the members, at `member` ({name: value}; the
+        null kind by name), so that the rows of several groups' tables tell them apart."""
+        return {name: str(self.kinds()[member]) if name == NULL else v[member].item()
+                for name, v in self.hparams.items() if len(np.unique(v)) > 1}
+
 
 def members(config: Settings, seeds=None) -> Members:
     """The members of a run (`seeds`: the sweep's own, seed_list, unless given)."""
@@ -159,6 +166,15 @@ def member_settings(config: Settings, leave_out: tuple[str, ...] = ()
     return [(np.flatnonzero([k == key for k in keys]),
              "_".join(f"{n}_{v:g}" for n, v in zip(varying, key, strict=True)))
             for key in dict.fromkeys(keys)]
+
+
+def member_groups(config: Settings, workdir: str) -> list[tuple[np.ndarray, str]]:
+    """(member indices, directory) per setting of the members' hyper-parameters (those that
+    vary, e.g. contrastive_weight): the workdir itself when they all share one, else
+    <workdir>/<name>_<value>[_<name>_<value>...] per setting, in the members' order, so that
+    aggregates over seeds never mix settings."""
+    return [(idx, os.path.join(workdir, name) if name else workdir)
+            for idx, name in member_settings(config)]
 
 
 # ---------------------------------------------------------------------------------------------
