@@ -302,7 +302,9 @@ def test_a_tiny_sweep_with_lenses_erasure_and_probes(tiny_sweep, tmp_path, cache
 
 
 @pytest.mark.parametrize("keys, message", [
-    ({"methods": ("erasure",)}, "proxy 'erasure' needs config.proxies.concepts"),
+    # Its sizes are names: what they may be, not a numeric example (was "e.g. '(32,64)'").
+    ({"methods": ("erasure",)}, r"^proxy 'erasure' needs config.proxies.concepts \(distinct "
+     r"concepts of the task \(dyck: depth, bracket; .*\); none by default\)$"),
     ({"concepts": ("category",)}, "'category' is not a concept of task dyck"),
     ({"concepts": ("depth",), "probes.sites": ("blocks.0.attn.pattern",)}, "not a vector site"),
     ({"probes.sites": ("blocks.0.resid_mid",)}, "needs proxies.concepts"),

@@ -312,7 +312,8 @@ def test_a_new_proxy_is_one_file(tmp_path, monkeypatch):
     assert "scaled" in proxies.available()
     config = tiny_config(str(tmp_path / "cache"))
     config.proxies.methods = ("scaled",)
-    with pytest.raises(ValueError, match=r"proxy 'scaled' needs config.proxies.scaled_sizes"):
+    with pytest.raises(ValueError, match=r"^proxy 'scaled' needs config.proxies.scaled_sizes "
+                       r"\(.*; none by default\), e.g. --config.proxies.scaled_sizes='\(32,64\)'$"):
         validate.validate(config)
     with config.unlocked():
         config.proxies.scaled_sizes = (5, 10)

@@ -222,7 +222,8 @@ class Proxies:
     kmeans_iters: int = setting(25, INT, ">= 1", positive)
     # Lenses and concept erasure (docs/lenses.md); the erasure proxy's sizes are the concepts.
     concepts: tuple[str, ...] = setting(
-        (), STRS, "distinct concepts of the task (dyck: depth, bracket; code: category)",
+        (), STRS, "distinct concepts of the task (dyck: depth, bracket; code: category; "
+        "text: copyable)",
         lambda v, s: len(set(v)) == len(v),
         "what erasure erases (its size c: concepts[c]) and what probes.sites probes")
     tuned_lens_ranks: tuple[int, ...] = setting(

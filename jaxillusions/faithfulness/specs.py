@@ -14,6 +14,7 @@ import numpy as np
 
 from jaxillusions import model as model_lib
 from jaxillusions import proxies, tasks
+from jaxillusions.config import fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,8 +75,13 @@ def specs_from_config(proxy_cfg, cfg: model_lib.ModelConfig) -> list[ProxySpec]:
             sizes, options = proxies.settings_of(module, proxy_cfg, dim)
             if not sizes:
                 key = proxies.sizes_key(module)
-                raise ValueError(f"proxy {method!r} needs config.proxies.{key} (its sizes; "
-                                 f"none by default), e.g. --config.proxies.{key}='(32,64)'")
+                declared = {f.name: fields.rule(f) for f in dataclasses.fields(proxy_cfg)
+                            } if dataclasses.is_dataclass(proxy_cfg) else {}
+                rule = declared.get(key)  # its sizes: numbers, or names (erasure's concepts)
+                raise ValueError(f"proxy {method!r} needs config.proxies.{key} "
+                                 f"({rule.allowed if rule else 'its sizes'}; none by default)"
+                                 + (f", e.g. --config.proxies.{key}='(32,64)'"
+                                    if rule is None or rule.kind == fields.INTS else ""))
             # Sorted and deduplicated: a repeated size would give duplicate rows that aggregates
             # count twice (ml_collections joins repeated tuple overrides, so this happens).
             specs.append(ProxySpec(method, sites, tuple(sorted(set(sizes))), options))
