@@ -283,3 +283,25 @@ def test_gap_table_is_the_same_under_every_string_hash_seed(tmp_path):
              for seed in ("0", "1", "2", "3")}
     assert b"circuit.neuron.mean" in texts["0"]
     assert len(set(texts.values())) == 1
+
+
+@pytest.mark.parametrize("splits", [["iid", "longer"],
+                                    ["iid", "seen_structure", "unseen_structure",
+                                     "unseen_depth", "longer", "iid_with_train", "deeper"]])
+def test_a_headline_of_many_methods_names_those_left_out_and_keeps_its_last_lines(splits):
+    """Was: the first 5 methods and nothing on the others, and the headline cut at 15 lines,
+    which dropped its last (the proxy against the original model's accuracy) at 5 methods."""
+    methods = ("svd", "kmeans", "pca", "sae", "transcoder", "logit_lens", "erasure")
+    rows = [row(seed, split, method=method, size=2, acc_proxy=0.9 - 0.01 * i,
+                same_pred=0.995 - 0.01 * seed - (split != "iid") * (0.02 + 0.005 * ((seed * 7
+                                                                               + i) % 4)))
+            for seed in range(4) for split in splits for i, method in enumerate(methods)]
+    head = tables.summary_of(tables.statistics_report(rows, splits)[0]).splitlines()
+    assert len(head) <= tables.HEADLINE_LINES
+    shown = [m for m in methods
+             if any(line.startswith(f"{m} on blocks.1.attn.k") for line in head)]
+    assert shown == list(methods[:len(shown)]) and 1 <= len(shown) <= 5
+    assert head[-3] == (f"(and {len(methods) - len(shown)} more methods in the full tables: "
+                        f"{', '.join(methods[len(shown):])})")
+    assert head[-2].startswith("ID faithfulness predicting the gap")
+    assert head[-1].startswith("The proxy beats the original model's accuracy")

@@ -258,7 +258,7 @@ def identical_sizes(rows: Sequence[dict], site: str, method: str) -> set[int]:
 
 
 FAITHFUL = 0.99  # the headline's "faithful in distribution": baseline same_pred >= this
-HEADLINE_LINES = 15
+HEADLINE_LINES = 18
 
 
 def _faithful_size(gap_rows: Sequence[dict], method: str, site: str, baseline: str,
@@ -296,7 +296,8 @@ def headline(stat_tables: dict[str, Sequence[dict]],
     original model's accuracy per split, per proxy method (its first site in model order) the
     same_pred gap at the smallest size faithful on `baseline` (seed-mean same_pred >= FAITHFUL;
     the largest size, marked 'never 0.99', when none is) on each OOD split, and one sentence
-    per method saying where a gap is detected and where not, and on how many seeds.
+    per method saying where a gap is detected and where not, and on how many seeds; at most 5
+    methods, and fewer where the lines after them need the room, then a line naming the rest.
     `stat_tables`: statistics_report's tables "gaps", "proxy_vs_original" and
     "id_predicts_gap" (by those names). `identical`: {(method, site): sizes whose rows equal
     the original's} (identical_sizes). `in_distribution`: the task's in-distribution splits
@@ -332,15 +333,21 @@ def headline(stat_tables: dict[str, Sequence[dict]],
         note = f"({base:.3f})" if reached or size == 0 else f"({base:.3f}, never {FAITHFUL:g})"
         return f"{method} {short}" + ("" if size == 0 else f" {size}") + " " + note
 
+    # At most 5 methods, and as many as leave room for the lines after them: the correlation,
+    # the proxy-versus-original count and a line naming the methods left to the full tables.
+    tested = [c for c in correlation if c["metric"] == "same_pred" and np.isfinite(c["p_value"])]
+    room = HEADLINE_LINES - len(lines) - 1 - bool(tested) - bool(versus)  # 1: the column header
+    count = min(5, room // 2)
+    shown = chosen[:count if count >= len(chosen) else max(0, min(5, (room - 1) // 2))]
     # The label column fits the longest label (a long one, e.g. a transcoder's, not run on).
-    width = max(34, *(len(label(*c)) + 1 for c in chosen[:5])) if chosen else 34
+    width = max(34, *(len(label(*c)) + 1 for c in shown)) if shown else 34
     cell = 25
     lines.append(f"{'proxy, size (' + baseline + ' same_pred)':<{width}}"
                  + "".join(f"{s:<{cell}}" for s in ood).rstrip())
     by_key = {(g["method"], g["site"], g["size"], g["split"]): g for g in rows
               if g["metric"] == "same_pred"}
     sentences = []
-    for method, site, size, base, reached in chosen[:5]:
+    for method, site, size, base, reached in shown:
         cells = []
         found, missed = [], []
         for split in ood:
@@ -364,7 +371,9 @@ def headline(stat_tables: dict[str, Sequence[dict]],
                         f"seed{'s' if n_seeds != 1 else ''}).")
         sentences.append(sentence)
     lines += sentences
-    tested = [c for c in correlation if c["metric"] == "same_pred" and np.isfinite(c["p_value"])]
+    if len(shown) < len(chosen):
+        lines.append(f"(and {len(chosen) - len(shown)} more methods in the full tables: "
+                     f"{', '.join(c[0] for c in chosen[len(shown):])})")
     if tested:
         low = sum(c["p_value"] < 0.05 for c in tested)
         smallest = min(c["p_value"] for c in tested)
@@ -376,7 +385,7 @@ def headline(stat_tables: dict[str, Sequence[dict]],
         lines.append(f"The proxy beats the original model's accuracy (interval above +"
                      f"{stats.RESOLUTION['diff']:g}) in {len(better)} of {len(versus)} "
                      "(proxy, size, split); the full tables follow.")
-    return lines[:HEADLINE_LINES]
+    return lines
 
 
 def statistics_report(rows: Sequence[dict], splits: Sequence[str], baseline: str = "iid",
