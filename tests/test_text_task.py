@@ -178,6 +178,13 @@ def test_splits_are_windows_of_the_text_with_their_annotations(corpus, tmp_path)
     again = text.load(data, verbose=False)
     np.testing.assert_array_equal(again["iid"].tokens, splits["iid"].tokens)
     tasks.check_data(settings, splits)
+    # From Python, a config's own data section reads the same cached splits (the Python API's
+    # route on imported checkpoints). Was: TypeError, asdict() on a ConfigDict.
+    config_data = _config(corpus, **{"data.cache_dir": str(tmp_path)}).data
+    assert text._cache_key(config_data) == text._cache_key(data)  # noqa: SLF001
+    from_config = text.load(config_data, verbose=False)
+    for name in splits:
+        np.testing.assert_array_equal(from_config[name].tokens, splits[name].tokens)
 
 
 def test_a_repeated_phrase_in_the_text_is_copyable_where_it_repeats(corpus, tmp_path):

@@ -375,8 +375,8 @@ def _cache_key(data: Data) -> str:
              for name, paths in data.files.items() for p in map(os.path.expanduser, paths)]
     with open(_tokenizer_file(data), "rb") as f:
         tok = hashlib.sha256(f.read()).hexdigest()
-    settings = {k: v for k, v in dataclasses.asdict(data).items()
-                if k not in ("files", "tokenizer", "cache_dir")}
+    settings = {f.name: getattr(data, f.name) for f in dataclasses.fields(Data)  # or a
+                if f.name not in ("files", "tokenizer", "cache_dir")}  # ConfigDict's data
     text = json.dumps([CACHE_VERSION, files, tok, bos_id(data), settings], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
