@@ -133,3 +133,20 @@ def test_compare_runs_pairs_seeds(tmp_path):
     assert len(gaps) == 3 * (len(SPLITS) - 1)  # svd 1, svd 2, uniform_attention; not iid
     assert gaps["svd blocks.1.attn.k 2 unseen_depth"] == pytest.approx(-0.02)  # iid minus split
     assert gaps["uniform_attention blocks.1.attn.pattern 0 longer"] == pytest.approx(0.0)
+
+
+def test_load_results_reads_a_grids_table_with_its_keys_and_member_kinds(tmp_path):
+    """A grid's results.csv adds a column per grid key and per varying hyper-parameter, the
+    null kind by name. Was: ValueError, 'trained' is no number."""
+    rows = _rows()
+    results.write_csv(rows, str(tmp_path / "point.csv"))
+    point = pd.read_csv(tmp_path / "point.csv", dtype=str, keep_default_na=False)
+    joined = pd.concat([point.assign(**{"model.n_layers": layers, "null": kind})
+                        for layers in ("1", "2") for kind in ("trained", "untrained")])
+    joined.to_csv(tmp_path / "results.csv", index=False)
+    df = results.load_results(str(tmp_path), splits=SPLITS)
+    assert df["model.n_layers"].dtype == np.dtype("float64")
+    assert list(df["null"].cat.categories) == ["trained", "untrained"]
+    assert df.groupby(["model.n_layers", "null"], observed=True).size().tolist() == [
+        len(df) // 4] * 4
+    assert df["jsd_p95"].dtype == np.dtype("float64")

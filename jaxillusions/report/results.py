@@ -126,7 +126,7 @@ def load_results(workdir: str, splits: Sequence[str] | None = None) -> pd.DataFr
     for path, varying in parts:
         df = pd.read_csv(path, dtype={"site": str, "method": str, "split": str,
                                       "breakdown": str, "bin": str},
-                         keep_default_na=False, na_values={})
+                         keep_default_na=False, na_values={}, low_memory=False)
         if "acc_proxy" in df:  # a table written before the original model had rows of its own
             df = _with_original_rows(df)
         frames.append((path, df, varying))
@@ -151,7 +151,10 @@ def load_results(workdir: str, splits: Sequence[str] | None = None) -> pd.DataFr
         "n": df["n"].astype("int64"),
     })
     for col in [c for c in df.columns if c not in keys]:
-        out[col] = pd.to_numeric(df[col].replace("", np.nan), errors="raise").astype("float64")
+        try:  # a metric, or a grid's key; a grid's `null` holds the member kinds
+            out[col] = pd.to_numeric(df[col].replace("", np.nan), errors="raise").astype("float64")
+        except ValueError:
+            out[col] = pd.Categorical(df[col], categories=list(dict.fromkeys(df[col])))
     for name in dict.fromkeys(k for _, _, v in frames for k in v):
         values = np.concatenate([np.repeat(v[name], len(f)) for _, f, v in frames])
         out[name] = (pd.Categorical(values, categories=list(dict.fromkeys(values)))
