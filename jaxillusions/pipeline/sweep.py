@@ -257,10 +257,10 @@ def _run(config: Settings, workdir: str, *, verbose: bool, start_over: bool,
             "families are refitted and re-evaluated where their settings changed")
     # The earlier reports are kept, under superseded/, before they are written again; without a
     # done-file too (a sweep stopped in its report stage), whose analysis may have been another.
-    for path in _reports(config, workdir, pipeline, stamped=False):
-        move_aside(path, stages.STALE if done is not None else
-                   f"is from a sweep that did not finish (no {DONE_FILE}); the reports are "
-                   "written again")
+    move_aside(_reports(config, workdir, pipeline, stamped=False),
+               stages.STALE if done is not None else
+               f"is from a sweep that did not finish (no {DONE_FILE}); the reports are "
+               "written again")
 
     splits, model_cfg, _ = train.build(config)
     ctx = Context(settings=config, workdir=workdir, say=say, verbose=verbose,

@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from flax import serialization
 
@@ -96,14 +96,12 @@ STALE = "was computed with other analysis settings"
 
 
 def mover(workdir: str, say) -> Callable[..., None]:
-    """move_aside(path, why=STALE): moves `path` (under `workdir`) to
+    """move_aside(path, why=STALE): moves `path` (under `workdir`; or a list of paths) to
     <workdir>/superseded/<time of this run>/, keeping its relative path (never over an earlier
-    file), with a note. Only process 0 moves; the others skip the file."""
+    file), with a note (one for a list). Only process 0 moves; the others skip the file."""
     aside = os.path.join(workdir, "superseded", time.strftime("%Y%m%dT%H%M%S"))
 
-    def move_aside(path: str, why: str = STALE) -> None:
-        if not distributed.is_main():
-            return
+    def move(path: str) -> str:
         dest = base = os.path.join(aside, os.path.relpath(path, workdir))
         n = 0
         while os.path.lexists(dest):  # never over an earlier file moved aside
@@ -111,8 +109,25 @@ def mover(workdir: str, say) -> Callable[..., None]:
             dest = f"{base}.{n}"
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         shutil.move(path, dest)
-        say(f"note: {os.path.relpath(path, workdir)} {why}; moved to "
-            f"{os.path.relpath(dest, workdir)}")
+        return dest
+
+    def move_aside(path: str | Sequence[str], why: str = STALE) -> None:
+        if not distributed.is_main():
+            return
+        paths = [path] if isinstance(path, str) else list(path)
+        if len(paths) == 1:
+            dest = move(paths[0])
+            say(f"note: {os.path.relpath(paths[0], workdir)} {why}; moved to "
+                f"{os.path.relpath(dest, workdir)}")
+            return
+        names = [os.path.relpath(p, workdir) for p in paths]
+        for p in paths:
+            move(p)
+        if names:
+            shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6
+                                            else "")
+            say(f"note: {len(names)} files moved to {os.path.relpath(aside, workdir)}/ "
+                f"({shown}): each {why}")
     return move_aside
 
 
