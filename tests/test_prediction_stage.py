@@ -95,6 +95,9 @@ def test_heads_probes_and_the_null_are_features_each_family_tested_alone(tmp_pat
     ({"train.num_seeds": 1}, "prediction.n_splits=2: the random splits need at least 4 trained "
      "members (each class of a target split at its median holds at most half of them); this "
      "run has 2 (1 seed x 2 settings)"),
+    # Was: the whole sweep ran, then "no feature varies over the 8 healthy members".
+    ({"prediction.features": ("probes",)}, "prediction.features=('probes',): no features to "
+     "read (probes: probes.sites is empty); add proxies to the features, or set what they read"),
 ])
 def test_bad_prediction_settings_are_one_line_errors_at_the_door(cache_dir, change, message):
     config = _config(cache_dir)

@@ -164,6 +164,14 @@ def check_members(config, model_cfg) -> list[str]:
     if enabled(config) and not config.proxies.methods:
         raise ValueError("prediction.enabled=True: needs proxies (proxies.methods is empty): "
                          "the features are the proxies' faithfulness")
+    empty = {"heads": tasks.hook(tasks.get(config), "attention_targets")
+             is tasks.DEFAULTS["attention_targets"] and "the task has no attention targets",
+             "probes": not config.probes.sites and "probes.sites is empty"}
+    features = tuple(config.prediction.features)
+    if enabled(config) and all(empty.get(f) for f in features):  # (proxies: there are some)
+        raise ValueError(f"prediction.features={features}: no features to read ("
+                         + "; ".join(f"{f}: {empty[f]}" for f in features)
+                         + "); add proxies to the features, or set what they read")
     return []
 
 
