@@ -95,6 +95,10 @@ def test_heads_probes_and_the_null_are_features_each_family_tested_alone(tmp_pat
     ({"train.num_seeds": 1}, "prediction.n_splits=2: the random splits need at least 4 trained "
      "members (each class of a target split at its median holds at most half of them); this "
      "run has 2 (1 seed x 2 settings)"),
+    # Was: the whole sweep ran, then "no target varies over the 8 healthy members".
+    ({"proxies.eval_splits": ("iid", "iid_with_train")}, "prediction.enabled=True: the targets "
+     "are behaviour out of distribution, and proxies.eval_splits=('iid', 'iid_with_train') has "
+     "no split outside the task's iid, iid_with_train; add one"),
     # Was: the whole sweep ran, then "no feature varies over the 8 healthy members".
     ({"prediction.features": ("probes",)}, "prediction.features=('probes',): no features to "
      "read (probes: probes.sites is empty); add proxies to the features, or set what they read"),

@@ -164,7 +164,13 @@ def check_members(config, model_cfg) -> list[str]:
     if enabled(config) and not config.proxies.methods:
         raise ValueError("prediction.enabled=True: needs proxies (proxies.methods is empty): "
                          "the features are the proxies' faithfulness")
-    empty = {"heads": tasks.hook(tasks.get(config), "attention_targets")
+    task = tasks.get(config)
+    splits = tuple(config.proxies.eval_splits)
+    if enabled(config) and all(s in task.IN_DISTRIBUTION for s in splits):
+        raise ValueError(f"prediction.enabled=True: the targets are behaviour out of "
+                         f"distribution, and proxies.eval_splits={splits} has no split outside "
+                         f"the task's {', '.join(task.IN_DISTRIBUTION)}; add one")
+    empty = {"heads": tasks.hook(task, "attention_targets")
              is tasks.DEFAULTS["attention_targets"] and "the task has no attention targets",
              "probes": not config.probes.sites and "probes.sites is empty"}
     features = tuple(config.prediction.features)
