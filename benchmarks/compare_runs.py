@@ -11,6 +11,7 @@ a paired Student-t 95% interval over the seeds, and how many intervals exclude 0
 from __future__ import annotations
 
 import argparse
+import os
 
 import numpy as np
 import pandas as pd
@@ -20,7 +21,13 @@ from jaxillusions.report import load_results, stats
 
 def _table(workdir: str) -> pd.DataFrame:
     rows = load_results(workdir)
-    return rows[rows.breakdown == "all"].astype({"method": str})  # proxies in name order
+    rows = rows[rows.breakdown == "all"].astype({"method": str})  # proxies in name order
+    if rows.duplicated(["seed", "site", "method", "size", "split"]).any():  # several groups
+        groups = sorted(d for d in os.listdir(workdir)
+                        if os.path.isfile(os.path.join(workdir, d, "results.csv")))
+        raise SystemExit(f"error: {workdir} holds several groups of members; compare one "
+                         f"group's directory: {', '.join(groups)}")
+    return rows
 
 
 def compare(dir_a: str, dir_b: str, baseline: str = "iid") -> dict[str, list[dict]]:

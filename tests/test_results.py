@@ -133,6 +133,18 @@ def test_compare_runs_pairs_seeds(tmp_path):
     assert len(gaps) == 3 * (len(SPLITS) - 1)  # svd 1, svd 2, uniform_attention; not iid
     assert gaps["svd blocks.1.attn.k 2 unseen_depth"] == pytest.approx(-0.02)  # iid minus split
     assert gaps["uniform_attention blocks.1.attn.pattern 0 longer"] == pytest.approx(0.0)
+    # A table of several groups (trained and untrained members of the same seeds) would pair a
+    # seed with itself: refused, naming the groups' directories.
+    grouped = tmp_path / "grouped"
+    for kind in ("null_0", "null_1"):
+        os.makedirs(grouped / kind)
+        results.write_csv(rows, str(grouped / kind / "results.csv"))
+    table = pd.read_csv(tmp_path / "a" / "results.csv", dtype=str, keep_default_na=False)
+    pd.concat([table.assign(null=k) for k in ("trained", "untrained")]).to_csv(
+        grouped / "results.csv", index=False)
+    with pytest.raises(SystemExit, match=r"holds several groups of members; compare one "
+                       r"group's directory: null_0, null_1$"):
+        compare_runs.compare(str(grouped), str(tmp_path / "b"))
 
 
 def test_load_results_reads_a_grids_table_with_its_keys_and_member_kinds(tmp_path):
