@@ -17,17 +17,19 @@ import numpy as np
 import pandas as pd
 
 from jaxillusions.report import load_results, stats
+from jaxillusions.runtime import schema
 
 
 def _table(workdir: str) -> pd.DataFrame:
     rows = load_results(workdir)
     rows = rows[rows.breakdown == "all"].astype({"method": str})  # proxies in name order
-    if rows.duplicated(["seed", "site", "method", "size", "split"]).any():  # several groups
+    try:
+        return schema.one_group(rows, workdir)
+    except ValueError:  # several groups: name their directories
         groups = sorted(d for d in os.listdir(workdir)
                         if os.path.isfile(os.path.join(workdir, d, "results.csv")))
         raise SystemExit(f"error: {workdir} holds several groups of members; compare one "
-                         f"group's directory: {', '.join(groups)}")
-    return rows
+                         f"group's directory: {', '.join(groups)}") from None
 
 
 def compare(dir_a: str, dir_b: str, baseline: str = "iid") -> dict[str, list[dict]]:

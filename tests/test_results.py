@@ -162,3 +162,18 @@ def test_load_results_reads_a_grids_table_with_its_keys_and_member_kinds(tmp_pat
     assert df.groupby(["model.n_layers", "null"], observed=True).size().tolist() == [
         len(df) // 4] * 4
     assert df["jsd_p95"].dtype == np.dtype("float64")
+
+
+def test_per_seed_statistics_refuse_the_rows_of_several_groups(tmp_path):
+    """load_results reads every group of a run (train.null: a trained and an untrained member
+    of each seed); a statistic over seeds would pair or pool a seed with its untrained copy."""
+    from jaxillusions.studies import dictionaries
+
+    results.write_csv(_rows(), str(tmp_path / "results.csv"))
+    one = results.load_results(str(tmp_path), splits=SPLITS)
+    assert schema.one_group(one, "x") is one
+    both = pd.concat([one.assign(null="trained"), one.assign(null="untrained")])
+    with pytest.raises(ValueError, match=r"^dictionaries: the rows hold several groups of "
+                       r"members .*; select one group's rows first, e.g. df\[df.null == "):
+        dictionaries.equal_id(both)
+    dictionaries.equal_id(both[both.null == "trained"])  # one group: as before

@@ -223,8 +223,7 @@ class Proxies:
     # Lenses and concept erasure (docs/lenses.md); the erasure proxy's sizes are the concepts.
     concepts: tuple[str, ...] = setting(
         (), STRS, "distinct concepts of the task (dyck: depth, bracket; code: category; "
-        "text: copyable)",
-        lambda v, s: len(set(v)) == len(v),
+        "text: copyable)", lambda v, s: len(set(v)) == len(v),
         "what erasure erases (its size c: concepts[c]) and what probes.sites probes")
     tuned_lens_ranks: tuple[int, ...] = setting(
         (), INTS, "ranks >= 0, or () for d_model", lambda v, s: all(r >= 0 for r in v),

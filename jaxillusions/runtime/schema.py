@@ -38,3 +38,16 @@ CSV = KEYS + (ACC,) + FAITHFULNESS
 NO_SIZE = 0  # `size` of the original model and of data-independent proxies
 ALL_BINS = -1  # `bin` of breakdown == "all" rows in load_results' DataFrame ("" in memory, CSV)
 ORIGINAL = "original"  # `method` of the original model's rows in results.csv
+
+
+
+def one_group(df, where: str):
+    """`df` (results rows as a pandas DataFrame) as it is; a one-line ValueError naming `where`
+    where two rows share a name (KEYS but n): rows of several groups of members, as
+    `load_results` reads a run whose members differ in a hyper-parameter (train.null's trained
+    and untrained copy of each seed), which a statistic over seeds would mix."""
+    if df.duplicated([k for k in KEYS if k != "n" and k in df]).any():
+        raise ValueError(f"{where}: the rows hold several groups of members (a run whose members "
+                         "differ in a hyper-parameter, e.g. train.null); select one group's rows "
+                         "first, e.g. df[df.null == 'trained']")
+    return df

@@ -45,7 +45,7 @@ from jaxillusions import tasks
 from jaxillusions.config.fields import INT, nonnegative, setting
 from jaxillusions.proxies import sae, svd
 from jaxillusions.report import stats, tables
-from jaxillusions.runtime import stages
+from jaxillusions.runtime import schema, stages
 from jaxillusions.studies.stage import PROXIES, Stage
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def _frame(rows: pd.DataFrame | Iterable[dict]) -> pd.DataFrame:
     missing = {"seed", "site", "method", "size", "split", "breakdown"} - set(df.columns)
     if missing:
         raise ValueError(f"results rows lack the columns {sorted(missing)}")
-    df = df[df["breakdown"].astype(str) == "all"]
+    df = schema.one_group(df[df["breakdown"].astype(str) == "all"], "dictionaries")
     # Plain strings: analysis.load_results' categories would add empty groups to groupby.
     return df.astype({c: str for c in ("site", "method", "split", "breakdown")})
 

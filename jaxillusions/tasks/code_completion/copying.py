@@ -40,6 +40,7 @@ import numpy as np
 
 from jaxillusions import model as model_lib
 from jaxillusions import tasks
+from jaxillusions.runtime import schema
 from jaxillusions.runtime.chunks import padded_chunks
 from jaxillusions.tasks.code_completion import lexer
 
@@ -478,8 +479,8 @@ def identifier_gap(df: pd.DataFrame, method: str = "original") -> pd.DataFrame:
     repeat_minus_first. Seeds or splits missing either category are left out."""
     bins = {lexer.CATEGORIES.index("identifier_repeat"): "repeat",
             lexer.CATEGORIES.index("identifier_first"): "first"}
-    sel = df[(df["breakdown"] == "category") & (df["method"] == method)
-             & df["bin"].isin(list(bins))]
+    sel = schema.one_group(df[(df["breakdown"] == "category") & (df["method"] == method)
+                              & df["bin"].isin(list(bins))], "identifier_gap")
     if sel.empty:
         raise ValueError(f"no category rows of method {method!r}: is this a code-task run "
                          "with the category breakdown?")
