@@ -63,7 +63,10 @@ def _fit(ctx: Context, specs: list) -> tuple[list, list[str]]:
               for i, spec in enumerate(specs)]
     todo = [i for i, f in enumerate(fitted) if f is None]
     if todo:
-        say(f"[{time.perf_counter() - ctx.start:.0f}s] training done; fitting {len(todo)} proxy "
+        # The milestone once: in the first group of members, and where training ran.
+        milestone = ("training done; " if not config.model.pretrained
+                     and (ctx.members is None or 0 in ctx.members) else "")
+        say(f"[{time.perf_counter() - ctx.start:.0f}s] {milestone}fitting {len(todo)} proxy "
             f"families on the training split ({len(ctx.splits['train'].tokens)} sentences)")
     done = 0
     for group in [[i for i, s in enumerate(specs) if s.module.STATISTIC is None], *groups]:
