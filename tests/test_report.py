@@ -4,6 +4,7 @@ n, bounded intervals, figure panel order and split colours, TensorBoard against 
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -303,5 +304,11 @@ def test_a_headline_of_many_methods_names_those_left_out_and_keeps_its_last_line
     assert shown == list(methods[:len(shown)]) and 1 <= len(shown) <= 5
     assert head[-3] == (f"(and {len(methods) - len(shown)} more methods in the full tables: "
                         f"{', '.join(methods[len(shown):])})")
+    # One left out: "method", no "s".
+    six = [r for r in rows if r["method"] in methods[:6]]
+    head = tables.summary_of(tables.statistics_report(six, splits)[0]).splitlines()
+    assert len(head) <= tables.HEADLINE_LINES
+    assert any(re.fullmatch(r"\(and \d+ more methods? in the full tables: .*\)", line)
+               for line in head), head
     assert head[-2].startswith("ID faithfulness predicting the gap")
     assert head[-1].startswith("The proxy beats the original model's accuracy")

@@ -336,9 +336,11 @@ def headline(stat_tables: dict[str, Sequence[dict]],
     # At most 5 methods, and as many as leave room for the lines after them: the correlation,
     # the proxy-versus-original count and a line naming the methods left to the full tables.
     tested = [c for c in correlation if c["metric"] == "same_pred" and np.isfinite(c["p_value"])]
-    room = HEADLINE_LINES - len(lines) - 1 - bool(tested) - bool(versus)  # 1: the column header
-    count = min(5, room // 2)
-    shown = chosen[:count if count >= len(chosen) else max(0, min(5, (room - 1) // 2))]
+    count = min(5, len(chosen))  # each method: a row and a sentence; then the column header
+    while count and (len(lines) + 1 + 2 * count + (count < len(chosen)) + bool(tested)
+                     + bool(versus)) > HEADLINE_LINES:
+        count -= 1
+    shown = chosen[:count]
     # The label column fits the longest label (a long one, e.g. a transcoder's, not run on).
     width = max(34, *(len(label(*c)) + 1 for c in shown)) if shown else 34
     cell = 25
@@ -372,8 +374,9 @@ def headline(stat_tables: dict[str, Sequence[dict]],
         sentences.append(sentence)
     lines += sentences
     if len(shown) < len(chosen):
-        lines.append(f"(and {len(chosen) - len(shown)} more methods in the full tables: "
-                     f"{', '.join(c[0] for c in chosen[len(shown):])})")
+        rest = [c[0] for c in chosen[len(shown):]]
+        lines.append(f"(and {len(rest)} more method{'s' * (len(rest) > 1)} in the full tables: "
+                     f"{', '.join(rest)})")
     if tested:
         low = sum(c["p_value"] < 0.05 for c in tested)
         smallest = min(c["p_value"] for c in tested)
