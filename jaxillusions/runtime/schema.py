@@ -40,7 +40,6 @@ ALL_BINS = -1  # `bin` of breakdown == "all" rows in load_results' DataFrame (""
 ORIGINAL = "original"  # `method` of the original model's rows in results.csv
 
 
-
 def one_group(df, where: str):
     """`df` (results rows as a pandas DataFrame) as it is; a one-line ValueError naming `where`
     where two rows share a name (KEYS but n): rows of several groups of members, as
