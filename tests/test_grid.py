@@ -168,13 +168,36 @@ def test_bad_grids_are_one_line_errors_at_the_door(cache_dir, entries, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-def test_figures_of_a_grid_name_a_point(tmp_path):
-    from jaxillusions.launch import figures
+def test_figures_of_a_grid_read_every_point_with_the_points_stages(tmp_path, cache_dir):
+    """jaxillusions figures on a grid draws every point's; a point's stored config is checked
+    with the point's stages (the grid tests prediction over all points). Was: the grid refused
+    ("draw a point's figures"), and the point then refused for its few members
+    (prediction.n_splits, checked as if the point ran the test alone)."""
+    import json
 
-    (tmp_path / "grid.json").write_text("{}")
-    (tmp_path / "model.n_layers=1").mkdir()
-    (tmp_path / "model.n_layers=1" / "config.json").write_text("{}")
-    with pytest.raises(SystemExit) as err:
-        figures.read_settings(str(tmp_path))
-    assert str(err.value) == (f"error: {tmp_path} is a grid: draw a point's figures, e.g. "
-                              f"jaxillusions figures {tmp_path / 'model.n_layers=1'}")
+    from jaxillusions.launch import figures
+    from jaxillusions.pipeline import job
+
+    config = _config(cache_dir)
+    config.grid, config.train.num_seeds, config.prediction.n_splits = (), 1, 5
+    stored = validate.parse(config, job.POINT_PIPELINE).to_dict()
+    names = ["model.n_layers=1", "model.n_layers=2"]
+    (tmp_path / "grid.json").write_text(json.dumps({"points": {n: {} for n in names}}))
+    (tmp_path / names[0]).mkdir()
+    (tmp_path / names[0] / "config.json").write_text(json.dumps(stored))
+    with pytest.raises(SystemExit) as err:  # a point not run yet
+        figures.read_runs(str(tmp_path))
+    assert str(err.value) == (f"error: grid point {names[1]} has not run (no "
+                              f"{tmp_path / names[1] / 'config.json'}); run the grid first")
+    (tmp_path / names[1]).mkdir()
+    (tmp_path / names[1] / "config.json").write_text(json.dumps(stored))
+    runs = figures.read_runs(str(tmp_path))
+    assert [d for d, _ in runs] == [str(tmp_path / n) for n in names]
+    assert all(figures.grid_point(d) for d, _ in runs) and not figures.grid_point(str(tmp_path))
+    for _, point in runs:
+        validate.check(point, job.POINT_PIPELINE)  # as the launcher checks it
+        with pytest.raises(ValueError, match=r"^prediction.n_splits=5: the random splits need"):
+            validate.check(point)  # as a run of its own (the earlier check)
+    (tmp_path / "grid.json").write_text("[1")
+    with pytest.raises(SystemExit, match="grid.json cannot be read as a grid's record"):
+        figures.read_runs(str(tmp_path))

@@ -377,9 +377,10 @@ def settle_heap() -> None:
     gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])
 
 
-def guard(job: Callable[..., None], workdir: str, configs: Sequence) -> None:
-    """Runs job(*settings) after turning every config into checked Settings (validate.check:
-    the configs are read here, once, and the job gets Settings only) and taking the workdir
+def guard(job: Callable[..., None], workdir: str, configs: Sequence, pipeline=None) -> None:
+    """Runs job(*settings) after turning every config into checked Settings (validate.check,
+    with `pipeline`'s stages, default the main job's: the configs are read here, once, and the
+    job gets Settings only) and taking the workdir
     lock, with SIGTERM/SIGINT caught (the job saves and exits 143/130); every error becomes one
     line on stderr."""
     from jaxillusions.pipeline import validate  # noqa: PLC0415
@@ -401,7 +402,7 @@ def guard(job: Callable[..., None], workdir: str, configs: Sequence) -> None:
         compile_cache = use_compilation_cache()
         checked, notes = [], []
         for config in configs:  # a second config naming other cpu_devices is refused here
-            settings, config_notes = validate.check(config)
+            settings, config_notes = validate.check(config, *([pipeline] if pipeline else []))
             checked.append(settings)
             notes += config_notes
         if distributed.is_main():  # (which starts JAX: asked only once the checks are done)

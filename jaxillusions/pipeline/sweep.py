@@ -211,7 +211,10 @@ def _finished(config: Settings, workdir: str, done: dict, say) -> list[dict]:
     tables = [os.path.join(group_dir, "results.csv") for _, group_dir in
               train.member_groups(config, workdir)] if pc.methods else []
     rows = [row for table in tables for row in results.read_csv(table)]
-    where = ", ".join(tables) or workdir  # each group's (was the workdir's, which has none)
+    where = (tables[0] if len(tables) == 1 else  # (was the workdir's, which groups lack)
+             f"the results.csv of {len(tables)} groups in {workdir}: "
+             + ", ".join(os.path.basename(os.path.dirname(t)) for t in tables)
+             if tables else workdir)
     todo = ("nothing to do" if not pc.methods or config.figures != "all"
             or done.get("figures", "all") == "all" else "")
     if not todo and distributed.is_main():
