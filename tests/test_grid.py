@@ -191,9 +191,14 @@ def test_figures_of_a_grid_read_every_point_with_the_points_stages(tmp_path, cac
                               f"{tmp_path / names[1] / 'config.json'}); run the grid first")
     (tmp_path / names[1]).mkdir()
     (tmp_path / names[1] / "config.json").write_text(json.dumps(stored))
-    runs = figures.read_runs(str(tmp_path))
+    runs, pipeline = figures.read_runs(str(tmp_path))
     assert [d for d, _ in runs] == [str(tmp_path / n) for n in names]
-    assert all(figures.grid_point(d) for d, _ in runs) and not figures.grid_point(str(tmp_path))
+    assert pipeline is job.POINT_PIPELINE
+    assert figures.read_runs(runs[0][0])[1] is job.POINT_PIPELINE  # one point alone
+    alone = tmp_path / "copied"  # the same config outside the grid is a run of its own
+    alone.mkdir()
+    (alone / "config.json").write_text(json.dumps(stored))
+    assert figures.read_runs(str(alone))[1] is job.PIPELINE
     for _, point in runs:
         validate.check(point, job.POINT_PIPELINE)  # as the launcher checks it
         with pytest.raises(ValueError, match=r"^prediction.n_splits=5: the random splits need"):

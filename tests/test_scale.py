@@ -570,7 +570,7 @@ def test_memory_plan_admits_configs_code_on_one_80gb_gpu_and_not_on_8gb():
     # residual) kept for the backward pass; evaluation: one layer of 128 rows x 1024 positions x
     # (4 x 1024 scores + 256); parameters and both AdamW moments of all 64 seeds stay on the
     # device, gradients for the chunk's 8.
-    terms = {t.what: t for t in memory.plan(parsed, model_cfg, num_devices=1)}
+    terms = {t.what: t for t in memory.plan(parsed, model_cfg, num_devices=1, platform="gpu")}
     train_batch = terms["the attention scores and activations of a training batch"]
     eval_batch = terms["one layer's attention scores of an evaluation batch"]
     assert train_batch.num_bytes == 8 * 2 * 64 * 511 * (4 * 511 + 1024 + 256) * 4

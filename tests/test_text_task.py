@@ -377,14 +377,21 @@ def test_the_memory_plan_counts_a_large_vocabularys_logits(corpus):
 
     settings = validate.parse(_config(corpus))
     cfg = dataclasses.replace(train.model_config(settings), vocab_size=50304)
-    # Below LOGITS_BYTES the batches are as set; above, the rows that fit.
+    # Below the cap the batches are as set; above, the rows that fit, at least one.
+    assert chunks.logits_bytes() == chunks.CPU_LOGITS_BYTES == 16 * 2**20  # on JAX's CPU
     assert chunks.logit_rows(64, 32, 300, 2) == 64
-    assert chunks.logit_rows(256, 128, 50304, 2) == chunks.LOGITS_BYTES // (2 * 128 * 50304 * 4)
+    assert chunks.logit_rows(256, 128, 4096, 2) == 4  # 4 MiB a row
+    assert chunks.logit_rows(256, 128, 50304, 2) == 1  # 49 MiB a row
     terms = {t.what: t for t in memory.plan(settings, cfg)}
     assert "the logits of a proxy evaluation batch" in terms
+    on = {p: {t.what: t.num_bytes for t in memory.plan(settings, cfg, 1, p)}
+          for p in ("cpu", "gpu")}
+    assert on["gpu"]["the logits of an evaluation batch"] > 50 * on["cpu"][
+        "the logits of an evaluation batch"]  # an accelerator's chunks: 83 rows, not 1
     assert "parameters, gradients and AdamW moments" not in terms  # nothing is trained
-    tiny = memory.Machine("cpu", 1, 2**30, 2**30)
-    with pytest.raises(ValueError, match=r"more than this machine's 1.0 GiB of RAM") as err:
+    # 64 MiB: the members' parameters alone fit (25 MiB), with the logits (73 MiB more) not
+    tiny = memory.Machine("cpu", 1, 2**26, 2**26)
+    with pytest.raises(ValueError, match=r"more than this machine's 64.0 MiB of RAM") as err:
         memory.check_config(settings, cfg, tiny)
     assert "\n" not in str(err.value)
 
@@ -403,7 +410,8 @@ def test_evaluation_in_row_chunks_gives_the_same_numbers(corpus, monkeypatch):
                                    num_bins=2, task=text)
 
     whole = run()
-    monkeypatch.setattr(chunks, "LOGITS_BYTES", 2 * 32 * cfg.vocab_size * 4 * 5)  # 5 rows
+    five_rows = 2 * 32 * cfg.vocab_size * 4 * 5
+    monkeypatch.setattr(chunks, "logits_bytes", lambda _=None: five_rows)
     chunked = run()
     for key in whole:
         np.testing.assert_allclose(chunked[key], whole[key], rtol=1e-6, atol=1e-6)
@@ -432,7 +440,8 @@ def test_proxy_evaluation_in_row_chunks_gives_the_same_rows(corpus, monkeypatch)
                                  options=evaluate.EvalOptions(chunking=quiet))
 
     whole = run()
-    monkeypatch.setattr(chunks, "LOGITS_BYTES", 3 * 32 * cfg.vocab_size * 4 * 5)  # 5 rows
+    five_rows = 3 * 32 * cfg.vocab_size * 4 * 5
+    monkeypatch.setattr(chunks, "logits_bytes", lambda _=None: five_rows)
     chunked = run()
     assert len(chunked) == len(whole) > 0
     for a, b in zip(whole, chunked, strict=True):

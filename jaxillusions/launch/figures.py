@@ -27,48 +27,52 @@ from jaxillusions.launch import common  # noqa: E402
 USAGE = "jaxillusions figures WORKDIR, e.g. jaxillusions figures runs/dyck_small"
 
 
-def read_runs(workdir: str) -> list[tuple[str, object]]:
+def read_runs(workdir: str) -> tuple[list[tuple[str, object]], object]:
     """(directory, Settings) of the run in `workdir`, or of every point of the grid there
-    (grid.json), in the grid's order; a one-line SystemExit for a workdir that is neither."""
+    (grid.json), in the grid's order, and the pipeline they were checked with: a grid point's
+    (its stages, the grid testing prediction over every point) for a grid or one of its points,
+    else the main job's. A one-line SystemExit for a workdir that is neither."""
     if not os.path.isdir(workdir):
         sys.exit(f"error: {workdir} is not a directory ({USAGE})")
-    if not os.path.isfile(os.path.join(workdir, "grid.json")):
-        return [(workdir, read_settings(workdir))]
-    try:
-        with open(os.path.join(workdir, "grid.json")) as f:
-            names = list(json.load(f)["points"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        sys.exit(f"error: {os.path.join(workdir, 'grid.json')} cannot be read as a grid's "
-                 f"record ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})")
-    points = [os.path.join(workdir, name) for name in names]
+    grid = os.path.isfile(os.path.join(workdir, "grid.json"))
+    if not grid and not os.path.isfile(os.path.join(workdir, "config.json")):
+        sys.exit(f"error: {workdir} is not the workdir of a run: it has no config.json ({USAGE})")
+    from jaxillusions.pipeline import job  # noqa: PLC0415 - JAX loads only for a run or a grid
+
+    if not grid:
+        parent = os.path.dirname(os.path.abspath(workdir))
+        point = os.path.basename(os.path.abspath(workdir)) in grid_points(parent, strict=False)
+        pipeline = job.POINT_PIPELINE if point else job.PIPELINE
+        return [(workdir, read_settings(workdir, pipeline))], pipeline
+    points = [os.path.join(workdir, name) for name in grid_points(workdir, strict=True)]
     missing = [p for p in points if not os.path.isfile(os.path.join(p, "config.json"))]
     if missing:
         sys.exit(f"error: grid point {os.path.basename(missing[0])} has not run (no "
                  f"{os.path.join(missing[0], 'config.json')}); run the grid first")
-    return [(point, read_settings(point)) for point in points]
+    return [(p, read_settings(p, job.POINT_PIPELINE)) for p in points], job.POINT_PIPELINE
 
 
-def grid_point(workdir: str) -> bool:
-    """Whether `workdir` is a point of the grid in its parent directory (its grid.json)."""
-    record = os.path.join(os.path.dirname(os.path.abspath(workdir)), "grid.json")
+def grid_points(directory: str, strict: bool) -> list[str]:
+    """The point names in `directory`'s grid.json, in the grid's order: none where there is no
+    readable record, or with `strict` a one-line SystemExit for a record that cannot be read."""
+    record = os.path.join(directory, "grid.json")
     try:
         with open(record) as f:
-            return os.path.basename(os.path.abspath(workdir)) in json.load(f)["points"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
+            return list(json.load(f)["points"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        if not strict:
+            return []
+        sys.exit(f"error: {record} cannot be read as a grid's record "
+                 f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})")
 
 
-def read_settings(workdir: str):
-    """The run's Settings, from its config.json (validate.read_stored, the door of stored runs;
-    a grid point's with the point's stages, the grid testing prediction over every point); a
-    one-line SystemExit for a workdir that is not a run."""
-    if not os.path.isfile(os.path.join(workdir, "config.json")):
-        sys.exit(f"error: {workdir} is not the workdir of a run: it has no config.json ({USAGE})")
-    from jaxillusions.pipeline import job, validate  # noqa: PLC0415 - JAX loads only for a workdir of a run
+def read_settings(workdir: str, pipeline):
+    """The run's Settings, from its config.json, checked with `pipeline` (validate.read_stored,
+    the door of stored runs); a one-line SystemExit for one that cannot be read or checked."""
+    from jaxillusions.pipeline import validate  # noqa: PLC0415 - loaded with JAX by read_runs
 
     try:
-        return validate.read_stored(workdir, job.POINT_PIPELINE if grid_point(workdir)
-                                    else job.PIPELINE)
+        return validate.read_stored(workdir, pipeline)
     except (OSError, ValueError) as err:
         sys.exit(f"error: {str(err).splitlines()[0]}")
 
@@ -84,7 +88,7 @@ def main() -> None:
     if len(workdirs) != 1:
         sys.exit(f"error: give one workdir ({USAGE})")
     workdir = workdirs[0]
-    runs = read_runs(workdir)
+    runs, pipeline = read_runs(workdir)
 
     def draw(*settings) -> None:
         from jaxillusions.pipeline import sweep  # noqa: PLC0415 - after the checks above: JAX is slow
@@ -95,11 +99,7 @@ def main() -> None:
             print(f"[{time.perf_counter() - start:.0f}s] drew {len(drawn)} figures in "
                   f"{directory} (figures/*.png, and TensorBoard's IMAGES)")
 
-    from jaxillusions.pipeline import job  # noqa: PLC0415 - after the checks above
-
-    point = grid_point(runs[0][0])  # the points of a grid, or one run (a point, or not)
-    common.guard(draw, workdir, [stored for _, stored in runs],  # checked against this machine
-                 job.POINT_PIPELINE if point else job.PIPELINE)
+    common.guard(draw, workdir, [stored for _, stored in runs], pipeline)  # against this machine
 
 
 if __name__ == "__main__":

@@ -108,17 +108,8 @@ def load_results(workdir: str, splits: Sequence[str] | None = None) -> pd.DataFr
     """
     import pandas as pd
 
-    from jaxillusions.config import settings
-
-    config, here = None, os.path.abspath(workdir if os.path.isdir(workdir)
-                                         else os.path.dirname(workdir))
-    for directory in (here, os.path.dirname(here)):  # a group's config is its run's
-        try:
-            config = settings.read_stored(directory)
-            break
-        except (FileNotFoundError, AttributeError, KeyError):
-            continue
-    own = config is not None and directory == here  # the run's own directory, not a group's
+    config, own = _stored_config(os.path.abspath(workdir if os.path.isdir(workdir)
+                                                 else os.path.dirname(workdir)))
     parts = (_group_tables(config, workdir) if os.path.isdir(workdir) and own
              else [(os.path.join(workdir, "results.csv") if os.path.isdir(workdir) else workdir,
                     {})])
@@ -160,6 +151,19 @@ def load_results(workdir: str, splits: Sequence[str] | None = None) -> pd.DataFr
         out[name] = (pd.Categorical(values, categories=list(dict.fromkeys(values)))
                      if isinstance(values[0], str) else values.astype("float64"))
     return out
+
+
+def _stored_config(directory: str) -> tuple[object, bool]:
+    """(the stored config of the run in `directory`, or of the run whose group it is: its parent;
+    None where neither has one, whether it is `directory`'s own)."""
+    from jaxillusions.config import settings
+
+    for where in (directory, os.path.dirname(directory)):
+        try:
+            return settings.read_stored(where), where == directory
+        except (FileNotFoundError, AttributeError, KeyError):
+            continue
+    return None, False
 
 
 def _group_tables(config, workdir: str) -> list[tuple[str, dict]]:

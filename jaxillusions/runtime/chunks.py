@@ -23,19 +23,38 @@ def padded_chunks(arrays: Sequence[np.ndarray], batch_size: int) -> Iterator[lis
 
 # The float32 logits [rows, T, vocab] that an evaluation call holds at once for one member: the
 # original model's and each proxy size's (faithfulness.evaluate), or the logits and their
-# log-softmax (training/evaluation.py). A call whose `copies` of them would exceed LOGITS_BYTES
-# runs its batch in chunks of the rows that stay within it: at a vocabulary of 50k, 128-token
-# rows run about 40 at a time in training's evaluation. The cap depends on the config alone,
-# never on the machine, so that the numbers do too; the shipped configs (a vocabulary of at
-# most 256) stay well below it, so their batches are as set. training/memory.py counts it.
-LOGITS_BYTES = 2 * 2**30
+# log-softmax (training/evaluation.py). A call whose `copies` of them would exceed
+# `logits_bytes()` runs its batch in chunks of the rows that stay within it. On a CPU that is
+# 16 MiB: larger calls ran several times slower, their time going to the kernel (fresh pages for
+# buffers of hundreds of MiB in every call) and to memory traffic (docs/speed.md, "A large
+# vocabulary on the CPU"); at a vocabulary of 4,096 and rows of 128 tokens, 8 rows at a time in
+# training's evaluation. On an accelerator, 2 GiB: at a vocabulary of 50k, about 40 such rows.
+# The cap depends on the config and the backend alone, never on the machine's memory, so that
+# the numbers do too. On a CPU the Dyck configs keep their batches (all but the GPU-sized
+# `dyck`: a vocabulary of 19, rows of at most 42 tokens) and the code configs' proxy evaluation
+# runs in chunks; on an accelerator every shipped config keeps its batches.
+# training/memory.py counts it.
+CPU_LOGITS_BYTES = 16 * 2**20
+ACCELERATOR_LOGITS_BYTES = 2 * 2**30
 
 
-def logit_rows(rows: int, width: int, vocab: int, copies: int) -> int:
-    """`rows` if `copies` float32 logits of rows x width x vocab fit in LOGITS_BYTES, else the
-    most rows that do (at least 1)."""
-    per_row = copies * width * vocab * 4
-    return rows if rows * per_row <= LOGITS_BYTES else max(1, LOGITS_BYTES // per_row)
+def logits_bytes(platform: str | None = None) -> int:
+    """The cap on one member's logits per evaluation call on `platform` (JAX's: "cpu", "gpu",
+    ...; default this process's backend): CPU_LOGITS_BYTES on a CPU, else
+    ACCELERATOR_LOGITS_BYTES."""
+    if platform is None:
+        import jax  # noqa: PLC0415 - this module is numpy's otherwise
+
+        platform = jax.default_backend()
+    return CPU_LOGITS_BYTES if platform == "cpu" else ACCELERATOR_LOGITS_BYTES
+
+
+def logit_rows(rows: int, width: int, vocab: int, copies: int, platform: str | None = None
+               ) -> int:
+    """`rows` if `copies` float32 logits of rows x width x vocab fit in logits_bytes(platform),
+    else the most rows that do (at least 1)."""
+    per_row, cap = copies * width * vocab * 4, logits_bytes(platform)
+    return rows if rows * per_row <= cap else max(1, cap // per_row)
 
 
 def readout(evaluated: np.ndarray, width: int) -> np.ndarray:

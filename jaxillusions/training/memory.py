@@ -233,22 +233,25 @@ def _forward_bytes(batch: int, width: int, model_cfg, item: int, saved: bool = F
     return batch * width * (per_token + model_cfg.d_model) * item
 
 
-def _evaluation(what: str, rows: int, width: int, model_cfg) -> tuple[str, int]:
+def _evaluation(what: str, rows: int, width: int, model_cfg, platform: str | None
+                ) -> tuple[str, int]:
     """(the term's name, its rows) of an evaluation batch of `rows` rows x `width` tokens: its
-    logits (original and one proxy: a lower bound), row-chunked as chunks.logit_rows runs them,
-    where they outweigh one layer's attention scores."""
-    rows = chunks.logit_rows(rows, width, model_cfg.vocab_size, 2)
+    logits (original and one proxy: a lower bound), row-chunked as chunks.logit_rows runs them
+    on `platform`, where they outweigh one layer's attention scores."""
+    rows = chunks.logit_rows(rows, width, model_cfg.vocab_size, 2, platform)
     hidden = 0 if model_cfg.attn_only else model_cfg.d_mlp  # as _forward_bytes counts them
     logits = 2 * model_cfg.vocab_size > max(model_cfg.n_heads * width, hidden)
     return (f"the logits of {what}" if logits else f"one layer's attention scores of {what}",
             rows)
 
 
-def plan(config, model_cfg, num_devices: int | None = None) -> list[Term]:
+def plan(config, model_cfg, num_devices: int | None = None, platform: str | None = None
+         ) -> list[Term]:
     """The memory terms of `config` (see above), with the config keys each one grows with, for
-    `num_devices` devices (default: this process's). An imported run (model.pretrained) holds
-    its members' parameters and trains nothing; an evaluation batch counts the logits (row-
-    chunked: runtime/chunks.py) where a large vocabulary makes them its largest buffer."""
+    `num_devices` devices of `platform` ("cpu", "gpu", ...; default: this process's). An
+    imported run (model.pretrained) holds its members' parameters and trains nothing; an
+    evaluation batch counts the logits (row-chunked as on `platform`: runtime/chunks.py) where a
+    large vocabulary makes them its largest buffer."""
     from jaxillusions import model as model_lib  # noqa: PLC0415
     from jaxillusions import tasks  # noqa: PLC0415
 
@@ -289,7 +292,8 @@ def plan(config, model_cfg, num_devices: int | None = None) -> list[Term]:
     widest = task.widest_width(config.data)
     rows_key = "data.num_train" if hasattr(config.data, "num_train") else "data.max_rows"
     rows = max(_get(config, rows_key), 0)  # code: -1 (all functions) is not counted
-    what, eval_rows = _evaluation("an evaluation batch", tc.eval_batch_size, widest, mc)
+    what, eval_rows = _evaluation("an evaluation batch", tc.eval_batch_size, widest, mc,
+                                  platform)
     evaluation = Term(what, chunk * _forward_bytes(eval_rows, widest, mc, item, logits=2),
                       (seeds, ("train.eval_batch_size", tc.eval_batch_size),
                        (width_key, widest)), True)
@@ -322,7 +326,7 @@ def plan(config, model_cfg, num_devices: int | None = None) -> list[Term]:
     sites = sum(len(t.split("+")) for t in pc.targets)
     pseeds = ("model.pretrained" if imported else "train.num_seeds", pchunk)
     proxy_eval, proxy_rows = _evaluation("a proxy evaluation batch", pc.eval_batch_size, widest,
-                                         mc)
+                                         mc, platform)
     terms += [
         Term("the activations sampled for the proxies",
              pchunk * sites * pc.kmeans_samples * mc.d_model * 4,
@@ -376,7 +380,7 @@ def check_config(config, model_cfg, machine: Machine | None = None) -> None:
     device memory is host RAM, the host's RAM for both. It names the key that the largest term
     grows with most."""
     m = machine or Machine.local()
-    terms, ram = plan(config, model_cfg, m.num_devices), m.host_bytes
+    terms, ram = plan(config, model_cfg, m.num_devices, m.platform), m.host_bytes
     if m.platform == "cpu":  # one pool: device memory is host RAM
         groups = [(terms, 1, ram, f"this machine's {_size(ram)} of RAM (CPU: device memory is "
                    "host RAM)")]
