@@ -394,6 +394,10 @@ def test_the_memory_plan_counts_a_large_vocabularys_logits(corpus):
     with pytest.raises(ValueError, match=r"more than this machine's 64.0 MiB of RAM") as err:
         memory.check_config(settings, cfg, tiny)
     assert "\n" not in str(err.value)
+    # A call holds one row's logits: the key to lower is the rows' width, not the batch size
+    # (was: "lower train.eval_batch_size", which would not have changed the call).
+    assert str(err.value).startswith("data.longer_window=64: needs")
+    assert str(err.value).endswith("; lower data.longer_window")
 
 
 def test_evaluation_in_row_chunks_gives_the_same_numbers(corpus, monkeypatch):

@@ -204,7 +204,9 @@ class Machine:
 class Term:
     what: str  # e.g. "parameters, gradients and AdamW moments"
     num_bytes: int
-    factors: tuple[tuple[str, int], ...]  # (config key, its value) that the term grows with
+    # (config key, its value) that the term grows with; an evaluation batch's rows as a call
+    # holds them (row-chunked: runtime/chunks.py), which a smaller batch size lowers only below
+    factors: tuple[tuple[str, int], ...]
     on_device: bool  # device memory (on a CPU: host RAM too); else host RAM only
 
 
@@ -295,7 +297,7 @@ def plan(config, model_cfg, num_devices: int | None = None, platform: str | None
     what, eval_rows = _evaluation("an evaluation batch", tc.eval_batch_size, widest, mc,
                                   platform)
     evaluation = Term(what, chunk * _forward_bytes(eval_rows, widest, mc, item, logits=2),
-                      (seeds, ("train.eval_batch_size", tc.eval_batch_size),
+                      (seeds, ("train.eval_batch_size", eval_rows),  # the rows of a call
                        (width_key, widest)), True)
     if imported:  # their float32 parameters, on the devices and on the host; no training
         loaded = (("model.pretrained", members),)
@@ -337,7 +339,7 @@ def plan(config, model_cfg, num_devices: int | None = None, platform: str | None
              (pseeds, ("proxies.collect_batch_size", pc.collect_batch_size),
               (width_key, train_width)), True),
         Term(proxy_eval, pchunk * _forward_bytes(proxy_rows, widest, mc, item, logits=2),
-             (pseeds, ("proxies.eval_batch_size", pc.eval_batch_size),
+             (pseeds, ("proxies.eval_batch_size", proxy_rows),  # the rows of a call
               (width_key, widest)), True),
     ]
     wc = config.wen
