@@ -27,7 +27,7 @@ def padded_chunks(arrays: Sequence[np.ndarray], batch_size: int) -> Iterator[lis
 # `logits_bytes()` runs its batch in chunks of the rows that stay within it. On a CPU that is
 # 16 MiB: larger calls ran several times slower, their time going to the kernel (fresh pages for
 # buffers of hundreds of MiB in every call) and to memory traffic (docs/speed.md, "A large
-# vocabulary on the CPU"); at a vocabulary of 4,096 and rows of 128 tokens, 8 rows at a time in
+# vocabulary on the CPU"); at a vocabulary of 4,096 and rows of 128 tokens, 4 rows at a time in
 # training's evaluation. On an accelerator, 2 GiB: at a vocabulary of 50k, about 40 such rows.
 # The cap depends on the config and the backend alone, never on the machine's memory, so that
 # the numbers do too. On a CPU the Dyck configs keep their batches (all but the GPU-sized

@@ -204,8 +204,8 @@ class Machine:
 class Term:
     what: str  # e.g. "parameters, gradients and AdamW moments"
     num_bytes: int
-    # (config key, its value) that the term grows with; an evaluation batch's rows as a call
-    # holds them (row-chunked: runtime/chunks.py), which a smaller batch size lowers only below
+    # (config key, its value) that the term grows with; for an evaluation batch, the rows one
+    # call holds (row-chunked: runtime/chunks.py), which a batch size lowers only when set below
     factors: tuple[tuple[str, int], ...]
     on_device: bool  # device memory (on a CPU: host RAM too); else host RAM only
 
