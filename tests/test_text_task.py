@@ -382,6 +382,11 @@ def test_the_memory_plan_counts_a_large_vocabularys_logits(corpus):
     assert chunks.logit_rows(64, 32, 300, 2) == 64
     assert chunks.logit_rows(256, 128, 4096, 2) == 4  # 4 MiB a row
     assert chunks.logit_rows(256, 128, 50304, 2) == 1  # 49 MiB a row
+    # A call runs up to its batch's rows in such chunks, as few calls as that allows, evenly.
+    assert chunks.steps(300, 1, 256) == 150  # 2 calls of 150 chunks, not 256 and 44
+    assert chunks.steps(8, 1, 256) == 8
+    assert chunks.steps(1000, 4, 256) == 63  # 4 calls of 63 chunks of 4 rows
+    assert chunks.steps(1000, 256, 256) == chunks.steps(10, 64, 64) == 1  # no cap: 1 a call
     terms = {t.what: t for t in memory.plan(settings, cfg)}
     assert "the logits of a proxy evaluation batch" in terms
     on = {p: {t.what: t.num_bytes for t in memory.plan(settings, cfg, 1, p)}
@@ -446,7 +451,11 @@ def test_proxy_evaluation_in_row_chunks_gives_the_same_rows(corpus, monkeypatch)
     whole = run()
     five_rows = 3 * 32 * cfg.vocab_size * 4 * 5
     monkeypatch.setattr(chunks, "logits_bytes", lambda _=None: five_rows)
+    steps, batches = [], evaluate._eval_batches  # the chunks each call runs in turn
+    monkeypatch.setattr(evaluate, "_eval_batches", lambda *a, **k: (
+        steps.append(call[1].shape[0]) or call for call in batches(*a, **k)))
     chunked = run()
+    assert steps and min(steps) == max(steps) > 1, steps  # in a scan inside each call
     assert len(chunked) == len(whole) > 0
     for a, b in zip(whole, chunked, strict=True):
         assert {k: v for k, v in a.items() if isinstance(v, str | int)} == {

@@ -151,17 +151,20 @@ _ORIGINAL, _ZERO, _PROXY = 0, 1, 2
 @functools.partial(jax.jit, static_argnames=("program",))
 def _eval_chunk(params, proxy_params, active, data: tuple, width_index, *,
                 program: EvalProgram):
-    """One chunk [B, T] of every seed and size, `data` its tokens, evaluated, bins, segments
-    and offsets (`_arrays`; the last two None unless packed) and its rows' evaluated positions
-    [B, program.readout] (`chunks.readout`, -1 past a row's last; None: no readout). The
-    program holds one branch per width of program.widths; `width_index` picks the one that
-    runs, on the chunk's first `width` columns (the rest are padding: a causal model's values
-    before them do not depend on them).
+    """K chunks [K, B, T] of every seed and size, `data` their tokens, evaluated, bins,
+    segments and offsets (`_arrays`; the last two None unless packed) and their rows' evaluated
+    positions [K, B, program.readout] (`chunks.readout`, -1 past a row's last; None: no
+    readout). The chunks run one after another in the program (a scan, where K > 1: a large
+    vocabulary's logits, chunks.logit_rows), so that the buffers of one chunk's logits are
+    allocated once per call, not once per chunk. The program holds one branch per width of
+    program.widths; `width_index` [K] picks the one that runs each chunk, on its first `width`
+    columns (the rest are padding: a causal model's values before them do not depend on them).
     program.start_layer: the sizes' passes start at this block from the original pass's
     residual stream (nothing before it is replaced: model.first_block); None: each runs the
     whole model.
-    Returns ((binned sums, dictionary metric sums: {} for pattern proxies), per-position JSD
-    [..., B, T], or [..., B, program.readout] at the readout positions)."""
+    Returns ((binned sums, dictionary metric sums: {} for pattern proxies; over the K chunks,
+    added in order), per-position JSD [..., K, B, T], or [..., K, B, program.readout] at the
+    readout positions)."""
     model_cfg, num_bins, start_layer = program.model_cfg, program.num_bins, program.start_layer
     module = proxies.get(program.method)
     extra = dictionary_metrics.enabled(module)  # dictionary metrics (fvu, l0, dead, ce/kl_score)
@@ -266,9 +269,24 @@ def _eval_chunk(params, proxy_params, active, data: tuple, width_index, *,
         pad = [(0, 0)] * (jsd.ndim - 1) + [(0, jsd_width - jsd.shape[-1])]
         return (sums, dict_sums), jnp.pad(jsd, pad)  # one shape for every branch
 
-    jsd_width = data[0].shape[1] if data[-1] is None else data[-1].shape[1]
+    jsd_width = data[0].shape[2] if data[-1] is None else data[-1].shape[2]
     branches = [functools.partial(at_width, w) for w in program.widths]
-    return jax.lax.switch(width_index, branches, data)
+
+    def one_chunk(chunk: tuple, index: jax.Array):
+        return jax.lax.switch(index, branches, chunk)
+
+    if width_index.shape[0] == 1:
+        out, jsd = one_chunk(jax.tree.map(lambda a: a[0], data), width_index[0])
+        return out, jsd[..., None, :, :]
+
+    def step(total, chunk):
+        out, jsd = one_chunk(*chunk)
+        return jax.tree.map(jnp.add, total, out), jsd
+
+    first = jax.eval_shape(one_chunk, jax.tree.map(lambda a: a[0], data), width_index[0])[0]
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), first)
+    total, jsd = jax.lax.scan(step, zeros, (data, width_index))
+    return total, jnp.moveaxis(jsd, 0, -3)
 
 
 def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
@@ -328,8 +346,9 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     """
     rows, num_seeds = [], jax.tree.leaves(params)[0].shape[0]
     # A large vocabulary's logits, the original's and each size's: in chunks of the rows that
-    # fit (chunks.logit_rows; a small vocabulary's batches are as given).
-    batch_size = chunks.logit_rows(batch_size, eval_set.tokens.shape[1], model_cfg.vocab_size,
+    # fit (chunks.logit_rows; a small vocabulary's batches are as given), a call's batch_size
+    # rows in chunks run one after another inside it.
+    chunk_rows = chunks.logit_rows(batch_size, eval_set.tokens.shape[1], model_cfg.vocab_size,
                                    1 + max((len(p.spec.sizes) for p in fitted), default=1))
     params = distributed.shard_seeds(params)  # placed once for all families (padded)
     one_width = options.one_width
@@ -350,8 +369,10 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
                               proxy.spec.options if whole else (),
                               _readout_width(proxy.spec.module, sites, model_cfg, layout)
                               if options.readout and not whole else 0)
+        steps = chunks.steps(len(layout.tokens), chunk_rows, batch_size)
         (totals, dict_sums), jsd = _evaluate_family(params, num_seeds, layout, proxy, sites,
-                                                    program, batch_size, options.chunking)
+                                                    program, (steps, chunk_rows),
+                                                    options.chunking)
         # The split of each evaluated position, in the order of the per-position JSD (the
         # chunks' row-major order; their padding rows score nothing).
         split_ids = layout.bins[..., 0][layout.evaluated]
@@ -380,13 +401,14 @@ def _program_sites(families: Sequence[FittedProxy]) -> dict[tuple, dict]:
 
 
 def _evaluate_family(params, num_seeds: int, eval_set: EvalSet, proxy: FittedProxy,
-                     program_sites: dict, program: EvalProgram, batch_size: int,
+                     program_sites: dict, program: EvalProgram, batch: tuple[int, int],
                      chunking: Chunking) -> tuple[tuple[list[np.ndarray], dict], np.ndarray]:
     """One family's summed metrics per breakdown [S, R, bins, 5] with its dictionary metric
     sums (dictionary_metrics.seed_sums/size_sums, {} for pattern proxies), and per-position JSD
     at the evaluated positions [S, R, n], for the first `num_seeds` seeds of `params` (placed,
-    maybe padded), in chunks (see `evaluate`), by `program`, which replaces the sites of
-    `program_sites` ({site: one family's fitted params}, _program_sites)."""
+    maybe padded), in calls of `batch` = (steps, rows) chunks of rows (see `evaluate`), by
+    `program`, which replaces the sites of `program_sites` ({site: one family's fitted params},
+    _program_sites)."""
     spec = proxy.spec
     per_seed = spec.module.STATISTIC is not None  # else one proxy for all seeds
     # Sites of the program that this family does not simplify get zeros (never applied).
@@ -394,22 +416,22 @@ def _evaluate_family(params, num_seeds: int, eval_set: EvalSet, proxy: FittedPro
                    else jax.tree.map(lambda x: np.zeros(np.shape(x), x.dtype), p)
                    for s, p in program_sites.items()}
     active = {s: np.bool_(s in proxy.params) for s in program_sites}
-    widest = tuple(None if a is None else jax.ShapeDtypeStruct((batch_size, *a.shape[1:]),
+    widest = tuple(None if a is None else jax.ShapeDtypeStruct((*batch, *a.shape[1:]),
                                                                a.dtype)
                    for a in _arrays(eval_set)) + (
-        jax.ShapeDtypeStruct((batch_size, program.readout), np.int32) if program.readout
+        jax.ShapeDtypeStruct((*batch, program.readout), np.int32) if program.readout
         else None,)
     chunk_size = seed_chunk(
         lambda w: memory.compiled_bytes(
             _eval_chunk, memory.seed_shapes(params, w),
             memory.seed_shapes(site_params, w) if per_seed else site_params, active, widest,
-            np.int32(0), program=program),
+            np.zeros(batch[0], np.int32), program=program),
         num_seeds, chunking, what=f"evaluating {spec.method} on {spec.target}",
-        lower=f"proxies.eval_batch_size (now {batch_size})")
+        lower=f"proxies.eval_batch_size (now {batch[0] * batch[1]})")
 
     def one_chunk(params, proxy_params=site_params):
         totals, jsd = None, []
-        for chunk, width_index in _eval_batches(eval_set, batch_size, program.widths,
+        for chunk, width_index in _eval_batches(eval_set, batch, program.widths,
                                                 program.readout):
             out, jsd_chunk = _eval_chunk(params, proxy_params, active, chunk, width_index,
                                          program=program)
@@ -418,7 +440,7 @@ def _evaluate_family(params, num_seeds: int, eval_set: EvalSet, proxy: FittedPro
             totals = out if totals is None else jax.tree.map(np.add, totals, out)
             # Per-position JSD at the evaluated positions only, one family at a time (in
             # row-major order: the readout positions of a row ascend).
-            scored = chunk[1] if chunk[-1] is None else chunk[-1] >= 0
+            scored = chunk[1] if chunk[-1] is None else chunk[-1] >= 0  # [K, B, T]
             jsd.append(np.asarray(distributed.to_host(jsd_chunk), np.float32)
                        [..., scored])  # [S, R, n]
         return totals, np.concatenate(jsd, axis=-1)
@@ -433,21 +455,25 @@ def _arrays(eval_set: EvalSet) -> list[np.ndarray | None]:
             eval_set.offsets]
 
 
-def _eval_batches(eval_set: EvalSet, batch_size: int, widths: Sequence[int] = (),
+def _eval_batches(eval_set: EvalSet, batch: tuple[int, int], widths: Sequence[int] = (),
                   readout: int = 0):
     """(_eval_chunk's `data` (`_arrays`, then each row's first `readout` evaluated positions
-    or None), the index into `widths`) in chunks of batch_size rows, as wide as the widest
-    split (one shape: one compilation); the index (`widths` sorted, the last the widest) is
-    of the narrowest that holds the chunk's tokens."""
+    or None), the indices into `widths`) per call of batch = (K, B): K chunks of B rows, each
+    [K, B, ...], as wide as the widest split (one shape: one compilation); a chunk's index
+    (`widths` sorted, the last the widest) is of the narrowest that holds its tokens."""
+    steps, rows = batch
     arrays = _arrays(eval_set)
     present = [a for a in arrays if a is not None]
-    for chunk in chunks.padded_chunks(present, batch_size):
+    for call in chunks.padded_chunks(present, steps * rows):
         watchdog.progress()
-        used = int((chunk[0] != tasks.PAD).any(0).nonzero()[0].max()) + 1
-        parts = iter(chunk)
+        call = [a.reshape(steps, rows, *a.shape[1:]) for a in call]
+        used = [int(c.nonzero()[0].max(initial=0)) + 1 for c in (call[0] != tasks.PAD).any(1)]
+        parts = iter(call)
         data = tuple(None if a is None else next(parts) for a in arrays)
-        yield ((*data, chunks.readout(data[1], readout) if readout else None),
-               np.int32(next((i for i, w in enumerate(widths) if w >= used), 0)))
+        yield ((*data, np.stack([chunks.readout(e, readout) for e in data[1]]) if readout
+                else None),
+               np.array([next((i for i, w in enumerate(widths) if w >= u), 0) for u in used],
+                        np.int32))
 
 
 def _readout_width(module, sites: dict, model_cfg: model_lib.ModelConfig,

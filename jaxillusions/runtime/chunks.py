@@ -1,7 +1,8 @@
 """Fixed-shape row chunks of arrays (`padded_chunks`): how the shared code batches a task's rows,
 or any arrays with a leading row axis, for a compiled program (evaluation, proxies, studies);
-how many rows a large vocabulary's logits allow in one (`logit_rows`); and the evaluated
-positions of each row, where an evaluation computes its logits (`readout`)."""
+how many rows a large vocabulary's logits allow in one (`logit_rows`) and how many such chunks
+a call runs in turn (`steps`); and the evaluated positions of each row, where an evaluation
+computes its logits (`readout`)."""
 
 from collections.abc import Iterator, Sequence
 
@@ -55,6 +56,16 @@ def logit_rows(rows: int, width: int, vocab: int, copies: int, platform: str | N
     else the most rows that do (at least 1)."""
     per_row, cap = copies * width * vocab * 4, logits_bytes(platform)
     return rows if rows * per_row <= cap else max(1, cap // per_row)
+
+
+def steps(rows: int, chunk_rows: int, batch_size: int) -> int:
+    """How many chunks of `chunk_rows` rows (logit_rows) one call runs one after another, for
+    `rows` rows in all in calls of at most `batch_size` rows (at least one chunk): as few
+    calls as that allows, their chunks spread evenly over them (the least padding)."""
+    most = max(1, batch_size // chunk_rows)
+    needed = -(-rows // chunk_rows)
+    calls = -(-needed // most)
+    return max(1, -(-needed // max(calls, 1)))
 
 
 def readout(evaluated: np.ndarray, width: int) -> np.ndarray:
