@@ -14,11 +14,12 @@ Until they exist the door refuses the run with a one-line error naming the first
 (the test suite runs this setup on files it makes: tests/test_text_task.py).
 `--config=pretrained_code:steps` judges the first seed's checkpoints along training instead.
 
-On the 2-core CPU machine (AMD EPYC, `lscpu`: AuthenticAMD family 25 model 17), with the 8 seeds
-the benchmark trained (20 min 9 s): 45 min 46 s wall, `time 2740 s: training 148 s, ...,
-evaluation 2548 s` (shared with test runs for its last 15 minutes), before the CPU's 16 MiB cap
-on each member's logits per call (docs/speed.md: 3.1x on 4 seeds of 64 rows per split, the AMD
-EPYC of family 26 model 2: `time 746 s` -> `time 239 s`). What it showed, 8 seeds,
+On the 2-core CPU machine (AMD EPYC, `lscpu`: family 26 model 2), alone, with the 8 seeds the
+benchmark trained there (19 min 27 s): 23 min 11 s wall, `time 1385 s: training 79 s, collection
+41 s, fitting 6 s, evaluation 1254 s, ...` (peak memory 9.3 GB). (On the AMD EPYC of family 25
+model 17, before the CPU's cap on each member's logits per call and the scan over its chunks,
+docs/speed.md: 45 min 46 s, `evaluation 2548 s`, shared with test runs for its last 15
+minutes.) What it showed, the same on both machines to the digits below, 8 seeds,
 paired 95% t intervals (docs/pretrained.md, "A population trained with Hugging Face"): no gap
 beyond +-0.001 on held-out Python files or longer rows; every proxy less faithful on JavaScript
 (SVD rank 8 of the queries +0.005 [+0.003, +0.006], k-means 64 +0.014 [+0.011, +0.017], 8/8

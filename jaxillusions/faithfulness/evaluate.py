@@ -275,7 +275,7 @@ def _eval_chunk(params, proxy_params, active, data: tuple, width_index, *,
     def one_chunk(chunk: tuple, index: jax.Array):
         return jax.lax.switch(index, branches, chunk)
 
-    if width_index.shape[0] == 1:
+    if width_index.shape[0] == 1:  # a batch that fits: no scan
         out, jsd = one_chunk(jax.tree.map(lambda a: a[0], data), width_index[0])
         return out, jsd[..., None, :, :]
 
