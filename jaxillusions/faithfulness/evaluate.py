@@ -275,16 +275,17 @@ def _eval_chunk(params, proxy_params, active, data: tuple, width_index, *,
     def one_chunk(chunk: tuple, index: jax.Array):
         return jax.lax.switch(index, branches, chunk)
 
+    first = (jax.tree.map(lambda a: a[0], data), width_index[0])
     if width_index.shape[0] == 1:  # a batch that fits: no scan
-        out, jsd = one_chunk(jax.tree.map(lambda a: a[0], data), width_index[0])
+        out, jsd = one_chunk(*first)
         return out, jsd[..., None, :, :]
 
     def step(total, chunk):
         out, jsd = one_chunk(*chunk)
         return jax.tree.map(jnp.add, total, out), jsd
 
-    first = jax.eval_shape(one_chunk, jax.tree.map(lambda a: a[0], data), width_index[0])[0]
-    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), first)
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
+                         jax.eval_shape(one_chunk, *first)[0])
     total, jsd = jax.lax.scan(step, zeros, (data, width_index))
     return total, jnp.moveaxis(jsd, 0, -3)
 
