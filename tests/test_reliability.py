@@ -271,13 +271,14 @@ def test_a_relaunch_on_another_machine_is_noted_and_recorded(trained, tmp_path, 
     _resume(trained, workdir, verbose=True)
     assert "another machine" not in capsys.readouterr().out
     assert len(_history(workdir)) == 1  # the same machine: nothing new
-    elsewhere = {**here, "cpu": "AMD EPYC, family 25 model 1", "jax": "0.9.0"}
+    # (Not a real CPU's name: one would be this machine's on that CPU, and then no change.)
+    elsewhere = {**here, "cpu": "Test CPU, family 0 model 0", "jax": "0.9.0"}
     monkeypatch.setattr(machine, "describe", lambda: elsewhere)
     state = _resume(trained, workdir, verbose=True)
     notes = [line for line in capsys.readouterr().out.splitlines() if "another machine" in line]
     assert notes == [
-        f"note: this workdir last ran on another machine (cpu: {here['cpu']} -> AMD EPYC, "
-        f"family 25 model 1; jax: {here['jax']} -> 0.9.0): what it trains or computes from here "
+        f"note: this workdir last ran on another machine (cpu: {here['cpu']} -> Test CPU, "
+        f"family 0 model 0; jax: {here['jax']} -> 0.9.0): what it trains or computes from here "
         "rounds as this machine does, so its last bits differ from a run on one machine "
         f"(recorded in {checkpoint.HISTORY_FILE}; docs/reliability.md, Reproducibility)"]
     assert [r["event"] for r in _history(workdir)] == ["created", "machine"]

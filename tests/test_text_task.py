@@ -421,7 +421,11 @@ def test_evaluation_in_row_chunks_gives_the_same_numbers(corpus, monkeypatch):
     whole = run()
     five_rows = 2 * 32 * cfg.vocab_size * 4 * 5
     monkeypatch.setattr(chunks, "logits_bytes", lambda _=None: five_rows)
+    steps, eval_batch = [], evaluation._eval_batch  # the chunks each call runs in turn
+    monkeypatch.setattr(evaluation, "_eval_batch", lambda params, tokens, *a, **k: (
+        steps.append(tokens.shape[:2]) or eval_batch(params, tokens, *a, **k)))
     chunked = run()
+    assert steps and {s[1] for s in steps} == {5} and min(s[0] for s in steps) > 1, steps
     for key in whole:
         np.testing.assert_allclose(chunked[key], whole[key], rtol=1e-6, atol=1e-6)
 

@@ -27,26 +27,42 @@ from jaxillusions.runtime import distributed, tensorboard
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "num_bins"))
 def _eval_batch(params, tokens, evaluated, bins, readout=None, *, model_cfg, num_bins: int):
-    # (evaluated, bins, num_bins: the evaluated positions, their bins and the bin count;
-    # readout: the rows' evaluated positions (chunks.readout), where the logits are computed)
-    targets = jnp.roll(tokens, -1, axis=1)
-    if readout is not None:
-        targets, bins = (model_lib.at_positions(a, readout) for a in (targets, bins))
-        evaluated = readout >= 0
+    """The sums of K chunks [K, B, T] of rows: tokens, evaluated (the evaluated positions),
+    their bins (of num_bins), and readout [K, B, P], the rows' evaluated positions
+    (chunks.readout), where the logits are computed (None: at every position). The chunks run
+    one after another in the program (a scan where K > 1: a large vocabulary's logits,
+    chunks.logit_rows), so that the buffers of one chunk's logits are allocated once per call,
+    not once per chunk; their sums are added in order."""
+    def one_chunk(chunk):
+        tokens, evaluated, bins, readout = chunk
+        targets = jnp.roll(tokens, -1, axis=1)
+        if readout is not None:
+            targets, bins = (model_lib.at_positions(a, readout) for a in (targets, bins))
+            evaluated = readout >= 0
 
-    def one_seed(p):
-        logits, _ = model_lib.forward(p, tokens, model_cfg, span=model_lib.Span(readout=readout))
-        nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-        correct = (logits.argmax(-1) == targets) & evaluated
-        bin_onehot = jax.nn.one_hot(bins, num_bins, dtype=jnp.float32) * evaluated[..., None]
-        return {
-            "correct_by_bin": jnp.einsum("bt,btd->d", correct.astype(jnp.float32), bin_onehot),
-            "nll_sum": (nll * evaluated).sum(),
-        }
+        def one_seed(p):
+            logits, _ = model_lib.forward(p, tokens, model_cfg,
+                                          span=model_lib.Span(readout=readout))
+            nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+            correct = (logits.argmax(-1) == targets) & evaluated
+            bin_onehot = jax.nn.one_hot(bins, num_bins, dtype=jnp.float32) * evaluated[..., None]
+            return {
+                "correct_by_bin": jnp.einsum("bt,btd->d", correct.astype(jnp.float32),
+                                             bin_onehot),
+                "nll_sum": (nll * evaluated).sum(),
+            }
 
-    out = jax.vmap(one_seed)(params)
-    out["count_by_bin"] = (jax.nn.one_hot(bins, num_bins) * evaluated[..., None]).sum((0, 1))
-    return out
+        out = jax.vmap(one_seed)(params)
+        out["count_by_bin"] = (jax.nn.one_hot(bins, num_bins) * evaluated[..., None]).sum((0, 1))
+        return out
+
+    data = (tokens, evaluated, bins, readout)
+    first = jax.tree.map(lambda a: a[0], data)
+    if tokens.shape[0] == 1:  # a batch that fits: no scan
+        return one_chunk(first)
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(one_chunk, first))
+    return jax.lax.scan(lambda total, chunk: (jax.tree.map(jnp.add, total, one_chunk(chunk)),
+                                              None), zeros, data)[0]
 
 
 def seed_chunks(params: dict, chunk_size: int = 0) -> list[dict]:
@@ -68,7 +84,8 @@ def evaluate(chunks: Sequence[dict], split, model_cfg: model_lib.ModelConfig, *,
     train_sweep's placed chunks), evaluated one after the other and joined; the first
     `num_seeds` are kept (a last chunk's padding is dropped). Bins with no evaluated position
     are NaN. Chunks over sentences are padded to a fixed batch size so the evaluation compiles
-    once per sequence length and number of read-out positions. `task`: a tasks module
+    once per sequence length and number of read-out positions (and, where a large vocabulary's
+    rows run in chunks, per number of chunks a call: _eval_batch). `task`: a tasks module
     (default: tasks.DEFAULT's). `readout`: the logits at the evaluated positions only
     (model.Span; as many per row as the split's most, chunks.readout_width: the Dyck demo's
     rows of 26 tokens 12, of 42 tokens 20), the same numbers within float32 rounding as at
@@ -80,15 +97,20 @@ def evaluate(chunks: Sequence[dict], split, model_cfg: model_lib.ModelConfig, *,
     bins = np.clip(view.bins[breakdown], 0, None)
     read = chunks_lib.readout_width(view.evaluated) if readout and model_lib.before_readout(
         model_cfg, ()) else 0  # positions per row
-    # A large vocabulary's logits and log-softmax: in chunks of the rows that fit
-    batch_size = chunks_lib.logit_rows(batch_size, view.tokens.shape[1], model_cfg.vocab_size, 2)
+    # A large vocabulary's logits and log-softmax: in chunks of the rows that fit, as many
+    # chunks a call as batch_size rows allow (chunks.steps), one after another in its scan
+    rows = chunks_lib.logit_rows(batch_size, view.tokens.shape[1], model_cfg.vocab_size, 2)
+    steps = chunks_lib.steps(len(view.tokens), rows, batch_size)
     sums = []  # per chunk: {correct_by_bin [W, B], nll_sum [W], count_by_bin [B]}
     for params in chunks:
         width = jax.tree.leaves(params)[0].shape[0]
         params = distributed.shard_seeds(params)  # seeds sharded over the devices (padded)
         totals = None
-        for batch in chunks_lib.padded_chunks([view.tokens, view.evaluated, bins], batch_size):
-            positions = chunks_lib.readout(batch[1], read) if read else None
+        for batch in chunks_lib.padded_chunks([view.tokens, view.evaluated, bins],
+                                              steps * rows):
+            batch = [a.reshape(steps, rows, *a.shape[1:]) for a in batch]
+            positions = np.stack([chunks_lib.readout(e, read) for e in batch[1]]) if read \
+                else None
             out = _eval_batch(params, *batch, positions, model_cfg=model_cfg,
                               num_bins=num_bins)
             out = distributed.to_host(out)  # summed on the host: no jit(add) per shape
