@@ -154,9 +154,8 @@ def _eval_chunk(params, proxy_params, active, data: tuple, width_index, *,
     """K chunks [K, B, T] of every seed and size, `data` their tokens, evaluated, bins,
     segments and offsets (`_arrays`; the last two None unless packed) and their rows' evaluated
     positions [K, B, program.readout] (`chunks.readout`, -1 past a row's last; None: no
-    readout). The chunks run one after another in the program (a scan, where K > 1: a large
-    vocabulary's logits, chunks.logit_rows), so that the buffers of one chunk's logits are
-    allocated once per call, not once per chunk. The program holds one branch per width of
+    readout). The chunks run one after another in the program (chunks.in_turn: a large
+    vocabulary's logits, chunks.logit_rows). The program holds one branch per width of
     program.widths; `width_index` [K] picks the one that runs each chunk, on its first `width`
     columns (the rest are padding: a causal model's values before them do not depend on them).
     program.start_layer: the sizes' passes start at this block from the original pass's
@@ -272,21 +271,11 @@ def _eval_chunk(params, proxy_params, active, data: tuple, width_index, *,
     jsd_width = data[0].shape[2] if data[-1] is None else data[-1].shape[2]
     branches = [functools.partial(at_width, w) for w in program.widths]
 
-    def one_chunk(chunk: tuple, index: jax.Array):
-        return jax.lax.switch(index, branches, chunk)
+    def one_chunk(chunk: tuple):
+        data, index = chunk
+        return jax.lax.switch(index, branches, data)
 
-    first = (jax.tree.map(lambda a: a[0], data), width_index[0])
-    if width_index.shape[0] == 1:  # a batch that fits: no scan
-        out, jsd = one_chunk(*first)
-        return out, jsd[..., None, :, :]
-
-    def step(total, chunk):
-        out, jsd = one_chunk(*chunk)
-        return jax.tree.map(jnp.add, total, out), jsd
-
-    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
-                         jax.eval_shape(one_chunk, *first)[0])
-    total, jsd = jax.lax.scan(step, zeros, (data, width_index))
+    total, jsd = chunks.in_turn(one_chunk, (data, width_index))
     return total, jnp.moveaxis(jsd, 0, -3)
 
 
@@ -465,14 +454,12 @@ def _eval_batches(eval_set: EvalSet, batch: tuple[int, int], widths: Sequence[in
     steps, rows = batch
     arrays = _arrays(eval_set)
     present = [a for a in arrays if a is not None]
-    for call in chunks.padded_chunks(present, steps * rows):
+    for call in chunks.calls(present, steps, rows):
         watchdog.progress()
-        call = [a.reshape(steps, rows, *a.shape[1:]) for a in call]
         used = [int(c.nonzero()[0].max(initial=0)) + 1 for c in (call[0] != tasks.PAD).any(1)]
         parts = iter(call)
         data = tuple(None if a is None else next(parts) for a in arrays)
-        yield ((*data, np.stack([chunks.readout(e, readout) for e in data[1]]) if readout
-                else None),
+        yield ((*data, chunks.readout(data[1], readout) if readout else None),
                np.array([next((i for i, w in enumerate(widths) if w >= u), 0) for u in used],
                         np.int32))
 

@@ -1,8 +1,9 @@
 """Fixed-shape row chunks of arrays (`padded_chunks`): how the shared code batches a task's rows,
 or any arrays with a leading row axis, for a compiled program (evaluation, proxies, studies);
-how many rows a large vocabulary's logits allow in one (`logit_rows`) and how many such chunks
-a call runs in turn (`steps`); and the evaluated positions of each row, where an evaluation
-computes its logits (`readout`)."""
+how many rows a large vocabulary's logits allow in one (`logit_rows`), how many such chunks
+a call runs in turn (`steps`), a call's chunks (`calls`) and how its program runs them
+(`in_turn`); and the evaluated positions of each row, where an evaluation computes its logits
+(`readout`)."""
 
 from collections.abc import Iterator, Sequence
 
@@ -68,12 +69,42 @@ def steps(rows: int, chunk_rows: int, batch_size: int) -> int:
     return max(1, -(-needed // max(calls, 1)))
 
 
+def calls(arrays: Sequence[np.ndarray], steps: int, rows: int) -> Iterator[list[np.ndarray]]:
+    """The calls of an evaluation over equally long arrays: `steps` chunks of `rows` rows each,
+    every array [steps, rows, ...] (padded_chunks of steps x rows rows), for `in_turn`."""
+    for call in padded_chunks(arrays, steps * rows):
+        yield [a.reshape(steps, rows, *a.shape[1:]) for a in call]
+
+
+def in_turn(one_chunk, data):
+    """In a JAX program, `one_chunk`(chunk) -> (sums, out) over the K chunks of `data` (a pytree
+    whose leaves have a leading chunk axis K, `calls`), one after another: (their sums added in
+    chunk order, their outs stacked [K, ...]). Where K > 1 a scan, so that the buffers of one
+    chunk (a large vocabulary's logits) are allocated once per call, not once per chunk; where
+    K == 1 (a batch that fits) the chunk itself, no scan."""
+    import jax  # noqa: PLC0415 - this module is numpy's otherwise
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    first = jax.tree.map(lambda a: a[0], data)
+    if jax.tree.leaves(data)[0].shape[0] == 1:
+        sums, out = one_chunk(first)
+        return sums, jax.tree.map(lambda x: x[None], out)
+
+    def step(total, chunk):
+        sums, out = one_chunk(chunk)
+        return jax.tree.map(jnp.add, total, sums), out
+
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
+                         jax.eval_shape(one_chunk, first)[0])
+    return jax.lax.scan(step, zeros, data)
+
+
 def readout(evaluated: np.ndarray, width: int) -> np.ndarray:
-    """evaluated [B, T] bool -> int32 [B, width]: each row's evaluated positions ascending, then
-    -1 (model.Span's readout, read by model.at_positions; its scored slots `>= 0`); `width` at
-    least the most of any row (`readout_width`), or that row's last ones are dropped."""
-    order = np.argsort(~evaluated, axis=1, kind="stable")[:, :width]
-    return np.where(np.take_along_axis(evaluated, order, 1), order, -1).astype(np.int32)
+    """evaluated [..., T] bool -> int32 [..., width]: each row's evaluated positions ascending,
+    then -1 (model.Span's readout, read by model.at_positions; its scored slots `>= 0`); `width`
+    at least the most of any row (`readout_width`), or that row's last ones are dropped."""
+    order = np.argsort(~evaluated, axis=-1, kind="stable")[..., :width]
+    return np.where(np.take_along_axis(evaluated, order, -1), order, -1).astype(np.int32)
 
 
 def readout_width(evaluated: np.ndarray) -> int:

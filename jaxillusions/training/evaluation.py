@@ -30,9 +30,8 @@ def _eval_batch(params, tokens, evaluated, bins, readout=None, *, model_cfg, num
     """The sums of K chunks [K, B, T] of rows: tokens, evaluated (the evaluated positions),
     their bins (of num_bins), and readout [K, B, P], the rows' evaluated positions
     (chunks.readout), where the logits are computed (None: at every position). The chunks run
-    one after another in the program (a scan where K > 1: a large vocabulary's logits,
-    chunks.logit_rows), so that the buffers of one chunk's logits are allocated once per call,
-    not once per chunk; their sums are added in order."""
+    one after another in the program (chunks.in_turn: a large vocabulary's logits,
+    chunks.logit_rows); their sums are added in order."""
     def one_chunk(chunk):
         tokens, evaluated, bins, readout = chunk
         targets = jnp.roll(tokens, -1, axis=1)
@@ -56,13 +55,8 @@ def _eval_batch(params, tokens, evaluated, bins, readout=None, *, model_cfg, num
         out["count_by_bin"] = (jax.nn.one_hot(bins, num_bins) * evaluated[..., None]).sum((0, 1))
         return out
 
-    data = (tokens, evaluated, bins, readout)
-    first = jax.tree.map(lambda a: a[0], data)
-    if tokens.shape[0] == 1:  # a batch that fits: no scan
-        return one_chunk(first)
-    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(one_chunk, first))
-    return jax.lax.scan(lambda total, chunk: (jax.tree.map(jnp.add, total, one_chunk(chunk)),
-                                              None), zeros, data)[0]
+    return chunks_lib.in_turn(lambda chunk: (one_chunk(chunk), None),
+                              (tokens, evaluated, bins, readout))[0]
 
 
 def seed_chunks(params: dict, chunk_size: int = 0) -> list[dict]:
@@ -106,11 +100,8 @@ def evaluate(chunks: Sequence[dict], split, model_cfg: model_lib.ModelConfig, *,
         width = jax.tree.leaves(params)[0].shape[0]
         params = distributed.shard_seeds(params)  # seeds sharded over the devices (padded)
         totals = None
-        for batch in chunks_lib.padded_chunks([view.tokens, view.evaluated, bins],
-                                              steps * rows):
-            batch = [a.reshape(steps, rows, *a.shape[1:]) for a in batch]
-            positions = np.stack([chunks_lib.readout(e, read) for e in batch[1]]) if read \
-                else None
+        for batch in chunks_lib.calls([view.tokens, view.evaluated, bins], steps, rows):
+            positions = chunks_lib.readout(batch[1], read) if read else None
             out = _eval_batch(params, *batch, positions, model_cfg=model_cfg,
                               num_bins=num_bins)
             out = distributed.to_host(out)  # summed on the host: no jit(add) per shape
