@@ -10,6 +10,7 @@ import tempfile
 import time
 
 import pytest
+from failure_reports import pytest_runtest_makereport  # noqa: F401 - a hook of this conftest
 
 from jaxillusions.configs import dyck_small
 from jaxillusions.launch.common import settle_heap
