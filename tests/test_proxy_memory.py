@@ -239,7 +239,7 @@ def test_planner_error_names_the_key_to_lower(setup, monkeypatch):
                 batch_size=config.proxies.collect_batch_size)
     onehot = fit([specs[-1]], {}, jax.random.PRNGKey(0), NUM_SEEDS)
     with pytest.raises(ValueError, match=r"^evaluating onehot_attention on blocks.1.attn.pattern "
-                       r"does not fit .* lower proxies.eval_batch_size \(now 64\)$"):
+                       r"does not fit .* lower proxies.eval_batch_size \(now 64 rows a call\)$"):
         evaluate(params, model_cfg, eval_set, onehot, batch_size=64,
                  seeds=[0, 1, 2])
 

@@ -417,7 +417,7 @@ def _evaluate_family(params, num_seeds: int, eval_set: EvalSet, proxy: FittedPro
             memory.seed_shapes(site_params, w) if per_seed else site_params, active, widest,
             np.zeros(batch[0], np.int32), program=program),
         num_seeds, chunking, what=f"evaluating {spec.method} on {spec.target}",
-        lower=f"proxies.eval_batch_size (now {batch[0] * batch[1]})")
+        lower=f"proxies.eval_batch_size (now {batch[0] * batch[1]} rows a call)")
 
     def one_chunk(params, proxy_params=site_params):
         totals, jsd = None, []
