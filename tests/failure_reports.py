@@ -7,8 +7,9 @@ shared by all threads, so an `ast.parse` in one thread while another builds an A
 parses a failing test's source with `ast.parse` to show its statements; there the SystemError
 escaped the report, killed the xdist worker and ended the whole run with an INTERNALERROR (a
 failure in the suite's 65th percent lost the other 35). Such a report is made again with
-Python's own traceback (`--tb=native`, which parses no statement of the test's source), so the
-failure is reported as one and the run goes on."""
+Python's own traceback (`--tb=native`: it parses no whole statement, only a line's segment
+for its carets, far less exposed to the race), so the failure is reported as one and the run
+goes on."""
 
 import pytest
 
