@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+import scipy.stats
 from test_logging import _rows
 
 from jaxillusions.pipeline import validate
@@ -53,7 +54,7 @@ def test_headline_on_a_hand_built_table():
     # Rank 2 on blocks.1.attn.q (first in model order): unseen_depth gap 0.115 = mean of
     # 0.10..0.13, t interval 0.115 ± t3 * s / 2, flagged; longer 0.0001: below the resolution.
     gaps = np.array([0.10, 0.11, 0.12, 0.13])
-    half = stats.scipy.stats.t.ppf(0.975, 3) * gaps.std(ddof=1) / 2
+    half = scipy.stats.t.ppf(0.975, 3) * gaps.std(ddof=1) / 2
     svd = next(line for line in head if line.startswith("svd q 2 (0.995)"))
     assert f"+0.115 [{0.115 - half:+.3f},{0.115 + half:+.3f}]*" in svd
     assert svd.endswith("+0.000 [+0.000,+0.000]")  # longer: no star

@@ -303,16 +303,16 @@ def test_each_device_trains_its_own_members_without_waiting_on_another(cache_dir
 
 
 @pytest.mark.fusion_emitters
-def test_seed_chunks_equal_one_chunk(request, cache_dir):
+def test_seed_chunks_equal_one_chunk(cache_dir):
     # 3 sequential chunks of 2 seeds on one device: the same parameters bit for bit. (A 1-seed
     # chunk is refused by validate: it would run the unbatched step.) The evaluation runs in
     # the same chunks, which XLA:CPU rounds differently from one call for 6 seeds: accuracies
     # and counts equal, losses within float32 rounding (measured: up to 7e-7; the
     # tolerance is derived in test_chunked_evaluation_equals_one_call).
-    # The one-device run is asked for here, not as an argument: under the suite's flags this
-    # test runs in a child pytest (tests/conftest.py), and pytest would set up an argument's
-    # fixture in this process too, for nothing.
-    one_device = request.getfixturevalue("one_device")
+    # The one-chunk run is trained here without its proxies (the `one_device` fixture's): under
+    # the suite's flags this test runs in a child pytest (tests/conftest.py), where that
+    # fixture would be made again, proxies and all, for the parameters and evaluation alone.
+    one_device = job(cache_dir, proxies=False)
     chunked = job(cache_dir, chunk=2, proxies=False)
     _assert_same(chunked, {k: v for k, v in one_device.items()
                            if k.startswith(("params/", "healthy"))})

@@ -74,6 +74,9 @@ def test_a_piece_of_work_that_computes_is_not_a_stall(tmp_path):
     assert not os.listdir(tmp_path)
 
 
+# The stall window of the sweep made to stall: the stalled launch waits it out, idle. A run at
+# work uses CPU, so no window this long passes without it before the stall.
+STALL_S = 5
 _SCRIPT = """
 import os, sys
 sys.path.insert(0, {tests!r})
@@ -100,7 +103,7 @@ def test_a_stage_made_to_stall_ends_the_sweep_which_then_resumes(tiny_sweep, tmp
     shutil.copytree(tiny_sweep, workdir)
 
     def launch(stall_on_purpose: bool):
-        script = _SCRIPT.format(tests=TESTS, cache=cache_dir, workdir=workdir, stall=20,
+        script = _SCRIPT.format(tests=TESTS, cache=cache_dir, workdir=workdir, stall=STALL_S,
                                 stall_on_purpose=stall_on_purpose)
         return subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                               text=True, timeout=600)
@@ -109,7 +112,7 @@ def test_a_stage_made_to_stall_ends_the_sweep_which_then_resumes(tiny_sweep, tmp
     assert stalled.returncode == watchdog.EXIT_CODE, stalled.stdout + stalled.stderr
     errors = [line for line in stalled.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in stalled.stderr, stalled.stderr
-    assert "while fitting svd on blocks.1.attn.k (stall_seconds=20)" in errors[0]
+    assert f"while fitting svd on blocks.1.attn.k (stall_seconds={STALL_S})" in errors[0]
     assert "fitting [1/1] svd on blocks.1.attn.k" in stalled.stdout  # the progress line
     (dump,) = glob.glob(os.path.join(workdir, "stall_*.txt"))
     with open(dump) as f:

@@ -34,8 +34,7 @@ import dataclasses
 import json
 import os
 import re
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from jaxillusions.config import settings
 from jaxillusions.config.grid_axes import axes
@@ -45,6 +44,9 @@ from jaxillusions.runtime import checkpoint, distributed, stages, timing
 from jaxillusions.studies import prediction
 from jaxillusions.training import train
 
+if TYPE_CHECKING:  # for annotations; the functions import it where used
+    import pandas as pd
+
 OUTPUTS = ("results.csv", "grid.json")
 DONE_FILE = "grid_done.json"
 
@@ -53,6 +55,7 @@ def align(frame: pd.DataFrame, n_layers: int) -> pd.DataFrame:
     """A point's members frame with its last layer's features also under layer -1
     (`blocks.<n-1>.` -> `blocks.-1.`, `:L<n-1>H` -> `:L-1H`), and each attention target's
     best head (`attn:<target>:max`, the largest of its heads' columns)."""
+    import pandas as pd  # noqa: PLC0415 - not at a launch's start
     last, out = n_layers - 1, {}
     for column in frame:
         alias = column.replace(f"blocks.{last}.", "blocks.-1.").replace(f":L{last}H", ":L-1H")
@@ -81,6 +84,7 @@ def point_files(point: Settings, directory: str) -> list[str]:
 def population_table(point: Settings, directory: str, values: dict) -> pd.DataFrame:
     """A point's results.csv rows (every group's, cells as written) with a column per grid key
     (`values`) and per hyper-parameter of its member axis that varies (its null kind by name)."""
+    import pandas as pd  # noqa: PLC0415 - not at a launch's start
     sweep_members = train.members(point)
     parts = []
     for idx, group in train.member_groups(point, directory):
@@ -95,6 +99,7 @@ def run(config: Settings, workdir: str, *, verbose: bool = True,
     """Runs every point of config.grid (checked at the door: validate.check), then writes the
     grid's outputs, unless a finished grid's are current (grid_done.json); returns the joined
     results.csv (cells as written)."""
+    import pandas as pd  # noqa: PLC0415 - not at a launch's start
     points = validate.points(config)
     say = print if verbose and distributed.is_main() else (lambda *a, **k: None)
     os.makedirs(workdir, exist_ok=True)

@@ -38,10 +38,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
-import scipy.stats
+
+if TYPE_CHECKING:  # for annotations; the functions import it where used
+    import pandas as pd
 
 CONFIDENCE = 0.95
 METRICS = ("auroc", "spearman")
@@ -120,6 +122,7 @@ def _auroc(scores: np.ndarray, y: np.ndarray) -> float:
     """The area under the ROC curve, as the Mann-Whitney U of the positives' scores over
     n_pos n_neg (ties count one half: scipy.stats.rankdata's average ranks); roc_auc_score's
     number up to its trapezoid sum's last bit."""
+    import scipy.stats  # noqa: PLC0415 - not at a launch's start
     positive = y == 1
     n_pos, n_neg = int(positive.sum()), int((~positive).sum())
     ranks = scipy.stats.rankdata(scores)
@@ -127,6 +130,7 @@ def _auroc(scores: np.ndarray, y: np.ndarray) -> float:
 
 
 def _spearman(predicted: np.ndarray, y: np.ndarray) -> float:
+    import scipy.stats  # noqa: PLC0415 - not at a launch's start
     if np.ptp(predicted) == 0:  # ranks nothing (AUROC would be 0.5 from the ties)
         return 0.0
     return float(scipy.stats.spearmanr(y, predicted).statistic)
@@ -136,6 +140,7 @@ _SCORERS = {"auroc": _auroc, "spearman": _spearman}
 
 
 def _frame(members) -> pd.DataFrame:
+    import pandas as pd  # noqa: PLC0415 - not at a launch's start
     return members if isinstance(members, pd.DataFrame) else pd.DataFrame(members)
 
 
@@ -152,6 +157,7 @@ def _threshold_spec(design: Design, target: str) -> float | str:
 
 def _check_columns(frame: pd.DataFrame, parts: Mapping[str, Sequence[str]], which: str) -> None:
     """Every column present, numeric and finite (the setting column only present and set)."""
+    import pandas as pd  # noqa: PLC0415 - not at a launch's start
     for part, columns in parts.items():
         for c in columns:
             if c not in frame.columns:
@@ -265,6 +271,7 @@ def folds(members, design: Design, target: str, metric: str, scheme: str,
     """The folds `predict` fits and scores for (target, metric, scheme): a list of (train,
     test) row positions in `members`, and the number of folds skipped (one class or one value
     held out or trained on)."""
+    import pandas as pd  # noqa: PLC0415 - not at a launch's start
     members = _frame(members)
     threshold = check(members, design)[target]
     groups = pd.factorize(members[design.setting])[0]
@@ -277,6 +284,7 @@ def fold_interval(values, test_over_train: float, confidence: float = CONFIDENCE
     """(mean, sd, low, high) of per-fold values (NaN dropped): sd with ddof 1 and the
     corrected resampled t interval of the mean (Nadeau & Bengio 2003), half-width
     t_{J-1} sd sqrt(1/J + n_test/n_train) over J folds; NaN sd and interval below 2 folds."""
+    import scipy.stats  # noqa: PLC0415 - not at a launch's start
     v = np.asarray(values, np.float64)
     v = v[np.isfinite(v)]
     if len(v) == 0:
@@ -356,6 +364,7 @@ def hparam_matrix(members, design: Design) -> np.ndarray:
     baseline can fit any per-setting mean under random splits (a number's linear term could not
     follow an effect that is not monotone in it), and a held-out setting still gets its values'
     main effects."""
+    import pandas as pd  # noqa: PLC0415 - not at a launch's start
     members = _frame(members)
     parts = [pd.get_dummies(members[c].astype(str), prefix=c) for c in design.hparams]
     parts.append(pd.get_dummies(members[design.setting].astype(str), prefix=design.setting))
@@ -372,6 +381,7 @@ def predict(members, design: Design, null=None, *, random_state: int = 0,
     shared by several calls, which then fit each predictor matrix once per target and folds
     (the hparams baseline of calls that differ in their features only); it holds fold
     scores, keyed by what they depend on."""
+    import pandas as pd  # noqa: PLC0415 - not at a launch's start
     fitted = {} if fitted is None else fitted
     members = _frame(members)
     thresholds = check(members, design, null)

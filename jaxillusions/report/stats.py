@@ -35,10 +35,12 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-import scipy.special
-import scipy.stats
 
 from jaxillusions.runtime.schema import DICTIONARY_METRICS
+
+# SciPy (about 1 s to import) is imported in the functions that use it: every launch imports
+# this module, and only the reports compute statistics, so `--help` and a bad input's one-line
+# error do not wait for it.
 
 CONFIDENCE = 0.95
 NUM_BOOTSTRAP = 4000
@@ -79,6 +81,8 @@ MIN_SIZE_COLUMNS = ("seed", "site", "method", "split", "threshold", "min_size", 
 
 @functools.cache
 def _t_quantile(probability: float, df: int) -> float:
+    import scipy.stats  # noqa: PLC0415 - not at a launch's start
+
     # Reports ask for the same few quantiles hundreds of thousands of times, and each scipy call
     # costs ~50 us; the value is the same float either way.
     return float(scipy.stats.t.ppf(probability, df))
@@ -132,6 +136,8 @@ def bounded_interval(values: np.ndarray, confidence: float = CONFIDENCE
         return mean, math.nan, math.nan
     if np.ptp(v) == 0:
         return mean, mean, mean
+    import scipy.special  # noqa: PLC0415 - not at a launch's start
+
     _, low, high = t_interval(scipy.special.logit(np.clip(v, _LOGIT_EPS, 1 - _LOGIT_EPS)),
                               confidence)
     low, high = float(scipy.special.expit(low)), float(scipy.special.expit(high))
@@ -278,6 +284,8 @@ def proxy_vs_original(rows: Iterable[dict]) -> list[dict]:
 
 def _spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Spearman correlation of each row pair of x, y [B, n] (NaN where a row is constant)."""
+    import scipy.stats  # noqa: PLC0415 - not at a launch's start
+
     return _pearson_rows(scipy.stats.rankdata(x, axis=-1), scipy.stats.rankdata(y, axis=-1))
 
 
@@ -310,6 +318,8 @@ def spearman_p(x: np.ndarray, y: np.ndarray) -> float | np.ndarray:
     the data are ranked once, not per pairing (the same values; ranking was 90% of the time).
     x, y [n] -> a float; [B, n] -> the B p-values [B], each as its own call would give (every
     row is paired by the same permutations, drawn once: a report tests hundreds of pairs)."""
+    import scipy.stats  # noqa: PLC0415 - not at a launch's start
+
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     result = scipy.stats.permutation_test(
         tuple(scipy.stats.rankdata(v, axis=-1) for v in (x, y)),
@@ -323,6 +333,8 @@ def sign_flip_p(diffs: np.ndarray) -> float:
     """Two-sided permutation p-value of a zero mean of per-seed paired differences, each seed's
     sign flipped: exact (all 2^n sign patterns) when 2^n <= NUM_PERMUTATIONS, else
     NUM_PERMUTATIONS random patterns (fixed seed). NaN entries dropped; NaN below 2 seeds."""
+    import scipy.stats  # noqa: PLC0415 - not at a launch's start
+
     d = np.asarray(diffs, np.float64)
     d = d[np.isfinite(d)]
     if len(d) < 2:

@@ -11,15 +11,18 @@ import os
 import shutil
 import socket
 import time
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 
 from jaxillusions.runtime import distributed
 from jaxillusions.runtime import machine as machine_lib
 from jaxillusions.runtime.cache import error_line, first_line, write_atomic
 from jaxillusions.runtime.tensorboard import flatten_config
+
+if TYPE_CHECKING:  # for annotations; the functions import it where used
+    import orbax.checkpoint as ocp
 
 CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"  # under the workdir
@@ -271,6 +274,7 @@ class Checkpointer:
 
     def _new_manager(self) -> ocp.CheckpointManager:
         # The handler is named up front so that item_metadata works before any save/restore.
+        import orbax.checkpoint as ocp  # noqa: PLC0415 - not at a launch's start
         return ocp.CheckpointManager(
             self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=self.max_to_keep,
                                                                  create=True),
@@ -288,6 +292,7 @@ class Checkpointer:
         """Saves `state` at `step`, then its checksums.json, the step's commit marker (see
         `committed`): a failed or killed save leaves an incomplete step that restore_latest
         skips, and older checkpoints intact."""
+        import orbax.checkpoint as ocp  # noqa: PLC0415 - not at a launch's start
         try:
             self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
             self._manager.wait_until_finished()
@@ -312,6 +317,7 @@ class Checkpointer:
     def _restore(self, step: int, target, abstract):
         """The state at `step`. CheckpointMismatch if it does not fit `target`; any other
         exception means it is incomplete, unreadable or fails its checksums."""
+        import orbax.checkpoint as ocp  # noqa: PLC0415 - not at a launch's start
         sums_path = os.path.join(self._step_dir(step), CHECKSUM_FILE)
         if not os.path.exists(sums_path):
             raise RuntimeError(f"incomplete: no {CHECKSUM_FILE}, so the save did not finish "
@@ -350,6 +356,7 @@ class Checkpointer:
         If checkpoints exist but none restores, that is a ValueError, and nothing is moved,
         unless `start_over`: then they are all moved aside and training starts from step 0.
         """
+        import orbax.checkpoint as ocp  # noqa: PLC0415 - not at a launch's start
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
         failed: list[tuple[int, str]] = []
         steps = sorted(self._manager.all_steps(), reverse=True)

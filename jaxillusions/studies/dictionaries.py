@@ -38,8 +38,6 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pandas as pd
-import scipy.optimize
 
 from jaxillusions import tasks
 from jaxillusions.config.fields import INT, nonnegative, setting
@@ -47,6 +45,9 @@ from jaxillusions.proxies import sae, svd
 from jaxillusions.report import stats, tables
 from jaxillusions.runtime import schema, stages
 from jaxillusions.studies.stage import PROXIES, Stage
+
+if TYPE_CHECKING:  # for annotations; the functions import it where used
+    import pandas as pd
 
 if TYPE_CHECKING:
     from jaxillusions.faithfulness.fit import FittedProxy
@@ -67,6 +68,7 @@ SEED_MATCH_SEED_COLUMNS = ("seed", "site", "method", "size", "width", "k", "head
 
 
 def _frame(rows: pd.DataFrame | Iterable[dict]) -> pd.DataFrame:
+    import pandas as pd  # noqa: PLC0415 - not at a launch's start
     df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
     missing = {"seed", "site", "method", "size", "split", "breakdown"} - set(df.columns)
     if missing:
@@ -78,6 +80,7 @@ def _frame(rows: pd.DataFrame | Iterable[dict]) -> pd.DataFrame:
 
 def _gaps(df: pd.DataFrame, baseline: str, metrics: Sequence[str]) -> pd.DataFrame:
     """Long frame (seed, site, method, size, split, metric, gap) for every split != baseline."""
+    import pandas as pd  # noqa: PLC0415 - not at a launch's start
     keys = ["seed", "site", "method", "size"]
     base = df[df["split"] == baseline].set_index(keys)
     other = df[df["split"] != baseline]
@@ -207,6 +210,7 @@ def _cosines(a: jax.Array, b: jax.Array) -> jax.Array:
 def matched_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Directions a [B, n, F], b [B, m, F] -> cosines [B, min(n, m)] of the one-to-one matching
     that maximises the total |cosine| (Hungarian), signed, per batch element."""
+    import scipy.optimize  # noqa: PLC0415 - not at a launch's start
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
     if a.ndim != 3 or b.ndim != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[2]:
         raise ValueError(f"directions of shapes {a.shape} and {b.shape}: expected [B, n, F] "
@@ -311,6 +315,7 @@ def seed_match_summary(per_seed: Iterable[dict], threshold: float = THRESHOLD) -
     """Per (site, method, size): the share (and mean matched cosine) averaged over heads per
     seed, then over seeds, with stats.bounded_interval (seeds are the unit; both lie in
     [0, 1]). Columns SEED_MATCH_COLUMNS."""
+    import pandas as pd  # noqa: PLC0415 - not at a launch's start
     df = pd.DataFrame(list(per_seed))
     if df.empty:
         return []
@@ -342,6 +347,7 @@ def results_tables(rows: pd.DataFrame | Iterable[dict], baseline: str = "iid",
                    ) -> dict[str, tuple[list[dict], tuple[str, ...]]]:
     """{file stem: (rows, columns)} of the analyses of results rows alone: dictionaries_equal_id
     (needs svd and sae rows) and dictionaries_quality (sae rows with fvu and dead columns)."""
+    import pandas as pd  # noqa: PLC0415 - not at a launch's start
     df = pd.DataFrame(list(rows)) if not isinstance(rows, pd.DataFrame) else rows
     if df.empty or not (df["method"] == "sae").any():
         return {}

@@ -24,11 +24,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pandas as pd
 
 from jaxillusions import model as model_lib
 from jaxillusions import tasks
@@ -38,6 +38,9 @@ from jaxillusions.runtime import distributed, schema, stages
 from jaxillusions.runtime.chunks import padded_chunks
 from jaxillusions.studies.stage import PROXIES, Context, Stage
 from jaxillusions.training import train
+
+if TYPE_CHECKING:  # for annotations; the functions import it where used
+    import pandas as pd
 
 OUTPUTS = ("prediction.csv", "prediction.txt", "prediction_auroc.png", "prediction_members.csv")
 NULL = "null"  # the hyper-parameter of null members (0: trained)
@@ -204,6 +207,7 @@ def check(config, model_cfg) -> list[str]:
 
 def _member_rows(group: Context, config, gaps: bool) -> list[dict]:
     """One dict per healthy member of a group: features, hyper-parameters, targets."""
+    import pandas as pd  # noqa: PLC0415 - not at a launch's start
     pc, task = config.proxies, tasks.get(config)
     members = train.members(config)
     baseline = pc.gap_baseline
@@ -249,6 +253,7 @@ def _member_rows(group: Context, config, gaps: bool) -> list[dict]:
 def members(ctx: Context) -> pd.DataFrame:
     """Every group's healthy members, trained and null (column hp:null, the kind's code), one
     row each, indexed <setting>/seed<seed> (`with_setting`)."""
+    import pandas as pd  # noqa: PLC0415 - not at a launch's start
     rows = [r for g in ctx.groups for r in _member_rows(g, ctx.settings, ctx.settings.
                                                           prediction.gaps)]
     return with_setting(pd.DataFrame(rows))
@@ -306,6 +311,7 @@ def write_members(frame: pd.DataFrame, workdir: str) -> None:
 
 def read_members(path: str) -> pd.DataFrame:
     """A prediction_members.csv as `members` made it (its `kind` column dropped)."""
+    import pandas as pd  # noqa: PLC0415 - not at a launch's start
     return pd.read_csv(path, index_col="member").drop(columns=["kind"])
 
 
@@ -313,6 +319,7 @@ def test(members_frame: pd.DataFrame, pc: Prediction, workdir: str, say) -> pd.D
     """The held-out test over a members frame (`members`, or several runs' joined): every
     feature family alone and all together; writes prediction.csv, prediction.txt,
     prediction_auroc.png and prediction_members.csv in `workdir` (process 0)."""
+    import pandas as pd  # noqa: PLC0415 - not at a launch's start
     frame, null, design = population(members_frame, pc)
     if not design.targets or not design.features:
         what = "target" if not design.targets else "feature"

@@ -22,7 +22,6 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy import stats
 
 from jaxillusions import model as model_lib
 from jaxillusions.config.fields import BOOL, INT, NUMBER, STR, nonnegative, positive, setting
@@ -76,6 +75,7 @@ def mean_over_pairs(matrix: np.ndarray) -> tuple[float, float, float]:
     """Mean of a symmetric [S, S] matrix over the S(S-1)/2 pairs i < j, with a 95% interval from
     the jackknife over seeds (pairs sharing a seed are not independent, so the interval reflects
     the number of seeds, not of pairs). Returns (mean, low, high); low is clipped at 0."""
+    from scipy import stats  # noqa: PLC0415 - not at a launch's start
     s = matrix.shape[0]
     if s < 2:
         return float("nan"), float("nan"), float("nan")
@@ -418,6 +418,7 @@ def _fmt(mean: float, ci: float) -> str:
 def summary(rows: list[dict], attention: list[dict], config) -> str:
     """Text tables: attention variation, per-weight means with 95% intervals over seeds, paired
     differences against the first weight, Spearman correlations across seeds."""
+    from scipy import stats  # noqa: PLC0415 - not at a launch's start
     out = [f"Wen et al. measurements ({config.wen.label}); intervals are 95% over seeds: "
            "[low, high] for a share or accuracy (Student-t on the logit scale, within [0, 1]), "
            "± for a balance violation and a difference (Student-t), jackknife over seeds for "
