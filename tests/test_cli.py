@@ -58,7 +58,7 @@ def test_every_subcommand_has_its_help(name, tmp_path):
 def test_help_and_a_bad_value_import_no_analysis_library(tmp_path):
     # SciPy, pandas, orbax and scikit-learn (about 1.4 s of a launch's imports) are imported
     # where the work uses them, so that `--help` and a bad value's one-line error, found by
-    # the config check, do not wait for them. (Was: 4.0-5.0 s for such an error, 3.0-3.3 now.)
+    # the config check, do not wait for them (docs/speed.md: 4.75 -> 2.68 s for such an error).
     bad = ["sweep", "--config=dyck_small", f"--workdir={tmp_path / 'run'}",
            "--config.train.num_steps=-1"]
     for args in (["sweep", "--help"], bad):
