@@ -46,10 +46,9 @@ from jaxillusions.report import stats, tables
 from jaxillusions.runtime import schema, stages
 from jaxillusions.studies.stage import PROXIES, Stage
 
-if TYPE_CHECKING:  # for annotations; the functions import it where used
+if TYPE_CHECKING:  # for annotations (pandas is imported where used)
     import pandas as pd
 
-if TYPE_CHECKING:
     from jaxillusions.faithfulness.fit import FittedProxy
 
 THRESHOLD = 0.9  # a matched pair "agrees" above this cosine (Paulo & Belrose 2025)
