@@ -59,18 +59,21 @@ def test_help_and_a_bad_value_import_no_analysis_library(tmp_path):
     # SciPy, pandas, orbax and scikit-learn (about 1.4 s of a launch's imports) are imported
     # where the work uses them, so that `--help` and a bad value's one-line error, found by
     # the config check, do not wait for them (docs/speed.md: 4.75 -> 2.68 s for such an error).
-    bad = ["sweep", "--config=dyck_small", f"--workdir={tmp_path / 'run'}",
-           "--config.train.num_steps=-1"]
-    for args in (["sweep", "--help"], bad):
-        proc = _command(*args, cwd=tmp_path, PYTHONPROFILEIMPORTTIME="1")
-        said = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
-        assert proc.returncode == (0 if "--help" in args else 1), said
-        assert args == bad or proc.stdout.startswith("usage: jaxillusions sweep")
-        assert args != bad or said[0].startswith("error: train.num_steps"), said
-        imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines()
-                    if line.startswith("import time:")}
+    def launch(*args):  # (what it printed on stderr, less the import times; what it imported)
+        proc = _command("sweep", *args, cwd=tmp_path, PYTHONPROFILEIMPORTTIME="1")
+        lines = proc.stderr.splitlines()
+        times = [line for line in lines if line.startswith("import time:")]
+        return proc, [line for line in lines if line not in times], {
+            line.split("|")[-1].strip().split(".")[0] for line in times}
+
+    helped, _, help_imports = launch("--help")
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: jaxillusions sweep")
+    refused, said, refusal_imports = launch("--config=dyck_small", f"--workdir={tmp_path / 'run'}",
+                                            "--config.train.num_steps=-1")
+    assert refused.returncode == 1 and said[0].startswith("error: train.num_steps"), said
+    for imported in (help_imports, refusal_imports):
         assert "jaxillusions" in imported  # the check sees the imports
-        assert not imported & {"scipy", "pandas", "orbax", "sklearn"}, args
+        assert not imported & {"scipy", "pandas", "orbax", "sklearn"}
 
 
 def test_locate_names_and_paths(tmp_path, monkeypatch):
