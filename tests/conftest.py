@@ -45,6 +45,29 @@ def users_xla_flags() -> str:
                     if f != TEST_XLA_FLAGS[0])
 
 
+@pytest.fixture
+def users_compile_level(monkeypatch):
+    """The programs this test compiles in its process at users' LLVM level, 1
+    (distributed.use_cpu_compile_level), where the suite's is 0 (TEST_XLA_FLAGS; another level
+    named in XLA_FLAGS stays): for a test that runs its programs far longer than it compiles
+    them (tests/test_sae.py's fits: 22.8 -> 6.2 s). Only for programs of the test's own, which
+    no other test compiles: JAX's in-memory cache holds an executable whatever its level, so a
+    program compiled before at level 0 stays so, and one compiled here stays at level 1 for the
+    process's later tests. The persistent cache's keys hold the level."""
+    from jax._src import compiler
+
+    if TEST_XLA_FLAGS[0] not in os.environ.get("XLA_FLAGS", "").split():
+        return
+    options = compiler.get_compile_options
+
+    def at_users_level(*args, **kwargs):
+        built = options(*args, **kwargs)
+        built.executable_build_options.debug_options.xla_backend_optimization_level = 1
+        return built
+
+    monkeypatch.setattr(compiler, "get_compile_options", at_users_level)
+
+
 def xla_flags(*extra: str, base: str | None = None) -> str:
     """XLA_FLAGS for a test's subprocess: `base` (default: this process's XLA_FLAGS, which
     carry the suite's TEST_XLA_FLAGS) with `extra` flags added, and no device-count flag of the

@@ -123,7 +123,7 @@ def test_unrelated_random_bases_agree_on_almost_none():
     assert dictionaries.share_agreeing(cos, signed=False).max() <= 0.02
 
 
-def test_two_sae_seeds_agree_on_a_planted_dictionary():
+def test_two_sae_seeds_agree_on_a_planted_dictionary(users_compile_level):
     # Two "models" (seeds) x one head, each with its own planted dictionary; width = the number
     # of planted directions. Two keys per seed: most decoder rows match with cosine > 0.9.
     x = np.stack([planted_dictionary(4096, num_dirs=24, seed=s)[0]

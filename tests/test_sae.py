@@ -30,7 +30,7 @@ def _one(params: dict, index: int) -> dict:
     return jax.tree.map(lambda a: a[index], params)
 
 
-def test_planted_dictionary_is_recovered():
+def test_planted_dictionary_is_recovered(users_compile_level):
     """Most planted directions are matched by a decoder row with cosine > 0.9, and the FVU is
     far below that of the best rank-k projection (what a k-dimensional linear proxy reaches)."""
     x, dirs = planted_dictionary()
@@ -289,7 +289,7 @@ def test_kl_divergence_with_an_axis_of_size_one_in_the_batch_shape():
 # ----------------------------------------------------------------------------- transcoder
 
 
-def test_transcoder_fits_a_known_sparse_relu_map():
+def test_transcoder_fits_a_known_sparse_relu_map(users_compile_level):
     """y = relu(h E + c) D + b with ~1 active unit per row (up to 7): the transcoder's TopK
     dictionary reaches an FVU far below the best affine map's, with at most k active latents."""
     from jaxillusions.proxies import transcoder

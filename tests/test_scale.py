@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from conftest import (
     FUSION_EMITTERS,
+    TEST_XLA_FLAGS,
     checked,
     child_pytest,
     made_once,
@@ -335,6 +336,26 @@ def test_runs_that_run_more_than_they_compile_leave_out_the_suites_llvm_level(mo
     assert users_xla_flags() == f"--xla_dump_to=/tmp/x {FUSION_EMITTERS}=false"
     monkeypatch.setenv("XLA_FLAGS", f"{level}=2 {FUSION_EMITTERS}=false")
     assert users_xla_flags() == f"{level}=2 {FUSION_EMITTERS}=false"
+
+
+def test_users_compile_level_compiles_a_tests_programs_at_level_1(users_compile_level,
+                                                                    monkeypatch):
+    # tests/conftest.py: a test with the fixture compiles its programs at users' LLVM level,
+    # through the compile options that JAX builds for each program; the rest of the suite at 0.
+    from jax._src import compiler
+
+    if TEST_XLA_FLAGS[0] not in os.environ["XLA_FLAGS"].split():
+        pytest.skip("the suite runs at the LLVM level that XLA_FLAGS names")
+    levels, patched = [], compiler.get_compile_options
+
+    def spy(*args, **kwargs):
+        built = patched(*args, **kwargs)
+        levels.append(built.executable_build_options.debug_options.xla_backend_optimization_level)
+        return built
+
+    monkeypatch.setattr(compiler, "get_compile_options", spy)
+    assert float(jax.jit(lambda x: (x * 3.0 + 1.0).sum())(np.arange(5.0))) == 35.0
+    assert levels == [1]
 
 
 def test_a_shared_ir_context_lowers_the_same_programs():

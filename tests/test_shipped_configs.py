@@ -40,6 +40,9 @@ SHRINK_TASK = {"dyck": {"data.num_train": 1000, "data.num_eval": 32},
                         "data.longer_context": 128, "induction.code_rows": 16,
                         "induction.batch": 8}}
 EVAL_BATCH = 64  # at most, for the proxies and training's evaluation
+# At most, for the activation collection: `dyck`'s 2,048 padded the shrunk training split's
+# rows fourfold (its collection 5-7 s against 1 s at 512).
+COLLECT_BATCH = 512
 # Configs whose shrunk run goes to running programs more than to compiling them (the code
 # model's evaluation, the sparse dictionaries' fits): launched as users' (conftest.users_xla_flags).
 RUN_HEAVY = {"code", "dyck_dictionaries"}
@@ -51,6 +54,7 @@ def _shrunk(name: str, arg: str | None) -> list[str]:
     keys = {**SHRINK, **SHRINK_TASK[config.task]}
     keys["proxies.eval_batch_size"] = min(config.proxies.eval_batch_size, EVAL_BATCH)
     keys["train.eval_batch_size"] = min(config.train.eval_batch_size, EVAL_BATCH)
+    keys["proxies.collect_batch_size"] = min(config.proxies.collect_batch_size, COLLECT_BATCH)
     if name == "code":  # the paper-scale code model (a GPU's): its width shrunk
         keys.update({"model.d_model": 64, "model.d_mlp": 256, "proxies.eval_batch_size": 16})
     if {"sae", "transcoder"} & set(config.proxies.methods):  # dyck_dictionaries' 200: 68 s
