@@ -50,10 +50,11 @@ def users_compile_level(monkeypatch):
     """The programs this test compiles in its process at users' LLVM level, 1
     (distributed.use_cpu_compile_level), where the suite's is 0 (TEST_XLA_FLAGS; another level
     named in XLA_FLAGS stays): for a test that runs its programs far longer than it compiles
-    them (tests/test_sae.py's fits: 22.8 -> 6.2 s). Only for programs of the test's own, which
-    no other test compiles: JAX's in-memory cache holds an executable whatever its level, so a
-    program compiled before at level 0 stays so, and one compiled here stays at level 1 for the
-    process's later tests. The persistent cache's keys hold the level."""
+    them (the planted-dictionary fits of tests/test_sae.py and tests/test_dictionaries.py, the
+    longest 22.8 -> 6.2 s). Only for programs of the test's own, which no other test compiles:
+    JAX's in-memory cache holds an executable whatever its level, so a program compiled before
+    at level 0 stays so, and one compiled here stays at level 1 for the process's later tests.
+    The persistent cache's keys hold the level."""
     from jax._src import compiler
 
     if TEST_XLA_FLAGS[0] not in os.environ.get("XLA_FLAGS", "").split():
