@@ -71,9 +71,9 @@ def test_help_and_a_bad_value_import_no_analysis_library(tmp_path):
     refused, said, refusal_imports = launch("--config=dyck_small", f"--workdir={tmp_path / 'run'}",
                                             "--config.train.num_steps=-1")
     assert refused.returncode == 1 and said[0].startswith("error: train.num_steps"), said
-    for imported in (help_imports, refusal_imports):
-        assert "jaxillusions" in imported  # the check sees the imports
-        assert not imported & {"scipy", "pandas", "orbax", "sklearn"}
+    for launched, imported in (("--help", help_imports), ("a bad value", refusal_imports)):
+        assert "jaxillusions" in imported, launched  # the check sees the imports
+        assert not imported & {"scipy", "pandas", "orbax", "sklearn"}, launched
 
 
 def test_locate_names_and_paths(tmp_path, monkeypatch):
