@@ -1,9 +1,10 @@
 """Every shipped config runs to its end, shrunk to test size, through the launcher a user runs:
 its model, proxies, studies and devices as shipped, with 2 seeds, 20 steps of batch 8 (a sparse
 dictionary fits for 10 steps past its dead-latent window, so that its auxiliary loss runs) and
-little data (the code config, a GPU's paper-scale model, also with width 64: at its own it
-needs 32 GiB per device to evaluate on the CPU and 12 min here). A hang (a deadlock in a fit,
-a stage that never returns) is the watchdog's one-line error or the suite's per-test timeout
+little data. The two configs meant for a GPU run at width 64 (MLP 256): `code`, a paper-scale
+model, needs 32 GiB per device to evaluate at its own on the CPU and 12 min here, and `dyck`'s
+width of 128 made evaluating its proxies most of its launch. A hang (a deadlock in a fit, a
+stage that never returns) is the watchdog's one-line error or the suite's per-test timeout
 here, not a user's silent process."""
 
 import importlib
@@ -46,6 +47,7 @@ COLLECT_BATCH = 512
 # Configs whose shrunk run goes to running programs more than to compiling them (the code
 # model's evaluation, the sparse dictionaries' fits): launched as users' (conftest.users_xla_flags).
 RUN_HEAVY = {"code", "dyck_dictionaries"}
+WIDE = {"code", "dyck"}  # configs meant for a GPU, at width 64 here (the docstring)
 
 
 def _shrunk(name: str, arg: str | None) -> list[str]:
@@ -55,8 +57,10 @@ def _shrunk(name: str, arg: str | None) -> list[str]:
     keys["proxies.eval_batch_size"] = min(config.proxies.eval_batch_size, EVAL_BATCH)
     keys["train.eval_batch_size"] = min(config.train.eval_batch_size, EVAL_BATCH)
     keys["proxies.collect_batch_size"] = min(config.proxies.collect_batch_size, COLLECT_BATCH)
-    if name == "code":  # the paper-scale code model (a GPU's): its width shrunk
-        keys.update({"model.d_model": 64, "model.d_mlp": 256, "proxies.eval_batch_size": 16})
+    if name in WIDE:  # a GPU's model: its width shrunk
+        keys.update({"model.d_model": 64, "model.d_mlp": 256})
+    if name == "code":
+        keys["proxies.eval_batch_size"] = 16
     if {"sae", "transcoder"} & set(config.proxies.methods):  # dyck_dictionaries' 200: 68 s
         keys["proxies.sae_steps"] = sae.AuxK.dead_steps + 10  # alone, 41 s at 60 (speed.md)
     if config.train.decay_steps:
