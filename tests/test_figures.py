@@ -133,9 +133,10 @@ def test_a_helper_process_shares_the_figures_and_draws_the_same_files(tmp_path, 
     # With two cores a helper process draws from the last figure while this process draws from
     # the first, each taking the figures the other has not (drawing is single-threaded); the
     # files and TensorBoard's images (in order) are those of one process drawing them all; a
-    # helper that fails leaves its figures to this process, and one that took none by the time
-    # this process drew them all is ended (a slow start delays nothing). Nothing of theirs is
-    # left behind.
+    # helper that fails leaves its figures to this process, and one that took none, or took one
+    # but has not drawn it, by the time this process reaches it is not waited for: this process
+    # draws that figure too, and the helper is ended (a slow start delays nothing). Nothing of
+    # theirs is left behind.
     rows, gaps = _rows(), _gaps(_rows())
     jobs = [("a", "curves", figures.faithfulness_curves, (rows, "svd", SPLITS)),
             ("b", "gaps", figures.gap_vs_size, (gaps, "kmeans", SPLITS)),
@@ -153,11 +154,16 @@ def test_a_helper_process_shares_the_figures_and_draws_the_same_files(tmp_path, 
         os.path.basename(path)) or render(f, args, path))
     claim = figures.claim
 
-    def waiting_claim(claims, index):  # the first figure waits for the helper to take the last
+    def waiting_claim(claims, index):  # the first figure waits for the helper to draw the last
         deadline = time.monotonic() + 120
-        while index == 0 and not os.path.exists(os.path.join(claims, str(len(jobs) - 1))):
-            assert time.monotonic() < deadline, "the helper took no figure in 2 min"
+        while index == 0 and not figures.drawn(claims, len(jobs) - 1):
+            assert time.monotonic() < deadline, "the helper drew no figure in 2 min"
             time.sleep(0.05)
+        return claim(claims, index)
+
+    def taken_claim(claims, index):  # as if the (slow) helper had taken the last figure
+        if index == 0:
+            assert claim(claims, len(jobs) - 1)
         return claim(claims, index)
 
     slow = tmp_path / "slow_python"  # a helper that would start after 10 min
@@ -170,7 +176,8 @@ def test_a_helper_process_shares_the_figures_and_draws_the_same_files(tmp_path, 
     for name, cores, executable, claiming in (("alone", {0}, sys.executable, claim),
                                               ("helped", {0, 1}, sys.executable, waiting_claim),
                                               ("failed", {0, 1}, "false", claim),
-                                              ("slow", {0, 1}, str(slow), claim)):
+                                              ("slow", {0, 1}, str(slow), claim),
+                                              ("taken", {0, 1}, str(slow), taken_claim)):
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid, cores=cores: cores)
         monkeypatch.setattr(sys, "executable", executable)
         monkeypatch.setattr(figures, "claim", claiming)
@@ -180,13 +187,15 @@ def test_a_helper_process_shares_the_figures_and_draws_the_same_files(tmp_path, 
         drawing.draw(jobs, writer, str(tmp_path / name))
         images[name], here[name] = writer.images, list(drawn_here)
         assert list(temp.iterdir()) == []
+        assert sorted(os.listdir(tmp_path / name / "figures")) == [
+            "attention.png", "curves.png", "gaps.png"]  # no helper's temporary file
         assert all(h.poll() is not None for h in helpers)  # none is left running
     assert time.monotonic() - began < 300  # the slow helper did not delay the drawing
-    assert len(helpers) == 3
+    assert len(helpers) == 4
     everything = ["curves.png", "gaps.png", "attention.png"]
-    assert here["alone"] == here["failed"] == here["slow"] == everything
+    assert here["alone"] == here["failed"] == here["slow"] == here["taken"] == everything
     assert here["helped"][0] == "curves.png" and "attention.png" not in here["helped"]
-    for name in ("helped", "failed", "slow"):
+    for name in ("helped", "failed", "slow", "taken"):
         assert [tag for tag, _ in images[name]] == ["a", "b", "c"]
         for (_, x), (_, y) in zip(images["alone"], images[name], strict=True):
             assert np.array_equal(x, y)

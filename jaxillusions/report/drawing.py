@@ -6,13 +6,13 @@ figure where two cores are free. `write_views` adds the TensorBoard reports (rep
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 import jax
 import numpy as np
@@ -22,7 +22,7 @@ from jaxillusions import model, tasks
 from jaxillusions.config.settings import Settings
 from jaxillusions.faithfulness.specs import resolve_site
 from jaxillusions.report import board, figures
-from jaxillusions.runtime import interrupt, stages, tensorboard, watchdog
+from jaxillusions.runtime import interrupt, stages, tensorboard
 from jaxillusions.training import objective
 
 
@@ -150,43 +150,37 @@ def draw(jobs, writer, workdir: str) -> None:
     (in the order of `jobs`). Drawing is single-threaded Python: where this process may use two
     cores, a helper process draws from the last figure while this one draws from the first,
     each taking the next figure that the other has not taken (`figures.claim`; the same PNG,
-    byte for byte), so the helper's start (about 1.5 s of Python and imports) delays nothing:
-    a few quick figures are all drawn here and the helper is ended unused. Should it fail, its
-    figures are drawn here."""
+    byte for byte). This process never waits on the helper: a figure the helper took but has
+    not written yet (its start, about 0.5 s of imports, and its first figure, matplotlib's
+    warm-up, take longer than a few quick figures here) is drawn here too, and the helper is
+    ended once every figure is drawn. Should it fail, its figures are drawn here."""
     paths = [os.path.join(workdir, "figures", name + ".png") for _, name, _, _ in jobs]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     claims = tempfile.mkdtemp(prefix="figures_") if len(jobs) > 1 and (cores or 1) > 1 else None
     helper = _start_helper([(f, a, p) for (_, _, f, a), p in zip(jobs, paths, strict=True)],
                            claims) if claims else None
-    pixels, helped = {}, False
+    pixels = {}
     try:
         for i in range(len(jobs)):
-            if helper is not None and not figures.claim(claims, i):
-                break  # the helper took this one, so it took every one after it
+            if helper is not None and not figures.claim(claims, i) and figures.drawn(claims, i):
+                continue  # the helper's, read back below
             stop_in_reports(workdir)  # each figure takes a while: a signal stops between them
             with stages.writing("report", paths[i]):
                 pixels[i] = figures.render(*jobs[i][2:], paths[i])
-        if helper is not None and len(pixels) < len(jobs):
-            while helper.poll() is None:  # it draws the rest; this process waits
-                watchdog.progress()
-                time.sleep(0.05)
-            helped = helper.wait() == 0
     finally:
         if helper is not None:
-            if helper.poll() is None:  # every figure drawn here, or stopped (the relaunch
-                helper.kill()  # draws every figure again)
+            if helper.poll() is None:  # at a figure this process drew too, or stopped (the
+                helper.kill()  # relaunch draws every figure again)
                 helper.wait()
+            for path in paths:  # a figure it was writing when ended (cache.write_atomic)
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(f"{path}.tmp{helper.pid}")
             os.remove(helper.args[-2])
             shutil.rmtree(claims, ignore_errors=True)
-    for i, (tag, _, function, args) in enumerate(jobs):
-        if i not in pixels:
-            stop_in_reports(workdir)
-            with stages.writing("report", paths[i]):
-                if helped:
-                    with Image.open(paths[i]) as image:
-                        pixels[i] = np.asarray(image.convert("RGBA"))
-                else:
-                    pixels[i] = figures.render(function, args, paths[i])
+    for i, (tag, _, _, _) in enumerate(jobs):
+        if i not in pixels:  # written whole by the helper
+            with Image.open(paths[i]) as image:
+                pixels[i] = np.asarray(image.convert("RGBA"))
         tensorboard.write_figure(writer, tag, pixels[i][..., :3])
 
 

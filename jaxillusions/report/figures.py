@@ -399,16 +399,23 @@ def claim(claims: str, index: int) -> bool:
     return True
 
 
+def drawn(claims: str, index: int) -> bool:
+    """Whether the helper process (`render_file`) has written figure `index` whole."""
+    return os.path.exists(os.path.join(claims, f"{index}.drawn"))
+
+
 def render_file(jobs_path: str, claims: str) -> None:
     """`render` of the (function, arguments, path) jobs pickled in `jobs_path`, the last first,
-    each that this process `claim`s, until one is refused (report/drawing.py's helper process:
-    the main process draws from the first)."""
+    each that this process `claim`s, until one is refused, each marked `drawn` once its file is
+    written (report/drawing.py's helper process: the main process draws from the first)."""
     with open(jobs_path, "rb") as f:
         jobs = pickle.load(f)
     for index in reversed(range(len(jobs))):
         if not claim(claims, index):
             return
         render(*jobs[index])
+        with open(os.path.join(claims, f"{index}.drawn"), "x"):
+            pass
 
 
 def save(fig, path: str) -> np.ndarray:
