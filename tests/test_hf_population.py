@@ -104,10 +104,13 @@ def test_the_text_files_keep_held_out_functions_apart(population):
     assert has_js == (splits.find_npm() is not None)
 
 
-def test_a_seed_trained_twice_is_the_same_bit_for_bit(population, tmp_path):
+def test_a_seed_trained_twice_is_the_same_bit_for_bit(request, tmp_path):
     # Trainer(seed, full_determinism=True) on the CPU: the same initialisation, data order and
-    # deterministic kernels; the data and tokenizer are the same files.
+    # deterministic kernels; the data and tokenizer are the same files. The seed is trained
+    # again before the population is asked for, so that this worker trains while the other
+    # makes the population, rather than waiting for it first.
     _train(tmp_path, "--seeds=1", "--no_javascript")
+    population = request.getfixturevalue("population")
     for name in ("tokenizer.json", os.path.join("text", "train.txt")):
         with open(os.path.join(population, name), "rb") as a, \
                 open(os.path.join(tmp_path, name), "rb") as b:
