@@ -22,7 +22,7 @@ from jaxillusions import model, tasks
 from jaxillusions.config.settings import Settings
 from jaxillusions.faithfulness.specs import resolve_site
 from jaxillusions.report import board, figures
-from jaxillusions.runtime import interrupt, stages, tensorboard
+from jaxillusions.runtime import cache, interrupt, stages, tensorboard
 from jaxillusions.training import objective
 
 
@@ -172,9 +172,9 @@ def draw(jobs, writer, workdir: str) -> None:
             if helper.poll() is None:  # at a figure this process drew too, or stopped (the
                 helper.kill()  # relaunch draws every figure again)
                 helper.wait()
-            for path in paths:  # a figure it was writing when ended (cache.write_atomic)
+            for path in paths:  # a figure it was writing when ended
                 with contextlib.suppress(FileNotFoundError):
-                    os.remove(f"{path}.tmp{helper.pid}")
+                    os.remove(cache.temporary_path(path, helper.pid))
             os.remove(helper.args[-2])
             shutil.rmtree(claims, ignore_errors=True)
     for i, (tag, _, _, _) in enumerate(jobs):

@@ -33,9 +33,15 @@ def path(name: str, *dirs: str | None) -> str:
     return os.path.join(os.path.expanduser(d), name)
 
 
+def temporary_path(path: str, pid: int) -> str:
+    """The name under which process `pid`'s write_atomic writes `path` before renaming it (what
+    a process killed mid-write leaves behind)."""
+    return f"{path}.tmp{pid}"
+
+
 def write_atomic(path: str, data: bytes | str) -> None:
     """Writes a file so that a reader (or a relaunch after a kill) sees all of it or none."""
-    tmp = f"{path}.tmp{os.getpid()}"
+    tmp = temporary_path(path, os.getpid())
     try:
         with open(tmp, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
