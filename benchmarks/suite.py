@@ -15,7 +15,7 @@ import jax
 from benchmarks import proxies, reference, training
 from jaxillusions import configs
 from jaxillusions.config import settings
-from jaxillusions.runtime import timing
+from jaxillusions.runtime import distributed, timing
 from jaxillusions.runtime.machine import cpu_model
 from jaxillusions.training import objective as objective_lib
 from jaxillusions.training import train
@@ -91,6 +91,11 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
             f"({jax.default_backend()}); PyTorch: {torch_note}")
         say(f"CPU: {report['cpu_model']}, {report['cpu_count']} logical cores; "
             f"XLA_FLAGS: {report['xla_flags'] or '(none)'}")
+        suggested = distributed.devices_to_suggest(max(seed_counts))
+        if suggested:
+            say(f"one CPU device on {distributed.cpu_cores()} cores: JAX_NUM_CPU_DEVICES="
+                f"{suggested} runs the sweep with each core its own seeds, as the Quickstart "
+                "does (docs/speed.md)")
         say(f"model: {model_cfg.n_layers} layers, d_model {model_cfg.d_model}, {model_cfg.n_heads} "
             f"head(s), MLP {model_cfg.d_mlp}, vocabulary {model_cfg.vocab_size}, "
             f"{model_cfg.compute_dtype}; batch {config.train.batch_size} x {seq} tokens; "

@@ -20,6 +20,7 @@ from benchmarks import reference, suite
 from jaxillusions import model as model_lib
 from jaxillusions.config import settings
 from jaxillusions.pipeline import validate
+from jaxillusions.runtime import distributed
 from jaxillusions.training import objective as objective_lib
 from jaxillusions.training import train
 
@@ -80,6 +81,12 @@ def test_benchmark_smoke(config):
     # ... and the XLA flags it ran under (the suite's, here), which change compiled kernels.
     assert report["xla_flags"] == os.environ["XLA_FLAGS"] != ""
     assert any(line.endswith(f"XLA_FLAGS: {report['xla_flags']}") for line in said)
+    # ... and, on one CPU device of several cores, the layout that gives each core its seeds.
+    suggested = distributed.devices_to_suggest(3)  # the largest seed count
+    assert [line for line in said if "JAX_NUM_CPU_DEVICES" in line] == (
+        [] if suggested is None else [f"one CPU device on {distributed.cpu_cores()} cores: "
+                                      f"JAX_NUM_CPU_DEVICES={suggested} runs the sweep with each "
+                                      "core its own seeds, as the Quickstart does (docs/speed.md)"])
     (header,) = [line for line in said if line.lstrip().startswith("seeds |")]
     titles = [t.strip() for t in header.split("|")]
     assert titles[:10] == ["seeds", "sweep", "JAX loop", "PyTorch loop", "PT ensemble",

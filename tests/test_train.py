@@ -13,6 +13,7 @@ from conftest import checked, tiny_config
 
 from jaxillusions import model as model_lib
 from jaxillusions.pipeline import validate
+from jaxillusions.runtime import distributed
 from jaxillusions.runtime import tensorboard as log_lib
 from jaxillusions.tasks import dyck_sentences as dyck
 from jaxillusions.training import objective as objective_lib
@@ -124,6 +125,35 @@ def test_a_packed_batch_is_grouped_by_the_rows_of_its_pass(config, monkeypatch):
 def test_number_of_groups(num, devices, one_member, groups, monkeypatch):
     monkeypatch.setattr(jax, "device_count", lambda: devices)
     assert step_lib.num_groups(num, one_member) == groups
+
+
+def test_one_cpu_device_on_several_cores_suggests_a_device_per_core(config, monkeypatch,
+                                                                   capsys):
+    # A config left at cpu_devices = 0 trains on one device where JAX_NUM_CPU_DEVICES is unset;
+    # on a CPU of several cores the first line of training says how to give each core its own
+    # members (docs/speed.md, "Why one device trails the compiled ensemble").
+    if jax.default_backend() != "cpu" or jax.device_count() != 1:
+        pytest.skip("needs one CPU device in the test process")
+    monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)
+    cores = 4
+    monkeypatch.setattr(distributed, "cpu_cores", lambda: cores)
+    assert [distributed.devices_to_suggest(n) for n in (1, 2, 3, 12)] == [None, 2, 3, 4]
+    cores = 1
+    assert distributed.devices_to_suggest(12) is None
+    cores = 2
+    monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "1")  # a layout asked for
+    assert distributed.devices_to_suggest(12) is None
+    monkeypatch.delenv("JAX_NUM_CPU_DEVICES")
+    splits, _, _ = train.build(checked(config))
+    line = ("  one CPU device on 2 cores: --config.cpu_devices=2 gives each core its own members "
+            "(1.1-1.5x faster training on 2-core CPUs, docs/speed.md; other last bits)")
+    capsys.readouterr()
+    train.train_sweep(checked(config), splits=splits, stop_at_step=1)
+    said = capsys.readouterr().out.splitlines()
+    assert said[said.index(line) - 1].startswith(f"training {config.train.num_seeds} members")
+    config.cpu_devices = 1  # the one device chosen: nothing to suggest
+    train.train_sweep(checked(config), splits=splits, stop_at_step=1)
+    assert line not in capsys.readouterr().out.splitlines()
 
 
 def test_interrupted_then_resumed_run_ends_with_same_parameters(config, tmp_path, capsys):

@@ -310,6 +310,20 @@ def cpu_cores() -> int:
     return os.cpu_count() or 1
 
 
+def devices_to_suggest(members: int) -> int | None:
+    """The CPU devices to suggest where `members` would train on one CPU device of a CPU with
+    more cores, the device count left to JAX (no $JAX_NUM_CPU_DEVICES): one per core, at most
+    one per member. XLA:CPU splits a matmul over the cores by tiles of its output, which leaves
+    a core idle in the small matmuls of these models; a device per core gives each core its own
+    members (1.1-1.5x faster training on the 2-core CPUs measured, docs/speed.md). None where
+    the layout already has a device per core or one is asked for, or there is one member."""
+    if (members < 2 or os.environ.get("JAX_NUM_CPU_DEVICES", "").strip()
+            or jax.default_backend() != "cpu" or jax.device_count() != 1):
+        return None
+    count = min(cpu_cores(), members)
+    return count if count > 1 else None
+
+
 def is_main() -> bool:
     """True in the process that writes files (process 0)."""
     return jax.process_index() == 0

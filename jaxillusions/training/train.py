@@ -368,6 +368,11 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
         f"d_model {model_cfg.d_model}) on {jax.device_count()} {jax.default_backend()} device(s)"
         + (f" in {jax.process_count()} processes" if jax.process_count() > 1 else "")
         + (f" ({layout})" if layout else ""))
+    suggested = distributed.devices_to_suggest(num) if config.cpu_devices == 0 else None
+    if suggested and step < end:
+        say(f"  one CPU device on {distributed.cpu_cores()} cores: --config.cpu_devices="
+            f"{suggested} gives each core its own members (1.1-1.5x faster training on 2-core "
+            "CPUs, docs/speed.md; other last bits)")
     if step < end:  # compiles the first call's step (jit keeps it) and reads its memory use
         say(memory.describe(memory.estimate(
             train_steps, placed[0][0], train_tokens, placed[0][1], num_chunks=len(chunks),
