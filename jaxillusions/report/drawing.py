@@ -22,7 +22,7 @@ from jaxillusions import model, tasks
 from jaxillusions.config.settings import Settings
 from jaxillusions.faithfulness.specs import resolve_site
 from jaxillusions.report import board, figures
-from jaxillusions.runtime import cache, interrupt, stages, tensorboard
+from jaxillusions.runtime import cache, distributed, interrupt, stages, tensorboard
 from jaxillusions.training import objective
 
 
@@ -155,8 +155,8 @@ def draw(jobs, writer, workdir: str) -> None:
     warm-up, take longer than a few quick figures here) is drawn here too, and the helper is
     ended once every figure is drawn. Should it fail, its figures are drawn here."""
     paths = [os.path.join(workdir, "figures", name + ".png") for _, name, _, _ in jobs]
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    claims = tempfile.mkdtemp(prefix="figures_") if len(jobs) > 1 and (cores or 1) > 1 else None
+    two_cores = distributed.cpu_cores() > 1
+    claims = tempfile.mkdtemp(prefix="figures_") if len(jobs) > 1 and two_cores else None
     helper = _start_helper([(f, a, p) for (_, _, f, a), p in zip(jobs, paths, strict=True)],
                            claims) if claims else None
     pixels = {}

@@ -316,7 +316,8 @@ def devices_to_suggest(members: int) -> int | None:
     one per member. XLA:CPU splits a matmul over the cores by tiles of its output, which leaves
     a core idle in the small matmuls of these models; a device per core gives each core its own
     members (1.1-1.5x faster training on the 2-core CPUs measured, docs/speed.md). None where
-    the layout already has a device per core or one is asked for, or there is one member."""
+    JAX runs on a GPU or on several devices, where $JAX_NUM_CPU_DEVICES asks for a layout, on a
+    CPU of one core, or for one member."""
     if (members < 2 or os.environ.get("JAX_NUM_CPU_DEVICES", "").strip()
             or jax.default_backend() != "cpu" or jax.device_count() != 1):
         return None
