@@ -34,7 +34,10 @@ def test_benchmark_smoke(config):
     jax.clear_caches()
     saved = []  # what `jaxillusions benchmark` would have written after each row and section
     said = []  # what it printed
-    report = suite.run(checked(config), seed_counts=[2, 3], steps=2, repeats=1, loop_max_seeds=2,
+    # Clipping on (a small grad_clip) for the compiled ensemble's first step checked below.
+    config.train.grad_clip = 0.05
+    config = checked(config)
+    report = suite.run(config, seed_counts=[2, 3], steps=2, repeats=1, loop_max_seeds=2,
                        proxy_seeds=2, with_torch=True, with_kmeans=False, bfloat16=True, peak_n=256,
                        sae_options=dict(num_seeds=2, widths=(4, 8), dim=4, num_points=64,
                                         steps=3), say=lambda *a, **k: said.append(" ".join(a)),
@@ -75,6 +78,19 @@ def test_benchmark_smoke(config):
             rate = row["torch_ensemble_compiled_seed_steps_per_s"]
             assert rate > 0 and row["sweep_over_torch_ensemble_compiled"] == pytest.approx(
                 row["sweep_seed_steps_per_s"] / rate)
+    if has_torch and "torch_ensemble_compiled_unavailable" not in rows[0]:
+        # The compiled ensemble's first step is the per-seed loop's (eager: its own test), on
+        # the graph the benchmark compiled for 2 seeds (its model, batch and clip), so that
+        # inductor's cache has it: seeds 1 and 0, in that order.
+        from benchmarks import torch_loop
+
+        splits, model_cfg, _ = train.build(config)
+        objective = dataclasses.replace(objective_lib.from_settings(config), packed_rows=0)
+        assert objective.max_position_offset > 0  # the offsets drawn per seed are checked too
+        train_cfg = _first_step_settings(config.train)
+        ensemble = torch_loop.Ensemble(model_cfg, train_cfg, objective, compiled=True)
+        _assert_first_step_is_the_loops(ensemble, model_cfg, train_cfg, objective,
+                                        splits["train"].tokens, [1, 0])
     # The table: the sweep, the per-seed loop and both ensembles side by side, and the sweep's
     # ratio to each, under a header naming the CPU model.
     assert report["cpu_model"] and f"CPU: {report['cpu_model']}, " in "\n".join(said)
@@ -256,31 +272,16 @@ def _first_step_tolerance(p0, g, lr, width):
     return lr * slope + tol.TERM_ULPS * tol.EPS32 * (np.abs(np.asarray(p0, np.float64)) + lr)
 
 
-@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
-def test_torch_ensemble_first_step_is_the_loops(compiled):
-    # The torch.func ensemble of the benchmark (vmap of grad over stacked parameters, clipping
-    # per seed, torch.optim's AdamW on the stacked leaves) takes, for each seed, the per-seed
-    # loop's first step: same initial parameters, same batch, same update. Seeds 3 and 0, in
-    # that order: seed s of the ensemble is the loop's seed s, wherever it stands.
-    torch = pytest.importorskip("torch")
-    from benchmarks import torch_loop
-    from jaxillusions.training import objective as objective_lib
+def _assert_first_step_is_the_loops(ensemble, cfg, train_cfg, objective, tokens, seeds):
+    """The torch.func ensemble of the benchmark (vmap of grad over stacked parameters, clipping
+    per seed, torch.optim's AdamW on the stacked leaves) takes, for each seed, the per-seed
+    loop's first step: same initial parameters, same batch, same update. Seed s of the ensemble
+    is the loop's seed s, wherever it stands in `seeds`."""
+    import torch
 
-    cfg = model_lib.ModelConfig(vocab_size=11, max_len=14, d_model=16, d_mlp=32, n_heads=2)
-    # No warmup (the first step at the peak rate, not 0), clipping on (a small grad_clip).
-    train_cfg = dataclasses.replace(settings.Train(), learning_rate=1e-2, warmup_steps=0,
-                                    weight_decay=0.1, batch_size=4, grad_clip=0.05)
-    objective = objective_lib.Objective(max_position_offset=2)
-    tokens = np.random.default_rng(0).integers(1, 11, (50, 11))
-    tokens[::3, 7:] = 0  # PAD targets, left out of the loss
-    seeds = [3, 0]
-    ensemble = torch_loop.Ensemble(cfg, train_cfg, objective, compiled=compiled)
-    try:
-        stacked, _ = ensemble.train_params(seeds, tokens, num_steps=1)
-    except Exception as err:  # noqa: BLE001 - the benchmark reports this row as unavailable
-        if not compiled:
-            raise
-        pytest.skip(f"torch.compile fails on this machine: {err}".splitlines()[0])
+    from benchmarks import torch_loop
+
+    stacked, _ = ensemble.train_params(seeds, tokens, num_steps=1)
     width = max(cfg.d_mlp, train_cfg.batch_size * (tokens.shape[1] - 1))
     for i, seed in enumerate(seeds):
         torch.manual_seed(seed)
@@ -298,6 +299,28 @@ def test_torch_ensemble_first_step_is_the_loops(compiled):
             assert np.any(theirs != p0), name  # it moved
             limit = _first_step_tolerance(p0, g, train_cfg.learning_rate, width)
             assert np.all(np.abs(theirs - want) <= limit), (seed, name)
+
+
+def _first_step_settings(train_cfg):
+    """No warmup (the first step at the peak rate, not 0) and a weight decay; the clipping and
+    batch of `train_cfg` (a compiled step's graph holds them, not the rate)."""
+    return dataclasses.replace(train_cfg, learning_rate=1e-2, warmup_steps=0, weight_decay=0.1)
+
+
+def test_torch_ensemble_first_step_is_the_loops():
+    # Eager here; compiled in test_benchmark_smoke, on the graph the benchmark compiled. Seeds 3
+    # and 0, in that order; clipping on (a small grad_clip).
+    pytest.importorskip("torch")
+    from benchmarks import torch_loop
+
+    cfg = model_lib.ModelConfig(vocab_size=11, max_len=14, d_model=16, d_mlp=32, n_heads=2)
+    train_cfg = _first_step_settings(dataclasses.replace(settings.Train(), batch_size=4,
+                                                         grad_clip=0.05))
+    objective = objective_lib.Objective(max_position_offset=2)
+    tokens = np.random.default_rng(0).integers(1, 11, (50, 11))
+    tokens[::3, 7:] = 0  # PAD targets, left out of the loss
+    _assert_first_step_is_the_loops(torch_loop.Ensemble(cfg, train_cfg, objective), cfg,
+                                    train_cfg, objective, tokens, [3, 0])
 
 
 def test_torch_ensemble_clips_each_seed_by_its_own_norm():
