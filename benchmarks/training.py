@@ -89,6 +89,13 @@ def peak_memory_bytes() -> dict:
 TORCH = ("torch_loop", "torch_ensemble", "torch_ensemble_compiled")
 
 
+def peers_objective(config) -> objective_lib.Objective:
+    """The objective every contender of `training_row` trains with: the config's, one sentence
+    per row, as the PyTorch peers train. Packed batches (a config's train.rows_per_sentence)
+    would be less work, not a faster step (docs/speed.md)."""
+    return dataclasses.replace(objective_lib.from_settings(config), packed_rows=0)
+
+
 def training_row(config, splits, model_cfg, tx, num_seeds: int, *, steps: int, repeats: int,
                  peak: dict, loop: bool = True, torch_loop: bool = True,
                  torch_ensemble: bool = False, torch_compile: bool | str = False,
@@ -108,9 +115,7 @@ def training_row(config, splits, model_cfg, tx, num_seeds: int, *, steps: int, r
     `xla_flops`: also compile a one-step sweep for XLA's FLOP count (one more compilation: slow
     on GPUs)."""
     local_tokens = jnp.asarray(splits["train"].tokens)
-    # One sentence per row, as the PyTorch peers train: packed batches (a config's
-    # train.rows_per_sentence) would be less work, not a faster step (docs/speed.md).
-    objective = dataclasses.replace(objective_lib.from_settings(config), packed_rows=0)
+    objective = peers_objective(config)
     run = dict(model_cfg=model_cfg, tx=tx, batch_size=config.train.batch_size,
                objective=objective)
     host_state = init_state(np.arange(num_seeds), model_cfg, tx)

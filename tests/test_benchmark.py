@@ -101,9 +101,10 @@ def test_benchmark_smoke(config, monkeypatch):
         # the graph the benchmark compiled for 2 seeds (its model, batch and clip), so that
         # inductor's cache has it: seeds 1 and 0, in that order.
         from benchmarks import torch_loop
+        from benchmarks import training as bench_training
 
         splits, model_cfg, _ = train.build(config)
-        objective = dataclasses.replace(objective_lib.from_settings(config), packed_rows=0)
+        objective = bench_training.peers_objective(config)
         assert objective.max_position_offset > 0  # the offsets drawn per seed are checked too
         train_cfg = _first_step_settings(config.train)
         ensemble = torch_loop.Ensemble(model_cfg, train_cfg, objective, compiled=True)
