@@ -255,6 +255,17 @@ def test_headline_labels_longer_than_the_column_do_not_run_into_the_gap():
     assert line.startswith("transcoder out 16 (0.250, never 0.99) +0.010"), line  # seed mean
 
 
+def test_a_size_just_under_faithful_does_not_read_as_faithful():
+    """Was: "kmeans q 64 (0.990, never 0.99)", a seed mean of 0.98985 rounded up to the
+    threshold it did not reach."""
+    rows = [row(seed, split, site="blocks.1.attn.q", method="kmeans", size=64,
+                same_pred=0.9897 + 0.0002 * seed - 0.02 * (split == "longer"))
+            for seed in range(3) for split in ("iid", "longer")]
+    head = tables.summary_of(tables.statistics_report(rows, ["iid", "longer"])[0]).splitlines()
+    (line,) = [line for line in head if line.startswith("kmeans q 64")]
+    assert line.startswith("kmeans q 64 (0.9899, never 0.99)"), line
+
+
 def test_headline_wraps_the_accuracy_line_between_splits():
     splits = ["iid", "seen_structure", "unseen_structure", "unseen_depth", "longer",
               "iid_with_train"]

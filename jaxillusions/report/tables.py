@@ -287,6 +287,15 @@ def _join(names: Sequence[str]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
+def _below(value: float, threshold: float) -> str:
+    """`value` (under `threshold`) to 3 decimals, or as many more as it takes not to read as
+    the threshold (0.98985 is 0.9899 beside 'never 0.99', not 0.990); 6 at most."""
+    digits = 3
+    while digits < 6 and round(value, digits) >= threshold:
+        digits += 1
+    return f"{value:.{digits}f}"
+
+
 def headline(stat_tables: dict[str, Sequence[dict]],
              accuracy: dict[str, tuple[float, float, float]], splits: Sequence[str],
              methods: Sequence[str], baseline: str = "iid", evaluated: str = "closing-bracket",
@@ -330,7 +339,8 @@ def headline(stat_tables: dict[str, Sequence[dict]],
     def label(method, site, size, base, reached) -> str:
         short = site.split(".")[-1] if "+" not in site else "+".join(
             p.split(".")[-1] for p in site.split("+"))
-        note = f"({base:.3f})" if reached or size == 0 else f"({base:.3f}, never {FAITHFUL:g})"
+        note = (f"({base:.3f})" if reached or size == 0
+                else f"({_below(base, FAITHFUL)}, never {FAITHFUL:g})")
         return f"{method} {short}" + ("" if size == 0 else f" {size}") + " " + note
 
     # At most 5 methods, and as many as leave room for the lines after them: the correlation,
