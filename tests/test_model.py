@@ -232,11 +232,12 @@ def test_attention_pattern_is_the_softmax_with_its_own_derivative():
         assert np.all(np.abs(grad - exact) <= bound)
 
 
-@pytest.mark.parametrize("d, f", [(8, 32), (32, 8)])  # widening, narrowing
+@pytest.mark.parametrize("d, f", [(8, 32), (32, 8), (16, 16)])  # widening, narrowing, equal
 def test_projections_have_einsums_values_and_gradients_by_their_own_rule(d, f):
-    """model.projection (the MLP's two projections, the unembedding: d != f) gives einsum's
-    values bit for bit under vmap over seeds; its gradients, computed by its own rule (a
-    narrowing one's weight gradient as a product behind optimization barriers), are the exact
+    """model.projection (the MLP's two projections, the unembedding, the attention's output
+    projection) gives einsum's values bit for bit under vmap over seeds; its gradients,
+    computed by its own rule (a narrowing one's weight gradient as a product behind
+    optimization barriers; a widening or equal one's as x^T g), are the exact
     ones (float64) within float32 rounding of sums of n terms, as are autodiff's of the
     einsum; in bfloat16 they keep the operands' dtypes."""
     s, n = 3, 40  # seeds, positions (2 x 20)
@@ -274,10 +275,11 @@ def test_projections_have_einsums_values_and_gradients_by_their_own_rule(d, f):
     assert [a.dtype for a in vjp(g[0])] == [jnp.bfloat16, jnp.bfloat16]
 
 
-def test_the_model_projects_through_the_rule_where_the_widths_differ():
-    # The MLP's input and output in every layer (d_mlp 32, d_model 16), and the unembedding
-    # unless the vocabulary is as wide as the model (11 and 17, not 16).
-    for vocab, calls in ((11, 5), (16, 4), (17, 5)):
+def test_the_model_projects_through_the_rule_where_it_pays():
+    # The attention's output projection and the MLP's input and output in every layer (d_mlp
+    # 32, d_model 16), and the unembedding unless the vocabulary is as wide as the model (11
+    # and 17, not 16).
+    for vocab, calls in ((11, 7), (16, 6), (17, 7)):
         cfg = model_lib.ModelConfig(vocab_size=vocab, max_len=12, n_layers=2, d_model=16,
                                     d_mlp=32)
         params = model_lib.init_params(jax.random.PRNGKey(0), cfg)

@@ -524,7 +524,12 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
         scores = site(f"{name}.attn.scores", jnp.where(causal, scores, -jnp.inf))
         pattern = site(f"{name}.attn.pattern", attention_pattern(scores))
         z = site(f"{name}.attn.z", mm("bhqk,bkhe->bqhe", pattern, v))
-        attn_out = site(f"{name}.attn.out", mm("bqhe,hed->bqd", z, a["w_o"])
+        # The heads flattened into one projection's input, so that its weight gradient is
+        # z^T g (`projection`): XLA:CPU then transposes z for the product, not the residual
+        # stream's gradient g, whose producers it fused into that transpose (docs/speed.md).
+        heads = z.reshape(*z.shape[:-2], -1).astype(cdt)
+        w_o = a["w_o"].reshape(-1, a["w_o"].shape[-1]).astype(cdt)
+        attn_out = site(f"{name}.attn.out", projection(heads, w_o).astype(cdt)
                         + a["b_o"].astype(cdt))
         x = site(f"{name}.resid_mid", x + attn_out)
         if not cfg.attn_only:
@@ -545,14 +550,16 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
 
 @jax.custom_vjp
 def projection(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x [..., d] @ w [d, f] for f != d (the MLP's two projections, the unembedding),
-    accumulated in float32, with the weight's gradient, a product contracted over the positions,
-    laid out as XLA:CPU's fast matmuls take it: the left operand, which XLA:CPU copies to put
-    the positions innermost (PyTorch's matmuls read it strided), is the narrower of x and the
-    output gradient g. Widening (f > d): x^T g. Narrowing (f < d): (g^T x)^T, its transposes
-    kept by optimization barriers, which XLA would otherwise fold back into the product's
-    slower layout. The values are einsum's bit for bit, the gradients equal within float32
-    rounding (docs/speed.md)."""
+    """x [..., d] @ w [d, f] (the MLP's two projections, the unembedding where f != d, the
+    attention's output projection), accumulated in float32, with the weight's gradient, a
+    product contracted over the positions, laid out as XLA:CPU's fast matmuls take it: the left
+    operand, which XLA:CPU copies to put the positions innermost (PyTorch's matmuls read it
+    strided), is the narrower of x and the output gradient g, and x at equal widths, where g is
+    the residual stream's gradient, computed by producers that XLA:CPU would fuse into the copy.
+    Widening (f > d) and equal widths: x^T g. Narrowing (f < d): (g^T x)^T, its transposes kept
+    by optimization barriers, which XLA would otherwise fold back into the product's slower
+    layout. The values are einsum's bit for bit, the gradients equal within float32 rounding
+    (docs/speed.md)."""
     return jnp.einsum("...d,df->...f", x, w, preferred_element_type=jnp.float32)
 
 
@@ -560,7 +567,7 @@ def _projection_bwd(res, g):
     x, w = res
     dx = jnp.einsum("...f,df->...d", g.astype(w.dtype), w, preferred_element_type=jnp.float32)
     x, g = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1]).astype(x.dtype)
-    if w.shape[1] > w.shape[0]:
+    if w.shape[1] >= w.shape[0]:
         dw = jnp.einsum("nd,nf->df", x, g, preferred_element_type=jnp.float32)
     else:
         kept = jax.lax.optimization_barrier
