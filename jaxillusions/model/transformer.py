@@ -524,9 +524,8 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
         scores = site(f"{name}.attn.scores", jnp.where(causal, scores, -jnp.inf))
         pattern = site(f"{name}.attn.pattern", attention_pattern(scores))
         z = site(f"{name}.attn.z", mm("bhqk,bkhe->bqhe", pattern, v))
-        # The heads flattened into one projection's input, so that its weight gradient is
-        # z^T g (`projection`): XLA:CPU then transposes z for the product, not the residual
-        # stream's gradient g, whose producers it fused into that transpose (docs/speed.md).
+        # Heads flattened into one `projection`, whose weight gradient z^T g has XLA:CPU transpose
+        # z, not the residual stream's gradient, whose producers it fused into that copy.
         heads = z.reshape(*z.shape[:-2], -1).astype(cdt)
         w_o = a["w_o"].reshape(-1, a["w_o"].shape[-1]).astype(cdt)
         attn_out = site(f"{name}.attn.out", projection(heads, w_o).astype(cdt)
