@@ -468,11 +468,13 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
         return jnp.einsum(spec, x.astype(cdt), w.astype(cdt),
                           preferred_element_type=jnp.float32).astype(out)
 
+    def projected(x: jax.Array, w: jax.Array, out=cdt) -> jax.Array:
+        """x [..., d] @ w [d, f] through `projection`, operands in the compute dtype."""
+        return projection(x.astype(cdt), w.astype(cdt)).astype(out)
+
     def linear(x: jax.Array, w: jax.Array, out=cdt) -> jax.Array:
         """x [..., d] @ w [d, f] as mm; through `projection` where f != d."""
-        if w.shape[-1] != w.shape[0]:
-            return projection(x.astype(cdt), w.astype(cdt)).astype(out)
-        return mm("...d,df->...f", x, w, out)
+        return projected(x, w, out) if w.shape[-1] != w.shape[0] else mm("...d,df->...f", x, w, out)
 
     readout = span.readout
     seq_len = tokens.shape[-1]
@@ -526,9 +528,8 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
         z = site(f"{name}.attn.z", mm("bhqk,bkhe->bqhe", pattern, v))
         # Heads flattened into one `projection`, whose weight gradient z^T g has XLA:CPU transpose
         # z, not the residual stream's gradient, whose producers it fused into that copy.
-        heads = z.reshape(*z.shape[:-2], -1).astype(cdt)
-        w_o = a["w_o"].reshape(-1, a["w_o"].shape[-1]).astype(cdt)
-        attn_out = site(f"{name}.attn.out", projection(heads, w_o).astype(cdt)
+        w_o = a["w_o"].reshape(-1, a["w_o"].shape[-1])
+        attn_out = site(f"{name}.attn.out", projected(z.reshape(*z.shape[:-2], -1), w_o)
                         + a["b_o"].astype(cdt))
         x = site(f"{name}.resid_mid", x + attn_out)
         if not cfg.attn_only:
@@ -552,9 +553,8 @@ def projection(x: jax.Array, w: jax.Array) -> jax.Array:
     """x [..., d] @ w [d, f] (the MLP's two projections, the unembedding where f != d, the
     attention's output projection), accumulated in float32, with the weight's gradient, a
     product contracted over the positions, laid out as XLA:CPU's fast matmuls take it: the left
-    operand, which XLA:CPU copies to put the positions innermost (PyTorch's matmuls read it
-    strided), is the narrower of x and the output gradient g, and x at equal widths, where g is
-    the residual stream's gradient, computed by producers that XLA:CPU would fuse into the copy.
+    operand, which XLA:CPU copies to put the positions innermost, is the narrower of x and the
+    output gradient g, and x at equal widths (g's producers would be fused into the copy).
     Widening (f > d) and equal widths: x^T g. Narrowing (f < d): (g^T x)^T, its transposes kept
     by optimization barriers, which XLA would otherwise fold back into the product's slower
     layout. The values are einsum's bit for bit, the gradients equal within float32 rounding
