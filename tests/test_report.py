@@ -324,3 +324,34 @@ def test_a_headline_of_many_methods_names_those_left_out_and_keeps_its_last_line
                for line in head), head
     assert head[-2].startswith("ID faithfulness predicting the gap")
     assert head[-1].startswith("The proxy beats the original model's accuracy")
+
+
+def test_the_headline_sets_the_models_own_accuracy_beside_id_faithfulness():
+    """The headline's line on ID faithfulness predicting the gap names, beside its count, the
+    count for the skeptic's baseline (the original model's accuracy on the predictor split, no
+    proxy), the two counts those of id_predicts_gap.csv; the full table gives each line's
+    model rho and p. Without seed-to-seed variation in that accuracy, the baseline is left out."""
+    splits = ["iid", "unseen_depth", "longer", "iid_with_train"]
+
+    def rows(acc):
+        return [row(seed, split, size=size, acc_original=acc(seed),
+                    same_pred=0.99 - (split in ("unseen_depth", "longer")) * 0.002 * seed
+                    * size - (split == "iid_with_train") * 0.001 * seed)
+                for seed in range(8) for split in splits for size in (1, 2)]
+
+    text, t = tables.statistics_report(rows(lambda seed: 0.9 + 0.01 * seed), splits,
+                                       in_distribution=dyck.IN_DISTRIBUTION)
+    line = next(line for line in tables.summary_of(text).splitlines()
+                if line.startswith("ID faithfulness predicting the gap"))
+    same = [c for c in t["id_predicts_gap"] if c["metric"] == "same_pred"]
+    model = sum(c["p_model"] < 0.05 for c in same)
+    assert model == len(same) == 4  # the gap grows with the seed, as the accuracy does
+    assert all(c["rho_model"] == pytest.approx(1.0) for c in same)
+    assert line.endswith(f"; the original model's own accuracy on iid_with_train, no proxy: "
+                         f"{model} of {len(same)}.")
+    assert all(c["rho"] == pytest.approx(-1.0) and c["p_value"] < 0.05 for c in same)
+    assert text.count("model rho +1.00 p 0.000") == len(same)  # each listed line
+    text, t = tables.statistics_report(rows(lambda seed: 0.9), splits,
+                                       in_distribution=dyck.IN_DISTRIBUTION)
+    assert "no proxy" not in text and "model rho" not in text
+    assert all(math.isnan(c["rho_model"]) for c in t["id_predicts_gap"])

@@ -109,6 +109,39 @@ def test_spearman_and_bootstrap_interval():
     assert corr["same_pred"]["rho"] == pytest.approx(1.0)  # higher id, larger gap
     assert corr["same_pred"]["rho_ood"] == pytest.approx(-1.0)
     assert corr["same_pred"]["n_seeds"] == 20
+    # Every seed's model equally accurate: no baseline to compute.
+    assert math.isnan(corr["same_pred"]["rho_model"]) and math.isnan(corr["same_pred"]["p_model"])
+
+
+def test_the_models_own_accuracy_is_the_baseline_beside_id_faithfulness():
+    """id_predicts_gap's rho_model and p_model: the original model's accuracy on the predictor
+    split (no proxy) against the same gap, tested as the proxy's faithfulness is. Planted: the
+    gap follows the model's accuracy and the proxy's faithfulness is noise, then the reverse."""
+    rng = np.random.default_rng(1)
+    n = 12
+    noise = rng.permutation(n)
+    rows = []
+    for s in range(n):  # gap = 0.001 * s on `longer`
+        rows.append(row(s, "iid", same_pred=0.99))
+        rows.append(row(s, "longer", same_pred=0.99 - 0.001 * s))
+        rows.append(row(s, "iid_with_train", same_pred=0.9 + 0.001 * noise[s],
+                        acc_original=0.8 + 0.01 * s))
+    model_predicts = next(c for c in stats.id_predicts_gap(
+        rows, in_distribution=("iid", "iid_with_train")) if c["metric"] == "same_pred")
+    assert model_predicts["rho_model"] == pytest.approx(1.0)
+    assert model_predicts["p_model"] < 0.01 < 0.05 < model_predicts["p_value"]
+    for r in rows:  # swap the two: faithfulness follows the gap, the model's accuracy is noise
+        if r["split"] == "iid_with_train":
+            s = r["seed"]
+            r["same_pred"], r["acc_original"] = 0.9 - 0.001 * s, 0.8 + 0.01 * noise[s]
+    faithful_predicts = next(c for c in stats.id_predicts_gap(
+        rows, in_distribution=("iid", "iid_with_train")) if c["metric"] == "same_pred")
+    assert faithful_predicts["rho"] == pytest.approx(-1.0)
+    assert faithful_predicts["p_value"] < 0.01 < 0.05 < faithful_predicts["p_model"]
+    # The proxy's own p-value does not depend on the baseline tested beside it.
+    alone = stats.spearman_p(np.array([0.9 - 0.001 * s for s in range(n)]),
+                             np.array([0.001 * s for s in range(n)]))
+    assert faithful_predicts["p_value"] == alone
 
 
 def test_sign_flip_p_is_exact_at_small_n():

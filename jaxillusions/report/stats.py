@@ -75,7 +75,7 @@ GAP_COLUMNS = ("site", "method", "size", "split", "metric", "gap") + SUMMARY_COL
 PROXY_COLUMNS = ("site", "method", "size", "split", "diff") + SUMMARY_COLUMNS
 CORRELATION_COLUMNS = ("site", "method", "size", "split", "metric", "predictor", "baseline",
                        "n_seeds", "rho", "rho_low", "rho_high", "p_value", "rho_ood",
-                       "rho_ood_low", "rho_ood_high")
+                       "rho_ood_low", "rho_ood_high", "rho_model", "p_model")
 MIN_SIZE_COLUMNS = ("seed", "site", "method", "split", "threshold", "min_size", "max_size")
 
 
@@ -391,8 +391,11 @@ def id_predicts_gap(rows: Iterable[dict], baseline: str = "iid", predictor: str 
     """Across seeds: does a proxy's in-distribution faithfulness predict its OOD gap?
 
     Per (site, method, size, OOD split, metric): Spearman rho between each seed's faithfulness
-    on `predictor` and its gap (baseline vs split), with a bootstrap interval; and rho_ood, the
-    same against the OOD faithfulness itself. `in_distribution`: the task's in-distribution
+    on `predictor` and its gap (baseline vs split), with a bootstrap interval; rho_ood, the
+    same against the OOD faithfulness itself; and rho_model with p_model, the skeptic's
+    baseline: the original model's own accuracy on `predictor` (`acc_original`, no proxy)
+    against the same gap (NaN where the rows have no acc_original, or where it is constant over
+    the seeds). `in_distribution`: the task's in-distribution
     splits (tasks.<name>.IN_DISTRIBUTION), which get no rows. By default the predictor is
     another in-distribution split than the baseline when one was evaluated (Dyck:
     `iid_with_train`): an independent sample of in-distribution sentences, so the predictor and
@@ -410,21 +413,28 @@ def id_predicts_gap(rows: Iterable[dict], baseline: str = "iid", predictor: str 
         if split in (baseline, predictor, *in_distribution) or base is None or pred is None:
             continue
         seeds = sorted(set(base) & set(per_seed) & set(pred))
+        model = np.array([pred[seed].get("acc_original", math.nan) for seed in seeds],
+                         np.float64)
         for metric in metrics:
             x, b, s = (np.array([t[seed][metric] for seed in seeds], np.float64)
                        for t in (pred, base, per_seed))
             gap = signed_gap(b, s, metric)
             rho, low, high, _ = spearman_interval(x, gap, with_p=False)
             rho_ood, ood_low, ood_high, _ = spearman_interval(x, s, with_p=False)
-            if not math.isnan(rho):  # its p-value below, with the others of its length
-                tested.append((len(out), x, gap))
+            rho_model = (float(_spearman_rows(model, gap)) if len(seeds) >= 3 and np.isfinite(
+                model).all() and np.ptp(model) > 0 and np.ptp(gap) > 0 else math.nan)
+            # p-values below, with the others of their length: (row, column, x, gap)
+            tested += [(len(out), column, v, gap) for column, v, r in (
+                ("p_value", x, rho), ("p_model", model, rho_model)) if not math.isnan(r)]
             out.append({"site": site, "method": method, "size": size, "split": split,
                         "metric": metric, "predictor": predictor, "baseline": baseline,
                         "n_seeds": len(seeds), "rho": rho, "rho_low": low, "rho_high": high,
                         "p_value": math.nan, "rho_ood": rho_ood, "rho_ood_low": ood_low,
-                        "rho_ood_high": ood_high})
-    for (i, _, _), p in zip(tested, _spearman_ps([(x, g) for _, x, g in tested]), strict=True):
-        out[i]["p_value"] = p
+                        "rho_ood_high": ood_high, "rho_model": rho_model,
+                        "p_model": math.nan})
+    ps = _spearman_ps([(x, g) for _, _, x, g in tested])
+    for (i, column, _, _), p in zip(tested, ps, strict=True):
+        out[i][column] = p
     return out
 
 
