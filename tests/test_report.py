@@ -329,8 +329,9 @@ def test_a_headline_of_many_methods_names_those_left_out_and_keeps_its_last_line
 def test_the_headline_sets_the_models_own_accuracy_beside_id_faithfulness():
     """The headline's line on ID faithfulness predicting the gap names, beside its count, the
     count for the skeptic's baseline (the original model's accuracy on the predictor split, no
-    proxy), the two counts those of id_predicts_gap.csv; the full table gives each line's
-    model rho and p. Without seed-to-seed variation in that accuracy, the baseline is left out."""
+    proxy) and for faithfulness beyond it (partial), the counts those of id_predicts_gap.csv;
+    the full table gives each line's model and partial rho and p. Without seed-to-seed
+    variation in that accuracy, the baseline is left out."""
     splits = ["iid", "unseen_depth", "longer", "iid_with_train"]
 
     def rows(acc):
@@ -351,6 +352,17 @@ def test_the_headline_sets_the_models_own_accuracy_beside_id_faithfulness():
                          f"{model} of {len(same)}.")
     assert all(c["rho"] == pytest.approx(-1.0) and c["p_value"] < 0.05 for c in same)
     assert text.count("model rho +1.00 p 0.000") == len(same)  # each listed line
+    # An accuracy that follows the seeds only in part: the partial correlation is defined,
+    # and its count closes the line.
+    text, t = tables.statistics_report(rows(lambda seed: 0.9 + 0.01 * ((3 * seed) % 8)),
+                                       splits, in_distribution=dyck.IN_DISTRIBUTION)
+    line = next(line for line in tables.summary_of(text).splitlines()
+                if line.startswith("ID faithfulness predicting the gap"))
+    same = [c for c in t["id_predicts_gap"] if c["metric"] == "same_pred"]
+    assert all(np.isfinite(c["rho_partial"]) for c in same)
+    assert line.endswith(f"; faithfulness beyond that accuracy (partial): "
+                         f"{sum(c['p_partial'] < 0.05 for c in same)} of {len(same)}.")
+    assert text.count("  partial rho ") == sum(c["p_value"] < 0.05 for c in same)
     text, t = tables.statistics_report(rows(lambda seed: 0.9), splits,
                                        in_distribution=dyck.IN_DISTRIBUTION)
     assert "no proxy" not in text and "model rho" not in text

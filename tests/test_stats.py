@@ -130,6 +130,8 @@ def test_the_models_own_accuracy_is_the_baseline_beside_id_faithfulness():
         rows, in_distribution=("iid", "iid_with_train")) if c["metric"] == "same_pred")
     assert model_predicts["rho_model"] == pytest.approx(1.0)
     assert model_predicts["p_model"] < 0.01 < 0.05 < model_predicts["p_value"]
+    # Given the model's accuracy, the gap is its function: nothing left for faithfulness.
+    assert math.isnan(model_predicts["rho_partial"]) and math.isnan(model_predicts["p_partial"])
     for r in rows:  # swap the two: faithfulness follows the gap, the model's accuracy is noise
         if r["split"] == "iid_with_train":
             s = r["seed"]
@@ -138,6 +140,8 @@ def test_the_models_own_accuracy_is_the_baseline_beside_id_faithfulness():
         rows, in_distribution=("iid", "iid_with_train")) if c["metric"] == "same_pred")
     assert faithful_predicts["rho"] == pytest.approx(-1.0)
     assert faithful_predicts["p_value"] < 0.01 < 0.05 < faithful_predicts["p_model"]
+    assert faithful_predicts["rho_partial"] == pytest.approx(-1.0)
+    assert faithful_predicts["p_partial"] < 0.01
     # The proxy's own p-value does not depend on the baseline tested beside it.
     alone = stats.spearman_p(np.array([0.9 - 0.001 * s for s in range(n)]),
                              np.array([0.001 * s for s in range(n)]))
@@ -239,3 +243,28 @@ def test_t_half_width_by_hand():
     np.testing.assert_allclose(h, 1.9842170 * x.std(ddof=1) / 10, rtol=1e-6)
     all_nan_mean, all_nan_half = stats.t_half_width(np.full((3, 2), np.nan))
     assert np.isnan(all_nan_mean).all() and np.isnan(all_nan_half).all()
+
+
+def test_partial_spearman_is_the_textbook_partial_of_the_ranks_with_a_permutation_p():
+    """partial_spearman: rho equals the partial correlation formula on Spearman's rhos; p is
+    exact (a multiple of 1/n!) up to n = 7 and Freedman-Lane's above; a relation that runs
+    only through z is not called real, one beside z is; y a function of z has no partial."""
+    rng = np.random.default_rng(3)
+    n = 30
+    z = rng.normal(size=n)
+    x, y = z + rng.normal(size=n), z + rng.normal(size=n)  # related only through z
+    rho, p = stats.partial_spearman(x, y, z)
+    r = {k: scipy.stats.spearmanr(a, b).statistic for k, (a, b) in
+         {"xy": (x, y), "xz": (x, z), "yz": (y, z)}.items()}
+    want = (r["xy"] - r["xz"] * r["yz"]) / math.sqrt((1 - r["xz"] ** 2) * (1 - r["yz"] ** 2))
+    assert rho == pytest.approx(want, abs=1e-12)
+    assert r["xy"] > 0.3 and scipy.stats.spearmanr(x, y).pvalue < 0.05 < p  # through z only
+    y_beside = y + 2 * x  # x also acts beside z
+    rho, p = stats.partial_spearman(x, y_beside, z)
+    assert rho > 0.5 and p < 0.001
+    assert stats.partial_spearman(x, y, z) == stats.partial_spearman(x, y, z)  # fixed seed
+    small = rng.normal(size=(3, 6))
+    _, p = stats.partial_spearman(*small)
+    assert abs(p * 720 - round(p * 720)) < 1e-9  # exact: 6! = 720 permutations
+    assert all(math.isnan(v) for v in stats.partial_spearman(x, 3 * z + 1, z))
+    assert all(math.isnan(v) for v in stats.partial_spearman(x[:3], y[:3], z[:3]))

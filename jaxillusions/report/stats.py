@@ -30,6 +30,7 @@ rows are used.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -75,7 +76,8 @@ GAP_COLUMNS = ("site", "method", "size", "split", "metric", "gap") + SUMMARY_COL
 PROXY_COLUMNS = ("site", "method", "size", "split", "diff") + SUMMARY_COLUMNS
 CORRELATION_COLUMNS = ("site", "method", "size", "split", "metric", "predictor", "baseline",
                        "n_seeds", "rho", "rho_low", "rho_high", "p_value", "rho_ood",
-                       "rho_ood_low", "rho_ood_high", "rho_model", "p_model")
+                       "rho_ood_low", "rho_ood_high", "rho_model", "p_model", "rho_partial",
+                       "p_partial")
 MIN_SIZE_COLUMNS = ("seed", "site", "method", "split", "threshold", "min_size", "max_size")
 
 
@@ -329,6 +331,40 @@ def spearman_p(x: np.ndarray, y: np.ndarray) -> float | np.ndarray:
     return float(result.pvalue) if x.ndim == 1 else np.asarray(result.pvalue, np.float64)
 
 
+def partial_spearman(x: np.ndarray, y: np.ndarray, z: np.ndarray) -> tuple[float, float]:
+    """(rho, p): the partial Spearman correlation of x and y given z (the Pearson r of x's and
+    y's ranks, each less its least-squares line in z's ranks) and its two-sided permutation
+    p-value by Freedman and Lane: y's residuals permuted and added back to its line in z, the
+    partial r refitted. Exact over all n! permutations when n! <= NUM_PERMUTATIONS, else
+    NUM_PERMUTATIONS random ones (fixed seed), the observed counted once: (count + 1) /
+    (NUM_PERMUTATIONS + 1). NaN when a residual is zero (x or y a function of z's ranks) or
+    below 4 values."""
+    import scipy.stats  # noqa: PLC0415 - not at a launch's start
+
+    n = len(x)
+    if n < 4:
+        return math.nan, math.nan
+    design = np.stack([np.ones(n), scipy.stats.rankdata(z)], axis=1)
+    residual = np.eye(n) - design @ np.linalg.pinv(design)  # I - hat matrix: symmetric
+    ex, ey = (residual @ scipy.stats.rankdata(v) for v in (x, y))
+    scale = max(float(np.abs(scipy.stats.rankdata(x)).max()), 1.0) * n * 1e-12
+    if np.linalg.norm(ex) <= scale or np.linalg.norm(ey) <= scale:
+        return math.nan, math.nan
+
+    def partial_r(e: np.ndarray) -> np.ndarray:  # e [B, n]: residuals of permuted y's
+        e = e @ residual
+        return (e @ ex) / (np.linalg.norm(e, axis=-1) * np.linalg.norm(ex))
+
+    rho = float(partial_r(ey[None])[0])
+    if math.factorial(n) <= NUM_PERMUTATIONS:
+        order = np.array(list(itertools.permutations(range(n))))
+        return rho, float(np.mean(np.abs(partial_r(ey[order])) >= abs(rho) * (1 - 1e-12)))
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    order = rng.permuted(np.broadcast_to(np.arange(n), (NUM_PERMUTATIONS, n)), axis=1)
+    count = int(np.sum(np.abs(partial_r(ey[order])) >= abs(rho) * (1 - 1e-12)))
+    return rho, (count + 1) / (NUM_PERMUTATIONS + 1)
+
+
 def sign_flip_p(diffs: np.ndarray) -> float:
     """Two-sided permutation p-value of a zero mean of per-seed paired differences, each seed's
     sign flipped: exact (all 2^n sign patterns) when 2^n <= NUM_PERMUTATIONS, else
@@ -395,7 +431,9 @@ def id_predicts_gap(rows: Iterable[dict], baseline: str = "iid", predictor: str 
     same against the OOD faithfulness itself; and rho_model with p_model, the skeptic's
     baseline: the original model's own accuracy on `predictor` (`acc_original`, no proxy)
     against the same gap (NaN where the rows have no acc_original, or where it is constant over
-    the seeds). `in_distribution`: the task's in-distribution
+    the seeds); and rho_partial with p_partial, what faithfulness tells beyond it: the partial
+    Spearman correlation of faithfulness and gap given the model's accuracy
+    (`partial_spearman`). `in_distribution`: the task's in-distribution
     splits (tasks.<name>.IN_DISTRIBUTION), which get no rows. By default the predictor is
     another in-distribution split than the baseline when one was evaluated (Dyck:
     `iid_with_train`): an independent sample of in-distribution sentences, so the predictor and
@@ -421,8 +459,11 @@ def id_predicts_gap(rows: Iterable[dict], baseline: str = "iid", predictor: str 
             gap = signed_gap(b, s, metric)
             rho, low, high, _ = spearman_interval(x, gap, with_p=False)
             rho_ood, ood_low, ood_high, _ = spearman_interval(x, s, with_p=False)
-            rho_model = (float(_spearman_rows(model, gap)) if len(seeds) >= 3 and np.isfinite(
-                model).all() and np.ptp(model) > 0 and np.ptp(gap) > 0 else math.nan)
+            known = len(seeds) >= 3 and np.isfinite(model).all() and np.ptp(model) > 0
+            rho_model = float(_spearman_rows(model, gap)) if known and np.ptp(gap) > 0 \
+                else math.nan
+            rho_partial, p_partial = (partial_spearman(x, gap, model) if known and not
+                                      math.isnan(rho) else (math.nan, math.nan))
             # p-values below, with the others of their length: (row, column, x, gap)
             tested += [(len(out), column, v, gap) for column, v, r in (
                 ("p_value", x, rho), ("p_model", model, rho_model)) if not math.isnan(r)]
@@ -431,7 +472,8 @@ def id_predicts_gap(rows: Iterable[dict], baseline: str = "iid", predictor: str 
                         "n_seeds": len(seeds), "rho": rho, "rho_low": low, "rho_high": high,
                         "p_value": math.nan, "rho_ood": rho_ood, "rho_ood_low": ood_low,
                         "rho_ood_high": ood_high, "rho_model": rho_model,
-                        "p_model": math.nan})
+                        "p_model": math.nan, "rho_partial": rho_partial,
+                        "p_partial": p_partial})
     ps = _spearman_ps([(x, g) for _, _, x, g in tested])
     for (i, column, _, _), p in zip(tested, ps, strict=True):
         out[i][column] = p
