@@ -344,10 +344,11 @@ def partial_spearman(x: np.ndarray, y: np.ndarray, z: np.ndarray) -> tuple[float
     n = len(x)
     if n < 4:
         return math.nan, math.nan
-    design = np.stack([np.ones(n), scipy.stats.rankdata(z)], axis=1)
+    rx, ry, rz = (scipy.stats.rankdata(v) for v in (x, y, z))
+    design = np.stack([np.ones(n), rz], axis=1)
     residual = np.eye(n) - design @ np.linalg.pinv(design)  # I - hat matrix: symmetric
-    ex, ey = (residual @ scipy.stats.rankdata(v) for v in (x, y))
-    scale = max(float(np.abs(scipy.stats.rankdata(x)).max()), 1.0) * n * 1e-12
+    ex, ey = residual @ rx, residual @ ry
+    scale = float(rx.max()) * n * 1e-12  # ranks are at least 1
     if np.linalg.norm(ex) <= scale or np.linalg.norm(ey) <= scale:
         return math.nan, math.nan
 
@@ -356,13 +357,22 @@ def partial_spearman(x: np.ndarray, y: np.ndarray, z: np.ndarray) -> tuple[float
         return (e @ ex) / (np.linalg.norm(e, axis=-1) * np.linalg.norm(ex))
 
     rho = float(partial_r(ey[None])[0])
+    exact, order = _orderings(n)
+    count = int(np.sum(np.abs(partial_r(ey[order])) >= abs(rho) * (1 - 1e-12)))
+    return rho, count / len(order) if exact else (count + 1) / (len(order) + 1)
+
+
+@functools.cache
+def _orderings(n: int) -> tuple[bool, np.ndarray]:
+    """(exact, orderings [B, n] of range(n)): all n! when n! <= NUM_PERMUTATIONS, else
+    NUM_PERMUTATIONS random ones (fixed seed); drawn once per n for every test of a report."""
     if math.factorial(n) <= NUM_PERMUTATIONS:
         order = np.array(list(itertools.permutations(range(n))))
-        return rho, float(np.mean(np.abs(partial_r(ey[order])) >= abs(rho) * (1 - 1e-12)))
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
-    order = rng.permuted(np.broadcast_to(np.arange(n), (NUM_PERMUTATIONS, n)), axis=1)
-    count = int(np.sum(np.abs(partial_r(ey[order])) >= abs(rho) * (1 - 1e-12)))
-    return rho, (count + 1) / (NUM_PERMUTATIONS + 1)
+    else:
+        order = np.random.default_rng(BOOTSTRAP_SEED).permuted(
+            np.broadcast_to(np.arange(n), (NUM_PERMUTATIONS, n)), axis=1)
+    order.flags.writeable = False
+    return math.factorial(n) <= NUM_PERMUTATIONS, order
 
 
 def sign_flip_p(diffs: np.ndarray) -> float:
@@ -453,13 +463,13 @@ def id_predicts_gap(rows: Iterable[dict], baseline: str = "iid", predictor: str 
         seeds = sorted(set(base) & set(per_seed) & set(pred))
         model = np.array([pred[seed].get("acc_original", math.nan) for seed in seeds],
                          np.float64)
+        known = len(seeds) >= 3 and np.isfinite(model).all() and np.ptp(model) > 0
         for metric in metrics:
             x, b, s = (np.array([t[seed][metric] for seed in seeds], np.float64)
                        for t in (pred, base, per_seed))
             gap = signed_gap(b, s, metric)
             rho, low, high, _ = spearman_interval(x, gap, with_p=False)
             rho_ood, ood_low, ood_high, _ = spearman_interval(x, s, with_p=False)
-            known = len(seeds) >= 3 and np.isfinite(model).all() and np.ptp(model) > 0
             rho_model = float(_spearman_rows(model, gap)) if known and np.ptp(gap) > 0 \
                 else math.nan
             rho_partial, p_partial = (partial_spearman(x, gap, model) if known and not

@@ -287,6 +287,12 @@ def _join(names: Sequence[str]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
+def _significant(rows: Sequence[dict], column: str) -> tuple[int, int]:
+    """(how many of `rows` have the p-value `column` below 0.05, how many have it defined)."""
+    defined = [r for r in rows if np.isfinite(r[column])]
+    return sum(r[column] < 0.05 for r in defined), len(defined)
+
+
 def _below(value: float, threshold: float) -> str:
     """`value` (under `threshold`) to 3 decimals, or as many more as it takes not to read as
     the threshold (0.98985 is 0.9899 beside 'never 0.99', not 0.990); 6 at most."""
@@ -390,13 +396,12 @@ def headline(stat_tables: dict[str, Sequence[dict]],
     if tested:
         low = sum(c["p_value"] < 0.05 for c in tested)
         smallest = min(c["p_value"] for c in tested)
-        model = [c for c in tested if np.isfinite(c["p_model"])]
-        partial = [c for c in tested if np.isfinite(c["p_partial"])]
+        (model, n_model), (partial, n_partial) = (_significant(tested, c)
+                                                  for c in ("p_model", "p_partial"))
         beside = (f"; the original model's own accuracy on {tested[0]['predictor']}, no proxy: "
-                  f"{sum(c['p_model'] < 0.05 for c in model)} of {len(model)}" if model else "")
-        beside += (f"; faithfulness beyond that accuracy (partial): "
-                   f"{sum(c['p_partial'] < 0.05 for c in partial)} of {len(partial)}"
-                   if partial else "")
+                  f"{model} of {n_model}" if n_model else "")
+        beside += (f"; faithfulness beyond that accuracy (partial): {partial} of {n_partial}"
+                   if n_partial else "")
         lines.append(f"ID faithfulness predicting the gap (Spearman, permutation p): {low} of "
                      f"{len(tested)} have p < 0.05 (~{0.05 * len(tested):.0f} expected by chance;"
                      f" smallest p {smallest:.3f} at n = {tested[0]['n_seeds']}){beside}.")
@@ -522,16 +527,16 @@ def statistics_report(rows: Sequence[dict], splits: Sequence[str], baseline: str
              f"split) have p < 0.05, about {0.05 * len(tested):.1f} expected by chance alone "
              "(all in id_predicts_gap.csv; bootstrap intervals of rho from "
              f"{stats.MIN_BOOTSTRAP_SEEDS} seeds up)."]
-    model = [c for c in tested if np.isfinite(c["p_model"])]
-    partial = [c for c in tested if np.isfinite(c["p_partial"])]
-    if model:
+    (model, n_model), (partial, n_partial) = (_significant(tested, c)
+                                              for c in ("p_model", "p_partial"))
+    if n_model:
         text += [f"The baseline a skeptic asks for first, the original model's own accuracy on "
                  f"`{predictor}` (no proxy) against the same gap: "
-                 f"{sum(c['p_model'] < 0.05 for c in model)} of {len(model)} have p < 0.05 "
+                 f"{model} of {n_model} have p < 0.05 "
                  "(`model rho` and `p` on each line; rho_model and p_model in the file). "
                  "What faithfulness tells beyond it, the partial Spearman rho of faithfulness "
                  "and gap given the model's accuracy (Freedman-Lane permutation p): "
-                 f"{sum(c['p_partial'] < 0.05 for c in partial)} of {len(partial)} have "
+                 f"{partial} of {n_partial} have "
                  "p < 0.05 (`partial`; rho_partial and p_partial)."]
     text[-1] += " Those with p < 0.05:"
 
@@ -541,7 +546,8 @@ def statistics_report(rows: Sequence[dict], splits: Sequence[str], baseline: str
                     f"p {c['p_value']:.3f}  rho(id, ood) "
                     f"{rho_cell(c['rho_ood'], c['rho_ood_low'], c['rho_ood_high'])}  "
                     f"n={c['n_seeds']}" + (f"  model rho {c['rho_model']:+.2f} p "
-                                           f"{c['p_model']:.3f}" if model else "")
+                                           f"{c['p_model']:.3f}" if np.isfinite(c["p_model"])
+                                           else "")
                     + (f"  partial rho {c['rho_partial']:+.2f} p {c['p_partial']:.3f}"
                        if np.isfinite(c["p_partial"]) else ""))
     text.append("")
