@@ -16,26 +16,22 @@ queries, keys and both (ranks 1..32), the low-rank reference, plus
   a budget set by the time below (all 6 sizes, 32 seeds and 1 head padded to width 128 run in
   one program per site).
 
-Time (measured with `nice -n 5` on the 2-core CPU machine, Intel Xeon, no GPU, SHARED: three
-other population sweeps and test runs of other sessions ran beside it, load average 11-15): the
-relaunch on the trained runs/dyck_population took 44 min 19 s wall but 14.6 min of CPU (706 s
-user + 169 s system; the job got a third of one core on average), so about 15 minutes or less
-alone. Its breakdown: 307 s restoring the models (and their final evaluation), 523 s collection
-(the SAE's 4 sites, the transcoder's pairs), 795 s fitting 6 families (about 140 s wall per
-site: 32 seeds x 6 sizes in one program), 905 s evaluation of the 6 new families (SVD's were
-reused from the population run), 117 s reports and figures; 70 s of it compilation (33 XLA
-programs). Peak memory 9.5 GB.
+Time, alone on the 2-core CPU machine (AMD EPYC of family 25 model 17, no GPU): the relaunch
+on the trained runs/dyck_population took 5 min 30 s, peak memory 2.5 GB: `time 328 s: training
+3 s, collection 7 s, fitting 53 s, evaluation 216 s, ...; of which compilation 10.3 s (34 XLA
+programs, 13 read from the cache)`; fitting is 32 seeds x 6 sizes in one program per site,
+evaluation the 6 new families (SVD's are reused), training the models' restoring.
 
-What it showed (32 seeds; docs/sparse_dictionaries.md, "Population run"): every SAE and
+What it showed (32 seeds; docs/sparse_dictionaries.md, "Findings on 32 seeds"): every SAE and
 transcoder is less faithful on unseen_structure, unseen_depth and longer, with paired intervals
-excluding 0 (e.g. the SAE on the keys, w64k8: same_pred gap +0.006 [+0.003, +0.009] on
-unseen_depth, 32/32 seeds), and reconstructs worse there (fvu gap > 0 in 32/32 seeds for every
-dictionary and OOD split). At about SVD rank 8's in-distribution same_pred (0.998 on keys) no SAE
-has a smaller gap, though it reconstructs the keys twice as well (fvu 0.042 vs 0.087). The
-transcoder of the last MLP loses the most out of distribution (kl_score gap +0.170 [+0.144,
-+0.195] on unseen_depth, w64k8). k 8 beats k 4 at every width; at 200 steps width 128 is
-undertrained (up to 32% dead latents at k 4). ce_score swings on query/key sites (zeroing
-them barely changes the loss: a small denominator); read kl_score.
+excluding 0 (e.g. the SAE on the keys, w64k8: same_pred gap +0.006 [+0.004, +0.009] on
+unseen_depth, 32/32 seeds), and reconstructs worse on every OOD split (fvu gap > 0 in 30-32 of 32
+seeds for every dictionary). At about SVD rank 8's in-distribution same_pred (0.998 on keys) no SAE
+has a smaller gap, though it reconstructs the keys twice as well (fvu 0.041 vs 0.087). The
+transcoder of the last MLP loses the most out of distribution (kl_score gap +0.160 [+0.136, +0.184]
+on unseen_depth, w64k8). k 8 beats k 4 at every width; at 200 steps width 128 is undertrained (up
+to 32% dead latents at k 4). ce_score swings on query/key sites (zeroing them barely changes the
+loss: a small denominator); read kl_score.
 """
 
 from ml_collections import ConfigDict
