@@ -10,11 +10,11 @@ or one architecture (the argument after ':' picks it: minimal | standard_nope | 
     jaxillusions sweep --config=wen_attention_variation:minimal \\
         --workdir=runs/wen_attention/minimal
 
-Time on the 2-core CPU machine with nothing else running (32 seeds, 1000 steps): 10 min 13 s for all
-three variants with `launch.wen_attention` (24.5 min while the machine was shared with other jobs);
-the Wen measurements take under a minute of it. Result (docs/wen.md): on a 17-token prefix, the
-second layer's attention varies between seeds by 0.396 [0.333, 0.459] (standard, no positions) and
-0.175 [0.158, 0.192] (minimal first layer), against 0.182 for random patterns.
+Time alone on the 2-core CPU machine (AMD EPYC of family 25 model 17; 32 seeds, 1000 steps):
+6 min 37 s for all three variants with `launch.wen_attention`; the Wen measurements take a few
+seconds of it. Result (docs/wen.md): on a 17-token prefix, the second layer's attention varies
+between seeds by 0.367 [0.292, 0.443] (standard, no positions) and 0.171 [0.155, 0.187] (minimal
+first layer), against 0.182 for random patterns.
 
 Set `--config.proxies.methods='("svd","kmeans")'` to also fit the proxies of Friedman et al.
 and evaluate their faithfulness on these models (the bridge).
