@@ -289,6 +289,14 @@ def test_length_and_balance_figures_bound_proportions_and_count_seeds():
                 assert 0 <= segment[:, 1].min() and segment[:, 1].max() <= 1
     fig = wen.balance_figure(rows)
     assert fig._suptitle.get_text().endswith("a point per seed (3 and 2 seeds at λ = 0, 1)")
+    # The log axis (0.5 to 2.5 here) labelled in plain numbers at 1, 2, 5 a decade, not in
+    # matplotlib's crowded minor labels (3x10^-1 4x10^-1 ...).
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    low, high = ax.get_xlim()
+    shown = [t.get_text() for t in ax.get_xticklabels() if low <= t.get_position()[0] <= high]
+    assert shown == ["0.5", "1", "2"]
+    assert not any(t.get_text() for t in ax.get_xminorticklabels())
 
 
 def test_the_summary_bounds_shares_and_keeps_plus_minus_for_ratios_and_differences():
