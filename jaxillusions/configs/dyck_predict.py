@@ -11,7 +11,9 @@ untrained copies cost no training). A second run, after training's packed batche
 rules, on the AMD EPYC of family 26 model 2: 12 min 36 s, `time 753 s: training 438 s,
 collection 91 s, fitting 11 s, evaluation 74 s, proxies 3 s, probes 74 s, reports 10 s, figures
 35 s, prediction 18 s` (its members differ in the last bits; which verdicts it kept:
-docs/prediction.md, "The same study on a second population"). What the first run showed
+docs/prediction.md, "The same study on a second population"). A third, with today's code on
+the AMD EPYC of family 25 model 17 (alone, data cached): 16 min 10 s, `time 969 s: training 622
+s, ..., prediction 24 s`; it keeps the same conclusions. What the first run showed
 (prediction.txt; docs/prediction.md, "Findings on a Dyck population"), AUROC of each member's
 OOD accuracy above the median, 270 members: under random splits the interpretation features
 (0.906 on unseen_depth, 0.898 on longer) do not beat the hyper-parameters alone (0.946, 0.907;
