@@ -454,7 +454,7 @@ def id_predicts_gap(rows: Iterable[dict], baseline: str = "iid", predictor: str 
     splits = {k[3] for k in table}
     if predictor is None:
         predictor = next((s for s in in_distribution if s != baseline and s in splits), baseline)
-    out, tested = [], []  # tested: (row index, predictor, gap) of each defined rho
+    out, tested = [], []  # tested: (row index, p-value column, x, gap) of each defined rho
     for (site, method, size, split), per_seed in sorted(table.items()):
         base = table.get((site, method, size, baseline))
         pred = table.get((site, method, size, predictor))
@@ -474,7 +474,7 @@ def id_predicts_gap(rows: Iterable[dict], baseline: str = "iid", predictor: str 
                 else math.nan
             rho_partial, p_partial = (partial_spearman(x, gap, model) if known and not
                                       math.isnan(rho) else (math.nan, math.nan))
-            # p-values below, with the others of their length: (row, column, x, gap)
+            # their p-values below, with the others of their length
             tested += [(len(out), column, v, gap) for column, v, r in (
                 ("p_value", x, rho), ("p_model", model, rho_model)) if not math.isnan(r)]
             out.append({"site": site, "method": method, "size": size, "split": split,

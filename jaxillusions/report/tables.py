@@ -394,10 +394,9 @@ def headline(stat_tables: dict[str, Sequence[dict]],
         lines.append(f"(and {len(rest)} more method{'s' * (len(rest) > 1)} in the full tables: "
                      f"{', '.join(rest)})")
     if tested:
-        low = sum(c["p_value"] < 0.05 for c in tested)
         smallest = min(c["p_value"] for c in tested)
-        (model, n_model), (partial, n_partial) = (_significant(tested, c)
-                                                  for c in ("p_model", "p_partial"))
+        (low, _), (model, n_model), (partial, n_partial) = (
+            _significant(tested, c) for c in ("p_value", "p_model", "p_partial"))
         beside = (f"; the original model's own accuracy on {tested[0]['predictor']}, no proxy: "
                   f"{model} of {n_model}" if n_model else "")
         beside += (f"; faithfulness beyond that accuracy (partial): {partial} of {n_partial}"
