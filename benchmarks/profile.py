@@ -2,10 +2,13 @@
 
     python -m benchmarks.profile --seeds=8          # the reference model (benchmarks/reference.py)
 
-Each XLA thunk of the compiled step is timed by the profiler; thunks are grouped by what their
-fused computation does: matmul (contains a dot), transpose/copy, reduction, or elementwise, and
-by the JAX operation they come from (forward, backward). Per-thunk times are summed over the
-threads that ran them, so shares are of the summed thunk time, not of wall time.
+The step is the one `jaxillusions benchmark` times: one sentence per row, as its PyTorch peers
+train, also for a config that packs its batches (train.rows_per_sentence), whose own step does
+less work per seed. Each XLA thunk of the compiled step is timed by the profiler; thunks are
+grouped by what their fused computation does: matmul (contains a dot), transpose/copy,
+reduction, or elementwise, and by the JAX operation they come from (forward, backward).
+Per-thunk times are summed over the threads that ran them, so shares are of the summed thunk
+time, not of wall time.
 """
 
 from __future__ import annotations
@@ -23,10 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import suite
+from benchmarks import suite, training
 from jaxillusions.config import settings
 from jaxillusions.pipeline import validate
-from jaxillusions.training import objective as objective_lib
 from jaxillusions.training import train
 from jaxillusions.training.step import init_state, train_steps
 
@@ -66,7 +68,7 @@ def profile(config: settings.Settings, num_seeds: int, steps: int = 10) -> dict:
     splits, model_cfg, tx = train.build(config)
     tokens = jnp.asarray(splits["train"].tokens)
     run = dict(num_steps=steps, model_cfg=model_cfg, tx=tx, batch_size=config.train.batch_size,
-               objective=objective_lib.from_settings(config))
+               objective=training.peers_objective(config))
     state = init_state(np.arange(num_seeds), model_cfg, tx)
     hlo = train_steps.lower(state, tokens, **run).compile().as_text()
     jax.block_until_ready(train_steps(jax.tree.map(jnp.copy, state), tokens, **run))

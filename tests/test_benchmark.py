@@ -255,6 +255,30 @@ def test_the_sweep_is_timed_on_unpacked_rows_as_its_peers_train(config, monkeypa
     assert seen and set(seen) == {0}
 
 
+def test_the_profile_traces_the_step_the_benchmark_times(config, monkeypatch):
+    """benchmarks.profile traces the benchmark's step (one sentence per row) for a config that
+    packs, and attributes the step's thunk time to kinds of work that add up to all of it."""
+    from benchmarks import profile as bench_profile
+
+    config.train.rows_per_sentence = 0.5
+    settings = checked(config)
+    assert objective_lib.from_settings(settings).packed_rows == 8
+    seen, traced = [], bench_profile.train_steps
+
+    def spy(*args, objective, **kwargs):
+        seen.append(objective.packed_rows)
+        return traced(*args, objective=objective, **kwargs)
+
+    spy.lower = lambda *args, objective, **kwargs: (
+        seen.append(objective.packed_rows) or traced.lower(*args, objective=objective, **kwargs))
+    monkeypatch.setattr(bench_profile, "train_steps", spy)
+    out = bench_profile.profile(settings, 2, steps=2)
+    assert len(seen) == 3 and set(seen) == {0}  # lowered, warmed up, traced
+    assert out["thunk_ms_per_step"] > 0 and out["wall_ms_per_step"] > 0
+    assert sum(out["shares"].values()) == pytest.approx(1.0)
+    assert any(k.startswith("matmul") for k in out["shares"])
+
+
 def test_torch_baseline_is_the_same_model():
     torch = pytest.importorskip("torch")
     from benchmarks import torch_loop
