@@ -233,21 +233,30 @@ def test_xla_flops_count_every_group_of_seeds(config, monkeypatch):
     assert counts[1] == pytest.approx(counts[0], rel=0.01)
 
 
+def _packing_config_spied(config, module, monkeypatch):
+    """(settings of `config` packing two sentences a row, seen): `module.train_steps` (and its
+    `.lower`) replaced by a spy that appends the packed rows of each call's objective to seen."""
+    config.train.rows_per_sentence = 0.5
+    settings = checked(config)
+    assert objective_lib.from_settings(settings).packed_rows == 8
+    seen, real = [], module.train_steps
+
+    def spy(*args, objective, **kwargs):
+        seen.append(objective.packed_rows)
+        return real(*args, objective=objective, **kwargs)
+
+    spy.lower = lambda *args, objective, **kwargs: (
+        seen.append(objective.packed_rows) or real.lower(*args, objective=objective, **kwargs))
+    monkeypatch.setattr(module, "train_steps", spy)
+    return settings, seen
+
+
 def test_the_sweep_is_timed_on_unpacked_rows_as_its_peers_train(config, monkeypatch):
     """A config that packs its batches (train.rows_per_sentence < 1) is benchmarked one sentence
     per row, the work its PyTorch peers do: the timed step's objective packs nothing."""
     from benchmarks import training as bench_training
 
-    config.train.rows_per_sentence = 0.5
-    settings = checked(config)
-    assert objective_lib.from_settings(settings).packed_rows == 8
-    seen, timed = [], bench_training.train_steps
-
-    def spy(*args, objective, **kwargs):
-        seen.append(objective.packed_rows)
-        return timed(*args, objective=objective, **kwargs)
-
-    monkeypatch.setattr(bench_training, "train_steps", spy)
+    settings, seen = _packing_config_spied(config, bench_training, monkeypatch)
     splits, model_cfg, tx = train.build(settings)
     bench_training.training_row(settings, splits, model_cfg, tx, 2, steps=1, repeats=1,
                                 peak={"flops_per_s": 1e9}, loop=False, torch_loop=False,
@@ -260,18 +269,7 @@ def test_the_profile_traces_the_step_the_benchmark_times(config, monkeypatch):
     packs, and attributes the step's thunk time to kinds of work that add up to all of it."""
     from benchmarks import profile as bench_profile
 
-    config.train.rows_per_sentence = 0.5
-    settings = checked(config)
-    assert objective_lib.from_settings(settings).packed_rows == 8
-    seen, traced = [], bench_profile.train_steps
-
-    def spy(*args, objective, **kwargs):
-        seen.append(objective.packed_rows)
-        return traced(*args, objective=objective, **kwargs)
-
-    spy.lower = lambda *args, objective, **kwargs: (
-        seen.append(objective.packed_rows) or traced.lower(*args, objective=objective, **kwargs))
-    monkeypatch.setattr(bench_profile, "train_steps", spy)
+    settings, seen = _packing_config_spied(config, bench_profile, monkeypatch)
     out = bench_profile.profile(settings, 2, steps=2)
     assert len(seen) == 3 and set(seen) == {0}  # lowered, warmed up, traced
     assert out["thunk_ms_per_step"] > 0 and out["wall_ms_per_step"] > 0
