@@ -17,7 +17,10 @@ GB): `time 159 s: training 4 s, collection 11 s, fitting 3 s, evaluation 72 s (1
 splits), proxies 2 s, probes 51 s, reports 9 s, figures 7 s`. On the AMD EPYC of family 26
 model 2, right after the population's main job (its programs cached, not these): 1 min 56 s,
 `time 113 s: training 4 s, collection 8 s, fitting 3 s, evaluation 51 s, proxies 1 s, probes
-34 s, reports 6 s, figures 6 s; of which compilation 7.7 s (23 XLA programs)`.
+34 s, reports 6 s, figures 6 s; of which compilation 7.7 s (23 XLA programs)`. On the Intel
+Xeon of family 6 model 207 (13 of the 23 programs cached): 3 min 0 s, `time 178 s: ...,
+evaluation 82 s, ..., probes 54 s, ...`, peak memory 5.1 GB, the findings below within 0.012
+(docs/lenses.md).
 
 What it showed (docs/lenses.md, 32 seeds, paired 95% intervals): the logit lens agrees with the
 model on 95.5% of iid closing brackets after layer 0's MLP, but on unseen_depth only at the last
