@@ -20,7 +20,9 @@ Time, alone on the 2-core CPU machine (AMD EPYC of family 25 model 17, no GPU): 
 on the trained runs/dyck_population took 5 min 30 s, peak memory 2.5 GB: `time 328 s: training
 3 s, collection 7 s, fitting 53 s, evaluation 216 s, ...; of which compilation 10.3 s (34 XLA
 programs, 13 read from the cache)`; fitting is 32 seeds x 6 sizes in one program per site,
-evaluation the 6 new families (SVD's are reused), training the models' restoring.
+evaluation the 6 new families (SVD's are reused), training the models' restoring. On the Intel
+Xeon of family 6 model 207: 7 min 50 s, `time 468 s: ..., fitting 84 s, evaluation 305 s, ...`,
+peak memory 2.6 GB, the findings compared in docs/sparse_dictionaries.md within 0.002.
 
 What it showed (32 seeds; docs/sparse_dictionaries.md, "Findings on 32 seeds"): every SAE and
 transcoder is less faithful on unseen_structure, unseen_depth and longer, with paired intervals

@@ -19,8 +19,8 @@ model 2, right after the population's main job (its programs cached, not these):
 `time 113 s: training 4 s, collection 8 s, fitting 3 s, evaluation 51 s, proxies 1 s, probes
 34 s, reports 6 s, figures 6 s; of which compilation 7.7 s (23 XLA programs)`. On the Intel
 Xeon of family 6 model 207 (13 of the 23 programs cached): 3 min 0 s, `time 178 s: ...,
-evaluation 82 s, ..., probes 54 s, ...`, peak memory 5.1 GB, the findings below within 0.012
-(docs/lenses.md).
+evaluation 82 s, ..., probes 54 s, ...`, peak memory 5.1 GB, the findings compared in
+docs/lenses.md within 0.012.
 
 What it showed (docs/lenses.md, 32 seeds, paired 95% intervals): the logit lens agrees with the
 model on 95.5% of iid closing brackets after layer 0's MLP, but on unseen_depth only at the last
