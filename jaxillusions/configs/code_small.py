@@ -15,7 +15,9 @@ from the standard library and npm takes about 9 s more on a first run. Next-char
 on `iid` 0.627 [0.607, 0.646] (mean and 95% logit-t interval over the 4 seeds; loss 1.44 nats)
 against 0.151 for the most frequent training character (unigram cross-entropy 3.29 nats);
 longer 0.534, deeper 0.547, other_language 0.303. docs/code_completion.md reads the
-per-category gaps.
+per-category gaps. On the Intel Xeon of family 6 model 207 (alone, data built anew, no program
+cached): 8 min 11 s, `time 490 s: training 337 s, induction 26 s, ..., evaluation 90 s, ..., other
+17 s; of which compilation 23.1 s (56 XLA programs)`; the accuracies within 0.001 of these.
 Override any key on the command line, e.g.
 `--config.train.num_seeds=8 --config.data.source=/path/to/*.jsonl.gz`.
 """
