@@ -17,7 +17,9 @@ AMD EPYC of family 26 model 2: 11 min 32 s, `time 689 s: training 425 s, collect
 fitting 9 s, evaluation 69 s, proxies 2 s, probes 67 s, reports 10 s, figures 1 s, prediction
 16 s` (every verdict below held: docs/prediction.md). A third, with today's code on the AMD EPYC
 of family 25 model 17 (alone, data cached): 16 min 7 s, `time 965 s: training 636 s, ...,
-prediction 24 s`; every verdict held again. What the first run showed (prediction.txt;
+prediction 24 s`; every verdict held again. A fourth, the same code on the Intel Xeon of
+family 6 model 207 (alone, data cached): 23 min 18 s, `time 1396 s: training 921 s, ...,
+prediction 49 s`, peak memory 2.9 GB; every verdict held. What the first run showed (prediction.txt;
 docs/prediction.md, "Findings on depth x weight decay"), AUROC of each member's OOD accuracy
 above the median, 270 members: with depth in the grid the interpretation features lose to the
 hyper-parameters under random splits (0.880 vs 0.959 on unseen_depth, 0.847 vs 0.935 on longer)

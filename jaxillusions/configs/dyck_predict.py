@@ -13,7 +13,10 @@ collection 91 s, fitting 11 s, evaluation 74 s, proxies 3 s, probes 74 s, report
 35 s, prediction 18 s` (its members differ in the last bits; which verdicts it kept:
 docs/prediction.md, "The same study on a second population"). A third, with today's code on
 the AMD EPYC of family 25 model 17 (alone, data cached): 16 min 10 s, `time 969 s: training 622
-s, ..., prediction 24 s`; it keeps the same conclusions. What the first run showed
+s, ..., prediction 24 s`; it keeps the same conclusions. A fourth, the same code on the Intel
+Xeon of family 6 model 207 (alone, data cached): 22 min 49 s, `time 1367 s: training 895 s, ...,
+prediction 37 s`, peak memory 2.6 GB; the same conclusions, two verdicts near their threshold
+moved (docs/prediction.md, "The same study on a second population"). What the first run showed
 (prediction.txt; docs/prediction.md, "Findings on a Dyck population"), AUROC of each member's
 OOD accuracy above the median, 270 members: under random splits the interpretation features
 (0.906 on unseen_depth, 0.898 on longer) do not beat the hyper-parameters alone (0.946, 0.907;
