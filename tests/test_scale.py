@@ -575,10 +575,15 @@ def _perturbed_models(parsed, num_seeds: int):
 
     splits, model_cfg, tx = train.build(parsed)
     params = init_state(np.arange(num_seeds), model_cfg, tx).params
-    leaves, tree = jax.tree.flatten(params)
-    keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
-    return splits, model_cfg, jax.tree.unflatten(
-        tree, [x + 0.3 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)])
+
+    @jax.jit  # one program, not an eager one per leaf and operation
+    def perturbed(params):
+        leaves, tree = jax.tree.flatten(params)
+        keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
+        return jax.tree.unflatten(tree, [x + 0.3 * jax.random.normal(k, x.shape)
+                                         for x, k in zip(leaves, keys, strict=True)])
+
+    return splits, model_cfg, perturbed(params)
 
 
 def _loss_rounding(params, tokens, m, parsed, loss):
@@ -590,7 +595,7 @@ def _loss_rounding(params, tokens, m, parsed, loss):
     minus the target's logit, moves by at most twice a logit's change; and the mean over N
     positions sums N float32 terms (N u relative)."""
     u = 2.0**-24  # float32 unit roundoff
-    logits = jax.vmap(lambda p: model_lib.forward(p, tokens, m)[0])(params)
+    logits = jax.jit(jax.vmap(lambda p: model_lib.forward(p, tokens, m)[0]))(params)
     k, n = 6 * m.n_layers + 1, max(m.d_model, m.d_mlp, tokens.shape[1])
     positions = parsed.train.eval_batch_size * tokens.shape[1] + len(tokens)
     return (2 * 2 * k * n * u * float(np.abs(np.asarray(logits)).max())
