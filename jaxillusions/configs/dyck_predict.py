@@ -16,11 +16,13 @@ the AMD EPYC of family 25 model 17 (alone, data cached): 16 min 10 s, `time 969 
 s, ..., prediction 24 s`; it keeps the same conclusions. A fourth, the same code on the Intel
 Xeon of family 6 model 207 (alone, data cached): 22 min 49 s, `time 1367 s: training 895 s, ...,
 prediction 37 s`, peak memory 2.6 GB; the same conclusions, two verdicts near their threshold
-moved (docs/prediction.md, "The same study on a second population"). What the first run showed
-(prediction.txt; docs/prediction.md, "Findings on a Dyck population"), AUROC of each member's
-OOD accuracy above the median, 270 members: under random splits the interpretation features
-(0.906 on unseen_depth, 0.898 on longer) do not beat the hyper-parameters alone (0.946, 0.907;
-differences within noise); with one of the 9 settings held out they rank the unseen setting's
+moved (docs/prediction.md, "The same study on a second population"); its proxies and
+probes refitted on those members with the collection in chunks of 64 rows (dyck_small.py):
+collection 64 s against 125 s, probes 60 s against 99 s, prediction.txt byte-identical. What
+the first run showed (prediction.txt; docs/prediction.md, "Findings on a Dyck population"),
+AUROC of each member's OOD accuracy above the median, 270 members: under random splits the
+interpretation features (0.906 on unseen_depth, 0.898 on longer) do not beat the
+hyper-parameters alone (0.946, 0.907; differences within noise); with one of the 9 settings held out they rank the unseen setting's
 members (0.789, 0.777) where the hyper-parameters cannot (0.5), beating them on longer (+0.277
 [+0.015, +0.538]) and within noise on unseen_depth; the same features of the untrained copies
 predict at chance (0.41, 0.48). The proxies' faithfulness predicts their own OOD gaps with a
