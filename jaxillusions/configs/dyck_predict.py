@@ -22,12 +22,12 @@ collection 64 s against 125 s, probes 60 s against 99 s, prediction.txt byte-ide
 the first run showed (prediction.txt; docs/prediction.md, "Findings on a Dyck population"),
 AUROC of each member's OOD accuracy above the median, 270 members: under random splits the
 interpretation features (0.906 on unseen_depth, 0.898 on longer) do not beat the
-hyper-parameters alone (0.946, 0.907; differences within noise); with one of the 9 settings held out they rank the unseen setting's
-members (0.789, 0.777) where the hyper-parameters cannot (0.5), beating them on longer (+0.277
-[+0.015, +0.538]) and within noise on unseen_depth; the same features of the untrained copies
-predict at chance (0.41, 0.48). The proxies' faithfulness predicts their own OOD gaps with a
-setting held out (SVD rank 2 on unseen_depth: 0.845, +0.345 [+0.162, +0.529] over the
-hyper-parameters).
+hyper-parameters alone (0.946, 0.907; differences within noise); with one of the 9 settings held
+out they rank the unseen setting's members (0.789, 0.777) where the hyper-parameters cannot
+(0.5), beating them on longer (+0.277 [+0.015, +0.538]) and within noise on unseen_depth; the
+same features of the untrained copies predict at chance (0.41, 0.48). The proxies' faithfulness
+predicts their own OOD gaps with a setting held out (SVD rank 2 on unseen_depth: 0.845, +0.345
+[+0.162, +0.529] over the hyper-parameters).
 """
 
 from ml_collections import ConfigDict
