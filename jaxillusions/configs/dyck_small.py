@@ -82,7 +82,7 @@ def get_config() -> ConfigDict:
     config.proxies.eval_batch_size = 64
     # Packed rows per activation-collection chunk (the default 512): on a CPU a chunk's
     # activations then stay nearer the cache, as the evaluation's do (the training split's
-    # collection 1.2-1.5 s against 2.4-2.8 s at 512 for the demo's 12 seeds, 3.6-3.9 s against
+    # collection 1.2-1.5 s against 2.4-2.8 s at 512 for the demo's 12 seeds, 3.5-3.9 s against
     # 8.0-8.5 s for 30; docs/speed.md). GPUs want larger (dyck.py: 2048).
     config.proxies.collect_batch_size = 64
     # Left at their defaults (off): fits on OOD splits, subspace geometry and repair
