@@ -367,3 +367,41 @@ def test_overlap_of_known_circuits():
     seeds = {r["size"]: r["mean"] for r in rows if r["between"] == "seeds"}
     assert seeds == {1: 1.0, 2: pytest.approx(1 / 3)}  # sizes 0 and 6 (every unit) left out
     assert all(r["mean"] == 1.0 for r in rows if r["between"] == "fit:unseen_depth")
+
+
+def test_equal_iid_matches_the_circuits_below_every_unit_to_each_reference_site():
+    """circuits_equal_iid.csv: per seed, the circuit size closest to SVD rank 2 on iid
+    same_pred, among the sizes below every unit (size 6 of 6 nodes, the model, would match
+    exactly), on the `all` rows only (a depth bin's row would change the gap); one row per
+    reference site and metric."""
+    from jaxillusions.studies import circuits as study
+
+    cfg, _, _ = _model(n_heads=2)  # 6 nodes
+    family = "circuit.node.mean"
+
+    def row(seed, method, site, size, split, same_pred, breakdown="all"):
+        return {"seed": seed, "site": site, "method": method, "size": size, "split": split,
+                "breakdown": breakdown, "bin": -1 if breakdown == "all" else 1, "n": 100,
+                "same_pred": same_pred, "jsd": 0.1}
+
+    rows = []
+    for s in range(4):
+        for site in ("blocks.1.attn.q", "blocks.1.attn.k"):
+            rows += [row(s, "svd", site, 2, "iid", 0.9),
+                     row(s, "svd", site, 2, "ood", 0.8 - 0.01 * s)]
+        rows += [row(s, "circuit", family, 2, "iid", 0.7),
+                 row(s, "circuit", family, 2, "ood", 0.6),
+                 row(s, "circuit", family, 4, "iid", 0.88),
+                 row(s, "circuit", family, 4, "ood", 0.5 + 0.01 * s),
+                 row(s, "circuit", family, 4, "ood", 0.0, breakdown="depth"),
+                 row(s, "circuit", family, 6, "iid", 0.9), row(s, "circuit", family, 6, "ood", 0.9)]
+    out = study.equal_iid(rows, "iid", cfg)
+    assert sorted((r["site"], r["metric"]) for r in out) == [
+        (site, metric) for site in ("blocks.1.attn.k", "blocks.1.attn.q")
+        for metric in ("jsd", "same_pred")]
+    for r in out:
+        assert (r["reference"], r["dictionary"], r["rank"], r["split"]) == ("svd", family, 2, "ood")
+        assert r["dictionary_sizes"] == "4:4" and r["n_seeds"] == 4
+        # gap of size 4: 0.88 - (0.5 + 0.01 s); of rank 2: 0.9 - (0.8 - 0.01 s)
+        expected = 0.25 if r["metric"] == "same_pred" else 0.0
+        assert r["diff"] == pytest.approx(expected)

@@ -25,8 +25,10 @@ the second command on the trained population (2 min 15 s for the first), peak me
 `time 402 s: training 3 s, collection 110 s, fitting 2 s, evaluation 223 s, ...; of which
 compilation 28.3 s`, the collection being the search for the 9 circuit families and the
 evaluation their 63 sizes on 6 splits; circuit_overlap took 52 s more. On the Intel Xeon of
-family 6 model 207: 9 min 56 s, `time 595 s: ..., collection 160 s, ..., evaluation 327 s, ...`,
-peak memory 5.7 GB, the findings compared in docs/circuits.md within 0.006.
+family 6 model 207: 9 min 56 s, `time 595 s: ..., collection 160 s, ..., evaluation 327 s, ...,
+circuits 36 s, ...`, peak memory 5.7 GB, the findings compared in docs/circuits.md within 0.006;
+a relaunch that refitted its proxies at the current code, figures off: `time 601 s: ...,
+collection 148 s, ..., evaluation 362 s, proxies 13 s, circuits 8 s, reports 53 s, ...`.
 
 What it showed (docs/circuits.md, 32 seeds, paired 95% intervals): circuits found on train lose
 faithfulness out of distribution: 16 of 23 edges (mean ablation) agree with the model on 0.965

@@ -155,8 +155,10 @@ def equal_iid(rows: Sequence[dict], baseline: str, model_cfg) -> list[dict]:
     sites, matched on baseline same_pred per seed (dictionaries.equal_id), among the circuits
     smaller than the whole model (the circuit of every unit is the model itself)."""
     out = []
-    circuit_rows = [r for r in rows if r["method"] == METHOD
-                    and r["size"] < units_of(r["site"], model_cfg)]
+    rows = [r for r in rows if str(r["breakdown"]) == "all"]  # equal_id's rows (its _frame)
+    units = {site: units_of(site, model_cfg) for site in {r["site"] for r in rows
+                                                          if r["method"] == METHOD}}
+    circuit_rows = [r for r in rows if r["method"] == METHOD and r["size"] < units[r["site"]]]
     for reference in ("svd", "kmeans"):
         ref_rows = [r for r in rows if r["method"] == reference]
         for ref_site in sorted({r["site"] for r in ref_rows}):

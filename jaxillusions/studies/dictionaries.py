@@ -115,7 +115,7 @@ def equal_id(rows: pd.DataFrame | Iterable[dict], *, baseline: str = "iid",
                .groupby(["seed", "site", "size_ref"]).head(1))
     gaps = _gaps(df[df["method"].isin([reference, dictionary])], baseline, metrics)
     gaps = gaps[~gaps["split"].isin(in_distribution)]  # the task's (tasks.<name>.IN_DISTRIBUTION)
-    lookup = gaps.set_index(["seed", "site", "method", "size", "split", "metric"])["gap"]
+    lookup = gaps.set_index(["seed", "site", "method", "size", "split", "metric"])["gap"].to_dict()
     out = []
     for (site, rank), m in matched.groupby(["site", "size_ref"]):
         mine = gaps[(gaps["site"] == site) & (gaps["method"] == reference)

@@ -243,7 +243,8 @@ def _train_members(state: SweepState, train_tokens: jax.Array, hparams: dict, *,
 # The activations a CPU device keeps in flight at once: members train in groups whose largest
 # activations (member_bytes) add up to at most this, a group after the other, so that a step's
 # working set stays in the cache (measured on a 2-core AMD EPYC with 32 MiB of L3: docs/speed.md,
-# "Seeds in cache-sized groups": 4 members of 2 MiB and 2 of 5 MiB per group ran fastest).
+# "Seeds in cache-sized groups": 4 members of 2 MiB and 2 of 5 MiB per group ran fastest; on an
+# Intel Xeon with 300 MiB of L3, larger groups ran slower too).
 # GPUs run every member at once.
 CPU_GROUP_BYTES = 12 * 2**20
 
