@@ -372,7 +372,7 @@ def test_overlap_of_known_circuits():
 def test_equal_iid_matches_the_circuits_below_every_unit_to_each_reference_site():
     """circuits_equal_iid.csv: per seed, the circuit size closest to SVD rank 2 on iid
     same_pred, among the sizes below every unit (size 6 of 6 nodes, the model, would match
-    exactly), on the `all` rows only (a depth bin's row would change the gap); one row per
+    exactly), from the `all` rows only (a depth bin's row, 0.0, left out); one row per
     reference site and metric."""
     from jaxillusions.studies import circuits as study
 
