@@ -228,7 +228,7 @@ def test_headline_never_offers_the_original_model_itself():
             rows.append(row(seed, split, site="blocks.1.attn.q", size=2,
                             same_pred=0.95 - 0.05 * (split == "longer") - 0.01 * seed))
             rows.append(row(seed, split, site="blocks.1.attn.q", size=4, same_pred=1.0, jsd=0.0))
-    assert tables.identical_sizes(rows, "blocks.1.attn.q", "svd") == {4}
+    assert tables.identical_sizes(rows) == {("svd", "blocks.1.attn.q"): {4}}
     head = tables.summary_of(tables.statistics_report(rows, ["iid", "longer"])[0]).splitlines()
     assert any(line.startswith("svd q 2 (0.940, never 0.99)") and "+0.050 [+0.050,+0.050]*"
                in line for line in head), head

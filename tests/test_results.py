@@ -51,6 +51,32 @@ def test_csv_has_original_rows_and_round_trips(tmp_path):
         assert a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
 
 
+def test_write_csv_writes_what_dictwriter_writes_and_refuses_unknown_keys(tmp_path):
+    """A lacking column and NaN (Python's or numpy's) are empty cells, floats their repr,
+    the same text as csv.DictWriter's; a key that is not a column is an error naming the file."""
+    import csv
+    import io
+
+    from jaxillusions.report import tables
+
+    columns = ("seed", "split", "acc", "jsd", "note")
+    rows = [{"seed": 0, "split": "iid", "acc": 0.1 + 0.2, "jsd": math.nan},
+            {"seed": 1, "split": 'a "quoted", split', "acc": np.float64("nan"),
+             "jsd": np.float64(1 / 3), "note": "x"}]
+    path = str(tmp_path / "t.csv")
+    tables.write_csv(rows, path, columns)
+    want = io.StringIO()
+    writer = csv.DictWriter(want, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows({k: "" if isinstance(v, float) and math.isnan(v) else v
+                      for k, v in r.items()} for r in rows)
+    with open(path, newline="") as f:
+        assert f.read() == want.getvalue()
+    with pytest.raises(ValueError, match=r"bad\.csv: row keys \['extra'\] are not columns"):
+        tables.write_csv([{**rows[0], "extra": 1}], str(tmp_path / "bad.csv"), columns)
+    assert not os.path.exists(tmp_path / "bad.csv")
+
+
 def test_load_results_types_and_original_rows(tmp_path):
     rows = _rows()
     results.write_csv(rows, str(tmp_path / "results.csv"))

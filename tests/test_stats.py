@@ -160,14 +160,21 @@ def test_sign_flip_p_is_exact_at_small_n():
 
 
 def test_bootstrap_ranks_and_stacked_p_values_equal_one_pair_at_a_time():
-    """The report's shortcuts give the very same floats: bootstrap ranks from draw counts equal
-    scipy's rankdata of each resample (ties included), and p-values of stacked pairs equal one
-    call per pair (the same permutations pair every row)."""
+    """The report's shortcuts give the very same floats: bootstrap rhos from draw counts equal
+    the Pearson r of scipy's rankdata of each resample, centred as textbooks do (ties
+    included), and p-values of stacked pairs equal one call per pair (the same permutations
+    pair every row)."""
     rng = np.random.default_rng(1)
     x = rng.integers(0, 6, size=20).astype(float)  # many ties, as resamples always have
+    y = rng.normal(size=20)
     idx = stats._bootstrap_indices(20)
-    np.testing.assert_array_equal(stats._resampled_ranks(x, idx),
-                                  scipy.stats.rankdata(x[idx], axis=-1))
+    rx, ry = (scipy.stats.rankdata(v[idx], axis=-1) for v in (x, y))
+    rx, ry = rx - rx.mean(-1, keepdims=True), ry - ry.mean(-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        textbook = (rx * ry).sum(-1) / np.sqrt((rx**2).sum(-1) * (ry**2).sum(-1))
+    np.testing.assert_array_equal(stats._bootstrap_rhos(x, y), textbook)
+    np.testing.assert_array_equal(stats._spearman_rows(x[idx], y[idx]), textbook)
+    assert np.isnan(stats._bootstrap_rhos(x, np.ones(20))).all()  # constant: no rho
     pairs = [(rng.normal(size=n), rng.normal(size=n)) for n in (20, 20, 5, 20)]
     pairs[1] = (pairs[1][0], pairs[1][0] + 0.1 * pairs[1][1])  # a strong one: small p
     want = [stats.spearman_p(a, b) for a, b in pairs]

@@ -58,12 +58,12 @@ def headline_proxies(gaps: Sequence[dict], rows: Sequence[dict],
     order = tables.row_order(list(dict.fromkeys(r["method"] for r in rows)))
     families = sorted({(g["method"], g["site"]) for g in gaps},
                       key=lambda f: order({"method": f[0], "site": f[1], "size": 0}))
-    out = []
+    identical, out = tables.identical_sizes(rows), []
     for method in dict.fromkeys(m for m, _ in families):
         site = next(s for m, s in families if m == method)
         # The headline's own rule (tables.headline), so that both name the same proxy.
         found = tables._faithful_size(gaps, method, site, baseline,
-                                      tables.identical_sizes(rows, site, method))
+                                      identical.get((method, site), set()))
         if found is not None:
             out.append((method, site, found[0], found[2]))
     return out

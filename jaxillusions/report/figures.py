@@ -78,7 +78,8 @@ def ordered_sites(sites) -> list[str]:
 
 def exact_sizes(rows: Sequence[dict], site: str, method: str) -> set[int]:
     """tables.identical_sizes: sizes that are the original model (no line of their own)."""
-    return tables.identical_sizes(rows, site, method)
+    family = [r for r in rows if r["site"] == site and r["method"] == method]
+    return tables.identical_sizes(family).get((method, site), set())
 
 
 def _yerr(stat: Sequence[tuple]) -> np.ndarray:

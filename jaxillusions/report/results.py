@@ -24,6 +24,7 @@ DataFrame columns (one row per seed, site, method, size, split, breakdown, bin):
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -82,7 +83,8 @@ def write_csv(rows: Iterable[dict], path: str) -> None:
     """Writes in-memory rows as results.csv, atomically (a temp file, then rename). NaN is an
     empty cell."""
     table = csv_rows(rows)
-    extra = tuple(dict.fromkeys(k for r in table for k in r if k not in schema.CSV))
+    extra = tuple(k for k in dict.fromkeys(itertools.chain.from_iterable(table))
+                  if k not in schema.CSV)  # each row's keys, in order of first appearance
     tables.write_csv(table, path, schema.CSV + extra)
 
 

@@ -291,26 +291,54 @@ def _spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return _pearson_rows(scipy.stats.rankdata(x, axis=-1), scipy.stats.rankdata(y, axis=-1))
 
 
-def _resampled_ranks(v: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """scipy.stats.rankdata(v[idx], axis=-1) (average ranks of ties) for finite v [n] and
-    resamples idx [B, n], from how often each value is drawn instead of a sort per resample:
-    a value drawn c times with b draws below it ranks b + (c + 1) / 2, the same float64 as
-    rankdata's (sums of small integers and halves are exact)."""
-    values, group = np.unique(v, return_inverse=True)
-    drawn = group[idx]  # [B, n] the rank group of each draw
-    rows = np.arange(len(idx))[:, None] * len(values)
-    counts = np.bincount((rows + drawn).ravel(), minlength=len(idx) * len(values)).reshape(
-        len(idx), len(values)).astype(np.float64)
-    ranks = np.cumsum(counts, -1) - counts + (counts + 1) / 2
-    return np.take_along_axis(ranks, drawn, -1)
+@functools.lru_cache(maxsize=8)
+def _draw_counts(n: int) -> np.ndarray:
+    """[NUM_BOOTSTRAP, n]: how often each resample of _bootstrap_indices(n) draws each seed."""
+    idx = _bootstrap_indices(n)
+    rows = np.arange(len(idx))[:, None] * n
+    counts = np.bincount((rows + idx).ravel(), minlength=len(idx) * n).reshape(len(idx), n)
+    counts = counts.astype(np.float64)
+    counts.flags.writeable = False
+    return counts
+
+
+def _bootstrap_rhos(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """_spearman_rows(x[idx], y[idx]) for finite x, y [n] and idx = _bootstrap_indices(n): the
+    same floats, without ranking each resample. A value drawn c times among draws of equal
+    values, b draws below them, ranks b + (c + 1) / 2, so a resample's ranks of the n values
+    are its draw counts [B, n] times a fixed [n, n] matrix (1 for a value below, 1/2 for an
+    equal one) plus 1/2, and its sums over draws are sums over values weighted by the counts;
+    all integers, halves and quarters, exact in float64 as rankdata's are."""
+    counts = _draw_counts(len(x))
+    n = len(x)
+    centre = n * ((n + 1) / 2) ** 2
+
+    def ranks(v: np.ndarray) -> np.ndarray:
+        return counts @ ((v[:, None] < v[None, :]) + 0.5 * (v[:, None] == v[None, :])) + 0.5
+
+    def products(a: np.ndarray, b: np.ndarray) -> np.ndarray:  # centred, as in _pearson_rows
+        return np.einsum("bi,bi,bi->b", counts, a, b) - centre
+
+    rx, ry = ranks(x), ranks(y)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return products(rx, ry) / np.sqrt(products(rx, rx) * products(ry, ry))
 
 
 def _pearson_rows(rx: np.ndarray, ry: np.ndarray) -> np.ndarray:
-    """Pearson correlation of each row pair of rx, ry [B, n] (NaN where a row is constant)."""
-    rx = rx - rx.mean(-1, keepdims=True)
-    ry = ry - ry.mean(-1, keepdims=True)
+    """Pearson correlation of each row pair of rx, ry [..., n], each row the average ranks of
+    n values (rankdata's; NaN where a row is constant or NaN). Ranks of n values sum to
+    n (n + 1) / 2, so a centred sum of products is the plain one less n ((n + 1) / 2)^2: both
+    exact in float64 (integers and halves, their products quarters), hence the same bits as
+    the centred form's, in three passes that make no [..., n] temporaries (the permutation
+    test's null takes NUM_PERMUTATIONS x pairs x n)."""
+    n = rx.shape[-1]
+    centre = n * ((n + 1) / 2) ** 2
+
+    def products(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.einsum("...i,...i->...", a, b) - centre
+
     with np.errstate(invalid="ignore", divide="ignore"):
-        return (rx * ry).sum(-1) / np.sqrt((rx**2).sum(-1) * (ry**2).sum(-1))
+        return products(rx, ry) / np.sqrt(products(rx, rx) * products(ry, ry))
 
 
 def spearman_p(x: np.ndarray, y: np.ndarray) -> float | np.ndarray:
@@ -422,8 +450,7 @@ def spearman_interval(x: np.ndarray, y: np.ndarray, confidence: float = CONFIDEN
     if len(x) >= MIN_BOOTSTRAP_SEEDS:
         idx = _bootstrap_indices(len(x))
         finite = np.isfinite(x).all() and np.isfinite(y).all()  # (rankdata propagates NaN)
-        boot = (_pearson_rows(_resampled_ranks(x, idx), _resampled_ranks(y, idx)) if finite
-                else _spearman_rows(x[idx], y[idx]))
+        boot = _bootstrap_rhos(x, y) if finite else _spearman_rows(x[idx], y[idx])
         boot = boot[np.isfinite(boot)]
         tail = (1 - confidence) / 2
         if len(boot):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import math
 import textwrap
 from collections import defaultdict
@@ -25,19 +26,24 @@ _TEXT_COLUMNS = ("site", "method", "split", "breakdown", "bin", "metric", "basel
                  "category")  # induction_ablation.csv (tasks/code_completion/copying.py)
 
 
-def _cell(value):
-    """NaN is written as an empty cell (e.g. jsd_p95 on breakdown rows other than `all`)."""
-    return "" if isinstance(value, float) and math.isnan(value) else value
-
-
 def write_csv(rows: Iterable[dict], path: str, columns: Sequence[str] = schema.ROW) -> None:
-    """Writes rows atomically (checkpoint.write_atomic), so a crash never leaves half a table."""
+    """Writes rows atomically (checkpoint.write_atomic), so a crash never leaves half a table.
+    A column a row lacks is an empty cell, and so is NaN (e.g. jsd_p95 on breakdown rows other
+    than `all`); a key that is not a column is a ValueError, as csv.DictWriter's."""
     from jaxillusions.runtime import checkpoint  # noqa: PLC0415 - orbax is slow to import for readers
 
+    names = frozenset(columns)
+
+    def cells(row: dict) -> list:
+        if not names.issuperset(row):
+            raise ValueError(f"{path}: row keys {sorted(row.keys() - names)} are not columns")
+        return ["" if isinstance(v, float) and v != v else v  # v != v: NaN
+                for v in map(row.get, columns, itertools.repeat(""))]
+
     text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=columns)
-    writer.writeheader()
-    writer.writerows({k: _cell(v) for k, v in row.items()} for row in rows)
+    writer = csv.writer(text)
+    writer.writerow(columns)
+    writer.writerows(map(cells, rows))
     checkpoint.write_atomic(path, text.getvalue())
 
 
@@ -244,17 +250,23 @@ def bin_gap_table(gap_rows: Sequence[dict], splits: Sequence[str], metric: str =
 EXACT_JSD = 1e-6  # bits: float32 rounding of a full-rank reconstruction, far below any effect
 
 
-def identical_sizes(rows: Sequence[dict], site: str, method: str) -> set[int]:
-    """Sizes > 0 at which the proxy is the original model on every row: the same prediction and
-    accuracy everywhere and JSD at float32 rounding (< EXACT_JSD bits), e.g. a full-rank SVD.
-    Figures draw no line for them; the headline does not offer them as 'faithful'."""
-    by_size: dict[int, bool] = {}
+def identical_sizes(rows: Sequence[dict]) -> dict[tuple[str, str], set[int]]:
+    """{(method, site): sizes > 0 at which the proxy is the original model on every row} for
+    each sized family of the rows: the same prediction and accuracy everywhere and JSD at
+    float32 rounding (< EXACT_JSD bits), e.g. a full-rank SVD. Figures draw no line for them;
+    the headline does not offer them as 'faithful'."""
+    same: dict[tuple[str, str, int], bool] = {}
     for r in rows:
-        if r["site"] == site and r["method"] == method and r["size"] > 0:
-            same = (r["same_pred"] == 1 and r["acc_proxy"] == r["acc_original"]
-                    and r["jsd"] < EXACT_JSD)
-            by_size[r["size"]] = by_size.get(r["size"], True) and same
-    return {size for size, same in by_size.items() if same}
+        if r["size"] > 0:
+            key = (r["method"], r["site"], r["size"])
+            same[key] = same.get(key, True) and (
+                r["same_pred"] == 1 and r["acc_proxy"] == r["acc_original"]
+                and r["jsd"] < EXACT_JSD)
+    out: dict[tuple[str, str], set[int]] = {(method, site): set() for method, site, _ in same}
+    for (method, site, size), all_same in same.items():
+        if all_same:
+            out[(method, site)].add(size)
+    return out
 
 
 FAITHFUL = 0.99  # the headline's "faithful in distribution": baseline same_pred >= this
@@ -451,8 +463,7 @@ def statistics_report(rows: Sequence[dict], splits: Sequence[str], baseline: str
     accuracy = original_accuracy(rows)
     res = stats.RESOLUTION
 
-    identical = {(m, s): identical_sizes(rows, s, m)
-                 for m, s in {(r["method"], r["site"]) for r in rows if r["size"] > 0}}
+    identical = identical_sizes(rows)
     text = headline(tables, accuracy, splits, methods, baseline, evaluated, identical,
                     in_distribution)
     text += ["", "=" * 100, "",
