@@ -94,6 +94,34 @@ def test_a_toy_stage_runs_resumes_from_its_stage_file_and_is_timed(tiny_sweep, t
             "made it; moved to superseded/") in out
 
 
+def test_a_finished_training_is_evaluated_again_only_for_a_stage_that_needs_it(
+        tiny_sweep, tmp_path, cache_dir):
+    """A relaunch resumes a finished training. Its evaluation on every split
+    (Context.final_eval) is computed again only when an enabled stage needs FINAL_EVAL, as the
+    Wen study does: nothing else reads it, and a population of hundreds of members spends a
+    minute on it."""
+    workdir = str(tmp_path / "run")
+    shutil.copytree(tiny_sweep, workdir)
+    seen = []
+
+    def look(ctx):
+        seen.append(ctx.final_eval)
+        return ctx
+
+    config = checked(tiny_sweep_config(cache_dir))
+    for needs in ((stage.TRAINED, stage.FINAL_EVAL), (stage.TRAINED,)):
+        toy = stage.Stage("look", look, scope="run", needs=needs)
+        sweep.run(config, workdir, verbose=False, pipeline=(job.PIPELINE[0], toy,
+                                                            *job.PIPELINE[1:]))
+        os.remove(os.path.join(workdir, sweep.DONE_FILE))  # relaunch the whole job again
+    evaluated, skipped = seen
+    assert "iid" in evaluated and "train" in evaluated
+    assert evaluated["iid"]["acc"].shape == (2,) and np.all(evaluated["iid"]["acc"] > 0)
+    assert skipped is None
+    assert job.TRAINING.makes == (stage.TRAINED, stage.FINAL_EVAL)
+    assert [s.name for s in job.PIPELINE if stage.FINAL_EVAL in s.needs] == ["wen"]
+
+
 # --- A study is one module and one line in the tuple ------------------------------------------
 # A toy study, written here as a user would write its module: a settings section with one key,
 # a check at the door, a report line in gap_table.txt and a stamped output. No library file

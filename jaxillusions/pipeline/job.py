@@ -32,12 +32,13 @@ from jaxillusions.studies import (
     probes,
     wen,
 )
-from jaxillusions.studies.stage import TRAINED, Context, Stage
+from jaxillusions.studies.stage import FINAL_EVAL, TRAINED, Context, Stage
 from jaxillusions.training import imported, train
 
 
 def _train(ctx: Context) -> Context:
-    """Trains every member (train.train_sweep: resumes from the newest checkpoint); imported
+    """Trains every member (train.train_sweep: resumes from the newest checkpoint; a finished
+    training is evaluated again only for an enabled stage that needs FINAL_EVAL); imported
     checkpoints (model.pretrained) are loaded instead (training/imported.py)."""
     if imported.enabled(ctx.settings):
         for note in train.claim_workdir(ctx.workdir, ctx.settings):
@@ -46,12 +47,15 @@ def _train(ctx: Context) -> Context:
                                                 model_cfg=ctx.model_cfg,
                                                 members=train.members(ctx.settings), say=ctx.say)
     else:
+        needed = any(FINAL_EVAL in stage.needs for stage in ctx.pipeline
+                     if stage.enabled(ctx.settings))
         state, final_eval = train.train_sweep(ctx.settings, ctx.workdir, splits=ctx.splits,
-                                              verbose=ctx.verbose, start_over=ctx.start_over)
+                                              verbose=ctx.verbose, start_over=ctx.start_over,
+                                              evaluate_finished=needed)
     return dataclasses.replace(ctx, state=state, final_eval=final_eval)
 
 
-TRAINING = Stage("training", _train, scope="run", makes=(TRAINED,))
+TRAINING = Stage("training", _train, scope="run", makes=(TRAINED, FINAL_EVAL))
 
 PIPELINE: tuple[Stage, ...] = (
     TRAINING, wen.STAGE, induction.STAGE, proxy_stage.STAGE, dictionaries.STAGE, geometry.STAGE,

@@ -29,7 +29,10 @@ if TYPE_CHECKING:
     from jaxillusions.training.step import SweepState
 
 # What the job's own stages make (Stage.makes / needs name these, or a study stage's name).
-TRAINED = "trained"  # Context.state and final_eval: the trained members (the training stage)
+TRAINED = "trained"  # Context.state: the trained members (the training stage)
+# Context.final_eval: their evaluation on every split (the training stage; a relaunch of a
+# finished training evaluates them only when an enabled stage needs this)
+FINAL_EVAL = "final_eval"
 PROXIES = "proxies"  # Context.proxies: the fitted proxies and their rows (the proxy stage)
 
 

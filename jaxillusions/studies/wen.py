@@ -29,7 +29,7 @@ from jaxillusions.report import figures, tables
 from jaxillusions.report import stats as interval_stats
 from jaxillusions.runtime import distributed
 from jaxillusions.runtime.chunks import padded_chunks
-from jaxillusions.studies.stage import TRAINED, Stage
+from jaxillusions.studies.stage import FINAL_EVAL, TRAINED, Stage
 from jaxillusions.tasks import dyck as dyck_task
 from jaxillusions.tasks import dyck_sentences
 from jaxillusions.tasks.minimal_layer import MinimalFirstLayer
@@ -597,4 +597,4 @@ class Wen:
 # The main job's stage (job.PIPELINE): after training, once per run, saved whole.
 STAGE = Stage("wen", run, enabled=enabled, scope="run", keys=("wen.*",),
               outputs=("wen_results.csv", "wen_attention.csv", "wen_summary.txt"),
-              stamped=True, section=Wen, check=check, needs=(TRAINED,), makes=("wen",))
+              stamped=True, section=Wen, check=check, needs=(TRAINED, FINAL_EVAL), makes=("wen",))

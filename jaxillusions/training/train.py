@@ -287,14 +287,16 @@ def _stop_if_all_diverged(healthy: np.ndarray, step: int) -> None:
 
 def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, seeds=None,
                 stop_at_step: int | None = None, verbose: bool = True,
-                start_over: bool = False):
+                start_over: bool = False, evaluate_finished: bool = True):
     """Trains every seed of the sweep together; resumes from `workdir` if it has checkpoints.
 
     Returns (state, eval_results): the final state as numpy arrays with a leading member axis
     (no padding), and eval_results[split] with per-member arrays (see `evaluate`).
     `stop_at_step` ends early (as an interrupted run would), for tests.
     `start_over`: if the workdir has checkpoints and none of them can be restored, move them
-    aside and train from step 0 (otherwise that is an error).
+    aside and train from step 0 (otherwise that is an error). `evaluate_finished`: when the
+    workdir's training had already finished, evaluate the members again for eval_results
+    (else it is None: nothing is printed or logged then either way).
 
     The members are sharded over all devices (of all processes, see distributed.py), padded to
     a multiple of the device count, and trained and evaluated in sequential chunks of
@@ -440,7 +442,7 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
                     f"at step {step}; " + (f"checkpoint saved in {workdir}/checkpoints, relaunch "
                                            "the same command to resume" if workdir else
                                            "nothing saved (no workdir)"), signum)
-        if results is None and step == tc.num_steps:  # resumed a finished run
+        if results is None and step == tc.num_steps and evaluate_finished:  # resumed, finished
             results = evaluate()
         state = host_state()
     except BaseException:
