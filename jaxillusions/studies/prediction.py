@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
+from collections import defaultdict
 from typing import TYPE_CHECKING
 
 import jax
@@ -207,43 +209,53 @@ def check(config, model_cfg) -> list[str]:
 
 def _member_rows(group: Context, config, gaps: bool) -> list[dict]:
     """One dict per healthy member of a group: features, hyper-parameters, targets."""
-    import pandas as pd  # noqa: PLC0415 - not at a launch's start
     pc, task = config.proxies, tasks.get(config)
     members = train.members(config)
     baseline = pc.gap_baseline
     ood = [s for s in pc.eval_splits if s not in task.IN_DISTRIBUTION]
-    rows = pd.DataFrame([r for r in group.proxies.rows if r["breakdown"] == "all"])
+    by_seed: dict[int, list[dict]] = defaultdict(list)  # the `all` rows, in their order
+    for r in group.proxies.rows:
+        if r["breakdown"] == "all":
+            by_seed[r["seed"]].append(r)
     heads = (head_features(group.params, group.splits[baseline], task, group.model_cfg,
                            config.prediction.head_sentences)
              if "heads" in config.prediction.features else {})
-    probed = pd.DataFrame(group.made.get("probes", {}).get("rows", []),
-                          columns=["seed", "site", "concept", "split", "probe_acc"])
-    if "probes" not in config.prediction.features:
-        probed = probed.iloc[0:0]
-    probed = probed[probed["split"] == baseline]
+    probed: dict[int, list[dict]] = defaultdict(list)
+    if "probes" in config.prediction.features:
+        for r in group.made.get("probes", {}).get("rows", []):
+            if r["split"] == baseline:
+                probed[r["seed"]].append(r)
     out = []
     for local, (index, seed, ok) in enumerate(zip(group.members, group.seeds, group.healthy,
                                                   strict=True)):
         if not ok:
             continue
-        mine = rows[rows["seed"] == seed]
+        mine = by_seed[seed]
         row = {f"hp:{k}": float(v[index]) for k, v in members.hparams.items()}
         row["seed"] = int(seed)
         row.update({name: float(v[local]) for name, v in heads.items()})
-        row.update({f"probe:{r.site}:{r.concept}": float(r.probe_acc)
-                    for r in probed[probed["seed"] == seed].itertuples()})
-        original = mine.groupby("split")["acc_original"].first()  # every proxy row has it
+        row.update({f"probe:{r['site']}:{r['concept']}": float(r["probe_acc"])
+                    for r in probed[seed]})
+        original: dict[str, float] = {}  # each split's first defined acc_original
+        for r in mine:  # (every proxy row has it)
+            if math.isnan(original.get(r["split"], math.nan)):
+                original[r["split"]] = r.get("acc_original", math.nan)
         row.update({f"acc:{s}": float(original[s]) for s in ood if s in original})
-        proxies = mine
-        for (method, site, size), fam in proxies.groupby(["method", "site", "size"]):
-            at = fam.set_index("split")
+        families: dict[tuple, dict[str, dict]] = defaultdict(dict)  # (method, site, size)
+        for r in mine:
+            families[(r["method"], r["site"], r["size"])].setdefault(r["split"], r)
+        for (method, site, size), at in sorted(families.items()):
             for metric in config.prediction.metrics:
-                if metric in at and baseline in at.index and pd.notna(at.loc[baseline, metric]):
-                    row[f"{metric}:{method}:{site}:{size}"] = float(at.loc[baseline, metric])
+                value = at[baseline].get(metric, math.nan) if baseline in at else math.nan
+                if not math.isnan(value):
+                    row[f"{metric}:{method}:{site}:{size}"] = float(value)
         if gaps:
-            for (method, site), fam in proxies.groupby(["method", "site"]):
-                size = int(fam["size"].min())
-                at = fam[fam["size"] == size].set_index("split")["same_pred"]
+            smallest: dict[tuple, int] = {}
+            for method, site, size in families:
+                smallest[(method, site)] = min(size, smallest.get((method, site), size))
+            for (method, site), size in sorted(smallest.items()):
+                at = {s: r.get("same_pred", math.nan)
+                      for s, r in families[(method, site, size)].items()}
                 row.update({f"gap:{method}:{site}:{size}:{s}": float(at[baseline] - at[s])
                             for s in ood if s in at and baseline in at})
         out.append(row)
@@ -383,3 +395,4 @@ STAGE = Stage("prediction", run, enabled=enabled, scope="population",
               check=check, needs=(PROXIES,), makes=("prediction",))
 # A grid point's (pipeline/job.py's POINT_PIPELINE): the members frame, tested by the grid.
 MEMBERS = dataclasses.replace(STAGE, run=run_members, outputs=OUTPUTS[3:], check=check_members)
+
