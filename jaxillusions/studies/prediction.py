@@ -395,4 +395,3 @@ STAGE = Stage("prediction", run, enabled=enabled, scope="population",
               check=check, needs=(PROXIES,), makes=("prediction",))
 # A grid point's (pipeline/job.py's POINT_PIPELINE): the members frame, tested by the grid.
 MEMBERS = dataclasses.replace(STAGE, run=run_members, outputs=OUTPUTS[3:], check=check_members)
-
