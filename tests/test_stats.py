@@ -159,11 +159,11 @@ def test_sign_flip_p_is_exact_at_small_n():
     assert stats.sign_flip_p(np.array([1.0, -1.0])) == pytest.approx(1.0)
 
 
-def test_bootstrap_ranks_and_stacked_p_values_equal_one_pair_at_a_time():
+def test_bootstrap_ranks_and_stacked_p_values_equal_one_pair_at_a_time(monkeypatch):
     """The report's shortcuts give the very same floats: bootstrap rhos from draw counts equal
     the Pearson r of scipy's rankdata of each resample, centred as textbooks do (ties
     included), and p-values of stacked pairs equal one call per pair (the same permutations
-    pair every row)."""
+    pair every row), their null drawn in batches as all at once."""
     rng = np.random.default_rng(1)
     x = rng.integers(0, 6, size=20).astype(float)  # many ties, as resamples always have
     y = rng.normal(size=20)
@@ -179,6 +179,9 @@ def test_bootstrap_ranks_and_stacked_p_values_equal_one_pair_at_a_time():
     pairs[1] = (pairs[1][0], pairs[1][0] + 0.1 * pairs[1][1])  # a strong one: small p
     want = [stats.spearman_p(a, b) for a, b in pairs]
     assert stats._spearman_ps(pairs, chunk=2) == want
+    with monkeypatch.context() as m:  # the null in one batch: scipy draws the same pairings
+        m.setattr(stats, "PERMUTATION_BATCH", None)
+        assert [stats.spearman_p(a, b) for a, b in pairs] == want
     assert want[1] < 0.01 < max(want)
     rho, low, high, _ = stats.spearman_interval(*pairs[0], with_p=False)
     boot = stats._spearman_rows(pairs[0][0][idx], pairs[0][1][idx])  # the former way
