@@ -313,32 +313,29 @@ def _bootstrap_rhos(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     equal one) plus 1/2, and its sums over draws are sums over values weighted by the counts;
     all integers, halves and quarters, exact in float64 as rankdata's are."""
     counts = _draw_counts(len(x))
-    n = len(x)
-    centre = n * ((n + 1) / 2) ** 2
 
     def ranks(v: np.ndarray) -> np.ndarray:
         return counts @ ((v[:, None] < v[None, :]) + 0.5 * (v[:, None] == v[None, :])) + 0.5
 
-    def products(a: np.ndarray, b: np.ndarray) -> np.ndarray:  # centred, as in _pearson_rows
-        return np.einsum("bi,bi,bi->b", counts, a, b) - centre
-
-    rx, ry = ranks(x), ranks(y)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return products(rx, ry) / np.sqrt(products(rx, rx) * products(ry, ry))
+    return _pearson_rows(ranks(x), ranks(y), counts)
 
 
-def _pearson_rows(rx: np.ndarray, ry: np.ndarray) -> np.ndarray:
+def _pearson_rows(rx: np.ndarray, ry: np.ndarray, counts: np.ndarray | None = None
+                  ) -> np.ndarray:
     """Pearson correlation of each row pair of rx, ry [..., n], each row the average ranks of
     n values (rankdata's; NaN where a row is constant or NaN). Ranks of n values sum to
     n (n + 1) / 2, so a centred sum of products is the plain one less n ((n + 1) / 2)^2: both
     exact in float64 (integers and halves, their products quarters), hence the same bits as
     the centred form's, in three passes that make no [..., n] temporaries (the permutation
-    test's null takes NUM_PERMUTATIONS x pairs x n)."""
+    test's null takes NUM_PERMUTATIONS x pairs x n). `counts` [..., n]: each value's weight,
+    the draws of it in a bootstrap resample (_bootstrap_rhos; n draws in all)."""
     n = rx.shape[-1]
     centre = n * ((n + 1) / 2) ** 2
 
     def products(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return np.einsum("...i,...i->...", a, b) - centre
+        if counts is None:
+            return np.einsum("...i,...i->...", a, b) - centre
+        return np.einsum("...i,...i,...i->...", counts, a, b) - centre
 
     with np.errstate(invalid="ignore", divide="ignore"):
         return products(rx, ry) / np.sqrt(products(rx, rx) * products(ry, ry))

@@ -237,23 +237,22 @@ def _member_rows(group: Context, config, gaps: bool) -> list[dict]:
         row.update({f"probe:{r['site']}:{r['concept']}": float(r["probe_acc"])
                     for r in probed[seed]})
         original: dict[str, float] = {}  # each split's first defined acc_original
-        for r in mine:  # (every proxy row has it)
+        families: dict[tuple, dict[str, dict]] = defaultdict(dict)  # (method, site, size)
+        for r in mine:  # (every proxy row has acc_original)
             if math.isnan(original.get(r["split"], math.nan)):
                 original[r["split"]] = r.get("acc_original", math.nan)
-        row.update({f"acc:{s}": float(original[s]) for s in ood if s in original})
-        families: dict[tuple, dict[str, dict]] = defaultdict(dict)  # (method, site, size)
-        for r in mine:
             families[(r["method"], r["site"], r["size"])].setdefault(r["split"], r)
+        row.update({f"acc:{s}": float(original[s]) for s in ood if s in original})
         for (method, site, size), at in sorted(families.items()):
             for metric in config.prediction.metrics:
                 value = at[baseline].get(metric, math.nan) if baseline in at else math.nan
                 if not math.isnan(value):
                     row[f"{metric}:{method}:{site}:{size}"] = float(value)
         if gaps:
-            smallest: dict[tuple, int] = {}
-            for method, site, size in families:
-                smallest[(method, site)] = min(size, smallest.get((method, site), size))
-            for (method, site), size in sorted(smallest.items()):
+            smallest: dict[tuple, int] = {}  # (method, site) -> its smallest size
+            for method, site, size in sorted(families):
+                smallest.setdefault((method, site), size)
+            for (method, site), size in smallest.items():
                 at = {s: r.get("same_pred", math.nan)
                       for s, r in families[(method, site, size)].items()}
                 row.update({f"gap:{method}:{site}:{size}:{s}": float(at[baseline] - at[s])
