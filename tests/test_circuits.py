@@ -304,6 +304,7 @@ def test_circuits_in_a_tiny_sweep(tiny_sweep, tmp_path, cache_dir):
     config.proxies.methods = ("svd", "onehot_attention", "circuit")
     config.proxies.circuit_granularity = ("edge", "node")
     config.proxies.circuit_ablation = ("mean", "resample")
+    config.proxies.circuit_sentences = 256  # one batch of the 2,000: each pass one call
     config.fit_shift.splits = ("train", "unseen_depth")
     rows = sweep.run(checked(config), workdir, verbose=False)
     circ = [r for r in rows if r["method"] == "circuit" and r["breakdown"] == "all"]
