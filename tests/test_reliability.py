@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import warnings
 from pathlib import Path
 
@@ -179,17 +180,27 @@ def test_a_half_deleted_older_checkpoint_is_moved_aside(trained, tmp_path, capsy
         == ["10"]
 
 
-def test_a_truncated_checkpoint_warning_keeps_the_whole_reason(trained, tmp_path, capsys):
+def test_a_truncated_checkpoint_warning_keeps_the_whole_reason(trained, tmp_path, capsys,
+                                                               monkeypatch):
     # Was: the reason cut at 200 characters, mid-sentence ("Requested byte range ... is ").
+    # And before it a screenful of "RuntimeError: Event loop is closed" tracebacks: the reads
+    # still in flight when the restore failed, handing their results to orbax's closed loop.
     workdir = _copy(trained, tmp_path)
     data = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(workdir, "checkpoints", "20"))
             for f in fs if os.sep + "d" + os.sep in os.path.join(d, f)]
     biggest = max(data, key=os.path.getsize)
     os.truncate(biggest, 100)
+    printed = []  # what Python would print as tracebacks with no owner
+    monkeypatch.setattr(sys, "unraisablehook", printed.append)
     _resume(trained, workdir)
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("WARNING")]
     reason = line.split("is unreadable (", 1)[1].rsplit("); moved to", 1)[0]
     assert "Requested byte range" in reason and "not valid for value of size" in reason, line
+    assert printed == [], [f"{type(u.exc_value).__name__}: {u.exc_value}" for u in printed]
+    other = types.SimpleNamespace(object=None, exc_value=RuntimeError("Event loop is closed"),
+                                  exc_traceback=None)  # not raised in call_soon_threadsafe
+    sys.unraisablehook(other)
+    assert printed == [other]  # any other error still reaches the hook
 
 
 def test_checkpoint_of_another_model_is_refused_and_nothing_is_moved(trained, tmp_path):

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -264,6 +265,35 @@ class CheckpointMismatch(ValueError):
     """The checkpoint is readable but was written for another model/config/code."""
 
 
+def _late_read(unraisable) -> bool:
+    """Whether an unraisable error is a read that finished after its restore failed (see
+    drop_late_reads): asyncio's RuntimeError for a closed loop, raised in call_soon_threadsafe."""
+    tb = unraisable.exc_traceback
+    return (unraisable.object is None and isinstance(unraisable.exc_value, RuntimeError)
+            and str(unraisable.exc_value) == "Event loop is closed" and tb is not None
+            and tb.tb_frame.f_code.co_name == "call_soon_threadsafe")
+
+
+def drop_late_reads() -> None:
+    """Silences the reads of a failed restore that finish after it. Orbax reads a checkpoint's
+    arrays in parallel (tensorstore) in an event loop that it closes as soon as one read fails;
+    the others finish later on their own threads and each hands its result to the closed loop,
+    an error Python prints as a traceback with no owner (sys.unraisablehook): a screenful for
+    one truncated file before the checkpoint's one-line warning. Their results are not wanted.
+    This wraps sys.unraisablehook, once per process, to drop exactly that error (_late_read)
+    and pass every other to the hook before it."""
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_late_reads", False):
+        return
+
+    def hook(unraisable) -> None:
+        if not _late_read(unraisable):
+            previous(unraisable)
+
+    hook.drops_late_reads = True
+    sys.unraisablehook = hook
+
+
 class Checkpointer:
     """Saves the whole sweep state with per-leaf checksums; restores the newest good checkpoint."""
 
@@ -360,6 +390,8 @@ class Checkpointer:
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
         failed: list[tuple[int, str]] = []
         steps = sorted(self._manager.all_steps(), reverse=True)
+        if steps:
+            drop_late_reads()
         for step in steps:
             try:
                 state = self._restore(step, target, abstract)
