@@ -68,7 +68,7 @@ def _shrunk(name: str, arg: str | None) -> list[str]:
     if config.train.eval_every:
         keys["train.eval_every"] = 20
     if "circuit" in config.proxies.methods:  # circuits found on 128 of the 1,000 sentences
-        keys["proxies.circuit_sentences"] = 128  # (dyck_circuits: 74-76 s -> 60-62 s)
+        keys["proxies.circuit_sentences"] = 128  # (dyck_circuits: time 72, 74 s -> 62, 60 s)
     if config.prediction.enabled:  # 2 repeats of the random 5-fold splits, not 10
         keys["prediction.n_repeats"] = 2
     if config.wen.enabled:
