@@ -61,8 +61,10 @@ class Stage:
     (settings, model_cfg) -> notes, a one-line ValueError for a bad value, at the door before
     any work. `report`: Context -> lines for gap_table.txt, called by the reports stage (it may
     write its own tables); `headline`: they join the headline, else they go at the end.
-    `needs`: stages (or TRAINED / PROXIES) whose products it reads: each must come earlier in
-    the pipeline. `makes`: what it adds to Context.made under its name (for later stages)."""
+    `needs`: stages (or TRAINED / FINAL_EVAL / PROXIES) whose products it reads: each must
+    come earlier in the pipeline; a relaunch of a finished training evaluates the members again
+    only for an enabled stage that needs FINAL_EVAL. `makes`: what it adds to Context.made
+    under its name (for later stages)."""
 
     name: str
     run: Callable[[Context], Context]
