@@ -31,6 +31,7 @@ from conftest import (
     tiny_config_file,
     users_xla_flags,
     xla_flags,
+    xla_knows,
 )
 
 import jaxillusions.faithfulness.collect
@@ -343,6 +344,16 @@ def test_a_test_marked_fusion_emitters_runs_with_them():
     # tests/conftest.py reruns a test so marked in a child pytest with XLA:CPU's fusion emitters
     # on where the suite's flags turn them off: it never runs with them off.
     assert f"{FUSION_EMITTERS}=false" not in os.environ.get("XLA_FLAGS", "").split()
+
+
+def test_the_suites_flags_are_asked_of_the_installed_xla_first():
+    # tests/conftest.py: XLA ends a process whose XLA_FLAGS names a flag it does not know, and
+    # jaxlib 0.12 (Python 3.12 and later) has no FUSION_EMITTERS: the suite adds it only where
+    # the installed XLA takes it.
+    assert not xla_knows("--xla_cpu_no_such_flag=true")
+    assert xla_knows(TEST_XLA_FLAGS[0])
+    if FUSION_EMITTERS not in os.environ["XLA_FLAGS"]:  # left out: only where XLA lacks it
+        assert not xla_knows(f"{FUSION_EMITTERS}=false")
 
 
 def test_runs_that_run_more_than_they_compile_leave_out_the_suites_llvm_level(monkeypatch):
