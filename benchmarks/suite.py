@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import platform
-import runpy
 import time
 
 import jax
@@ -27,9 +26,7 @@ def load_config(path: str | None, compute_dtype: str | None = None):
     if path is None:
         config = reference.get_config()
     else:
-        file, _, arg = configs.locate(path).partition(":")
-        get_config = runpy.run_path(file)["get_config"]
-        config = get_config(arg) if arg else get_config()
+        config = configs.load(configs.locate(path))
     if compute_dtype is not None:
         config.model.compute_dtype = compute_dtype
     return config

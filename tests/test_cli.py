@@ -142,6 +142,34 @@ def test_a_config_file_of_ones_own_starts_from_a_shipped_one(tmp_path):
     assert not (tmp_path / "w").exists()
 
 
+def test_a_config_file_loads_without_importlibs_load_module(tmp_path):
+    # Python 3.15 removed importlib's load_module(), which ml-collections' loader of a config
+    # file calls (was, there: "error: cannot load config file dyck_small: AttributeError:
+    # 'SourceFileLoader' object has no attribute 'load_module'", for every config). Here it is
+    # taken away as 3.15 has it, and the file's own value reaches the check.
+    (tmp_path / "my_study.py").write_text(
+        "from jaxillusions.configs import dyck_small\n\n\ndef get_config():\n"
+        "    config = dyck_small.get_config()\n    config.train.num_seeds = 0\n"
+        "    return config\n")
+    (tmp_path / "as_315.py").write_text(
+        "import importlib.abc  # (keeps its own reference)\nimport sys\n"
+        "from importlib import _bootstrap_external, machinery\n\n"
+        "for cls in (_bootstrap_external.FileLoader, _bootstrap_external._LoaderBasics):\n"
+        "    if 'load_module' in vars(cls):  # (gone on 3.15)\n"
+        "        delattr(cls, 'load_module')\n"
+        "assert not hasattr(machinery.SourceFileLoader, 'load_module')\n"
+        "sys.argv = ['jaxillusions', *sys.argv[1:]]\n"
+        "from jaxillusions.launch.cli import main\n\nmain()\n")
+    for args, value in ((["--config=my_study.py"], 0),  # the file's own value
+                        (["--config=wen_attention_variation:minimal",  # a shipped one's, with
+                          "--config.train.num_seeds=-1"], -1)):  # an argument, overridden
+        proc = subprocess.run([sys.executable, "as_315.py", "sweep", *args, "--workdir=w"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 1 and proc.stderr == (
+            f"error: train.num_seeds={value}: must be >= 1\n"), proc.stderr
+    assert not (tmp_path / "w").exists()
+
+
 def test_a_leading_tilde_in_a_path_flag_is_the_home_folder(tmp_path):
     # No shell expands a '~' after '=': `--workdir=~/runs/x` made a folder named '~' in the
     # current one, and `--config=~/my.py` was "not found". The launchers expand it themselves.

@@ -8,12 +8,14 @@ fails on a key set to the value it already has).
 
 `locate` turns a --config value (a shipped name or a file's path, either with an optional
 `:argument` for a config whose get_config takes one) into the file to load, or a one-line
-ValueError; it reads the files only, so a bad value is refused before JAX starts."""
+ValueError; it reads the files only, so a bad value is refused before JAX starts. `load` runs
+that file and returns its get_config()."""
 
 from __future__ import annotations
 
 import ast
 import os
+import runpy
 
 from ml_collections import ConfigDict
 
@@ -91,3 +93,13 @@ def locate(value: str) -> str:
         raise ValueError(f"--config={value}: {value.partition(':')[0]} takes no argument (its "
                          f"get_config() has no parameter); drop ':{arg}'")
     return spec + colon + arg
+
+
+def load(located: str):
+    """The config that the file `located` (what `locate` returned: `file` or `file:argument`)
+    makes: its get_config(), given the argument when there is one. The file runs as a script
+    (runpy): ml-collections' own loader calls importlib's load_module(), which Python 3.15
+    removed."""
+    file, colon, arg = located.partition(":")
+    get_config = runpy.run_path(file)["get_config"]
+    return get_config(arg) if colon else get_config()

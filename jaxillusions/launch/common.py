@@ -20,14 +20,12 @@ import gc
 import glob
 import os
 import re
-import runpy
 import sys
 import traceback
 import warnings
 from collections.abc import Callable, Sequence
 
 from absl import flags
-from absl import logging as absl_logging
 from ml_collections import ConfigDict, config_flags
 from ml_collections.config_dict import placeholder
 
@@ -73,23 +71,16 @@ def with_defaults(config: ConfigDict) -> ConfigDict:
 
 
 class _ConfigWithDefaults(flags.ArgumentParser):
-    """Loads the config file (with ml_collections' own parser, `loader`), adds the keys it leaves
-    out (with_defaults), then locks it: the overrides that ml_collections applies next may name
-    any key, and only known keys."""
-
-    def __init__(self, loader: flags.ArgumentParser):
-        self.loader = loader
+    """Loads the config file (configs.load), adds the keys it leaves out (with_defaults), then
+    locks it: the overrides that ml_collections applies next may name any key, and only known
+    keys."""
 
     def parse(self, argument):
         path = configs.locate(argument)
-        verbosity = absl_logging.get_verbosity()
-        absl_logging.set_verbosity(absl_logging.ERROR)  # (its warning on None: said below)
         try:
-            config = self.loader.parse(path)
+            config = configs.load(path)
         except Exception as err:  # noqa: BLE001 - the file's own error: one line, where it is
             raise ValueError(_config_file_error(argument, path, err)) from None
-        finally:
-            absl_logging.set_verbosity(verbosity)
         if not hasattr(config, "keys"):  # (None: the launchers took the flag for unset)
             what = "None" if config is None else type(config).__name__
             raise ValueError(f"config file {argument}: get_config() returned {what}; it should "
@@ -99,12 +90,12 @@ class _ConfigWithDefaults(flags.ArgumentParser):
         return config
 
     def flag_type(self) -> str:
-        return self.loader.flag_type()
+        return "config object"
 
 
 def _config_file_error(argument: str, path: str, err: BaseException) -> str:
-    """'cannot load config file my.py, line 4: NameError: ...': the error a config file raised
-    (or ml_collections' account of it, whose last line names it), at its last line in the file."""
+    """'cannot load config file my.py, line 4: NameError: ...': the error a config file raised,
+    at its last line in the file."""
     from jaxillusions.runtime.cache import error_line  # noqa: PLC0415 - on error only
 
     file = os.path.realpath(path.partition(":")[0])
@@ -114,15 +105,13 @@ def _config_file_error(argument: str, path: str, err: BaseException) -> str:
             if os.path.realpath(frame.filename) == file:
                 line = frame.lineno
         cause = cause.__cause__ or cause.__context__
-    # ml_collections re-raises a TypeError or ValueError with the traceback as its message.
-    what = str(err).strip().splitlines()[-1] if "Traceback (most recent call last)" in str(err) \
-        else error_line(err)
-    return f"cannot load config file {argument}{f', line {line}' if line else ''}: {what}"
+    return f"cannot load config file {argument}{f', line {line}' if line else ''}: " \
+        + error_line(err)
 
 
 def define_config_flag(flag_values: flags.FlagValues = flags.FLAGS, sys_argv=None):
-    """The --config flag: ml_collections' config file flag, the file (a shipped config's name or
-    a path: configs.locate) read by _ConfigWithDefaults."""
+    """The --config flag: ml_collections' config file flag (its overrides, --config.<key>=VALUE),
+    the file (a shipped config's name or a path: configs.locate) read by _ConfigWithDefaults."""
     holder = config_flags.DEFINE_config_file(
         "config", None, "A shipped config's name (" + ", ".join(configs.names()) + ") or the "
         "path of a config file of your own (a .py file with get_config()); NAME:ARG passes ARG "
@@ -130,7 +119,7 @@ def define_config_flag(flag_values: flags.FlagValues = flags.FLAGS, sys_argv=Non
                                              flag_values=flag_values, lock_config=False,
                                              sys_argv=sys_argv)
     flag = flag_values["config"]
-    flag.parser = _ConfigWithDefaults(flag.parser)
+    flag.parser = _ConfigWithDefaults()
     return holder
 
 
@@ -177,9 +166,7 @@ def _flag_value(argv: list[str], name: str) -> str | None:
 def _unknown_key(argv: list[str], path: str) -> str | None:
     """'unknown config key train.foo; train has: ...' for the first override that names no key."""
     try:
-        file, _, arg = configs.locate(path).partition(":")
-        get_config = runpy.run_path(file)["get_config"]
-        config = with_defaults(get_config(arg) if arg else get_config())
+        config = with_defaults(configs.load(configs.locate(path)))
     except Exception:  # noqa: BLE001 - fall back to the flag library's own message
         return None
     for a in argv:
