@@ -380,6 +380,30 @@ def test_missing_and_extra_weights_are_refused(saved, tmp_path):
         _one_line(e, str(path))
 
 
+def test_a_config_that_disagrees_with_its_weights_is_one_line(saved, tmp_path):
+    """A config.json whose width is not its weights' names the path and the tensor (was: numpy's
+    'cannot reshape array of size 1536 into shape (48,2,24)', naming neither), and one that is
+    not a JSON object names the file (was: AttributeError: 'list' object has no attribute
+    'get')."""
+    for variant, width_key, tensor in (("gpt2", "n_embd", "c_attn.weight"),
+                                       ("neox_parallel", "hidden_size", "query_key_value.weight")):
+        path = tmp_path / f"{variant}_wider_config"
+        shutil.copytree(saved[variant][1], path)
+        raw = json.loads((path / "config.json").read_text())
+        raw[width_key] += 2 * raw.get("n_head", raw.get("num_attention_heads"))
+        (path / "config.json").write_text(json.dumps(raw))
+        with pytest.raises(ValueError, match="its config says") as e:
+            pretrained.load_pretrained(str(path))
+        _one_line(e, str(path), tensor)
+    for content in ("[1, 2]", "null"):
+        path = tmp_path / f"not_an_object_{content[0]}"
+        shutil.copytree(saved["gpt2"][1], path)
+        (path / "config.json").write_text(content)
+        with pytest.raises(ValueError, match="not an object") as e:
+            pretrained.inspect_checkpoint(str(path))
+        _one_line(e, str(path / "config.json"))
+
+
 def _random_model(cfg, seed):
     """Our model with every parameter, biases and LayerNorms too, random and non-zero."""
     params = model.init_params(jax.random.PRNGKey(seed), cfg)

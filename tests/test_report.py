@@ -234,6 +234,27 @@ def test_headline_never_offers_the_original_model_itself():
                in line for line in head), head
 
 
+def test_a_family_that_is_the_original_at_every_size_is_named_in_the_headline():
+    """Was: left out of the summary without a word, and with it the method's other sites:
+    svd on k, faithful at size 2, went unshown because svd's first site, q, had no size to
+    offer."""
+    rows = []
+    for seed in range(3):
+        for split in ("iid", "longer"):
+            rows.append(row(seed, split, site="blocks.1.attn.k", size=2,
+                            same_pred=0.995 - 0.03 * (split == "longer") - 0.001 * seed))
+            for size in (4, 8):
+                rows.append(row(seed, split, site="blocks.1.attn.q", size=size, same_pred=1.0,
+                                jsd=0.0))
+    head = tables.summary_of(tables.statistics_report(rows, ["iid", "longer"])[0]).splitlines()
+    assert ("The original model itself at every size, so no gap to show (the same predictions, "
+            "accuracy and JSD): svd on blocks.1.attn.q (sizes 4, 8).") in head, head
+    assert any(line.startswith("svd k 2 (0.994)") for line in head), head
+    alone = [r for r in rows if r["site"] == "blocks.1.attn.q"]
+    head = tables.summary_of(tables.statistics_report(alone, ["iid", "longer"])[0]).splitlines()
+    assert head[-2].endswith("svd on blocks.1.attn.q (sizes 4, 8)."), head
+
+
 def test_a_one_seed_headline_says_why_it_has_no_interval():
     """Was: "SUMMARY, 1 seeds." over cells of "+0.050 [+nan,+nan]", with no word on why."""
     rows = [row(0, split, site="blocks.1.attn.q", size=2,

@@ -12,7 +12,7 @@ import pytest
 from ml_collections import ConfigDict
 
 from jaxillusions import configs, tasks
-from jaxillusions.config import settings
+from jaxillusions.config import fields, settings
 from jaxillusions.pipeline import validate
 from jaxillusions.runtime import machine
 from jaxillusions.training import train
@@ -35,10 +35,13 @@ def test_every_shipped_config_becomes_frozen_typed_settings(name):
     assert isinstance(run.data, tasks.get(run.task).Data)
     flat = settings.flat(run)
     for section in ("data", *settings.SECTIONS, *type(run).STUDIES):
+        converts = {f.name: fields.rule(f).convert  # (paths made absolute)
+                    for f in dataclasses.fields(getattr(run, section))}
         for key, value in config[section].items():  # every key of the config, as typed
             want = tuple(value) if isinstance(value, list | tuple) else value
             if isinstance(value, ConfigDict):  # a mapping-valued key (text: data.files)
                 want = value.to_dict()
+            want = converts[key](want) if converts[key] else want
             assert flat[f"{section}.{key}"] == want, key
     with pytest.raises(dataclasses.FrozenInstanceError):
         run.train.num_steps = 1

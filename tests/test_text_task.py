@@ -22,7 +22,7 @@ from jaxillusions import configs, tasks
 from jaxillusions.pipeline import validate
 from jaxillusions.runtime import chunks
 from jaxillusions.tasks import text
-from jaxillusions.training import memory
+from jaxillusions.training import memory, train
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -339,6 +339,29 @@ def test_a_leading_tilde_is_the_home_folder_in_checkpoint_and_tokenizer_paths(
     assert pretrained.inspect_checkpoint("~/link/seed1").path == str(home / "link" / "seed1")
 
 
+def test_a_workdir_that_stored_relative_paths_is_the_same_run_from_where_it_was_launched(
+        corpus, tmp_path, monkeypatch):
+    # Paths are stored absolute; a workdir claimed before, with them as typed in its
+    # config.json, is still the same run when relaunched from the folder they were typed in.
+    root = pathlib.Path(corpus["train"]).parent
+    monkeypatch.chdir(root)
+    typed = {"model.pretrained": ("ckpt/seed1", "ckpt/seed2"), "data.tokenizer": "tokenizer.json"}
+    settings, _ = validate.check(_config(corpus, **typed))
+    assert settings.model.pretrained == (corpus["seed1"], corpus["seed2"])
+    assert settings.data.tokenizer == corpus["tokenizer"]
+    workdir = tmp_path / "older"
+    workdir.mkdir()
+    stored = json.loads(json.dumps(settings.to_dict()))
+    stored["model"]["pretrained"] = list(typed["model.pretrained"])
+    stored["data"]["tokenizer"] = typed["data.tokenizer"]
+    (workdir / "config.json").write_text(json.dumps(stored))
+    train.claim_workdir(str(workdir), settings)
+    assert json.loads((workdir / "config.json").read_text()) == stored  # the same run, as it was
+    monkeypatch.chdir(tmp_path)  # elsewhere, the typed paths name other files: another run
+    with pytest.raises(ValueError, match="different config"):
+        train.claim_workdir(str(workdir), settings)
+
+
 def test_a_checkpoint_rewritten_after_the_run_began_is_refused(corpus, tmp_path):
     # The workdir keeps no copy of the weights: a relaunch, load_run and the figures read the
     # checkpoints again, so another revision downloaded into the same directory would have
@@ -367,6 +390,15 @@ def test_a_checkpoint_rewritten_after_the_run_began_is_refused(corpus, tmp_path)
                                          "those this run was computed from") as err:
         imported.load_params(settings, str(workdir))
     assert "\n" not in str(err.value)
+    # The training stage claims the workdir (config.json, with a changed analysis setting) only
+    # once the weights have passed: a refused relaunch leaves it as it was (it had rewritten
+    # config.json, which then no longer matched sweep_done.json and the figures refused).
+    claimed = []
+    with pytest.raises(ValueError, match="not those this run was computed from"):
+        imported.load_sweep(settings, str(workdir), splits=None, model_cfg=None,
+                            members=train.members(settings),
+                            claim=lambda: claimed.append(True) or [], say=lambda *a, **k: None)
+    assert not claimed
     imported.load_params(settings, None)  # without a workdir: nothing to compare with
 
 
@@ -475,12 +507,16 @@ def test_proxy_evaluation_in_row_chunks_gives_the_same_rows(corpus, monkeypatch)
 
 @pytest.mark.slow  # a whole sweep
 def test_a_sweep_on_two_imported_checkpoints_skips_training(corpus, tmp_path):
+    # Launched from the corpus' folder with paths relative to it, and read back (load_run) from
+    # another: the door stores them absolute (they were stored as typed, and load_run and
+    # `jaxillusions figures` elsewhere failed: "data.files['train']: ... is not a file").
+    root = pathlib.Path(corpus["train"]).parent
     config = tmp_path / "imported_text.py"
     lines = [f"    config.{k} = {v!r}\n" for k, v in {
-        "data.files": {"train": (corpus["train"],), "other": (corpus["other"],)},
-        "data.tokenizer": corpus["tokenizer"], "data.window": 32, "data.longer_window": 64,
+        "data.files": {"train": ("train.txt",), "other": ("./other.jsonl",)},
+        "data.tokenizer": "tokenizer.json", "data.window": 32, "data.longer_window": 64,
         "data.max_rows": 200, "data.cache_dir": corpus["cache"],
-        "model.pretrained": (corpus["seed1"], corpus["seed2"]),
+        "model.pretrained": ("ckpt/seed1", "ckpt/seed2"),
         "proxies.methods": ("svd", "kmeans", "transcoder"), "proxies.targets": ("blocks.1.attn.k",),
         "proxies.transcoder_targets": ("blocks.0.mlp.out",),
         "proxies.transcoder_sizes": (8,), "proxies.sae_k": (2,), "proxies.sae_steps": 50,
@@ -492,11 +528,15 @@ def test_a_sweep_on_two_imported_checkpoints_skips_training(corpus, tmp_path):
     workdir = tmp_path / "run"
     done = subprocess.run(
         [sys.executable, "-m", "jaxillusions.launch.sweep", f"--config={config}",
-         f"--workdir={workdir}"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+         f"--workdir={workdir}"], cwd=root, capture_output=True, text=True, timeout=600,
         env={**os.environ, "XLA_FLAGS": xla_flags()})
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert (f"training: skipped, 2 imported checkpoints: seed 1 = {corpus['seed1']}, seed 2 = "
             f"{corpus['seed2']}") in done.stdout
+    stored = json.loads((workdir / "config.json").read_text())
+    assert stored["data"]["files"]["other"] == [os.path.join(root, "./other.jsonl")]  # as typed
+    assert stored["data"]["tokenizer"] == str(root / "tokenizer.json")
+    assert os.getcwd() != str(root)
     assert "step " not in done.stdout  # no training step
     import pandas as pd
 

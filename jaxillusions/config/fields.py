@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -79,13 +80,28 @@ class Rule:
     allowed: str
     test: Callable[[Any, Any], bool] = anything
     doc: str = ""
+    convert: Callable[[Any], Any] | None = None  # applied at the door, once the kind is checked
 
 
 def setting(default: Any, kind: tuple[str, Callable], allowed: str,
-            test: Callable[[Any, Any], bool] = anything, doc: str = "") -> Any:
+            test: Callable[[Any, Any], bool] = anything, doc: str = "",
+            convert: Callable[[Any], Any] | None = None) -> Any:
     """A dataclass field with its rule (see the module docstring)."""
     return dataclasses.field(default=default,
-                             metadata={"rule": Rule(kind, allowed, test, doc)})
+                             metadata={"rule": Rule(kind, allowed, test, doc, convert)})
+
+
+def absolute(path: str) -> str:
+    """A path setting as the door stores it: a leading ~ expanded and, when relative, joined to
+    the directory of the launch (not normalized: '..' after a symbolic link is the file
+    system's to resolve), so that a run's config.json names the same files from any directory
+    (load_run, `jaxillusions figures`); '' stays ''."""
+    path = os.path.expanduser(path)
+    return os.path.join(os.getcwd(), path) if path and not os.path.isabs(path) else path
+
+
+def absolutes(paths: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(map(absolute, paths))
 
 
 def rule(field: dataclasses.Field) -> Rule:

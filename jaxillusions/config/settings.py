@@ -40,6 +40,7 @@ from jaxillusions.config.fields import (
     NUMBERS,
     STR,
     STRS,
+    absolutes,
     anything,
     distinct,
     kind_of,
@@ -121,7 +122,8 @@ class Model:
     compute_dtype: str = setting(_ARCH["compute_dtype"], STR, *one_of(model.COMPUTE_DTYPES),
                                  doc="bfloat16: bf16 matmuls, f32 parameters and softmax")
     pretrained: tuple[str, ...] = setting((), STRS, "checkpoint directories, or () to train",
-                                          doc="imported members (docs/pretrained.md)")
+                                          doc="imported members (docs/pretrained.md)",
+                                          convert=absolutes)
 
 
 LOSS_ON = ("all", "closing")
@@ -419,7 +421,8 @@ def _typed(key: str, value: Any, field: dataclasses.Field) -> Any:
     if not is_kind(value):
         raise ValueError(f"{key}={value!r}: must be {name}"
                          + (f", {r.allowed}" if r.test is not anything else ""))
-    return tuple(value) if isinstance(value, list | tuple) else value
+    value = tuple(value) if isinstance(value, list | tuple) else value
+    return r.convert(value) if r.convert else value
 
 
 def _build(cls: type, values: dict, prefix: str):
@@ -537,6 +540,17 @@ def read_stored(workdir: str, studies: Studies = ()) -> Settings:
         raise ValueError(f"{path} is unreadable ("
                          + (line if type(err) is ValueError else f"{type(err).__name__}: {line}")
                          + ")") from None
+
+
+def converted(stored: dict) -> dict:
+    """A stored config (config.json's dict) as the door reads it today, each setting's
+    conversion applied (a path relative to the launch's directory made absolute, as it is
+    stored since), so that a relaunch compares like with like; one this version cannot read
+    is returned as it is."""
+    try:
+        return json.loads(json.dumps(from_config(stored, _as_stored(stored)).to_dict()))
+    except ValueError:
+        return stored
 
 
 def _as_stored(stored: dict) -> Studies:

@@ -162,10 +162,14 @@ def _paths(paths: Paths) -> list[str]:
 def _read_json(file: str) -> dict:
     try:
         with open(file) as f:
-            return json.load(f)
+            raw = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"{file}: cannot read it as JSON ({type(e).__name__}: "
                          f"{str(e).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{file}: holds a JSON {type(raw).__name__}, not an object of "
+                         "settings")
+    return raw
 
 
 def _weight_files(path: str, names: tuple[str, ...]) -> tuple[str, ...]:
@@ -355,8 +359,14 @@ class _Weights:
         self.tensors, self.path, self.used = tensors, path, set()
         self.prefix = prefix if any(n.startswith(prefix) for n in tensors) else ""
 
-    def __call__(self, name: str, default: np.ndarray | None = None) -> np.ndarray:
-        return self.first((name,), default)
+    def __call__(self, name: str, default: np.ndarray | None = None,
+                 shape: tuple[int, ...] | None = None) -> np.ndarray:
+        """The tensor `name`; with `shape`, checked to have it (before it is cut or reshaped)."""
+        tensor = self.first((name,), default)
+        if shape is not None and tuple(tensor.shape) != tuple(shape):
+            raise ValueError(f"{self.path}: weight {name!r} has shape {tuple(tensor.shape)}, "
+                             f"its config says {tuple(shape)}")
+        return tensor
 
     def first(self, names: Sequence[str], default: np.ndarray | None = None) -> np.ndarray:
         """The first of `names` stored (each under the prefix, or without it)."""
@@ -387,12 +397,13 @@ def _gpt2_params(w: _Weights, cfg: model_lib.ModelConfig, tied: bool) -> dict:
     blocks = []
     for i in range(cfg.n_layers):
         b = f"h.{i}."
-        qkv, qkv_b = w(b + "attn.c_attn.weight"), w(b + "attn.c_attn.bias")
+        qkv = w(b + "attn.c_attn.weight", shape=(d, 3 * d))
+        qkv_b = w(b + "attn.c_attn.bias", shape=(3 * d,))
         attn = {f"{n}": qkv[:, j * d:(j + 1) * d].reshape(d, h, e)
                 for j, n in enumerate(("w_q", "w_k", "w_v"))}
         attn |= {n: qkv_b[j * d:(j + 1) * d].reshape(h, e) for j, n in enumerate(("b_q", "b_k",
                                                                                   "b_v"))}
-        attn |= {"w_o": w(b + "attn.c_proj.weight").reshape(h, e, d),
+        attn |= {"w_o": w(b + "attn.c_proj.weight", shape=(h * e, d)).reshape(h, e, d),
                  "b_o": w(b + "attn.c_proj.bias")}
         blocks.append({
             "ln1": _ln(w(b + "ln_1.weight"), w(b + "ln_1.bias")), "attn": attn,
@@ -415,12 +426,13 @@ def _neox_params(w: _Weights, cfg: model_lib.ModelConfig, tied: bool) -> dict:
     blocks = []
     for i in range(cfg.n_layers):
         b = f"layers.{i}."
-        qkv = w(b + "attention.query_key_value.weight").T.reshape(d, h, 3, e)
-        qkv_b = w(b + "attention.query_key_value.bias", np.zeros(3 * d, np.float32))
+        qkv = w(b + "attention.query_key_value.weight", shape=(3 * d, d)).T.reshape(d, h, 3, e)
+        qkv_b = w(b + "attention.query_key_value.bias", np.zeros(3 * d, np.float32),
+                  shape=(3 * d,))
         qkv_b = qkv_b.reshape(h, 3, e)
         attn = {n: qkv[:, :, j] for j, n in enumerate(("w_q", "w_k", "w_v"))}
         attn |= {n: qkv_b[:, j] for j, n in enumerate(("b_q", "b_k", "b_v"))}
-        attn |= {"w_o": w(b + "attention.dense.weight").T.reshape(h, e, d),
+        attn |= {"w_o": w(b + "attention.dense.weight", shape=(d, h * e)).T.reshape(h, e, d),
                  "b_o": w(b + "attention.dense.bias", np.zeros(d, np.float32))}
         ln2 = "post_attention_layernorm"
         blocks.append({

@@ -41,11 +41,10 @@ def _train(ctx: Context) -> Context:
     training is evaluated again only for an enabled stage that needs FINAL_EVAL); imported
     checkpoints (model.pretrained) are loaded instead (training/imported.py)."""
     if imported.enabled(ctx.settings):
-        for note in train.claim_workdir(ctx.workdir, ctx.settings):
-            ctx.say(note)
-        state, final_eval = imported.load_sweep(ctx.settings, ctx.workdir, splits=ctx.splits,
-                                                model_cfg=ctx.model_cfg,
-                                                members=train.members(ctx.settings), say=ctx.say)
+        state, final_eval = imported.load_sweep(
+            ctx.settings, ctx.workdir, splits=ctx.splits, model_cfg=ctx.model_cfg,
+            members=train.members(ctx.settings),
+            claim=lambda: train.claim_workdir(ctx.workdir, ctx.settings), say=ctx.say)
     else:
         needed = any(FINAL_EVAL in stage.needs for stage in ctx.pipeline
                      if stage.enabled(ctx.settings))

@@ -348,12 +348,21 @@ def headline(stat_tables: dict[str, Sequence[dict]],
     order = row_order(methods)
     families = sorted({(g["method"], g["site"]) for g in rows},
                       key=lambda f: order({"method": f[0], "site": f[1], "size": 0}))
-    chosen = []
+    chosen = []  # a method's first site with a size to offer
     for method in dict.fromkeys(m for m, _ in families):
-        site = next(s for m, s in families if m == method)
-        found = _faithful_size(rows, method, site, baseline, identical.get((method, site), set()))
-        if found is not None:
-            chosen.append((method, site, *found))
+        for site in (s for m, s in families if m == method):
+            found = _faithful_size(rows, method, site, baseline,
+                                   identical.get((method, site), set()))
+            if found is not None:
+                chosen.append((method, site, *found))
+                break
+    # Families that are the original model at every size: no size to offer, said in one line.
+    sizes = {f: sorted({g["size"] for g in rows if (g["method"], g["site"]) == f})
+             for f in families}
+    original = [f"{m} on {site} (size{'s' * (len(sizes[m, site]) > 1)} "
+                f"{', '.join(map(str, sizes[m, site]))})" for m, site in families
+                if 0 not in sizes[m, site] and set(sizes[m, site]) <= identical.get((m, site),
+                                                                                  set())]
     def label(method, site, size, base, reached) -> str:
         short = site.split(".")[-1] if "+" not in site else "+".join(
             p.split(".")[-1] for p in site.split("+"))
@@ -366,7 +375,7 @@ def headline(stat_tables: dict[str, Sequence[dict]],
     tested = [c for c in correlation if c["metric"] == "same_pred" and np.isfinite(c["p_value"])]
     count = min(5, len(chosen))  # each method: a row and a sentence; then the column header
     while count and (len(lines) + 1 + 2 * count + (count < len(chosen)) + bool(tested)
-                     + bool(versus)) > HEADLINE_LINES:
+                     + bool(versus) + bool(original)) > HEADLINE_LINES:
         count -= 1
     shown = chosen[:count]
     # The label column fits the longest label (a long one, e.g. a transcoder's, not run on).
@@ -405,6 +414,9 @@ def headline(stat_tables: dict[str, Sequence[dict]],
         rest = [c[0] for c in chosen[len(shown):]]
         lines.append(f"(and {len(rest)} more method{'s' * (len(rest) > 1)} in the full tables: "
                      f"{', '.join(rest)})")
+    if original:
+        lines.append(f"The original model itself at every size, so no gap to show (the same "
+                     f"predictions, accuracy and JSD): {'; '.join(original)}.")
     if tested:
         smallest = min(c["p_value"] for c in tested)
         (low, _), (model, n_model), (partial, n_partial) = (

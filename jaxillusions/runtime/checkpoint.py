@@ -110,7 +110,7 @@ class WorkdirLock:
 
 def claim_workdir(workdir: str, config, may_change=lambda key: False,
                   defaults: dict | None = None, record: bool = True,
-                  machine: dict | None = None) -> list[str]:
+                  machine: dict | None = None, read=lambda stored: stored) -> list[str]:
     """Records the config in a new workdir, or checks it against the one the workdir holds.
 
     `record=False` only checks: it raises as below but writes nothing (and returns no notes),
@@ -124,7 +124,9 @@ def claim_workdir(workdir: str, config, may_change=lambda key: False,
 
     `machine` (machine.describe()) is recorded in config_history.jsonl when the workdir is
     created and whenever it differs from the last one recorded; a launch on another machine than
-    the last is returned as a note, since its numbers round as that machine does.
+    the last is returned as a note, since its numbers round as that machine does. `read` turns
+    the stored config into what the door makes of it today (settings.converted), before the
+    two are compared.
     """
     checkpoints = os.path.join(workdir, CHECKPOINT_DIR)
     if os.path.lexists(checkpoints) and not os.path.isdir(checkpoints):
@@ -146,7 +148,7 @@ def claim_workdir(workdir: str, config, may_change=lambda key: False,
         _append_history(workdir, {"time": now(), "event": "created",
                                   **({"machine": machine} if machine else {})})
         return []
-    old = _read_config_file(path)
+    old = read(_read_config_file(path))
     # A key missing on one side counts as its default (`defaults`: settings' own).
     old_flat = {**(defaults or {}), **flatten_config(old)}
     new_flat = {**(defaults or {}), **flatten_config(new)}

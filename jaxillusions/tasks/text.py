@@ -52,7 +52,16 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from jaxillusions.config.fields import INT, NUMBER, STR, nonnegative, positive, setting
+from jaxillusions.config.fields import (
+    INT,
+    NUMBER,
+    STR,
+    absolute,
+    absolutes,
+    nonnegative,
+    positive,
+    setting,
+)
 from jaxillusions.runtime import cache
 from jaxillusions.tasks import PAD, SpecialTokens, View
 
@@ -106,8 +115,10 @@ class Data:
 
     files: Files = setting(Files(), FILES, "{'train': (paths, ...), <split>: (paths, ...)}",
                            doc=".txt or .jsonl files per split; train: fitted on, the others "
-                           "evaluated (iid and longer are made from train); checked at the door")
-    tokenizer: str = setting("", STR, "a tokenizer.json", doc="read with `tokenizers`")
+                           "evaluated (iid and longer are made from train); checked at the door",
+                           convert=lambda v: {k: absolutes(p) for k, p in v.items()})
+    tokenizer: str = setting("", STR, "a tokenizer.json", doc="read with `tokenizers`",
+                             convert=absolute)
     bos: str = setting("auto", STR, "auto, '' (none) or a token of the tokenizer",
                        doc="starts every row and separates documents")
     window: int = setting(128, INT, ">= 2", lambda v, s: v >= 2,
@@ -371,6 +382,9 @@ def _tokens(data: Data) -> dict[str, np.ndarray]:
 
 
 def _cache_key(data: Data) -> str:
+    for name, paths in data.files.items():  # (load_run reads them without the door's check)
+        for path in paths:
+            _check_file(name, path)
     files = [(name, os.path.abspath(p), os.path.getsize(p), os.stat(p).st_mtime_ns)
              for name, paths in data.files.items() for p in map(os.path.expanduser, paths)]
     with open(_tokenizer_file(data), "rb") as f:

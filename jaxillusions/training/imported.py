@@ -5,7 +5,8 @@ place of training; every later stage runs as on trained members.
     seeds(settings)                        # the members' seeds (train.seed_list calls it)
     cfg = model_config(settings, widest)   # at the door: the checkpoints' configs, no weights
     state, final_eval = load_sweep(settings, workdir, splits=splits, model_cfg=cfg,
-                                   members=train.members(settings), say=print)
+                                   members=train.members(settings),
+                                   claim=lambda: train.claim_workdir(workdir, settings))
 
 A member's seed is the integer its label (model.pretrained.member_labels) ends in, when every
 label ends in a different one (pythia-14m-seed1 ... seed9: 1 ... 9; step1000, step2000: 1000,
@@ -27,7 +28,7 @@ import numpy as np
 
 from jaxillusions import model as model_lib
 from jaxillusions import tasks
-from jaxillusions.config import settings
+from jaxillusions.config import fields, settings
 from jaxillusions.model import pretrained
 from jaxillusions.runtime import distributed, tensorboard
 from jaxillusions.runtime.cache import write_atomic
@@ -114,7 +115,9 @@ def load_params(config, workdir: str | None = None, *, record: bool = False
     params, cfg, _ = pretrained.load_pretrained_labelled(list(config.model.pretrained))
     params = jax.tree.map(np.asarray, params)
     if workdir is not None:
-        _check_unchanged(list(config.model.pretrained), params, workdir, record)
+        _check_unchanged(list(config.model.pretrained), params, workdir)
+        if record:
+            _record(list(config.model.pretrained), params, workdir)
     if "untrained" in config.train.null:
         copies = jax.tree.map(np.asarray, step.initial_params(seeds(config), cfg))
         params = jax.tree.map(lambda a, b: np.concatenate([a, b]), params, copies)
@@ -134,34 +137,40 @@ def _member_sums(paths: list[str], params: dict) -> dict[str, str]:
         for i, path in enumerate(paths)}
 
 
-def _check_unchanged(paths: list[str], params: dict, workdir: str, record: bool) -> None:
+def _check_unchanged(paths: list[str], params: dict, workdir: str) -> None:
     """The workdir keeps no copy of the weights, so a relaunch, load_run and the figures read
     them again: a checkpoint rewritten in between (another revision downloaded into the same
     directory) would mix two models' numbers in one run. RECORD holds each member's weight
-    sums from the first launch; a member whose weights differ is a one-line error."""
+    sums from the first launch (_record); a member whose weights differ is a one-line error."""
     file = os.path.join(workdir, RECORD)
-    sums = _member_sums(paths, params)
     if os.path.isfile(file):
-        with open(file) as f:
-            stored = json.load(f)
-        for path, value in sums.items():
+        with open(file) as f:  # (paths stored as typed before the door made them absolute)
+            stored = {fields.absolute(path): value for path, value in json.load(f).items()}
+        for path, value in _member_sums(paths, params).items():
             if stored.get(path, value) != value:
                 raise ValueError(f"model.pretrained: the weights in {path} are not those this "
                                  f"run was computed from (their sha256 differs from {file}); "
                                  "restore them, or run in a new workdir")
-    elif record and distributed.is_main():
-        write_atomic(file, json.dumps(sums, indent=1, sort_keys=True) + "\n")
+
+
+def _record(paths: list[str], params: dict, workdir: str) -> None:
+    """Writes RECORD where it is not yet (the first launch), in process 0."""
+    file = os.path.join(workdir, RECORD)
+    if not os.path.isfile(file) and distributed.is_main():
+        write_atomic(file, json.dumps(_member_sums(paths, params), indent=1, sort_keys=True)
+                     + "\n")
 
 
 def load_sweep(config, workdir: str | None, *, splits, model_cfg: model_lib.ModelConfig,
-               members, say=print) -> tuple[SweepState, dict]:
+               members, claim=lambda: [], say=print) -> tuple[SweepState, dict]:
     """The training stage of an imported run: says that training is skipped and which
     checkpoint each member is, loads them (a member with a non-finite weight is unhealthy: left
     out of every aggregate, as a diverged seed), evaluates them on every split as training's
     last evaluation does (printed, and at step 0 in TensorBoard), and returns (state, the
     evaluation) as train.train_sweep does. `members`: train.members(config), whose labels and
-    null kinds the evaluation's lines and TensorBoard's runs use. The caller claims the
-    workdir first."""
+    null kinds the evaluation's lines and TensorBoard's runs use. `claim()` claims the workdir
+    (train.claim_workdir: config.json written, its notes returned to be said) once the weights
+    have passed their check, so that a relaunch refused by it leaves the workdir as it was."""
     config = settings.require(config, "imported.load_sweep")
     task, paths = tasks.get(config.task), list(config.model.pretrained)
     member_seeds = seeds(config)
@@ -170,7 +179,11 @@ def load_sweep(config, workdir: str | None, *, splits, model_cfg: model_lib.Mode
     say(f"training: skipped, {len(paths)} imported checkpoints: "
         + ", ".join(f"seed {s} = {p}" for s, p in zip(member_seeds, paths, strict=True))
         + copies, flush=True)
-    params, healthy = load_params(config, workdir, record=True)
+    params, healthy = load_params(config, workdir)
+    for note in claim():
+        say(note)
+    if workdir is not None:
+        _record(paths, params, workdir)
     for s, ok in zip(member_seeds, healthy, strict=False):  # (the copies are finite)
         if not ok:
             say(f"WARNING: seed {s} has non-finite weights; it is excluded from aggregates")

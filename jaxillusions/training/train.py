@@ -249,7 +249,8 @@ def claim_workdir(workdir: str, config: Settings, record: bool = True) -> list[s
     defaults = tensorboard.flatten_config(config.defaults())
     return distributed.on_main(lambda: ckpt_lib.claim_workdir(
         workdir, config, config.is_analysis_key, defaults, record,
-        machine.describe() if record else None), "checking the workdir") or []
+        machine.describe() if record else None, settings.converted),
+        "checking the workdir") or []
 
 
 def _next_stop(step: int, end: int, tc) -> int:
