@@ -1,6 +1,7 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -273,6 +274,26 @@ def test_the_main_job_draws_the_summary_and_launch_figures_the_rest(tiny_sweep, 
         sweep.run(checked(config), str(workdir))
         assert "is finished (finished " in capsys.readouterr().out
     assert {p: p.stat().st_mtime_ns for p in workdir.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.slow  # a launcher subprocess
+def test_a_signal_stops_launch_figures_with_a_line_that_names_it(tiny_sweep, tmp_path):
+    """Was: "stopped by SIGTERM while writing the reports; results.csv and the proxy stages are
+    saved ...; relaunch the same command to write the reports": the sweep's words, whose
+    relaunch then found the sweep finished and drew nothing."""
+    workdir = tmp_path / "run"
+    shutil.copytree(tiny_sweep, workdir)
+    proc = subprocess.Popen([sys.executable, "-m", "jaxillusions", "figures", str(workdir)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if ": drawing " in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err[-2000:]
+    assert err.strip().splitlines() == [
+        f"stopped by SIGTERM while drawing the figures of {workdir}; those drawn are kept: run "
+        f"`jaxillusions figures {workdir}` again to draw the rest"], err
 
 
 def test_figures_none_draws_no_figure_and_launch_figures_draws_every_one_later(

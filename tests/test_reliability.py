@@ -610,6 +610,25 @@ def _watch(signums, clock=None):
         os.close(read_fd)
 
 
+def test_a_signal_while_the_data_loads_stops_before_the_first_step_compiles(
+        tmp_path, cache_dir, monkeypatch):
+    """Was: "received SIGTERM: stopping after the current chunk of work", then the training
+    step compiled and a whole chunk trained before the stop (22 s at d_model 128; minutes on
+    the code configs, past a scheduler's grace period)."""
+    def compiled(*args, **kwargs):
+        raise AssertionError("the training step compiled after the signal")
+
+    monkeypatch.setattr(train.memory, "estimate", compiled)
+    workdir = str(tmp_path / "run")
+    with interrupt.catch_signals():
+        interrupt._received.append(signal.SIGTERM)  # noqa: SLF001 - as the handler sets it
+        with pytest.raises(interrupt.Stopped, match=r"^stopped by SIGTERM before training "
+                                                    r"\(step 0\); nothing was lost") as err:
+            train.train_sweep(checked(_config(cache_dir)), workdir, verbose=False)
+    assert err.value.exit_code == 143
+    assert not checkpoint.has_checkpoints(workdir)
+
+
 def test_one_signal_delivered_twice_at_once_counts_once(monkeypatch, capfd):
     # Was: under coreutils `timeout`, which sends SIGTERM to the process and then to its group,
     # the watcher saw a "second SIGTERM" and stopped at once, unsaved (1 run in 7).
@@ -697,6 +716,11 @@ def test_sigterm_saves_and_the_resumed_run_is_bit_identical(tmp_path, cache_dir)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
     assert f"resumed from checkpoint at step {stopped}" in out
+    assert out.strip().splitlines()[-1].startswith(f"trained 2 members to step {steps} (2 "
+                                                   f"healthy); checkpoints in {workdir}/"), out
+    proc = _launch("jaxillusions.launch.train", config_file, workdir)  # finished: says so
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and f"already at step {steps}: nothing to train" in out, err
     config = tiny_config(cache_dir)  # the same chunks of jitted steps as the launched runs
     config.train.num_steps, config.train.log_every = steps, 1
     config.train.eval_every = config.train.checkpoint_every = 0

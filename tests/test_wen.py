@@ -327,6 +327,27 @@ def test_the_summary_bounds_shares_and_keeps_plus_minus_for_ratios_and_differenc
     assert "length_gen_acc 0.100 ± 0.000" in diff  # a difference may be negative: ± stays
 
 
+def test_attention_variation_of_two_seeds_says_it_has_no_interval():
+    """Was: "0.124 [nan, nan]" in the summary, and bars with zero-width caps under a title
+    promising a 95% CI."""
+    import types
+
+    rows = [{"contrastive_weight": 0, "seed": s, "healthy": True, "acc_iid": 1.0,
+             "length_gen_acc": 0.5, "length_gen_argmax_acc": 0.5} for s in range(2)]
+    mean, low, high = wen.mean_over_pairs(np.array([[0.0, 0.124], [0.124, 0.0]]))
+    attention = [{"prefix_len": 8, "random_baseline": 0.2, "random_baseline_square": 0.3,
+                  "contrastive_weight": 0, "layer": 1, "head": 0, "num_seeds": 2,
+                  "variation": mean, "low": low, "high": high, "label": "wen"}]
+    text = wen.summary(rows, attention, types.SimpleNamespace(wen=types.SimpleNamespace(
+        label="t")))
+    assert "0.124 (no interval: the jackknife over seeds takes 3 or more)" in text, text
+    assert "nan" not in text
+    fig = wen.attention_figure(attention)
+    (ax,) = fig.axes
+    assert ax.get_title().endswith("no interval: it takes 3 seeds or more)")
+    assert not [c for c in ax.containers if getattr(c, "errorbar", None) is not None]
+
+
 def test_attention_variation_matches_numpy_on_hand_built_patterns():
     causal = np.tril(np.ones((4, 4)))
     uniform = causal / causal.sum(1, keepdims=True)

@@ -7,7 +7,7 @@ proxies, per generalization split (docs/sparse_dictionaries.md).
 The training keys are dyck_population.py's, so this config shares its workdir: proxies.*
 are analysis keys, and a relaunch with other proxies keeps the trained models (and, stage by stage,
 every proxy family whose settings did not change). The population run's SVD on the last layer's
-queries, keys and both (ranks 1..32), the low-rank reference, plus
+queries and keys (ranks 1..32), the low-rank reference, plus
 - `sae` on the last layer's queries and keys (d_head 32) and on blocks.0/1.resid_mid
   (d_model 32), widths 32, 64, 128 (1x to 4x the dimension) x k 4 and 8 (6 sizes, coded
   k * 100000 + width);

@@ -194,14 +194,19 @@ def _last_override_wins(argv: list[str]) -> list[str]:
             if not key or last[key] == i]
 
 
-def usage(argv: list[str], doc: str | None) -> str:
-    """The help of a launcher: its docstring, then its flags and the shared ones."""
+def usage(argv: list[str], doc: str | None, no_config: bool = False) -> str:
+    """The help of a launcher: its docstring, then its flags and the shared ones (without
+    --config for a launcher that takes none)."""
     import inspect  # noqa: PLC0415
 
     lines = [f"usage: {argv[0]} [flags]", ""] + ([inspect.cleandoc(doc), ""] if doc else [])
     for module in dict.fromkeys((argv[0], sys.argv[0], __name__)):  # the launcher's, the shared
-        text = [line for line in flags.FLAGS.module_help(module).splitlines()
-                if line.strip() and line.strip() != f"{module}:"]
+        text, hidden = [], False
+        for line in flags.FLAGS.module_help(module).splitlines():
+            if line.startswith("  --"):  # a flag's first line; its description follows
+                hidden = no_config and line.startswith("  --config:")
+            if line.strip() and line.strip() != f"{module}:" and not hidden:
+                text.append(line)
         if text:
             lines += ["flags:" if module == __name__ else "its own flags:", *text, ""]
     return "\n".join(lines).rstrip()
@@ -226,7 +231,7 @@ def parse_flags(argv: list[str], doc: str | None = None, no_config: str | None =
     config, the error line that refuses --config and its overrides. Returns the arguments that
     are not flags (after the program's name)."""
     if any(a in HELP for a in argv[1:argv.index("--") if "--" in argv else len(argv)]):
-        print(usage(argv, doc))
+        print(usage(argv, doc, no_config=bool(no_config)))
         sys.exit(0)
     override = next((a.partition("=")[0] for a in argv[1:] if a.startswith("--config.")), None)
     given = _flag_value(argv, "config") is not None

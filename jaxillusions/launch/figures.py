@@ -95,7 +95,14 @@ def main() -> None:
 
         start = time.perf_counter()
         for (directory, _), point in zip(runs, settings, strict=True):
-            drawn = sweep.complete_figures(point, directory)
+            try:
+                drawn = sweep.complete_figures(point, directory, pipeline=pipeline)
+            except interrupt.Stopped as err:  # (the report stage's words name the sweep)
+                stopped = str(err).split(" while ")[0]
+                raise interrupt.Stopped(
+                    f"{stopped} while drawing the figures of {directory}; those drawn are kept: "
+                    f"run `jaxillusions figures {workdir}` again to draw the rest",
+                    err.exit_code) from None
             print(f"[{time.perf_counter() - start:.0f}s] drew {len(drawn)} figures in "
                   f"{directory} (figures/*.png, and TensorBoard's IMAGES)")
 

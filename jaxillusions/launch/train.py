@@ -28,6 +28,10 @@ def main(settings: Settings, workdir: str, start_over: bool = False) -> None:
     with tensorboard.board(workdir, sweep.labels) as writer:
         sessions = board.Sessions(sweep.labels, np.asarray(state.healthy), member_hparams)
         board.write_hparams(writer, settings, model_cfg, sessions, workdir=workdir)
+    healthy = int(np.sum(state.healthy))
+    print(f"trained {len(sweep.labels)} members to step {int(np.max(state.step))} ({healthy} "
+          f"healthy); checkpoints in {workdir}/checkpoints; tensorboard --logdir "
+          f"{workdir}/tensorboard")
 
 
 if __name__ == "__main__":

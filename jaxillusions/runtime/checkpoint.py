@@ -158,8 +158,9 @@ def claim_workdir(workdir: str, config, may_change=lambda key: False,
     if fixed:
         k = fixed[0]
         raise ValueError(
-            f"workdir {workdir} holds a run with a different config ({len(fixed)} training keys "
-            f"differ, e.g. {k}: {old_flat.get(k, '<missing>')!r} there vs "
+            f"workdir {workdir} holds a run with a different config ({len(fixed)} training "
+            f"{'key differs' if len(fixed) == 1 else 'keys differ'}, e.g. {k}: "
+            f"{old_flat.get(k, '<missing>')!r} there vs "
             f"{new_flat.get(k, '<missing>')!r} now); use a new --workdir or the same config")
     if not record:
         return []

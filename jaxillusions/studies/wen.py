@@ -429,8 +429,10 @@ def summary(rows: list[dict], attention: list[dict], config) -> str:
                f"{attention[0]['random_baseline_square']:.3f})")
     out.append(f"  {'weight':>6} {'layer':>5} {'head':>4} {'seeds':>5}  variation [95% interval]")
     for a in attention:
+        interval = (f"[{a['low']:.3f}, {a['high']:.3f}]" if np.isfinite(a["low"]) else
+                    "(no interval: the jackknife over seeds takes 3 or more)")
         out.append(f"  {a['contrastive_weight']:>6g} {a['layer']:>5} {a['head']:>4} "
-                   f"{a['num_seeds']:>5}  {a['variation']:.3f} [{a['low']:.3f}, {a['high']:.3f}]")
+                   f"{a['num_seeds']:>5}  {a['variation']:.3f} {interval}")
     keys = [key for key in ("acc_iid", "length_gen_acc", "length_gen_argmax_acc",
                             "balance_violation") if key in rows[0]]
     weights = list(dict.fromkeys(r["contrastive_weight"] for r in rows))
@@ -480,13 +482,17 @@ def attention_figure(attention: list[dict]):
                                                  if a["contrastive_weight"] else "")
              for a in attention]
     mean = np.array([a["variation"] for a in attention])
-    err = np.nan_to_num(np.array([[a["variation"] - a["low"], a["high"] - a["variation"]]
-                                  for a in attention]).T)
-    ax.bar(range(len(mean)), mean, yerr=err, capsize=4, color="tab:blue", alpha=0.8)
+    err = np.array([[a["variation"] - a["low"], a["high"] - a["variation"]]
+                    for a in attention]).T
+    defined = bool(np.isfinite(err).any())  # at 2 seeds no bar has one: none drawn
+    ax.bar(range(len(mean)), mean, yerr=np.nan_to_num(err) if defined else None, capsize=4,
+           color="tab:blue", alpha=0.8)
     ax.axhline(attention[0]["random_baseline"], color="k", ls="--", label="random (causal)")
     ax.set_xticks(range(len(mean)), names, fontsize=7)
     ax.set_ylabel("attention variation")
-    ax.set_title("Attention variation between seeds (mean over pairs, 95% CI)", fontsize=9)
+    ax.set_title("Attention variation between seeds (mean over pairs, "
+                 + ("95% CI)" if defined else "no interval: it takes 3 seeds or more)"),
+                 fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

@@ -371,20 +371,28 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
         f"d_model {model_cfg.d_model}) on {jax.device_count()} {jax.default_backend()} device(s)"
         + (f" in {jax.process_count()} processes" if jax.process_count() > 1 else "")
         + (f" ({layout})" if layout else ""))
+    if step >= end:
+        say(f"  already at step {step}: nothing to train")
     suggested = distributed.devices_to_suggest(num) if config.cpu_devices == 0 else None
     if suggested and step < end:
         say(f"  one CPU device on {distributed.cpu_cores()} cores: --config.cpu_devices="
             f"{suggested} gives each core its own members (1.1-1.5x faster training on 2-core "
             "CPUs, docs/speed.md; other last bits)")
-    if step < end:  # compiles the first call's step (jit keeps it) and reads its memory use
-        say(memory.describe(memory.estimate(
-            train_steps, placed[0][0], train_tokens, placed[0][1], num_chunks=len(chunks),
-            num_steps=_calls(_next_stop(step, end, tc) - step, tc)[0], model_cfg=model_cfg,
-            tx=tx, batch_size=tc.batch_size, objective=goal)))
     reported_unhealthy: set[int] = set()
-    start_time, start_step = time.perf_counter(), step
     results = None
     try:
+        # A signal that came while the data loaded stops here, before the first step compiles.
+        signum = distributed.max_over_processes(interrupt.requested() or 0)
+        if signum and step < end:
+            interrupt.raise_if_requested(f"before training (step {step}); " + (
+                "nothing was lost: relaunch the same command to resume" if workdir
+                else "nothing saved (no workdir)"), signum)
+        if step < end:  # compiles the first call's step (jit keeps it) and reads its memory use
+            say(memory.describe(memory.estimate(
+                train_steps, placed[0][0], train_tokens, placed[0][1], num_chunks=len(chunks),
+                num_steps=_calls(_next_stop(step, end, tc) - step, tc)[0], model_cfg=model_cfg,
+                tx=tx, batch_size=tc.batch_size, objective=goal)))
+        start_time, start_step = time.perf_counter(), step
         _stop_if_all_diverged(state.healthy, step)
         while step < end:
             steps = _next_stop(step, end, tc) - step
