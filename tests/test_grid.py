@@ -168,6 +168,27 @@ def test_bad_grids_are_one_line_errors_at_the_door(cache_dir, entries, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_grid_of_too_few_members_for_the_prediction_test_is_refused_before_any_point_runs(
+        cache_dir, tmp_path, monkeypatch):
+    """The points' trained members together fill the random splits, or the grid says so before
+    any point runs (was: every point trained, then "target ... has 4 members in its smaller
+    class")."""
+    config = _config(cache_dir)
+    config.train.num_seeds, config.prediction.n_splits = 2, 5  # 2 x 2 x 2 = 8 < 10
+    monkeypatch.setattr(sweep, "run", lambda *a, **k: pytest.fail("a point ran"))
+    with pytest.raises(ValueError) as err:
+        grid.run(validate.check(config)[0], str(tmp_path / "grid"))
+    assert str(err.value) == (
+        "prediction.n_splits=5: the random splits need at least 10 trained members (each class "
+        "of a target split at its median holds at most half of them); this grid has 8 (2 seeds "
+        "x 2 settings + 2 seeds x 2 settings over 2 points): more train.num_seeds, or fewer "
+        "prediction.n_splits")
+    assert not os.path.exists(tmp_path / "grid" / "model.n_layers=1")
+    config.prediction.n_splits = 4  # 8 members fill 4 folds: the points run
+    with pytest.raises(pytest.fail.Exception, match="a point ran"):
+        grid.run(validate.check(config)[0], str(tmp_path / "grid"))
+
+
 def test_figures_of_a_grid_read_every_point_with_the_points_stages(tmp_path, cache_dir):
     """jaxillusions figures on a grid draws every point's; a point's stored config is checked
     with the point's stages (the grid tests prediction over all points). Was: the grid refused

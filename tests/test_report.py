@@ -248,11 +248,11 @@ def test_a_family_that_is_the_original_at_every_size_is_named_in_the_headline():
                                 jsd=0.0))
     head = tables.summary_of(tables.statistics_report(rows, ["iid", "longer"])[0]).splitlines()
     assert ("The original model itself at every size, so no gap to show (the same predictions, "
-            "accuracy and JSD): svd on blocks.1.attn.q (sizes 4, 8).") in head, head
+            "accuracy and JSD): svd on blocks.1.attn.q at size 4, 8.") in head, head
     assert any(line.startswith("svd k 2 (0.994)") for line in head), head
     alone = [r for r in rows if r["site"] == "blocks.1.attn.q"]
     head = tables.summary_of(tables.statistics_report(alone, ["iid", "longer"])[0]).splitlines()
-    assert head[-2].endswith("svd on blocks.1.attn.q (sizes 4, 8)."), head
+    assert head[-2].endswith("svd on blocks.1.attn.q at size 4, 8."), head
 
 
 def test_a_one_seed_headline_says_why_it_has_no_interval():

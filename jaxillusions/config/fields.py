@@ -40,6 +40,8 @@ STR = ("a string", lambda v: isinstance(v, str))
 INTS = ("a tuple of integers", lambda v: _is_seq(v) and all(map(_is_int, v)))
 NUMBERS = ("a tuple of finite numbers", lambda v: _is_seq(v) and all(map(_is_number, v)))
 STRS = ("a tuple of strings", lambda v: _is_seq(v) and all(isinstance(x, str) for x in v))
+PATH = ("a path", STR[1])  # stored absolute (absolute, below)
+PATHS = ("a tuple of paths", STRS[1])
 KINDS = (BOOL, INT, NUMBER, STR, INTS, NUMBERS, STRS)
 
 
@@ -86,7 +88,9 @@ class Rule:
 def setting(default: Any, kind: tuple[str, Callable], allowed: str,
             test: Callable[[Any, Any], bool] = anything, doc: str = "",
             convert: Callable[[Any], Any] | None = None) -> Any:
-    """A dataclass field with its rule (see the module docstring)."""
+    """A dataclass field with its rule (see the module docstring); `convert` (a path kind's
+    own by default) turns a checked value into the stored one."""
+    convert = convert or {PATH: absolute, PATHS: absolutes}.get(kind)
     return dataclasses.field(default=default,
                              metadata={"rule": Rule(kind, allowed, test, doc, convert)})
 

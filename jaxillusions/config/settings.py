@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from jaxillusions import model, tasks
-from jaxillusions.config import grid_axes
+from jaxillusions.config import fields, grid_axes
 from jaxillusions.config.fields import (
     BOOL,
     INT,
@@ -40,7 +40,6 @@ from jaxillusions.config.fields import (
     NUMBERS,
     STR,
     STRS,
-    absolutes,
     anything,
     distinct,
     kind_of,
@@ -121,9 +120,8 @@ class Model:
                            "positions the model supports")
     compute_dtype: str = setting(_ARCH["compute_dtype"], STR, *one_of(model.COMPUTE_DTYPES),
                                  doc="bfloat16: bf16 matmuls, f32 parameters and softmax")
-    pretrained: tuple[str, ...] = setting((), STRS, "checkpoint directories, or () to train",
-                                          doc="imported members (docs/pretrained.md)",
-                                          convert=absolutes)
+    pretrained: tuple[str, ...] = setting((), fields.PATHS, "checkpoint directories, or () to "
+                                          "train", doc="imported members (docs/pretrained.md)")
 
 
 LOSS_ON = ("all", "closing")
@@ -421,8 +419,7 @@ def _typed(key: str, value: Any, field: dataclasses.Field) -> Any:
     if not is_kind(value):
         raise ValueError(f"{key}={value!r}: must be {name}"
                          + (f", {r.allowed}" if r.test is not anything else ""))
-    value = tuple(value) if isinstance(value, list | tuple) else value
-    return r.convert(value) if r.convert else value
+    return (r.convert or (lambda v: v))(tuple(value) if isinstance(value, list | tuple) else value)
 
 
 def _build(cls: type, values: dict, prefix: str):
@@ -540,17 +537,6 @@ def read_stored(workdir: str, studies: Studies = ()) -> Settings:
         raise ValueError(f"{path} is unreadable ("
                          + (line if type(err) is ValueError else f"{type(err).__name__}: {line}")
                          + ")") from None
-
-
-def converted(stored: dict) -> dict:
-    """A stored config (config.json's dict) as the door reads it today, each setting's
-    conversion applied (a path relative to the launch's directory made absolute, as it is
-    stored since), so that a relaunch compares like with like; one this version cannot read
-    is returned as it is."""
-    try:
-        return json.loads(json.dumps(from_config(stored, _as_stored(stored)).to_dict()))
-    except ValueError:
-        return stored
 
 
 def _as_stored(stored: dict) -> Studies:

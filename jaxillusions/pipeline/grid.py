@@ -15,7 +15,9 @@ workdir:
 - with prediction.enabled, the held-out prediction test over every point's members
   (studies/prediction.py: prediction.csv, prediction.txt, prediction_auroc.png,
   prediction_members.csv), the grid keys as hyper-parameters (`hp:<key>`) beside those of the
-  member axis, so that leaving one setting out holds out one (point, member setting) pair.
+  member axis, so that leaving one setting out holds out one (point, member setting) pair (a
+  member's `setting` and name hold both). Before any point runs, the trained members of every
+  point are counted together (prediction.check_count).
   Points of different depths name their last layer's sites and heads as -1 too (`align`), so
   that features of the last layer line up; a feature a point lacks is left out of the test.
 
@@ -96,11 +98,13 @@ def population_table(point: Settings, directory: str, values: dict) -> pd.DataFr
 
 def run(config: Settings, workdir: str, *, verbose: bool = True,
         start_over: bool = False) -> pd.DataFrame:
-    """Runs every point of config.grid (checked at the door: validate.check), then writes the
-    grid's outputs, unless a finished grid's are current (grid_done.json); returns the joined
-    results.csv (cells as written)."""
+    """Runs every point of config.grid (checked at the door: validate.check; and here, before
+    any point runs, that their trained members together fill the prediction test's folds),
+    then writes the grid's outputs, unless a finished grid's are current (grid_done.json);
+    returns the joined results.csv (cells as written)."""
     import pandas as pd  # noqa: PLC0415 - not at a launch's start
     points = validate.points(config)
+    prediction.check_count([point for _, point in points], "this grid")
     say = print if verbose and distributed.is_main() else (lambda *a, **k: None)
     os.makedirs(workdir, exist_ok=True)
     keys = [key for key, _ in axes(config.grid)]
@@ -137,7 +141,8 @@ def run(config: Settings, workdir: str, *, verbose: bool = True,
                 {"points": values, "settings": config.to_dict()}, indent=1, default=str), "grid")
         if members:
             with timing.stage("prediction"):
-                prediction.test(pd.concat(members), config.prediction, workdir, say)
+                prediction.test(pd.concat(members), config.prediction, workdir, say,
+                                config.train.null)
         _mark_done(workdir, inputs, OUTPUTS + (prediction.OUTPUTS if members else ()))
     say(f"grid of {len(points)} points: {clock.line(sweep.clocks(job.POINT_PIPELINE))}")
     return joined

@@ -56,9 +56,10 @@ def clocks(pipeline: Sequence[Stage] = PIPELINE) -> tuple[str, ...]:
 
 def _analysis_settings(config, pipeline: Sequence[Stage] = PIPELINE) -> dict:
     """The settings that define the analysis' results: those some stage's `keys` name (not
-    ENGINE_KEYS, e.g. proxies.seed_chunk_size: how many seeds run at once changes no number)."""
+    ENGINE_KEYS, e.g. proxies.seed_chunk_size: how many seeds run at once changes no number);
+    a population stage's (e.g. prediction.*) while it is enabled."""
     patterns = [k for stage in pipeline if stage.scope == "group" or stage.stamped
-                for k in stage.keys]
+                or stage.scope == "population" and stage.enabled(config) for k in stage.keys]
     return {k: v for k, v in tensorboard.flatten_config(config).items()
             if any(fnmatch.fnmatchcase(k, p) for p in patterns) and k not in ENGINE_KEYS}
 
@@ -203,7 +204,8 @@ def run(config: Settings, workdir: str, *, verbose: bool = True, start_over: boo
     return rows
 
 
-def _finished(config: Settings, workdir: str, done: dict, say) -> list[dict]:
+def _finished(config: Settings, workdir: str, done: dict, say,
+              pipeline: Sequence[Stage] = PIPELINE) -> list[dict]:
     """The rows of a finished sweep whose reports match their checksums; with figures=all on a
     sweep that drew the summary, the rest, as `jaxillusions figures` draws them (a marker without
     "figures" predates the setting: every figure was drawn)."""
@@ -219,10 +221,11 @@ def _finished(config: Settings, workdir: str, done: dict, say) -> list[dict]:
             or done.get("figures", "all") == "all" else "")
     if not todo and distributed.is_main():
         with timing.stage("figures"):
-            todo = (f"drew the {len(complete_figures(config, workdir, say))} figures "
+            todo = (f"drew the {len(complete_figures(config, workdir, say, pipeline))} figures "
                     "it had left out (figures=all)")
     say(f"the sweep in {workdir} is finished (finished {done['time']}); {todo}. "
-        f"Results: {where}. Change a proxies.* or wen.* setting to redo the analysis.")
+        f"Results: {where}. Change an analysis setting (proxies.*, wen.*, prediction.*, ...) to "
+        "redo the analysis.")
     return rows
 
 
@@ -244,7 +247,7 @@ def _run(config: Settings, workdir: str, *, verbose: bool, start_over: bool,
     elif done is not None and done["analysis"] == _analysis_settings(config, pipeline):
         why = _unverified(done, workdir)
         if why is None:
-            return _finished(config, workdir, done, say)
+            return _finished(config, workdir, done, say, pipeline)
         # rewriting would mean training again (imported members are read again instead)
         if not checkpoint.has_checkpoints(workdir) and not config.model.pretrained:
             raise ValueError(
@@ -332,7 +335,8 @@ def _group(ctx: Context, idx: np.ndarray, directory: str) -> Context:
         files=stages.StageFiles(directory, ctx.move_aside), proxies=None, made={})
 
 
-def complete_figures(config: Settings, workdir: str, say=print) -> list[str]:
+def complete_figures(config: Settings, workdir: str, say=print,
+                     pipeline: Sequence[Stage] = PIPELINE) -> list[str]:
     """Draws every figure of the main job (`figure_jobs` and `activation_jobs`, "all") that
     `workdir` (and each weight group's directory) lacks, from its stored results: results.csv,
     gaps.csv, and for the activation figures its newest checkpoint (results.load_run). A figure
@@ -340,9 +344,10 @@ def complete_figures(config: Settings, workdir: str, say=print) -> list[str]:
     finished sweep, sweep_done.json must vouch for the reports first, and then vouches for the
     new figures too, so that a relaunch still finds the sweep finished. Returns the paths drawn.
     A workdir without results, or with reports that its sweep_done.json does not vouch for, is a
-    one-line ValueError before any drawing (jaxillusions figures WORKDIR)."""
+    one-line ValueError before any drawing (jaxillusions figures WORKDIR). `pipeline`: the
+    run's stages (a grid point's: job.POINT_PIPELINE), whose keys its marker records."""
     done_path = os.path.join(workdir, DONE_FILE)
-    done = _verified_done(config, workdir)
+    done = _verified_done(config, workdir, pipeline)
     if not config.proxies.methods:
         raise ValueError(f"the run in {workdir} has no proxies (proxies.methods is empty), so "
                          "no figures of results to draw")
@@ -410,7 +415,8 @@ def complete_figures(config: Settings, workdir: str, say=print) -> list[str]:
     return drawn
 
 
-def _verified_done(config: Settings, workdir: str) -> dict | None:
+def _verified_done(config: Settings, workdir: str, pipeline: Sequence[Stage] = PIPELINE
+                   ) -> dict | None:
     """sweep_done.json, or None if the sweep has not finished; a ValueError (one line) if it is
     unreadable, or records other analysis settings than the run's, or its reports do not match
     their checksums: figures drawn now could not be vouched for."""
@@ -423,7 +429,7 @@ def _verified_done(config: Settings, workdir: str) -> dict | None:
     else:
         if why is not None:
             why = f"its {DONE_FILE} is unreadable ({why})"
-        elif done is not None and done["analysis"] != _analysis_settings(config):
+        elif done is not None and done["analysis"] != _analysis_settings(config, pipeline):
             why = f"its {DONE_FILE} records other analysis settings than its config.json"
         elif done is not None:
             why = _unverified(done, workdir)

@@ -28,15 +28,19 @@ metric, scheme) sees the same folds, so they are compared fold by fold.
 Per row: mean and sd (ddof 1) of the per-fold values over n_folds folds, and low/high, the 95%
 corrected resampled t interval of the mean (Nadeau & Bengio 2003: variance sd^2 (1/J + n_test /
 n_train), J folds, t with J - 1 degrees of freedom; folds share training members, so the plain
-t interval over folds is too narrow), clipped to the metric's range. Paired rows
-("features - hparams", "both - hparams", "features - null") hold the per-fold differences'
-interval, and `verdict` says "beats" (low > 0), "loses" (high < 0) or "within noise".
+t interval over folds is too narrow), clipped to the metric's range. No interval (NaN) from
+fewer than 2 folds, or from folds that all have the same value: the t interval scales the
+folds' spread, and a zero spread measures none (small folds' coarse scores often agree).
+Paired rows ("features - hparams", "both - hparams", "features - null") hold the per-fold
+differences' interval, and `verdict` says "beats" (low > 0), "loses" (high < 0), "within
+noise", or "undefined" without an interval (the text says why).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -56,6 +60,10 @@ COMPARISONS = (("features - hparams", "features", "hparams"),
                ("features - null", "features", "null"))
 COLUMNS = ("target", "metric", "predictors", "scheme", "null", "mean", "sd", "low", "high",
            "n_folds", "n_skipped", "members", "threshold", "verdict")
+# Per-fold values closer than this are one value (float rounding of equal scores: a Spearman
+# rho of equal ranks is 1 less an ulp); a fold's score moves in steps far above it (an AUROC
+# of n_pos x n_neg pairs by 1 / (2 n_pos n_neg)).
+SAME = 1e-12
 _RANGE = {"auroc": (0.0, 1.0), "spearman": (-1.0, 1.0)}
 _SCHEME_NAMES = {"random": "random splits", "leave_one_setting_out": "leave one setting out"}
 _PREDICTOR_NAMES = {"features": "features", "hparams": "hparams", "both": "both",
@@ -71,7 +79,9 @@ class Design:
     continuous OOD metrics. setting: the column naming each member's hyper-parameter
     combination (leave-one-setting-out holds out one value at a time). threshold: per target
     (a Mapping) or for all, a number or "median"; AUROC's positive class is value > threshold.
-    Random splits: n_repeats times stratified (AUROC) or plain (Spearman) n_splits-fold."""
+    Random splits: n_repeats times stratified (AUROC) or plain (Spearman) n_splits-fold.
+    A field of another type (a string for a tuple of columns, a bool or a string other than
+    "median" for a threshold, a fraction for a count) is a one-line ValueError naming it."""
 
     features: tuple[str, ...]
     hparams: tuple[str, ...]
@@ -80,6 +90,26 @@ class Design:
     threshold: float | str | Mapping[str, float | str] = "median"
     n_splits: int = 5
     n_repeats: int = 10
+
+    def __post_init__(self):
+        for name in ("features", "hparams", "targets"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not isinstance(value, Sequence) or not all(
+                    isinstance(c, str) for c in value):
+                raise ValueError(f"Design.{name}={value!r}: give a tuple of column names")
+            object.__setattr__(self, name, tuple(value))
+        if not isinstance(self.setting, str):
+            raise ValueError(f"Design.setting={self.setting!r}: give a column name")
+        spec = self.threshold
+        for t in spec.values() if isinstance(spec, Mapping) else (spec,):
+            if isinstance(t, bool) or not (t == "median" or isinstance(t, numbers.Real)):
+                raise ValueError(f"Design.threshold={spec!r}: give a number or 'median' (or a "
+                                 "mapping of targets to them)")
+        for name, least in (("n_splits", 2), ("n_repeats", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) \
+                    or value < least:
+                raise ValueError(f"Design.{name}={value!r}: give an integer >= {least}")
 
 
 # scikit-learn is imported where it is used (0.15-0.2 s): every launch imports this module,
@@ -150,8 +180,6 @@ def _threshold_spec(design: Design, target: str) -> float | str:
         if target not in spec:
             raise ValueError(f"threshold: no value for target {target!r} in the mapping")
         spec = spec[target]
-    if isinstance(spec, str) and spec != "median":
-        raise ValueError(f"threshold {spec!r} for target {target!r}: give a number or 'median'")
     return spec
 
 
@@ -184,9 +212,6 @@ def check(members, design: Design, null=None) -> dict[str, float]:
     outside a target's observed range, a target with one class after binarising (or a class
     smaller than n_splits), a null frame of other members."""
     members = _frame(members)
-    if design.n_splits < 2 or design.n_repeats < 1:
-        raise ValueError(f"n_splits {design.n_splits} must be >= 2 and n_repeats "
-                         f"{design.n_repeats} >= 1")
     parts = {"feature": design.features, "hyper-parameter": design.hparams,
              "target": design.targets, "setting": (design.setting,)}
     for part, columns in parts.items():
@@ -270,8 +295,12 @@ def folds(members, design: Design, target: str, metric: str, scheme: str,
           random_state: int = 0) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
     """The folds `predict` fits and scores for (target, metric, scheme): a list of (train,
     test) row positions in `members`, and the number of folds skipped (one class or one value
-    held out or trained on)."""
+    held out or trained on). An unknown target, metric or scheme is a one-line ValueError."""
     import pandas as pd  # noqa: PLC0415 - not at a launch's start
+    for name, value, known in (("target", target, design.targets), ("metric", metric, METRICS),
+                               ("scheme", scheme, SCHEMES)):
+        if value not in known:
+            raise ValueError(f"{name} {value!r}: give one of {', '.join(known)}")
     members = _frame(members)
     threshold = check(members, design)[target]
     groups = pd.factorize(members[design.setting])[0]
@@ -283,7 +312,11 @@ def fold_interval(values, test_over_train: float, confidence: float = CONFIDENCE
                   ) -> tuple[float, float, float, float]:
     """(mean, sd, low, high) of per-fold values (NaN dropped): sd with ddof 1 and the
     corrected resampled t interval of the mean (Nadeau & Bengio 2003), half-width
-    t_{J-1} sd sqrt(1/J + n_test/n_train) over J folds; NaN sd and interval below 2 folds."""
+    t_{J-1} sd sqrt(1/J + n_test/n_train) over J folds. NaN sd and interval below 2 folds, and
+    NaN interval when every fold has the same value (up to SAME): the t interval scales the
+    folds' own spread, and a zero spread is no measured precision (a fold of one positive and
+    one negative member scores an AUROC of 0, 0.5 or 1, and a few such folds often agree), so
+    no interval, as a t test on constant data has none."""
     import scipy.stats  # noqa: PLC0415 - not at a launch's start
     v = np.asarray(values, np.float64)
     v = v[np.isfinite(v)]
@@ -293,6 +326,8 @@ def fold_interval(values, test_over_train: float, confidence: float = CONFIDENCE
     if len(v) < 2:
         return mean, math.nan, math.nan, math.nan
     sd = float(v.std(ddof=1))
+    if np.ptp(v) <= SAME:
+        return mean, sd, math.nan, math.nan
     half = float(scipy.stats.t.ppf(0.5 + confidence / 2, len(v) - 1)) * sd * math.sqrt(
         1 / len(v) + test_over_train)
     return mean, sd, mean - half, mean + half
@@ -300,7 +335,8 @@ def fold_interval(values, test_over_train: float, confidence: float = CONFIDENCE
 
 def compare(low: float, high: float) -> str:
     """The verdict of a paired difference's interval: "beats" / "loses" when it lies above /
-    below 0, "within noise" when it contains 0, "undefined" without one."""
+    below 0, "within noise" when it contains 0, "undefined" without one (`no_interval` says
+    why)."""
     if math.isnan(low) or math.isnan(high):
         return "undefined"
     return "beats" if low > 0 else "loses" if high < 0 else "within noise"
@@ -407,10 +443,20 @@ def predict(members, design: Design, null=None, *, random_state: int = 0,
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
+def no_interval(row) -> str:
+    """Why a row of the frame has no interval ("" when it has one)."""
+    if not math.isnan(row["low"]):
+        return ""
+    return ("no fold scored" if row["n_folds"] == 0 else "1 fold"
+            if row["n_folds"] < 2 else "every fold has the same value")
+
+
 def _label(row) -> str:
     name = "null features" if row["null"] and row["predictors"] == "features" else (
         row["predictors"])
-    return f"{name} {row['mean']:+.3f} ± {row['sd']:.3f} [{row['low']:+.3f}, {row['high']:+.3f}]"
+    why = no_interval(row)
+    return (f"{name} {row['mean']:+.3f} ± {row['sd']:.3f} "
+            + (f"(no interval: {why})" if why else f"[{row['low']:+.3f}, {row['high']:+.3f}]"))
 
 
 def report_lines(frame: pd.DataFrame) -> list[str]:

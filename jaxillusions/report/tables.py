@@ -320,15 +320,15 @@ def headline(stat_tables: dict[str, Sequence[dict]],
              identical: dict[tuple[str, str], set[int]] | None = None,
              in_distribution: Sequence[str] = ("iid",)) -> list[str]:
     """The summary at the top of gap_table.txt (at most HEADLINE_LINES lines): seed count, the
-    original model's accuracy per split, per proxy method (its first site in model order) the
-    same_pred gap at the smallest size faithful on `baseline` (seed-mean same_pred >= FAITHFUL;
-    the largest size, marked 'never 0.99', when none is) on each OOD split, and one sentence
-    per method saying where a gap is detected and where not, and on how many seeds; at most 5
-    methods, and fewer where the lines after them need the room, then a line naming the rest.
-    `stat_tables`: statistics_report's tables "gaps", "proxy_vs_original" and
-    "id_predicts_gap" (by those names). `identical`: {(method, site): sizes whose rows equal
-    the original's} (identical_sizes). `in_distribution`: the task's in-distribution splits
-    (not reported as OOD)."""
+    original model's accuracy per split, per proxy method (its first site in model order that
+    is not the original model at every size: those are named in one line) the same_pred gap at
+    the smallest size faithful on `baseline` (seed-mean same_pred >= FAITHFUL; the largest
+    size, marked 'never 0.99', when none is) on each OOD split, and one sentence per method
+    saying where a gap is detected and where not, and on how many seeds; at most 5 methods,
+    fewer where the lines after them need the room, then a line naming the rest. `stat_tables`:
+    statistics_report's "gaps", "proxy_vs_original" and "id_predicts_gap". `identical`:
+    {(method, site): sizes whose rows equal the original's} (identical_sizes).
+    `in_distribution`: the task's in-distribution splits (not reported as OOD)."""
     gap_rows, versus = stat_tables["gaps"], stat_tables["proxy_vs_original"]
     correlation = stat_tables["id_predicts_gap"]
     identical = identical or {}
@@ -348,21 +348,14 @@ def headline(stat_tables: dict[str, Sequence[dict]],
     order = row_order(methods)
     families = sorted({(g["method"], g["site"]) for g in rows},
                       key=lambda f: order({"method": f[0], "site": f[1], "size": 0}))
-    chosen = []  # a method's first site with a size to offer
-    for method in dict.fromkeys(m for m, _ in families):
-        for site in (s for m, s in families if m == method):
-            found = _faithful_size(rows, method, site, baseline,
-                                   identical.get((method, site), set()))
-            if found is not None:
-                chosen.append((method, site, *found))
-                break
-    # Families that are the original model at every size: no size to offer, said in one line.
-    sizes = {f: sorted({g["size"] for g in rows if (g["method"], g["site"]) == f})
-             for f in families}
-    original = [f"{m} on {site} (size{'s' * (len(sizes[m, site]) > 1)} "
-                f"{', '.join(map(str, sizes[m, site]))})" for m, site in families
-                if 0 not in sizes[m, site] and set(sizes[m, site]) <= identical.get((m, site),
-                                                                                  set())]
+    chosen, original = [], []  # a method's first site with a size to offer; those without
+    for method, site in families:
+        found = _faithful_size(rows, method, site, baseline, identical.get((method, site), set()))
+        if found is None:  # every size is the original model itself: said in one line
+            original.append(f"{method} on {site} at size "
+                            + ", ".join(map(str, sorted(identical[method, site]))))
+        elif method not in (c[0] for c in chosen):
+            chosen.append((method, site, *found))
     def label(method, site, size, base, reached) -> str:
         short = site.split(".")[-1] if "+" not in site else "+".join(
             p.split(".")[-1] for p in site.split("+"))
@@ -415,7 +408,7 @@ def headline(stat_tables: dict[str, Sequence[dict]],
         lines.append(f"(and {len(rest)} more method{'s' * (len(rest) > 1)} in the full tables: "
                      f"{', '.join(rest)})")
     if original:
-        lines.append(f"The original model itself at every size, so no gap to show (the same "
+        lines.append("The original model itself at every size, so no gap to show (the same "
                      f"predictions, accuracy and JSD): {'; '.join(original)}.")
     if tested:
         smallest = min(c["p_value"] for c in tested)
@@ -428,11 +421,10 @@ def headline(stat_tables: dict[str, Sequence[dict]],
         lines.append(f"ID faithfulness predicting the gap (Spearman, permutation p): {low} of "
                      f"{len(tested)} have p < 0.05 (~{0.05 * len(tested):.0f} expected by chance;"
                      f" smallest p {smallest:.3f} at n = {tested[0]['n_seeds']}){beside}.")
-    better = [v for v in versus if _verdict(v) > 0]
     if versus:
         lines.append(f"The proxy beats the original model's accuracy (interval above +"
-                     f"{stats.RESOLUTION['diff']:g}) in {len(better)} of {len(versus)} "
-                     "(proxy, size, split); the full tables follow.")
+                     f"{stats.RESOLUTION['diff']:g}) in {sum(_verdict(v) > 0 for v in versus)} "
+                     f"of {len(versus)} (proxy, size, split); the full tables follow.")
     return lines
 
 

@@ -125,7 +125,7 @@ def claim_workdir(workdir: str, config, may_change=lambda key: False,
     `machine` (machine.describe()) is recorded in config_history.jsonl when the workdir is
     created and whenever it differs from the last one recorded; a launch on another machine than
     the last is returned as a note, since its numbers round as that machine does. `read` turns
-    the stored config into what the door makes of it today (settings.converted), before the
+    the stored config into what the door makes of it now (settings.read_stored), before the
     two are compared.
     """
     checkpoints = os.path.join(workdir, CHECKPOINT_DIR)

@@ -14,9 +14,10 @@ becomes one row:
 
 A null population (train.null, when the members have a `null` hyper-parameter: untrained or
 shuffled-label copies of the same seeds and settings) gives the same features on those copies:
-the test says whether the trained members' features predict better than theirs. Writes
-prediction.csv (report/heldout.py's columns), prediction.txt (its lines) and
-prediction_auroc.png in the workdir.
+the test says whether the trained members' features predict better than theirs. With two null
+kinds, the first of train.null's order is the null population (prediction.txt and
+prediction.csv's `null_kind` name it). Writes prediction.csv (report/heldout.py's columns and
+null_kind), prediction.txt (its lines) and prediction_auroc.png in the workdir.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import functools
 import math
 import os
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import jax
@@ -53,7 +55,10 @@ FEATURE_METRICS = (*schema.FAITHFULNESS, "acc_proxy", *schema.DICTIONARY_METRICS
 # the probes' accuracies ("probe:...").
 FAMILIES = ("proxies", "heads", "probes")
 ALL = "all"  # the family column of the test on every feature
-COLUMNS = ("family", *heldout.COLUMNS)  # prediction.csv's
+# prediction.csv's: null_kind names the null population ("" without one)
+_AFTER_NULL = heldout.COLUMNS.index("null") + 1
+COLUMNS = ("family", *heldout.COLUMNS[:_AFTER_NULL], "null_kind",
+           *heldout.COLUMNS[_AFTER_NULL:])
 
 
 def family(column: str, metrics) -> str | None:
@@ -94,7 +99,8 @@ class Prediction:
     gaps: bool = setting(True, BOOL, "true or false",
                          doc="also each proxy family's OOD gap (smallest size) as a target")
     threshold: str = setting("median", STR, "'median' or a number in [-1, 1]", _threshold_ok,
-                             "AUROC's positive class: target > this (fixed before the run)")
+                             "AUROC's positive class: target > this (fixed before the run; a "
+                             "number needs prediction.gaps=False)")
     n_splits: int = setting(5, INT, ">= 2", lambda v, s: v >= 2, "folds of the random splits")
     n_repeats: int = setting(10, INT, ">= 1", positive, "repeats of the random splits")
     seed: int = setting(0, INT, ">= 0", lambda v, s: v >= 0, "the random splits' seed")
@@ -164,17 +170,27 @@ def settings_of(config) -> list[str]:
 
 
 def check_members(config, model_cfg) -> list[str]:
-    """One-line ValueError before any work: the features need proxies."""
+    """One-line ValueError before any work: the features need proxies, measured in
+    distribution; the targets a split out of it; a numeric threshold one scale of targets."""
     del model_cfg
     if enabled(config) and not config.proxies.methods:
         raise ValueError("prediction.enabled=True: needs proxies (proxies.methods is empty): "
                          "the features are the proxies' faithfulness")
-    task = tasks.get(config)
-    splits = tuple(config.proxies.eval_splits)
+    task, pc = tasks.get(config), config.prediction
+    splits, baseline = tuple(config.proxies.eval_splits), config.proxies.gap_baseline
+    inside = ", ".join(task.IN_DISTRIBUTION)
     if enabled(config) and all(s in task.IN_DISTRIBUTION for s in splits):
         raise ValueError(f"prediction.enabled=True: the targets are behaviour out of "
                          f"distribution, and proxies.eval_splits={splits} has no split outside "
-                         f"the task's {', '.join(task.IN_DISTRIBUTION)}; add one")
+                         f"the task's {inside}; add one")
+    if enabled(config) and baseline not in task.IN_DISTRIBUTION:
+        raise ValueError(f"prediction.enabled=True: the features are measured on "
+                         f"proxies.gap_baseline={baseline!r}, which is out of distribution (the "
+                         f"targets' side); set it to one of the task's {inside}")
+    if enabled(config) and pc.threshold != "median" and pc.gaps:
+        raise ValueError(f"prediction.threshold={pc.threshold!r}: one number for every target, "
+                         "but prediction.gaps=True adds gap targets (near 0) beside the "
+                         "accuracies; set prediction.gaps=False, or threshold 'median'")
     empty = {"heads": tasks.hook(task, "attention_targets")
              is tasks.DEFAULTS["attention_targets"] and "the task has no attention targets",
              "probes": not config.probes.sites and "probes.sites is empty"}
@@ -187,23 +203,32 @@ def check_members(config, model_cfg) -> list[str]:
 
 
 def check(config, model_cfg) -> list[str]:
-    """check_members, and enough trained members for the random splits: a target split at its
-    median has classes of at most half the members, and each needs prediction.n_splits of
-    them. (One setting, seeds alone, is tested under the random splits only.)"""
+    """check_members, and enough trained members for the random splits (`check_count`)."""
     check_members(config, model_cfg)
+    return check_count([config])
+
+
+def check_count(points: Sequence, where: str = "this run") -> list[str]:
+    """One-line ValueError unless the trained members of `points` (a run: itself; a grid: its
+    points' Settings, tested together) fill the random splits: a target split at its median has
+    classes of at most half the members, and each needs prediction.n_splits of them. (One
+    setting, seeds alone, is tested under the random splits only.)"""
+    config = points[0]
     if not enabled(config):
         return []
-    found, seeds = settings_of(config), len(train.seed_list(config))
-    trained, need = seeds * len(found), 2 * config.prediction.n_splits  # (null copies left out)
+    counts = [(len(train.seed_list(p)), len(settings_of(p))) for p in points]
+    trained = sum(seeds * found for seeds, found in counts)  # (null copies left out)
+    need = 2 * config.prediction.n_splits
     if trained < need:
         more = ("more checkpoints in model.pretrained" if config.model.pretrained
                 else "more train.num_seeds")
+        parts = " + ".join(f"{seeds} seed{'s' * (seeds != 1)} x {found} "
+                           f"setting{'s' * (found != 1)}" for seeds, found in counts)
         raise ValueError(f"prediction.n_splits={config.prediction.n_splits}: the random splits "
                          f"need at least {need} trained members (each class of a target split "
-                         f"at its median holds at most half of them); this run has {trained} "
-                         f"({seeds} seed{'s' * (seeds != 1)} x {len(found)} "
-                         f"setting{'s' * (len(found) != 1)}): {more}, or fewer "
-                         "prediction.n_splits")
+                         f"at its median holds at most half of them); {where} has {trained} "
+                         f"({parts}{f' over {len(points)} points' if len(points) > 1 else ''}"
+                         f"): {more}, or fewer prediction.n_splits")
     return []
 
 
@@ -272,25 +297,32 @@ def members(ctx: Context) -> pd.DataFrame:
 
 def with_setting(frame: pd.DataFrame) -> pd.DataFrame:
     """The members frame with its `setting` column (the values of the hyper-parameters that
-    vary over it, the null kind left out, joined by "/") and index <setting>/seed<seed>."""
+    vary over it, the null kind left out, each written as the group directories write it
+    (train.member_settings: 0.001, not the float32's 0.0010000000474974513), joined by "/")
+    and index <setting>/seed<seed>."""
     frame = frame.drop(columns=["setting"], errors="ignore")
     hp = [c for c in frame if c.startswith("hp:") and c != f"hp:{NULL}"]
     varying = [c for c in hp if frame[c].nunique() > 1]
-    frame.insert(len(frame.columns), "setting", frame[varying].astype(str).agg("/".join, axis=1)
-                 if varying else "")
+    frame.insert(len(frame.columns), "setting", frame[varying].map("{:g}".format).agg(
+        "/".join, axis=1) if varying else "")
     frame.index = frame["setting"] + "/seed" + frame["seed"].astype(str)
     return frame.rename_axis("member")
 
 
-def population(frame: pd.DataFrame, pc: Prediction
+def population(frame: pd.DataFrame, pc: Prediction, nulls: Sequence[str] = ()
                ) -> tuple[pd.DataFrame, pd.DataFrame | None, heldout.Design]:
     """(the trained members' frame, the null members' frame or None, the design) of a members
-    frame (`members`), with the settings `pc` (prediction.*)."""
+    frame (`members`), with the settings `pc` (prediction.*). The null population is the
+    frame's first null kind in the order of `nulls` (train.null), then of train.NULL_KINDS;
+    its hp:null column names it."""
     frame = with_setting(frame)
     hp = [c for c in frame if c.startswith("hp:") and c != f"hp:{NULL}"]
     null = None
     if f"hp:{NULL}" in frame:
-        null = frame[frame[f"hp:{NULL}"] != 0]
+        present = set(frame[f"hp:{NULL}"].astype(int)) - {0}
+        order = [train.NULL_KINDS.index(k) for k in (*nulls, *train.NULL_KINDS)]
+        code = next((c for c in order if c in present), None)
+        null = frame[frame[f"hp:{NULL}"] == code] if code is not None else None
         frame = frame[frame[f"hp:{NULL}"] == 0]
     varying = [c for c in hp if frame[c].nunique() > 1]
     targets = [c for c in frame if c.startswith(("acc:", "gap:"))
@@ -298,8 +330,7 @@ def population(frame: pd.DataFrame, pc: Prediction
     features = [c for c in frame if family(c, pc.metrics) in pc.features
                 and frame[c].notna().all()]
     if null is not None:
-        # One null copy per member: the first kind (train.null's order: untrained first).
-        null = null.sort_values(f"hp:{NULL}").groupby(level=0).first().reindex(frame.index)
+        null = null.reindex(frame.index)  # (each member's copy of that kind)
         features = [c for c in features if c in null and null[c].notna().all()]
         null = null if len(null.dropna(subset=features)) == len(frame) else None
     threshold = pc.threshold if pc.threshold == "median" else float(pc.threshold)
@@ -326,12 +357,17 @@ def read_members(path: str) -> pd.DataFrame:
     return pd.read_csv(path, index_col="member").drop(columns=["kind"])
 
 
-def test(members_frame: pd.DataFrame, pc: Prediction, workdir: str, say) -> pd.DataFrame:
+def test(members_frame: pd.DataFrame, pc: Prediction, workdir: str, say,
+         nulls: Sequence[str] = ()) -> pd.DataFrame:
     """The held-out test over a members frame (`members`, or several runs' joined): every
-    feature family alone and all together; writes prediction.csv, prediction.txt,
-    prediction_auroc.png and prediction_members.csv in `workdir` (process 0)."""
+    feature family alone and all together, against the null kind `population` picks (`nulls`:
+    train.null); writes prediction.csv (its `null_kind` column names that kind),
+    prediction.txt, prediction_auroc.png and prediction_members.csv in `workdir` (process
+    0)."""
     import pandas as pd  # noqa: PLC0415 - not at a launch's start
-    frame, null, design = population(members_frame, pc)
+    members_frame = with_setting(members_frame)
+    frame, null, design = population(members_frame, pc, nulls)
+    kind = "" if null is None else train.NULL_KINDS[int(null[f"hp:{NULL}"].iloc[0])]
     if not design.targets or not design.features:
         what = "target" if not design.targets else "feature"
         raise ValueError(f"prediction.enabled=True: no {what} varies over the {len(frame)} "
@@ -345,12 +381,13 @@ def test(members_frame: pd.DataFrame, pc: Prediction, workdir: str, say) -> pd.D
         f"{len(design.features)} features ("
         + ", ".join(f"{f} {len(cols)}" for f, cols in found.items())
         + f"), {len(design.hparams)} hyper-parameters, {len(design.targets)} targets"
-        + ("" if null is None else ", with the null"))
+        + ("" if null is None else f", with the {kind} null"))
     parts, fitted = [], {}  # (the hparams baseline: fitted once, not once per family)
     for name, columns in tested.items():
         part = heldout.predict(frame, dataclasses.replace(design, features=columns), null,
                                random_state=pc.seed, fitted=fitted)
         part.insert(0, "family", name)
+        part.insert(part.columns.get_loc("null") + 1, "null_kind", kind)
         parts.append(part)
     result = pd.concat(parts, ignore_index=True)
     write_members(members_frame, workdir)
@@ -361,9 +398,14 @@ def test(members_frame: pd.DataFrame, pc: Prediction, workdir: str, say) -> pd.D
         setting = (f"{n} settings of {', '.join(design.hparams)}" if n > 1 else
                    "1 setting (seeds alone: random splits only; hparams, one constant, scores "
                    "chance)")
+        others = sorted(set(train.NULL_KINDS[int(k)] for k in members_frame.get(
+            f"hp:{NULL}", [])) - {"trained", kind})
         lines = [f"Held-out prediction: {len(frame)} trained members, {setting}; "
                  f"features: {len(design.features)} in-distribution measurements ("
-                 + "; ".join(f"{f}: {len(c)}" for f, c in found.items()) + ")"]
+                 + "; ".join(f"{f}: {len(c)}" for f, c in found.items()) + "); null: "
+                 + (f"the {kind} copies" if kind else "none")
+                 + (f" (the {', '.join(others)} ones are in {OUTPUTS[3]} only)" if others
+                    else "")]
         for name, part in zip(tested, parts, strict=True):
             lines += ["", f"Features: {name} ({len(tested[name])})",
                       *heldout.report_lines(part)]
@@ -376,7 +418,8 @@ def test(members_frame: pd.DataFrame, pc: Prediction, workdir: str, say) -> pd.D
 
 def run(ctx: Context) -> Context:
     """The stage (scope population): the test over the run's members, in the workdir."""
-    result = test(members(ctx), ctx.settings.prediction, ctx.workdir, ctx.say)
+    result = test(members(ctx), ctx.settings.prediction, ctx.workdir, ctx.say,
+                  ctx.settings.train.null)
     return ctx.produced("prediction", frame=result)
 
 
@@ -393,4 +436,9 @@ STAGE = Stage("prediction", run, enabled=enabled, scope="population",
               keys=("prediction.*", "proxies.*"), outputs=OUTPUTS, section=Prediction,
               check=check, needs=(PROXIES,), makes=("prediction",))
 # A grid point's (pipeline/job.py's POINT_PIPELINE): the members frame, tested by the grid.
-MEMBERS = dataclasses.replace(STAGE, run=run_members, outputs=OUTPUTS[3:], check=check_members)
+# Its keys: the settings the members frame depends on (the grid's own record of the others
+# redoes the test alone).
+MEMBERS = dataclasses.replace(
+    STAGE, run=run_members, outputs=OUTPUTS[3:], check=check_members,
+    keys=("prediction.enabled", "prediction.metrics", "prediction.features",
+          "prediction.head_sentences", "prediction.gaps", "proxies.*"))

@@ -281,10 +281,10 @@ def length_generalization(params, cfg: model_lib.ModelConfig, tokens: np.ndarray
             "count": np.full(len(total["share_correct"]), count)}
 
 
-def _mean_and_half_width(values: np.ndarray) -> tuple[float, float]:
-    """stats.t_interval (over the finite values) as mean and half-width, for the summary."""
+def _plus_minus(values: np.ndarray) -> str:
+    """stats.t_interval (over the finite values) as 'mean ± half-width', for the summary."""
     mean, low, high = interval_stats.t_interval(values)
-    return mean, (high - low) / 2
+    return f"{mean:.3f} ± {(high - low) / 2:.3f}"
 
 
 # ------------------------------------------------------------------- the Wen stage of the main job
@@ -411,10 +411,6 @@ def measure(state, results, model_cfg: model_lib.ModelConfig, config, workdir: s
     return rows, attention
 
 
-def _fmt(mean: float, ci: float) -> str:
-    return f"{mean:.3f} ± {ci:.3f}"
-
-
 def summary(rows: list[dict], attention: list[dict], config) -> str:
     """Text tables: attention variation, per-weight means with 95% intervals over seeds, paired
     differences against the first weight, Spearman correlations across seeds."""
@@ -446,8 +442,7 @@ def summary(rows: list[dict], attention: list[dict], config) -> str:
         for key in keys:
             vals = np.array([r[key] for r in group])
             if key == "balance_violation":  # a ratio, not bounded above
-                cell = (f"{key} {_fmt(*_mean_and_half_width(vals))} "
-                        f"(median {np.median(vals):.3f})")
+                cell = f"{key} {_plus_minus(vals)} (median {np.median(vals):.3f})"
             else:  # a share of sequences or tokens
                 mean, low, high = interval_stats.bounded_interval(vals)
                 cell = f"{key} {mean:.3f} [{low:.3f}, {high:.3f}]"
@@ -458,8 +453,8 @@ def summary(rows: list[dict], attention: list[dict], config) -> str:
         out += ["", f"Paired differences vs weight {base:g} (same seeds; mean ± 95% CI):"]
         for w in weights[1:]:
             pairs = [s for s in seeds if (w, s) in by and (base, s) in by]
-            cells = [f"{key} {_fmt(*_mean_and_half_width(np.array([by[(w, s)][key] - by[(base, s)][key] for s in pairs])))}"  # noqa: E501
-                     for key in keys]
+            cells = [f"{key} " + _plus_minus(np.array([by[w, s][key] - by[base, s][key]
+                                                       for s in pairs])) for key in keys]
             out.append(f"  weight {w:g} - {base:g} ({len(pairs)} seeds): " + ", ".join(cells))
     if "balance_violation" in keys and "length_gen_acc" in keys:
         out += ["", "Spearman correlation, balance violation vs length generalization, across "
@@ -482,17 +477,15 @@ def attention_figure(attention: list[dict]):
                                                  if a["contrastive_weight"] else "")
              for a in attention]
     mean = np.array([a["variation"] for a in attention])
-    err = np.array([[a["variation"] - a["low"], a["high"] - a["variation"]]
-                    for a in attention]).T
+    err = np.array([[a["variation"] - a["low"], a["high"] - a["variation"]] for a in attention]).T
     defined = bool(np.isfinite(err).any())  # at 2 seeds no bar has one: none drawn
     ax.bar(range(len(mean)), mean, yerr=np.nan_to_num(err) if defined else None, capsize=4,
            color="tab:blue", alpha=0.8)
     ax.axhline(attention[0]["random_baseline"], color="k", ls="--", label="random (causal)")
     ax.set_xticks(range(len(mean)), names, fontsize=7)
     ax.set_ylabel("attention variation")
-    ax.set_title("Attention variation between seeds (mean over pairs, "
-                 + ("95% CI)" if defined else "no interval: it takes 3 seeds or more)"),
-                 fontsize=9)
+    what = "95% CI" if defined else "no interval: it takes 3 seeds or more"
+    ax.set_title(f"Attention variation between seeds (mean over pairs, {what})", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

@@ -55,8 +55,8 @@ import numpy as np
 from jaxillusions.config.fields import (
     INT,
     NUMBER,
+    PATH,
     STR,
-    absolute,
     absolutes,
     nonnegative,
     positive,
@@ -117,8 +117,7 @@ class Data:
                            doc=".txt or .jsonl files per split; train: fitted on, the others "
                            "evaluated (iid and longer are made from train); checked at the door",
                            convert=lambda v: {k: absolutes(p) for k, p in v.items()})
-    tokenizer: str = setting("", STR, "a tokenizer.json", doc="read with `tokenizers`",
-                             convert=absolute)
+    tokenizer: str = setting("", PATH, "a tokenizer.json", doc="read with `tokenizers`")
     bos: str = setting("auto", STR, "auto, '' (none) or a token of the tokenizer",
                        doc="starts every row and separates documents")
     window: int = setting(128, INT, ">= 2", lambda v, s: v >= 2,

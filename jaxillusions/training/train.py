@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import math
 import os
 import time
@@ -249,8 +250,18 @@ def claim_workdir(workdir: str, config: Settings, record: bool = True) -> list[s
     defaults = tensorboard.flatten_config(config.defaults())
     return distributed.on_main(lambda: ckpt_lib.claim_workdir(
         workdir, config, config.is_analysis_key, defaults, record,
-        machine.describe() if record else None, settings.converted),
+        machine.describe() if record else None, lambda stored: _as_read_now(workdir, stored)),
         "checking the workdir") or []
+
+
+def _as_read_now(workdir: str, stored: dict) -> dict:
+    """A workdir's stored config as the door reads it now, each setting's conversion applied
+    (a path relative to the launch's directory made absolute, as it is stored since), so that a
+    relaunch compares like with like; one this version cannot read, as it is."""
+    try:
+        return json.loads(json.dumps(settings.read_stored(workdir).to_dict()))
+    except ValueError:
+        return stored
 
 
 def _next_stop(step: int, end: int, tc) -> int:
