@@ -25,6 +25,7 @@ from jaxillusions.studies import induction, stage
 from jaxillusions.tasks import code_completion as code_task
 from jaxillusions.tasks.code_completion import copying
 from jaxillusions.tasks.code_completion import splits as code_data
+from jaxillusions.training import train
 
 CATS = code_data.CATEGORIES
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -364,6 +365,22 @@ def test_sweep_probes_induction_heads_once_and_again_when_its_settings_change(co
     bad.induction.length = 1000
     with pytest.raises(ValueError, match=r"induction.length=1000: must be 0"):
         validate.validate(bad)
+
+
+def test_an_induction_length_past_the_datas_vocabulary_stops_before_training(tmp_path):
+    """Was: passed the door, which counts data.max_vocab's tokens before the data exists, then
+    failed after training ("induction length=120: must be in [2, 87]")."""
+    config = code_config(tmp_path)
+    config.induction.enabled = True
+    settings = checked(config)
+    _, model_cfg, _ = train.build(settings)
+    pool = len(induction.drawable(model_cfg.vocab_size, induction.task_tokens(settings)))
+    config.induction.length = pool + 1
+    settings = checked(config)  # the door lets it through: its vocabulary is data.max_vocab's
+    with pytest.raises(ValueError, match=rf"^induction.length={pool + 1}: must be 0 \(the "
+                                         rf"default, \d+ here\) or in \[2, {pool}\] \({pool} "):
+        sweep.run(settings, str(tmp_path / "run"), verbose=False)
+    assert not os.path.exists(tmp_path / "run" / "checkpoints")
 
 
 def test_induction_stage_on_code_leaves_a_diverged_seed_out_of_the_code_analyses(tmp_path):

@@ -323,6 +323,21 @@ def test_bad_lens_probe_and_erasure_settings_are_one_line_errors(config, keys, m
     assert "\n" not in str(err.value)
 
 
+def test_probes_txt_gives_the_gap_on_seen_classes_where_a_split_has_unseen_ones():
+    """Was: only the gap over every position, where docs/lenses.md's depth-probe gap is on
+    unseen_depth's seen depths: a number probes.txt did not show."""
+    rows = [{"seed": s, "site": "blocks.0.resid_post", "concept": "depth", "split": split,
+             "n": 100, "n_seen": 100 if split == "iid" else 60, "probe_acc": acc - 0.01 * s,
+             "probe_acc_seen": seen - 0.01 * s, "erased_refit_acc": 0.2, "refit_acc": 0.6,
+             "refit_chance_acc": 0.1}
+            for s in range(3) for split, acc, seen in (("iid", 0.7, 0.7),
+                                                      ("unseen_depth", 0.3, 0.4))]
+    text = probes.report(rows, "iid", "iid")
+    line = next(t for t in text.splitlines() if t.strip().startswith("unseen_depth"))
+    assert "+0.400 [+0.400,+0.400] 3/3" in line and "+0.300 [+0.300,+0.300] 3/3" in line, line
+    assert line.index("+0.400") < line.index("+0.300")  # the gap, then the one on seen classes
+
+
 def test_heldout_training_sentences_follow_the_fit_sample(config):
     """The fit sample reads the first num_samples positions; the held-out reference starts at
     the first sentence it did not touch."""

@@ -802,6 +802,31 @@ def swept(tmp_path_factory, cache_dir, no_reports):
         return {"config": config, "workdir": workdir, "csv": f.read()}
 
 
+def test_a_checkpoint_of_another_shape_moves_and_claims_nothing(swept, tmp_path, monkeypatch):
+    """Was: the relaunch of a finished code sweep whose data.source had gained files (so a
+    larger vocabulary) with an analysis key changed moved results.csv and the reports to
+    superseded/ and rewrote config.json, then stopped at the checkpoint: "nothing was
+    changed". The check now comes before both (the vocabulary grown by hand here)."""
+    import dataclasses
+
+    workdir = str(tmp_path / "run")
+    shutil.copytree(swept["workdir"], workdir)
+    before = _listing(workdir)
+    build = train.build
+
+    def grown(config, splits=None):
+        splits, model_cfg, tx = build(config, splits)
+        return splits, dataclasses.replace(model_cfg, vocab_size=model_cfg.vocab_size + 1), tx
+
+    monkeypatch.setattr(train, "build", grown)
+    config = swept["config"].copy_and_resolve_references()
+    config.proxies.eval_splits = ("iid", "longer")  # an analysis key: the reports would move
+    with pytest.raises(checkpoint.CheckpointMismatch, match=r"does not match this config or "
+                       r"code: params.embed: .*; nothing was changed \(use another --workdir"):
+        sweep.run(checked(config), workdir, verbose=False)
+    assert _listing(workdir) == before
+
+
 @pytest.mark.slow
 def test_finished_sweep_is_left_as_it_is(swept, tmp_path, capsys):
     # Was: all proxy work redone, results rewritten, hparams and images duplicated.

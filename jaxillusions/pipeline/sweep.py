@@ -261,14 +261,18 @@ def _run(config: Settings, workdir: str, *, verbose: bool, start_over: bool,
     elif done is not None and done["analysis"] is not None:
         say("analysis settings changed since the sweep finished: training is kept; proxy "
             "families are refitted and re-evaluated where their settings changed")
+    splits, model_cfg, tx = train.build(config)
+    for stage in pipeline:  # again, on the model the data gives (the code task's vocabulary)
+        if stage.check is not None:
+            stage.check(config, model_cfg)
+    if not config.model.pretrained:  # a checkpoint of another shape moves nothing (below)
+        train.check_checkpoint(config, workdir, model_cfg, tx)
     # The earlier reports are kept, under superseded/, before they are written again; without a
     # done-file too (a sweep stopped in its report stage), whose analysis may have been another.
     move_aside(_reports(config, workdir, pipeline, stamped=False),
                stages.STALE if done is not None else
                f"is from a sweep that did not finish (no {DONE_FILE}); the reports are "
                "written again")
-
-    splits, model_cfg, _ = train.build(config)
     ctx = Context(settings=config, workdir=workdir, say=say, verbose=verbose,
                   move_aside=move_aside, splits=splits, model_cfg=model_cfg, start=start,
                   start_over=start_over, pipeline=tuple(pipeline))

@@ -361,12 +361,7 @@ class Checkpointer:
             raise RuntimeError(f"metadata unreadable: {first_line(err)}") from err
         if metadata is None:
             raise RuntimeError("metadata missing")
-        mismatch = _first_mismatch(metadata, target)
-        if mismatch:
-            raise CheckpointMismatch(
-                f"checkpoint {step} in {self.directory} does not match this config or code: "
-                f"{mismatch}; nothing was changed (use another --workdir, or the config and "
-                "code that wrote it)")
+        self._fits(step, metadata, target)
         state = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
         with open(sums_path) as f:
             expected = json.load(f)
@@ -375,6 +370,27 @@ class Checkpointer:
             if expected.get(name) != actual.get(name):
                 raise RuntimeError(f"{name} does not match its recorded sha256 checksum")
         return state
+
+    def _fits(self, step: int, metadata, target) -> None:
+        mismatch = _first_mismatch(metadata, target)
+        if mismatch:
+            raise CheckpointMismatch(
+                f"checkpoint {step} in {self.directory} does not match this config or code: "
+                f"{mismatch}; nothing was changed (use another --workdir, or the config, data "
+                "and code that wrote it: a model's vocabulary follows its data)")
+
+    def check_fits(self, target) -> None:
+        """CheckpointMismatch if the newest finished checkpoint does not fit `target` (shapes
+        and dtypes, e.g. jax.eval_shape's), from its metadata alone: before a relaunch claims
+        the workdir or moves its reports aside. Nothing where there is none or it is unreadable
+        (restore_latest deals with those)."""
+        steps = [s for s in sorted(self._manager.all_steps(), reverse=True) if self.committed(s)]
+        try:
+            metadata = self._manager.item_metadata(steps[0]) if steps else None
+        except Exception:  # noqa: BLE001 - unreadable: restore_latest skips it
+            return
+        if metadata is not None:
+            self._fits(steps[0], metadata, target)
 
     def restore_latest(self, target, *, start_over: bool = False):
         """Returns (step, state) of the newest checkpoint that restores and verifies, or

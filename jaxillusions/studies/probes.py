@@ -85,8 +85,8 @@ def report(rows: list[dict], baseline: str, reference: str) -> str:
     lines = ["Linear probes and concept erasure (probes.csv; docs/lenses.md): means over seeds "
              "[95% interval] and seeds > 0 / seeds."]
     table = _by(rows, "site", "concept", "split")
-    header = (f"  {'split':<18}{'probe_acc':<22}{'gap':<28}{'left':<28}"
-              f"{'left - left on ' + reference:<40}decodable")
+    header = (f"  {'split':<18}{'probe_acc':<22}{'gap':<28}{'gap on seen classes':<28}"
+              f"{'left':<28}{'left - left on ' + reference:<40}decodable")
     for site, concept in dict.fromkeys((k[0], k[1]) for k in table):
         splits = [k[2] for k in table if k[:2] == (site, concept)]
         base = table.get((site, concept, baseline), {})
@@ -96,10 +96,13 @@ def report(rows: list[dict], baseline: str, reference: str) -> str:
             per_seed = table[(site, concept, split)]
             mean, low, high = stats.bounded_interval(
                 np.array([r["probe_acc"] for r in per_seed.values()]))
-            gap = more = ""
+            gap = seen = more = ""
             if split != baseline and base:
                 gap = _interval(stats.paired_summary(_paired(
                     base, per_seed, lambda b, s: b["probe_acc"] - s["probe_acc"])))
+            if gap and any(r["n_seen"] < r["n"] for r in per_seed.values()):
+                seen = _interval(stats.paired_summary(_paired(
+                    base, per_seed, lambda b, s: b["probe_acc_seen"] - s["probe_acc_seen"])))
             if split != reference and ref:
                 more = _interval(stats.paired_summary(_paired(
                     ref, per_seed, lambda b, s: _left(s) - _left(b))))
@@ -107,9 +110,11 @@ def report(rows: list[dict], baseline: str, reference: str) -> str:
             there = _interval(stats.paired_summary(np.array(
                 [r["refit_acc"] - r["refit_chance_acc"] for r in per_seed.values()])))
             lines.append(f"  {split:<18}{f'{mean:.3f} [{low:.3f},{high:.3f}]':<22}{gap:<28}"
-                         f"{left:<28}{more:<40}{there}")
+                         f"{seen:<28}{left:<28}{more:<40}{there}")
     lines += ["", f"gap: probe_acc on {baseline} minus on the split (> 0: the train-fitted probe "
-              "is less right there). left: erased_refit_acc - refit_chance_acc, the accuracy "
+              "is less right there); on seen classes: probe_acc_seen's, where the split has "
+              "classes the probe never saw (Dyck's unseen depths). left: erased_refit_acc - "
+              "refit_chance_acc, the accuracy "
               "above chance of a probe fitted on the split's fit half after the train-fitted "
               "LEACE, scored on its evaluation half (> 0: erasure left the concept decodable); "
               f"left - left on {reference} (training sentences outside the fit sample): paired, "

@@ -254,6 +254,26 @@ def claim_workdir(workdir: str, config: Settings, record: bool = True) -> list[s
         "checking the workdir") or []
 
 
+def check_checkpoint(config: Settings, workdir: str, model_cfg: model_lib.ModelConfig, tx,
+                     seeds=None) -> None:
+    """A one-line CheckpointMismatch if the workdir's newest checkpoint does not fit this run's
+    state (a shape that follows the data: the code task's vocabulary, from the files of
+    data.source), before the workdir is claimed or its reports moved aside; nothing without
+    one."""
+    from jaxillusions.runtime import checkpoint as ckpt_lib  # noqa: PLC0415 - keeps orbax off pure use
+
+    if not ckpt_lib.has_checkpoints(workdir):
+        return
+    sweep = members(config, seeds)
+    target = jax.eval_shape(lambda: init_state(sweep.seeds, model_cfg, tx,
+                                               sweep.values["init_scale"]))
+    checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, ckpt_lib.CHECKPOINT_DIR))
+    try:
+        checkpointer.check_fits(target)
+    finally:
+        checkpointer.close()
+
+
 def _as_read_now(workdir: str, stored: dict) -> dict:
     """A workdir's stored config as the door reads it now, each setting's conversion applied
     (a path relative to the launch's directory made absolute, as it is stored since), so that a
@@ -336,6 +356,7 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
         claim_workdir(workdir, config, record=False)
     splits, model_cfg, tx = build(config, splits)
     if workdir is not None:  # and claimed once the data has loaded and passed its checks
+        check_checkpoint(config, workdir, model_cfg, tx, seeds)
         for note in claim_workdir(workdir, config):
             say(note)
         checkpointer = ckpt_lib.Checkpointer(f"{workdir}/{ckpt_lib.CHECKPOINT_DIR}")
