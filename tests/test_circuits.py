@@ -368,6 +368,12 @@ def test_overlap_of_known_circuits():
     seeds = {r["size"]: r["mean"] for r in rows if r["between"] == "seeds"}
     assert seeds == {1: 1.0, 2: pytest.approx(1 / 3)}  # sizes 0 and 6 (every unit) left out
     assert all(r["mean"] == 1.0 for r in rows if r["between"] == "fit:unseen_depth")
+    # Overlaps lie in [0, 1], and so do their intervals (a plain t interval over 3 seeds read
+    # [-3.569, 4.902] around a mean of 0.667).
+    third = np.array([[0, 0, 5, 4, 0, 0]], np.float32)
+    fitted = {"circuit.node.mean": {"scores": np.concatenate([scores, third])[:, None, None]}}
+    rows = study.overlap_rows(spec, fitted, {}, cfg)
+    assert all(0 <= r["ci_low"] < r["mean"] < r["ci_high"] <= 1 for r in rows), rows
 
 
 def test_equal_iid_matches_the_circuits_below_every_unit_to_each_reference_site():

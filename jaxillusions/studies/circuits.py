@@ -139,12 +139,13 @@ def overlap_rows(spec, fitted: dict, shifted: dict[str, dict], model_cfg,
             pair = np.full((len(sets),) * 2, np.nan)
             for a, b in itertools.combinations(members, 2):
                 pair[a, b] = pair[b, a] = jaccard(sets[a, r], sets[b, r])
-            mean, low, high = stats.t_interval(np.nanmean(pair[members][:, members], axis=1))
+            mean, low, high = stats.bounded_interval(  # overlaps lie in [0, 1]: logit-t
+                np.nanmean(pair[members][:, members], axis=1))
             out.append({**base, "between": "seeds", "mean": mean, "ci_low": low,
                         "ci_high": high, "n": len(members)})
         for split, other in shifted.items():
             values = jaccard(sets[keep, r], kept_sets(other, spec.sizes)[keep, r])
-            mean, low, high = stats.t_interval(values)
+            mean, low, high = stats.bounded_interval(values)
             out.append({**base, "between": f"fit:{split}", "mean": mean, "ci_low": low,
                         "ci_high": high, "n": int(np.isfinite(values).sum())})
     return out
