@@ -452,14 +452,17 @@ def _benchmark(*args, cwd=ROOT):
     (["--config=nope.py"], "config file nope.py not found; the shipped configs: code,"),
     (["--config=nope"], "no shipped config named 'nope'; the shipped configs: code,"),
     (["--config=dyck_small", "--compute_dtype=float16"], "invalid choice: 'float16'"),
+    (["--seeds=2,2"], "--seeds=2,2: each seed count once"),  # was: timed twice, one count
+    (["--out=b.json/x.json"], "b.json is a file, not a folder"),  # was: "File exists: ..."
 ])
 def test_benchmark_bad_input_is_one_line(args, message, tmp_path):
     # Was: tracebacks (ZeroDivisionError, ValueError), some after the first row was timed, and
     # negative throughputs recorded for --seeds=-1.
-    proc = _benchmark(*args, f"--out={tmp_path / 'b.json'}")
+    (tmp_path / "b.json").write_text("an earlier report")  # (a file, where --out goes under it)
+    proc = _benchmark(f"--out={tmp_path / 'b.json'}", *args, cwd=tmp_path)
     (line,) = proc.stderr.strip().splitlines()
     assert proc.returncode != 0 and line.startswith("error: ") and message in line, proc.stderr
-    assert not os.path.exists(tmp_path / "b.json")
+    assert (tmp_path / "b.json").read_text() == "an earlier report"
 
 
 def test_benchmark_keeps_an_earlier_report(tmp_path, cache_dir, monkeypatch, capsys):

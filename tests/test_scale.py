@@ -488,6 +488,18 @@ def test_two_processes_equal_one(one_device, cache_dir, tmp_path):
     assert os.path.exists(workdir / "checkpoints" / "20" / "checksums.json")
 
 
+def test_several_processes_need_each_its_id(monkeypatch):
+    """Was: without --process_id every process ran as process 0: the second failed to bind the
+    coordinator's port ("Address already in use"), the first waited out the join timeout."""
+    monkeypatch.delenv("JAX_PROCESS_ID", raising=False)
+    with pytest.raises(ValueError, match=r"^2 processes: give each its id, --process_id=0 \.\. 1"):
+        distributed.settings("127.0.0.1:1234", 2)
+    assert distributed.settings("127.0.0.1:1234", 2, 1) == ("127.0.0.1:1234", 2, 1)
+    assert distributed.settings(None, 1) == (None, 1, 0)  # one process needs no id
+    monkeypatch.setenv("JAX_PROCESS_ID", "1")
+    assert distributed.settings("127.0.0.1:1234", 2) == ("127.0.0.1:1234", 2, 1)
+
+
 def test_missing_process_is_named(tmp_path, cache_dir):
     # Process 0 of 2 is started alone: after the join timeout it names process 1, in one line.
     port = _free_port()

@@ -88,6 +88,8 @@ def _checked(args, suite) -> tuple[list[int], object]:
         seeds = []
     if not seeds or min(seeds) < 1:
         sys.exit(f"error: --seeds={args.seeds}: expected positive integers separated by commas")
+    if len(set(seeds)) < len(seeds):  # (a row per seed count: one timing each)
+        sys.exit(f"error: --seeds={args.seeds}: each seed count once")
     for name, low in (("steps", 1), ("repeats", 1), ("loop_max_seeds", 0), ("proxy_seeds", 1),
                       ("proxy_batch_size", 1)):
         value = getattr(args, name)
@@ -96,6 +98,11 @@ def _checked(args, suite) -> tuple[list[int], object]:
     if not args.out or os.path.isdir(args.out):
         sys.exit(f"error: --out={args.out} is {'a directory' if args.out else 'empty'}; give "
                  "the JSON file to write")
+    above = os.path.dirname(os.path.abspath(args.out))
+    while not os.path.exists(above):
+        above = os.path.dirname(above)
+    if not os.path.isdir(above):
+        sys.exit(f"error: --out={args.out}: {above} is a file, not a folder")
     if args.config is not None:  # a shipped config's name or a file: before JAX starts
         try:
             configs.locate(args.config)

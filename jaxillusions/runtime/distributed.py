@@ -55,6 +55,9 @@ def settings(coordinator_address: str | None = None, num_processes: int | None =
     address = coordinator_address or env.get("JAX_COORDINATOR_ADDRESS") or None
     count = num_processes if num_processes is not None else int(env.get("JAX_NUM_PROCESSES", 1))
     index = process_id if process_id is not None else int(env.get("JAX_PROCESS_ID", 0))
+    if count > 1 and process_id is None and "JAX_PROCESS_ID" not in env:
+        raise ValueError(f"{count} processes: give each its id, --process_id=0 .. {count - 1} "
+                         "(or JAX_PROCESS_ID); without it every process would be process 0")
     if count < 1 or not 0 <= index < count:
         raise ValueError(f"process id {index} with {count} processes: need 0 <= id < count")
     if count > 1 and (not address or ":" not in address):
