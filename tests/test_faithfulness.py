@@ -336,6 +336,58 @@ def test_full_rank_svd_is_faithful_and_rank_one_is_not(trained):
     assert max(r["jsd"] for r in rank1) > 1e-4
 
 
+def test_the_library_calls_resolve_sites_and_refuse_what_disagrees(trained):
+    """collect, fit, evaluate and FittedProxy.intervention take sites as the configs name them
+    (blocks.-1: the last layer) and refuse in one line an unknown site, a proxy on a site of
+    another kind, a size its proxy's rule or the site's width refuses, counts of seeds that
+    disagree and indices out of range."""
+    _, splits, model_cfg, params = trained
+
+    def collected(*specs):
+        return collect(params, splits["train"], model_cfg, list(specs), num_samples=0,
+                       batch_size=512)
+
+    for spec, match in [
+            (("svd", ("blocks.1.attn.kk",), (1,)), "^unknown activation site 'blocks.1.attn.kk'"),
+            (("svd", ("blocks.1.attn.pattern",), (2,)), r"^ProxySpec\('svd', .*\): "
+             "'blocks.1.attn.pattern' is not a site of a vector proxy"),
+            (("onehot_attention", ("blocks.1.attn.k",), (0,)), "not a site of a pattern proxy"),
+            (("svd", ("blocks.1.attn.k",), (64,)), r"sizes=\(64,\)\): .*ranks \[64\] exceed "
+             r"the dimension 16 of blocks.1.attn.k \(width 16\)"),
+            (("svd", ("blocks.1.attn.k",), (0,)), r"sizes=\(0,\)\): sizes must be ranks >= 1")]:
+        with pytest.raises(ValueError, match=match):
+            collected(ProxySpec(*spec))
+    last = ProxySpec("svd", ("blocks.-1.attn.k",), (1, 16))
+    stats = collected(last)
+    fitted = fit([last], stats, jax.random.PRNGKey(0), num_seeds=2)
+    eval_set = make_eval_set(splits, ["iid"])
+    rows = evaluate(params, model_cfg, eval_set, fitted, batch_size=64, seeds=[0, 1])
+    assert {r["site"] for r in rows} == {"blocks.1.attn.k"}
+    full = [r for r in rows if r["size"] == 16 and r["breakdown"] == "all"]
+    assert len(full) == 2 and all(r["same_pred"] == 1.0 for r in full)
+    with pytest.raises(ValueError, match="^fit: num_seeds=3, but the stats of blocks.-1.attn.k "
+                       "are of 2 seeds$"):
+        fit([last], stats, jax.random.PRNGKey(0), num_seeds=3)
+    for seeds in ([0], [0, 1, 2]):
+        with pytest.raises(ValueError, match=f"^seeds: {len(seeds)} labels for 2 seeds of "):
+            evaluate(params, model_cfg, eval_set, fitted, batch_size=64, seeds=seeds)
+    with pytest.raises(ValueError, match=r"^fitted: svd on blocks.1.attn.k was fitted for 2 "
+                       "seeds, params have 1$"):
+        evaluate(jax.tree.map(lambda x: x[:1], params), model_cfg, eval_set, fitted,
+                 batch_size=64, seeds=[0])
+    for index, match in [((2, 0), r"^seed_index=2: svd on blocks.-1.attn.k has 2 seeds "
+                                  r"\(indices 0..1\)$"),
+                         ((0, 2), r"^size_index=2: .* has 2 sizes \(indices 0..1\)$"),
+                         ((0, 0), "a negative layer needs the model: pass model_cfg")]:
+        with pytest.raises(ValueError, match=match):
+            fitted[0].intervention(*index)
+    p0, tokens = jax.tree.map(lambda x: x[0], params), jnp.asarray(splits["iid"].tokens[:8])
+    logits, _ = forward(p0, tokens, model_cfg)
+    rank1, _ = forward(p0, tokens, model_cfg,
+                       intervention=fitted[0].intervention(0, 0, model_cfg=model_cfg))
+    assert np.abs(np.asarray(rank1) - np.asarray(logits)).max() > 1e-3  # the keys replaced
+
+
 def test_a_readout_scores_the_evaluated_positions_and_no_others(trained):
     """The readout's slots past a row's last evaluated position (-1, read at position 0) score
     nothing, also where position 0 is itself evaluated (the code task's first character; never

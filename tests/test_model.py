@@ -298,6 +298,27 @@ def test_vmap_over_seed_axis_matches_single_models():
         _within(batched[i], single, cfg)
 
 
+def test_forward_refuses_unknown_cached_sites_and_stacked_params_at_tracing():
+    """One-line errors on the static names and shapes, before any computation: a cached site
+    the model does not have (a plain string is one site), and params with a leading member
+    axis (one model's are expected; several go through jax.vmap)."""
+    cfg, params, tokens = _setup()
+    for cache in [("blocks.1.attn.pattern", "blocks.1.attn.patern"), ("blocks.5.attn.pattern",)]:
+        with pytest.raises(ValueError, match=f"^unknown activation site '{cache[-1]}'; this "
+                           "model has: embed, .*blocks.1.attn.pattern"):
+            model_lib.forward(params, tokens, cfg, cache=cache)
+    with pytest.raises(ValueError, match="unknown activation site 'nope'"):
+        jax.jit(lambda p: model_lib.forward(p, tokens, cfg, cache="nope"))(params)
+    _, one = model_lib.forward(params, tokens, cfg, cache="blocks.1.attn.pattern")
+    assert set(one) == {"blocks.1.attn.pattern"}
+    stacked = jax.tree.map(lambda x: jnp.stack([x] * 3), params)
+    with pytest.raises(ValueError, match=r"params have a leading member axis \(ln_final scale "
+                       r"\(3, 16\)\): pass one member's, run.seed_params\(seed\), or jax.vmap"):
+        model_lib.forward(stacked, tokens, cfg)
+    batched = jax.vmap(lambda p: model_lib.forward(p, tokens, cfg)[0])(stacked)
+    _within(batched[2], model_lib.forward(params, tokens, cfg)[0], cfg)
+
+
 def test_bad_model_config_errors():
     with pytest.raises(ValueError, match="pos_encoding"):
         model_lib.ModelConfig(vocab_size=5, max_len=4, pos_encoding="alibi")

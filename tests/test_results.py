@@ -203,3 +203,38 @@ def test_per_seed_statistics_refuse_the_rows_of_several_groups(tmp_path):
                        r"members .*; select one group's rows first, e.g. df\[df.null == "):
         dictionaries.equal_id(both)
     dictionaries.equal_id(both[both.null == "trained"])  # one group: as before
+
+
+def test_load_results_names_a_path_that_holds_no_results(tmp_path):
+    """A path that is not there, a run stopped before its results, a directory that is no run,
+    a CSV that is not results.csv and a file that is no CSV: one line each, naming the path."""
+    stopped, empty = tmp_path / "stopped", tmp_path / "empty"
+    os.makedirs(stopped)
+    os.makedirs(empty)
+    (stopped / "config.json").write_text('{"proxies": {"eval_splits": ["iid"]}}')
+    (tmp_path / "gaps.csv").write_text("site,method,size,split,gap\nblocks.1.attn.k,svd,1,iid,0\n")
+    (tmp_path / "sweep.log").write_text("training\nstep 100, loss 1.9\nstep 200, loss 1.7, min 1\n")
+    for path, error, match in [
+            (tmp_path / "missing", FileNotFoundError, "missing not found: give a jaxillusions "
+                                                      "workdir or the path of its results.csv"),
+            (stopped, FileNotFoundError, r"stopped has no results yet \(no results.csv: its "
+                                         "sweep has not finished evaluating the proxies\\); run"),
+            (empty, FileNotFoundError, "empty/results.csv not found: is .*empty a jaxillusions "
+                                       "workdir"),
+            (tmp_path / "gaps.csv", ValueError, r"gaps.csv is not a results.csv \(no columns "
+                                                r"\['seed', 'breakdown', 'bin', 'n'\]\)"),
+            (tmp_path / "sweep.log", ValueError, r"sweep.log is not a results.csv \(not a CSV "
+                                                 "table: Error tokenizing data")]:
+        with pytest.raises(error, match=match) as raised:
+            results.load_results(str(path))
+        assert "\n" not in str(raised.value)
+
+
+def test_a_member_not_in_the_run_is_named_as_given():
+    run = results.Run(params={"w": np.zeros((3, 2))}, config=None, model_config=None,
+                      splits={}, seeds=[0, 1, 2], labels=[0, 1, 2],
+                      healthy=np.ones(3, bool), step=0)
+    np.testing.assert_array_equal(run.seed_params(1)["w"], np.zeros(2))
+    with pytest.raises(ValueError, match=r"^seed '0' is not in this run; it has seeds \[0, 1, "
+                       r"2\] \(labels \[0, 1, 2\]\)$"):
+        run.seed_params("0")

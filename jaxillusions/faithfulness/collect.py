@@ -14,7 +14,7 @@ import numpy as np
 
 from jaxillusions import model as model_lib
 from jaxillusions import proxies, tasks
-from jaxillusions.faithfulness.specs import ProxySpec
+from jaxillusions.faithfulness.specs import ProxySpec, resolve_spec
 from jaxillusions.runtime import distributed, watchdog
 from jaxillusions.runtime.chunks import padded_chunks
 from jaxillusions.training import memory
@@ -162,8 +162,16 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
     training sentences, which are i.i.d. draws, so this is a random sample of sentences (all
     positions of each).
     Seeds run in sequential chunks (`chunking`, see `Chunking` and `seed_chunk`); a seed's
-    statistics depend on that seed alone.
+    statistics depend on that seed alone. The specs are checked against the model first
+    (`resolve_spec`); a site named by a negative layer (blocks.-1) has its statistics under
+    both names.
     """
+    resolved = [resolve_spec(s, model_cfg) for s in specs]
+    if resolved != list(specs):
+        stats = collect(params, train, model_cfg, resolved, num_samples=num_samples,
+                        batch_size=batch_size, labels=labels, chunking=chunking)
+        return {**stats, **{given: stats[site] for a, b in zip(specs, resolved, strict=True)
+                            for given, site in zip(a.sites, b.sites, strict=True) if site in stats}}
     whole = {spec.sites[0]: {"model": _collect_model(params, train, model_cfg, spec,
                                                      batch_size, chunking)}
              for spec in specs if spec.module.STATISTIC == "model"}

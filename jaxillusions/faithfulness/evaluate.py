@@ -291,9 +291,12 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     and on splits of fewer than JSD_MIN_POSITIONS evaluated positions),
     and for data-dependent vector proxies the dictionary metrics fvu, l0, dead, ce_score and
     kl_score (faithfulness/dictionary_metrics.py; NaN on other rows and where undefined).
-    Seeds marked unhealthy (diverged in training) are left out. `options` (`EvalOptions`) sets
-    how the programs are laid out and run; none of it changes what is measured. Seeds run in
-    sequential chunks (options.chunking; the plan is made per proxy family).
+    `seeds`: a label per member of `params` (ValueError where the counts of params, seeds and
+    the fitted proxies' seeds disagree); `fitted`'s sites as the model names them or by a
+    negative layer (blocks.-1). Seeds marked unhealthy (diverged in training) are left out.
+    `options` (`EvalOptions`) sets how the programs are laid out and run; none of it changes
+    what is measured. Seeds run in sequential chunks (options.chunking; the plan is made per
+    proxy family).
 
     Compilations: one program per proxy method (and list of sizes), whatever the families and
     split widths. Its sites are those of every family of the method in `fitted` and
@@ -334,7 +337,13 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     query (`_readout_width`). The rows agree with those at every position within float32
     rounding (matrix products over fewer rows).
     """
-    rows, num_seeds = [], jax.tree.leaves(params)[0].shape[0]
+    seeds = model_lib.seed_labels(params, seeds)  # one label per member of params
+    fitted = [proxy.resolved(model_cfg) for proxy in fitted]  # sites as the model names them
+    for proxy in fitted:
+        if proxy.num_seeds not in (None, len(seeds)):
+            raise ValueError(f"fitted: {proxy.spec.method} on {proxy.spec.target} was fitted "
+                             f"for {proxy.num_seeds} seeds, params have {len(seeds)}")
+    rows, num_seeds = [], len(seeds)
     # A large vocabulary's logits, the original's and each size's: in chunks of the rows that
     # fit (chunks.logit_rows; a small vocabulary's batches are as given), a call's batch_size
     # rows in chunks run one after another inside it.

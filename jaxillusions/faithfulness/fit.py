@@ -16,7 +16,7 @@ from jaxillusions import model as model_lib
 from jaxillusions import proxies
 from jaxillusions.faithfulness import dictionary_metrics
 from jaxillusions.faithfulness.collect import Chunking, over_seed_chunks, seed_chunk
-from jaxillusions.faithfulness.specs import ProxySpec
+from jaxillusions.faithfulness.specs import ProxySpec, resolve_spec
 from jaxillusions.runtime import distributed
 from jaxillusions.training import memory
 
@@ -29,20 +29,43 @@ class FittedProxy:
     spec: ProxySpec
     params: dict
 
+    @property
+    def num_seeds(self) -> int | None:
+        """The seeds it was fitted for (None: data-independent, one proxy for every seed)."""
+        return None if self.spec.module.STATISTIC is None else \
+            jax.tree.leaves(self.params)[0].shape[0]
+
+    def resolved(self, model_cfg: model_lib.ModelConfig) -> FittedProxy:
+        """This proxy with its spec checked and its sites resolved in `model_cfg`
+        (specs.resolve_spec: blocks.-1 -> the last layer)."""
+        spec = resolve_spec(self.spec, model_cfg)
+        return FittedProxy(spec, {site: self.params[given] for given, site in
+                                  zip(self.spec.sites, spec.sites, strict=True)})
+
     def intervention(self, seed_index: int, size_index: int, model_params: dict | None = None,
                      model_cfg: model_lib.ModelConfig | None = None) -> model_lib.Intervention:
         """This proxy for one seed at one size, as an intervention for `model.forward`
         (model_params: that seed's, for a proxy that reads or writes another site: the
         transcoder, the lenses; model_cfg: the model's config, for the transcoder, whose input
-        site and layer norm depend on the architecture). A whole-model proxy (the circuit) has
-        none: ValueError."""
+        site and layer norm depend on the architecture; with it, sites named by a negative layer
+        are resolved). A whole-model proxy (the circuit) has none: ValueError, as for an index
+        out of range."""
         if self.spec.module.SITE == "model":
             raise ValueError(f"{self.spec.method} replaces the whole forward pass, not a site: "
                              f"call its module's logits() instead of an intervention")
+        for arg, index, count in (("seed_index", seed_index, self.num_seeds),
+                                  ("size_index", size_index, len(self.spec.sizes))):
+            if count is not None and not 0 <= index < count:
+                raise ValueError(f"{arg}={index}: {self.spec.method} on {self.spec.target} has "
+                                 f"{count} {arg[:4]}s (indices 0..{count - 1})")
+        proxy = self if model_cfg is None else self.resolved(model_cfg)
+        if any(".-" in site for site in proxy.spec.sites):
+            raise ValueError(f"{self.spec.target}: a negative layer needs the model: pass "
+                             "model_cfg to intervention()")
         if self.spec.module.STATISTIC is None:
-            params = jax.tree.map(lambda x: x[size_index], self.params)
+            params = jax.tree.map(lambda x: x[size_index], proxy.params)
         else:
-            params = jax.tree.map(lambda x: x[seed_index, :, size_index], self.params)
+            params = jax.tree.map(lambda x: x[seed_index, :, size_index], proxy.params)
         return make_intervention(self.spec.module, params, model_params=model_params,
                                  model_cfg=model_cfg)
 
@@ -77,7 +100,13 @@ def fit_one(spec: ProxySpec, spec_index: int, stats: dict, key: jax.Array, num_s
         if module.STATISTIC is None:
             per_site[site] = module.fit(None, spec.sizes, key=key)
             continue
+        if module.STATISTIC not in stats.get(site, {}):
+            raise ValueError(f"fit: stats have no {module.STATISTIC!r} of {site} for "
+                             f"{spec.method}: collect them with this spec")
         site_stats = stats[site][module.STATISTIC]
+        if (count := jax.tree.leaves(site_stats)[0].shape[0]) != num_seeds:
+            raise ValueError(f"fit: num_seeds={num_seeds}, but the stats of {site} are of "
+                             f"{count} seeds")
         num_groups = jax.tree.leaves(site_stats)[0].shape[1]
         keys = jax.random.split(jax.random.fold_in(key, 1000 * spec_index + site_index),
                                 num_seeds * num_groups).reshape(num_seeds, num_groups, -1)

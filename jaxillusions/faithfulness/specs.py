@@ -2,19 +2,21 @@
 the sites it replaces (several sites are simplified together, each with its own proxy) and the
 sizes (ranks, cluster counts) that are fitted and evaluated together in one batched call; the
 specs a config asks for (`specs_from_config`), the sites they name (`resolve_site`,
-`site_dim`) and the concept labels a labelled statistic needs (`labels_for`).
+`site_dim`), a spec checked against a model (`resolve_spec`) and the concept labels a labelled
+statistic needs (`labels_for`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import types
 from collections.abc import Sequence
 
 import numpy as np
 
 from jaxillusions import model as model_lib
 from jaxillusions import proxies, tasks
-from jaxillusions.config import fields
+from jaxillusions.config import fields, settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +42,42 @@ def resolve_site(site: str, cfg: model_lib.ModelConfig) -> str:
         layer = int(parts[1])
         parts[1] = str(layer + cfg.n_layers if layer < 0 else layer)
     return model_lib.check_site(cfg, ".".join(parts))
+
+
+def resolve_spec(spec: ProxySpec, cfg: model_lib.ModelConfig) -> ProxySpec:
+    """`spec` with its sites resolved (`resolve_site`) in the model `cfg`, as the library calls
+    take it (collect, evaluate); a one-line ValueError where the configs' door would refuse it:
+    a site of another kind than its proxy's (a vector proxy on an attention pattern or scores, a
+    pattern proxy off blocks.<layer>.attn.pattern), sizes the rule of its sizes key refuses, or
+    what its module's `check` refuses at the site's width (of config.proxies that check reads
+    the sizes alone: the other settings are not a spec's). A whole-model proxy's sites are
+    labels, kept."""
+    module, name = spec.module, f"ProxySpec({spec.method!r}, {spec.sites}, sizes={spec.sizes})"
+    if module.SITE == "model":
+        return spec
+    sites = tuple(resolve_site(s, cfg) for s in spec.sites)
+    for site in sites:
+        if (site.endswith(".attn.pattern") if module.SITE == "pattern"
+                else not site.endswith((".attn.pattern", ".attn.scores"))):
+            continue
+        raise ValueError(f"{name}: {site!r} is not a site of a {module.SITE} proxy ("
+                         + ("blocks.<layer>.attn.pattern)" if module.SITE == "pattern" else
+                            "[..., features]; attention patterns and scores are [..., T, T])"))
+    key, dim = proxies.sizes_key(module), min(site_dim(cfg, s) for s in sites)
+    field = {f.name: f for f in dataclasses.fields(settings.proxies_class())}.get(key)
+    rule = fields.rule(field) if field and module.STATISTIC is not None else None
+    if rule and rule.kind == fields.INTS and not rule.test(spec.sizes, None):
+        raise ValueError(f"{name}: sizes must be {rule.allowed}")
+    check, read = proxies.hook(module, "check"), types.SimpleNamespace(**{key: spec.sizes})
+    try:
+        if check is not None:
+            check(spec.sizes, read, dim, f"{'+'.join(sites)} (width {dim})")
+    except AttributeError as err:  # a setting of config.proxies other than the sizes
+        if err.obj is not read:
+            raise
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None
+    return dataclasses.replace(spec, sites=sites)
 
 
 def site_dim(cfg: model_lib.ModelConfig, site: str) -> int:

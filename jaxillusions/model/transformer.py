@@ -303,8 +303,7 @@ def residual_site(cfg: ModelConfig, layer: int) -> str:
     if not first <= layer <= cfg.n_layers:
         raise ValueError(f"start layer {layer}: the model's attention blocks are "
                          f"{first}..{cfg.n_layers - 1} (or {cfg.n_layers}: after the last)")
-    return f"blocks.{layer}.resid_pre" if layer < cfg.n_layers else \
-        f"blocks.{layer - 1}.resid_post"
+    return f"blocks.{layer}.resid_pre" if layer < cfg.n_layers else f"blocks.{layer-1}.resid_post"
 
 
 def first_attention_layer(cfg: ModelConfig) -> int:
@@ -433,7 +432,7 @@ def at_positions(t: jax.Array, positions: jax.Array, axis: int = 1) -> jax.Array
 
 
 def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
-            intervention: Intervention | None = None, cache: Iterable[str] = (),
+            intervention: Intervention | None = None, cache: Iterable[str] | str = (),
             position_offset: jax.Array | None = None, segments: jax.Array | None = None,
             span: Span = Span()) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Logits [batch, pos, vocab] for tokens [batch, pos], and the cached sites.
@@ -448,7 +447,10 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
     if segments is not None and not cfg.packable:
         raise ValueError("model.forward: packed rows (segments) for a model that reads a row as "
                          "one sentence (a built front or standing interventions: packable)")
-    cache = frozenset(cache)
+    if (scale := params["ln_final"]["scale"]).ndim != 1:  # static: checked once, at tracing
+        raise ValueError(f"model.forward: params have a leading member axis (ln_final scale "
+                         f"{scale.shape}): pass one member's, run.seed_params(seed), or jax.vmap")
+    cache = frozenset(check_site(cfg, s) for s in ([cache] if isinstance(cache, str) else cache))
     cached: dict[str, jax.Array] = {}
     intervention = compose(*cfg.interventions, intervention)
 
@@ -476,9 +478,7 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
         """x [..., d] @ w [d, f] as mm; through `projection` where f != d."""
         return projected(x, w, out) if w.shape[-1] != w.shape[0] else mm("...d,df->...f", x, w, out)
 
-    readout = span.readout
-    seq_len = tokens.shape[-1]
-    rotary = cfg.pos_encoding == "rotary"
+    readout, seq_len, rotary = span.readout, tokens.shape[-1], cfg.pos_encoding == "rotary"
     if seq_len > cfg.max_len and not rotary:
         raise ValueError(f"sequence length {seq_len} exceeds the model's max_len {cfg.max_len}")
     first = first_attention_layer(cfg)

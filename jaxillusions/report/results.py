@@ -106,10 +106,14 @@ def load_results(workdir: str, splits: Sequence[str] | None = None) -> pd.DataFr
     per hyper-parameter that varies (float64; `null` a category of the member kinds: trained,
     untrained, shuffled). `workdir` may also be one results.csv path. `splits` fixes the order
     of the `split` category; by default config.proxies.eval_splits of the workdir (or its
-    parent), else the order in which splits first appear in the files.
+    parent), else the order in which splits first appear in the files. A path that is not there,
+    a run without results yet, or a file that is not a results.csv: a one-line error naming it.
     """
     import pandas as pd
 
+    if not os.path.exists(workdir):
+        raise FileNotFoundError(f"{workdir} not found: give a jaxillusions workdir or the path "
+                                "of its results.csv")
     config, own = _stored_config(os.path.abspath(workdir if os.path.isdir(workdir)
                                                  else os.path.dirname(workdir)))
     parts = (_group_tables(config, workdir) if os.path.isdir(workdir) and own
@@ -117,9 +121,23 @@ def load_results(workdir: str, splits: Sequence[str] | None = None) -> pd.DataFr
                     {})])
     frames = []
     for path, varying in parts:
-        df = pd.read_csv(path, dtype={"site": str, "method": str, "split": str,
-                                      "breakdown": str, "bin": str},
-                         keep_default_na=False, na_values={}, low_memory=False)
+        where = os.path.dirname(path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"{where} has no results yet (no results.csv: its sweep has not finished "
+                "evaluating the proxies); run or relaunch jaxillusions sweep on it first"
+                if config is not None else f"{path} not found: is {where} a jaxillusions workdir?")
+        try:
+            df = pd.read_csv(path, dtype={"site": str, "method": str, "split": str,
+                                          "breakdown": str, "bin": str},
+                             keep_default_na=False, na_values={}, low_memory=False)
+        except ValueError as err:  # pandas' ParserError and EmptyDataError, or not text
+            said = str(err).strip().split("\n")[0]
+            raise ValueError(f"{path} is not a results.csv (not a CSV table: {said})") from None
+        missing = [k for k in schema.KEYS if k not in df]
+        if missing:
+            raise ValueError(f"{path} is not a results.csv (no columns {missing}): give a "
+                             "jaxillusions workdir or the path of its results.csv")
         if "acc_proxy" in df:  # a table written before the original model had rows of its own
             df = _with_original_rows(df)
         frames.append((path, df, varying))
@@ -221,9 +239,9 @@ class Run:
         if len(hits) == 1:
             return hits[0]
         if hits:
-            raise ValueError(f"seed {member} has {len(hits)} members; pick one of the labels "
+            raise ValueError(f"seed {member!r} has {len(hits)} members; pick one of the labels "
                              f"{[self.labels[i] for i in hits]}")
-        raise ValueError(f"seed {member} is not in this run; it has seeds "
+        raise ValueError(f"seed {member!r} is not in this run; it has seeds "
                          f"{sorted(set(self.seeds))} (labels {self.labels})")
 
     def seed_params(self, member: int | str) -> dict:
