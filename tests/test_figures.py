@@ -53,7 +53,7 @@ def test_result_figures_are_readable():
     # with intervals; the training bound is drawn.
     acc = figs[1]
     labels = acc.axes[0].get_legend_handles_labels()[1]
-    assert labels == ["original", "svd 1", "svd 4", "svd 16"]
+    assert labels == ["original", "svd, rank 1", "svd, rank 4", "svd, rank 16"]  # was "svd 1"
     drawn = [c.lines[0] for c in acc.axes[0].containers if c.get_label() in labels]
     assert len(drawn) == 4 and all(np.isfinite(line.get_ydata()).all() for line in drawn)
     assert any(line.get_linestyle() == ":" for line in acc.axes[0].lines)

@@ -431,6 +431,26 @@ def test_board_hparams_sessions_for_sweep_members(tmp_path):
                      "seed_1_cw0.5": (1, 0.5, pytest.approx(0.6))}
 
 
+def test_board_hparams_of_a_weight_group_show_its_own_weight_decay(tmp_path):
+    """A group of a weight-decay sweep (its members share one decay): each session shows the
+    member's weight_decay and null kind, not the config's single train.weight_decay (it showed
+    0.01 for the groups of 0.0 and 1.0)."""
+    from jaxillusions.configs import dyck_small
+    from jaxillusions.report import board
+
+    config = dyck_small.get_config()
+    config.proxies.eval_splits = ("iid",)
+    labels = ["0_wd1_untrained", "1_wd1_untrained"]
+    with SweepWriter(str(tmp_path), labels) as w:
+        board.write_hparams(w, config, None, board.Sessions(labels, [True] * 2, {
+            "weight_decay": [1.0, 1.0], "null": ["untrained", "untrained"]}))
+    _, _, groups = _hparams_backend(tmp_path)
+    for g in groups:
+        assert g.hparams["weight_decay"].number_value == 1.0
+        assert g.hparams["null"].string_value == "untrained"
+        assert "train.weight_decay" not in g.hparams
+
+
 @pytest.mark.slow
 def test_tensorboard_in_a_browser_shows_the_headline_first(tmp_path):
     """benchmarks/tensorboard_check on what the reports write: in TensorBoard at its defaults,

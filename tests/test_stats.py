@@ -221,6 +221,24 @@ def test_stat_tables_round_trip_through_csv(tmp_path):
                     assert b[k] == pytest.approx(v, rel=1e-12), (name, k)
 
 
+def test_a_proportion_of_exactly_1_does_not_stretch_its_interval_with_its_positions():
+    """Was: values clipped to 1e-6 before the logit, so one seed at 1.0 among 0.997s (2,000
+    positions each) put the lower bound near 0.8. With the positions, the empirical logit
+    (p n + 1/2) / (n + 1), computed by hand here; without, the clip, as before."""
+    import scipy.special
+
+    values, n = np.array([0.997, 1.0, 0.998, 0.9965]), np.full(4, 2000.0)
+    mean, low, high = stats.bounded_interval(values, counts=n)
+    logits = scipy.special.logit((values * n + 0.5) / (n + 1))
+    half = scipy.stats.t.ppf(0.975, 3) * logits.std(ddof=1) / 2
+    assert mean == pytest.approx(values.mean())
+    assert (low, high) == pytest.approx(tuple(scipy.special.expit(logits.mean() + [-half, half])))
+    assert 0.98 < low < mean < high < 1  # (0.988: 4 seeds, t with 3 degrees of freedom)
+    clipped = stats.bounded_interval(values)[1]
+    assert clipped < 0.9  # the clip's stretch, for a value that is not a proportion of counts
+    assert stats.bounded_interval(np.ones(3), counts=np.full(3, 10.0)) == (1.0, 1.0, 1.0)
+
+
 def test_t_half_width_equals_scipy_for_every_seed_count():
     """The cached Student-t quantile gives scipy's value exactly, per column and per scalar."""
     rng = np.random.default_rng(0)

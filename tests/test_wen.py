@@ -510,6 +510,10 @@ def test_sweep_runs_the_wen_stage_and_proxies_with_a_lambda_axis(config, tmp_pat
     for weight in ("0", "0.5"):
         table = pd.read_csv(tmp_path / f"contrastive_weight_{weight}" / "results.csv")
         assert set(table.seed) == {0, 1, 2} and set(table.split) == {"iid", "unseen_depth"}
+        # Each group's summary names its members (it read "SUMMARY, 3 seeds." in every one).
+        head = (tmp_path / f"contrastive_weight_{weight}" / "gap_table.txt").read_text()
+        assert head.startswith(f"SUMMARY of the members with contrastive_weight "
+                               f"{weight}, 3 seeds. Gap = "), head[:120]
     # A finished sweep is not redone; its rows are read back from every weight's directory.
     assert len(sweep.run(checked(config), str(tmp_path), verbose=False)) == len(proxy_rows)
     rows = pd.read_csv(tmp_path / "wen_results.csv")

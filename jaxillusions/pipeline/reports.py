@@ -14,6 +14,7 @@ from jaxillusions.pipeline.proxy_stage import with_proxies
 from jaxillusions.report import drawing, results, tables
 from jaxillusions.runtime import distributed, stages, timing
 from jaxillusions.studies.stage import PROXIES, Context, Stage
+from jaxillusions.training import train
 
 
 def _report(ctx: Context) -> Context:
@@ -54,6 +55,14 @@ def write_reports(ctx: Context, *, headline: list[str] | tuple = (),
         head, sep, rest = text.partition("\n\n")
         text = "\n".join([head, *headline]) + sep + rest
     text = "\n".join([text, *tail])
+    # One group of a run whose members differ in a hyper-parameter: the summary names it.
+    sweep = train.members(config)
+    varying = [sweep.varying(m) for m in ctx.members]
+    if varying[0]:
+        kind = varying[0].get(train.NULL, "")  # trained, untrained, shuffled
+        with_ = ", ".join(f"{k} {v:g}" for k, v in varying[0].items() if k != train.NULL)
+        text = text.replace("SUMMARY, ", f"SUMMARY of the {kind} members".replace("  ", " ")
+                            + (f" with {with_}" if with_ else "") + ", ", 1)
     if data_baselines:
         names = list(dict.fromkeys(m for b in data_baselines.values() for m in b))
         with stages.writing("report", os.path.join(workdir, "baselines.csv")):
@@ -74,9 +83,12 @@ def write_reports(ctx: Context, *, headline: list[str] | tuple = (),
     # other in-distribution split (iid_with_train) included: the control, a gap near 0.
     gaps = [g for g in stat_tables["gaps"] if g["baseline"] == baseline
             and g["split"] != baseline]
+    # HPARAMS shows those at each member in place of the config's single value (e.g.
+    # train.weight_decay's).
     with timing.stage("figures"):  # and the TensorBoard views
         drawing.write_views(rows, config, workdir, ctx.seeds, ctx.healthy,
-                            model_cfg=ctx.model_cfg, gaps=gaps)
+                            model_cfg=ctx.model_cfg, gaps=gaps,
+                            hparams={k: [v[k] for v in varying] for k in varying[0]} or None)
 
 
 def _figures(ctx: Context) -> Context:

@@ -217,9 +217,12 @@ def write_hparams(writer, config, model_cfg, sessions: Sessions, rows: Sequence[
     else:
         gaps = {}
     member_hparams = sessions.hparams or {}
+    for name in member_hparams:  # the member's own value, not the config's single one
+        base.pop(f"train.{name}", None)
     healthy = np.asarray(sessions.healthy, bool).tolist()
     # What differs between sessions, shown first by TensorBoard (then constants by name).
-    varying = ["seed", *member_hparams] + (["healthy"] if len(set(healthy)) > 1 else [])
+    varying = ["seed", *(k for k, v in member_hparams.items() if len(set(v)) > 1)] + (
+        ["healthy"] if len(set(healthy)) > 1 else [])
     for i, (label, ok) in enumerate(zip(sessions.labels, healthy, strict=True)):
         seed = int(str(label).split("_")[0])
         values = {tag: per_seed[seed] for tag, per_seed in gaps.items() if seed in per_seed}

@@ -35,16 +35,17 @@ def stop_in_reports(workdir: str) -> None:
 
 
 def write_views(rows, config, workdir: str, seeds, healthy, *, model_cfg=None,
-                gaps=()) -> None:
+                gaps=(), hparams=None) -> None:
     """Figures (figures/*.png, also under TensorBoard's IMAGES; those of `figure_jobs` that the
     setting `figures` chooses) and the TensorBoard reports (report/board.py) from the result
-    rows and, when given, the paired gaps (report/stats.py)."""
+    rows and, when given, the paired gaps (report/stats.py); `hparams`: the members' own
+    hyper-parameters (board.Sessions)."""
     jobs = figure_jobs(rows, config, gaps, config.figures)
     with stages.writing("report", os.path.join(workdir, "tensorboard")), \
             tensorboard.board(workdir, seeds) as writer:
         draw(jobs, writer, workdir)
-        board.write_all(writer, rows, config, model_cfg, board.Sessions(seeds, healthy),
-                        workdir, gaps)
+        board.write_all(writer, rows, config, model_cfg,
+                        board.Sessions(seeds, healthy, hparams), workdir, gaps)
 
 
 def figure_jobs(rows, config: Settings, gaps=(), which: str = "all") -> list[tuple]:

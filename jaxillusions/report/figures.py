@@ -82,6 +82,9 @@ def exact_sizes(rows: Sequence[dict], site: str, method: str) -> set[int]:
     return tables.identical_sizes(family).get((method, site), set())
 
 
+_GAP_LABEL = {"same_pred": "gap in same_pred", "jsd": "gap in JSD (bits)"}
+
+
 def _yerr(stat: Sequence[tuple]) -> np.ndarray:
     """[2, n] error-bar lengths from (mean, low, high, ...) tuples (0 where undefined)."""
     a = np.array([s[:3] for s in stat], float).reshape(-1, 3)
@@ -235,7 +238,8 @@ def accuracy_by_bin(rows: Sequence[dict], site: str, method: str, splits: Sequen
     fig, axes = _grid(len(shown), (3.6, 2.9), extra_height=0.4 if len(shown) % 3 else 1.0)
     counts = {(r["split"], int(r["bin"])): r["n"] for r in rows
               if r["breakdown"] == breakdown and r["site"] == site and r["method"] == method}
-    lines = ["original"] + [method if size == 0 else f"{method} {size}" for size in sizes]
+    lines = ["original"] + [method if size == 0 else f"{method}, {proxies.size_label(method)} "
+                            f"{size}" for size in sizes]
     # Bins are ints in memory and strings when read back from a CSV.
     key_of = {(k[2], k[3], int(k[4])): k for k in agg if k[:2] == (site, method)}
     beyond = False  # some panel has bins beyond the training bound
@@ -331,7 +335,7 @@ def gap_vs_size(gaps: Sequence[dict], method: str, splits: Sequence[str],
                             lw=1.2, capsize=2, elinewidth=0.9, label=split,
                             **split_style(split, splits))
             ax.grid(alpha=0.3)
-            ax.set_ylabel(f"gap in {metric}")
+            ax.set_ylabel(_GAP_LABEL.get(metric, f"gap in {metric}"))
         axes[0, col].set_title(site)
         _log2_axis(axes[-1, col], sizes, proxies.size_label(method))
     handles, labels = axes[0, 0].get_legend_handles_labels()
@@ -373,7 +377,7 @@ def gaps_by_split(gaps: Sequence[dict], methods: Sequence[str], splits: Sequence
                         else method, **method_style(i))
         ax.set_xticks(range(len(ood)), ood, rotation=20, ha="right")
         ax.set_xlabel("evaluation split")
-        ax.set_ylabel(f"gap in {metric}")
+        ax.set_ylabel(_GAP_LABEL.get(metric, f"gap in {metric}"))
         ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
     _legend_below(fig, handles, labels)

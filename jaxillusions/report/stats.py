@@ -126,13 +126,18 @@ def t_interval(values: np.ndarray, confidence: float = CONFIDENCE) -> tuple[floa
     return mean, mean - half, mean + half
 
 
-def bounded_interval(values: np.ndarray, confidence: float = CONFIDENCE
-                     ) -> tuple[float, float, float]:
+def bounded_interval(values: np.ndarray, confidence: float = CONFIDENCE,
+                     counts: np.ndarray | None = None) -> tuple[float, float, float]:
     """(mean, low, high) of per-seed proportions in [0, 1]: the arithmetic mean, and a
-    Student-t interval of the mean logit (values clipped to [1e-6, 1 - 1e-6]) mapped back, so
-    that low >= 0 and high <= 1. Identical values (all seeds 1.0, say) give the point interval;
-    the interval is widened to contain the mean if the logit scale's skew put it outside."""
+    Student-t interval of the mean logit mapped back, so that low >= 0 and high <= 1. With
+    `counts` (each value a share of that many positions) a value is taken as (v n + 1/2) /
+    (n + 1) on the logit scale (the empirical logit), so that a seed at exactly 0 or 1 counts
+    as half a position from it; without, values are clipped to [1e-6, 1 - 1e-6] (then one seed
+    at 1.0 among 0.997s stretched the interval of a proportion down to 0.8). Identical values
+    (all seeds 1.0, say) give the point interval; the interval is widened to contain the mean
+    if the logit scale's skew put it outside."""
     v = np.asarray(values, np.float64)
+    n = None if counts is None else np.asarray(counts, np.float64)[np.isfinite(v)]
     v = v[np.isfinite(v)]
     if len(v) == 0:
         return math.nan, math.nan, math.nan
@@ -143,8 +148,8 @@ def bounded_interval(values: np.ndarray, confidence: float = CONFIDENCE
         return mean, mean, mean
     import scipy.special  # noqa: PLC0415 - not at a launch's start
 
-    _, low, high = t_interval(scipy.special.logit(np.clip(v, _LOGIT_EPS, 1 - _LOGIT_EPS)),
-                              confidence)
+    shares = np.clip(v, _LOGIT_EPS, 1 - _LOGIT_EPS) if n is None else (v * n + 0.5) / (n + 1)
+    _, low, high = t_interval(scipy.special.logit(shares), confidence)
     low, high = float(scipy.special.expit(low)), float(scipy.special.expit(high))
     return mean, min(low, mean), max(high, mean)
 

@@ -62,8 +62,8 @@ def read_csv(path: str) -> list[dict]:
 
 
 def aggregate(rows: Iterable[dict], breakdown: str = "all") -> dict[tuple, dict]:
-    """Mean and 95% interval over seeds of every metric (all lie in [0, 1]: the interval is
-    stats.bounded_interval, a Student-t interval on the logit scale, inside [0, 1]).
+    """Mean and 95% interval over seeds of every metric (all lie in [0, 1]: stats.bounded_interval,
+    Student-t on the logit scale; schema.PROPORTIONS as shares of the row's n positions).
 
     Returns {(site, method, size, split, bin): {metric: (mean, low, high, num_seeds)}}.
     """
@@ -73,10 +73,10 @@ def aggregate(rows: Iterable[dict], breakdown: str = "all") -> dict[tuple, dict]
             groups[(row["site"], row["method"], row["size"], row["split"], row["bin"])].append(row)
     out = {}
     for key, group in groups.items():
-        out[key] = {}
-        for m in schema.ROW[len(schema.KEYS):]:
-            values = np.array([r.get(m, np.nan) for r in group], dtype=np.float64)
-            out[key][m] = (*stats.bounded_interval(values), len(values))
+        n = np.array([r["n"] for r in group], np.float64)  # a proportion's positions
+        out[key] = {m: (*stats.bounded_interval([r.get(m, np.nan) for r in group],
+                                                counts=n if m in schema.PROPORTIONS else None),
+                        len(group)) for m in schema.ROW[len(schema.KEYS):]}
     return out
 
 
@@ -592,9 +592,9 @@ def summary_of(text: str) -> str:
 def original_accuracy(rows: Sequence[dict]) -> dict[str, tuple[float, float, float]]:
     """The original model's accuracy per split: (mean, low, high) over seeds, the interval
     stats.bounded_interval (inside [0, 1])."""
-    per_split: dict[str, dict[int, float]] = defaultdict(dict)
+    per_split: dict[str, dict[int, tuple[float, int]]] = defaultdict(dict)
     for row in rows:
         if row["breakdown"] == "all":
-            per_split[row["split"]][row["seed"]] = row["acc_original"]
-    return {split: stats.bounded_interval(np.array(list(seeds.values())))
-            for split, seeds in per_split.items()}
+            per_split[row["split"]][row["seed"]] = row["acc_original"], row["n"]
+    return {split: stats.bounded_interval(acc, counts=n) for split, (acc, n) in
+            ((s, np.array(list(seeds.values()), np.float64).T) for s, seeds in per_split.items())}

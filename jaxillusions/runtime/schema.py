@@ -20,6 +20,8 @@ FAITHFULNESS = ("jsd", "same_pred")  # of the proxy to the original, per positio
 ACCURACIES = ("acc_original", "acc_proxy")  # of the original and of the proxy
 POSITION_METRICS = FAITHFULNESS + ACCURACIES
 """Means over the row's positions, in the order the evaluation program sums them."""
+PROPORTIONS = ("same_pred", *ACCURACIES)
+"""Those that are shares of the row's n positions (JSD is a mean of bits)."""
 
 JSD_QUANTILES = {"jsd_p95": 0.95, "jsd_p99": 0.99}
 """Quantiles of per-position JSD, on `all` rows only (NaN elsewhere)."""

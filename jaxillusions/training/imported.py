@@ -198,7 +198,7 @@ def load_sweep(config, workdir: str | None, *, splits, model_cfg: model_lib.Mode
         writer = tensorboard.board(workdir, members.labels)
         try:  # a relaunch's step 0 supersedes the last one's (a restart marker before it)
             writer.restart(-1, tensorboard.SweepWriter.seed_runs(members.labels))
-            evaluation.log(writer, 0, results, healthy, task)
+            evaluation.log(writer, 0, results, healthy & (members.kinds() == "trained"), task)
         finally:
             writer.close()
     return state, results

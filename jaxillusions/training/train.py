@@ -456,7 +456,8 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
             _stop_if_all_diverged(healthy, step)
             last = np.where(healthy, losses[-1], np.nan)
             if writer is not None:
-                tensorboard.write_scalars(writer, step, {"train": {"loss": losses[-1]}}, healthy)
+                tensorboard.write_scalars(writer, step, {"train": {"loss": losses[-1]}},
+                                          healthy & (kinds == "trained"))  # mean/min/max
             if step % tc.log_every == 0 or step == end:
                 rate = (step - start_step) / (time.perf_counter() - start_time)
                 say(f"step {step:>6}/{tc.num_steps} | loss {np.nanmean(last):.4f} "
@@ -467,7 +468,7 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
                 for line in summary_lines(task, results, healthy, kinds):
                     say(line)
                 if writer is not None:
-                    log_eval(writer, step, results, healthy, task)
+                    log_eval(writer, step, results, healthy & (kinds == "trained"), task)
             # Every process stops at the same step, if any of them received a signal.
             signum = distributed.max_over_processes(interrupt.requested() or 0)
             stopping = signum > 0
