@@ -983,6 +983,9 @@ def test_a_finished_sweeps_emptied_or_cut_report_is_written_again(swept, tmp_pat
         assert (f"warning: the sweep in {workdir} finished, but {why}; the reports are written "
                 "again from the saved stages") in out, damage
         assert "fitting" not in out  # from the stage files: nothing is fitted again
+        # The note of the move says why (it said "each was computed with other analysis
+        # settings", where none had changed).
+        assert f"results.csv is written again ({why}); moved to superseded/" in out, out
         assert results.read_bytes() == swept["csv"], damage
         kept = sorted((workdir / "superseded").rglob("results.csv*"))
         assert kept[-1].read_bytes() == content, damage  # the damaged file, kept

@@ -239,8 +239,12 @@ def _run(config: Settings, workdir: str, *, verbose: bool, start_over: bool,
     move_aside = stages.mover(workdir, say)
     done = _read_done(workdir, move_aside)
     ran = done.get("stages", _enabled(config, pipeline)) if done else None  # (older: the same)
+    # Why the earlier reports move aside (below): settings changed, unless said otherwise here.
+    reason = stages.STALE if done is not None else (
+        f"is from a sweep that did not finish (no {DONE_FILE}); the reports are written again")
     if done is not None and done["analysis"] == _analysis_settings(config, pipeline) \
             and ran != _enabled(config, pipeline):
+        reason = "is written again, with the stages that now run"
         say(f"the sweep in {workdir} finished without the stages "
             f"{', '.join(s for s in _enabled(config, pipeline) if s not in ran) or '(none)'} "
             f"(it ran {', '.join(ran)}): they run now, the others resume from their stage files")
@@ -258,6 +262,7 @@ def _run(config: Settings, workdir: str, *, verbose: bool, start_over: bool,
         say(f"{'note' if 'reports' not in done else 'warning'}: the sweep in {workdir} "
             f"finished, but {why}; the reports are written again from the saved stages (the "
             "earlier ones are kept under superseded/)")
+        reason = f"is written again ({why})"
     elif done is not None and done["analysis"] is not None:
         say("analysis settings changed since the sweep finished: training is kept; proxy "
             "families are refitted and re-evaluated where their settings changed")
@@ -269,10 +274,7 @@ def _run(config: Settings, workdir: str, *, verbose: bool, start_over: bool,
         train.check_checkpoint(config, workdir, model_cfg, tx)
     # The earlier reports are kept, under superseded/, before they are written again; without a
     # done-file too (a sweep stopped in its report stage), whose analysis may have been another.
-    move_aside(_reports(config, workdir, pipeline, stamped=False),
-               stages.STALE if done is not None else
-               f"is from a sweep that did not finish (no {DONE_FILE}); the reports are "
-               "written again")
+    move_aside(_reports(config, workdir, pipeline, stamped=False), reason)
     ctx = Context(settings=config, workdir=workdir, say=say, verbose=verbose,
                   move_aside=move_aside, splits=splits, model_cfg=model_cfg, start=start,
                   start_over=start_over, pipeline=tuple(pipeline))
