@@ -631,7 +631,8 @@ def test_the_prediction_study_on_a_population_of_imported_seeds(corpus, tmp_path
     assert headings == [f"{stage}, group null_{code}: 4 {kind} members"
                         for stage in ("proxies", "reports", "figures")
                         for code, kind in ((0, "trained"), (1, "untrained"))]
-    assert out.index("reports, group null_1") < out.rindex("SUMMARY, 4 seeds")
+    assert out.index("reports, group null_1") < out.rindex("SUMMARY of the untrained members, "
+                                                           "4 seeds")
     sweep.run(config, str(workdir))  # finished: says where each group's results are
     assert (f"nothing to do. Results: the results.csv of 2 groups in {workdir}: null_0, "
             "null_1. ") in capsys.readouterr().out

@@ -16,7 +16,7 @@ import numpy as np
 
 from jaxillusions import model as model_lib
 from jaxillusions import proxies, tasks
-from jaxillusions.config import fields, settings
+from jaxillusions.config import fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,10 +48,11 @@ def resolve_spec(spec: ProxySpec, cfg: model_lib.ModelConfig) -> ProxySpec:
     """`spec` with its sites resolved (`resolve_site`) in the model `cfg`, as the library calls
     take it (collect, evaluate); a one-line ValueError where the configs' door would refuse it:
     a site of another kind than its proxy's (a vector proxy on an attention pattern or scores, a
-    pattern proxy off blocks.<layer>.attn.pattern), sizes the rule of its sizes key refuses, or
-    what its module's `check` refuses at the site's width (of config.proxies that check reads
-    the sizes alone: the other settings are not a spec's). A whole-model proxy's sites are
-    labels, kept."""
+    pattern proxy off blocks.<layer>.attn.pattern), or what its module's `check` refuses at the
+    site's width (e.g. SVD ranks above it; of config.proxies that check reads the sizes alone:
+    the other settings, and the config's rules of the sizes keys, are not a spec's, whose sizes
+    may be coded, as the SAE's, or 0, as the geometry study's). A whole-model proxy's sites
+    are labels, kept."""
     module, name = spec.module, f"ProxySpec({spec.method!r}, {spec.sites}, sizes={spec.sizes})"
     if module.SITE == "model":
         return spec
@@ -64,10 +65,6 @@ def resolve_spec(spec: ProxySpec, cfg: model_lib.ModelConfig) -> ProxySpec:
                          + ("blocks.<layer>.attn.pattern)" if module.SITE == "pattern" else
                             "[..., features]; attention patterns and scores are [..., T, T])"))
     key, dim = proxies.sizes_key(module), min(site_dim(cfg, s) for s in sites)
-    field = {f.name: f for f in dataclasses.fields(settings.proxies_class())}.get(key)
-    rule = fields.rule(field) if field and module.STATISTIC is not None else None
-    if rule and rule.kind == fields.INTS and not rule.test(spec.sizes, None):
-        raise ValueError(f"{name}: sizes must be {rule.allowed}")
     check, read = proxies.hook(module, "check"), types.SimpleNamespace(**{key: spec.sizes})
     try:
         if check is not None:
