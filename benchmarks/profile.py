@@ -108,7 +108,12 @@ def main() -> None:
     parser.add_argument("--config", default=None)
     parser.add_argument("--seeds", type=int, default=8)
     args = parser.parse_args()
-    config, _ = validate.check(suite.load_config(args.config))
+    if args.seeds < 1:
+        parser.error(f"--seeds={args.seeds}: must be >= 1")
+    try:
+        config, _ = validate.check(suite.load_config(args.config))
+    except ValueError as err:  # an unknown config, a bad key: one line
+        parser.exit(2, f"error: {str(err).splitlines()[0]}\n")
     out = profile(config, args.seeds)
     print(f"{out['num_seeds']} seeds: {out['thunk_ms_per_step']:.1f} ms of thunk time per step "
           f"(summed over threads; kernel time on a GPU), {out['wall_ms_per_step']:.1f} ms wall "

@@ -465,6 +465,17 @@ def test_benchmark_bad_input_is_one_line(args, message, tmp_path):
     assert (tmp_path / "b.json").read_text() == "an earlier report"
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--seeds=0"], "--seeds=0: must be >= 1"),  # was: a StopIteration traceback
+    (["--config=nosuch"], "error: no shipped config named 'nosuch'"),  # was: a traceback
+])
+def test_the_profile_refuses_bad_arguments_in_one_line(args, message):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.profile", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_benchmark_keeps_an_earlier_report(tmp_path, cache_dir, monkeypatch, capsys):
     # Was: a rerun to the same --out replaced a finished report at its first row.
     # In this process (the launcher's main; its one-line errors are tested as subprocesses
