@@ -825,6 +825,10 @@ def test_a_checkpoint_of_another_shape_moves_and_claims_nothing(swept, tmp_path,
                        r"code: params.embed: .*; nothing was changed \(use another --workdir"):
         sweep.run(checked(config), workdir, verbose=False)
     assert _listing(workdir) == before
+    # Training alone (jaxillusions train) restores before it claims the workdir: the same.
+    with pytest.raises(checkpoint.CheckpointMismatch, match="nothing was changed"):
+        train.train_sweep(checked(config), workdir, verbose=False)
+    assert _listing(workdir) == before
 
 
 @pytest.mark.slow

@@ -38,6 +38,7 @@ import jax
 import numpy as np
 
 from jaxillusions.config.settings import Settings
+from jaxillusions.pipeline import validate
 from jaxillusions.pipeline.job import PIPELINE
 from jaxillusions.report import drawing, results, tables
 from jaxillusions.runtime import checkpoint, distributed, stages, tensorboard, timing, watchdog
@@ -267,9 +268,7 @@ def _run(config: Settings, workdir: str, *, verbose: bool, start_over: bool,
         say("analysis settings changed since the sweep finished: training is kept; proxy "
             "families are refitted and re-evaluated where their settings changed")
     splits, model_cfg, tx = train.build(config)
-    for stage in pipeline:  # again, on the model the data gives (the code task's vocabulary)
-        if stage.check is not None:
-            stage.check(config, model_cfg)
+    validate.stage_checks(config, model_cfg, pipeline)  # on the model the data gives
     if not config.model.pretrained:  # a checkpoint of another shape moves nothing (below)
         train.check_checkpoint(config, workdir, model_cfg, tx)
     # The earlier reports are kept, under superseded/, before they are written again; without a

@@ -103,10 +103,14 @@ def check(config: Any, pipeline: tuple[Stage, ...] = PIPELINE) -> tuple[Settings
     # before the checks below build per-layer lists.
     memory.check_config(config, model_cfg)
     notes += _proxy_checks(config, model_cfg)
-    for stage in pipeline:
-        if stage.check is not None:
-            notes += stage.check(config, model_cfg)
-    return config, notes
+    return config, notes + stage_checks(config, model_cfg, pipeline)
+
+
+def stage_checks(config: Settings, model_cfg, pipeline: tuple[Stage, ...]) -> list[str]:
+    """Each stage's check (its one-line ValueError, else its notes) against `model_cfg`: at the
+    door, and by the main job again on the model its data gives (the code task's vocabulary)."""
+    return [note for stage in pipeline if stage.check is not None
+            for note in stage.check(config, model_cfg)]
 
 
 def points(config: Settings) -> list[tuple[str, Settings]]:

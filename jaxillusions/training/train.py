@@ -254,17 +254,17 @@ def claim_workdir(workdir: str, config: Settings, record: bool = True) -> list[s
         "checking the workdir") or []
 
 
-def check_checkpoint(config: Settings, workdir: str, model_cfg: model_lib.ModelConfig, tx,
-                     seeds=None) -> None:
+def check_checkpoint(config: Settings, workdir: str, model_cfg: model_lib.ModelConfig,
+                     tx) -> None:
     """A one-line CheckpointMismatch if the workdir's newest checkpoint does not fit this run's
     state (a shape that follows the data: the code task's vocabulary, from the files of
-    data.source), before the workdir is claimed or its reports moved aside; nothing without
-    one."""
+    data.source), from its metadata: before the main job moves the earlier reports aside
+    (train_sweep restores the checkpoint before it claims the workdir); nothing without one."""
     from jaxillusions.runtime import checkpoint as ckpt_lib  # noqa: PLC0415 - keeps orbax off pure use
 
     if not ckpt_lib.has_checkpoints(workdir):
         return
-    sweep = members(config, seeds)
+    sweep = members(config)
     target = jax.eval_shape(lambda: init_state(sweep.seeds, model_cfg, tx,
                                                sweep.values["init_scale"]))
     checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, ckpt_lib.CHECKPOINT_DIR))
@@ -355,11 +355,6 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
     if workdir is not None:  # the workdir is checked before any data or compilation,
         claim_workdir(workdir, config, record=False)
     splits, model_cfg, tx = build(config, splits)
-    if workdir is not None:  # and claimed once the data has loaded and passed its checks
-        check_checkpoint(config, workdir, model_cfg, tx, seeds)
-        for note in claim_workdir(workdir, config):
-            say(note)
-        checkpointer = ckpt_lib.Checkpointer(f"{workdir}/{ckpt_lib.CHECKPOINT_DIR}")
     goal = objective.from_settings(config)
     sweep = members(config, seeds)
     seeds, num = sweep.seeds, len(sweep.seeds)
@@ -369,8 +364,11 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
     order = np.unique(np.concatenate(chunks), return_index=True)[1]
     state = distributed.to_host(init_state(seeds, model_cfg, tx, sweep.values["init_scale"]))
 
-    if workdir is not None:
+    if workdir is not None:  # claimed once the data has loaded and the newest checkpoint fits
+        checkpointer = ckpt_lib.Checkpointer(f"{workdir}/{ckpt_lib.CHECKPOINT_DIR}")
         saved_step, state = checkpointer.restore_latest(state, start_over=start_over)
+        for note in claim_workdir(workdir, config):
+            say(note)
         if saved_step is not None:
             say(f"resumed from checkpoint at step {saved_step} in {workdir}")
         if distributed.is_main():
