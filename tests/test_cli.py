@@ -44,6 +44,17 @@ def test_help_and_version_start_no_jax(tmp_path):
     assert proc.stderr.startswith("error: jaxillusions: no subcommand 'swep'; choose from sweep,")
 
 
+@pytest.mark.parametrize("args", [("--help",), ("sweep", "--help")])
+def test_help_into_a_closed_pipe_ends_quietly(args, tmp_path):
+    """`jaxillusions sweep --help | head -1`: a reader that stops reading ends the command with
+    SIGPIPE's status and nothing on stderr (it had printed 'error: BrokenPipeError')."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.Popen([sys.executable, "-m", "jaxillusions", *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before it writes: it starts in about a second
+    assert proc.wait(timeout=120) == 141 and proc.stderr.read() == b""
+
+
 @pytest.mark.parametrize("name", ["sweep", "train", "figures", "wen-attention", "benchmark"])
 def test_every_subcommand_has_its_help(name, tmp_path):
     proc = _command(name, "--help", cwd=tmp_path)

@@ -1,4 +1,5 @@
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
@@ -142,6 +143,28 @@ def test_export_every_position_encoding(options):
                 tl_cfg.rotary_adjacent_pairs) == ("rotary", cfg.rotary_dim or cfg.head_dim, 100,
                                                   True)
     _compare(tl_model, params, cfg, tokens)
+
+
+def test_a_missing_extra_is_one_line_before_the_run_loads(monkeypatch, tmp_path):
+    """Without the `export` extra, the export says what to install before it reads anything
+    (it had loaded the whole run, then raised ModuleNotFoundError from deep inside)."""
+    from jaxillusions.report import export
+
+    found = export.importlib.util.find_spec
+    for missing, call in [
+            ("torch", lambda: export.from_workdir(str(tmp_path / "no_run"), seed=0)),
+            ("transformer_lens",
+             lambda: export.tl_config(model.ModelConfig(vocab_size=5, max_len=8))),
+            ("safetensors", lambda: export.saelens_from_workdir(
+                str(tmp_path / "no_run"), str(tmp_path / "sae"), 0, "blocks.0.resid_post", 4))]:
+        with monkeypatch.context() as patched:
+            patched.setattr(export.importlib.util, "find_spec",
+                            lambda name, m=missing: None if name == m else found(name))
+            with pytest.raises(ImportError, match=rf"^the export needs {missing}, which is not "
+                               r"installed: pip install 'jaxillusions\[export\]', the CPU "
+                               "torch wheel first"):
+                call()
+    assert not os.path.exists(tmp_path / "sae")
 
 
 def test_site_names_both_ways_and_refusals():

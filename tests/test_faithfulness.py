@@ -24,7 +24,7 @@ from jaxillusions.faithfulness.evaluate import (
 )
 from jaxillusions.faithfulness.fit import fit
 from jaxillusions.faithfulness.specs import ProxySpec, specs_from_config
-from jaxillusions.model import UniformAttention, forward
+from jaxillusions.model import UniformAttention, forward, init_params
 from jaxillusions.pipeline import sweep, validate
 from jaxillusions.report import board, results, tables
 from jaxillusions.runtime import tensorboard as log_lib
@@ -353,7 +353,9 @@ def test_the_library_calls_resolve_sites_and_refuse_what_disagrees(trained):
              "'blocks.1.attn.pattern' is not a site of a vector proxy"),
             (("onehot_attention", ("blocks.1.attn.k",), (0,)), "not a site of a pattern proxy"),
             (("svd", ("blocks.1.attn.k",), (64,)), r"sizes=\(64,\)\): .*ranks \[64\] exceed "
-             r"the dimension 16 of blocks.1.attn.k \(width 16\)")]:
+             r"the dimension 16 of blocks.1.attn.k \(width 16\)"),
+            (("kmeans", ("blocks.1.attn.k",), (0, 2)), r"sizes=\(0, 2\)\): "
+             r"proxies.kmeans_sizes=\(0, 2\): k below 1")]:
         with pytest.raises(ValueError, match=match):
             collected(ProxySpec(*spec))
     last = ProxySpec("svd", ("blocks.-1.attn.k",), (1, 16))
@@ -381,6 +383,20 @@ def test_the_library_calls_resolve_sites_and_refuse_what_disagrees(trained):
         with pytest.raises(ValueError, match=match):
             fitted[0].intervention(*index)
     p0, tokens = jax.tree.map(lambda x: x[0], params), jnp.asarray(splits["iid"].tokens[:8])
+    # Params of another architecture, or of one model, are refused before any work, naming the
+    # first parameter that differs (they had run through with numbers of another model).
+    wide = jax.vmap(lambda k: init_params(k, dataclasses.replace(
+        model_cfg, d_mlp=2 * model_cfg.d_mlp)))(jax.random.split(jax.random.PRNGKey(0), 2))
+    for call in (lambda p: collect(p, splits["train"], model_cfg, [last], num_samples=0,
+                                   batch_size=512),
+                 lambda p: evaluate(p, model_cfg, eval_set, fitted, batch_size=64, seeds=[0, 1])):
+        with pytest.raises(ValueError, match=rf"^params: blocks/0/mlp/b_in: shape \(2, "
+                           rf"{2 * model_cfg.d_mlp}\) in params, shape \(2, {model_cfg.d_mlp}"
+                           r"\) in the model config \(n_layers 2, .*, after the seed axis\)$"):
+            call(wide)
+        with pytest.raises(ValueError, match=r"^params: one model's, with no leading seed axis: "
+                           r"add one with jax.tree.map\(lambda x: x\[None\], params\)"):
+            call(p0)
     logits, _ = forward(p0, tokens, model_cfg)
     rank1, _ = forward(p0, tokens, model_cfg,
                        intervention=fitted[0].intervention(0, 0, model_cfg=model_cfg))

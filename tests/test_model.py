@@ -319,6 +319,41 @@ def test_forward_refuses_unknown_cached_sites_and_stacked_params_at_tracing():
     _within(batched[2], model_lib.forward(params, tokens, cfg)[0], cfg)
 
 
+def test_forward_refuses_params_tokens_and_interventions_that_do_not_fit():
+    """One line naming what is wrong, before any computation (they had run through with another
+    model's numbers, clamped token ids, or failed in an einsum naming nothing): params of another
+    architecture (the first parameter that differs, or one missing), tokens not [batch, pos],
+    known token ids outside the vocabulary, and an intervention that returns something other
+    than an array of its site's shape."""
+    cfg, params, tokens = _setup()
+    for other, match in [(dataclasses.replace(cfg, n_layers=3), r"blocks/2/attn/b_o: shape "
+                          r"\(16,\) in params, no such parameter in the model config"),
+                         (dataclasses.replace(cfg, vocab_size=12), r"embed: shape \(12, 16\) in "
+                          r"params, shape \(11, 16\) in the model config \(n_layers 2, d_model "
+                          r"16, n_heads 1, vocab_size 11\)")]:
+        with pytest.raises(ValueError, match=f"^params: {match}"):
+            jax.jit(lambda p: model_lib.forward(p, tokens, cfg)[0])(
+                model_lib.init_params(jax.random.PRNGKey(0), other))
+    missing = {**params, "ln_final": {"scale": params["ln_final"]["scale"]}}
+    with pytest.raises(ValueError, match=r"^params: ln_final/bias: no such parameter in params, "
+                       r"shape \(16,\) in the model config"):
+        model_lib.forward(missing, tokens, cfg)
+    with pytest.raises(ValueError, match=r"^model.forward: tokens \[batch, pos\], not of shape "
+                       r"\(10,\)$"):
+        model_lib.forward(params, tokens[0], cfg)
+    with pytest.raises(ValueError, match=r"^model.forward: token ids 0..11 outside the "
+                       r"vocabulary 0..10$"):
+        model_lib.forward(params, tokens.at[0, 0].set(11), cfg)
+    for returned, got in [(lambda v: None, "None"), (lambda v: v[..., :2], r"shape \(3, 10, 1, "
+                                                     r"2\)")]:
+        def intervention(site, value, returned=returned):
+            return returned(value) if site == "blocks.1.attn.k" else value
+        with pytest.raises(ValueError, match=rf"^intervention at blocks.1.attn.k returned {got}, "
+                           r"not an array of the site's shape \(3, 10, 1, 16\)"):
+            jax.jit(lambda t, i=intervention: model_lib.forward(
+                params, t, cfg, intervention=i)[0])(tokens)
+
+
 def test_bad_model_config_errors():
     with pytest.raises(ValueError, match="pos_encoding"):
         model_lib.ModelConfig(vocab_size=5, max_len=4, pos_encoding="alibi")

@@ -8,6 +8,7 @@ member axis, one-line refusals, and a TransformerLens export read back."""
 import json
 import os
 import shutil
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -239,9 +240,14 @@ def test_every_site_equals_the_transformers_forward(saved, variant, monkeypatch)
     print(f"{variant}: {len(got)} sites, worst {site} at {worst[site]:.2g} of its bound")
 
 
-def test_sharded_torch_and_bfloat16_files_load_the_same_weights(saved, tmp_path):
+def test_sharded_torch_and_bfloat16_files_load_the_same_weights(saved, tmp_path, monkeypatch):
     hf, path = saved["gpt2"]
     params, _ = pretrained.load_pretrained(path)
+    with monkeypatch.context() as patched:  # without the extra: what to install, in one line
+        patched.setitem(sys.modules, "safetensors", None)
+        with pytest.raises(ValueError, match=r"model.safetensors needs safetensors to read "
+                           r"\(pip install 'jaxillusions\[pretrained\]'\)$"):
+            pretrained.load_pretrained(path)
     sharded = _save(hf, tmp_path / "sharded", max_shard_size="20KB")
     assert os.path.isfile(os.path.join(sharded, "model.safetensors.index.json"))
     assert len([f for f in os.listdir(sharded) if f.endswith(".safetensors")]) > 2

@@ -162,10 +162,11 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
     training sentences, which are i.i.d. draws, so this is a random sample of sentences (all
     positions of each).
     Seeds run in sequential chunks (`chunking`, see `Chunking` and `seed_chunk`); a seed's
-    statistics depend on that seed alone. The specs are checked against the model first
-    (`resolve_spec`); a site named by a negative layer (blocks.-1) has its statistics under
-    both names.
+    statistics depend on that seed alone. The params and specs are checked against the model
+    first (`model.seed_labels`, `resolve_spec`); a site named by a negative layer (blocks.-1)
+    has its statistics under both names.
     """
+    model_lib.seed_labels(params, model_cfg)  # a seed axis on params of this model
     resolved = [resolve_spec(s, model_cfg) for s in specs]
     if resolved != list(specs):
         stats = collect(params, train, model_cfg, resolved, num_samples=num_samples,

@@ -337,7 +337,7 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     query (`_readout_width`). The rows agree with those at every position within float32
     rounding (matrix products over fewer rows).
     """
-    seeds = model_lib.seed_labels(params, seeds)  # one label per member of params
+    seeds = model_lib.seed_labels(params, model_cfg, seeds)  # one label per member of params
     fitted = [proxy.resolved(model_cfg) for proxy in fitted]  # sites as the model names them
     for proxy in fitted:
         if proxy.num_seeds not in (None, len(seeds)):

@@ -13,6 +13,7 @@ docstring and flags).
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 import textwrap
@@ -83,13 +84,22 @@ def check_config(args: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Dispatches `jaxillusions SUB ARGS` to the launcher of SUB, which parses ARGS as its own
-    command line (absl flags; `benchmark`: argparse)."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    command line (absl flags; `benchmark`: argparse). Output into a pipe whose reader stopped
+    (`jaxillusions sweep --help | head -1`) ends it quietly, with the status of SIGPIPE, as a
+    Unix tool does."""
+    try:
+        _dispatch(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush at exit
+        sys.exit(141)
+
+
+def _dispatch(args: list[str]) -> None:
     if not args or args[0] in (*HELP, "help"):
-        print(usage())
+        print(usage(), flush=True)
         sys.exit(0 if args else 2)
     if args[0] == "--version":
-        print(f"{PROG} {version()}")
+        print(f"{PROG} {version()}", flush=True)
         sys.exit(0)
     name, rest = args[0], args[1:]
     if name not in SUBCOMMANDS:
@@ -101,6 +111,8 @@ def main(argv: list[str] | None = None) -> None:
     sys.argv = [f"{PROG} {name}", *rest]
     try:
         runpy.run_module(SUBCOMMANDS[name][0], run_name="__main__", alter_sys=False)
+    except BrokenPipeError:
+        raise  # main's
     except Exception as err:  # noqa: BLE001 - the launcher turns its own errors into one line;
         # what gets here failed before it could, in its imports (JAX reading a bad
         # JAX_NUM_CPU_DEVICES, a broken install): one line too.

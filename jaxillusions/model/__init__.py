@@ -1,10 +1,21 @@
 """A decoder-only transformer as data plus pure functions.
 
 The transformer itself is transformer.py (re-exported here, its public names: `model.forward`,
-`model.ModelConfig`, ...), its position encodings positions.py; pretrained.py imports
+`model.ModelConfig`, ...), its parameters params.py (`model.init_params`, ...), its position
+encodings positions.py; pretrained.py imports
 checkpoints; patching.py patches edges.
 """
 
+from jaxillusions.model.params import (  # noqa: F401
+    Params,
+    check_params,
+    frozen_paths,
+    init_params,
+    param_shapes,
+    path_str,
+    random_paths,
+    seed_labels,
+)
 from jaxillusions.model.transformer import (  # noqa: F401 - the package's public names
     ACTIVATIONS,
     COMPUTE_DTYPES,
@@ -15,7 +26,6 @@ from jaxillusions.model.transformer import (  # noqa: F401 - the package's publi
     SETTINGS_FIELDS,
     Intervention,
     ModelConfig,
-    Params,
     Part,
     Site,
     Span,
@@ -28,15 +38,10 @@ from jaxillusions.model.transformer import (  # noqa: F401 - the package's publi
     first_attention_layer,
     first_block,
     forward,
-    frozen_paths,
     imported_options,
-    init_params,
     mlp_input,
-    path_str,
     projection,
-    random_paths,
     residual_site,
-    seed_labels,
     site_names,
     uniform_pattern,
 )

@@ -327,8 +327,11 @@ def _read_weights(checkpoint: Checkpoint) -> dict[str, np.ndarray]:
     out = {}
     for file in checkpoint.files:
         if file.endswith(".safetensors"):
-            from safetensors import safe_open
-
+            try:
+                from safetensors import safe_open
+            except ImportError:
+                raise ValueError(f"{checkpoint.path}: {os.path.basename(file)} needs safetensors "
+                                 "to read (pip install 'jaxillusions[pretrained]')") from None
             with safe_open(file, framework="numpy") as f:
                 names = list(f.keys())
                 bf16 = {n for n in names if f.get_slice(n).get_dtype() == "BF16"}

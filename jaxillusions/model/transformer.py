@@ -49,15 +49,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxillusions.model import positions as pos_enc
+from jaxillusions.model.params import Params, check_params
 
-Params = dict
 Intervention = Callable[[str, jax.Array], jax.Array]
 
 POS_ENCODINGS = ("none", "learned", "sinusoidal", "linear", "rotary")
@@ -86,7 +87,7 @@ class Part(Protocol):
         """One-line ValueError where the rest of the architecture cannot take the part."""
 
     def block_shapes(self, cfg: ModelConfig) -> list[Params]:
-        """The parameters of its `layers` blocks as `_param_shapes` leaves (shape, scale); a
+        """The parameters of its `layers` blocks as `param_shapes` leaves (shape, scale); a
         callable scale is a fixed table, `scale(cfg)`, never trained (`frozen_paths`)."""
 
     def apply(self, params: Params, tokens: jax.Array, site: Site) -> jax.Array:
@@ -311,90 +312,6 @@ def first_attention_layer(cfg: ModelConfig) -> int:
     return 0 if cfg.front is None else cfg.front.layers
 
 
-def _param_shapes(cfg: ModelConfig) -> Params:
-    """Shape and init scale of every parameter (scale 0: zeros, None: ones, a callable: a fixed
-    table, scale(cfg), never trained: see `frozen_paths`)."""
-    d, h, e, f = cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_mlp
-    # Residual-writing projections are scaled down with depth (GPT-2) to keep early training calm.
-    out = 1.0 / math.sqrt(2 * cfg.n_layers)
-    layer_norm = {"scale": ((d,), None), "bias": ((d,), 0.0)}
-    block = {
-        "ln1": layer_norm,
-        # No key bias: it adds the same q.b_k to every score of a query row, which softmax
-        # ignores, so its gradient is pure rounding noise that Adam would amplify (imported
-        # checkpoints have one: key_bias).
-        "attn": {"w_q": ((d, h, e), d**-0.5), "b_q": ((h, e), 0.0),
-                 "w_k": ((d, h, e), d**-0.5),
-                 "w_v": ((d, h, e), d**-0.5), "b_v": ((h, e), 0.0),
-                 "w_o": ((h, e, d), (h * e) ** -0.5 * out), "b_o": ((d,), 0.0)},
-    }
-    if cfg.key_bias:
-        block["attn"] = {**block["attn"], "b_k": ((h, e), 0.0)}
-    if not cfg.attn_only:
-        block["ln2"] = layer_norm
-        block["mlp"] = {"w_in": ((d, f), d**-0.5), "b_in": ((f,), 0.0),
-                        "w_out": ((f, d), f**-0.5 * out), "b_out": ((d,), 0.0)}
-    shapes: Params = {
-        "embed": ((cfg.vocab_size, d), _onehot_table if cfg.embedding == "onehot" else 0.02),
-        "unembed": {"w": ((d, cfg.vocab_size), d**-0.5), "b": ((cfg.vocab_size,), 0.0)},
-        "ln_final": layer_norm,
-        "blocks": [block] * cfg.n_layers,
-    }
-    if cfg.front is not None:
-        del shapes["embed"]
-        shapes["blocks"] = (cfg.front.block_shapes(cfg)
-                            + [block] * (cfg.n_layers - cfg.front.layers))
-    if cfg.pos_encoding == "learned":
-        shapes["pos_embed"] = ((cfg.max_len, d), 0.02)
-    elif cfg.pos_encoding == "linear":
-        shapes["pos_embed"] = ((d,), 0.02)
-    return shapes
-
-
-def init_params(key: jax.Array, cfg: ModelConfig) -> Params:
-    """Random parameters for one model (vmap over keys for a seed axis)."""
-    specs, treedef = jax.tree.flatten(_param_shapes(cfg), is_leaf=lambda x: isinstance(x, tuple))
-    sizes = [0 if callable(scale) else math.prod(shape) for shape, scale in specs]
-    # One draw carved into pieces: one threefry call compiles far faster than one per tensor.
-    noise = jax.random.normal(key, (sum(sizes),), jnp.float32)
-    leaves, offset = [], 0
-    for (shape, scale), size in zip(specs, sizes, strict=True):
-        if scale is None:
-            leaves.append(jnp.ones(shape))
-        elif callable(scale):
-            leaves.append(scale(cfg))
-        else:
-            leaves.append(noise[offset:offset + size].reshape(shape) * scale)
-        offset += size
-    return jax.tree.unflatten(treedef, leaves)
-
-
-def path_str(path) -> str:
-    """A jax key path as 'blocks/0/minimal/table'."""
-    return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-
-
-def frozen_paths(cfg: ModelConfig) -> tuple[str, ...]:
-    """Paths (path_str) of the parameters the optimizer must not move (fixed tables)."""
-    specs = jax.tree_util.tree_flatten_with_path(_param_shapes(cfg),
-                                                 is_leaf=lambda x: isinstance(x, tuple))[0]
-    return tuple(path_str(path) for path, (_, scale) in specs if callable(scale))
-
-
-def random_paths(cfg: ModelConfig) -> tuple[str, ...]:
-    """Paths (path_str) of the parameters init_params draws at random (not the LayerNorm gains,
-    ones; the biases, zeros; or the fixed tables): what train.init_scales multiplies."""
-    specs = jax.tree_util.tree_flatten_with_path(_param_shapes(cfg),
-                                                 is_leaf=lambda x: isinstance(x, tuple))[0]
-    return tuple(path_str(path) for path, (_, scale) in specs
-                 if not callable(scale) and scale)
-
-
-def _onehot_table(cfg: ModelConfig) -> jax.Array:
-    """Frozen token embeddings: row v is the one-hot vector of v."""
-    return jnp.eye(cfg.vocab_size, cfg.d_model)
-
-
 def mlp_input(params: Params, layer: int, resid_mid: jax.Array, eps: float = 1e-5) -> jax.Array:
     """The input of block `layer`'s MLP: its layer norm of `blocks.{layer}.resid_mid`, as
     `forward` computes it (eps: the model's cfg.ln_eps). With parallel_residual the MLP reads
@@ -447,9 +364,17 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
     if segments is not None and not cfg.packable:
         raise ValueError("model.forward: packed rows (segments) for a model that reads a row as "
                          "one sentence (a built front or standing interventions: packable)")
-    if (scale := params["ln_final"]["scale"]).ndim != 1:  # static: checked once, at tracing
+    if np.ndim(params.get("ln_final", {}).get("scale")) == 2:  # static: checked at tracing
         raise ValueError(f"model.forward: params have a leading member axis (ln_final scale "
-                         f"{scale.shape}): pass one member's, run.seed_params(seed), or jax.vmap")
+                         f"{params['ln_final']['scale'].shape}): pass one member's, "
+                         f"run.seed_params(seed), or jax.vmap")
+    check_params(params, cfg)
+    if np.ndim(tokens) != 2:
+        raise ValueError(f"model.forward: tokens [batch, pos], not of shape {np.shape(tokens)}")
+    ids = () if isinstance(tokens, jax.core.Tracer) else np.asarray(tokens)  # known ones only
+    if np.size(ids) and not (0 <= ids.min() and ids.max() < cfg.vocab_size):
+        raise ValueError(f"model.forward: token ids {ids.min()}..{ids.max()} outside the "
+                         f"vocabulary 0..{cfg.vocab_size - 1}")
     cache = frozenset(check_site(cfg, s) for s in ([cache] if isinstance(cache, str) else cache))
     cached: dict[str, jax.Array] = {}
     intervention = compose(*cfg.interventions, intervention)
@@ -458,7 +383,12 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
         # Interventions and the cache see f32 values whatever the compute dtype (a no-op in f32).
         dtype = value.dtype
         if intervention is not None:
-            value = intervention(name, value.astype(jnp.float32)).astype(dtype)
+            out = intervention(name, value.astype(jnp.float32))
+            if np.shape(out) != value.shape or not hasattr(out, "astype"):
+                got = "None" if out is None else f"shape {np.shape(out)}"
+                raise ValueError(f"intervention at {name} returned {got}, not an array of the "
+                                 f"site's shape {value.shape}")
+            value = out.astype(dtype)
         if name in cache:
             cached[name] = value.astype(jnp.float32)
         return value
@@ -585,16 +515,3 @@ def attention_pattern(scores: jax.Array) -> jax.Array:
     docs/speed.md)."""
     with jax.softmax_custom_jvp(True):
         return jax.nn.softmax(scores, axis=-1)
-
-
-def seed_labels(params: Params, seeds: Sequence | None) -> tuple:
-    """The labels of params' leading seed axis (0.. by default); ValueError if the leaves
-    disagree on it or `seeds` has another length."""
-    num_seeds = {x.shape[0] for x in jax.tree.leaves(params)}
-    if len(num_seeds) != 1:
-        raise ValueError(f"params: leaves disagree on the leading seed axis {sorted(num_seeds)}")
-    num_seeds = num_seeds.pop()
-    seeds = tuple(range(num_seeds)) if seeds is None else tuple(seeds)
-    if len(seeds) != num_seeds:
-        raise ValueError(f"seeds: {len(seeds)} labels for {num_seeds} seeds of params")
-    return seeds

@@ -189,6 +189,9 @@ def settings(proxy_cfg, dim: int) -> tuple[tuple[int, ...], tuple]:
 
 def check(sizes: tuple[int, ...], proxy_cfg, dim: int, target: str) -> None:
     del dim, target
+    if any(k < 1 for k in sizes):  # before kmeans_samples, which a ProxySpec does not have
+        raise ValueError(f"proxies.kmeans_sizes={tuple(sizes)}: k below 1; allowed "
+                         "1..kmeans_samples")
     too_big = [k for k in sizes if k > proxy_cfg.kmeans_samples]
     if too_big:
         raise ValueError(f"proxies.kmeans_sizes={tuple(proxy_cfg.kmeans_sizes)}: k {too_big} "

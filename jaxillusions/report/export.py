@@ -44,6 +44,7 @@ its fitted params).
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
 import os
 import warnings
@@ -90,6 +91,17 @@ _MAPS = {3: (_TOP_HOOKS, _BLOCK_HOOKS), 4: (_TOP_HOOKS_4, _BLOCK_HOOKS_4)}
 _INVERSE = {3: ({v: k for k, v in _TOP_HOOKS.items()}, {v: k for k, v in _BLOCK_HOOKS.items()}),
             4: ({v: k for k, v in _TOP_HOOKS_4.items()} | _BRIDGE_TOP,
                 {v: k for k, v in _BLOCK_HOOKS_4.items()} | _BRIDGE_BLOCK)}
+
+
+def require(extra: str, *modules: str) -> None:
+    """One-line ImportError naming the extra to install, for the first of `modules` missing,
+    before any work (the `export` extra: torch and transformer-lens; SAELens's files:
+    safetensors)."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ImportError(f"the export needs {missing[0]}, which is not installed: pip install "
+                          f"'jaxillusions[{extra}]', the CPU torch wheel first "
+                          "(docs/python_api.md, Export to TransformerLens)")
 
 
 def tl_major() -> int:
@@ -163,6 +175,7 @@ _TL_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu"}  # model.ACTIVATIONS
 def tl_config(cfg: model_lib.ModelConfig, device: str = "cpu") -> Any:
     """The TransformerLens config of a model config (3.x: `HookedTransformerConfig`, 4.x:
     `TransformerBridgeConfig` of its TL-native model); a clear error for what TL can't express."""
+    require("export", "torch", "transformer_lens")
     if cfg.interventions:  # the model as trained runs them: an export without them is another
         raise ValueError(f"model.uniform_attention_layers ({cfg.interventions}): "
                          "TransformerLens has no frozen uniform attention; cannot export")
@@ -208,6 +221,7 @@ def _torch():
 
 def state_dict(params: dict, cfg: model_lib.ModelConfig) -> dict[str, Any]:
     """One seed's params (no seed axis) -> a TransformerLens state dict of torch tensors."""
+    require("export", "torch")
     torch = _torch()
     p = {k: v for k, v in params.items()}
     if np.ndim(p["embed"]) != 2:
@@ -276,6 +290,7 @@ def from_workdir(workdir: str, seed: int | str, device: str = "cpu") -> Any:
     trained workdir as a TransformerLens model (see `to_transformer_lens`)."""
     from jaxillusions.report import load_run
 
+    require("export", "torch", "transformer_lens")  # before the run loads
     run = load_run(workdir)
     return to_transformer_lens(run.seed_params(seed), run.model_config, device)
 
@@ -308,6 +323,7 @@ def sae_to_saelens(params: dict, path: str, site: str, *, head: int | None = Non
     [batch, pos, d_head] slice, as its ActivationsStore does), since our SAE on such a site is
     one dictionary per head. (HookedSAETransformer.add_sae ignores hook_head_index: spliced
     there, it would run this head's SAE on every head.)"""
+    require("export", "safetensors")
     from safetensors.numpy import save_file
 
     hook = tl_name(site)  # a site TL has no hook for is refused here
@@ -398,6 +414,7 @@ def saelens_from_workdir(workdir: str, path: str, seed: int | str, site: str, wi
                          target: str | None = None) -> str:
     """`sae_params` of a finished sweep written as a SAELens directory at `path` (see
     `sae_to_saelens`; on a per-head site of a one-head model, head 0). Returns `path`."""
+    require("export", "safetensors")  # before the run loads
     params = sae_params(workdir, seed, site, width, k, head=head, target=target)
     head = (head or 0) if _per_head(site) else head
     return sae_to_saelens(params, path, site, head=head,

@@ -1,7 +1,7 @@
 """A finished workdir as data: `load_results` (results.csv as a typed pandas DataFrame) and
 `load_run` (trained parameters with their configs and data, from the checkpoint).
 
-pandas is an optional extra (`pip install -e '.[analysis]'`), imported only when called.
+pandas is imported only when called (importing the package stays light).
 
 DataFrame columns (one row per seed, site, method, size, split, breakdown, bin):
 

@@ -253,7 +253,7 @@ def induction(params: model_lib.Params, cfg: model_lib.ModelConfig, key: jax.Arr
     if width > cfg.max_len:
         raise ValueError(f"induction length={length}: the repeated sequence has {width} tokens, "
                          f"more than the model's max_len {cfg.max_len}")
-    seeds = model_lib.seed_labels(params, seeds)
+    seeds = model_lib.seed_labels(params, cfg, seeds)
     num_seeds = len(seeds)
     tokens = repeated_tokens(key, cfg.vocab_size, length, batch, special)
     layers = range(model_lib.first_attention_layer(cfg), cfg.n_layers)

@@ -178,7 +178,7 @@ def _read_tokenizer(path: str, stamp: tuple[int, int]):
         from tokenizers import Tokenizer  # noqa: PLC0415 - an optional dependency
     except ImportError:
         raise ValueError("data.tokenizer: the text task reads it with the tokenizers package "
-                         "(pip install -e '.[pretrained]')") from None
+                         "(pip install 'jaxillusions[pretrained]')") from None
     try:
         return Tokenizer.from_file(path)
     except Exception as err:  # noqa: BLE001 - the library's errors have no common type

@@ -273,7 +273,7 @@ def plan(config, model_cfg, num_devices: int | None = None, platform: str | None
     item = 2 if mc.compute_dtype == "bfloat16" else 4
     def shapes_of(layers: int) -> list:  # built for at most 3 layers: n_layers may be huge
         return jax.tree.leaves(
-            model_lib.transformer._param_shapes(dataclasses.replace(mc, n_layers=layers)),  # noqa: SLF001
+            model_lib.param_shapes(dataclasses.replace(mc, n_layers=layers)),
             is_leaf=lambda x: isinstance(x, tuple))
 
     def count(layers: int) -> int:

@@ -194,7 +194,7 @@ def code_attention(params: model_lib.Params, cfg: model_lib.ModelConfig, tokens:
     of `batch_size` (the last padded: one compilation per width)."""
     from jaxillusions.tasks.code_completion import splits as code_splits  # noqa: PLC0415
 
-    seeds = model_lib.seed_labels(params, seeds)
+    seeds = model_lib.seed_labels(params, cfg, seeds)
     tokens, category = np.asarray(tokens, np.int32), np.asarray(category, np.int32)
     sums = None
     for batch in padded_chunks([tokens, category], batch_size):
@@ -332,7 +332,7 @@ def head_ablation(params: model_lib.Params, cfg: model_lib.ModelConfig, means: n
     task View in `views` ({split: View}) per bin of `breakdown`, with nothing and with each head
     ablated, vmapped over seeds (the ablations one after the other in one compiled loop), in row
     batches of `batch_size`. `labels`: the bins' names (default their numbers)."""
-    seeds = model_lib.seed_labels(params, seeds)
+    seeds = model_lib.seed_labels(params, cfg, seeds)
     heads = tuple((layer, head)
                   for layer in range(model_lib.first_attention_layer(cfg), cfg.n_layers)
                   for head in range(cfg.n_heads))
