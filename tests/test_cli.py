@@ -219,6 +219,22 @@ def test_a_bad_config_value_is_one_line_before_jax_starts(args, message, tmp_pat
     assert proc.stderr.startswith(message), proc.stderr
 
 
+@pytest.mark.parametrize("args, message", [
+    # Was: ignored, and the config run as shipped (96 seeds of wen_contrastive for 6 minutes).
+    (["sweep", "--config=dyck_small", "--workdir=w", "config.train.num_seeds=2"],
+     "error: unexpected argument 'config.train.num_seeds=2' (a flag starts with --: "
+     "--config.train.num_seeds=2); jaxillusions sweep takes flags only"),
+    (["train", "--config=dyck_small", "--workdir=w", "w2"], "error: unexpected argument 'w2'; "
+     "jaxillusions train takes flags only (jaxillusions train --help)"),
+    (["wen-attention", "--workdir=w", "minimal"], "error: unexpected argument 'minimal'; "
+     "jaxillusions wen-attention takes flags only")])
+def test_a_stray_argument_is_one_line_before_any_work(args, message, tmp_path):
+    proc = _command(*args, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(message), proc.stderr
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("variable, value, start, end", [
     # Was: the Quickstart's job trained, then failed in k-means' fit with a TypeError from
     # lax.scan (the other settings of machine.REQUIRED_JAX_CONFIG: tests/test_settings.py).

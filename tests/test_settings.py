@@ -75,6 +75,15 @@ def test_a_missing_key_takes_its_default_and_lists_become_tuples():
     ({"seed": 2**63}, "seed=9223372036854775808: must be >= 0, with seed + train.num_seeds at "
      "most 4294967296"),
     ({"seed": 2**32 - 3, "train": {"num_seeds": 4}}, "seed=4294967293: must be >= 0, with seed"),
+    # A value given twice in a tuple: it had trained, fitted and evaluated, then failed in the
+    # reports ("the rows hold several groups of members"), or counted the rows twice.
+    ({"proxies": {"circuit_ablation": ("mean", "mean")}}, "proxies.circuit_ablation=('mean', "
+     "'mean'): 'mean' is given twice; give each value once"),
+    ({"proxies": {"svd_targets": ("blocks.0.resid_mid",) * 2}}, "proxies.svd_targets=("),
+    ({"proxies": {"eval_splits": ("iid", "longer", "longer")}}, "proxies.eval_splits=('iid', "
+     "'longer', 'longer'): 'longer' is given twice"),
+    ({"proxies": {"svd_ranks": (1, 2, 2)}}, "proxies.svd_ranks=(1, 2, 2): 2 is given twice"),
+    ({"model": {"pretrained": ("/a", "/a")}}, "model.pretrained=('/a', '/a'): '/a' is given"),
 ])
 def test_a_bad_key_is_a_one_line_error_naming_it(change, message):
     with pytest.raises(ValueError) as err:

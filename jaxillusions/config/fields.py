@@ -43,6 +43,7 @@ STRS = ("a tuple of strings", lambda v: _is_seq(v) and all(isinstance(x, str) fo
 PATH = ("a path", STR[1])  # stored absolute (absolute, below)
 PATHS = ("a tuple of paths", STRS[1])
 KINDS = (BOOL, INT, NUMBER, STR, INTS, NUMBERS, STRS)
+TUPLES = (INTS, NUMBERS, STRS, PATHS)  # whose values are each given once (`given_once`)
 
 
 def kind_of(value: Any) -> tuple[str, Callable]:
@@ -67,6 +68,14 @@ def distinct(values) -> bool:
     train.members)."""
     with np.errstate(over="ignore"):  # past float32's range: inf
         return len({float(np.float32(v)) for v in values}) == len(set(values)) == len(values)
+
+
+def given_once(key: str, value: Any, kind: tuple[str, Callable]) -> None:
+    """ValueError (one line) for a tuple setting that gives a value twice: its rows would come
+    twice and collide in the reports (e.g. proxies.circuit_ablation=('mean', 'mean'))."""
+    twice = [v for i, v in enumerate(value) if v in value[:i]] if kind in TUPLES else []
+    if twice:
+        raise ValueError(f"{key}={value!r}: {twice[0]!r} is given twice; give each value once")
 
 
 def one_of(options) -> tuple[str, Callable]:

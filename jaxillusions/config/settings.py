@@ -10,10 +10,10 @@ does: `validate.check` (the launchers, and a notebook, once per run; it adds the
 the resolved model: proxy sites, memory) and `validate.read_stored` (a stored run's config.json).
 The library takes Settings, or one section of them, only (`require` turns a ConfigDict into a
 one-line TypeError; tests/test_architecture.py fails on a from_config elsewhere). A missing key
-takes its default; an unknown key, a value of the wrong kind or one its rule refuses is a
-one-line ValueError naming the key. docs/configs.md's reference is `reference()` (a test keeps
-the two equal). Old names of study keys under proxies.* (`RENAMED`) are read for one more
-release, with a note (`renamed`, which validate.check shows).
+takes its default; an unknown key, a value of the wrong kind, one its rule refuses or a tuple
+giving a value twice is a one-line ValueError naming the key. docs/configs.md's reference is
+`reference()` (a test keeps the two equal). Old names of study keys under proxies.*
+(`RENAMED`) are read for one more release, with a note (`renamed`, which validate.check shows).
 
 `ANALYSIS_KEYS` and every study section's keys (`Settings.is_analysis_key`) only change what is
 measured or logged, not the trained parameters: they may change between a run and its resumption
@@ -104,9 +104,8 @@ class Model:
     rotary_base: int = setting(_ARCH["rotary_base"], INT, ">= 2", lambda v, s: v >= 2,
                                "rotary only: pair i of a head turns by base^(-2i/d_head) a step")
     attn_only: bool = setting(_ARCH["attn_only"], BOOL, "true or false")
-    # The model's variants: model.ModelConfig.from_settings makes this one a standing
-    # intervention (model.UniformAttention) and train.model_config has the task build the
-    # first layer, a part (tasks/minimal_layer.py).
+    # The model's variants: ModelConfig.from_settings makes this one a standing intervention
+    # (model.UniformAttention); train.model_config has the task build the first layer, a part.
     uniform_attention_layers: tuple[int, ...] = setting(
         (), INTS, "layer indices in [0, model.n_layers)",
         _below_layers, "layers whose attention is uniform over the prefix")
@@ -151,7 +150,7 @@ class Train:
                            doc="closing: next-token loss on closing brackets only")
     contrastive_weights: tuple[float, ...] = setting(
         (), NUMBERS, "distinct weights >= 0, or () for none",
-        lambda v, s: all(w >= 0 for w in v) and len(set(v)) == len(v),
+        lambda v, s: all(w >= 0 for w in v) and distinct(v),
         "Wen et al. eq. 22; several: a member per weight (members: the product of the lists "
         "of hyper-parameters x seeds, trained together)")
     learning_rates: tuple[float, ...] = setting(
@@ -170,7 +169,7 @@ class Train:
         "parameters (LayerNorm gains, zero biases and fixed tables stay)")
     null: tuple[str, ...] = setting(
         (), STRS, f"distinct kinds of {', '.join(NULL_KINDS[1:])}, or () for none",
-        lambda v, s: set(v) <= set(NULL_KINDS[1:]) and len(set(v)) == len(v),
+        lambda v, s: set(v) <= set(NULL_KINDS[1:]),
         "null members: per trained member, a copy that keeps its initialisation (untrained) or "
         "trains on each row's targets in a random order (shuffled); hyper-parameter null: 0 "
         "trained, 1 untrained, 2 shuffled; imported checkpoints: untrained only, initialised here")
@@ -223,8 +222,8 @@ class Proxies:
     # Lenses and concept erasure (docs/lenses.md); the erasure proxy's sizes are the concepts.
     concepts: tuple[str, ...] = setting(
         (), STRS, "distinct concepts of the task (dyck: depth, bracket; code: category; "
-        "text: copyable)", lambda v, s: len(set(v)) == len(v),
-        "what erasure erases (its size c: concepts[c]) and what probes.sites probes")
+        "text: copyable)", doc="what erasure erases (its size c: concepts[c]) and what "
+        "probes.sites probes")
     tuned_lens_ranks: tuple[int, ...] = setting(
         (), INTS, "ranks >= 0, or () for d_model", lambda v, s: all(r >= 0 for r in v),
         "ranks of the tuned lens's correction to the identity (0: mean shift only)")
@@ -459,6 +458,7 @@ def from_config(config: Any, studies: Studies = ()) -> Settings:
         r = rule(field)
         if not r.test(value, settings):
             raise ValueError(f"{key}={value!r}: must be {r.allowed}")
+        fields.given_once(key, value, r.kind)
     return settings
 
 

@@ -223,13 +223,15 @@ def check_config(argv: list[str]) -> None:
             sys.exit(f"error: {err}")
 
 
-def parse_flags(argv: list[str], doc: str | None = None, no_config: str | None = None
-                ) -> list[str]:
+def parse_flags(argv: list[str], doc: str | None = None, no_config: str | None = None,
+                positional: bool = False) -> list[str]:
     """Parses the flags; a bad flag or config override is a one-line error, not a traceback.
     A repeated `--config.<key>=` override: the last one wins. --help (or -h) prints `doc` (the
     launcher's docstring) and the flags, and exits. `no_config`: for a launcher that takes no
     config, the error line that refuses --config and its overrides. Returns the arguments that
-    are not flags (after the program's name)."""
+    are not flags (after the program's name), which only a launcher that takes them
+    (`positional`: figures' workdir) may be given: elsewhere one is an error (an override
+    typed without its dashes had been ignored, and the config run as shipped)."""
     if any(a in HELP for a in argv[1:argv.index("--") if "--" in argv else len(argv)]):
         print(usage(argv, doc, no_config=bool(no_config)))
         sys.exit(0)
@@ -243,7 +245,7 @@ def parse_flags(argv: list[str], doc: str | None = None, no_config: str | None =
     check_config(argv)
     argv = _last_override_wins(argv)
     try:
-        return flags.FLAGS(argv)[1:]
+        rest = flags.FLAGS(argv)[1:]
     except (flags.Error, KeyError, AttributeError, ValueError, TypeError) as err:
         path = _flag_value(argv, "config")
         message = _unknown_key(argv, path) if path else None
@@ -251,6 +253,11 @@ def parse_flags(argv: list[str], doc: str | None = None, no_config: str | None =
         # The config file's error (_config_file_error) without the flag library's prefix.
         message = message or lines[0].removeprefix(f"flag --config={path}: ")
         sys.exit(f"error: {message}")
+    if rest and not positional:
+        hint = f" (a flag starts with --: --{rest[0]})" if rest[0].startswith("config.") else ""
+        sys.exit(f"error: unexpected argument {rest[0]!r}{hint}; {argv[0]} takes flags only "
+                 f"({argv[0]} --help)")
+    return rest
 
 
 def parse(argv: list[str], doc: str | None = None):

@@ -114,10 +114,22 @@ def _reports(config, workdir: str, pipeline: Sequence[Stage] = PIPELINE,
     groups; without `stamped`, not those of the enabled stages saved whole (their stage file
     decides whether they are current; a disabled one's are an earlier analysis's)."""
     dirs = dict.fromkeys([workdir] + [d for _, d in train.member_groups(config, workdir)])
-    patterns = [o for s in pipeline if stamped or not (s.stamped and s.enabled(config))
-                for o in s.outputs]
-    return [path for directory in dirs for pattern in patterns
-            for path in sorted(glob.glob(os.path.join(glob.escape(directory), pattern)))]
+
+    def found(of: Sequence[Stage]) -> list[str]:
+        return [path for directory in dirs for pattern in (o for s in of for o in s.outputs)
+                for path in sorted(glob.glob(os.path.join(glob.escape(directory), pattern)))]
+
+    saved = [s for s in pipeline if s.stamped and s.enabled(config)]
+    paths = found([s for s in pipeline if stamped or s not in saved])
+    if stamped:
+        return paths
+    # A directory that also holds the files of a stage saved whole (Wen's figures/wen_*.png in
+    # figures/) is taken file by file, without them.
+    kept = set(found(saved))
+    return [f for path in paths for f in (
+        [os.path.join(d, n) for d, _, names in os.walk(path) for n in names]
+        if os.path.isdir(path) and any(k.startswith(path + os.sep) for k in kept) else [path])
+        if f not in kept]
 
 
 def _mark_done(config, workdir: str, pipeline: Sequence[Stage] = PIPELINE) -> None:
