@@ -265,12 +265,15 @@ def test_pattern_figure_shows_healthy_members_only():
     prefix = wen.attention_prefix(2, 2)
     patterns = {0: np.ones((3, 1, len(prefix), len(prefix))) / len(prefix)}
     patterns[0][0] = np.nan  # member 0 diverged
-    fig = wen._patterns_figure(patterns, prefix, 2, ["5", "6", "7"], [False, True, True])
+    # Members, not seeds (was "seed 0_cw0.3"): a label names the seed and the weight.
+    fig = wen._patterns_figure(patterns, prefix, 2, ["0", "0_cw0.3", "1_cw0.3"],
+                               [False, True, True])
     *panels, bar = fig.axes
-    assert [ax.get_title() for ax in panels] == ["layer 0, seed 6", "layer 0, seed 7"]
+    assert [ax.get_title() for ax in panels] == ["layer 0, member 0_cw0.3",
+                                                 "layer 0, member 1_cw0.3"]
     assert fig.axes[0].get_xticklabels()[0].get_text() == "BOS"
     assert bar.get_ylabel() == "attention weight"  # the colour bar
-    assert "the first 2 healthy seeds" in fig._suptitle.get_text()
+    assert "the first 2 healthy members" in fig._suptitle.get_text()
 
 
 def test_length_and_balance_figures_bound_proportions_and_count_seeds():
@@ -552,3 +555,261 @@ def test_wen_stage_leaves_out_the_balance_violation_where_it_is_undefined(config
     rows = pd.read_csv(tmp_path / "wen_results.csv")
     assert list(rows.seed) == [0, 1] and "balance_violation" not in rows
     assert rows["length_gen_acc"].between(0, 1).all()
+
+
+# ----------------------------------------------------------------------------- the audit's defects
+
+
+def _summary(rows, attention=None):
+    import types
+
+    attention = attention or [{"prefix_len": 8, "random_baseline": 0.2,
+                               "random_baseline_square": 0.3, "contrastive_weight": 0,
+                               "layer": 1, "head": 0, "num_seeds": 3, "variation": 0.1,
+                               "low": 0.05, "high": 0.15}]
+    return wen.summary(rows, attention, types.SimpleNamespace(wen=types.SimpleNamespace(
+        label="t")))
+
+
+@pytest.mark.parametrize("axis", ["learning_rates", "null"])
+def test_a_second_member_axis_is_refused_at_the_door(config, axis):
+    """Was: accepted; the summary's {(weight, seed): row} kept one of each seed's learning rates,
+    the attention groups pooled both as seeds, wen_results.csv had no column to tell them apart
+    (and a null population's untrained members joined the weight groups the same way)."""
+    config.wen.enabled = True
+    config.train.contrastive_weights = (0.0, 1.0)
+    checked(config)  # the weight axis alone is what the stage measures
+    if axis == "null":
+        config.train.null = ("untrained",)
+    else:
+        config.train.learning_rates = (0.003, 0.3)
+    value = {"null": r"\('untrained',\)", "learning_rates": r"\(0\.003, 0\.3\)"}[axis]
+    with pytest.raises(ValueError, match=rf"^train\.{axis}={value}: wen\.enabled measures one "
+                       r"member per train\.contrastive_weights value and seed"):
+        checked(config)
+    config.wen.enabled = False  # without the stage the axis is the proxies' to group
+    checked(config)
+
+
+def test_length_generalization_must_start_beyond_the_training_length(config):
+    """Was: wen.length_min_len was compared with wen.length_max_len only, so lengths seen in
+    training were scored as generalization."""
+    config.wen.update(enabled=True, length_max_len=40, length_min_len=config.data.max_len)
+    config.model.update(pos_encoding="none", max_len=41)
+    with pytest.raises(ValueError, match=rf"^wen\.length_min_len={config.data.max_len}: must be "
+                       rf"in \[data\.max_len \+ 1 = {config.data.max_len + 1}, "):
+        checked(config)
+    config.wen.length_min_len = config.data.max_len + 1
+    checked(config)
+
+
+def test_rows_hold_the_configs_own_weights(config, tmp_path):
+    """Was: float(float32(0.3)) = 0.30000001192092896 in wen_results.csv, which
+    `df[df.contrastive_weight == 0.3]` does not match."""
+    import types
+
+    import pandas as pd
+
+    from jaxillusions.report import tables
+
+    config.train.contrastive_weights = (0.0, 0.3, 1.0)
+    run = checked(config)
+    members = train.members(run)
+    state = types.SimpleNamespace(healthy=np.ones(len(members.seeds), bool))
+    rows = wen._member_rows(state, None, run)
+    tables.write_csv(rows, str(tmp_path / "wen_results.csv"), list(rows[0]))
+    frame = pd.read_csv(tmp_path / "wen_results.csv")
+    for weight in (0.0, 0.3, 1.0):
+        assert (frame.contrastive_weight == weight).sum() == config.train.num_seeds, weight
+
+
+def _large_score_model(factor: float = 40.0):
+    """A random minimal-first-layer model whose last layer's queries are `factor` times larger:
+    its largest attention scores pass 88, where exp overflows float32."""
+    cfg = _cfg(front=_minimal())
+    params = model_lib.init_params(jax.random.PRNGKey(4), cfg)
+    attn = {**params["blocks"][1]["attn"]}
+    attn["w_q"] = attn["w_q"] * factor
+    params["blocks"][1] = {**params["blocks"][1], "attn": attn}
+    return cfg, params
+
+
+def test_balance_violation_is_finite_where_exp_of_the_scores_overflows_float32():
+    """Was: u = exp(score) * value in float32, inf past a score of 88.7, and delta / Delta NaN
+    (inf - inf in Delta). Now each exp is taken less the largest score it is compared with;
+    both terms match float64 references: delta from the same scores and values, Delta from the
+    model's own forward pass (as test_balance_delta_matches_the_model_forward_pass)."""
+    import tolerance
+
+    cfg, params = _large_score_model()
+    part = cfg.front
+    depth = jnp.arange(1, D + 1)
+    open_f = part.features_of(params, jnp.asarray(OPEN)[:, None], depth[None])
+    close_f = part.features_of(params, jnp.asarray(CLOSE)[:, None], depth[None] - 1)
+    bos_f = part.features_of(params, jnp.asarray([dyck.BOS]), jnp.zeros(1, jnp.int32))
+    queries = jnp.concatenate([open_f.reshape(-1, 32), close_f.reshape(-1, 32), bos_f])
+    terms = [wen._last_layer_terms(params, cfg, f, queries) for f in (open_f, close_f)]
+    top = max(float(np.abs(s).max()) for s, _ in terms)
+    assert top > 88.8  # exp(top) is not a float32
+    pair = sum(np.exp(np.asarray(s, np.float64))[..., None] * np.asarray(v, np.float64)
+               for s, v in terms)  # [Q, k, D, h, d]
+    delta = np.linalg.norm(pair.reshape(*pair.shape[:3], -1), axis=-1).max()
+
+    sites = ("blocks.1.attn.scores", "blocks.1.attn.v")
+    forward = jax.jit(lambda tokens: model_lib.forward(params, tokens, cfg, cache=sites)[1])
+
+    def unnormalized(text):
+        c = forward(_tokens(text)[None])
+        w = np.exp(np.asarray(c[sites[0]], np.float64)[0, 0, -1])  # last query row
+        out = np.einsum("khe,hed->kd", np.asarray(c[sites[1]], np.float64)[0],
+                        np.asarray(params["blocks"][1]["attn"]["w_o"], np.float64))
+        out -= out.mean(-1, keepdims=True)
+        return (w[:, None] * out).sum(0)
+
+    prefixes = ["".join(p) for p in itertools.product("([", repeat=D)]
+    big_delta = min(np.linalg.norm(unnormalized(a) - unnormalized(b))
+                    for a in prefixes for b in prefixes if a[:-1] == b[:-1] and a != b)
+    out = wen.balance_violation(jax.tree.map(lambda x: x[None], params), cfg)
+    assert all(np.isfinite(v[0]) for v in out.values())
+    # exp(score) is off by the score's own float32 rounding, relative (scores through width-32
+    # matmuls and a LayerNorm), computed two ways.
+    rtol = tolerance.two_ways(tolerance.TERM_ULPS * tolerance.EPS32 * np.sqrt(32) * top)
+    np.testing.assert_allclose(out["delta"][0], delta, rtol=rtol)
+    np.testing.assert_allclose(out["Delta"][0], big_delta, rtol=rtol)
+    np.testing.assert_allclose(out["balance_violation"][0], delta / big_delta, rtol=2 * rtol)
+
+
+def test_the_summary_leaves_out_values_that_are_not_finite_and_says_how_many():
+    """Was: one member's NaN made the weight's cell 'nan ± nan (median nan)' under a header
+    that counted every seed."""
+    rows = [{"contrastive_weight": w, "seed": s, "healthy": True, "acc_iid": 1.0,
+             "length_gen_acc": 0.5 + 0.1 * s + 0.05 * w, "length_gen_argmax_acc": 0.5,
+             "balance_violation": np.inf if (w, s) == (1, 2) else 1.0 + s + w}
+            for w in (0, 1) for s in range(4)]
+    text = _summary(rows)
+    assert "nan" not in text, text
+    line = next(t for t in text.splitlines() if t.startswith("  weight 1 (4 seeds)"))
+    finite = [2.0, 3.0, 5.0]
+    mean, low, high = wen.interval_stats.t_interval(np.array(finite))
+    assert (f"balance_violation {mean:.3f} ± {(high - low) / 2:.3f} (1 of 4 not finite, left "
+            f"out) (median {np.median(finite):.3f})") in line, line
+    diff = next(t for t in text.splitlines() if t.startswith("  weight 1 - 0 (4 seeds)"))
+    assert "(1 of 4 not finite, left out)" in diff
+    spearman = text.splitlines()[-1]
+    assert spearman.startswith("  weight 1 (3 seeds, 1 with a value not finite left out): ")
+
+
+def test_spearman_is_a_permutation_test_per_weight_with_an_interval_where_it_has_one():
+    """Was: scipy's asymptotic p (n = 3, a perfect ranking: p = 0), no interval, and an 'all
+    weights' line pooling the same seeds under every weight as independent models."""
+    from jaxillusions.report import stats
+
+    def rows_of(num_seeds):
+        rng = np.random.default_rng(num_seeds)
+        return [{"contrastive_weight": w, "seed": s, "healthy": True, "acc_iid": 1.0,
+                 "length_gen_acc": acc, "length_gen_argmax_acc": 0.5, "balance_violation": bv}
+                for w in (0, 1) for s, (acc, bv) in enumerate(zip(
+                    rng.uniform(0.3, 0.9, num_seeds), rng.uniform(0.5, 2, num_seeds),
+                    strict=True))]
+
+    for num_seeds in (3, stats.MIN_BOOTSTRAP_SEEDS):
+        rows = rows_of(num_seeds)
+        text = _summary(rows)
+        assert "all weights" not in text and "not pooled over weights" in text
+        for w in (0, 1):
+            x, y = (np.array([r[k] for r in rows if r["contrastive_weight"] == w])
+                    for k in ("balance_violation", "length_gen_acc"))
+            rho, low, high, p = stats.spearman_interval(x, y)
+            interval = (f"[{low:+.3f}, {high:+.3f}]" if num_seeds >= stats.MIN_BOOTSTRAP_SEEDS
+                        else "(no interval: the bootstrap takes "
+                             f"{stats.MIN_BOOTSTRAP_SEEDS} seeds or more)")
+            noise = ", within noise" if p >= 0.05 else ""
+            assert (f"  weight {w} ({num_seeds} seeds): rho = {rho:+.3f} {interval}, "
+                    f"p = {p:.2g}{noise}") in text.splitlines(), text
+    # A perfect ranking of 3 seeds: the exact permutation p is 2/6, not 0.
+    rows = [{**r, "length_gen_acc": 0.1 * r["balance_violation"]} for r in rows_of(3)]
+    assert "rho = +1.000 (no interval: the bootstrap takes 16 seeds or more), p = 0.33, within " \
+           "noise" in _summary(rows)
+
+
+def test_paired_differences_say_which_are_within_noise():
+    """Was: mean ± half-width alone, so an interval containing 0 read like an effect."""
+    from jaxillusions.report import stats
+
+    gain = np.array([0.10, 0.12, 0.11, 0.13])  # every seed gains: the interval excludes 0
+    noise = np.array([0.05, -0.04, 0.03, -0.05])  # the interval contains 0
+    rows = [{"contrastive_weight": w, "seed": s, "healthy": True, "acc_iid": 0.9,
+             "length_gen_acc": 0.5 + w * gain[s], "length_gen_argmax_acc": 0.5 + w * noise[s]}
+            for w in (0, 1) for s in range(4)]
+    text = _summary(rows)
+    assert "* where the interval excludes 0, unmarked: within noise" in text
+    diff = next(t for t in text.splitlines() if t.startswith("  weight 1 - 0 (4 seeds)"))
+    for key, marked in (("length_gen_acc", True), ("length_gen_argmax_acc", False)):
+        diffs = np.array([rows[4 + s][key] - rows[s][key] for s in range(4)])
+        mean, low, high = stats.t_interval(diffs)
+        assert (low > 0) == marked and (low < 0 < high) != marked
+        mark = "*" if marked else ""
+        assert f"{key} {mean:.3f} ± {(high - low) / 2:.3f}{mark}," in diff + ",", diff
+    assert "acc_iid 0.000 ± 0.000," in diff  # no difference at all: unmarked
+    # 8d: no "balance violation also as median" for models that have none.
+    assert "median" not in text
+
+
+def test_attention_figure_labels_every_weight_including_zero():
+    """Was: 'cw0.3', 'cw1' and a bare λ = 0 bar."""
+    attention = [{"label": "contrastive", "contrastive_weight": w, "layer": 1, "variation": 0.2,
+                  "low": 0.1, "high": 0.3, "random_baseline": 0.18} for w in (0.0, 0.3, 1.0)]
+    fig = wen.attention_figure(attention)
+    names = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert names == [f"contrastive\nL1 cw{w:g}" for w in (0.0, 0.3, 1.0)]
+    one = wen.attention_figure(attention[:1])  # one weight (wen-attention's variants): no tag
+    assert [t.get_text() for t in one.axes[0].get_xticklabels()] == ["contrastive\nL1"]
+
+
+def _variant_configs(variants):
+    from jaxillusions.configs import wen_attention_variation
+
+    return {v: checked(wen_attention_variation.get_config(v)) for v in variants}
+
+
+def test_wen_attention_checks_every_variant_workdir_before_training_any(tmp_path, monkeypatch):
+    """Was: the first variant trained for minutes, then the second's workdir, holding another
+    config, stopped the launch."""
+    from jaxillusions.configs import wen_attention_variation
+    from jaxillusions.launch import wen_attention
+
+    other = wen_attention_variation.get_config("standard_nope")
+    other.train.num_steps = 7
+    train.claim_workdir(str(tmp_path / "standard_nope"), checked(other))
+    trained = []
+    monkeypatch.setattr(wen_attention.sweep, "run", lambda config, workdir, **kw: trained.append(
+        workdir))
+    with pytest.raises(ValueError, match=r"standard_nope holds a run with a different config "
+                       r"\(1 training key differs, e.g. train.num_steps: 7 there vs 1000 now\)"):
+        wen_attention.run_variants(_variant_configs(("minimal", "standard_nope")),
+                                   str(tmp_path), False)
+    assert trained == [] and not (tmp_path / "minimal").exists()
+
+
+def test_wen_attention_joins_every_variant_there_and_names_them(tmp_path, monkeypatch, capsys):
+    """Was: a --variants subset rewrote the joined table, CSV and figure with that subset only."""
+    import pandas as pd
+
+    from jaxillusions.launch import wen_attention
+    from jaxillusions.report import tables
+
+    for variant in ("minimal", "standard_linear"):
+        os.makedirs(tmp_path / variant)
+        row = {"label": variant, "contrastive_weight": 0.0, "layer": 1, "head": 0,
+               "variation": 0.2, "low": 0.1, "high": 0.3, "num_seeds": 3, "num_pairs": 3,
+               "prefix_len": 17, "random_baseline": 0.18, "random_baseline_square": 0.1}
+        tables.write_csv([row], str(tmp_path / variant / "wen_attention.csv"), list(row))
+    monkeypatch.setattr(wen_attention.sweep, "run", lambda *a, **k: None)
+    wen_attention.run_variants(_variant_configs(("standard_linear",)), str(tmp_path), False)
+    assert list(pd.read_csv(tmp_path / "wen_attention.csv").label) == ["minimal",
+                                                                       "standard_linear"]
+    head = (tmp_path / "wen_attention_table.txt").read_text().splitlines()[0]
+    assert head == ("variants: minimal, standard_linear (minimal from an earlier launch); not "
+                    "run yet: standard_nope")
+    assert head in capsys.readouterr().out
+    assert (tmp_path / "wen_attention_variation.png").exists()

@@ -1,12 +1,13 @@
 """Wen et al. section 4.1: the three architectures of the config wen_attention_variation (minimal
 first layer; standard without / with linear positions), one sweep each into <workdir>/<variant>
-(each resumes like `jaxillusions sweep`), then one joined table and figure in <workdir>:
+(each resumes like `jaxillusions sweep`), then one joined table and figure in <workdir> of every
+variant there (a --variants subset adds to those an earlier launch ran; the table names them):
 
     jaxillusions wen-attention --workdir=runs/wen_attention [--variants=minimal,standard_nope]
 
-It validates every variant's config before any work, locks the workdir, saves and exits on
-SIGTERM/SIGINT, and turns errors into one line (--debug, --start_over as in `jaxillusions
-sweep`).
+It validates every variant's config, and checks every variant's workdir against it, before any
+work; locks the workdir, saves and exits on SIGTERM/SIGINT, and turns errors into one line
+(--debug, --start_over as in `jaxillusions sweep`).
 """
 
 import os
@@ -25,20 +26,39 @@ from jaxillusions.pipeline import sweep  # noqa: E402
 from jaxillusions.report import figures, tables  # noqa: E402
 from jaxillusions.runtime import distributed  # noqa: E402
 from jaxillusions.studies import wen  # noqa: E402
+from jaxillusions.training import train  # noqa: E402
 
 VARIANTS = flags.DEFINE_list("variants", list(wen_attention_variation.VARIANTS),
                              "Which architectures to run.")
 
 
 def run_variants(configs: dict, workdir: str, start_over: bool) -> None:
+    # Every variant's workdir against its config before any trains (sweep.run checks its own
+    # only when it starts, after the variants before it have trained).
+    for variant, config in configs.items():
+        train.claim_workdir(os.path.join(workdir, variant), config, record=False)
     for variant, config in configs.items():
         sweep.run(config, os.path.join(workdir, variant), start_over=start_over)
     if not distributed.is_main():  # process 0 wrote the variants' files
         return
-    rows = [row for variant in configs
+    join(workdir, list(configs))
+
+
+def join(workdir: str, ran: list[str]) -> None:
+    """The joined table, CSV and figure in <workdir> of every known variant whose
+    <workdir>/<variant>/wen_attention.csv exists (those of this launch, `ran`, and earlier ones),
+    saying which are in it: a launch with a subset of --variants adds to the table."""
+    found = [v for v in wen_attention_variation.VARIANTS
+             if os.path.exists(os.path.join(workdir, v, "wen_attention.csv"))]
+    rows = [row for variant in found
             for row in tables.read_csv(os.path.join(workdir, variant, "wen_attention.csv"))]
     tables.write_csv(rows, os.path.join(workdir, "wen_attention.csv"), list(rows[0]))
-    lines = [f"{'architecture':<16} {'layer':>5} {'seeds':>5}  variation [95% jackknife interval]"
+    earlier = [v for v in found if v not in ran]
+    missing = [v for v in wen_attention_variation.VARIANTS if v not in found]
+    lines = [f"variants: {', '.join(found)}"
+             + (f" ({', '.join(earlier)} from an earlier launch)" if earlier else "")
+             + (f"; not run yet: {', '.join(missing)}" if missing else ""),
+             f"{'architecture':<16} {'layer':>5} {'seeds':>5}  variation [95% jackknife interval]"
              f"  random baseline (causal)"]
     for r in rows:
         lines.append(f"{r['label']:<16} {r['layer']:>5} {r['num_seeds']:>5}  "

@@ -30,6 +30,12 @@ from jaxillusions.report import stats as interval_stats
 from jaxillusions.runtime import distributed
 from jaxillusions.runtime.chunks import padded_chunks
 from jaxillusions.studies.stage import FINAL_EVAL, TRAINED, Stage
+from jaxillusions.studies.wen_figures import (
+    _patterns_figure,
+    attention_figure,
+    balance_figure,
+    length_figure,
+)
 from jaxillusions.tasks import dyck as dyck_task
 from jaxillusions.tasks import dyck_sentences
 from jaxillusions.tasks.minimal_layer import MinimalFirstLayer
@@ -114,9 +120,10 @@ def random_baseline_mc(key: jax.Array, length: int, num_samples: int = 2000,
 
 
 def _last_layer_terms(params, cfg: model_lib.ModelConfig, keys: jax.Array, queries: jax.Array):
-    """u(key; query) of the last layer for first-layer outputs keys [..., d] and queries [Q, d]:
-    exp(score) * (the key's attention-output contribution, centred over d_model as the next
-    LayerNorm does), concatenated over heads -> [Q, ..., heads * d]."""
+    """(scores [Q, ..., heads], values [..., heads, d]) of the last layer for first-layer outputs
+    keys [..., d] and queries [Q, d]: u(key; query) = exp(score) * value, the value being the
+    key's attention-output contribution, centred over d_model as the next LayerNorm does. The
+    exponential is left to the caller, which scales it so that it cannot overflow."""
     block = params["blocks"][cfg.n_layers - 1]
     a = block["attn"]
 
@@ -131,8 +138,13 @@ def _last_layer_terms(params, cfg: model_lib.ModelConfig, keys: jax.Array, queri
     q = jnp.einsum("qd,dhe->qhe", hq, a["w_q"]) + a["b_q"]
     out = jnp.einsum("...he,hed->...hd", v, a["w_o"])
     out = out - out.mean(-1, keepdims=True)  # the projection orthogonal to all-ones
-    scores = jnp.einsum("qhe,...he->q...h", q, k) / math.sqrt(cfg.head_dim)
-    u = jnp.exp(scores)[..., None] * out  # [Q, ..., h, d]
+    return jnp.einsum("qhe,...he->q...h", q, k) / math.sqrt(cfg.head_dim), out
+
+
+def _scaled(scores: jax.Array, out: jax.Array, shift: jax.Array) -> jax.Array:
+    """exp(scores - shift) * out, concatenated over heads: [Q, ..., h] x [..., h, d] ->
+    [Q, ..., h * d]; shift broadcasts against the scores' leading axes."""
+    u = jnp.exp(scores - shift)[..., None] * out
     return u.reshape(*u.shape[:-2], -1)
 
 
@@ -167,6 +179,16 @@ def balance_terms(params, cfg: model_lib.ModelConfig) -> dict[str, jax.Array]:
     unnormalized attention outputs at the last position of two prefixes that differ only in the
     last (depth D) bracket.
     """
+    log_delta, log_big_delta = _log_balance_terms(params, cfg)
+    return {"delta": jnp.exp(log_delta), "Delta": jnp.exp(log_big_delta),
+            "balance_violation": jnp.exp(log_delta - log_big_delta)}
+
+
+def _log_balance_terms(params, cfg: model_lib.ModelConfig) -> tuple[jax.Array, jax.Array]:
+    """(log delta, log Delta) of balance_terms. Every exp(score) is taken less the largest score
+    it is compared with (per query for delta; one for all of Delta's terms, whose queries
+    differ), and that shift is added back to the log: scores of 90 and more overflowed float32
+    (a healthy, sharply attending member's violation read NaN)."""
     _check_balance_model(cfg)
     part = cfg.front
     k, depth = len(part.open_ids), part.max_depth
@@ -178,14 +200,18 @@ def balance_terms(params, cfg: model_lib.ModelConfig) -> dict[str, jax.Array]:
     bos_f = feats(jnp.asarray([dyck_sentences.BOS]), jnp.zeros(1, jnp.int32))  # [1, d_model]
     queries = jnp.concatenate([open_f.reshape(-1, open_f.shape[-1]),
                                close_f.reshape(-1, close_f.shape[-1]), bos_f])
-    pair = (_last_layer_terms(params, cfg, open_f, queries)
-            + _last_layer_terms(params, cfg, close_f, queries))  # [Q, k, D, F]
-    delta = jnp.linalg.norm(pair, axis=-1).max()
+    (s_open, v_open), (s_close, v_close) = (_last_layer_terms(params, cfg, f, queries)
+                                            for f in (open_f, close_f))  # scores [Q, k, D, h]
+    shift = jnp.maximum(s_open.max((1, 2, 3)), s_close.max((1, 2, 3)))[:, None, None, None]
+    pair = _scaled(s_open, v_open, shift) + _scaled(s_close, v_close, shift)  # [Q, k, D, F]
+    log_delta = (jnp.log(jnp.linalg.norm(pair, axis=-1)) + shift[..., 0]).max()
 
     # Open prefixes: the query is the last bracket (type tau at depth D).
     last_q = open_f[:, -1]  # [k, d_model]
-    u_open = _last_layer_terms(params, cfg, open_f, last_q)  # [tau, t, depth, F]
-    u_bos = _last_layer_terms(params, cfg, bos_f, last_q)[:, 0]  # [tau, F]
+    (s_o, v_o), (s_b, v_b) = (_last_layer_terms(params, cfg, f, last_q) for f in (open_f, bos_f))
+    shift = jnp.maximum(s_o.max(), s_b.max())
+    u_open = _scaled(s_o, v_o, shift)  # [tau, t, depth, F]
+    u_bos = _scaled(s_b, v_b, shift)[:, 0]  # [tau, F]
     common = jnp.asarray(list(itertools.product(range(k), repeat=depth - 1)),
                          jnp.int32).reshape(-1, depth - 1)  # [C, D-1]: the shared first brackets
     pos = jnp.arange(depth - 1)
@@ -193,15 +219,18 @@ def balance_terms(params, cfg: model_lib.ModelConfig) -> dict[str, jax.Array]:
     s = u_bos[:, None] + shared + u_open[jnp.arange(k), jnp.arange(k), depth - 1][:, None]
     dist = jnp.linalg.norm(s[:, None] - s[None], axis=-1)  # [tau, tau', C]
     dist = jnp.where(jnp.eye(k, dtype=bool)[..., None], jnp.inf, dist)
-    big_delta = dist.min()
-    return {"delta": delta, "Delta": big_delta, "balance_violation": delta / big_delta}
+    return log_delta, jnp.log(dist.min()) + shift
 
 
 def balance_violation(params, cfg: model_lib.ModelConfig) -> dict[str, np.ndarray]:
-    """balance_terms for every seed: {"delta", "Delta", "balance_violation"} -> [S]."""
+    """balance_terms for every seed: {"delta", "Delta", "balance_violation"} -> [S], float64
+    from their logs (delta and Delta may exceed float32 where their ratio does not)."""
     _check_balance_model(cfg)
-    out = jax.jit(jax.vmap(functools.partial(balance_terms, cfg=cfg)))(params)
-    return {name: np.asarray(v) for name, v in out.items()}
+    log_delta, log_big_delta = (np.asarray(v, np.float64) for v in jax.jit(
+        jax.vmap(functools.partial(_log_balance_terms, cfg=cfg)))(params))
+    with np.errstate(over="ignore"):
+        return {"delta": np.exp(log_delta), "Delta": np.exp(log_big_delta),
+                "balance_violation": np.exp(log_delta - log_big_delta)}
 
 
 # ------------------------------------------------------------------------ length generalization
@@ -281,10 +310,19 @@ def length_generalization(params, cfg: model_lib.ModelConfig, tokens: np.ndarray
             "count": np.full(len(total["share_correct"]), count)}
 
 
-def _plus_minus(values: np.ndarray) -> str:
-    """stats.t_interval (over the finite values) as 'mean ± half-width', for the summary."""
+def _plus_minus(values: np.ndarray, metric: str = "") -> str:
+    """stats.t_interval over the finite values as 'mean ± half-width', for the summary; with
+    `metric`, '*' where the interval excludes 0 by more than its resolution (stats.verdict), as
+    gap_table.txt marks; and how many values were not finite, if any."""
+    values = np.asarray(values, np.float64)
     mean, low, high = interval_stats.t_interval(values)
-    return f"{mean:.3f} ± {(high - low) / 2:.3f}"
+    finite = int(np.isfinite(values).sum())
+    text = (f"{mean:.3f} ± {(high - low) / 2:.3f}" if np.isfinite(low) else
+            f"{mean:.3f} (no interval: {finite} finite value{'s' * (finite != 1)})")
+    if metric and interval_stats.verdict({"ci_low": low, "ci_high": high}, metric):
+        text += "*"
+    return text + (f" ({len(values) - finite} of {len(values)} not finite, left out)"
+                   if finite < len(values) else "")
 
 
 # ------------------------------------------------------------------- the Wen stage of the main job
@@ -299,10 +337,24 @@ def check(config, model_cfg: model_lib.ModelConfig) -> list[str]:
     """One-line errors for the wen.* settings that cannot work with the model (at the door,
     before training; each key's own range is checked with the section)."""
     wc = config.wen
-    if enabled(config) and wc.length_max_len > 0:
-        if not wc.length_min_len <= wc.length_max_len:
-            raise ValueError(f"wen.length_min_len={wc.length_min_len}: must be in [1, "
-                             f"wen.length_max_len={wc.length_max_len}]")
+    if not enabled(config):
+        return []
+    # Rows, groups and pairs are keyed by (contrastive weight, seed): another member axis would
+    # put several members under one key (rows overwritten, groups pooled as seeds).
+    other = [name for name in train.members(config).hparams if name != "contrastive_weight"]
+    if other:
+        field = "null" if other[0] == train.NULL else f"{other[0]}s"
+        key = f"train.{field}"
+        raise ValueError(f"{key}={getattr(config.train, field)!r}: wen.enabled measures one "
+                         "member per train.contrastive_weights value and seed, and this axis "
+                         f"would mix several under each; run one value of {key} per sweep, or "
+                         "set wen.enabled=false")
+    if wc.length_max_len > 0:
+        if not config.data.max_len < wc.length_min_len <= wc.length_max_len:
+            raise ValueError(f"wen.length_min_len={wc.length_min_len}: must be in "
+                             f"[data.max_len + 1 = {config.data.max_len + 1}, "
+                             f"wen.length_max_len={wc.length_max_len}]: length generalization "
+                             "scores prefixes longer than any training sentence")
         if model_cfg.pos_encoding not in ("none", "linear"):
             raise ValueError(f"wen.length_max_len > 0 needs model.pos_encoding 'none' or "
                              f"'linear', got {model_cfg.pos_encoding!r} (its positions cannot "
@@ -316,11 +368,13 @@ def check(config, model_cfg: model_lib.ModelConfig) -> list[str]:
 def _member_rows(state, results, config) -> list[dict]:
     members = train.members(config)
     healthy = np.asarray(state.healthy)
+    # The config's own weights (0.3, not its float32 0.30000001192092896), by their float32.
+    own = {float(np.float32(w)): w for w in train.contrastive_weights(config.train)}
     rows = []
     for i, (seed, weight) in enumerate(zip(members.seeds, members.hparams["contrastive_weight"],
                                            strict=True)):
         row = {"label": config.wen.label, "seed": int(seed),
-               "contrastive_weight": float(weight), "healthy": bool(healthy[i])}
+               "contrastive_weight": own[float(weight)], "healthy": bool(healthy[i])}
         for split, res in (results or {}).items():
             row[f"acc_{split}"] = float(res["acc"][i])
         rows.append(row)
@@ -413,8 +467,7 @@ def measure(state, results, model_cfg: model_lib.ModelConfig, config, workdir: s
 
 def summary(rows: list[dict], attention: list[dict], config) -> str:
     """Text tables: attention variation, per-weight means with 95% intervals over seeds, paired
-    differences against the first weight, Spearman correlations across seeds."""
-    from scipy import stats  # noqa: PLC0415 - not at a launch's start
+    differences against the first weight, Spearman correlations across seeds per weight."""
     out = [f"Wen et al. measurements ({config.wen.label}); intervals are 95% over seeds: "
            "[low, high] for a share or accuracy (Student-t on the logit scale, within [0, 1]), "
            "± for a balance violation and a difference (Student-t), jackknife over seeds for "
@@ -434,15 +487,17 @@ def summary(rows: list[dict], attention: list[dict], config) -> str:
     weights = list(dict.fromkeys(r["contrastive_weight"] for r in rows))
     by = {(r["contrastive_weight"], r["seed"]): r for r in rows if r["healthy"]}
     seeds = sorted({r["seed"] for r in rows})
-    out += ["", "Per contrastive weight (mean and 95% interval over healthy seeds; balance "
-            "violation also as median):"]
+    out += ["", "Per contrastive weight (mean and 95% interval over healthy seeds"
+            + ("; balance violation also as median):" if "balance_violation" in keys else "):")]
     for w in weights:
         group = [by[(w, s)] for s in seeds if (w, s) in by]
         cells = []
         for key in keys:
-            vals = np.array([r[key] for r in group])
+            vals = np.array([r[key] for r in group], np.float64)
             if key == "balance_violation":  # a ratio, not bounded above
-                cell = f"{key} {_plus_minus(vals)} (median {np.median(vals):.3f})"
+                finite = vals[np.isfinite(vals)]
+                median = f" (median {np.median(finite):.3f})" if len(finite) else ""
+                cell = f"{key} {_plus_minus(vals)}{median}"
             else:  # a share of sequences or tokens
                 mean, low, high = interval_stats.bounded_interval(vals)
                 cell = f"{key} {mean:.3f} [{low:.3f}, {high:.3f}]"
@@ -450,131 +505,34 @@ def summary(rows: list[dict], attention: list[dict], config) -> str:
         out.append(f"  weight {w:g} ({len(group)} seeds): " + ", ".join(cells))
     if len(weights) > 1:
         base = weights[0]
-        out += ["", f"Paired differences vs weight {base:g} (same seeds; mean ± 95% CI):"]
+        out += ["", f"Paired differences vs weight {base:g} (same seeds; mean ± 95% CI; * where "
+                "the interval excludes 0, unmarked: within noise):"]
         for w in weights[1:]:
             pairs = [s for s in seeds if (w, s) in by and (base, s) in by]
             cells = [f"{key} " + _plus_minus(np.array([by[w, s][key] - by[base, s][key]
-                                                       for s in pairs])) for key in keys]
+                                                       for s in pairs], np.float64),
+                                             "acc" if key.startswith(("acc", "length")) else key)
+                     for key in keys]
             out.append(f"  weight {w:g} - {base:g} ({len(pairs)} seeds): " + ", ".join(cells))
     if "balance_violation" in keys and "length_gen_acc" in keys:
         out += ["", "Spearman correlation, balance violation vs length generalization, across "
-                "seeds:"]
-        groups = [(f"weight {w:g}", [r for r in by.values() if r["contrastive_weight"] == w])
-                  for w in weights] + ([("all weights", list(by.values()))] * (len(weights) > 1))
-        for name, group in groups:
-            if len(group) < 3:
-                continue
-            rho, p = stats.spearmanr([r["balance_violation"] for r in group],
-                                     [r["length_gen_acc"] for r in group])
-            out.append(f"  {name} ({len(group)} models): rho = {rho:+.3f} (p = {p:.2g})")
+                "seeds: rho [95% bootstrap interval], permutation p (not pooled over weights: "
+                "the same seeds under every weight are not independent models):"]
+        for w in weights:
+            group = [by[(w, s)] for s in seeds if (w, s) in by]
+            x, y = (np.array([r[key] for r in group], np.float64)
+                    for key in ("balance_violation", "length_gen_acc"))
+            ok = np.isfinite(x) & np.isfinite(y)
+            rho, low, high, p = interval_stats.spearman_interval(x[ok], y[ok])
+            interval = (f"[{low:+.3f}, {high:+.3f}]" if np.isfinite(low) else "(no interval: "
+                        f"the bootstrap takes {interval_stats.MIN_BOOTSTRAP_SEEDS} seeds or more)")
+            text = (f"rho = {rho:+.3f} {interval}, p = {p:.2g}"
+                    + (", within noise" if p >= 0.05 else "") if np.isfinite(rho) else
+                    "undefined (it takes 3 seeds or more, neither value constant)")
+            left = (f", {len(ok) - ok.sum()} with a value not finite left out"
+                    if not ok.all() else "")
+            out.append(f"  weight {w:g} ({ok.sum()} seeds{left}): {text}")
     return "\n".join(out)
-
-
-def attention_figure(attention: list[dict]):
-    plt = figures._pyplot()
-    fig, ax = plt.subplots(figsize=(5.5, 3.5))
-    names = [f"{a['label']}\nL{a['layer']}" + (f" cw{a['contrastive_weight']:g}"
-                                                 if a["contrastive_weight"] else "")
-             for a in attention]
-    mean = np.array([a["variation"] for a in attention])
-    err = np.array([[a["variation"] - a["low"], a["high"] - a["variation"]] for a in attention]).T
-    defined = bool(np.isfinite(err).any())  # at 2 seeds no bar has one: none drawn
-    ax.bar(range(len(mean)), mean, yerr=np.nan_to_num(err) if defined else None, capsize=4,
-           color="tab:blue", alpha=0.8)
-    ax.axhline(attention[0]["random_baseline"], color="k", ls="--", label="random (causal)")
-    ax.set_xticks(range(len(mean)), names, fontsize=7)
-    ax.set_ylabel("attention variation")
-    what = "95% CI" if defined else "no interval: it takes 3 seeds or more"
-    ax.set_title(f"Attention variation between seeds (mean over pairs, {what})", fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
-
-
-def length_figure(rows: list[dict]):
-    plt = figures._pyplot()
-    weights = sorted({r["contrastive_weight"] for r in rows})
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
-    rng = np.random.default_rng(0)
-    for ax, key, title in ((axes[0], "length_gen_acc", "closing share > threshold"),
-                           (axes[1], "length_gen_argmax_acc", "argmax accuracy")):
-        for x, w in enumerate(weights):
-            vals = np.array([r[key] for r in rows if r["contrastive_weight"] == w
-                             and r["healthy"]])
-            ax.scatter(x + rng.uniform(-0.15, 0.15, len(vals)), vals, s=8, alpha=0.5,
-                       color="tab:gray")
-            mean, low, high = interval_stats.bounded_interval(vals)  # a proportion
-            ax.errorbar(x, mean, yerr=np.nan_to_num([[mean - low], [high - mean]]), fmt="o",
-                        color="tab:red", capsize=5)
-        ax.set_xticks(range(len(weights)), [f"{w:g}" for w in weights])
-        ax.set_xlabel("contrastive weight λ")
-        ax.set_ylabel("length generalization")
-        ax.set_ylim(-0.02, 1.02)
-        ax.set_title(title, fontsize=9)
-    figures._title(fig, "Length generalization: grey, each seed; red, mean and 95% t CI on "  # noqa: SLF001
-                   f"the logit scale ({_seed_counts(rows)})")
-    fig.tight_layout()
-    return fig
-
-
-def _seed_counts(rows: list[dict]) -> str:
-    """'12 seeds per λ' or '12, 11 and 12 seeds at λ = 0, 0.3, 1': the healthy ones."""
-    weights = sorted({r["contrastive_weight"] for r in rows})
-    counts = [sum(r["healthy"] for r in rows if r["contrastive_weight"] == w) for w in weights]
-    if len(set(counts)) == 1:
-        return f"{counts[0]} seeds per λ"
-    return (f"{', '.join(map(str, counts[:-1]))} and {counts[-1]} seeds at λ = "
-            f"{', '.join(f'{w:g}' for w in weights)}")
-
-
-def balance_figure(rows: list[dict]):
-    plt = figures._pyplot()
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for w in sorted({r["contrastive_weight"] for r in rows}):
-        group = [r for r in rows if r["contrastive_weight"] == w and r["healthy"]]
-        ax.scatter([r["balance_violation"] for r in group], [r["length_gen_acc"] for r in group],
-                   s=10, label=f"λ={w:g}")
-    from matplotlib import ticker  # noqa: PLC0415 - with pyplot, at drawing time
-
-    ax.set_xscale("log")  # ticks at 1, 2 and 5 per decade, in plain numbers (no crowded 3x10^-1)
-    ax.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
-    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
-    ax.set_xlabel("balance violation δ/Δ")
-    ax.set_ylabel("length generalization")
-    ax.legend(fontsize=8)
-    figures._title(fig, f"Balance and length generalization, a point per seed "  # noqa: SLF001
-                   f"({_seed_counts(rows)})")
-    fig.tight_layout()
-    return fig
-
-
-def _patterns_figure(patterns: dict, prefix: np.ndarray, k: int, labels, healthy,
-                     shown: int = 4):
-    """The attention patterns of the first `shown` healthy members (diverged ones are NaN)."""
-    plt = figures._pyplot()
-    members = np.flatnonzero(healthy)[:shown]
-    ticks = [dyck_task.token_label(t, k) for t in prefix]
-    layers, shown = sorted(patterns), max(len(members), 1)
-    fig, axes = plt.subplots(len(layers), shown, figsize=(2.6 * shown, 2.6 * len(layers)),
-                             squeeze=False)
-    image = None
-    for r, layer in enumerate(layers):
-        for c, member in enumerate(members):
-            ax = axes[r, c]
-            image = ax.imshow(patterns[layer][member, 0], cmap="viridis", vmin=0, vmax=1)
-            ax.set_title(f"layer {layer}, seed {labels[member]}", fontsize=8)
-            ax.set_xticks(range(len(ticks)), ticks, fontsize=5, rotation=90)
-            ax.set_yticks(range(len(ticks)), ticks, fontsize=5)
-            ax.set_xlabel("key", fontsize=7)
-            ax.set_ylabel("query", fontsize=7)
-    figures._title(fig, f"Attention weights on one prefix, the first {len(members)} healthy "  # noqa: SLF001
-                   "seeds")
-    figures.tight_layout(fig, rect=(0, 0, 0.9, 1))
-    if image is not None:
-        fig.colorbar(image, cax=fig.add_axes((0.92, 0.15, 0.015, 0.7)),
-                     label="attention weight")
-    return fig
 
 
 @dataclasses.dataclass(frozen=True)
