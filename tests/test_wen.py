@@ -531,6 +531,21 @@ def test_sweep_runs_the_wen_stage_and_proxies_with_a_lambda_axis(config, tmp_pat
     assert "Paired differences vs weight 0" in text and "Spearman" in text
     assert (tmp_path / "figures" / "wen_length_generalization.png").exists()
     assert (tmp_path / "tensorboard" / "seed_2_cw0.5").exists()
+    # Reports written again (a group's table lost) keep the Wen stage's figures, which share
+    # figures/ with the reports' (the whole folder had moved aside, and the stage, done, drew
+    # none again); without one of its figures the stage runs again and draws them.
+    def drawn():  # name: when written
+        return {p.name: p.stat().st_mtime_ns for p in (tmp_path / "figures").glob("wen_*.png")}
+
+    wen_figures = drawn()
+    assert len(wen_figures) == 4, wen_figures
+    (tmp_path / "contrastive_weight_0" / "gaps.csv").unlink()
+    sweep.run(checked(config), str(tmp_path), verbose=False)
+    assert drawn() == wen_figures  # kept, not moved aside and drawn again
+    for path in (tmp_path / "figures").glob("wen_*.png"):
+        path.unlink()
+    sweep.run(checked(config), str(tmp_path), verbose=False)
+    assert sorted(drawn()) == sorted(wen_figures)
 
 
 def test_wen_stage_leaves_out_the_balance_violation_where_it_is_undefined(config, tmp_path,

@@ -553,5 +553,6 @@ class Wen:
 
 # The main job's stage (job.PIPELINE): after training, once per run, saved whole.
 STAGE = Stage("wen", run, enabled=enabled, scope="run", keys=("wen.*",),
-              outputs=("wen_results.csv", "wen_attention.csv", "wen_summary.txt"),
+              outputs=("wen_results.csv", "wen_attention.csv", "wen_summary.txt",
+                       "figures/wen_*.png"),
               stamped=True, section=Wen, check=check, needs=(TRAINED, FINAL_EVAL), makes=("wen",))
