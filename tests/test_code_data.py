@@ -493,6 +493,37 @@ def test_cache_key_follows_files_and_bad_cache_regenerates(tmp_path):
         os.path.basename(stored.cache_path(cfg)))  # where it is cached is not in the key
 
 
+def test_a_dangling_or_looping_link_among_the_sources_is_counted_unreadable(tmp_path):
+    # Was: "error: No such file or directory: .../dangling.py" (or Errno 40 for a loop) from the
+    # cache key's look at every file, while the reader counts such a file and goes on.
+    py, js = _write_corpus(tmp_path, n_files=12)
+    cfg = _cfg(py, js, cache_dir=str(tmp_path / "cache"))
+    clean = stored.load_or_make(cfg, verbose=False)
+    os.symlink(tmp_path / "nowhere.py", py / "dangling.py")
+    os.symlink(py / "loop_b.py", py / "loop_a.py")
+    os.symlink(py / "loop_a.py", py / "loop_b.py")
+    made = stored.load_or_make(cfg, verbose=False)
+    np.testing.assert_array_equal(made.splits["train"].tokens, clean.splits["train"].tokens)
+
+
+def test_source_paths_are_stored_absolute_and_the_names_as_they_are(tmp_path, monkeypatch):
+    """A relative data.source read from another directory named other files: the door stores
+    it (other_source and cache_dir too) joined to the launch's directory."""
+    from jaxillusions.configs import code_small
+    from jaxillusions.pipeline import validate
+
+    py, js = _write_corpus(tmp_path, n_files=12)
+    monkeypatch.chdir(tmp_path)
+    config = code_small.get_config()
+    config.data.update(source="py", other_source="./js", cache_dir="cache")
+    data = validate.check(config)[0].data
+    assert (data.source, data.other_source, data.cache_dir) == (
+        str(tmp_path / "py"), os.path.join(tmp_path, "./js"), str(tmp_path / "cache"))
+    config.data.update(source="stdlib", other_source="npm", cache_dir="")
+    data = validate.check(config)[0].data
+    assert (data.source, data.other_source, data.cache_dir) == ("stdlib", "npm", "")
+
+
 def test_configs_that_split_one_corpus_read_and_label_it_once(tmp_path, monkeypatch):
     """The labelled functions of each source are cached apart from the splits: a config that
     only splits them differently loads them (the lexer does not run) and makes the splits that

@@ -402,6 +402,34 @@ def test_a_checkpoint_rewritten_after_the_run_began_is_refused(corpus, tmp_path)
     imported.load_params(settings, None)  # without a workdir: nothing to compare with
 
 
+def test_a_relaunch_on_changed_text_files_is_refused_with_nothing_moved(corpus, tmp_path):
+    """The workdir records its splits' tokens: text files edited after the run (the splits are
+    made again from them) are one line naming the split, before any report moves; the relaunch
+    had refitted the changed families on the new text and kept the others from the old, in one
+    results.csv; load_run refuses them too."""
+    from jaxillusions.pipeline import sweep
+    from jaxillusions.report import load_run
+
+    train_txt = tmp_path / "train.txt"
+    shutil.copy(corpus["train"], train_txt)
+    config = _config(corpus, **{"data.files": {"train": (str(train_txt),)},
+                                "proxies.methods": ("svd",),
+                                "proxies.eval_splits": ("iid", "longer"), "figures": "none"})
+    workdir = str(tmp_path / "run")
+    sweep.run(validate.check(config)[0], workdir, verbose=False)
+    results = (tmp_path / "run" / "results.csv").read_bytes()
+    train_txt.write_text(train_txt.read_text().replace("def ", "def  "))
+    config.proxies.svd_ranks = (1, 2)  # an analysis change: the relaunch refits
+    with pytest.raises(ValueError, match=r"^data: the train split is not the one this run was "
+                       r"computed from") as err:
+        sweep.run(validate.check(config)[0], workdir, verbose=False)
+    assert "\n" not in str(err.value)
+    assert (tmp_path / "run" / "results.csv").read_bytes() == results
+    assert not (tmp_path / "run" / "superseded").exists()
+    with pytest.raises(ValueError, match="^data: the train split is not the one"):
+        load_run(workdir)
+
+
 def test_the_memory_plan_counts_a_large_vocabularys_logits(corpus):
     import dataclasses
 

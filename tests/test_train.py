@@ -1,4 +1,5 @@
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -246,6 +247,25 @@ def test_workdir_with_a_different_config_is_refused(config, tmp_path):
     config.model.d_model = 8
     with pytest.raises(ValueError, match="model.d_model: 16 there vs 8 now"):
         train.train_sweep(checked(config), str(tmp_path), splits=splits, verbose=False)
+
+
+def test_a_relaunch_on_other_data_is_refused_before_it_trains(config, tmp_path):
+    """The workdir records each split's tokens (sha256) at the first launch; a relaunch whose
+    data differ (files under data.source or data.files changed in between: the splits are made
+    again from them) is one line naming the split, with nothing trained or moved. It had gone
+    on, mixing results of the two datasets in one run."""
+    splits, _, _ = train.build(checked(config))
+    train.train_sweep(checked(config), str(tmp_path), splits=splits, stop_at_step=10, verbose=False)
+    record = tmp_path / train.DATA_RECORD
+    assert set(json.loads(record.read_text())) == set(splits)
+    before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    other = dict(splits)
+    other["iid"] = dataclasses.replace(splits["iid"], tokens=np.roll(splits["iid"].tokens, 1, 0))
+    with pytest.raises(ValueError, match=r"^data: the iid split is not the one this run was "
+                       r"computed from \(its tokens' sha256 differs from .*data_sha256.json\)"):
+        train.train_sweep(checked(config), str(tmp_path), splits=other, verbose=False)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
+    train.train_sweep(checked(config), str(tmp_path), splits=splits, verbose=False)  # the same
 
 
 def test_corrupt_checkpoint_falls_back_to_older_and_is_kept(config, tmp_path, capsys):

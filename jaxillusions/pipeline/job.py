@@ -44,7 +44,8 @@ def _train(ctx: Context) -> Context:
         state, final_eval = imported.load_sweep(
             ctx.settings, ctx.workdir, splits=ctx.splits, model_cfg=ctx.model_cfg,
             members=train.members(ctx.settings),
-            claim=lambda: train.claim_workdir(ctx.workdir, ctx.settings), say=ctx.say)
+            claim=lambda: train.claim_workdir(ctx.workdir, ctx.settings, splits=ctx.splits),
+            say=ctx.say)
     else:
         needed = any(FINAL_EVAL in stage.needs for stage in ctx.pipeline
                      if stage.enabled(ctx.settings))

@@ -280,6 +280,7 @@ def _run(config: Settings, workdir: str, *, verbose: bool, start_over: bool,
         say("analysis settings changed since the sweep finished: training is kept; proxy "
             "families are refitted and re-evaluated where their settings changed")
     splits, model_cfg, tx = train.build(config)
+    train.check_data(workdir, splits)  # the same data as the run's first launch
     validate.stage_checks(config, model_cfg, pipeline)  # on the model the data gives
     if not config.model.pretrained:  # a checkpoint of another shape moves nothing (below)
         train.check_checkpoint(config, workdir, model_cfg, tx)

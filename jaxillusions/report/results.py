@@ -266,6 +266,7 @@ def load_run(workdir: str, *, verbose: bool = False) -> Run:
     config = settings.read_stored(workdir)
     splits, model_cfg, tx = train.build(config, tasks.get(config).load(config.data,
                                                                       verbose=verbose))
+    train.check_data(workdir, splits)  # the data its members were measured on
     members = train.members(config)
     if config.model.pretrained:  # imported: read from their directories again, at step 0
         params, healthy = imported.load_params(config, workdir)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import json
 import math
@@ -18,6 +19,7 @@ from jaxillusions import tasks
 from jaxillusions.config import settings
 from jaxillusions.config.settings import Settings, Train
 from jaxillusions.runtime import distributed, machine, watchdog
+from jaxillusions.runtime.cache import write_atomic
 from jaxillusions.training import imported, memory, objective
 from jaxillusions.training.evaluation import evaluate_splits, summary_lines
 from jaxillusions.training.evaluation import log as log_eval
@@ -237,21 +239,52 @@ def _format_eta(seconds: float) -> str:
     return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
 
 
-def claim_workdir(workdir: str, config: Settings, record: bool = True) -> list[str]:
+def claim_workdir(workdir: str, config: Settings, record: bool = True,
+                  splits: dict | None = None) -> list[str]:
     """checkpoint.claim_workdir with the analysis keys and defaults of settings.py, in process 0
     (the notes of a changed analysis setting; none in the other processes). A key that a
     workdir's config.json lacks (it predates the key) counts as its default. `record=False`:
     check only, write nothing (before the data has loaded). Recording, it records the machine
-    (runtime/machine.py) and notes a launch on another machine than the last."""
+    (runtime/machine.py) and notes a launch on another machine than the last, and with
+    `splits`, the data (`check_data`)."""
     from jaxillusions.runtime import checkpoint as ckpt_lib  # noqa: PLC0415 - keeps orbax off pure use
     from jaxillusions.runtime import tensorboard  # noqa: PLC0415
 
     config = settings.require(config, "train.claim_workdir")
     defaults = tensorboard.flatten_config(config.defaults())
-    return distributed.on_main(lambda: ckpt_lib.claim_workdir(
+    notes = distributed.on_main(lambda: ckpt_lib.claim_workdir(
         workdir, config, config.is_analysis_key, defaults, record,
         machine.describe() if record else None, lambda stored: _as_read_now(workdir, stored)),
         "checking the workdir") or []
+    if splits is not None:
+        check_data(workdir, splits, record=record)
+    return notes
+
+
+DATA_RECORD = "data_sha256.json"
+
+
+def check_data(workdir: str, splits: dict, record: bool = False) -> None:
+    """A workdir keeps no copy of its data, which a relaunch makes again from the settings and
+    the files they name (data.source, data.files): files changed in between would mix results
+    of two datasets in one run. DATA_RECORD holds each split's sha256 of its tokens from the
+    first launch (written with `record`, in process 0); a split whose tokens differ is a
+    one-line error naming it, before anything is moved or trained."""
+    sums = {name: hashlib.sha256(str(split.tokens.shape).encode()
+                                 + np.ascontiguousarray(split.tokens).tobytes()).hexdigest()
+            for name, split in splits.items()}
+    file = os.path.join(workdir, DATA_RECORD)
+    if os.path.isfile(file):
+        with open(file) as f:
+            stored = json.load(f)
+        changed = [name for name, value in sums.items() if stored.get(name, value) != value]
+        if changed:
+            raise ValueError(
+                f"data: the {changed[0]} split is not the one this run was computed from (its "
+                f"tokens' sha256 differs from {file}): the files the data.* settings name have "
+                "changed since; restore them, or run in a new --workdir")
+    elif record and distributed.is_main():
+        write_atomic(file, json.dumps(sums, indent=1, sort_keys=True) + "\n")
 
 
 def check_checkpoint(config: Settings, workdir: str, model_cfg: model_lib.ModelConfig,
@@ -355,6 +388,8 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
     if workdir is not None:  # the workdir is checked before any data or compilation,
         claim_workdir(workdir, config, record=False)
     splits, model_cfg, tx = build(config, splits)
+    if workdir is not None:  # and its data once they have loaded
+        check_data(workdir, splits)
     goal = objective.from_settings(config)
     sweep = members(config, seeds)
     seeds, num = sweep.seeds, len(sweep.seeds)
@@ -367,7 +402,7 @@ def train_sweep(config: Settings, workdir: str | None = None, *, splits=None, se
     if workdir is not None:  # claimed once the data has loaded and the newest checkpoint fits
         checkpointer = ckpt_lib.Checkpointer(f"{workdir}/{ckpt_lib.CHECKPOINT_DIR}")
         saved_step, state = checkpointer.restore_latest(state, start_over=start_over)
-        for note in claim_workdir(workdir, config):
+        for note in claim_workdir(workdir, config, splits=splits):
             say(note)
         if saved_step is not None:
             say(f"resumed from checkpoint at step {saved_step} in {workdir}")

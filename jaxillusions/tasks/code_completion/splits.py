@@ -323,7 +323,11 @@ def _files_identity(kind: str, what: Any, language: str, skip_tests: bool) -> li
         paths = [os.path.join(what, f) for f in corpus.source_files(what, language, skip_tests)]
     out: list[Any] = [kind, language, skip_tests, what if kind != "jsonl" else ""]
     for f in paths:
-        st = os.stat(f)
+        try:
+            st = os.stat(f)
+        except OSError:  # a dangling link or a loop: corpus.read_files counts it unreadable
+            out.append([f, None, None])
+            continue
         out.append([f, st.st_size, st.st_mtime_ns])
     return out
 

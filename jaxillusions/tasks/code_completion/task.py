@@ -7,7 +7,7 @@ import dataclasses
 
 import numpy as np
 
-from jaxillusions.config.fields import kind_of, setting
+from jaxillusions.config.fields import absolute, kind_of, setting
 from jaxillusions.tasks import View
 from jaxillusions.tasks._text_copying import induction_targets
 
@@ -47,14 +47,25 @@ class Splits(dict):
     unk_rates: dict[str, float] = {}  # noqa: RUF012 - replaced per instance in load()
 
 
+def _source(value: str) -> str:
+    """A source as the door stores it: a path or glob made absolute (fields.absolute), so that a
+    relaunch from another directory reads the same files; 'stdlib', 'npm' and '' as they are."""
+    return value if value in ("stdlib", "npm", "") else absolute(value)
+
+
+# Paths of the data.* settings, stored absolute.
+_CONVERT = {"source": _source, "other_source": _source, "cache_dir": absolute}
+
+
 def _data_class() -> type:
     """The data.* settings of the code task: one field per key of splits.DATA_DEFAULTS, of that
     default's kind, documented by splits.DATA_DOCS (splits.check_data_config checks the values
-    and their combinations)."""
+    and their combinations); the paths stored absolute (`_CONVERT`)."""
     data = _data()
     return dataclasses.make_dataclass("Data", [
         (key, type(default), setting(default, kind_of(default), "see splits.check_data_config",
-                                     doc=data.DATA_DOCS.get(key, "")))
+                                     doc=data.DATA_DOCS.get(key, ""),
+                                     convert=_CONVERT.get(key)))
         for key, default in data.DATA_DEFAULTS.items()], frozen=True)
 
 
