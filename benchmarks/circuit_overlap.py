@@ -53,10 +53,10 @@ def main() -> None:
     parser.add_argument("split")
     args = parser.parse_args()
     rows = overlap(args.workdir, args.split)
-    print(f"{'site':28} {'size':>5} {'between':>18} {'Jaccard [95% CI]':>26} {'n':>4}")
+    print(f"{'site':28} {'size':>5} {'between':>18} {'Jaccard [95% CI]':>26} {'seeds':>5}")
     for r in rows:
         print(f"{r['site']:28} {r['size']:5d} {r['between']:>18} {r['mean']:8.3f} "
-              f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] {r['n']:4d}")
+              f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] {r['n_seeds']:5d}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Circuits: the edge forward (path patching), node patching, attribution patching and the
 circuit proxy, on hand-built models whose answers are known."""
 
+import itertools
 import math
 
 import jax
@@ -374,6 +375,44 @@ def test_overlap_of_known_circuits():
     fitted = {"circuit.node.mean": {"scores": np.concatenate([scores, third])[:, None, None]}}
     rows = study.overlap_rows(spec, fitted, {}, cfg)
     assert all(0 <= r["ci_low"] < r["mean"] < r["ci_high"] <= 1 for r in rows), rows
+
+
+def test_the_overlap_between_seeds_has_a_jackknife_interval_over_seeds():
+    """Was: a logit-t interval over each seed's mean overlap with the others, though every pair
+    enters two of those means: too narrow, and of zero width at 2 seeds (one pair). Now none
+    below 3 seeds, and the jackknife over seeds (each left out with all its pairs) above."""
+    import types
+
+    import scipy.stats
+
+    from jaxillusions.studies import circuits as study
+
+    cfg, _, _ = _model(n_heads=2)  # 6 nodes
+    scores = np.array([[5, -4, 0, 0, 1, 0], [5, 0, 0, 4.5, 0, 0], [0, 0, 5, 4, 0, 0],
+                       [5, 0, 4, 0, 0, 0], [0, 3, 0, 2, 1, 0]], np.float32)
+    spec = types.SimpleNamespace(target="circuit.node.mean", sizes=(2,))
+
+    def seeds_row(s):
+        fitted = {"circuit.node.mean": {"scores": scores[:s, None, None, :]}}
+        (only,) = study.overlap_rows(spec, fitted, {}, cfg)
+        return only
+
+    two = seeds_row(2)
+    assert np.isnan(two["ci_low"]) and np.isnan(two["ci_high"])  # was [1/3, 1/3]
+    assert two["mean"] == pytest.approx(1 / 3) and (two["n_seeds"], two["n_pairs"]) == (2, 1)
+    sets = [set(np.argsort(-np.abs(v), kind="stable")[:2]) for v in scores]
+    overlap = {(a, b): len(sets[a] & sets[b]) / len(sets[a] | sets[b])
+               for a, b in itertools.combinations(range(5), 2)}
+    left_out = [np.mean([v for pair, v in overlap.items() if i not in pair]) for i in range(5)]
+    half = scipy.stats.t.ppf(0.975, 4) * np.sqrt(4 / 5 * np.sum(
+        (np.array(left_out) - np.mean(left_out)) ** 2))
+    mean = np.mean(list(overlap.values()))
+    five = seeds_row(5)
+    assert (five["n_seeds"], five["n_pairs"]) == (5, 10)
+    assert five["mean"] == pytest.approx(mean)
+    assert five["ci_low"] == pytest.approx(max(mean - half, 0.0))
+    assert five["ci_high"] == pytest.approx(min(mean + half, 1.0))
+    assert 0 <= five["ci_low"] < five["mean"] < five["ci_high"] <= 1
 
 
 def test_equal_iid_matches_the_circuits_below_every_unit_to_each_reference_site():

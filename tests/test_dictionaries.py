@@ -166,8 +166,28 @@ def test_seed_match_summary_averages_heads_then_seeds():
     expected = stats.bounded_interval(np.array([0.75, 0.25, 0.75]))
     assert (row["share"], row["share_low"], row["share_high"]) == pytest.approx(expected)
     assert row["n_seeds"] == 3 and row["threshold"] == 0.9
+    # The SAE's cosine is signed: the bounded interval of (cosine + 1) / 2, mapped back.
+    low_high = 2 * np.array(stats.bounded_interval(np.array([0.875, 0.625, 0.875]))) - 1
     assert (row["mean_cos"], row["mean_cos_low"], row["mean_cos_high"]) == pytest.approx(
-        stats.t_interval(np.array([0.75, 0.25, 0.75])))
+        low_high)
+
+
+@pytest.mark.parametrize("method, cosines, low_bound", [
+    ("svd", (1.0, 0.95, 0.999, 0.98), 0.0),  # |cosine| in [0, 1]
+    ("sae", (1.0, 0.95, 0.999, 0.98), -1.0),  # signed, in [-1, 1]
+    ("sae", (-0.2, 0.1, -0.05, 0.3), -1.0)])  # below 0 allowed
+def test_seed_match_cosine_intervals_stay_in_the_cosines_range(method, cosines, low_bound):
+    """Was: a Student-t interval of the matched cosines, 0.987 [0.916, 1.058] on a tiny run,
+    beyond the cosine's range, where the docstring promised a bounded one."""
+    per_seed = [{"seed": s, "site": "k", "method": method, "size": 8, "width": 8, "k": 2,
+                 "head": 0, "n_directions": 8, "share": 0.5, "mean_cos": c}
+                for s, c in enumerate(cosines)]
+    (row,) = dictionaries.seed_match_summary(per_seed)
+    mean, low, high = row["mean_cos"], row["mean_cos_low"], row["mean_cos_high"]
+    assert mean == pytest.approx(np.mean(cosines))
+    assert low_bound <= low < mean < high <= 1, (low, mean, high)
+    if max(cosines) == 1.0:  # the case the plain t interval got wrong
+        assert stats.t_interval(np.array(cosines))[2] > 1
 
 
 @pytest.mark.slow

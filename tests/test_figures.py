@@ -496,6 +496,48 @@ def test_one_size_proxies_at_several_sites_get_a_marker_each():
     assert len(styles) == len(drawn)
 
 
+@pytest.mark.parametrize("method", ["sae", "transcoder"])
+def test_sae_size_codes_are_drawn_against_width_with_a_line_style_per_k(method):
+    # Was: with several sae_k the size codes k * 100000 + width (400032, 400064, ...) sat on a
+    # log2 axis on top of each other, only some ticks labelled, the axis reading "width (k *
+    # 100000 + width with several sae_k)".
+    from jaxillusions.proxies import sae
+
+    widths, ks, site = (32, 64, 128), (4, 8), "blocks.0.resid_mid"
+    rows = [{"seed": seed, "site": site, "method": method, "size": sae.size_code(w, k),
+             "split": split, "breakdown": breakdown, "bin": bin_, "n": 50,
+             "jsd": 0.05 + 0.01 * j, "same_pred": same, "acc_original": 0.9,
+             "acc_proxy": same - 0.1}
+            for seed in range(3) for w in widths for k in ks
+            for j, split in enumerate(SPLITS)
+            for same in [0.95 - 0.02 * j * (1 + k / w) - 0.001 * seed]
+            for breakdown, bin_ in (("all", ""), ("depth", 1), ("depth", 2))]
+    gaps = _gaps(rows)
+    for name, fig, splits in (("curves", figures.faithfulness_curves(rows, method, SPLITS),
+                               SPLITS),
+                              ("gaps", figures.gap_vs_size(gaps, method, SPLITS), SPLITS[1:])):
+        _check_readable(fig)
+        (ax,) = [ax for ax in fig.axes if ax.get_xlabel()]
+        assert ax.get_xlabel() == "width (line style: k)", name
+        assert list(ax.get_xticks()) == list(widths), name
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["32", "64", "128"], name
+        drawn = [c.lines[0] for c in ax.containers]
+        assert len(drawn) == len(splits) * len(ks), name
+        assert {line.get_linestyle() for line in drawn} == {"-", "--"}, name
+        for line in drawn:  # dodged around its widths, within a quarter of a doubling
+            ratio = np.log2(np.asarray(line.get_xdata()) / widths)
+            assert np.all(np.abs(ratio) < 0.25), (name, line.get_xdata())
+        assert {"k = 4", "k = 8"} <= {t.get_text() for t in fig.legends[0].get_texts()}, name
+    # The gap figure's last dashed line (longer, k = 8) is that k's gaps, in width order.
+    longer = [line for line in drawn if line.get_linestyle() == "--"][-1]
+    want = [next(g["gap"] for g in gaps if (g["size"], g["split"]) ==
+                 (sae.size_code(w, 8), "longer")) for w in widths]
+    np.testing.assert_allclose(longer.get_ydata(), want)
+    acc = figures.accuracy_by_depth(rows, site, method, SPLITS, max_depth=1)
+    assert acc.axes[0].get_legend_handles_labels()[1] == [
+        "original", f"{method}, w32k4", f"{method}, w32k8", f"{method}, w128k8"]
+
+
 @pytest.mark.parametrize("rows", [1, 10])
 def test_the_title_stays_above_the_first_row_of_a_tall_grid(rows, tmp_path, monkeypatch):
     # Was: at 2% of the height below the top, among the first row's panels of the held-out

@@ -348,6 +348,47 @@ def test_heldout_training_sentences_follow_the_fit_sample(config):
     assert probes.heldout_train(train, int(counts.sum()), 5) is None
 
 
+@pytest.mark.parametrize("whole_train", [True, False])
+def test_probes_txt_and_the_console_say_why_train_heldout_is_missing(config, tmp_path,
+                                                                      whole_train):
+    """Was: with data.num_train=2000 and kmeans_samples 20000 the fit sample used up the
+    training set, so probes.txt had no train_heldout rows and an empty 'left - left on
+    train_heldout' column, with no word on why."""
+    import types
+
+    train = tasks.get("dyck").load(checked(config).data, verbose=False)["train"]
+    positions = int((train.tokens != tasks.PAD).sum())
+    # The whole of train, or all but its last sentence.
+    config.proxies.kmeans_samples = positions if whole_train else int(
+        (train.tokens[:-1] != tasks.PAD).sum())
+    config.proxies.concepts = ("depth",)
+    config.probes.sites = ("blocks.0.resid_post",)
+    settings = checked(config)
+    rows = [{"seed": s, "site": "blocks.0.resid_post", "concept": "depth", "split": "iid",
+             "n": 100, "n_seen": 100, "probe_acc": 0.7, "probe_acc_seen": 0.7,
+             "chance_acc": 0.3, "refit_acc": 0.6, "erased_refit_acc": 0.2,
+             "refit_chance_acc": 0.1} for s in range(2)]
+    said = []
+    ctx = types.SimpleNamespace(
+        settings=settings, directory=str(tmp_path), say=said.append, params=None,
+        healthy=None, seeds=[0, 1], model_cfg=None,
+        splits=tasks.get("dyck").load(settings.data, verbose=False),
+        files=types.SimpleNamespace(dir=str(tmp_path), load=lambda *_: rows))
+    ctx.produced = lambda *_, **__: ctx
+    probes.run(ctx)
+    with open(tmp_path / "probes.txt") as f:
+        text = f.read()
+    note = (f"No train_heldout rows, so no 'left - left on train_heldout': no training sentence "
+            f"is left after the fit sample's {config.proxies.kmeans_samples} positions "
+            f"(proxies.kmeans_samples={config.proxies.kmeans_samples}; train has "
+            f"{len(train.tokens)} sentences, {positions} positions).")
+    if whole_train:
+        assert text.splitlines()[1] == note and said == [f"probes: {note}"], (text, said)
+    else:  # one sentence is left: rows there would be, and no note
+        assert probes.heldout_train(train, config.proxies.kmeans_samples, 5) is not None
+        assert "No train_heldout" not in text and not said
+
+
 def test_probe_fit_batched_over_seeds_equals_a_loop():
     xs, zs = zip(*[_labelled(n=400, seed=s) for s in range(3)], strict=True)
     z = zs[0]  # shared labels, as at the same positions of every seed

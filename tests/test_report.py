@@ -255,6 +255,45 @@ def test_a_family_that_is_the_original_at_every_size_is_named_in_the_headline():
     assert head[-2].endswith("svd on blocks.1.attn.q at size 4, 8."), head
 
 
+def test_a_split_more_faithful_than_the_baseline_is_not_called_no_gap():
+    """Was: "no gap beyond ±0.001 shown on any OOD split" for a row whose longer gap was
+    significantly negative (-0.010 [-0.014,-0.006]*): every split not flagged positive went
+    into the no-gap list."""
+    rows = [row(seed, split, site="blocks.1.attn.q", size=2,
+                same_pred=0.95 + 0.01 * (split == "longer") - 0.001 * seed
+                - (0.05 + 0.001 * seed) * (split == "unseen_depth"))
+            for seed in range(3) for split in ("iid", "unseen_depth", "longer")]
+    head = tables.summary_of(tables.statistics_report(
+        rows, ["iid", "unseen_depth", "longer"])[0]).splitlines()
+    assert ("svd on blocks.1.attn.q at size 2 is less faithful than on iid on unseen_depth "
+            "(3/3 seeds); more faithful than on iid on longer (3/3 seeds not positive).") in head
+    alone = [r for r in rows if r["split"] != "unseen_depth"]
+    head = tables.summary_of(tables.statistics_report(alone, ["iid", "longer"])[0]).splitlines()
+    assert ("svd on blocks.1.attn.q at size 2 is more faithful than on iid on longer (3/3 seeds "
+            "not positive).") in head, head
+
+
+def test_sae_size_codes_read_as_width_and_k_in_the_tables():
+    """Was: "sae resid_mid 800128" in the summary and the gap table, where the docs write
+    w128k8: the code k * 100000 + width of several sae_k (proxies/sae.py), decoded by
+    sae.width_and_k."""
+    from jaxillusions.proxies import sae
+
+    code = sae.size_code(128, 8)
+    rows = [row(seed, split, site="blocks.0.resid_mid", method=method, size=size,
+                same_pred=0.95 - 0.03 * (split == "longer") - 0.001 * seed)
+            for seed in range(3) for split in ("iid", "longer")
+            for method, size in (("sae", code), ("transcoder", code), ("svd", 8))]
+    text, _ = tables.statistics_report(rows, ["iid", "longer"])
+    head = tables.summary_of(text).splitlines()
+    assert any(line.startswith("sae resid_mid w128k8 (0.949, never 0.99)") for line in head)
+    assert any(line.startswith("svd resid_mid 8 (0.949") for line in head)  # a plain size
+    assert "sae on blocks.0.resid_mid at size w128k8 is less faithful" in text
+    table = tables.gap_table(stats.gaps(rows), ["longer"])
+    assert re.search(r"transcoder +blocks.0.resid_mid +w128k8 ", table), table
+    assert str(code) not in text + table
+
+
 def test_a_one_seed_headline_says_why_it_has_no_interval():
     """Was: "SUMMARY, 1 seeds." over cells of "+0.050 [+nan,+nan]", with no word on why."""
     rows = [row(0, split, site="blocks.1.attn.q", size=2,

@@ -5,7 +5,8 @@ has ONE colour and marker in every figure (`split_style`: its place in the confi
 panels of sites in model order (`tables.site_key`: q, k, q+k); 95% intervals over seeds as error
 bars, inside [0, 1] for proportions and JSD (`stats.bounded_interval`, Student-t on the logit
 scale) and paired Student-t intervals for gaps; a proxy size identical to the original model on
-every row (e.g. full-rank SVD) is not drawn (the title says so); the number of seeds in the
+every row (e.g. full-rank SVD) is not drawn (the title says so); an SAE's or transcoder's size
+codes (several sae_k) against width, one line style per k (`proxy_sizes`); seeds in the
 title, on one line; legends outside the axes, text >= 8 pt at the saved size, and no more than
 3 panels per row. Rows come from faithfulness.evaluate (or results.read_csv); seeds that
 diverged in training have no rows, so they are never drawn.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import io
+import itertools
 import math
 import os
 import pickle
@@ -23,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from jaxillusions import proxies
-from jaxillusions.report import tables
+from jaxillusions.report import proxy_sizes, tables
 from jaxillusions.runtime import cache
 
 # Okabe & Ito (2008), black first; ordered so that neighbours differ in hue (sky blue and blue
@@ -31,6 +33,7 @@ from jaxillusions.runtime import cache
 OKABE_ITO = ("#000000", "#E69F00", "#009E73", "#D55E00", "#0072B2", "#CC79A7", "#56B4E9",
              "#F0E442")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LINESTYLES = ("-", "--", ":", "-.")  # the k of an SAE or transcoder size code, per line
 FONT = 9  # pt, at the saved size
 DPI = 110
 
@@ -77,9 +80,9 @@ def ordered_sites(sites) -> list[str]:
 
 
 def exact_sizes(rows: Sequence[dict], site: str, method: str) -> set[int]:
-    """tables.identical_sizes: sizes that are the original model (no line of their own)."""
+    """proxy_sizes.identical_sizes: sizes that are the original model (no line of their own)."""
     family = [r for r in rows if r["site"] == site and r["method"] == method]
-    return tables.identical_sizes(family).get((method, site), set())
+    return proxy_sizes.identical_sizes(family).get((method, site), set())
 
 
 _GAP_LABEL = {"same_pred": "gap in same_pred", "jsd": "gap in JSD (bits)"}
@@ -173,6 +176,34 @@ def _log2_axis(ax, sizes: Sequence[int], label: str) -> None:
     ax.set_xlabel(label)
 
 
+def _size_axis(ax, method: str, sizes: Sequence[int]) -> None:
+    """`_log2_axis` at the family's sizes, or at the widths of its size codes (proxy_sizes)."""
+    coded = any(proxy_sizes.decode(method, s)[1] for s in sizes)
+    _log2_axis(ax, sorted(set(proxy_sizes.widths(method, sizes))) if coded else sizes,
+               "width (line style: k)" if coded else proxies.size_label(method))
+
+
+def _k_styles(method: str, sizes) -> dict:
+    """{k: line style} of proxy_sizes.by_k's lines over a method's sizes (every panel alike)."""
+    lines = proxy_sizes.by_k(method, sizes)
+    return {k: LINESTYLES[j % len(LINESTYLES)] for j, (k, _) in enumerate(lines)}
+
+
+def _k_legend(styles: dict) -> tuple[list, list[str]]:
+    """Legend entries of `_k_styles` (none for one plain line)."""
+    from matplotlib.lines import Line2D  # noqa: PLC0415
+
+    ks = [k for k in styles if k is not None]
+    return [Line2D([], [], color="0.35", ls=styles[k]) for k in ks], [f"k = {k}" for k in ks]
+
+
+def _sizes_text(method: str, sizes) -> str:
+    """'rank 8,16': sizes with the proxy's size label; size codes as 'w128k8,w64k4'."""
+    if any(proxy_sizes.decode(method, s)[1] for s in sizes):
+        return ",".join(proxy_sizes.label(method, s) for s in sorted(sizes))
+    return f"{proxies.size_label(method)} {','.join(map(str, sorted(sizes)))}"
+
+
 def _dodge(x: np.ndarray, i: int, n: int, width: float = 0.35) -> np.ndarray:
     """Offsets so that the error bars of n lines don't overlap: multiplicative in log space,
     and at size 0 (linear there: _log2_axis) additive."""
@@ -189,30 +220,35 @@ def faithfulness_curves(rows: Sequence[dict], method: str, splits: Sequence[str]
     fig, axes = plt.subplots(2, len(sites), figsize=(max(7.0, 3.6 * len(sites) + 0.4), 6.2),
                              squeeze=False, sharex="col")
     hidden = set()
+    styles = _k_styles(method, {k[2] for k in agg if k[1] == method})
     for col, site in enumerate(sites):
         exact = exact_sizes(rows, site, method)
         hidden |= exact
         sizes = sorted({k[2] for k in agg if k[:2] == (site, method)} - exact)
-        for i, split in enumerate(splits):
-            keys = [(site, method, s, split, "") for s in sizes]
+        lines = proxy_sizes.by_k(method, sizes)
+        for (i, split), (j, (k_, group)) in itertools.product(enumerate(splits),
+                                                              enumerate(lines)):
+            keys = [(site, method, s, split, "") for s in group]
             if not keys or not all(k in agg for k in keys):
                 continue
-            x = _dodge(np.array(sizes, float), i, len(splits))
+            x = _dodge(np.array(proxy_sizes.widths(method, group), float), i * len(lines) + j,
+                       len(splits) * len(lines))
             for row, metric in enumerate(("same_pred", "jsd")):
                 stat = [agg[k][metric] for k in keys]
-                axes[row, col].errorbar(x, _means(stat), yerr=_yerr(stat), label=split,
-                                        ms=4, lw=1.2, capsize=2, elinewidth=0.9,
-                                        **split_style(split, splits))
+                axes[row, col].errorbar(x, _means(stat), yerr=_yerr(stat),
+                                        label=split if j == 0 else "_nolegend_", ms=4, lw=1.2,
+                                        ls=styles[k_], capsize=2,
+                                        elinewidth=0.9, **split_style(split, splits))
         axes[0, col].set_title(site)
-        _log2_axis(axes[1, col], sizes, proxies.size_label(method))
+        _size_axis(axes[1, col], method, sizes)
     for ax in axes.flat:
         ax.grid(alpha=0.3)
     axes[0, 0].set_ylabel("same prediction (higher = more faithful)")
     axes[1, 0].set_ylabel("JSD, bits (lower = more faithful)")
     handles, labels = axes[0, 0].get_legend_handles_labels()
-    _legend_below(fig, handles, labels)
-    same = (f"; {proxies.size_label(method)} {','.join(map(str, sorted(hidden)))} = the "
-            "original, not drawn" if hidden else "")
+    k_handles, k_labels = _k_legend(styles)
+    _legend_below(fig, handles + k_handles, labels + k_labels)
+    same = f"; {_sizes_text(method, hidden)} = the original, not drawn" if hidden else ""
     _title(fig, f"{method}: faithfulness to the original model (mean, 95% CI over "
                 f"{_num_seeds(rows)} seeds{same})")
     tight_layout(fig, rect=(0, 0.05, 1, 1))
@@ -238,8 +274,8 @@ def accuracy_by_bin(rows: Sequence[dict], site: str, method: str, splits: Sequen
     fig, axes = _grid(len(shown), (3.6, 2.9), extra_height=0.4 if len(shown) % 3 else 1.0)
     counts = {(r["split"], int(r["bin"])): r["n"] for r in rows
               if r["breakdown"] == breakdown and r["site"] == site and r["method"] == method}
-    lines = ["original"] + [method if size == 0 else f"{method}, {proxies.size_label(method)} "
-                            f"{size}" for size in sizes]
+    lines = ["original"] + [method if size == 0 else f"{method}, {_sizes_text(method, [size])}"
+                            for size in sizes]
     # Bins are ints in memory and strings when read back from a CSV.
     key_of = {(k[2], k[3], int(k[4])): k for k in agg if k[:2] == (site, method)}
     beyond = False  # some panel has bins beyond the training bound
@@ -285,8 +321,7 @@ def accuracy_by_bin(rows: Sequence[dict], site: str, method: str, splits: Sequen
     handles.append(_patch("0.85"))
     labels.append("closing brackets per bin, per seed (right axis)")
     inside = _legend_below(fig, handles, labels, ncol=3)
-    same = (f"; {proxies.size_label(method)} {','.join(map(str, sorted(exact)))} = the "
-            "original, not drawn" if exact else "")
+    same = f"; {_sizes_text(method, exact)} = the original, not drawn" if exact else ""
     _title(fig, f"{method} on {site}: accuracy by {breakdown} (mean, 95% CI over "
                 f"{_num_seeds(rows)} seeds{same})")
     tight_layout(fig, rect=(0, 0 if inside else 0.1, 1, 1))
@@ -318,28 +353,34 @@ def gap_vs_size(gaps: Sequence[dict], method: str, splits: Sequence[str],
                              figsize=(max(7.0, 3.6 * len(sites) + 0.4), 2.9 * len(metrics_) + 1.1),
                              squeeze=False, sharex="col")
     ood = [s for s in splits if any(g["split"] == s for g in gaps)]
+    styles = _k_styles(method, {g["size"] for g in gaps})
     for col, site in enumerate(sites):
         sizes = sorted({g["size"] for g in gaps if g["site"] == site})
+        lines = proxy_sizes.by_k(method, sizes)
         for row, metric in enumerate(metrics_):
             ax = axes[row, col]
             ax.axhline(0, color="0.4", lw=0.8)
-            for i, split in enumerate(ood):
+            for (i, split), (j, (k_, group)) in itertools.product(enumerate(ood),
+                                                                  enumerate(lines)):
                 by_size = {g["size"]: g for g in gaps
                            if (g["site"], g["metric"], g["split"]) == (site, metric, split)}
-                xs = [s for s in sizes if s in by_size]
+                xs = [s for s in group if s in by_size]
                 mean = np.array([by_size[s]["gap"] for s in xs], float)
                 low = np.array([by_size[s]["ci_low"] for s in xs], float)
                 high = np.array([by_size[s]["ci_high"] for s in xs], float)
                 yerr = np.nan_to_num(np.stack([mean - low, high - mean]))
-                ax.errorbar(_dodge(np.array(xs, float), i, len(ood)), mean, yerr=yerr, ms=4,
-                            lw=1.2, capsize=2, elinewidth=0.9, label=split,
+                x = np.array(proxy_sizes.widths(method, xs), float)
+                ax.errorbar(_dodge(x, i * len(lines) + j, len(ood) * len(lines)),
+                            mean, yerr=yerr, ms=4, lw=1.2, ls=styles[k_], capsize=2,
+                            elinewidth=0.9, label=split if j == 0 else "_nolegend_",
                             **split_style(split, splits))
             ax.grid(alpha=0.3)
             ax.set_ylabel(_GAP_LABEL.get(metric, f"gap in {metric}"))
         axes[0, col].set_title(site)
-        _log2_axis(axes[-1, col], sizes, proxies.size_label(method))
+        _size_axis(axes[-1, col], method, sizes)
     handles, labels = axes[0, 0].get_legend_handles_labels()
-    _legend_below(fig, handles, labels)
+    k_handles, k_labels = _k_legend(styles)
+    _legend_below(fig, handles + k_handles, labels + k_labels)
     n = max((g.get("n_seeds", 0) for g in gaps), default=0)
     baseline = gaps[0].get("baseline", "iid") if gaps else "iid"
     _title(fig, f"{method}: paired gap, {baseline} vs split (> 0: less faithful on the split), "
@@ -501,7 +542,6 @@ def key_projection(vectors: np.ndarray, depth: np.ndarray, tokens: np.ndarray, n
     return fig
 
 
-
 def faithfulness_by_label(rows: Sequence[dict], method: str, splits: Sequence[str],
                           breakdown: str, labels: Sequence[str], metric: str = "same_pred"):
     """`metric` per bin of a labelled breakdown (code: prediction category), one panel per
@@ -516,7 +556,7 @@ def faithfulness_by_label(rows: Sequence[dict], method: str, splits: Sequence[st
               if r["breakdown"] == breakdown and r["method"] == method}
     size = 0
     for ax, site in zip(axes, sites, strict=True):
-        size = tables.middle_size({k[2] for k in agg if k[:2] == (site, method)})
+        size = proxy_sizes.middle_size({k[2] for k in agg if k[:2] == (site, method)})
         shown = [s for s in splits if any(k[:4] == (site, method, size, s) for k in agg)]
         bins = sorted({int(k[4]) for k in agg if k[:3] == (site, method, size)})
         for i, split in enumerate(shown):
@@ -536,7 +576,7 @@ def faithfulness_by_label(rows: Sequence[dict], method: str, splits: Sequence[st
                     ax.annotate(str(n), (j, 0), xycoords=("data", "axes fraction"),
                                 xytext=(0, 2), textcoords="offset points", ha="center",
                                 fontsize=7, color="0.45")
-        ax.set_title(site if size == 0 else f"{site}, {proxies.size_label(method)} {size}")
+        ax.set_title(site if size == 0 else f"{site}, {_sizes_text(method, [size])}")
         ax.set_ylabel(f"{metric.replace('_', ' ')} (higher = more faithful)"
                       if metric == "same_pred" else metric)
         ax.grid(alpha=0.3)

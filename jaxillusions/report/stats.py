@@ -154,6 +154,27 @@ def bounded_interval(values: np.ndarray, confidence: float = CONFIDENCE,
     return mean, min(low, mean), max(high, mean)
 
 
+def pairs_jackknife(matrix: np.ndarray, bounds: tuple[float, float] = (-math.inf, math.inf),
+                    confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """(mean, low, high) of a symmetric [S, S] matrix over its S(S-1)/2 pairs of seeds i < j,
+    with a Student-t interval (S - 1 degrees of freedom) from the jackknife over seeds: seed i
+    left out with every pair it is in, since pairs sharing a seed are not independent (the
+    interval reflects the seeds, not the pairs); clipped to `bounds`, the values' range. NaN
+    mean below 2 seeds; NaN interval below 3 (one pair has no spread to estimate)."""
+    m = np.asarray(matrix, np.float64)
+    s = m.shape[0]
+    if s < 2:
+        return math.nan, math.nan, math.nan
+    off = ~np.eye(s, dtype=bool)
+    mean = float(m[off].mean())
+    if s < 3:
+        return mean, math.nan, math.nan
+    loo = (m[off].sum() - 2 * np.where(off, m, 0).sum(1)) / ((s - 1) * (s - 2))
+    half = _t_quantile(0.5 + confidence / 2, s - 1) * math.sqrt(
+        (s - 1) / s * np.sum((loo - loo.mean()) ** 2))
+    return mean, max(mean - half, bounds[0]), min(mean + half, bounds[1])
+
+
 def verdict(row: dict, metric: str | None = None) -> int:
     """+1 / -1 when the row's 95% interval (ci_low, ci_high) lies above / below zero by more
     than RESOLUTION[metric] (default: the row's `metric`), else 0 (rounding is never flagged)."""

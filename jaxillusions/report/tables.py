@@ -13,6 +13,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from jaxillusions.report import stats
+from jaxillusions.report.proxy_sizes import identical_sizes, middle_size
+from jaxillusions.report.proxy_sizes import label as _label
 from jaxillusions.runtime import schema
 
 STAT_COLUMNS = {"gaps": stats.GAP_COLUMNS, "proxy_vs_original": stats.PROXY_COLUMNS,
@@ -126,10 +128,6 @@ def rho_cell(rho: float, low: float, high: float) -> str:
     return f"{rho:+.2f} [{interval}]"
 
 
-def _label(method: str, size: int) -> str:
-    return "-" if size == 0 else str(size)  # size 0: a data-independent proxy
-
-
 _COMPONENTS = ("embed", "pos_embed", "resid_pre", "q", "k", "v", "pattern", "z", "attn_out",
                "resid_mid", "mlp_in", "pre", "post", "mlp_out", "resid_post")
 
@@ -213,12 +211,6 @@ def bin_gaps(rows: Sequence[dict], breakdown: str, labels: Sequence[str], baseli
     return out
 
 
-def middle_size(sizes: Iterable[int]) -> int:
-    """The size a table or figure shows for a proxy family: the middle of its sorted sizes."""
-    sizes = sorted(sizes)
-    return sizes[len(sizes) // 2]
-
-
 def bin_gap_table(gap_rows: Sequence[dict], splits: Sequence[str], metric: str = "same_pred",
                   methods: Sequence[str] = ()) -> str:
     """Text table of `bin_gaps` rows: per proxy family (at its middle size) one line per bin,
@@ -245,28 +237,6 @@ def bin_gap_table(gap_rows: Sequence[dict], splits: Sequence[str], metric: str =
                 lines.append(f"{method:<18} {site:<34} {_label(method, size):>4} {label:<18} "
                              f"{base:>16.{digits}f}" + "".join(cells))
     return "\n".join(lines)
-
-
-EXACT_JSD = 1e-6  # bits: float32 rounding of a full-rank reconstruction, far below any effect
-
-
-def identical_sizes(rows: Sequence[dict]) -> dict[tuple[str, str], set[int]]:
-    """{(method, site): sizes > 0 at which the proxy is the original model on every row} for
-    each sized family of the rows: the same prediction and accuracy everywhere and JSD at
-    float32 rounding (< EXACT_JSD bits), e.g. a full-rank SVD. Figures draw no line for them;
-    the headline does not offer them as 'faithful'."""
-    same: dict[tuple[str, str, int], bool] = {}
-    for r in rows:
-        if r["size"] > 0:
-            key = (r["method"], r["site"], r["size"])
-            same[key] = same.get(key, True) and (
-                r["same_pred"] == 1 and r["acc_proxy"] == r["acc_original"]
-                and r["jsd"] < EXACT_JSD)
-    out: dict[tuple[str, str], set[int]] = {(method, site): set() for method, site, _ in same}
-    for (method, site, size), all_same in same.items():
-        if all_same:
-            out[(method, site)].add(size)
-    return out
 
 
 FAITHFUL = 0.99  # the headline's "faithful in distribution": baseline same_pred >= this
@@ -324,10 +294,12 @@ def headline(stat_tables: dict[str, Sequence[dict]],
     is not the original model at every size: those are named in one line) the same_pred gap at
     the smallest size faithful on `baseline` (seed-mean same_pred >= FAITHFUL; the largest
     size, marked 'never 0.99', when none is) on each OOD split, and one sentence per method
-    saying where a gap is detected and where not, and on how many seeds; at most 5 methods,
-    fewer where the lines after them need the room, then a line naming the rest. `stat_tables`:
-    statistics_report's "gaps", "proxy_vs_original" and "id_predicts_gap". `identical`:
-    {(method, site): sizes whose rows equal the original's} (identical_sizes).
+    saying where it is less faithful than on `baseline` (a positive gap), where more (a
+    negative one), on how many seeds, and where no gap is shown (sizes by proxy_sizes.label);
+    at most 5 methods, fewer where the lines after them need the room, then a line naming the
+    rest. `stat_tables`: statistics_report's "gaps", "proxy_vs_original" and
+    "id_predicts_gap". `identical`: {(method, site): sizes whose rows equal the original's}
+    (identical_sizes).
     `in_distribution`: the task's in-distribution splits (not reported as OOD)."""
     gap_rows, versus = stat_tables["gaps"], stat_tables["proxy_vs_original"]
     correlation = stat_tables["id_predicts_gap"]
@@ -352,8 +324,8 @@ def headline(stat_tables: dict[str, Sequence[dict]],
     for method, site in families:
         found = _faithful_size(rows, method, site, baseline, identical.get((method, site), set()))
         if found is None:  # every size is the original model itself: said in one line
-            original.append(f"{method} on {site} at size "
-                            + ", ".join(map(str, sorted(identical[method, site]))))
+            original.append(f"{method} on {site} at size " + ", ".join(
+                _label(method, size) for size in sorted(identical[method, site])))
         elif method not in (c[0] for c in chosen):
             chosen.append((method, site, *found))
     def label(method, site, size, base, reached) -> str:
@@ -361,7 +333,7 @@ def headline(stat_tables: dict[str, Sequence[dict]],
             p.split(".")[-1] for p in site.split("+"))
         note = (f"({base:.3f})" if reached or size == 0
                 else f"({_below(base, FAITHFUL)}, never {FAITHFUL:g})")
-        return f"{method} {short}" + ("" if size == 0 else f" {size}") + " " + note
+        return f"{method} {short}" + ("" if size == 0 else f" {_label(method, size)}") + " " + note
 
     # At most 5 methods, and as many as leave room for the lines after them: the correlation,
     # the proxy-versus-original count and a line naming the methods left to the full tables.
@@ -381,7 +353,7 @@ def headline(stat_tables: dict[str, Sequence[dict]],
     sentences = []
     for method, site, size, base, reached in shown:
         cells = []
-        found, missed = [], []
+        found, better, missed = [], [], []
         for split in ood:
             g = by_key.get((method, site, size, split))
             if g is None:
@@ -390,13 +362,18 @@ def headline(stat_tables: dict[str, Sequence[dict]],
             cells.append(f"{_interval_cell(g, 'gap', 3, counts=False):<{cell}}")
             if _verdict(g) > 0:
                 found.append(f"{split} ({g['seeds_positive']}/{g['n_seeds']} seeds)")
+            elif _verdict(g) < 0:  # the split's same_pred above the baseline's
+                better.append(f"{split} ({g['n_seeds'] - g['seeds_positive']}/{g['n_seeds']} "
+                              "seeds not positive)")
             else:
                 missed.append(split)
         lines.append(f"{label(method, site, size, base, reached):<{width}}"
                      + "".join(cells).rstrip())
-        what = f"{method} on {site}" + ("" if size == 0 else f" at size {size}")
-        if found:
-            sentence = f"{what} is less faithful than on {baseline} on {_join(found)}"
+        what = f"{method} on {site}" + ("" if size == 0 else f" at size {_label(method, size)}")
+        clauses = [f"{word} faithful than on {baseline} on {_join(where)}"
+                   for word, where in (("less", found), ("more", better)) if where]
+        if clauses:
+            sentence = f"{what} is " + "; ".join(clauses)
             sentence += f"; no gap beyond ±{res:g} shown on {_join(missed)}." if missed else "."
         else:
             sentence = (f"{what}: no gap beyond ±{res:g} shown on any OOD split ({n_seeds} "

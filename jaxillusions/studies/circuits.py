@@ -15,12 +15,14 @@ split minus baseline).
 
 circuits_overlap.csv: Jaccard overlap |A & B| / |A | B| of the circuits (the units of largest
 |attribution|, whatever proxies.circuit_direction ablates) at every size strictly between 0 and
-every unit: `seeds`, per seed its mean overlap with every other seed of the same family,
-summarised over seeds (seed-to-seed stability; edges and nodes are the same units in every
-seed, neurons are not: an MLP's neurons may be permuted between seeds, so their `seeds`
-overlap is near chance by construction), and, with fit_shift.splits, `fit:<split>`, per seed
-the overlap of the circuit fitted on <split> with the one fitted on train, summarised over seeds
+every unit: `seeds`, the mean over every pair of seeds of the same family (seed-to-seed
+stability; edges and nodes are the same units in every seed, neurons are not: an MLP's neurons
+may be permuted between seeds, so their `seeds` overlap is near chance by construction), with a
+jackknife interval over seeds (stats.pairs_jackknife; pairs sharing a seed are not independent;
+none below 3 seeds), and, with fit_shift.splits, `fit:<split>`, per seed the overlap of the
+circuit fitted on <split> with the one fitted on train, with a logit-t interval over seeds
 (benchmarks/circuit_overlap.py computes it for a finished run without the fit-shift stage).
+n_seeds: the seeds the interval is over; n_pairs: the pairs of circuits averaged.
 
 circuits_equal_iid.csv: with svd or kmeans in the run, each reference size on its site
 matched per seed to the circuit size (below every unit) closest in baseline same_pred
@@ -49,7 +51,8 @@ MEASURES = ("cpr", "cmd")
 FAITHFULNESS = {"same_pred": lambda r: r["same_pred"], "1-jsd": lambda r: 1.0 - r["jsd"]}
 COLUMNS = ("site", "split", "measure", "faithfulness", "mean", "low", "high", "baseline",
            "gap", *stats.SUMMARY_COLUMNS)
-OVERLAP_COLUMNS = ("site", "size", "units", "between", "mean", "ci_low", "ci_high", "n")
+OVERLAP_COLUMNS = ("site", "size", "units", "between", "mean", "ci_low", "ci_high", "n_seeds",
+                   "n_pairs")
 REPORTS = ("circuits.csv", "circuits_overlap.csv", "circuits_equal_iid.csv")
 
 
@@ -134,20 +137,21 @@ def overlap_rows(spec, fitted: dict, shifted: dict[str, dict], model_cfg,
         if not 0 < size < units:
             continue
         base = {"site": spec.target, "size": int(size), "units": units}
-        members = np.flatnonzero(keep)
-        if len(members) > 1:  # per seed, its mean overlap with every other seed
-            pair = np.full((len(sets),) * 2, np.nan)
-            for a, b in itertools.combinations(members, 2):
-                pair[a, b] = pair[b, a] = jaccard(sets[a, r], sets[b, r])
-            mean, low, high = stats.bounded_interval(  # overlaps lie in [0, 1]: logit-t
-                np.nanmean(pair[members][:, members], axis=1))
+        members = sets[keep, r]
+        if len(members) > 1:  # every pair of seeds; a jackknife over seeds, inside [0, 1]
+            pair = np.zeros((len(members),) * 2)
+            for a, b in itertools.combinations(range(len(members)), 2):
+                pair[a, b] = pair[b, a] = jaccard(members[a], members[b])
+            mean, low, high = stats.pairs_jackknife(pair, bounds=(0.0, 1.0))
             out.append({**base, "between": "seeds", "mean": mean, "ci_low": low,
-                        "ci_high": high, "n": len(members)})
+                        "ci_high": high, "n_seeds": len(members),
+                        "n_pairs": len(members) * (len(members) - 1) // 2})
         for split, other in shifted.items():
-            values = jaccard(sets[keep, r], kept_sets(other, spec.sizes)[keep, r])
-            mean, low, high = stats.bounded_interval(values)
+            values = jaccard(members, kept_sets(other, spec.sizes)[keep, r])
+            mean, low, high = stats.bounded_interval(values)  # one pair per seed: logit-t
+            n = int(np.isfinite(values).sum())
             out.append({**base, "between": f"fit:{split}", "mean": mean, "ci_low": low,
-                        "ci_high": high, "n": int(np.isfinite(values).sum())})
+                        "ci_high": high, "n_seeds": n, "n_pairs": n})
     return out
 
 

@@ -310,10 +310,19 @@ def svd_seed_match(samples: dict, ranks: tuple[int, ...], *, center: bool = Fals
     return out
 
 
+def _cosine_interval(values: np.ndarray, signed: bool) -> tuple[float, float, float]:
+    """stats.bounded_interval of cosines: |cosine| in [0, 1] as they are, a signed cosine in
+    [-1, 1] through (c + 1) / 2 and back."""
+    if not signed:
+        return stats.bounded_interval(values)
+    return tuple(2 * v - 1 for v in stats.bounded_interval((np.asarray(values) + 1) / 2))
+
+
 def seed_match_summary(per_seed: Iterable[dict], threshold: float = THRESHOLD) -> list[dict]:
     """Per (site, method, size): the share (and mean matched cosine) averaged over heads per
-    seed, then over seeds, with stats.bounded_interval (seeds are the unit; both lie in
-    [0, 1]). Columns SEED_MATCH_COLUMNS."""
+    seed, then over seeds, with stats.bounded_interval (seeds are the unit): the share and the
+    SVD's |cosine| lie in [0, 1]; the SAE's signed cosine in [-1, 1], its interval that of
+    (cosine + 1) / 2 mapped back. Columns SEED_MATCH_COLUMNS."""
     import pandas as pd  # noqa: PLC0415 - not at a launch's start
     df = pd.DataFrame(list(per_seed))
     if df.empty:
@@ -323,8 +332,8 @@ def seed_match_summary(per_seed: Iterable[dict], threshold: float = THRESHOLD) -
     out = []
     for key, g in by_seed.groupby(keys):
         share, share_low, share_high = stats.bounded_interval(g["share"].to_numpy())
-        # The SAE's matched cosines are signed (may be < 0): a t interval, not a bounded one.
-        cos, cos_low, cos_high = stats.t_interval(g["mean_cos"].to_numpy())
+        cos, cos_low, cos_high = _cosine_interval(g["mean_cos"].to_numpy(),
+                                                  signed=key[1] == "sae")
         out.append({**dict(zip(keys, key, strict=True)), "threshold": threshold,
                     "n_seeds": len(g), "share": share, "share_low": share_low,
                     "share_high": share_high, "mean_cos": cos, "mean_cos_low": cos_low,

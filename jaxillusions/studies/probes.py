@@ -19,7 +19,8 @@ Every position of a split where the concept is defined counts (not only evaluate
 Besides the evaluation splits, rows of split `train_heldout`: training sentences after those
 the fit sample reads, as many as the largest evaluation split, drawn from the training
 distribution itself (Dyck's `iid` is not: it holds sentences absent from train, so longer ones
-than train's average).
+than train's average); none where the fit sample reaches the last training sentence, which a
+note in probes.txt and on the console says (`heldout_note`).
 
 Columns of probes.csv (one row per seed, site, concept, evaluation split):
   n, n_seen        positions with the concept defined; those of a class seen in the fit sample
@@ -79,11 +80,12 @@ def _interval(summary: dict) -> str:
             f"{summary['seeds_positive']}/{summary['n_seeds']}")
 
 
-def report(rows: list[dict], baseline: str, reference: str) -> str:
-    """The text of probes.txt: per site and concept, one line per split. Intervals are 95% over
-    seeds: Student-t on (paired) per-seed differences; accuracies' on the logit scale."""
+def report(rows: list[dict], baseline: str, reference: str, note: str | None = None) -> str:
+    """The text of probes.txt: per site and concept, one line per split, after `note` (a line
+    on what is missing, `heldout_note`). Intervals are 95% over seeds: Student-t on (paired)
+    per-seed differences; accuracies' on the logit scale."""
     lines = ["Linear probes and concept erasure (probes.csv; docs/lenses.md): means over seeds "
-             "[95% interval] and seeds > 0 / seeds."]
+             "[95% interval] and seeds > 0 / seeds.", *([note] if note else [])]
     table = _by(rows, "site", "concept", "split")
     header = (f"  {'split':<18}{'probe_acc':<22}{'gap':<28}{'gap on seen classes':<28}"
               f"{'left':<28}{'left - left on ' + reference:<40}decodable")
@@ -250,6 +252,18 @@ def heldout_train(train, num_samples: int, size: int):
     return tasks.subset(train, np.arange(used, min(used + size, len(ends))))
 
 
+def heldout_note(train, num_samples: int) -> str | None:
+    """Why there are no `HELDOUT` rows (the fit sample reaches the last training sentence), or
+    None where there are."""
+    if heldout_train(train, num_samples, 1) is not None:
+        return None
+    positions = int((train.tokens != tasks.PAD).sum())
+    return (f"No {HELDOUT} rows, so no 'left - left on {HELDOUT}': no training sentence is left "
+            f"after the fit sample's {min(num_samples, positions)} positions (proxies."
+            f"kmeans_samples={num_samples}; train has {len(train.tokens)} sentences, "
+            f"{positions} positions).")
+
+
 def compute(params, healthy, seeds, splits, model_cfg, config, say=print) -> list[dict]:
     """The rows of probes.csv (module docstring)."""
     pc, task = config.proxies, tasks.get(config)
@@ -342,7 +356,10 @@ def run(ctx: Context) -> Context:
         return ctx
     with stages.writing("report", os.path.join(workdir, "probes.csv")):
         tables.write_csv(rows, os.path.join(workdir, "probes.csv"), COLUMNS)
-    text = report(rows, pc.gap_baseline, HELDOUT)
+    note = heldout_note(fit_shift.fit_data(ctx.splits, "train", config), pc.kmeans_samples)
+    if note:
+        say(f"probes: {note}")
+    text = report(rows, pc.gap_baseline, HELDOUT, note)
     with stages.writing("report", os.path.join(workdir, "probes.txt")), \
             open(os.path.join(workdir, "probes.txt"), "w") as f:
         f.write(text + "\n")
