@@ -261,7 +261,8 @@ def _files(directory: str, suffix: str) -> list[str]:
     ({"splits": ("train", "other_language")},
      "fit_shift.splits: 'other_language' is a split of task code, not task dyck"),
     ({"splits": ("unseen_depth",)}, "must list 'train'"),
-    ({"splits": ("train", "longer", "longer")}, "and each split once"),
+    ({"splits": ("train", "longer", "longer")}, "fit_shift.splits=('train', 'longer', 'longer'): "
+     "'longer' is given twice; give each value once"),
     ({"splits": "train"}, "fit_shift.splits='train': must be a tuple of strings"),
     ({"sentences": -1}, "fit_shift.sentences=-1: must be >= 0"),
     ({"sentences": 1.5}, "fit_shift.sentences=1.5: must be an integer"),

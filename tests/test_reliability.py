@@ -416,12 +416,14 @@ def test_unknown_key_and_duplicate_sizes(config):
                                          "batch_size, checkpoint_every"):
         validate.validate(config)
     config = tiny_config(config.data.cache_dir)
-    config.proxies.kmeans_sizes = (8, 2, 4, 2)  # e.g. two overrides joined by ml_collections
-    (note,) = validate.validate(config)
-    assert "proxies.kmeans_sizes=(8, 2, 4, 2) has duplicates" in note
+    config.proxies.kmeans_sizes = (8, 2, 4, 2)  # each value once, as in every tuple setting
+    with pytest.raises(ValueError, match=r"^proxies.kmeans_sizes=\(8, 2, 4, 2\): 2 is given "
+                       "twice; give each value once$"):
+        validate.validate(config)
+    config.proxies.kmeans_sizes = (8, 2, 4)
     _, model_cfg, _ = train.build(checked(config))
     specs = specs_from_config(config.proxies, model_cfg)
-    assert {s.sizes for s in specs if s.method == "kmeans"} == {(2, 4, 8)}
+    assert {s.sizes for s in specs if s.method == "kmeans"} == {(2, 4, 8)}  # sorted
 
 
 def test_shipped_configs_validate(monkeypatch):

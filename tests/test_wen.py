@@ -12,6 +12,7 @@ from conftest import checked
 
 from jaxillusions import model as model_lib
 from jaxillusions.pipeline import validate
+from jaxillusions.report.stats import pairs_jackknife
 from jaxillusions.studies import wen
 from jaxillusions.tasks import dyck as dyck_task
 from jaxillusions.tasks import dyck_sentences as dyck
@@ -337,7 +338,7 @@ def test_attention_variation_of_two_seeds_says_it_has_no_interval():
 
     rows = [{"contrastive_weight": 0, "seed": s, "healthy": True, "acc_iid": 1.0,
              "length_gen_acc": 0.5, "length_gen_argmax_acc": 0.5} for s in range(2)]
-    mean, low, high = wen.mean_over_pairs(np.array([[0.0, 0.124], [0.124, 0.0]]))
+    mean, low, high = pairs_jackknife(np.array([[0.0, 0.124], [0.124, 0.0]]))
     attention = [{"prefix_len": 8, "random_baseline": 0.2, "random_baseline_square": 0.3,
                   "contrastive_weight": 0, "layer": 1, "head": 0, "num_seeds": 2,
                   "variation": mean, "low": low, "high": high, "label": "wen"}]
@@ -365,7 +366,7 @@ def test_attention_variation_matches_numpy_on_hand_built_patterns():
     patterns = np.stack([uniform, first, diagonal, uniform])
     matrix = wen.pairwise_variation(patterns)
     assert matrix.shape == (4, 4) and np.all(np.diag(matrix) == 0) and matrix[0, 3] == 0
-    mean, low, high = wen.mean_over_pairs(matrix)
+    mean, low, high = pairs_jackknife(matrix, bounds=(0.0, np.inf))  # as the stage calls it
     pairs = [matrix[i, j] for i in range(4) for j in range(i + 1, 4)]
     np.testing.assert_allclose(mean, np.mean(pairs), rtol=1e-6)
     # Jackknife by brute force: drop each seed, average the remaining pairs.

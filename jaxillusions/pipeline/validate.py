@@ -183,12 +183,6 @@ def _proxy_checks(config: Settings, model_cfg) -> list[str]:
         if check_sizes is not None:
             dim = min(site_dim(model_cfg, s) for s in spec.sites)
             check_sizes(spec.sizes, pc, dim, f"{spec.target} (d_head {model_cfg.head_dim})")
-    for key in dict.fromkeys(proxies.sizes_key(s.module) for s in specs
-                             if s.module.STATISTIC is not None):
-        sizes = tuple(getattr(pc, key))
-        if len(set(sizes)) != len(sizes):
-            notes.append(f"note: proxies.{key}={sizes} has duplicates; each size is fitted and "
-                         f"evaluated once: {tuple(sorted(set(sizes)))}")
     return notes
 
 

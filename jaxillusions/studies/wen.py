@@ -77,26 +77,6 @@ def pairwise_variation(patterns: np.ndarray) -> np.ndarray:
     return np.asarray(jax.vmap(lambda a: jax.vmap(lambda b: attention_variation(a, b))(p))(p))
 
 
-def mean_over_pairs(matrix: np.ndarray) -> tuple[float, float, float]:
-    """Mean of a symmetric [S, S] matrix over the S(S-1)/2 pairs i < j, with a 95% interval from
-    the jackknife over seeds (pairs sharing a seed are not independent, so the interval reflects
-    the number of seeds, not of pairs). Returns (mean, low, high); low is clipped at 0."""
-    from scipy import stats  # noqa: PLC0415 - not at a launch's start
-    s = matrix.shape[0]
-    if s < 2:
-        return float("nan"), float("nan"), float("nan")
-    off = ~np.eye(s, dtype=bool)
-    mean = matrix[off].mean()
-    if s < 3:
-        return float(mean), float("nan"), float("nan")
-    # Leave seed i out: the mean over pairs among the other seeds.
-    total, row = matrix[off].sum(), np.where(off, matrix, 0).sum(1)
-    loo = (total - 2 * row) / ((s - 1) * (s - 2))
-    se = math.sqrt((s - 1) / s * np.sum((loo - loo.mean()) ** 2))
-    t = stats.t.ppf(0.975, s - 1)
-    return float(mean), float(max(mean - t * se, 0.0)), float(mean + t * se)
-
-
 def random_baseline(length: int, causal: bool = True) -> float:
     """Expected attention variation of two independent random patterns [T, T] whose rows are
     uniform on the simplex (Dirichlet(1, ..., 1)) over the n allowed keys: per row
@@ -430,7 +410,8 @@ def measure(state, results, model_cfg: model_lib.ModelConfig, config, workdir: s
         idx = np.flatnonzero((weights == weight) & healthy)
         for layer, pat in patterns.items():
             for head in range(pat.shape[1]):
-                mean, low, high = mean_over_pairs(pairwise_variation(pat[idx, head]))
+                mean, low, high = interval_stats.pairs_jackknife(  # low clipped at 0
+                    pairwise_variation(pat[idx, head]), bounds=(0.0, math.inf))
                 attention.append({
                     "label": wc.label, "contrastive_weight": weight, "layer": layer,
                     "head": head, "variation": mean, "low": low, "high": high,
