@@ -244,8 +244,10 @@ def compare(population: Population, other: Population) -> str:
     for name, (x, y) in pairs.items():
         d = np.asarray(x, np.float64) - np.asarray(y, np.float64)
         s = stats.paired_summary(d)
+        interval = ("(the same in every seed)" if np.isnan(s["ci_low"])
+                    else f"[{s['ci_low']:+.3f}, {s['ci_high']:+.3f}]")
         lines.append(f"| {name} | {np.mean(x):.3f} | {np.mean(y):.3f} | {s['mean']:+.3f} "
-                     f"[{s['ci_low']:+.3f}, {s['ci_high']:+.3f}] | "
+                     f"{interval} | "
                      f"{s['seeds_positive']}/{s['n_seeds']} | {stats.sign_flip_p(d):.4f} |")
     return f"{len(seeds)} seeds in both ({', '.join(map(str, seeds))}):\n\n" + "\n".join(lines)
 

@@ -542,6 +542,11 @@ def test_the_headline_line_on_the_ablation_is_a_paired_difference_over_seeds():
     assert line.startswith("Best head mean-ablated (iid, 3 seeds): accuracy drop on "
                            "identifier_repeat +0.600 [")
     assert f"paired difference {mean:+.3f} [{low:+.3f}, {high:+.3f}]" in line
+    # Two seeds (t = 12.7): the interval of an accuracy drop stops at what a difference of two
+    # accuracies can be (it read +0.122 [-1.708, +1.951]).
+    line = copying.ablation_line(per_seed.iloc[:2].assign(ablation_drop_repeat=[0.9, -0.5]),
+                                 induction.cell)
+    assert "identifier_repeat +0.200 [-1.000, +1.000]" in line
 
 
 def test_the_verdict_counts_heads_by_the_random_test_and_on_code():

@@ -53,6 +53,29 @@ def test_paired_gap_interval_and_seed_count_match_scipy():
     assert math.isnan(stats.paired_summary(many[:-1])["boot_low"])
 
 
+def test_no_interval_from_no_spread_and_none_past_what_a_difference_of_shares_can_be():
+    """Two seeds at 16/17 on iid and 19/19 on the split: the same gap in both, a zero-width
+    interval that the report starred as an effect; it has no interval now. At 2 seeds t is 12.7:
+    a difference of two shares had intervals such as [-1.708, +1.951]; they stop at -1 and 1.
+    All exactly 0 (the original model itself) stays the exact point."""
+    rows = [row(s, split, same_pred=v, jsd=j) for s in (0, 1) for split, v, j in
+            (("iid", 16 / 17, 0.01 * (s + 1)), ("other_language", 1.0, 0.5 * (s + 1)))]
+    gaps = {g["metric"]: g for g in stats.gaps(rows)}
+    same = gaps["same_pred"]
+    assert same["gap"] == pytest.approx(16 / 17 - 1) and same["n_seeds"] == 2
+    assert math.isnan(same["ci_low"]) and math.isnan(same["ci_high"])
+    assert not tables._verdict({**same, "diff": same["gap"]})
+    cell = tables._interval_cell({**same, "diff": same["gap"]}, "diff", 3)
+    assert cell.startswith("-0.059 (in every seed)") and "*" not in cell
+    wide = stats.paired_summary(np.array([0.9, -0.5]), bounds=(-1.0, 1.0))
+    assert (wide["ci_low"], wide["ci_high"]) == (-1.0, 1.0)
+    assert stats.paired_summary(np.array([0.9, -0.5]))["ci_high"] > 1  # unbounded metrics
+    jsd = gaps["jsd"]  # JSD has no such bound: its interval is the t interval
+    assert jsd["ci_low"] < -1 or jsd["ci_high"] - jsd["ci_low"] > 2
+    exact = stats.paired_summary(np.zeros(3))
+    assert (exact["ci_low"], exact["ci_high"]) == (0.0, 0.0)
+
+
 def test_sign_convention_positive_means_less_faithful_out_of_distribution():
     by_metric = {g["metric"]: g for g in stats.gaps(population())}
     jsd = np.array(JSD_OOD) - np.array(JSD_IID[:7])  # JSD: split minus baseline

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from jaxillusions.runtime.schema import DICTIONARY_METRICS
+from jaxillusions.runtime.schema import DICTIONARY_METRICS, PROPORTIONS
 
 # SciPy (about 1 s to import) is imported in the functions that use it: every launch imports
 # this module, and only the reports compute statistics, so `--help` and a bad input's one-line
@@ -116,14 +116,17 @@ def t_half_width(values: np.ndarray, axis: int = 0, confidence: float = CONFIDEN
     return mean, np.where(n > 1, half, np.nan)
 
 
-def t_interval(values: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float, float]:
-    """(mean, low, high): Student-t interval of the mean of finite `values` (NaN if n < 2)."""
+def t_interval(values: np.ndarray, confidence: float = CONFIDENCE,
+               bounds: tuple[float, float] = (-math.inf, math.inf)) -> tuple[float, float, float]:
+    """(mean, low, high): Student-t interval of the mean of finite `values` (NaN if n < 2),
+    clipped to `bounds`, the range the mean can take (e.g. (-1, 1) for a difference of two
+    shares: at 2 seeds t is 12.7, and the interval ran to [-1.708, +1.951])."""
     v = np.asarray(values, np.float64)
     v = v[np.isfinite(v)]
     if len(v) == 0:
         return math.nan, math.nan, math.nan
     mean, half = (float(x) for x in t_half_width(v, confidence=confidence))
-    return mean, mean - half, mean + half
+    return mean, max(mean - half, bounds[0]), min(mean + half, bounds[1])
 
 
 def bounded_interval(values: np.ndarray, confidence: float = CONFIDENCE,
@@ -192,16 +195,22 @@ def _bootstrap_indices(n: int, num: int = NUM_BOOTSTRAP, seed: int = BOOTSTRAP_S
     return idx
 
 
-def paired_summary(diffs: np.ndarray, confidence: float = CONFIDENCE) -> dict:
+def paired_summary(diffs: np.ndarray, confidence: float = CONFIDENCE,
+                   bounds: tuple[float, float] = (-math.inf, math.inf)) -> dict:
     """Summary of per-seed paired differences (NaN entries dropped).
 
-    Returns mean, ci_low/ci_high (Student-t), boot_low/boot_high (percentile bootstrap over
-    seeds; NaN below MIN_BOOTSTRAP_SEEDS seeds), n_seeds and seeds_positive (seeds whose
-    difference is > 0).
+    Returns mean, ci_low/ci_high (Student-t, clipped to `bounds`), boot_low/boot_high
+    (percentile bootstrap over seeds; NaN below MIN_BOOTSTRAP_SEEDS seeds), n_seeds and
+    seeds_positive (seeds whose difference is > 0). Differences that are the same nonzero value
+    in every seed (a few positions per seed: 16/17 against 19/19 in both) have no spread to
+    estimate an interval from: NaN, never a zero-width interval read as an effect; all exactly
+    0 (the original model itself) is the point interval [0, 0].
     """
     d = np.asarray(diffs, np.float64)
     d = d[np.isfinite(d)]
-    mean, low, high = t_interval(d, confidence)
+    mean, low, high = t_interval(d, confidence, bounds)
+    if len(d) > 1 and mean != 0 and np.ptp(d) <= 1e-9 * np.abs(d).max():  # (float rounding)
+        low = high = math.nan
     boot_low = boot_high = math.nan
     if len(d) >= MIN_BOOTSTRAP_SEEDS:
         means = d[_bootstrap_indices(len(d))].mean(axis=1)
@@ -258,7 +267,8 @@ def gaps(rows: Iterable[dict], baseline: str = "iid",
             if not both.any():
                 continue
             b, s = b[both], s[both]
-            summary = paired_summary(signed_gap(b, s, metric))
+            summary = paired_summary(signed_gap(b, s, metric), bounds=(
+                (-1.0, 1.0) if metric in PROPORTIONS else (-math.inf, math.inf)))
             out.append({"site": site, "method": method, "size": size, "split": split,
                         "metric": metric, "gap": summary["mean"], "baseline": baseline,
                         "baseline_mean": float(b.mean()),
@@ -307,7 +317,7 @@ def proxy_vs_original(rows: Iterable[dict]) -> list[dict]:
     out = []
     for (site, method, size, split), per_seed in sorted(by_seed(rows).items()):
         diff = np.array([r["acc_proxy"] - r["acc_original"] for _, r in sorted(per_seed.items())])
-        summary = paired_summary(diff)
+        summary = paired_summary(diff, bounds=(-1.0, 1.0))
         out.append({"site": site, "method": method, "size": size, "split": split,
                     "diff": summary["mean"], **{k: summary[k] for k in SUMMARY_COLUMNS}})
     return out

@@ -99,6 +99,9 @@ def _interval_cell(row: dict, value: str, digits: int, counts: bool = True) -> s
     tail = f"{row['seeds_positive']:>3}/{row['n_seeds']:<3}" if counts else ""
     if _exact(row, value):
         return f"{'0 (exact)':<{3 * (digits + 3) + 5}}{tail}"
+    if math.isnan(row["ci_low"]):  # one seed, or the same value in every seed: no interval
+        why = "one seed" if row["n_seeds"] < 2 else "in every seed"
+        return f"{f'{row[value]:+.{digits}f} ({why})':<{3 * (digits + 3) + 5}}{tail}"
     mark = "*" if _verdict(row) else " "
     return (f"{row[value]:+.{digits}f} [{row['ci_low']:+.{digits}f},{row['ci_high']:+.{digits}f}]"
             f"{mark}{tail}")

@@ -49,6 +49,8 @@ task's report tables) to the reports.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -503,12 +505,13 @@ def report_lines(ctx) -> list[str]:
                                 if os.path.exists(results_path) else None), cell)
     if per_seed is not None:
         score, drop = per_seed["max_induction_score"], per_seed["loss_drop"]
-        pools = "".join(f"; on {what} best-head score {cell(per_seed[f'{name}_max_score'])}, "
+        share = functools.partial(cell, bounds=(0, 1))  # an attention share
+        pools = "".join(f"; on {what} best-head score {share(per_seed[f'{name}_max_score'])}, "
                         f"loss drop {cell(per_seed[f'{name}_loss_drop'])} nats"
                         for name, what in token_pools(task).items()
                         if f"{name}_loss_drop" in per_seed)
         lines.append(f"Induction heads: {verdict(score, drop, per_seed, task)}; "
-                     f"best-head score {cell(score)}" + ("" if own is None else own.cells)
+                     f"best-head score {share(score)}" + ("" if own is None else own.cells)
                      + f", loss drop {cell(drop)} nats{pools} (induction_seeds.csv)")
     if own is not None:
         lines += own.lines
@@ -517,14 +520,16 @@ def report_lines(ctx) -> list[str]:
     return lines
 
 
-def cell(values, fmt: str = ".3f") -> str:
-    """'mean [low, high]' over seeds (stats.t_interval; the mean alone for one seed)."""
+def cell(values, fmt: str = ".3f", bounds: tuple[float, float] = (-math.inf, math.inf)) -> str:
+    """'mean [low, high]' over seeds (stats.t_interval, clipped to `bounds`, the range of the
+    values: (0, 1) for a share, (-1, 1) for a difference of two; the mean alone for one
+    seed)."""
     from jaxillusions.report import stats  # noqa: PLC0415
 
     v = np.asarray(values, np.float64)
     if len(v) < 2:
         return format(float(v.mean()), fmt) if len(v) else "n/a"
-    mean, low, high = stats.t_interval(v)
+    mean, low, high = stats.t_interval(v, bounds=bounds)
     return f"{mean:{fmt}} [{low:{fmt}}, {high:{fmt}}]"
 
 

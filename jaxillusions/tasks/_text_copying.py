@@ -167,5 +167,5 @@ def copying_report(per_seed, results, cell) -> Report:
     if per_seed is None or "text_max_target_attention" not in per_seed:
         return Report()
     return Report(cells=f", strongest head on {ANALYSED} text's induction targets "
-                  f"{cell(per_seed['text_max_target_attention'])} (uniform "
-                  f"{cell(per_seed['text_uniform_on_target'])})")
+                  f"{cell(per_seed['text_max_target_attention'], bounds=(0, 1))} (uniform "
+                  f"{cell(per_seed['text_uniform_on_target'], bounds=(0, 1))})")

@@ -463,12 +463,17 @@ def ablation_line(per_seed: pd.DataFrame, cell: Callable[..., str]) -> str:
     """The headline's line on the best heads' mean-ablation (induction_seeds.csv's
     CODE_SEED_COLUMNS of the healthy seeds): the accuracy drop on identifier_repeat and on the
     other characters, and their paired difference over seeds (Student t). `cell(values, fmt)`:
-    the study's cell of mean and interval (studies/induction.py, cell)."""
+    the study's cell of mean and interval (studies/induction.py, cell; a third argument
+    bounds it to the values' range)."""
     ok = per_seed.dropna(subset=["ablation_drop_repeat", "ablation_drop_other"])
     repeat, other = ok["ablation_drop_repeat"], ok["ablation_drop_other"]
+
+    def diff(values) -> str:  # of two accuracies: in [-1, 1]
+        return cell(values, "+.3f", (-1, 1))
+
     return (f"Best head mean-ablated (iid, {len(ok)} seeds): accuracy drop on {REPEAT} "
-            f"{cell(repeat, '+.3f')}, on the other characters {cell(other, '+.3f')}, paired "
-            f"difference {cell(repeat - other, '+.3f')} (induction_ablation.csv)")
+            f"{diff(repeat)}, on the other characters {diff(other)}, paired difference "
+            f"{diff(repeat - other)} (induction_ablation.csv)")
 
 
 def identifier_gap(df: pd.DataFrame, method: str = "original") -> pd.DataFrame:
@@ -503,7 +508,7 @@ def copying_report(per_seed: pd.DataFrame | None, results: pd.DataFrame | None,
     cells, lines, tables = "", [], {}
     if per_seed is not None:
         if "code_target_attention" in per_seed:
-            cells = f", on code {cell(per_seed['code_target_attention'])}"
+            cells = f", on code {cell(per_seed['code_target_attention'], bounds=(0, 1))}"
         if "ablation_drop_repeat" in per_seed:
             lines.append(ablation_line(per_seed, cell))
     if results is not None:
@@ -511,7 +516,7 @@ def copying_report(per_seed: pd.DataFrame | None, results: pd.DataFrame | None,
         tables["identifier_gap.csv"] = (gap.to_dict("records"), GAP_COLUMNS)
         splits = list(dict.fromkeys(gap["split"]))
         lines.append("identifier_repeat - identifier_first accuracy (original model): " + ", ".join(
-            f"{s} {cell(gap.loc[gap['split'] == s, 'repeat_minus_first'], '+.3f')}"
+            f"{s} {cell(gap.loc[gap['split'] == s, 'repeat_minus_first'], '+.3f', (-1, 1))}"
             for s in splits) + " (identifier_gap.csv)")
     return tasks.Report(cells=cells, lines=tuple(lines), tables=tables)
 
