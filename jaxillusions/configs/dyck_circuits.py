@@ -29,7 +29,9 @@ family 6 model 207: 9 min 56 s, `time 595 s: ..., collection 160 s, ..., evaluat
 circuits 36 s, ...`, peak memory 5.7 GB, the findings compared in docs/circuits.md within 0.006;
 a relaunch that refitted its proxies at the current code, figures off: `time 601 s: ...,
 collection 148 s, ..., evaluation 362 s, proxies 13 s, circuits 8 s, reports 53 s, ...`; a
-relaunch that only rewrote the reports at today's code, `time 33 s: ..., reports 19 s, ...`.
+relaunch that only rewrote the reports at today's code, `time 33 s: ..., reports 19 s, ...`. On
+the AMD EPYC of family 26 model 2, figures off: 4 min 24 s, `time 263 s: ..., collection 74 s,
+..., evaluation 171 s, ...`; circuit_overlap 23 s.
 
 What it showed (docs/circuits.md, 32 seeds, paired 95% intervals): circuits found on train lose
 faithfulness out of distribution: 16 of 23 edges (mean ablation) agree with the model on 0.965

@@ -9,9 +9,10 @@ Writes wen_results.csv (one row per (seed, weight): length generalization up to 
 length, balance violation, accuracies), wen_summary.txt (per-weight means, paired differences vs
 lambda=0, Spearman correlation of balance violation and length generalization across seeds),
 figures/wen_*.png and TensorBoard. Time: 4 min 37 s alone on the 2-core CPU machine (AMD EPYC of
-family 25 model 17), 3 min 25 s on the AMD EPYC of family 26 model 2 (the same numbers). Result (docs/wen.md): lambda=0.3 raises length generalization from 0.856 to
-0.900 (paired +0.045 ± 0.010 over 32 seeds); the balance violation's median does not change, and it
-does not correlate with length generalization. On the Intel Xeon of family 6 model 207 (7 min 0 s,
+family 25 model 17), 3 min 25 s on the AMD EPYC of family 26 model 2 (the same numbers).
+Result (docs/wen.md): lambda=0.3 raises length generalization from 0.856 to 0.900 (paired
++0.045 ± 0.010 over 32 seeds); the balance violation's median does not change, and it does not
+correlate with length generalization. On the Intel Xeon of family 6 model 207 (7 min 0 s,
 `time 418 s: training 409 s, wen 9 s`): the gain +0.053 ± 0.012 (0.845 to 0.898), the same
 verdicts.
 """
