@@ -44,12 +44,14 @@ def test_help_and_version_start_no_jax(tmp_path):
     assert proc.stderr.startswith("error: jaxillusions: no subcommand 'swep'; choose from sweep,")
 
 
-@pytest.mark.parametrize("args", [("--help",), ("sweep", "--help")])
+@pytest.mark.parametrize("args", [("jaxillusions", "--help",), ("jaxillusions", "sweep", "--help"),
+                                  ("jaxillusions.launch.sweep", "--help")])
 def test_help_into_a_closed_pipe_ends_quietly(args, tmp_path):
     """`jaxillusions sweep --help | head -1`: a reader that stops reading ends the command with
-    SIGPIPE's status and nothing on stderr (it had printed 'error: BrokenPipeError')."""
+    SIGPIPE's status and nothing on stderr (it had printed 'error: BrokenPipeError', and
+    `python -m jaxillusions.launch.sweep` a traceback)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.Popen([sys.executable, "-m", "jaxillusions", *args], cwd=tmp_path, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", *args], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.close()  # before it writes: it starts in about a second
     assert proc.wait(timeout=120) == 141 and proc.stderr.read() == b""

@@ -213,6 +213,15 @@ def test_decomposition_and_table_on_known_numbers():
     assert table[("ood", "iid", "jsd")]["vs_train"] == pytest.approx(-0.2)
     assert table[("train", "ood", "same_pred")]["vs_train"] == 0.0
     assert table[("ood", "ood", "same_pred")]["seeds_positive"] == 3
+    # Two seeds (t = 12.7): a same_pred difference's interval stops at -1 and 1 (it read
+    # [-1.813, +1.363]); JSD's is the plain t interval.
+    two = [r for r in rows if r["seed"] < 2]
+    two += [_row(s, "wide", split, 0.9 - 0.5 * s * (split == "ood"), 0.1 + 0.5 * s)
+            for s in (0, 1) for split in ("iid", "ood")]
+    table = {(r["fit_split"], r["split"], r["metric"]): r for r in report.fit_x_eval(two)}
+    wide = table[("wide", "ood", "same_pred")]
+    assert wide["ci_low"] == -1.0 and wide["ci_high"] == 1.0
+    assert table[("wide", "ood", "jsd")]["ci_low"] < -1
 
 
 def test_share_of_a_gap_within_resolution_of_zero_is_empty():

@@ -349,9 +349,14 @@ def test_forward_refuses_params_tokens_and_interventions_that_do_not_fit():
         def intervention(site, value, returned=returned):
             return returned(value) if site == "blocks.1.attn.k" else value
         with pytest.raises(ValueError, match=rf"^intervention at blocks.1.attn.k returned {got}, "
-                           r"not an array of the site's shape \(3, 10, 1, 16\)"):
+                           r"which does not broadcast to the site's shape \(3, 10, 1, 16\)"):
             jax.jit(lambda t, i=intervention: model_lib.forward(
                 params, t, cfg, intervention=i)[0])(tokens)
+    # What broadcasts to the site's shape is taken (zeros of the last axis: a zero ablation).
+    zeroed = [model_lib.forward(params, tokens, cfg, intervention=lambda site, value, z=z: (
+        z if site == "blocks.1.attn.out" else value))[0]
+        for z in (jnp.zeros(16), jnp.zeros((3, 10, 16)))]
+    np.testing.assert_array_equal(zeroed[0], zeroed[1])
 
 
 def test_bad_model_config_errors():

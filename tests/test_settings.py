@@ -368,6 +368,14 @@ def test_a_stored_run_is_read_at_its_own_door(tmp_path):
             validate.read_stored(str(tmp_path))
         assert str(err.value).startswith(f"{path} is unreadable ({why}"), str(err.value)
         assert "\n" not in str(err.value)
+    # A run that an earlier version let repeat a size (fitted once) is still read: the door
+    # refuses the repeat in a config given now, not in a run stored before.
+    stored = run.to_dict()
+    stored["proxies"]["svd_ranks"] = [1, 2, 2]
+    path.write_text(json.dumps(stored))
+    assert validate.read_stored(str(tmp_path)).proxies.svd_ranks == (1, 2, 2)
+    with pytest.raises(ValueError, match="2 is given twice"):
+        validate.parse(stored)
 
 
 def test_the_model_section_and_the_model_config_are_one_set_of_fields_and_defaults():

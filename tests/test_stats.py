@@ -74,6 +74,12 @@ def test_no_interval_from_no_spread_and_none_past_what_a_difference_of_shares_ca
     assert jsd["ci_low"] < -1 or jsd["ci_high"] - jsd["ci_low"] > 2
     exact = stats.paired_summary(np.zeros(3))
     assert (exact["ci_low"], exact["ci_high"]) == (0.0, 0.0)
+    many = stats.paired_summary(np.full(stats.MIN_BOOTSTRAP_SEEDS, 1 / 17))
+    assert all(math.isnan(many[k]) for k in ("ci_low", "ci_high", "boot_low", "boot_high"))
+    # The summary's sentence says so (it said "no gap beyond ±0.001 shown on any OOD split").
+    text, _ = tables.statistics_report(rows, ["iid", "other_language"])
+    assert ("svd on blocks.1.attn.k at size 2 is off by the same gap in every seed, so no "
+            "interval, on other_language (-0.059).") in tables.summary_of(text)
 
 
 def test_sign_convention_positive_means_less_faithful_out_of_distribution():

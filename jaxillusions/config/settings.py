@@ -68,9 +68,8 @@ ANALYSIS_KEYS = (
 
 # Keys renamed when the studies got sections of their own (old -> new). For one release a config
 # (or a command line) may still set the old name: it is read as the new one, with a note
-# (`renamed`). An old name left None (the launchers' placeholder, so that it can be given on the
-# command line) is unset, and so is a new name at its default (configs.defaults writes every
-# key); both set to different values is an error.
+# (`renamed`). An old name left None (the launchers' placeholder) is unset, and so is a new name
+# at its default (configs.defaults writes every key); both set differently is an error.
 RENAMED = {
     "proxies.dictionary_match_seeds": "dictionaries.match_seeds",
     "proxies.geometry": "geometry.enabled",
@@ -429,10 +428,10 @@ def _build(cls: type, values: dict, prefix: str):
     return cls(**{k: _typed(prefix + k, v, fields[k]) for k, v in values.items()})
 
 
-def from_config(config: Any, studies: Studies = ()) -> Settings:
+def from_config(config: Any, studies: Studies = (), stored: bool = False) -> Settings:
     """Settings (of settings_class(studies)) from an ml-collections ConfigDict (or a nested
-    mapping, or Settings: returned as is). Raises ValueError (one line: key, value, what is
-    allowed) for the first bad key."""
+    mapping, or Settings: returned as is). ValueError (one line: key, value, what is allowed)
+    for the first bad key; `stored` (a run's config.json) takes a repeated value as given."""
     if isinstance(config, Settings):
         return config
     raw = _renamed(_raw(config), dict(studies))
@@ -458,7 +457,8 @@ def from_config(config: Any, studies: Studies = ()) -> Settings:
         r = rule(field)
         if not r.test(value, settings):
             raise ValueError(f"{key}={value!r}: must be {r.allowed}")
-        fields.given_once(key, value, r.kind)
+        if not stored:  # (older versions let a run repeat a size: it was fitted once)
+            fields.given_once(key, value, r.kind)
     return settings
 
 
@@ -531,7 +531,7 @@ def read_stored(workdir: str, studies: Studies = ()) -> Settings:
             stored = json.load(f)
         if not isinstance(stored, dict):
             raise ValueError(f"valid JSON, but a {type(stored).__name__}, not a config")
-        return from_config(stored, studies or _as_stored(stored))
+        return from_config(stored, studies or _as_stored(stored), stored=True)
     except (OSError, ValueError) as err:  # garbage, or JSON that is not a config: name the file
         line = str(err).splitlines()[0] if str(err) else ""
         raise ValueError(f"{path} is unreadable ("

@@ -90,8 +90,14 @@ def main(argv: list[str] | None = None) -> None:
     try:
         _dispatch(list(sys.argv[1:] if argv is None else argv))
     except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush at exit
-        sys.exit(141)
+        closed_pipe()
+
+
+def closed_pipe() -> None:
+    """Ends the process quietly after output into a pipe whose reader stopped reading, with the
+    status of SIGPIPE (`python -m jaxillusions.launch.sweep --help | head -1` too)."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush at exit
+    sys.exit(141)
 
 
 def _dispatch(args: list[str]) -> None:

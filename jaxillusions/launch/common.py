@@ -30,6 +30,7 @@ from ml_collections import ConfigDict, config_flags
 from ml_collections.config_dict import placeholder
 
 from jaxillusions import configs
+from jaxillusions.launch import cli
 
 # The flags that ask for a launcher's help (absl.app's, which the launchers do not run).
 HELP = ("-h", "--help", "-help", "--helpfull", "--helpshort")
@@ -233,7 +234,10 @@ def parse_flags(argv: list[str], doc: str | None = None, no_config: str | None =
     (`positional`: figures' workdir) may be given: elsewhere one is an error (an override
     typed without its dashes had been ignored, and the config run as shipped)."""
     if any(a in HELP for a in argv[1:argv.index("--") if "--" in argv else len(argv)]):
-        print(usage(argv, doc, no_config=bool(no_config)))
+        try:
+            print(usage(argv, doc, no_config=bool(no_config)), flush=True)
+        except BrokenPipeError:
+            cli.closed_pipe()
         sys.exit(0)
     override = next((a.partition("=")[0] for a in argv[1:] if a.startswith("--config.")), None)
     given = _flag_value(argv, "config") is not None

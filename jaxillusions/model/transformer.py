@@ -384,10 +384,12 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *,
         dtype = value.dtype
         if intervention is not None:
             out = intervention(name, value.astype(jnp.float32))
-            if np.shape(out) != value.shape or not hasattr(out, "astype"):
+            try:  # e.g. zeros of the last axis alone: the same for every position
+                out = jnp.broadcast_to(out, value.shape)
+            except (TypeError, ValueError):
                 got = "None" if out is None else f"shape {np.shape(out)}"
-                raise ValueError(f"intervention at {name} returned {got}, not an array of the "
-                                 f"site's shape {value.shape}")
+                raise ValueError(f"intervention at {name} returned {got}, which does not "
+                                 f"broadcast to the site's shape {value.shape}") from None
             value = out.astype(dtype)
         if name in cache:
             cached[name] = value.astype(jnp.float32)

@@ -203,16 +203,17 @@ def paired_summary(diffs: np.ndarray, confidence: float = CONFIDENCE,
     (percentile bootstrap over seeds; NaN below MIN_BOOTSTRAP_SEEDS seeds), n_seeds and
     seeds_positive (seeds whose difference is > 0). Differences that are the same nonzero value
     in every seed (a few positions per seed: 16/17 against 19/19 in both) have no spread to
-    estimate an interval from: NaN, never a zero-width interval read as an effect; all exactly
-    0 (the original model itself) is the point interval [0, 0].
+    estimate an interval from: NaN (the bootstrap's too), never a zero-width interval read as an
+    effect; all exactly 0 (the original model itself) is the point interval [0, 0].
     """
     d = np.asarray(diffs, np.float64)
     d = d[np.isfinite(d)]
     mean, low, high = t_interval(d, confidence, bounds)
-    if len(d) > 1 and mean != 0 and np.ptp(d) <= 1e-9 * np.abs(d).max():  # (float rounding)
+    spread = not (len(d) > 1 and mean != 0 and np.ptp(d) <= 1e-9 * np.abs(d).max())  # (rounding)
+    if not spread:
         low = high = math.nan
     boot_low = boot_high = math.nan
-    if len(d) >= MIN_BOOTSTRAP_SEEDS:
+    if len(d) >= MIN_BOOTSTRAP_SEEDS and spread:
         means = d[_bootstrap_indices(len(d))].mean(axis=1)
         tail = (1 - confidence) / 2
         boot_low, boot_high = (float(x) for x in np.quantile(means, [tail, 1 - tail]))

@@ -356,7 +356,7 @@ def headline(stat_tables: dict[str, Sequence[dict]],
     sentences = []
     for method, site, size, base, reached in shown:
         cells = []
-        found, better, missed = [], [], []
+        found, better, same, missed = [], [], [], []
         for split in ood:
             g = by_key.get((method, site, size, split))
             if g is None:
@@ -368,6 +368,8 @@ def headline(stat_tables: dict[str, Sequence[dict]],
             elif _verdict(g) < 0:  # the split's same_pred above the baseline's
                 better.append(f"{split} ({g['n_seeds'] - g['seeds_positive']}/{g['n_seeds']} "
                               "seeds not positive)")
+            elif math.isnan(g["ci_low"]) and g["n_seeds"] > 1 and abs(g["gap"]) > res:
+                same.append(f"{split} ({g['gap']:+.3f})")
             else:
                 missed.append(split)
         lines.append(f"{label(method, site, size, base, reached):<{width}}"
@@ -375,6 +377,8 @@ def headline(stat_tables: dict[str, Sequence[dict]],
         what = f"{method} on {site}" + ("" if size == 0 else f" at size {_label(method, size)}")
         clauses = [f"{word} faithful than on {baseline} on {_join(where)}"
                    for word, where in (("less", found), ("more", better)) if where]
+        if same:  # no spread, so no interval
+            clauses.append(f"off by the same gap in every seed, so no interval, on {_join(same)}")
         if clauses:
             sentence = f"{what} is " + "; ".join(clauses)
             sentence += f"; no gap beyond ±{res:g} shown on {_join(missed)}." if missed else "."

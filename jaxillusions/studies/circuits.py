@@ -95,13 +95,14 @@ def area_table(per_seed: Sequence[dict], baseline: str) -> list[dict]:
         seeds = sorted(set(by_seed) & set(base))
         for measure in MEASURES:
             values = np.array([by_seed[s][measure] for s in by_seed], np.float64)
-            mean, low, high = stats.t_interval(values)
+            mean, low, high = stats.t_interval(values, bounds=(0.0, 1.0))  # areas of [0, 1]
             row = {"site": site, "split": split, "measure": measure, "faithfulness": faith,
                    "mean": mean, "low": low, "high": high, "baseline": baseline}
             if split != baseline and seeds:
                 b = np.array([base[s][measure] for s in seeds])
                 o = np.array([by_seed[s][measure] for s in seeds])
-                summary = stats.paired_summary(b - o if measure == "cpr" else o - b)
+                summary = stats.paired_summary(b - o if measure == "cpr" else o - b,
+                                               bounds=(-1.0, 1.0))
                 row |= {"gap": summary["mean"], **{k: summary[k]
                                                    for k in stats.SUMMARY_COLUMNS}}
             out.append(row)

@@ -141,7 +141,8 @@ def fit_x_eval(rows: Iterable[dict], metrics: Sequence[str] = METRICS) -> list[d
             values = _values(per_seed, sorted(per_seed), metric)
             mean, low, high = stats.bounded_interval(values)
             summary = stats.paired_summary(stats.signed_gap(
-                _values(per_seed, seeds, metric), _values(train, seeds, metric), metric))
+                _values(per_seed, seeds, metric), _values(train, seeds, metric), metric),
+                bounds=(-1.0, 1.0) if metric in schema.PROPORTIONS else (-np.inf, np.inf))
             out.append({"site": site, "method": method, "size": size, "fit_split": fit,
                         "split": split, "metric": metric, "mean": mean, "low": low,
                         "high": high, "vs_train": summary["mean"],

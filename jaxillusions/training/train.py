@@ -281,8 +281,10 @@ def check_data(workdir: str, splits: dict, record: bool = False) -> None:
         if changed:
             raise ValueError(
                 f"data: the {changed[0]} split is not the one this run was computed from (its "
-                f"tokens' sha256 differs from {file}): the files the data.* settings name have "
-                "changed since; restore them, or run in a new --workdir")
+                f"tokens' sha256 differs from {file}): what the data.* settings make them from "
+                "has changed since (files they name edited, another Python's standard library "
+                "for data.source='stdlib', another version generating the Dyck data, a cache "
+                "file under data.cache_dir replaced); restore it, or run in a new --workdir")
     elif record and distributed.is_main():
         write_atomic(file, json.dumps(sums, indent=1, sort_keys=True) + "\n")
 
