@@ -173,7 +173,7 @@ def test_repair_table_shares_and_signs():
 @pytest.mark.parametrize(("key", "value", "message"), [
     ("enabled", 1, "geometry.enabled=1: must be true or false"),
     ("repair_sentences", (0, 4), "geometry.repair_sentences=(0, 4): must be distinct sentence"),
-    ("repair_sentences", (4, 4), "geometry.repair_sentences=(4, 4): must be distinct sentence"),
+    ("repair_sentences", (4, 4), "geometry.repair_sentences=(4, 4): 4 is given twice"),
     ("repair_sentences", (4, 33), "geometry.repair_sentences=(4, 33): must be at most 32, the "
                                   "fit half of a split of data.num_eval=64"),
 ])

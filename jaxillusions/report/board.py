@@ -24,6 +24,7 @@ each split, being a run, keeps one colour in every card, but not the figures' co
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -102,10 +103,13 @@ def write_headline(writer, gaps: Sequence[dict], rows: Sequence[dict], config,
             tensorboard.write_headline(writer, tag, split, step, float(g["gap"]), (
                 f"y = same_pred on {baseline} minus same_pred on {split} (> 0: the proxy is less "
                 f"faithful on {split}) of {method} on {site}" + (f" at size {size}" if size else "")
-                + f" ({chosen}): {g['gap']:+.4f}, 95% t interval [{g['ci_low']:+.4f}, "
-                f"{g['ci_high']:+.4f}] over {g['n_seeds']} seeds ({g['seeds_positive']} positive)"
-                f", as in gaps.csv. x = the training step of the evaluated model. One point: "
-                "smoothing and outlier clipping do not move it."))
+                + f" ({chosen}): {g['gap']:+.4f}, "
+                + (f"95% t interval [{g['ci_low']:+.4f}, {g['ci_high']:+.4f}]"
+                   if math.isfinite(g["ci_low"]) else "no interval (one seed, or the same gap "
+                   "in every seed)")
+                + f" over {g['n_seeds']} seeds ({g['seeds_positive']} positive), as in "
+                "gaps.csv. x = the training step of the evaluated model. One point: smoothing "
+                "and outlier clipping do not move it."))
             tags.append(tag)
     return tags
 

@@ -76,8 +76,11 @@ def _paired(a: dict, b: dict, f) -> np.ndarray:
 
 
 def _interval(summary: dict) -> str:
-    return (f"{summary['mean']:+.3f} [{summary['ci_low']:+.3f},{summary['ci_high']:+.3f}] "
-            f"{summary['seeds_positive']}/{summary['n_seeds']}")
+    """'+0.081 [+0.020,+0.142] 4/4'; without an interval, why (stats.paired_summary)."""
+    interval = (f"[{summary['ci_low']:+.3f},{summary['ci_high']:+.3f}]"
+                if math.isfinite(summary["ci_low"]) else
+                "(one seed)" if summary["n_seeds"] < 2 else "(in every seed)")
+    return f"{summary['mean']:+.3f} {interval} {summary['seeds_positive']}/{summary['n_seeds']}"
 
 
 def report(rows: list[dict], baseline: str, reference: str, note: str | None = None) -> str:
