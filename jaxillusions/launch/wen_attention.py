@@ -10,6 +10,7 @@ work; locks the workdir, saves and exits on SIGTERM/SIGINT, and turns errors int
 (--debug, --start_over as in `jaxillusions sweep`).
 """
 
+import math
 import os
 import sys
 
@@ -62,8 +63,10 @@ def join(workdir: str, ran: list[str]) -> None:
              f"  random baseline (causal)"]
     for r in rows:
         lines.append(f"{r['label']:<16} {r['layer']:>5} {r['num_seeds']:>5}  "
-                     f"{r['variation']:.3f} [{r['low']:.3f}, {r['high']:.3f}]  "
-                     f"{r['random_baseline']:.3f}")
+                     f"{r['variation']:.3f} " + (f"[{r['low']:.3f}, {r['high']:.3f}]  " if
+                                                 math.isfinite(r["low"]) else "(no interval: "
+                                                 "the jackknife takes 3 seeds or more)  ")
+                     + f"{r['random_baseline']:.3f}")
     text = "\n".join(lines)
     with open(os.path.join(workdir, "wen_attention_table.txt"), "w") as f:
         f.write(text + "\n")
