@@ -1,5 +1,6 @@
 import dataclasses
 import os
+from importlib.machinery import ModuleSpec
 
 import jax
 import jax.numpy as jnp
@@ -158,8 +159,8 @@ def test_a_missing_extra_is_one_line_before_the_run_loads(monkeypatch, tmp_path)
             ("safetensors", lambda: export.saelens_from_workdir(
                 str(tmp_path / "no_run"), str(tmp_path / "sae"), 0, "blocks.0.resid_post", 4))]:
         with monkeypatch.context() as patched:
-            patched.setattr(export.importlib.util, "find_spec",
-                            lambda name, m=missing: None if name == m else found(name))
+            patched.setattr(export.importlib.util, "find_spec", lambda name, m=missing: (
+                None if name == m else found(name) or ModuleSpec(name, None)))  # the others there
             with pytest.raises(ImportError, match=rf"^the export needs {missing}, which is not "
                                r"installed: pip install 'jaxillusions\[export\]', the CPU "
                                "torch wheel first"):
