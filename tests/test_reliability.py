@@ -397,6 +397,9 @@ def test_checkpoints_without_a_readable_config_json_are_refused(trained, tmp_pat
     ("proxies.eval_splits", ("longer",), "must include 'iid'"),
     ("proxies.eval_splits", ("iid", "ood"), "unknown split 'ood'"),
     ("train.learning_rate", float("nan"), "train.learning_rate=nan: must be a finite number"),
+    ("train.learning_rate", 1e300,  # finite, but inf once float32 as the run computes it
+     "train.learning_rate=1e+300: 1e+300 is past float32's range (|x| <= 3.4e+38)"),
+    ("train.weight_decays", (0.1, -1e39), "train.weight_decays=(0.1, -1e+39): -1e+39 is past"),
     ("train.num_seeds", 0, "train.num_seeds=0: must be >= 1"),
     ("model.pos_encoding", "rope", "model.pos_encoding='rope': must be one of"),
     ("data.max_len", 9, "data.max_len must be >= 2*(max_depth+1)"),

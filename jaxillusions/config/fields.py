@@ -70,6 +70,19 @@ def distinct(values) -> bool:
         return len({float(np.float32(v)) for v in values}) == len(set(values)) == len(values)
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def within_float32(key: str, value: Any, kind: tuple[str, Callable]) -> None:
+    """ValueError (one line) for a number past float32's range: a learning rate, a weight or a
+    ridge becomes float32 in the run, where it would be inf (e.g. train.learning_rate=1e300)."""
+    past = [v for v in (value if kind in TUPLES else (value,))
+            if kind in (NUMBER, NUMBERS) and abs(v) > FLOAT32_MAX]
+    if past:
+        raise ValueError(f"{key}={value!r}: {past[0]!r} is past float32's range "
+                         f"(|x| <= {FLOAT32_MAX:.1e}), in which the run computes")
+
+
 def given_once(key: str, value: Any, kind: tuple[str, Callable]) -> None:
     """ValueError (one line) for a tuple setting that gives a value twice: its rows would come
     twice and collide in the reports (e.g. proxies.circuit_ablation=('mean', 'mean'))."""

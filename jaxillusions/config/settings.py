@@ -413,10 +413,10 @@ def _fail_unknown(key: str, known) -> None:
 
 def _typed(key: str, value: Any, field: dataclasses.Field) -> Any:
     r = rule(field)
-    name, is_kind = r.kind
-    if not is_kind(value):
-        raise ValueError(f"{key}={value!r}: must be {name}"
+    if not r.kind[1](value):
+        raise ValueError(f"{key}={value!r}: must be {r.kind[0]}"
                          + (f", {r.allowed}" if r.test is not anything else ""))
+    fields.within_float32(key, value, r.kind)
     return (r.convert or (lambda v: v))(tuple(value) if isinstance(value, list | tuple) else value)
 
 
