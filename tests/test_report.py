@@ -14,7 +14,7 @@ import scipy.stats
 from test_logging import _rows
 
 from jaxillusions.pipeline import validate
-from jaxillusions.report import figures, stats, tables
+from jaxillusions.report import figures, proxy_sizes, stats, tables
 from jaxillusions.tasks import dyck
 
 SPLITS = ["iid", "unseen_depth", "longer", "iid_with_train"]
@@ -296,6 +296,19 @@ def test_sae_size_codes_read_as_width_and_k_in_the_tables():
     table = tables.gap_table(stats.gaps(rows), ["longer"])
     assert re.search(r"transcoder +blocks.0.resid_mid +w128k8 ", table), table
     assert str(code) not in text + table
+    # The smallest faithful size per seed (was "lower median 400064  200064:1 400064:1").
+    wide = sae.size_code(64, 4)
+    rows = [row(seed, split, site="blocks.0.resid_mid", method="sae", size=size,
+                same_pred=0.995 if size == (code if seed else wide) else 0.9)
+            for seed in range(2) for split in ("iid", "longer") for size in (code, wide)]
+    lines = [line for line in tables.statistics_report(rows, ["iid", "longer"])[0].splitlines()
+             if line.startswith("  sae ")]
+    assert len(lines) == 2 and all(re.search(r"lower median +w64k4  w64k4:1 w128k8:1$", line)
+                                   for line in lines), lines
+    # The console's line per family, as the tables write them (was "sizes [800128]").
+    assert proxy_sizes.listed("sae", (sae.size_code(64, 4), code)) == "[w64k4, w128k8]"
+    assert proxy_sizes.listed("svd", (1, 8)) == "[1, 8]"
+    assert proxy_sizes.listed("uniform_attention", (0,)) == "[0]"
 
 
 def test_a_one_seed_headline_says_why_it_has_no_interval():

@@ -19,6 +19,7 @@ from jaxillusions.faithfulness.collect import Chunking, collect, collection_grou
 from jaxillusions.faithfulness.evaluate import EvalOptions, evaluate, make_eval_set
 from jaxillusions.faithfulness.fit import FittedProxy, fit_one
 from jaxillusions.faithfulness.specs import labels_for, specs_from_config
+from jaxillusions.report import proxy_sizes
 from jaxillusions.runtime import schema, stages, timing, watchdog
 from jaxillusions.studies import fit_shift
 from jaxillusions.studies.stage import PROXIES, TRAINED, Context, ProxyResults, Stage
@@ -127,7 +128,7 @@ def _evaluate(ctx: Context, specs: list, fit_stamps: list[str], families: list,
                                         chunking=Chunking(pc.seed_chunk_size, say)))
             stages.write(path, json.dumps({"stamp": stamp, "value": family}), "proxy evaluation")
         say(f"  [{i + 1}/{len(specs)}] {spec.method} on {spec.target}: sizes "
-            f"{list(spec.sizes)}", flush=True)
+            f"{proxy_sizes.listed(spec.method, spec.sizes)}", flush=True)
         rows += family
         stages.stop_if_signalled(
             f"while evaluating proxies; {i + 1} of {len(specs)} families evaluated and saved "

@@ -32,6 +32,12 @@ def label(method: str, size: int) -> str:
     return str(size) if k is None else f"w{width}k{k}"
 
 
+def listed(method: str, sizes: Iterable[int]) -> str:
+    """A family's sizes as the console lists them: '[1, 2, 4]', '[w128k8, w256k8]' (`label`;
+    0 stays 0 there, a data-independent proxy's one size)."""
+    return "[" + ", ".join(label(method, s) if s else "0" for s in sizes) + "]"
+
+
 def by_k(method: str, sizes: Iterable[int]) -> list[tuple[int | None, list[int]]]:
     """A family's sizes as the lines of a figure, [(k, sizes by width)]: one line (k None), or
     for size codes (`decode`) one line per k."""

@@ -556,8 +556,9 @@ def statistics_report(rows: Sequence[dict], splits: Sequence[str], baseline: str
     for (site, method, split), d in sorted(
             dist.items(), key=lambda kv: order({"method": kv[0][1], "site": kv[0][0],
                                                 "size": 0, "split": kv[0][2]})):
-        counts = " ".join(f"{k}:{v}" for k, v in d["counts"].items())
-        median = "never" if np.isinf(d["median"]) else f"{d['median']:g}"
+        counts = " ".join(f"{k if k == 'never' else _label(method, k)}:{v}"
+                          for k, v in d["counts"].items())
+        median = "never" if np.isinf(d["median"]) else _label(method, int(d["median"]))
         text.append(f"  {method:<8} {site:<34} {split:<17} lower median {median:>5}  {counts}")
     for breakdown, labels in (by_bin or {}).items():
         table = bin_gaps(rows, breakdown, labels, baseline)
