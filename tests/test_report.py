@@ -305,6 +305,10 @@ def test_sae_size_codes_read_as_width_and_k_in_the_tables():
              if line.startswith("  sae ")]
     assert len(lines) == 2 and all(re.search(r"lower median +w64k4  w64k4:1 w128k8:1$", line)
                                    for line in lines), lines
+    # Several k: the sparsest dictionary that reaches 0.99, then the narrowest (the docs).
+    both = [row(0, "iid", method="sae", size=size, same_pred=0.995)
+            for size in (sae.size_code(32, 8), wide)]
+    assert [r["min_size"] for r in stats.min_sizes(both)] == [wide]
     # The console's line per family, as the tables write them (was "sizes [800128]").
     assert proxy_sizes.listed("sae", (sae.size_code(64, 4), code)) == "[w64k4, w128k8]"
     assert proxy_sizes.listed("svd", (1, 8)) == "[1, 8]"
