@@ -297,3 +297,25 @@ def test_fit_settings_are_analysis_keys_with_defaults():
     assert validate.parse({}).is_analysis_key("fit_shift.sentences")
     assert validate.parse({}).fit_shift == fit_shift.FitShift()
     assert fit_shift.FitShift().splits == ("train",)
+
+
+def test_the_figure_draws_a_dictionarys_size_codes_at_their_widths_a_line_per_k():
+    """Was: x ticks at the codes (400032, 800064 on a log2 axis) and one line zigzagging over
+    both k. Now each k is its own line at the widths, named in the legend."""
+    from jaxillusions.proxies import sae
+
+    codes = [sae.size_code(w, k) for k in (4, 8) for w in (32, 64)]
+    table = [{"site": "blocks.1.attn.q", "method": "sae", "size": code, "fit_split": fit,
+              "split": "ood", "metric": "same_pred", "vs_train": 0.01 * i, "ci_low": 0.0,
+              "ci_high": 0.02 * i + 0.01, "n_seeds": 3}
+             for i, code in enumerate(codes) for fit in ("train", "ood")]
+    fig = report.fit_x_eval_figure(table, "sae", ["iid", "ood"], ["train", "ood"], "same_pred")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["32", "64"]
+    lines = {bars.get_label(): bars.lines[0] for bars in ax.containers}  # errorbar's line
+    assert sorted(lines) == ["fit on ood, q, k = 4", "fit on ood, q, k = 8"]
+    for k, line in zip((4, 8), (lines["fit on ood, q, k = 4"], lines["fit on ood, q, k = 8"]),
+                       strict=True):
+        assert np.allclose(np.log2(line.get_xdata()).round(), [5, 6])  # at the widths
+        assert np.allclose(line.get_ydata(), [0.01 * codes.index(sae.size_code(w, k))
+                                              for w in (32, 64)])

@@ -75,7 +75,7 @@ from jaxillusions.faithfulness.collect import Chunking, collect
 from jaxillusions.faithfulness.evaluate import EvalOptions, evaluate, make_eval_set
 from jaxillusions.faithfulness.fit import FittedProxy, fit_one
 from jaxillusions.faithfulness.specs import labels_for
-from jaxillusions.report import figures, stats, tables
+from jaxillusions.report import figures, proxy_sizes, stats, tables
 from jaxillusions.runtime import schema, stages, timing
 from jaxillusions.studies.stage import PROXIES, Context, Stage
 
@@ -204,34 +204,41 @@ def fit_x_eval_figure(table: Sequence[dict], method: str, splits: Sequence[str],
                       fit_splits: Sequence[str], metric: str = "same_pred"):
     """One panel per evaluation split: against size, the paired difference of each OOD-fitted
     proxy to the train-fitted one of the same size (> 0: more faithful than it; mean, paired
-    95% t interval), one line per fit split (its split colour), one line style per site.
-    Returns the matplotlib Figure."""
+    95% t interval), one line per fit split (its split colour), one line style per site and,
+    for a dictionary's size codes at several k, per k (at their widths). Returns the matplotlib
+    Figure."""
     rows = [r for r in table if r["method"] == method and r["metric"] == metric
             and r["fit_split"] != REFERENCE]
     sites = figures.ordered_sites(r["site"] for r in rows)
     fits = [f for f in fit_splits if f != REFERENCE]
     shown = [s for s in splits if any(r["split"] == s for r in rows)]
-    fig, axes = figures._grid(len(shown), (3.6, 2.9))  # noqa: SLF001
+    lines = [(site, k, sizes) for site in sites
+             for k, sizes in proxy_sizes.by_k(method, {r["size"] for r in rows})]
+    legend_rows = math.ceil(len(lines) * len(fits) / 3)  # inches below the panels: the legend
+    fig, axes = figures._grid(len(shown), (3.6, 2.9), extra_height=0.5 + 0.2 * legend_rows)  # noqa: SLF001
     styles = ("-", "--", ":", "-.")
     colours = list(dict.fromkeys([*splits, *fits]))
     for ax, split in zip(axes, shown, strict=True):
         ax.axhline(0, color="0.4", lw=0.8)
-        for j, site in enumerate(sites):
+        for j, (site, k, sizes) in enumerate(lines):
             for i, fit in enumerate(fits):
                 line = sorted((r for r in rows if (r["site"], r["split"], r["fit_split"])
-                               == (site, split, fit)), key=lambda r: r["size"])
+                               == (site, split, fit) and r["size"] in sizes),
+                              key=lambda r: proxy_sizes.decode(method, r["size"]))
                 if not line:
                     continue
                 mean = np.array([r["vs_train"] for r in line], float)
                 err = np.nan_to_num(np.stack([mean - [r["ci_low"] for r in line],
                                               [r["ci_high"] for r in line] - mean]))
-                sizes = np.array([r["size"] for r in line], float)
-                ax.errorbar(figures._dodge(sizes, i, len(fits)), mean,  # noqa: SLF001
+                x = np.array(proxy_sizes.widths(method, [r["size"] for r in line]), float)
+                ax.errorbar(figures._dodge(x, i, len(fits)), mean,  # noqa: SLF001
                             yerr=err, ls=styles[j % len(styles)], ms=4, lw=1.2, capsize=2,
-                            elinewidth=0.9, label=f"fit on {fit}, {_short(site)}",
+                            elinewidth=0.9, label=f"fit on {fit}, {_short(site)}"
+                            + ("" if k is None else f", k = {k}"),
                             **figures.split_style(fit, colours))
-        figures._log2_axis(ax, sorted({r["size"] for r in rows}),  # noqa: SLF001
-                           proxies.size_label(method))
+        figures._size_axis(ax, method, sorted({r["size"] for r in rows}))  # noqa: SLF001
+        if lines and lines[0][1] is not None:  # size codes: k is in the legend
+            ax.set_xlabel("width")
         ax.set_title(f"evaluated on {split}")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"{metric}: fit - train fit (> 0: better)")
@@ -240,7 +247,7 @@ def fit_x_eval_figure(table: Sequence[dict], method: str, splits: Sequence[str],
     n = max((r["n_seeds"] for r in rows), default=0)
     figures._title(fig, f"{method}: fitted on another split vs on train, paired by seed "  # noqa: SLF001
                    f"(mean, 95% t CI, {n} seeds)")
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.tight_layout(rect=(0, (0.17 * legend_rows + 0.05) / fig.get_figheight(), 1, 1))
     return fig
 
 
