@@ -65,9 +65,8 @@ def anything(v, s) -> bool:
 
 def distinct(values) -> bool:
     """No value twice, also once rounded to float32 (what a member's hyper-parameter becomes:
-    train.members)."""
-    with np.errstate(over="ignore"):  # past float32's range: inf
-        return len({float(np.float32(v)) for v in values}) == len(set(values)) == len(values)
+    train.members; a value past float32's range is refused before, by `within_float32`)."""
+    return len({float(np.float32(v)) for v in values}) == len(set(values)) == len(values)
 
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -76,8 +75,9 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 def within_float32(key: str, value: Any, kind: tuple[str, Callable]) -> None:
     """ValueError (one line) for a number past float32's range: a learning rate, a weight or a
     ridge becomes float32 in the run, where it would be inf (e.g. train.learning_rate=1e300)."""
-    past = [v for v in (value if kind in TUPLES else (value,))
-            if kind in (NUMBER, NUMBERS) and abs(v) > FLOAT32_MAX]
+    if kind not in (NUMBER, NUMBERS):
+        return
+    past = [v for v in (value if kind == NUMBERS else (value,)) if abs(v) > FLOAT32_MAX]
     if past:
         raise ValueError(f"{key}={value!r}: {past[0]!r} is past float32's range "
                          f"(|x| <= {FLOAT32_MAX:.1e}), in which the run computes")
