@@ -33,7 +33,7 @@ from jaxillusions.runtime import cache
 OKABE_ITO = ("#000000", "#E69F00", "#009E73", "#D55E00", "#0072B2", "#CC79A7", "#56B4E9",
              "#F0E442")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
-LINESTYLES = ("-", "--", ":", "-.")  # the k of an SAE or transcoder size code, per line
+LINESTYLES = ("-", "--", ":", "-.")  # a line per k of a size code (fit-shift: per site and k)
 FONT = 9  # pt, at the saved size
 DPI = 110
 

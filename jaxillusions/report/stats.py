@@ -244,6 +244,12 @@ def signed_gap(baseline: np.ndarray, split: np.ndarray, metric: str) -> np.ndarr
     return split - baseline if metric in LOWER_IS_FAITHFUL else baseline - split
 
 
+def gap_bounds(metric: str) -> tuple[float, float]:
+    """The range a `signed_gap` of `metric` can take, for its interval: (-1, 1) for a share
+    (same_pred, accuracies), unbounded otherwise (JSD in bits)."""
+    return (-1.0, 1.0) if metric in PROPORTIONS else (-math.inf, math.inf)
+
+
 def gaps(rows: Iterable[dict], baseline: str = "iid",
          metrics: Sequence[str] = GAP_METRICS) -> list[dict]:
     """One row per (site, method, size, split, metric) with split != baseline: the paired gap
@@ -268,8 +274,7 @@ def gaps(rows: Iterable[dict], baseline: str = "iid",
             if not both.any():
                 continue
             b, s = b[both], s[both]
-            summary = paired_summary(signed_gap(b, s, metric), bounds=(
-                (-1.0, 1.0) if metric in PROPORTIONS else (-math.inf, math.inf)))
+            summary = paired_summary(signed_gap(b, s, metric), bounds=gap_bounds(metric))
             out.append({"site": site, "method": method, "size": size, "split": split,
                         "metric": metric, "gap": summary["mean"], "baseline": baseline,
                         "baseline_mean": float(b.mean()),

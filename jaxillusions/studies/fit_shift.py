@@ -142,7 +142,7 @@ def fit_x_eval(rows: Iterable[dict], metrics: Sequence[str] = METRICS) -> list[d
             mean, low, high = stats.bounded_interval(values)
             summary = stats.paired_summary(stats.signed_gap(
                 _values(per_seed, seeds, metric), _values(train, seeds, metric), metric),
-                bounds=(-1.0, 1.0) if metric in schema.PROPORTIONS else (-np.inf, np.inf))
+                bounds=stats.gap_bounds(metric))
             out.append({"site": site, "method": method, "size": size, "fit_split": fit,
                         "split": split, "metric": metric, "mean": mean, "low": low,
                         "high": high, "vs_train": summary["mean"],
@@ -216,7 +216,7 @@ def fit_x_eval_figure(table: Sequence[dict], method: str, splits: Sequence[str],
              for k, sizes in proxy_sizes.by_k(method, {r["size"] for r in rows})]
     legend_rows = math.ceil(len(lines) * len(fits) / 3)  # inches below the panels: the legend
     fig, axes = figures._grid(len(shown), (3.6, 2.9), extra_height=0.5 + 0.2 * legend_rows)  # noqa: SLF001
-    styles = ("-", "--", ":", "-.")
+    styles = figures.LINESTYLES
     colours = list(dict.fromkeys([*splits, *fits]))
     for ax, split in zip(axes, shown, strict=True):
         ax.axhline(0, color="0.4", lw=0.8)
