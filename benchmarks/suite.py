@@ -104,7 +104,8 @@ def run(config, *, seed_counts, steps: int, repeats: int, loop_max_seeds: int,
             "sweep's; a ratio in parentheses uses the loop's rate at the most seeds it was timed "
             "with; PyTorch ensemble: all seeds as one torch.func ensemble (vmap of grad over the "
             "stacked parameters), eager, and +compile: its step through torch.compile; "
-            "compiled: XLA programs of the row and their seconds):")
+            "MFU: of the peak above or of that matmul timed in turn with the row's "
+            "contenders, the higher; compiled: XLA programs of the row and their seconds):")
         say(" | ".join(f"{title:>{width}}" for title, _, _, width in _COLUMNS)
             + f" | {'compiled':>13}")
         rows = report["training"] = []

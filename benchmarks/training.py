@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import resource
 import sys
 import time
@@ -40,17 +41,25 @@ def best_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, 
     return {name: min(t) for name, t in times(fns, repeats).items()}
 
 
-def peak_flops(n: int | None = None, repeats: int = 5) -> dict:
-    """The device's matmul throughput: a large [n, n] @ [n, n] product, best of `repeats`
+def peak_matmuls(n: int | None = None) -> tuple[int, dict[str, Callable[[], object]]]:
+    """(n, {"f32": call, "bf16": call}): a large [n, n] @ [n, n] product to time, compiled
     (n: 2048 on CPU, 8192 on accelerators), in float32 at JAX's default precision (what the
     model's float32 matmuls use: TF32 on GPUs that have it) and in bfloat16 (the bf16 sweep's
-    matmuls). The denominators of the model FLOP utilization."""
+    matmuls). Each takes 2 n^3 FLOPs."""
     n = n or (2048 if jax.default_backend() == "cpu" else 8192)
     a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
     b = a.astype(jnp.bfloat16)
     matmul = jax.jit(lambda x: x @ x)
     jax.block_until_ready((matmul(a), matmul(b)))
-    seconds = best_times({"f32": lambda: matmul(a), "bf16": lambda: matmul(b)}, repeats)
+    return n, {"f32": lambda: matmul(a), "bf16": lambda: matmul(b)}
+
+
+def peak_flops(n: int | None = None, repeats: int = 5) -> dict:
+    """The device's matmul throughput, {"n", "flops_per_s", "bf16_flops_per_s"}: the products of
+    `peak_matmuls`, best of `repeats`. The denominators of the model FLOP utilization;
+    `training_row` times the products again in turn with its contenders."""
+    n, calls = peak_matmuls(n)
+    seconds = best_times(calls, repeats)
     return {"n": n, "flops_per_s": 2 * n**3 / seconds["f32"],
             "bf16_flops_per_s": 2 * n**3 / seconds["bf16"]}
 
@@ -107,8 +116,10 @@ def training_row(config, splits, model_cfg, tx, num_seeds: int, *, steps: int, r
     torch_loop.Ensemble) eager and, with `torch_compile`, its step through torch.compile, and of
     the sweep with model.compute_dtype="bfloat16" (if `bfloat16`), measured side by side; the
     sweep's speed-up over each (`sweep_over_<name>`: the other's seconds over the sweep's); and
-    the sweep's MFU. A PyTorch contender that cannot run (torch.compile failing on this machine,
-    out of GPU memory) is no rate but `<name>_unavailable`, the one-line reason; `torch_compile`
+    the sweep's MFU, of the higher of `peak` (peak_flops) and the peak matmul timed in turn
+    with the contenders (`peak_flops_per_s`). A PyTorch contender that cannot run
+    (torch.compile failing on this machine, out of GPU memory) is no rate but
+    `<name>_unavailable`, the one-line reason; `torch_compile`
     may be such a reason already (a failure at a smaller seed count: not tried again).
     `torch_ensemble_compiled_first_call_s`: the compiled ensemble's first call, torch.compile
     included.
@@ -154,6 +165,13 @@ def training_row(config, splits, model_cfg, tx, num_seeds: int, *, steps: int, r
             fns[name] = functools.partial(
                 torch_lib.Ensemble(model_cfg, config.train, objective, compiled=compiled).train,
                 num_seeds, splits["train"].tokens, steps)
+    # The peak matmul timed again in turn with the contenders, so that it shares their
+    # background load: a lone measurement taken at a disturbed moment (108 against 196-212
+    # GFLOP/s on a 2-core AMD EPYC) had put the MFU at 93%.
+    _, matmuls = peak_matmuls(peak["n"])
+    fns["peak_f32"] = matmuls["f32"]
+    if bfloat16:
+        fns["peak_bf16"] = matmuls["bf16"]
     first_call = {}
     for name, fn in list(fns.items()):
         try:
@@ -167,17 +185,23 @@ def training_row(config, splits, model_cfg, tx, num_seeds: int, *, steps: int, r
             unavailable[name] = reason
             del fns[name]
     seconds = best_times(fns, repeats)
+    matmul_flops = 2 * peak["n"] ** 3
+    peak = {"flops_per_s": max(peak["flops_per_s"], matmul_flops / seconds.pop("peak_f32")),
+            "bf16_flops_per_s": max(peak["bf16_flops_per_s"],
+                                    matmul_flops / seconds.pop("peak_bf16", math.inf))}
     flops = reference.train_flops(model_cfg, config.train.batch_size,
                                   splits["train"].tokens.shape[1] - 1)
     xla = xla_step_flops(host_state, local_tokens, run) if xla_flops else None
     row = {"num_seeds": num_seeds, "devices": len(state.healthy.sharding.device_set),
+           "peak_flops_per_s": peak["flops_per_s"],
            "padded_seeds": distributed.padded_size(num_seeds), "steps_per_call": steps,
            "model_flops_per_seed_step": flops,
            "xla_flops_per_seed_step": None if xla is None else xla / num_seeds}
     for name, s in seconds.items():
         row[f"{name}_seed_steps_per_s"] = num_seeds * steps / s
     # The sweep's peak is one device's times the device count, except on a CPU, whose host
-    # devices (--xla_force_host_platform_device_count) share the cores the peak matmul used.
+    # devices (--xla_force_host_platform_device_count) share the cores the peak matmul used;
+    # one device's is the highest of `peak` and the product timed with this row.
     devices = 1 if jax.default_backend() == "cpu" else jax.device_count()
     row["sweep_mfu"] = row["sweep_seed_steps_per_s"] * flops / (devices * peak["flops_per_s"])
     for name in ("jax_loop", *TORCH):  # speed-ups of the sweep

@@ -259,9 +259,31 @@ def test_the_sweep_is_timed_on_unpacked_rows_as_its_peers_train(config, monkeypa
     settings, seen = _packing_config_spied(config, bench_training, monkeypatch)
     splits, model_cfg, tx = train.build(settings)
     bench_training.training_row(settings, splits, model_cfg, tx, 2, steps=1, repeats=1,
-                                peak={"flops_per_s": 1e9}, loop=False, torch_loop=False,
+                                peak=bench_training.peak_flops(64), loop=False, torch_loop=False,
                                 xla_flops=False)
     assert seen and set(seen) == {0}
+
+
+def test_a_rows_mfu_is_of_the_peak_timed_with_it_where_that_is_higher(config):
+    """The peak matmul is timed again in turn with a row's contenders: a peak measured low at
+    the start (a disturbed moment) does not inflate the row's MFU, and a higher one is kept."""
+    from benchmarks import training as bench_training
+
+    settings = checked(config)
+    splits, model_cfg, tx = train.build(settings)
+    rows = {}
+    for name, rate in (("low", 1.0), ("high", 1e30)):
+        peak = {"n": 64, "flops_per_s": rate, "bf16_flops_per_s": rate}
+        rows[name] = bench_training.training_row(
+            settings, splits, model_cfg, tx, 2, steps=1, repeats=2, peak=peak, loop=False,
+            torch_loop=False, bfloat16=True, xla_flops=False)
+    low, high = rows["low"], rows["high"]
+    assert 1.0 < low["peak_flops_per_s"] < 1e30 and high["peak_flops_per_s"] == 1e30
+    for row in rows.values():
+        assert row["sweep_mfu"] == pytest.approx(
+            row["sweep_seed_steps_per_s"] * row["model_flops_per_seed_step"]
+            / row["peak_flops_per_s"])
+    assert low["sweep_mfu"] > high["sweep_mfu"] and low["sweep_bf16_mfu"] > high["sweep_bf16_mfu"]
 
 
 def test_the_profile_traces_the_step_the_benchmark_times(config, monkeypatch):
