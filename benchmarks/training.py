@@ -49,9 +49,13 @@ def peak_matmuls(n: int | None = None) -> tuple[int, dict[str, Callable[[], obje
     n = n or (2048 if jax.default_backend() == "cpu" else 8192)
     a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
     b = a.astype(jnp.bfloat16)
-    matmul = jax.jit(lambda x: x @ x)
-    jax.block_until_ready((matmul(a), matmul(b)))
-    return n, {"f32": lambda: matmul(a), "bf16": lambda: matmul(b)}
+    jax.block_until_ready((_squared(a), _squared(b)))
+    return n, {"f32": lambda: _squared(a), "bf16": lambda: _squared(b)}
+
+
+@jax.jit
+def _squared(x: jax.Array) -> jax.Array:  # one program per shape and dtype, for every row
+    return x @ x
 
 
 def peak_flops(n: int | None = None, repeats: int = 5) -> dict:
@@ -166,7 +170,7 @@ def training_row(config, splits, model_cfg, tx, num_seeds: int, *, steps: int, r
                 torch_lib.Ensemble(model_cfg, config.train, objective, compiled=compiled).train,
                 num_seeds, splits["train"].tokens, steps)
     # The peak matmul timed again in turn with the contenders, so that it shares their
-    # background load: a lone measurement taken at a disturbed moment (108 against 196-212
+    # background load: a lone measurement taken at a disturbed moment (108 against 194-212
     # GFLOP/s on a 2-core AMD EPYC) had put the MFU at 93%.
     _, matmuls = peak_matmuls(peak["n"])
     fns["peak_f32"] = matmuls["f32"]
