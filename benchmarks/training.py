@@ -121,7 +121,8 @@ def training_row(config, splits, model_cfg, tx, num_seeds: int, *, steps: int, r
     the sweep with model.compute_dtype="bfloat16" (if `bfloat16`), measured side by side; the
     sweep's speed-up over each (`sweep_over_<name>`: the other's seconds over the sweep's); and
     the sweep's MFU, of the higher of `peak` (peak_flops) and the peak matmul timed in turn
-    with the contenders (`peak_flops_per_s`). A PyTorch contender that cannot run
+    with the contenders (`peak_flops_per_s`; `peak_bf16_flops_per_s` beside the bf16 sweep's).
+    A PyTorch contender that cannot run
     (torch.compile failing on this machine, out of GPU memory) is no rate but
     `<name>_unavailable`, the one-line reason; `torch_compile`
     may be such a reason already (a failure at a smaller seed count: not tried again).
@@ -217,6 +218,7 @@ def training_row(config, splits, model_cfg, tx, num_seeds: int, *, steps: int, r
         row["torch_ensemble_compiled_first_call_s"] = first_call["torch_ensemble_compiled"]
     if "sweep_bf16" in seconds:  # speed-up of bf16 over f32
         row["bf16_over_f32"] = seconds["sweep"] / seconds["sweep_bf16"]
+        row["peak_bf16_flops_per_s"] = peak["bf16_flops_per_s"]
         row["sweep_bf16_mfu"] = (row["sweep_bf16_seed_steps_per_s"] * flops
                                  / (devices * peak["bf16_flops_per_s"]))
     return row

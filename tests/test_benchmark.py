@@ -279,10 +279,12 @@ def test_a_rows_mfu_is_of_the_peak_timed_with_it_where_that_is_higher(config):
             torch_loop=False, bfloat16=True, xla_flops=False)
     low, high = rows["low"], rows["high"]
     assert 1.0 < low["peak_flops_per_s"] < 1e30 and high["peak_flops_per_s"] == 1e30
+    assert 1.0 < low["peak_bf16_flops_per_s"] < 1e30 and high["peak_bf16_flops_per_s"] == 1e30
     for row in rows.values():
-        assert row["sweep_mfu"] == pytest.approx(
-            row["sweep_seed_steps_per_s"] * row["model_flops_per_seed_step"]
-            / row["peak_flops_per_s"])
+        for sweep, peak in (("sweep", "peak"), ("sweep_bf16", "peak_bf16")):
+            assert row[f"{sweep}_mfu"] == pytest.approx(
+                row[f"{sweep}_seed_steps_per_s"] * row["model_flops_per_seed_step"]
+                / row[f"{peak}_flops_per_s"])
     assert low["sweep_mfu"] > high["sweep_mfu"] and low["sweep_bf16_mfu"] > high["sweep_bf16_mfu"]
 
 
