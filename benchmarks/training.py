@@ -42,14 +42,13 @@ def best_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, 
 
 
 def peak_matmuls(n: int | None = None) -> tuple[int, dict[str, Callable[[], object]]]:
-    """(n, {"f32": call, "bf16": call}): a large [n, n] @ [n, n] product to time, compiled
-    (n: 2048 on CPU, 8192 on accelerators), in float32 at JAX's default precision (what the
-    model's float32 matmuls use: TF32 on GPUs that have it) and in bfloat16 (the bf16 sweep's
-    matmuls). Each takes 2 n^3 FLOPs."""
+    """(n, {"f32": call, "bf16": call}): a large [n, n] @ [n, n] product to time, compiled at
+    its first call (n: 2048 on CPU, 8192 on accelerators), in float32 at JAX's default
+    precision (what the model's float32 matmuls use: TF32 on GPUs that have it) and in bfloat16
+    (the bf16 sweep's matmuls). Each takes 2 n^3 FLOPs."""
     n = n or (2048 if jax.default_backend() == "cpu" else 8192)
     a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
     b = a.astype(jnp.bfloat16)
-    jax.block_until_ready((_squared(a), _squared(b)))
     return n, {"f32": lambda: _squared(a), "bf16": lambda: _squared(b)}
 
 
@@ -63,6 +62,7 @@ def peak_flops(n: int | None = None, repeats: int = 5) -> dict:
     `peak_matmuls`, best of `repeats`. The denominators of the model FLOP utilization;
     `training_row` times the products again in turn with its contenders."""
     n, calls = peak_matmuls(n)
+    jax.block_until_ready([call() for call in calls.values()])  # compile
     seconds = best_times(calls, repeats)
     return {"n": n, "flops_per_s": 2 * n**3 / seconds["f32"],
             "bf16_flops_per_s": 2 * n**3 / seconds["bf16"]}
@@ -122,10 +122,9 @@ def training_row(config, splits, model_cfg, tx, num_seeds: int, *, steps: int, r
     sweep's speed-up over each (`sweep_over_<name>`: the other's seconds over the sweep's); and
     the sweep's MFU, of the higher of `peak` (peak_flops) and the peak matmul timed in turn
     with the contenders (`peak_flops_per_s`; `peak_bf16_flops_per_s` beside the bf16 sweep's).
-    A PyTorch contender that cannot run
-    (torch.compile failing on this machine, out of GPU memory) is no rate but
-    `<name>_unavailable`, the one-line reason; `torch_compile`
-    may be such a reason already (a failure at a smaller seed count: not tried again).
+    A PyTorch contender that cannot run (torch.compile failing on this machine, out of GPU
+    memory) is no rate but `<name>_unavailable`, the one-line reason; `torch_compile` may be
+    such a reason already (a failure at a smaller seed count: not tried again).
     `torch_ensemble_compiled_first_call_s`: the compiled ensemble's first call, torch.compile
     included.
     `xla_flops`: also compile a one-step sweep for XLA's FLOP count (one more compilation: slow
@@ -172,7 +171,7 @@ def training_row(config, splits, model_cfg, tx, num_seeds: int, *, steps: int, r
                 num_seeds, splits["train"].tokens, steps)
     # The peak matmul timed again in turn with the contenders, so that it shares their
     # background load: a lone measurement taken at a disturbed moment (108 against 194-212
-    # GFLOP/s on a 2-core AMD EPYC) had put the MFU at 93%.
+    # GFLOP/s on a 2-core AMD EPYC) had put the MFU at 93%. Compiled at their first call below.
     _, matmuls = peak_matmuls(peak["n"])
     fns["peak_f32"] = matmuls["f32"]
     if bfloat16:
