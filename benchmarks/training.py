@@ -1,7 +1,8 @@
 """Training throughput, model FLOP utilization and memory (`jaxillusions benchmark`).
 
 Every timing is the best of `repeats` calls, the contenders interleaved so that they share the
-machine's background load; compilation is excluded (each jitted function runs once first).
+machine's background load, in an order turned by one each repeat so that none always runs first
+or after the same one; compilation is excluded (each jitted function runs once first).
 """
 
 from __future__ import annotations
@@ -26,12 +27,15 @@ from jaxillusions.training.step import init_state, place_on_devices, train_steps
 
 
 def times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
-    """Seconds per call of each fn, repeats interleaved (same background load for all)."""
+    """Seconds per call of each fn, repeats interleaved (same background load for all), the
+    order turned by one each repeat: repeat r starts with the r-th fn (mod their number)."""
     out = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
+    names = list(fns)
+    for r in range(repeats):
+        turn = r % len(names)
+        for name in names[turn:] + names[:turn]:
             start = time.perf_counter()
-            jax.block_until_ready(fn())
+            jax.block_until_ready(fns[name]())
             out[name].append(time.perf_counter() - start)
     return out
 

@@ -195,6 +195,19 @@ def test_benchmark_reports_a_failing_torch_compile_in_one_line(config, monkeypat
     assert [(cells[5].strip(), cells[9].strip()) for cells in table] == [("n/a", "n/a")] * 2
 
 
+def test_contenders_are_timed_in_an_order_turned_each_repeat():
+    """Each contender runs once a repeat, and each starts a repeat in turn, so that none
+    always runs first or after the same one; its seconds are its own calls'."""
+    from benchmarks import training as bench_training
+
+    calls = []
+    fns = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+    seconds = bench_training.times(fns, repeats=4)
+    assert calls == list("abc" "bca" "cab" "abc")
+    assert {name: len(s) for name, s in seconds.items()} == {"a": 4, "b": 4, "c": 4}
+    assert all(t >= 0 for s in seconds.values() for t in s)
+
+
 def test_reference_flops_match_xla_for_the_reference_model():
     cfg = model_lib.ModelConfig(vocab_size=43, max_len=64, d_model=64, d_mlp=256)
     flops = reference.train_flops(cfg, batch=32, seq=64)
