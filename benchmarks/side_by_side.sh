@@ -3,7 +3,7 @@
 #
 #     bash benchmarks/side_by_side.sh [BEFORE [AFTER [REPEATS]]]   # from the repository root
 #
-# BEFORE defaults to 5fc6b14 (the code before issue 25), AFTER to HEAD, REPEATS to 1 (runs
+# BEFORE defaults to 5fc6b14 (an early commit), AFTER to HEAD, REPEATS to 1 (runs
 # alternate before/after, so a drift in the machine's load hits both alike). Each commit is
 # exported (git archive) to a scratch directory and runs
 #     python -m jaxillusions.launch.sweep --config=jaxillusions/configs/dyck_small.py --workdir=<fresh directory>
@@ -12,12 +12,14 @@
 # with the data cached (made once first, untimed) and JAX_ENABLE_COMPILATION_CACHE=false, so
 # every run compiles everything. Logs and workdirs are kept under $OUT (default
 # runs/side_by_side/<time>); the table ends with whether the two results.csv are identical.
+# PYTHON names the interpreter (default: `python` on PATH, an activated environment's).
 set -euo pipefail
 
 before=${1:-5fc6b14}
 after=${2:-HEAD}
 repeats=${3:-1}
 out=${OUT:-runs/side_by_side/$(date +%Y%m%dT%H%M%S)}
+python=${PYTHON:-python}
 config=${CONFIG:-}  # another config file: CONFIG=path (default: each commit's Quickstart config)
 
 layout() {  # the launcher module and the Quickstart config of the export in $1
@@ -37,7 +39,7 @@ echo "machine: $(lscpu | grep 'Model name' | sed 's/.*: *//'), $(nproc) cores"
 
 # The data, once, untimed (both commits read the same cache file).
 read -r _ quickstart <<< "$(layout "$out/after")"
-(cd "$out/after" && python -c "import runpy, sys; from jaxillusions.pipeline import validate; \
+(cd "$out/after" && "$python" -c "import runpy, sys; from jaxillusions.pipeline import validate; \
 from jaxillusions.training import train; \
 train.build(validate.check(runpy.run_path(sys.argv[1])['get_config']())[0])" \
     "${config:-$quickstart}" > /dev/null)
@@ -48,7 +50,7 @@ for repeat in $(seq "$repeats"); do
         log="$out/$side-$repeat.log"
         read -r module quickstart <<< "$(layout "$out/$side")"
         start=$(date +%s.%N)
-        (cd "$out/$side" && JAX_ENABLE_COMPILATION_CACHE=false python -m "$module" \
+        (cd "$out/$side" && JAX_ENABLE_COMPILATION_CACHE=false "$python" -m "$module" \
             --config="${config:-$quickstart}" --workdir="$out/runs/$side-$repeat" > "$log" 2>&1) \
             || { echo "$side run $repeat failed: see $log"; exit 1; }
         end=$(date +%s.%N)

@@ -569,7 +569,9 @@ def test_side_by_side_runs_a_config_at_two_commits_and_compares_their_results(tm
     # Was: its data step imported modules from where they lived before the package's layout
     # changed, so the script stopped before timing anything.
     config = tiny_config_file(tmp_path / "tiny.py", cache_dir, {"figures": "none"})
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "CONFIG": config}
+    # PYTHON: this interpreter, so that the suite run as `.venv/bin/pytest` from a shell whose
+    # `python` is another (no environment activated) still runs the commits with its packages.
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "CONFIG": config, "PYTHON": sys.executable}
     done = subprocess.run(["bash", "benchmarks/side_by_side.sh", "HEAD", "HEAD", "1"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
