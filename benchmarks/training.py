@@ -31,7 +31,7 @@ def times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[
     order turned by one each repeat: repeat r starts with the r-th fn (mod their number)."""
     out = {name: [] for name in fns}
     names = list(fns)
-    for r in range(repeats):
+    for r in range(repeats if names else 0):  # no fns: nothing to time
         turn = r % len(names)
         for name in names[turn:] + names[:turn]:
             start = time.perf_counter()

@@ -206,6 +206,7 @@ def test_contenders_are_timed_in_an_order_turned_each_repeat():
     assert calls == list("abc" "bca" "cab" "abc")
     assert {name: len(s) for name, s in seconds.items()} == {"a": 4, "b": 4, "c": 4}
     assert all(t >= 0 for s in seconds.values() for t in s)
+    assert bench_training.times({}, repeats=4) == {}  # nothing to time (was: a division by 0)
 
 
 def test_reference_flops_match_xla_for_the_reference_model():
