@@ -15,7 +15,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import xla_flags
+from conftest import users_xla_flags, xla_flags
 from ml_collections import ConfigDict
 
 from jaxillusions import configs, tasks
@@ -554,10 +554,12 @@ def test_a_sweep_on_two_imported_checkpoints_skips_training(corpus, tmp_path):
     config.write_text("from jaxillusions.configs import defaults\n\n\ndef get_config():\n"
                       '    config = defaults("text")\n' + "".join(lines) + "    return config\n")
     workdir = tmp_path / "run"
+    # Its evaluation over the text's vocabulary runs more than it compiles: launched at users'
+    # LLVM level (conftest.users_xla_flags; docs/speed.md, "The test suite").
     done = subprocess.run(
         [sys.executable, "-m", "jaxillusions.launch.sweep", f"--config={config}",
          f"--workdir={workdir}"], cwd=root, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "XLA_FLAGS": xla_flags()})
+        env={**os.environ, "XLA_FLAGS": xla_flags(base=users_xla_flags())})
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert (f"training: skipped, 2 imported checkpoints: seed 1 = {corpus['seed1']}, seed 2 = "
             f"{corpus['seed2']}") in done.stdout
@@ -622,11 +624,14 @@ def test_lenses_erasure_probes_and_fit_shift_on_two_imported_checkpoints(corpus,
 
 
 @pytest.mark.slow  # a whole sweep
-def test_the_prediction_study_on_a_population_of_imported_seeds(corpus, tmp_path, capsys):
+def test_the_prediction_study_on_a_population_of_imported_seeds(corpus, tmp_path, capsys,
+                                                               users_compile_level):
     """A population of seeds alone (PolyPythias' design: one setting), imported, beside its
     untrained copies (train.null): the held-out prediction test runs its random splits, against
     hyper-parameters that score chance and the copies' features. (Was: refused at the door,
-    "needs members in at least 2 settings ... e.g. train.weight_decays", and train.null too.)"""
+    "needs members in at least 2 settings ... e.g. train.weight_decays", and train.null too.)
+    Its programs, of 4 members a group, are its own: compiled at users' level
+    (users_compile_level), as they run more than they compile."""
     import pandas as pd
 
     from jaxillusions.pipeline import sweep
