@@ -7,6 +7,7 @@ or after the same one; compilation is excluded (each jitted function runs once f
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import math
@@ -30,13 +31,13 @@ def times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[
     """Seconds per call of each fn, repeats interleaved (same background load for all), the
     order turned by one each repeat: repeat r starts with the r-th fn (mod their number)."""
     out = {name: [] for name in fns}
-    names = list(fns)
-    for r in range(repeats if names else 0):  # no fns: nothing to time
-        turn = r % len(names)
-        for name in names[turn:] + names[:turn]:
+    order = collections.deque(fns)
+    for _ in range(repeats):
+        for name in order:
             start = time.perf_counter()
             jax.block_until_ready(fns[name]())
             out[name].append(time.perf_counter() - start)
+        order.rotate(-1)  # the next repeat starts with the next fn
     return out
 
 
