@@ -92,13 +92,14 @@ def xla_flags(*extra: str, base: str | None = None) -> str:
 # `JAXILLUSIONS_TEST_COMPILES=FILE pytest ...` appends a JSON line per test to FILE (each xdist
 # worker its own lines): its wall seconds and, in the test process (not in the launchers it
 # starts), the XLA programs it compiled (not read from a cache), their seconds of compilation,
-# of tracing and lowering, and of Python's garbage collection (docs/speed.md, "Where the quick
-# suite's time goes").
+# of tracing and lowering, of Python's garbage collection, and of waiting for another worker to
+# make a fixture made once per run (made_once) (docs/speed.md, "Where the quick suite's time
+# goes").
 COMPILE_REPORT = "JAXILLUSIONS_TEST_COMPILES"
 _COMPILE_EVENTS = {"/jax/core/compile/backend_compile_duration": "compile_s",
                    "/jax/core/compile/jaxpr_trace_duration": "trace_s",
                    "/jax/core/compile/jaxpr_to_mlir_module_duration": "trace_s"}
-_spent = {"compiles": 0, "compile_s": 0.0, "trace_s": 0.0, "gc_s": 0.0}
+_spent = {"compiles": 0, "compile_s": 0.0, "trace_s": 0.0, "gc_s": 0.0, "wait_s": 0.0}
 _gc_started = [0.0]
 
 
@@ -355,7 +356,9 @@ def made_once(tmp_path_factory, name: str, make):
     run = run_folder(tmp_path_factory)
     directory, value = run / name, run / f"{name}.pickle"
     with open(run / f"{name}.lock", "w") as lock:
+        asked = time.perf_counter()
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        _spent["wait_s"] += time.perf_counter() - asked
         if not value.exists():
             shutil.rmtree(directory, ignore_errors=True)  # a failed attempt's leftovers
             directory.mkdir()

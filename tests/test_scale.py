@@ -431,6 +431,7 @@ def test_the_compile_report_counts_each_tests_own_compilations(tmp_path):
     assert lines["test_compiles"]["compiles"] >= 1 and lines["test_compiles"]["compile_s"] > 0
     assert lines["test_compiles"]["trace_s"] > 0
     assert all(line["gc_s"] >= 0 for line in lines.values())
+    assert all(line["wait_s"] == 0 for line in lines.values())  # no fixture made once here
     assert lines["test_compiles_nothing"]["compiles"] == 0
     assert all(line["wall_s"] > 0 for line in lines.values())
 
