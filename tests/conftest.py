@@ -219,15 +219,8 @@ def child_pytest(args: list[str], *, cwd: str, basetemp: str, timeout: int = 600
                           env=child, capture_output=True, text=True, timeout=timeout)
 
 
-# The names of the session fixtures made once per run that several tests take (shared_fixture).
-MADE_ONCE: set[str] = set()
-
-
-def shared_fixture(make):
-    """A session fixture made once per run (made_once), which several tests take: its name goes
-    in MADE_ONCE, so that the first test to take it runs first (pytest_collection_modifyitems)."""
-    MADE_ONCE.add(make.__name__)
-    return pytest.fixture(scope="session")(make)
+# The session fixtures made once per run (made_once) that several tests take.
+MADE_ONCE = ("tiny_sweep", "sae_sweep", "code_sweep", "population", "shifted", "one_device")
 
 
 def pytest_collection_modifyitems(items):
@@ -244,7 +237,7 @@ def pytest_collection_modifyitems(items):
 
     first = {}
     for item in sorted(items, key=lambda item: not slow(item)):
-        for name in sorted(MADE_ONCE):
+        for name in MADE_ONCE:
             if name in item.fixturenames:
                 first.setdefault((slow(item), name), item)
     makers = {id(item) for item in first.values()}
@@ -431,7 +424,7 @@ def tiny_sweep_config(cache_dir: str = ""):
     return config
 
 
-@shared_fixture
+@pytest.fixture(scope="session")
 def tiny_sweep(tmp_path_factory, cache_dir) -> str:
     """The workdir of a finished main job (sweep.run) of tiny_sweep_config, shared by the whole
     session: tables, figures, TensorBoard and checkpoints. Read it; copy it to change it."""
@@ -440,7 +433,7 @@ def tiny_sweep(tmp_path_factory, cache_dir) -> str:
     return finished_sweep(tmp_path_factory, "tiny_sweep", config)
 
 
-@shared_fixture
+@pytest.fixture(scope="session")
 def sae_sweep(tmp_path_factory, cache_dir) -> str:
     """The workdir of a finished main job of tiny_sweep_config with SVD and the SAE proxy
     (widths 4, 8) on the last layer's keys, two heads (d_head 8), on iid and unseen_depth, the

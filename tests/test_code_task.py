@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import checked, made_once, shared_fixture
+from conftest import checked, made_once
 from ml_collections import ConfigDict
 
 from jaxillusions import tasks
@@ -145,7 +145,7 @@ def test_validate_refuses_dyck_only_options_and_bad_values(tmp_path):
         validate.validate(bad)
 
 
-@shared_fixture
+@pytest.fixture(scope="session")
 def code_sweep(tmp_path_factory) -> tuple[ConfigDict, str]:
     """(its config, a copy for each test; the workdir) of a finished sweep of code_config,
     made once for the test run (conftest.made_once): read the workdir; copy it to change it."""

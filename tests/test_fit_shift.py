@@ -8,7 +8,7 @@ import shutil
 import jax
 import numpy as np
 import pytest
-from conftest import checked, finished_sweep, shared_fixture
+from conftest import checked, finished_sweep
 from flax import serialization
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -65,7 +65,7 @@ def _shift_config(cache_dir: str):
     return config
 
 
-@shared_fixture
+@pytest.fixture(scope="session")
 def shifted(tmp_path_factory):
     """A finished sweep of _shift_config, made once for the test run (conftest.finished_sweep;
     read it; copy it to change it)."""

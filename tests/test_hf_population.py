@@ -13,7 +13,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import made_once, shared_fixture
+from conftest import made_once
 
 from jaxillusions.model import pretrained
 
@@ -37,7 +37,7 @@ def _train(out, *args):
     return done.stdout
 
 
-@shared_fixture
+@pytest.fixture(scope="session")
 def population(tmp_path_factory):
     """The trained population, made once for the test run (conftest.made_once)."""
     def make(out):

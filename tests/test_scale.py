@@ -27,7 +27,6 @@ from conftest import (
     checked,
     child_pytest,
     made_once,
-    shared_fixture,
     tiny_config,
     tiny_config_file,
     users_xla_flags,
@@ -190,7 +189,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@shared_fixture
+@pytest.fixture(scope="session")
 def one_device(tmp_path_factory, cache_dir):
     """The 6 seeds' job on one device, made once for the test run (conftest.made_once)."""
     assert jax.device_count() == 1
@@ -435,25 +434,6 @@ def test_the_compile_report_counts_each_tests_own_compilations(tmp_path):
     assert all(line["wait_s"] == 0 for line in lines.values())  # no fixture made once here
     assert lines["test_compiles_nothing"]["compiles"] == 0
     assert all(line["wall_s"] > 0 for line in lines.values())
-
-
-def test_the_first_test_to_take_a_shared_fixture_runs_first_in_its_group(tmp_path):
-    # tests/conftest.py: the slow tests first, and in each group the first test to take a
-    # fixture made once per run (shared_fixture) before the rest, the others in file order.
-    probe = tmp_path / "test_probe.py"
-    probe.write_text("import pytest\nfrom conftest import shared_fixture\n\n\n"
-                     "@shared_fixture\ndef made(tmp_path_factory):\n    return 1\n\n\n"
-                     "def test_a():\n    pass\n\n\n"
-                     "def test_takes_it(made):\n    assert made == 1\n\n\n"
-                     "def test_b():\n    pass\n\n\n"
-                     "def test_takes_it_too(made):\n    assert made == 1\n\n\n"
-                     "@pytest.mark.slow\ndef test_slow():\n    pass\n")
-    done = child_pytest([str(probe), "-p", "conftest", "--collect-only"], cwd=str(tmp_path),
-                        basetemp=str(tmp_path / "tmp"), timeout=300,
-                        PYTHONPATH=os.path.dirname(os.path.abspath(__file__)))
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    order = [line.split("::")[-1] for line in done.stdout.splitlines() if "::" in line]
-    assert order == ["test_slow", "test_takes_it", "test_a", "test_b", "test_takes_it_too"]
 
 
 def test_a_failure_is_reported_when_cpythons_ast_race_breaks_its_traceback(tmp_path):
