@@ -219,29 +219,13 @@ def child_pytest(args: list[str], *, cwd: str, basetemp: str, timeout: int = 600
                           env=child, capture_output=True, text=True, timeout=timeout)
 
 
-# The session fixtures made once per run (made_once) that several tests take.
-MADE_ONCE = ("tiny_sweep", "sae_sweep", "code_sweep", "population", "shifted", "one_device")
-
-
 def pytest_collection_modifyitems(items):
     """The slow tests first (stable: otherwise in file order): xdist hands tests out in this
     order one at a time (--maxschedchunk=1 in pyproject.toml), so that the short ones at the
     end fill both workers instead of one worker running a minute-long sweep while the other has
     nothing left. (xdist's default hands each worker a quarter of its share at once: one
-    worker would get every slow test.) In each of the two groups, the first test to take each
-    fixture of MADE_ONCE goes first, so that the workers make those fixtures side by side at
-    the start, and the tests after find them made instead of one worker waiting while the
-    other makes one (their neighbours in a file take the same fixture)."""
-    def slow(item) -> bool:
-        return item.get_closest_marker("slow") is not None
-
-    first = {}
-    for item in sorted(items, key=lambda item: not slow(item)):
-        for name in MADE_ONCE:
-            if name in item.fixturenames:
-                first.setdefault((slow(item), name), item)
-    makers = {id(item) for item in first.values()}
-    items.sort(key=lambda item: (not slow(item), id(item) not in makers))
+    worker would get every slow test.)"""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def tiny_config(cache_dir: str = ""):
