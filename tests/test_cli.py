@@ -69,6 +69,14 @@ def test_every_subcommand_has_its_help(name, tmp_path):
         assert ("  --config:" in proc.stdout) == (name in ("sweep", "train")), proc.stdout
     if name == "wen-attention":
         assert "--variants" in proc.stdout  # the launcher's own flag, beside the shared ones
+    # figures trains nothing: its help offers no --start_over, and given, it is refused (was:
+    # listed, accepted and ignored)
+    assert ("start_over" in proc.stdout) == (name in ("sweep", "train", "wen-attention"))
+    if name == "figures":
+        proc = _command(name, str(tmp_path), "--start_over", cwd=tmp_path)
+        assert (proc.returncode, proc.stderr) == (1, "error: --start_over: jaxillusions figures "
+                                                     "does not take it (jaxillusions figures "
+                                                     "--help)\n")
 
 
 def test_help_and_a_bad_value_import_no_analysis_library(tmp_path):
@@ -229,7 +237,12 @@ def test_a_bad_config_value_is_one_line_before_jax_starts(args, message, tmp_pat
     (["train", "--config=dyck_small", "--workdir=w", "w2"], "error: unexpected argument 'w2'; "
      "jaxillusions train takes flags only (jaxillusions train --help)"),
     (["wen-attention", "--workdir=w", "minimal"], "error: unexpected argument 'minimal'; "
-     "jaxillusions wen-attention takes flags only")])
+     "jaxillusions wen-attention takes flags only"),
+    # Both names of a renamed key given: the new one at its default had counted as unset.
+    (["sweep", "--config=dyck_small", "--workdir=w", "--config.proxies.geometry=True",
+      "--config.geometry.enabled=False"], "error: proxies.geometry=True and "
+     "geometry.enabled=False: proxies.geometry is the old name of geometry.enabled; set "
+     "geometry.enabled only")])
 def test_a_stray_argument_is_one_line_before_any_work(args, message, tmp_path):
     proc = _command(*args, cwd=tmp_path, timeout=60)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
@@ -312,3 +325,16 @@ def test_a_config_file_that_returns_no_config_is_one_line(tmp_path):
             f"error: config file mine.py: get_config() returned {name}; it should return a "
             "ConfigDict\n"), proc.stderr
         assert not (tmp_path / "w").exists()
+
+
+def test_a_config_file_that_returns_a_dict_takes_every_override(tmp_path):
+    # Was: a key the dict leaves out could not be overridden ("unknown config key
+    # train.num_steps; train has: num_seeds"), and a section it lacks gave "error: 'model'".
+    (tmp_path / "mine.py").write_text("def get_config():\n"
+                                      "    return {'train': {'num_seeds': 2}}\n")
+    for override, message in (("--config.train.num_steps=0", "train.num_steps=0: must be >= 1"),
+                              ("--config.model.d_model=0", "model.d_model=0: must be >= 1")):
+        proc = _command("sweep", "--config=mine.py", "--workdir=w", override, cwd=tmp_path,
+                        timeout=60)
+        assert (proc.returncode, proc.stderr) == (1, f"error: {message}\n"), proc.stderr
+    assert not (tmp_path / "w").exists()

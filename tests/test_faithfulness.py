@@ -372,6 +372,22 @@ def test_the_library_calls_resolve_sites_and_refuse_what_disagrees(trained):
     for seeds in ([0], [0, 1, 2]):
         with pytest.raises(ValueError, match=f"^seeds: {len(seeds)} labels for 2 seeds of "):
             evaluate(params, model_cfg, eval_set, fitted, batch_size=64, seeds=seeds)
+    # Sizes that cannot be, named (were: ZeroDivisionError, "reshape new_sizes must all be
+    # positive", "need at least one array to concatenate").
+    kmeans = ProxySpec("kmeans", ("blocks.-1.attn.k",), (2,))
+    for call, message in [
+            (lambda: evaluate(params, model_cfg, eval_set, fitted, batch_size=0, seeds=[0, 1]),
+             "evaluate: batch_size=0, sentences per chunk: must be an integer >= 1"),
+            (lambda: collect(params, splits["train"], model_cfg, [last], num_samples=0,
+                             batch_size=-1), "collect: batch_size=-1: must be an integer >= 1"),
+            (lambda: collect(params, splits["train"], model_cfg, [last], num_samples=-5,
+                             batch_size=8), "collect: num_samples=-5: must be an integer >= 0"),
+            (lambda: collect(params, splits["train"], model_cfg, [kmeans], num_samples=0,
+                             batch_size=8), "collect: num_samples=0, but kmeans fit from a "
+                                            "sample of positions: give at least 1")]:
+        with pytest.raises(ValueError) as err:
+            call()
+        assert str(err.value) == message
     with pytest.raises(ValueError, match=r"^fitted: svd on blocks.1.attn.k was fitted for 2 "
                        "seeds, params have 1$"):
         evaluate(jax.tree.map(lambda x: x[:1], params), model_cfg, eval_set, fitted,

@@ -338,8 +338,16 @@ def test_figures_all_on_a_finished_sweep_draws_the_rest_as_the_sweep_draws_them(
     config = tiny_sweep_config(cache_dir)
     config.figures = "all"
     sweep.run(checked(config), str(workdir))
-    assert f"drew the {len(REST)} figures it had left out (figures=all)" in (
-        capsys.readouterr().out)
+    out = capsys.readouterr().out
+    assert f"drew the {len(REST)} figures it had left out (figures=all)" in out
+    # and recorded, as any analysis setting changed on a relaunch (was: config.json still said
+    # "summary", and config_history.jsonl had no record of the change)
+    assert "note: figures changed from 'summary' to 'all' (analysis setting; recorded in " \
+           "config_history.jsonl)" in out
+    assert json.loads((workdir / "config.json").read_text())["figures"] == "all"
+    history = [json.loads(line) for line in (workdir / "config_history.jsonl").open()]
+    assert history[-1]["event"] == "changed" and history[-1]["changes"] == {
+        "figures": ["summary", "all"]}
     drawn = _figures(workdir)
     assert set(drawn) == SUMMARY | REST
     done = json.loads((workdir / sweep.DONE_FILE).read_text())

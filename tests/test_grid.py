@@ -15,6 +15,7 @@ from jaxillusions.config import grid_axes
 from jaxillusions.pipeline import grid, sweep, validate
 from jaxillusions.runtime import stages
 from jaxillusions.studies import prediction
+from jaxillusions.training import train
 
 pytest.importorskip("sklearn")
 
@@ -187,6 +188,33 @@ def test_a_grid_of_too_few_members_for_the_prediction_test_is_refused_before_any
     config.prediction.n_splits = 4  # 8 members fill 4 folds: the points run
     with pytest.raises(pytest.fail.Exception, match="a point ran"):
         grid.run(validate.check(config)[0], str(tmp_path / "grid"))
+
+
+def test_a_grid_and_a_run_refuse_each_others_workdir_before_any_work(
+        cache_dir, tmp_path, monkeypatch):
+    """A grid's folder holds its joined results.csv and its points in subfolders, a run's its own
+    results: either launched in the other's folder would replace that results.csv (was: each
+    relaunch moved the other's results.csv to superseded/)."""
+    config = _config(cache_dir)
+    monkeypatch.setattr(sweep, "run", lambda *a, **k: pytest.fail("a point ran"))
+    run_dir, grid_dir = tmp_path / "run", tmp_path / "grid"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text("{}")
+    with pytest.raises(ValueError) as err:
+        grid.run(validate.check(config)[0], str(run_dir))
+    assert str(err.value) == (f"workdir {run_dir} holds a run (config.json), not a grid: the "
+                              "grid would replace its results.csv; run the grid in a new "
+                              "--workdir")
+    for name in grid.OUTPUTS[1], grid.DONE_FILE:  # a finished grid has both
+        grid_dir.mkdir(exist_ok=True)
+        (grid_dir / name).write_text("{}")
+        config.grid = ()
+        with pytest.raises(ValueError) as err:
+            train.claim_workdir(str(grid_dir), validate.check(config)[0], record=False)
+        assert str(err.value).startswith(f"workdir {grid_dir} holds a grid ({name}; ")
+        assert "\n" not in str(err.value)
+        (grid_dir / name).unlink()
+    assert sorted(os.listdir(grid_dir)) == []  # nothing written
 
 
 def test_figures_of_a_grid_read_every_point_with_the_points_stages(tmp_path, cache_dir):

@@ -263,6 +263,24 @@ def test_same_seed_gives_the_identical_frame():
     assert list(first.columns) == list(heldout.COLUMNS)
 
 
+def test_between_is_called_after_each_target_and_may_stop_the_test():
+    """The stage passes its check for a signal (was: a signal waited for the whole test): it
+    runs after each target's folds, and an exception it raises ends the test there."""
+    members, null = population(seed=1)
+    members, null = members.iloc[::3].copy(), null.iloc[::3].copy()
+    members["ood2"] = -members["ood"]
+    design = dataclasses.replace(DESIGN, n_repeats=1, n_splits=3, targets=("ood", "ood2"))
+    calls = []
+    frame = heldout.predict(members, design, null, between=lambda: calls.append(len(calls)))
+    assert calls == [0, 1] and set(frame["target"]) == {"ood", "ood2"}
+
+    def stop():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        heldout.predict(members, design, null, between=stop)
+
+
 def test_calls_that_share_what_they_fitted_fit_the_hparams_baseline_once(monkeypatch):
     """Two feature sets on the same members and folds, as the prediction stage calls it per
     feature family: with one `fitted` dict the second call fits all but the hyper-parameter

@@ -917,6 +917,40 @@ def test_reports_of_an_unfinished_sweep_are_kept_when_the_analysis_changes(swept
         assert not (workdir / name).exists(), name
 
 
+def test_a_signal_a_stage_does_not_check_stops_the_run_after_it(swept, tmp_path, monkeypatch,
+                                                                 capsys):
+    # Was: a stage that checks for no signal inside it (the prediction test) ran on, and so did
+    # every stage after it: the run finished with exit 0. And a relaunch after a stop in a
+    # re-analysis noted its own reports as "computed with other analysis settings" (the earlier
+    # sweep_done.json had stayed): that file is moved aside with the reports it vouched for.
+    workdir = tmp_path / "run"
+    shutil.copytree(swept["workdir"], workdir)
+    config = _earlier_reports_and_config(swept, workdir, [])
+    config.proxies.eval_splits = swept["config"].proxies.eval_splits
+    config.proxies.kmeans_sizes = (2, 4)  # was (2, 4, 8)
+    received = []
+    monkeypatch.setattr(interrupt, "_received", received)
+    monkeypatch.setattr(reports, "write_reports", lambda *a, **k: received.append(
+        signal.SIGTERM))  # the signal arrives late in the report stage, after its own check
+    with pytest.raises(interrupt.Stopped) as err:
+        sweep.run(checked(config), str(workdir), verbose=False)
+    assert (str(err.value), err.value.exit_code) == (
+        "stopped by SIGTERM after the reports stage; relaunch the same command to resume", 143)
+    assert not (workdir / sweep.DONE_FILE).exists()
+    (aside,) = (workdir / "superseded").iterdir()
+    assert json.loads((aside / sweep.DONE_FILE).read_text())["analysis"][
+        "proxies.kmeans_sizes"] == "[2, 4, 8]"
+    received.clear()
+    monkeypatch.setattr(reports, "write_reports", lambda *a, **k: None)
+    capsys.readouterr()
+    sweep.run(checked(config), str(workdir))
+    (note,) = [line for line in capsys.readouterr().out.splitlines()
+               if "moved to superseded/" in line]
+    assert "is from a sweep that did not finish (no sweep_done.json); the reports are written " \
+           "again" in note, note
+    assert (workdir / sweep.DONE_FILE).exists()
+
+
 def test_damaged_stage_files_are_recomputed_and_kept(swept, tmp_path, capsys):
     # Was: "error: JSONDecodeError: ..." or "error: Unpack failed: incomplete input", naming no
     # file, and no way on but deleting files by hand.
@@ -1210,14 +1244,18 @@ def test_a_repeated_config_override_the_last_one_wins(tmp_path):
     assert line.startswith("error: proxies.kmeans_sizes=(0,): must be cluster counts"), line
 
 
-@pytest.mark.parametrize("case", ["bad_variant", "no_variant", "workdir_is_a_file", "override"])
+@pytest.mark.parametrize("case", ["bad_variant", "no_variant", "workdir_is_a_file", "override",
+                                  "workdir_holds_a_run"])
 def test_wen_attention_launcher_bad_input_is_exactly_one_line(case, tmp_path):
     workdir = tmp_path / "run"
     args = {"bad_variant": ["--variants=minimal,bogus"], "no_variant": ["--variants="],
-            "workdir_is_a_file": ["--variants=minimal"],
+            "workdir_is_a_file": ["--variants=minimal"], "workdir_holds_a_run": [],
             "override": ["--config.train.num_seeds=2"]}[case]
     if case == "workdir_is_a_file":
         workdir.write_text("")
+    if case == "workdir_holds_a_run":  # was: the variants trained in its subfolders
+        workdir.mkdir()
+        (workdir / checkpoint.CONFIG_FILE).write_text("{}")
     line = _one_line_error([sys.executable, "-m", "jaxillusions.launch.wen_attention", *args,
                             f"--workdir={workdir}"])
     assert {"bad_variant": "expected one of ('minimal',",
@@ -1227,9 +1265,13 @@ def test_wen_attention_launcher_bad_input_is_exactly_one_line(case, tmp_path):
             "override": "error: jaxillusions wen-attention takes no --config and no config "
                         "overrides: it runs the variants of the config wen_attention_variation "
                         "(choose them with --variants); for other settings run each with "
-                        "`jaxillusions sweep --config=wen_attention_variation:<variant> "}[case] \
-        in line
-    assert case == "workdir_is_a_file" or not workdir.exists()  # was: locked and created
+                        "`jaxillusions sweep --config=wen_attention_variation:<variant> ",
+            "workdir_holds_a_run": f"error: workdir {workdir} holds another run (config.json): "
+                                   "the variants would train in its subfolders"}[case] in line
+    if case == "workdir_holds_a_run":
+        assert set(os.listdir(workdir)) - {checkpoint.LOCK_FILE} == {checkpoint.CONFIG_FILE}
+    else:
+        assert case == "workdir_is_a_file" or not workdir.exists()  # was: locked and created
 
 
 def test_a_config_file_argument_error_gives_its_reason(tmp_path):

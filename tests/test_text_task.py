@@ -430,6 +430,30 @@ def test_a_relaunch_on_changed_text_files_is_refused_with_nothing_moved(corpus, 
         load_run(workdir)
 
 
+def test_a_relaunch_on_changed_weights_is_refused_with_nothing_moved(corpus, tmp_path):
+    """As for edited text: a checkpoint rewritten after the run, relaunched with a changed
+    analysis setting, is one line naming it before any report moves (was: the reports moved
+    to superseded/, then the training stage refused)."""
+    from jaxillusions.pipeline import sweep
+
+    paths = [str(tmp_path / name) for name in ("seed1", "seed2")]
+    for name, path in zip(("seed1", "seed2"), paths, strict=True):
+        shutil.copytree(corpus[name], path)
+    config = _config(corpus, **{"model.pretrained": tuple(paths), "proxies.methods": ("svd",),
+                                "proxies.eval_splits": ("iid", "longer"), "figures": "none"})
+    workdir = str(tmp_path / "run")
+    sweep.run(validate.check(config)[0], workdir, verbose=False)
+    results = (tmp_path / "run" / "results.csv").read_bytes()
+    _neox(paths[1], corpus["vocab"], 7)  # another model in the same directory
+    config.proxies.svd_ranks = (1, 2)  # an analysis change: the relaunch refits
+    with pytest.raises(ValueError, match=rf"^model.pretrained: the weights in {paths[1]} are not "
+                                         "those this run was computed from") as err:
+        sweep.run(validate.check(config)[0], workdir, verbose=False)
+    assert "\n" not in str(err.value)
+    assert (tmp_path / "run" / "results.csv").read_bytes() == results
+    assert not (tmp_path / "run" / "superseded").exists()
+
+
 def test_the_memory_plan_counts_a_large_vocabularys_logits(corpus):
     import dataclasses
 

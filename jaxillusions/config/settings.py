@@ -67,9 +67,9 @@ ANALYSIS_KEYS = (
 
 
 # Keys renamed when the studies got sections of their own (old -> new). For one release a config
-# (or a command line) may still set the old name: it is read as the new one, with a note
-# (`renamed`). An old name left None (the launchers' placeholder) is unset, and so is a new name
-# at its default (configs.defaults writes every key); both set differently is an error.
+# (or a command line) may set the old name, read as the new one with a note (`renamed`); the two
+# set differently is an error. An old name left None (the launchers' placeholder) is unset, as is
+# a new name at its default (configs.defaults writes every key) but on the command line (common).
 RENAMED = {
     "proxies.dictionary_match_seeds": "dictionaries.match_seeds",
     "proxies.geometry": "geometry.enabled",

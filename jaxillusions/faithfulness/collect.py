@@ -166,6 +166,9 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
     first (`model.seed_labels`, `resolve_spec`); a site named by a negative layer (blocks.-1)
     has its statistics under both names.
     """
+    for name, value, least in (("num_samples", num_samples, 0), ("batch_size", batch_size, 1)):
+        if not isinstance(value, int | np.integer) or value < least:
+            raise ValueError(f"collect: {name}={value!r}: must be an integer >= {least}")
     model_lib.seed_labels(params, model_cfg)  # a seed axis on params of this model
     resolved = [resolve_spec(s, model_cfg) for s in specs]
     if resolved != list(specs):
@@ -196,6 +199,11 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
     sites = tuple(sorted(needs))
     num_seeds = jax.tree.leaves(params)[0].shape[0]
     sampling = any(n & {"samples", "pairs", "labelled"} for n in needs.values())
+    if sampling and num_samples == 0:
+        raise ValueError("collect: num_samples=0, but "
+                         + ", ".join(sorted({s.method for s in specs if s.module.STATISTIC in (
+                             "samples", "pairs", "labelled")}))
+                         + " fit from a sample of positions: give at least 1")
     static = dict(model_cfg=model_cfg, sites=sites, with_vectors=sampling and num_samples > 0)
     if pairs:  # (the collection program of configs without a transcoder is unchanged)
         static["pairs"] = tuple(sorted(pairs.items()))

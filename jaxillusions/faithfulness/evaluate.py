@@ -337,6 +337,9 @@ def evaluate(params, model_cfg: model_lib.ModelConfig, eval_set: EvalSet,
     query (`_readout_width`). The rows agree with those at every position within float32
     rounding (matrix products over fewer rows).
     """
+    if not isinstance(batch_size, int | np.integer) or batch_size < 1:
+        raise ValueError(f"evaluate: batch_size={batch_size!r}, sentences per chunk: must be an "
+                         "integer >= 1")
     seeds = model_lib.seed_labels(params, model_cfg, seeds)  # one label per member of params
     fitted = [proxy.resolved(model_cfg) for proxy in fitted]  # sites as the model names them
     for proxy in fitted:

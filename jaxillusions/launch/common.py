@@ -71,6 +71,12 @@ def with_defaults(config: ConfigDict) -> ConfigDict:
     return config
 
 
+def _config_dict(config) -> ConfigDict:
+    """A get_config()'s mapping as a ConfigDict (a plain dict's keys overridable as a
+    ConfigDict's)."""
+    return config if isinstance(config, ConfigDict) else ConfigDict(dict(config))
+
+
 class _ConfigWithDefaults(flags.ArgumentParser):
     """Loads the config file (configs.load), adds the keys it leaves out (with_defaults), then
     locks it: the overrides that ml_collections applies next may name any key, and only known
@@ -86,8 +92,8 @@ class _ConfigWithDefaults(flags.ArgumentParser):
             what = "None" if config is None else type(config).__name__
             raise ValueError(f"config file {argument}: get_config() returned {what}; it should "
                              "return a ConfigDict")
-        if isinstance(config, ConfigDict):
-            with_defaults(config).lock()
+        config = with_defaults(_config_dict(config))
+        config.lock()
         return config
 
     def flag_type(self) -> str:
@@ -167,7 +173,7 @@ def _flag_value(argv: list[str], name: str) -> str | None:
 def _unknown_key(argv: list[str], path: str) -> str | None:
     """'unknown config key train.foo; train has: ...' for the first override that names no key."""
     try:
-        config = with_defaults(configs.load(configs.locate(path)))
+        config = with_defaults(_config_dict(configs.load(configs.locate(path))))
     except Exception:  # noqa: BLE001 - fall back to the flag library's own message
         return None
     for a in argv:
@@ -195,9 +201,26 @@ def _last_override_wins(argv: list[str]) -> list[str]:
             if not key or last[key] == i]
 
 
-def usage(argv: list[str], doc: str | None, no_config: bool = False) -> str:
+def _both_names(argv: list[str]) -> None:
+    """A one-line exit where the command line overrides both names of a renamed key
+    (settings.RENAMED) with different values: the config's new name at its default counts as
+    unset (every key is written), so only here are both known to be given."""
+    from jaxillusions.config import settings  # noqa: PLC0415 - a config has loaded: JAX is in
+
+    given = {a[len("--config."):].partition("=")[0] for a in argv if a.startswith("--config.")}
+    for old, new in settings.RENAMED.items():
+        if old in given and new in given:
+            values = [CONFIG.value[key.partition(".")[0]][key.partition(".")[2]]
+                      for key in (old, new)]
+            if values[0] != values[1]:
+                sys.exit(f"error: {old}={values[0]!r} and {new}={values[1]!r}: {old} is the old "
+                         f"name of {new}; set {new} only")
+
+
+def usage(argv: list[str], doc: str | None, no_config: bool = False,
+          unused: tuple[str, ...] = ()) -> str:
     """The help of a launcher: its docstring, then its flags and the shared ones (without
-    --config for a launcher that takes none)."""
+    --config for a launcher that takes none, nor the shared flags it does not take, `unused`)."""
     import inspect  # noqa: PLC0415
 
     lines = [f"usage: {argv[0]} [flags]", ""] + ([inspect.cleandoc(doc), ""] if doc else [])
@@ -205,7 +228,8 @@ def usage(argv: list[str], doc: str | None, no_config: bool = False) -> str:
         text, hidden = [], False
         for line in flags.FLAGS.module_help(module).splitlines():
             if line.startswith("  --"):  # a flag's first line; its description follows
-                hidden = no_config and line.startswith("  --config:")
+                hidden = any(line.startswith((f"  --{name}:", f"  --[no]{name}:")) for name in (
+                    *(["config"] if no_config else []), *unused))
             if line.strip() and line.strip() != f"{module}:" and not hidden:
                 text.append(line)
         if text:
@@ -225,17 +249,18 @@ def check_config(argv: list[str]) -> None:
 
 
 def parse_flags(argv: list[str], doc: str | None = None, no_config: str | None = None,
-                positional: bool = False) -> list[str]:
+                positional: bool = False, unused: tuple[str, ...] = ()) -> list[str]:
     """Parses the flags; a bad flag or config override is a one-line error, not a traceback.
     A repeated `--config.<key>=` override: the last one wins. --help (or -h) prints `doc` (the
     launcher's docstring) and the flags, and exits. `no_config`: for a launcher that takes no
     config, the error line that refuses --config and its overrides. Returns the arguments that
     are not flags (after the program's name), which only a launcher that takes them
     (`positional`: figures' workdir) may be given: elsewhere one is an error (an override
-    typed without its dashes had been ignored, and the config run as shipped)."""
+    typed without its dashes had been ignored, and the config run as shipped). `unused`: shared
+    flags the launcher does not take (left out of its help; given, a one-line error)."""
     if any(a in HELP for a in argv[1:argv.index("--") if "--" in argv else len(argv)]):
         try:
-            print(usage(argv, doc, no_config=bool(no_config)), flush=True)
+            print(usage(argv, doc, no_config=bool(no_config), unused=unused), flush=True)
         except BrokenPipeError:
             cli.closed_pipe()
         sys.exit(0)
@@ -257,6 +282,10 @@ def parse_flags(argv: list[str], doc: str | None = None, no_config: str | None =
         # The config file's error (_config_file_error) without the flag library's prefix.
         message = message or lines[0].removeprefix(f"flag --config={path}: ")
         sys.exit(f"error: {message}")
+    _both_names(argv)
+    for name in unused:
+        if flags.FLAGS[name].present:
+            sys.exit(f"error: --{name}: {argv[0]} does not take it ({argv[0]} --help)")
     if rest and not positional:
         hint = f" (a flag starts with --: --{rest[0]})" if rest[0].startswith("config.") else ""
         sys.exit(f"error: unexpected argument {rest[0]!r}{hint}; {argv[0]} takes flags only "

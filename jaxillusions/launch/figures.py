@@ -80,7 +80,7 @@ def read_settings(workdir: str, pipeline):
 def main() -> None:
     args = common.parse_flags(sys.argv, __doc__, no_config=(
         "jaxillusions figures takes no --config and no config overrides: it reads the run's "
-        f"config.json ({USAGE})"), positional=True)
+        f"config.json ({USAGE})"), positional=True, unused=("start_over",))
     if "" in args:
         sys.exit(f"error: the workdir is an empty path ({USAGE})")
     workdirs = [os.path.expanduser(a) for a in args] + (

@@ -25,7 +25,7 @@ from jaxillusions.configs import wen_attention_variation  # noqa: E402
 from jaxillusions.launch import common  # noqa: E402
 from jaxillusions.pipeline import sweep  # noqa: E402
 from jaxillusions.report import figures, tables  # noqa: E402
-from jaxillusions.runtime import distributed  # noqa: E402
+from jaxillusions.runtime import checkpoint, distributed  # noqa: E402
 from jaxillusions.studies import wen  # noqa: E402
 from jaxillusions.training import train  # noqa: E402
 
@@ -35,7 +35,14 @@ VARIANTS = flags.DEFINE_list("variants", list(wen_attention_variation.VARIANTS),
 
 def run_variants(configs: dict, workdir: str, start_over: bool) -> None:
     # Every variant's workdir against its config before any trains (sweep.run checks its own
-    # only when it starts, after the variants before it have trained).
+    # only when it starts, after the variants before it have trained); and the top folder, which
+    # gets the joined table, holds no run or grid of its own.
+    taken = next((name for name in (checkpoint.CONFIG_FILE, *checkpoint.GRID_FILES)
+                  if os.path.lexists(os.path.join(workdir, name))), None)
+    if taken is not None:
+        raise ValueError(f"workdir {workdir} holds another run ({taken}): the variants would "
+                         "train in its subfolders and their joined table go beside its results; "
+                         "use a new --workdir")
     for variant, config in configs.items():
         train.claim_workdir(os.path.join(workdir, variant), config, record=False)
     for variant, config in configs.items():

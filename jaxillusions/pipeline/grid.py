@@ -49,8 +49,8 @@ from jaxillusions.training import train
 if TYPE_CHECKING:  # for annotations; the functions import it where used
     import pandas as pd
 
-OUTPUTS = ("results.csv", "grid.json")
-DONE_FILE = "grid_done.json"
+OUTPUTS = ("results.csv", checkpoint.GRID_FILES[0])
+DONE_FILE = checkpoint.GRID_FILES[1]
 
 
 def align(frame: pd.DataFrame, n_layers: int) -> pd.DataFrame:
@@ -99,12 +99,17 @@ def population_table(point: Settings, directory: str, values: dict) -> pd.DataFr
 def run(config: Settings, workdir: str, *, verbose: bool = True,
         start_over: bool = False) -> pd.DataFrame:
     """Runs every point of config.grid (checked at the door: validate.check; and here, before
-    any point runs, that their trained members together fill the prediction test's folds),
+    any point runs, that their trained members together fill the prediction test's folds, and
+    that the workdir holds no run of its own: a one-line ValueError naming its config.json),
     then writes the grid's outputs, unless a finished grid's are current (grid_done.json);
     returns the joined results.csv (cells as written)."""
     import pandas as pd  # noqa: PLC0415 - not at a launch's start
     points = validate.points(config)
     prediction.check_count([point for _, point in points], "this grid")
+    if os.path.lexists(os.path.join(workdir, checkpoint.CONFIG_FILE)):
+        raise ValueError(f"workdir {workdir} holds a run ({checkpoint.CONFIG_FILE}), not a grid: "
+                         "the grid would replace its results.csv; run the grid in a new "
+                         "--workdir")
     say = print if verbose and distributed.is_main() else (lambda *a, **k: None)
     os.makedirs(workdir, exist_ok=True)
     keys = [key for key, _ in axes(config.grid)]

@@ -43,7 +43,7 @@ from jaxillusions.pipeline.job import PIPELINE
 from jaxillusions.report import drawing, results, tables
 from jaxillusions.runtime import checkpoint, distributed, stages, tensorboard, timing, watchdog
 from jaxillusions.studies.stage import Context, Stage, check_order
-from jaxillusions.training import train
+from jaxillusions.training import imported, train
 
 DONE_FILE = "sweep_done.json"
 # Settings of how the work runs, not of what it computes: a change redoes nothing.
@@ -105,6 +105,9 @@ def _run_stage(stage: Stage, ctx: Context) -> Context:
     if stage.stamped:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         stages.write(path, json.dumps({"stamp": stamp}), stage.name)
+    # A signal a stage does not check inside it stops the run here, before the next stage.
+    stages.stop_if_signalled(f"after the {stage.name} stage; relaunch the same command to "
+                             "resume")
     return ctx
 
 
@@ -221,7 +224,10 @@ def _finished(config: Settings, workdir: str, done: dict, say,
               pipeline: Sequence[Stage] = PIPELINE) -> list[dict]:
     """The rows of a finished sweep whose reports match their checksums; with figures=all on a
     sweep that drew the summary, the rest, as `jaxillusions figures` draws them (a marker without
-    "figures" predates the setting: every figure was drawn)."""
+    "figures" predates the setting: every figure was drawn). A setting that changed without
+    changing the analysis (figures, logging) is recorded, as on any relaunch."""
+    for note in train.claim_workdir(workdir, config):
+        say(note)
     pc = config.proxies
     tables = [os.path.join(group_dir, "results.csv") for _, group_dir in
               train.member_groups(config, workdir)] if pc.methods else []
@@ -286,7 +292,13 @@ def _run(config: Settings, workdir: str, *, verbose: bool, start_over: bool,
         train.check_checkpoint(config, workdir, model_cfg, tx)
     # The earlier reports are kept, under superseded/, before they are written again; without a
     # done-file too (a sweep stopped in its report stage), whose analysis may have been another.
-    move_aside(_reports(config, workdir, pipeline, stamped=False), reason)
+    reports = _reports(config, workdir, pipeline, stamped=False)
+    if reports and config.model.pretrained:  # weights changed since: refused before any move
+        imported.check_unchanged(config, workdir)
+    move_aside(reports, reason)
+    if done is not None and os.path.exists(os.path.join(workdir, DONE_FILE)):
+        # vouched for those reports: until _mark_done, this is a sweep that did not finish
+        move_aside(os.path.join(workdir, DONE_FILE), reason)
     ctx = Context(settings=config, workdir=workdir, say=say, verbose=verbose,
                   move_aside=move_aside, splits=splits, model_cfg=model_cfg, start=start,
                   start_over=start_over, pipeline=tuple(pipeline))

@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -408,7 +408,8 @@ def hparam_matrix(members, design: Design) -> np.ndarray:
 
 
 def predict(members, design: Design, null=None, *, random_state: int = 0,
-            fitted: dict | None = None) -> pd.DataFrame:
+            fitted: dict | None = None, between: Callable[[], None] | None = None
+            ) -> pd.DataFrame:
     """The held-out prediction test: one row per (target, metric, scheme) and predictor set
     ("features", "hparams", "both" with 2 settings or more, and "features" with null=True
     when a `null` frame of the same members gives the features' null values), and per paired
@@ -416,7 +417,8 @@ def predict(members, design: Design, null=None, *, random_state: int = 0,
     identical frame. Input problems raise (`check`) before any fitting. `fitted`: a dict
     shared by several calls, which then fit each predictor matrix once per target and folds
     (the hparams baseline of calls that differ in their features only); it holds fold
-    scores, keyed by what they depend on."""
+    scores, keyed by what they depend on. `between()` is called after each target (the
+    stage's check for a signal)."""
     import pandas as pd  # noqa: PLC0415 - not at a launch's start
     fitted = {} if fitted is None else fitted
     members = _frame(members)
@@ -440,6 +442,8 @@ def predict(members, design: Design, null=None, *, random_state: int = 0,
                           "n_folds": len(kept), "n_skipped": skipped, "members": len(members),
                           "threshold": thresholds[target] if metric == "auroc" else math.nan}
                 rows += _rows(inputs, y, metric, kept, common, fitted)
+        if between is not None:
+            between()
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 

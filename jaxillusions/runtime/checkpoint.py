@@ -26,6 +26,9 @@ if TYPE_CHECKING:  # for annotations; the functions import it where used
     import orbax.checkpoint as ocp
 
 CONFIG_FILE = "config.json"
+# A grid's folder (pipeline/grid.py) holds these beside its joined results.csv, and its points'
+# runs in subfolders: no run of its own, and no run may take it.
+GRID_FILES = ("grid.json", "grid_done.json")
 CHECKPOINT_DIR = "checkpoints"  # under the workdir
 HISTORY_FILE = "config_history.jsonl"
 LOCK_FILE = ".lock"
@@ -111,7 +114,8 @@ class WorkdirLock:
 def claim_workdir(workdir: str, config, may_change=lambda key: False,
                   defaults: dict | None = None, record: bool = True,
                   machine: dict | None = None, read=lambda stored: stored) -> list[str]:
-    """Records the config in a new workdir, or checks it against the one the workdir holds.
+    """Records the config in a new workdir, or checks it against the one the workdir holds (a
+    ValueError for a grid's folder, GRID_FILES).
 
     `record=False` only checks: it raises as below but writes nothing (and returns no notes),
     so that a run that fails before training (bad data) does not claim a fresh workdir.
@@ -128,6 +132,11 @@ def claim_workdir(workdir: str, config, may_change=lambda key: False,
     the stored config into what the door makes of it now (settings.read_stored), before the
     two are compared.
     """
+    grid = next((f for f in GRID_FILES if os.path.lexists(os.path.join(workdir, f))), None)
+    if grid is not None:
+        raise ValueError(f"workdir {workdir} holds a grid ({grid}; its points in subfolders): "
+                         "a run there would replace the grid's results.csv; use a new "
+                         "--workdir, or relaunch the grid (config.grid) as it was")
     checkpoints = os.path.join(workdir, CHECKPOINT_DIR)
     if os.path.lexists(checkpoints) and not os.path.isdir(checkpoints):
         raise ValueError(f"{checkpoints} is not a directory, so no checkpoint could be saved "

@@ -127,6 +127,15 @@ def load_params(config, workdir: str | None = None, *, record: bool = False
     return params, healthy
 
 
+def check_unchanged(config, workdir: str) -> None:
+    """load_params' check of the weights alone (RECORD, where the workdir has one), for a
+    relaunch that checks them before it moves any report aside."""
+    if os.path.isfile(os.path.join(workdir, RECORD)):
+        params, _, _ = pretrained.load_pretrained_labelled(list(config.model.pretrained))
+        _check_unchanged(list(config.model.pretrained), jax.tree.map(np.asarray, params),
+                         workdir)
+
+
 def _member_sums(paths: list[str], params: dict) -> dict[str, str]:
     """{path: sha256 of the member's converted float32 weights}: the same for the same weights
     whatever file format holds them."""
