@@ -266,14 +266,21 @@ def test_the_main_job_draws_the_summary_and_launch_figures_the_rest(tiny_sweep, 
     done = json.loads((workdir / sweep.DONE_FILE).read_text())
     assert sweep._unverified(done, str(workdir)) is None and done["figures"] == "all"
     assert {f"figures/{name}.png" for name in REST} <= set(done["reports"])
-    # A relaunch of the sweep finds it finished (with either setting), and changes nothing.
+    # A relaunch of the sweep finds it finished (with either setting), and changes nothing but
+    # the record of its config: figures="all" is a change from the launch's "summary".
+    records = {workdir / "config.json", workdir / "config_history.jsonl"}
     before = {p: p.stat().st_mtime_ns for p in workdir.rglob("*") if p.is_file()}
     config = tiny_sweep_config(cache_dir)
     for which in ("summary", "all"):
         config.figures = which
         sweep.run(checked(config), str(workdir))
-        assert "is finished (finished " in capsys.readouterr().out
-    assert {p: p.stat().st_mtime_ns for p in workdir.rglob("*") if p.is_file()} == before
+        out = capsys.readouterr().out
+        assert "is finished (finished " in out
+        assert ("note: figures changed from 'summary' to 'all'" in out) == (which == "all")
+    after = {p: p.stat().st_mtime_ns for p in workdir.rglob("*") if p.is_file()}
+    assert {p: t for p, t in after.items() if p not in records} == {
+        p: t for p, t in before.items() if p not in records}
+    assert json.loads((workdir / "config.json").read_text())["figures"] == "all"
 
 
 @pytest.mark.slow  # a launcher subprocess
