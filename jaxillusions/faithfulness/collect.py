@@ -84,6 +84,7 @@ def pack_rows(tokens: np.ndarray, *, in_order: bool) -> Packing:
 
 PAIR_INPUT = "input:"  # prefix of a "pairs" site's sampled inputs in _collect_chunk
 PAIR_OUTPUT = "output:"  # prefix of a lens's sampled output site (the final residual stream)
+SAMPLED = frozenset({"samples", "pairs", "labelled"})  # the statistics read from the sample
 
 
 def _grouped(x: jax.Array) -> jax.Array:
@@ -198,13 +199,13 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
                          "training tokens' positions (tasks.concept_labels)")
     sites = tuple(sorted(needs))
     num_seeds = jax.tree.leaves(params)[0].shape[0]
-    sampling = any(n & {"samples", "pairs", "labelled"} for n in needs.values())
+    sampling = any(n & SAMPLED for n in needs.values())
     if sampling and num_samples == 0:
         raise ValueError("collect: num_samples=0, but "
-                         + ", ".join(sorted({s.method for s in specs if s.module.STATISTIC in (
-                             "samples", "pairs", "labelled")}))
+                         + ", ".join(sorted({s.method for s in specs
+                                             if s.module.STATISTIC in SAMPLED}))
                          + " fit from a sample of positions: give at least 1")
-    static = dict(model_cfg=model_cfg, sites=sites, with_vectors=sampling and num_samples > 0)
+    static = dict(model_cfg=model_cfg, sites=sites, with_vectors=sampling)
     if pairs:  # (the collection program of configs without a transcoder is unchanged)
         static["pairs"] = tuple(sorted(pairs.items()))
     # The sentences packed side by side in their order (the samples are the same positions),
@@ -249,8 +250,7 @@ def collect(params, train, model_cfg: model_lib.ModelConfig,
                 valid = (tokens != tasks.PAD).reshape(-1)
                 take = np.flatnonzero(valid)[: num_samples - kept]
                 for s in samples:
-                    if s in vectors and needs.get(s, {"pairs"}) & {"samples", "pairs",
-                                                                   "labelled"}:
+                    if s in vectors and needs.get(s, {"pairs"}) & SAMPLED:
                         samples[s].append(distributed.to_host(vectors[s])[:, take])
                 if labelled:
                     classes.append(chunk_labels[0].reshape(len(valid), -1)[take])

@@ -385,10 +385,10 @@ def test(members_frame: pd.DataFrame, pc: Prediction, workdir: str, say,
     parts, fitted = [], {}  # (the hparams baseline: fitted once, not once per family)
     for name, columns in tested.items():
         part = heldout.predict(frame, dataclasses.replace(design, features=columns), null,
-                               random_state=pc.seed, fitted=fitted, between=lambda: (
-                                   stages.stop_if_signalled(
-                                       "in the prediction stage, before it wrote its files; "
-                                       "relaunch the same command to resume")))
+                               random_state=pc.seed, fitted=fitted,
+                               between=functools.partial(
+                                   stages.stop_if_signalled, "in the prediction stage, before "
+                                   "it wrote its files; relaunch the same command to resume"))
         part.insert(0, "family", name)
         part.insert(part.columns.get_loc("null") + 1, "null_kind", kind)
         parts.append(part)
